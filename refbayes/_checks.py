@@ -1,0 +1,83 @@
+"""Input validation shared by every public function.
+
+Each check raises ``ValueError`` that names the argument, what was expected and what was given;
+nothing is broadcast, clipped or cast silently.
+"""
+from __future__ import annotations
+
+import numbers
+
+from refbayes.backend import xp_of
+
+__all__ = ["check_array", "check_finite", "check_positive", "check_int", "check_in_range",
+           "check_same_dtype"]
+
+
+def check_array(a, name: str, *, ndim=None, shape=None, finite: bool = True):
+    """Validate an array's rank, exact shape (None entries are free) and finiteness; return it.
+
+    ``ndim`` may be an int or a tuple of allowed ranks.
+    """
+    if not hasattr(a, "shape") or not hasattr(a, "dtype"):
+        raise ValueError(f"{name}: expected an array, got {type(a).__name__}")
+    if ndim is not None:
+        allowed = (ndim,) if isinstance(ndim, int) else tuple(ndim)
+        if a.ndim not in allowed:
+            raise ValueError(f"{name}: expected {' or '.join(map(str, allowed))} dimensions, "
+                             f"got shape {tuple(a.shape)}")
+    if shape is not None:
+        if len(shape) != a.ndim or any(s is not None and s != t for s, t in zip(shape, a.shape)):
+            want = "(" + ", ".join("*" if s is None else str(s) for s in shape) + ")"
+            raise ValueError(f"{name}: expected shape {want}, got {tuple(a.shape)}")
+    if a.dtype.kind not in "fiub":
+        raise ValueError(f"{name}: expected a real numeric array, got dtype {a.dtype}")
+    if finite:
+        check_finite(a, name)
+    return a
+
+
+def check_finite(a, name: str):
+    xp = xp_of(a)
+    if a.dtype.kind == "f" and not bool(xp.all(xp.isfinite(a))):
+        raise ValueError(f"{name}: expected finite values, got NaN or inf")
+    return a
+
+
+def check_positive(a, name: str, *, strict: bool = True):
+    """Every entry > 0 (or >= 0 when ``strict`` is False); scalars or arrays."""
+    xp = xp_of(a) if hasattr(a, "shape") else None
+    bad = (bool(xp.any(a <= 0)) if strict else bool(xp.any(a < 0))) if xp is not None else \
+        (a <= 0 if strict else a < 0)
+    if bad:
+        raise ValueError(f"{name}: expected {'> 0' if strict else '>= 0'} everywhere, got "
+                         f"min {float(a.min()) if xp is not None else a}")
+    return a
+
+
+def check_int(n, name: str, *, low=None, high=None) -> int:
+    """An integer in [low, high] (None: unbounded)."""
+    if isinstance(n, bool) or not isinstance(n, numbers.Integral):
+        raise ValueError(f"{name}: expected an integer, got {n!r}")
+    if (low is not None and n < low) or (high is not None and n > high):
+        raise ValueError(f"{name}: expected an integer in [{low}, {high}], got {n}")
+    return int(n)
+
+
+def check_in_range(x, name: str, low, high, *, low_open=False, high_open=False) -> float:
+    """A real scalar in the interval given; the brackets say which ends are open."""
+    if isinstance(x, bool) or not isinstance(x, numbers.Real):
+        raise ValueError(f"{name}: expected a real number, got {x!r}")
+    too_low = x <= low if low_open else x < low
+    too_high = x >= high if high_open else x > high
+    if too_low or too_high:
+        lb, hb = "(" if low_open else "[", ")" if high_open else "]"
+        raise ValueError(f"{name}: expected a value in {lb}{low}, {high}{hb}, got {x}")
+    return float(x)
+
+
+def check_same_dtype(name_to_array: dict):
+    """All arrays share one floating dtype (no silent float32/float64 promotion)."""
+    dtypes = {k: v.dtype for k, v in name_to_array.items() if v is not None}
+    if len(set(dtypes.values())) > 1:
+        listing = ", ".join(f"{k}: {v}" for k, v in dtypes.items())
+        raise ValueError(f"{', '.join(dtypes)}: expected one dtype for all, got {listing}")

@@ -1,0 +1,42 @@
+"""Shared fixtures: hypothesis profiles, the backend parametrization, the data directory."""
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, settings
+
+from refbayes.backend import cupy_available
+
+settings.register_profile("ci", derandomize=True, database=None, deadline=None, max_examples=40,
+                          suppress_health_check=[HealthCheck.too_slow])
+settings.register_profile("dev", deadline=None, max_examples=60,
+                          suppress_health_check=[HealthCheck.too_slow])
+settings.load_profile("ci" if os.environ.get("CI", "").lower() == "true" else "dev")
+
+_BACKENDS = [
+    "numpy",
+    pytest.param("cupy", marks=[pytest.mark.gpu, pytest.mark.skipif(
+        not cupy_available(), reason="CuPy with a CUDA device is not available")]),
+]
+
+
+@pytest.fixture(params=_BACKENDS)
+def xp(request):
+    """The array namespace under test: NumPy always, CuPy where a GPU is present."""
+    if request.param == "numpy":
+        return np
+    import cupy
+    return cupy
+
+
+@pytest.fixture(scope="session")
+def data_dir() -> Path:
+    """The staged benchmark data (``REFBAYES_DATA``); data tests skip with a reason without it."""
+    root = os.environ.get("REFBAYES_DATA")
+    if not root:
+        pytest.skip("REFBAYES_DATA is not set: point it at the staged data folder (CI uses ../shared/data)")
+    path = Path(root)
+    if not path.is_dir():
+        pytest.fail(f"REFBAYES_DATA={root!r} is set but is not a directory")
+    return path
