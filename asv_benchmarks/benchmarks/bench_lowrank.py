@@ -1,0 +1,97 @@
+"""Low-rank-plus-diagonal precision algebra against the dense computation it replaces.
+
+``time_floor`` is the work no algorithm for P^{-1} g with P = U U^T + diag(d) can skip: the Gram
+product U^T (U / d) (O(D L^2)) and the two thin products U^T g, U z (O(D L)). The issue's target is
+solve and sample within 3x of it and linear in D.
+"""
+import numpy as np
+
+from refbayes.linalg import lowrank
+
+from .common import BACKENDS, DENSE_MAX_D, backend, lowrank_inputs, sync
+
+DS = [100, 1000, 10000]
+LS = [1, 10, 32]
+
+
+class LowRank:
+    params = (BACKENDS, DS, LS)
+    param_names = ["backend", "D", "L"]
+
+    def setup(self, name, D, L):
+        self.xp = backend(name)
+        self.U, self.d, self.g = lowrank_inputs(self.xp, D, L)
+        self.eps = self.g
+        # SLANG's fast_eig factor [sqrt(1-beta) U, sqrt(beta) G^T] with a minibatch of M = 32
+        G_T = lowrank_inputs(self.xp, D, 32, seed=1)[0]
+        self.W = self.xp.concatenate([self.U, G_T], axis=1)
+        self.Omega = lowrank_inputs(self.xp, self.W.shape[1], L + 5, seed=2)[0]
+        lowrank.solve(self.U, self.d, self.g)  # warm-up: allocations, CuPy kernel compilation
+        sync(self.xp)
+
+    def time_floor(self, name, D, L):
+        self.U.T @ (self.U / self.d[:, None])
+        self.U @ (self.U.T @ self.g)
+        sync(self.xp)
+
+    def time_solve(self, name, D, L):
+        lowrank.solve(self.U, self.d, self.g)
+        sync(self.xp)
+
+    def time_sample(self, name, D, L):
+        lowrank.sample(self.g, self.U, self.d, self.eps)
+        sync(self.xp)
+
+    def time_top_eig_exact(self, name, D, L):
+        lowrank.top_eig(self.W, L)
+        sync(self.xp)
+
+    def time_top_eig_randomized(self, name, D, L):
+        lowrank.top_eig(self.W, L, method="randomized", Omega=self.Omega, n_iter=2)
+        sync(self.xp)
+
+    def time_logdet(self, name, D, L):
+        lowrank.logdet(self.U, self.d)
+        sync(self.xp)
+
+    def peakmem_solve(self, name, D, L):
+        lowrank.solve(self.U, self.d, self.g)
+
+
+class DenseReference:
+    """The same operations on the explicit D x D precision (skipped above DENSE_MAX_D)."""
+    params = (["numpy"], DS, LS)
+    param_names = ["backend", "D", "L"]
+
+    def setup(self, name, D, L):
+        if D > DENSE_MAX_D:
+            raise NotImplementedError("dense D x D reference too large")
+        import scipy.linalg
+        self.sla = scipy.linalg
+        U, d, self.g = lowrank_inputs(np, D, L)
+        self.P = U @ U.T + np.diag(d)
+
+    def time_dense_solve(self, name, D, L):
+        self.sla.cho_solve(self.sla.cho_factor(self.P), self.g)
+
+    def time_dense_sample(self, name, D, L):
+        # S with S S^T = P^{-1}: the inverse transpose of P's Cholesky factor applied to eps
+        self.sla.solve_triangular(self.sla.cholesky(self.P, lower=True), self.g, lower=True, trans="T")
+
+
+class Accuracy:
+    """Relative error of the structured routines against the dense ones, D = 1000."""
+    params = ([1, 10, 32],)
+    param_names = ["L"]
+
+    def setup(self, L):
+        self.U, self.d, self.g = lowrank_inputs(np, 1000, L)
+        self.P = self.U @ self.U.T + np.diag(self.d)
+
+    def track_solve_rel_err(self, L):
+        ref = np.linalg.solve(self.P, self.g)
+        return float(np.max(np.abs(lowrank.solve(self.U, self.d, self.g) - ref)) / np.max(np.abs(ref)))
+
+    def track_logdet_rel_err(self, L):
+        ref = np.linalg.slogdet(self.P)[1]
+        return float(abs(lowrank.logdet(self.U, self.d) - ref) / abs(ref))

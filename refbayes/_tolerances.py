@@ -1,0 +1,27 @@
+"""Numerical tolerances with their reasons: one place, used by the test suite and by
+``refbayes reproduce selfcheck``.
+
+Relative errors are ``max|a - b| / max|b|``: a fraction of the reference's scale.
+"""
+import numpy as np
+
+__all__ = ["EXACT_F64", "EXACT_F32", "QUADRATURE", "exact"]
+
+# Exact identities evaluated two ways in float64 (Woodbury vs a dense inverse, a closed-form
+# gradient vs autograd): both sides round at ~1e-16 per operation; the condition numbers of the
+# generated inputs are bounded (SPD matrices built as A A^T + delta I with delta >= 0.1), which
+# keeps the accumulated error below 1e-12, so 1e-10 leaves two orders of headroom.
+EXACT_F64 = 1e-10
+
+# The same identities in float32: unit roundoff 6e-8, amplified by the same bounded condition
+# numbers and by O(D) summations; 1e-3 relative is the stated float32 contract.
+EXACT_F32 = 1e-3
+
+# Gauss-Hermite expectations of smooth functions vs adaptive quadrature (scipy.integrate.quad,
+# epsabs=epsrel=1e-13): the accuracy target for the quadrature.
+QUADRATURE = 1e-12
+
+
+def exact(dtype) -> float:
+    """The exact-identity tolerance for ``dtype``."""
+    return EXACT_F32 if np.dtype(dtype) == np.float32 else EXACT_F64

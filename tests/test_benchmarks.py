@@ -1,0 +1,75 @@
+"""Every asv benchmark runs once at its smallest parameters, so none can rot unnoticed."""
+import importlib
+import inspect
+import itertools
+import pkgutil
+import sys
+from pathlib import Path
+
+import pytest
+
+BENCH_ROOT = Path(__file__).resolve().parents[1] / "asv_benchmarks"
+
+
+def _benchmark_classes():
+    sys.path.insert(0, str(BENCH_ROOT))
+    try:
+        package = importlib.import_module("benchmarks")
+        for info in pkgutil.iter_modules(package.__path__):
+            if info.name == "common":
+                continue
+            module = importlib.import_module(f"benchmarks.{info.name}")
+            for name, cls in inspect.getmembers(module, inspect.isclass):
+                if cls.__module__ == module.__name__:
+                    yield f"{info.name}.{name}", cls
+    finally:
+        sys.path.remove(str(BENCH_ROOT))
+
+
+def _smallest(cls):
+    """One parameter tuple: the first value of each parameter (asv lists the small sizes first)."""
+    params = getattr(cls, "params", None)
+    if params is None:
+        return ()
+    if cls.param_names and len(cls.param_names) == 1:
+        params = (params,) if not isinstance(params[0], (list, tuple)) else params
+    return tuple(p[0] for p in params)
+
+
+CASES = list(_benchmark_classes())
+
+
+def test_benchmarks_found():
+    assert {"bench_lowrank.LowRank", "bench_per_example.PerExampleGrads"} <= {c for c, _ in CASES}
+
+
+@pytest.mark.parametrize("cls", [c for _, c in CASES], ids=[n for n, _ in CASES])
+def test_benchmark_runs_once(cls):
+    args = _smallest(cls)
+    ran = 0
+    for combo in _combos(cls, args):
+        bench = cls()
+        try:
+            if hasattr(bench, "setup"):
+                bench.setup(*combo)
+        except NotImplementedError:
+            continue  # asv's skip (no CuPy / too large): try the next combination
+        for attr in dir(bench):
+            if attr.startswith(("time_", "peakmem_", "track_", "mem_")):
+                out = getattr(bench, attr)(*combo)
+                if attr.startswith("track_"):
+                    assert out is not None and out == out, f"{attr} returned {out!r}"
+                ran += 1
+        break
+    assert ran > 0, f"{cls.__name__}: every combination was skipped"
+
+
+def _combos(cls, first):
+    """The smallest combination first, then the others with the backend varied (for skips)."""
+    params = getattr(cls, "params", None)
+    if not params:
+        return [()]
+    if len(cls.param_names) == 1 and not isinstance(params[0], (list, tuple)):
+        params = (params,)
+    rest = [c for c in itertools.product(*params) if c != first]
+    return [first] + rest
