@@ -81,3 +81,39 @@ def check_same_dtype(name_to_array: dict):
     if len(set(dtypes.values())) > 1:
         listing = ", ".join(f"{k}: {v}" for k, v in dtypes.items())
         raise ValueError(f"{', '.join(dtypes)}: expected one dtype for all, got {listing}")
+
+
+def check_spd(M, name: str):
+    """M is a square floating matrix, symmetric to rounding, with a Cholesky factor; return it.
+
+    Returns the lower factor L (L L^T = M).  Symmetry is required to 100 units of roundoff of
+    max|M| because a Cholesky routine reads only one triangle and would otherwise factor a
+    different matrix silently.  A failed factorization (LinAlgError in NumPy, NaN in CuPy,
+    which does not raise) means M is not positive definite to working precision.
+    """
+    import numpy as np
+
+    xp = xp_of(M)
+    check_array(M, name, ndim=2)
+    if M.shape[0] != M.shape[1]:
+        raise ValueError(f"{name}: expected a square matrix, got shape {tuple(M.shape)}")
+    if M.dtype.kind != "f":
+        raise ValueError(f"{name}: expected a floating dtype (float64 or float32), got {M.dtype}")
+    if M.shape[0] == 0:
+        return M
+    asym = float(xp.max(xp.abs(M - M.T)))
+    bound = 100 * float(xp.finfo(M.dtype).eps) * float(xp.max(xp.abs(M)))
+    if asym > bound:
+        raise ValueError(f"{name}: expected a symmetric matrix, got max|M - M^T| = {asym:.3e} "
+                         f"> {bound:.3e}")
+    try:
+        L = xp.linalg.cholesky(M)
+    except np.linalg.LinAlgError:
+        L = None
+    if L is None or not bool(xp.all(xp.isfinite(L))):
+        raise ValueError(f"{name}: expected a symmetric positive definite matrix, got one whose "
+                         "Cholesky factorization fails")
+    return L
+
+
+__all__ += ["check_spd"]

@@ -1,0 +1,152 @@
+"""The ``refbayes`` command: ``data list|fetch|verify`` and ``reproduce EXPERIMENT``.
+
+This module only parses arguments and calls library functions (``refbayes.datasets`` and the
+experiment modules registered in ``refbayes.experiments.EXPERIMENTS``). A ValueError or OSError
+(FileNotFoundError, a failed download) becomes ``refbayes: error: ...`` on stderr and exit
+status 2, without a traceback; ``data verify`` exits 1 when a file is missing or mismatched.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+
+from refbayes import __version__
+
+__all__ = ["build_parser", "main"]
+
+
+def _format_table(header: list, rows: list) -> str:
+    widths = [max(len(str(c)) for c in col) for col in zip(header, *rows)]
+    lines = ["  ".join(str(c).ljust(w) for c, w in zip(r, widths)).rstrip()
+             for r in [header, ["-" * w for w in widths], *rows]]
+    return "\n".join(lines)
+
+
+def _cmd_list(args) -> int:
+    from refbayes.datasets import DATASETS, resolve_data_dir
+    root = resolve_data_dir(args.data_dir)
+    rows = []
+    for spec in DATASETS.values():
+        present = sum((root / f.path).is_file() for f in spec.files)
+        size_mb = sum(f.size for f in spec.files) / 1e6
+        rows.append([spec.name, f"{present}/{len(spec.files)}", f"{size_mb:.2f} MB", spec.source])
+    print(f"data directory: {root}")
+    print(_format_table(["name", "present", "size", "source"], rows))
+    return 0
+
+
+def _cmd_fetch(args) -> int:
+    from refbayes.datasets import fetch, get_dataset
+    for name in args.names:  # validate every name before downloading anything
+        get_dataset(name)
+    for name in args.names:
+        results = fetch(name, args.data_dir, force=args.force, progress=not args.no_progress)
+        fresh = sum(r.detail.startswith("downloaded") for r in results)
+        print(f"{name}: {len(results)} files ok ({fresh} downloaded)")
+    return 0
+
+
+def _cmd_verify(args) -> int:
+    from refbayes.datasets import dataset_names, get_dataset, resolve_data_dir, verify
+    names = args.names or dataset_names()
+    for name in names:
+        get_dataset(name)
+    root = resolve_data_dir(args.data_dir)
+    print(f"data directory: {root}")
+    failed = 0
+    for name in names:
+        results = verify(name, args.data_dir)
+        bad = [r for r in results if r.status != "ok"]
+        failed += len(bad)
+        summary = f"{len(results) - len(bad)}/{len(results)} ok"
+        counts = {s: sum(r.status == s for r in bad) for s in ("missing", "mismatch")}
+        extra = ", ".join(f"{n} {s}" for s, n in counts.items() if n)
+        print(f"{name}: {summary}" + (f"; {extra}" if extra else ""))
+        if not args.verbose and counts["missing"] == len(results):
+            # A dataset never fetched: one line, not one per file (UCI sets have 48).
+            print(f"  missing   every file under {root / get_dataset(name).folder}")
+            continue
+        for r in results if args.verbose else bad:
+            print(f"  {r.status:<8}  {r.path}  ({r.detail})")
+    if failed:
+        print(f"{failed} file(s) missing or mismatched; run `refbayes data fetch NAME` to repair.",
+              file=sys.stderr)
+    return 1 if failed else 0
+
+
+def _unavailable(name: str, err: Exception):
+    def run(args) -> int:
+        raise ValueError(f"experiment {name!r} could not be imported: {err}")
+    return run
+
+
+def _add_experiments(sub) -> None:
+    from refbayes import experiments
+    for name in experiments.EXPERIMENTS:
+        try:
+            module = experiments.get_experiment(name)
+        except ImportError as err:
+            # One broken experiment must not take down the others or `data`; it fails when run.
+            p = sub.add_parser(name, help=f"(unavailable: {err})")
+            p.set_defaults(_handler=_unavailable(name, err))
+            continue
+        p = sub.add_parser(name, help=module.DESCRIPTION, description=module.DESCRIPTION)
+        module.add_arguments(p)
+        p.set_defaults(_handler=module.run)
+
+
+def _add_data(sub) -> None:
+    data = sub.add_parser("data", help="list, fetch or verify the benchmark datasets",
+                          description="Benchmark data; the directory is --data-dir, else "
+                                      "$REFBAYES_DATA, else the user cache.")
+    dsub = data.add_subparsers(dest="data_command", metavar="{list,fetch,verify}", required=True)
+
+    def with_dir(p):
+        p.add_argument("--data-dir", default=None, help="data directory (overrides $REFBAYES_DATA)")
+        return p
+
+    with_dir(dsub.add_parser("list", help="table of datasets: files present, size, source")) \
+        .set_defaults(_handler=_cmd_list)
+    f = with_dir(dsub.add_parser("fetch", help="download and verify datasets"))
+    f.add_argument("names", nargs="+", metavar="NAME", help="dataset name(s), see `data list`")
+    f.add_argument("--force", action="store_true", help="download even files that verify")
+    f.add_argument("--no-progress", action="store_true", help="no progress bar")
+    f.set_defaults(_handler=_cmd_fetch)
+    v = with_dir(dsub.add_parser("verify", help="check checksums; exit 1 if anything is wrong"))
+    v.add_argument("names", nargs="*", metavar="NAME", help="dataset name(s); default: all")
+    v.add_argument("-v", "--verbose", action="store_true", help="one line per file")
+    v.set_defaults(_handler=_cmd_verify)
+
+
+def build_parser(load_experiments: bool = True) -> argparse.ArgumentParser:
+    """The argument parser; ``load_experiments`` imports the experiment modules for ``reproduce``."""
+    parser = argparse.ArgumentParser(prog="refbayes", description=__doc__.split("\n")[0])
+    parser.add_argument("--version", action="version", version=f"refbayes {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="{data,reproduce}", required=True)
+    _add_data(sub)
+    rep = sub.add_parser("reproduce", help="run a paper experiment (list: `reproduce --help`)",
+                         description="Run one registered experiment.")
+    rsub = rep.add_subparsers(dest="experiment", metavar="EXPERIMENT", required=True)
+    if load_experiments:
+        _add_experiments(rsub)
+    return parser
+
+
+def main(argv=None) -> int:
+    """Entry point of the ``refbayes`` console script; returns the exit status."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    # Experiment modules are imported only when `reproduce` is asked for, so `data ...` stays fast.
+    parser = build_parser(load_experiments=argv[:1] == ["reproduce"])
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as exc:  # argparse already printed usage/help or its error message
+        return exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 2)
+    try:
+        return int(args._handler(args))
+    except (ValueError, OSError) as err:
+        print(f"refbayes: error: {err}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

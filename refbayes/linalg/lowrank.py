@@ -1,0 +1,349 @@
+"""Low-rank-plus-diagonal precision algebra: P = U U^T + diag(d).
+
+Implements (lowrank.1)-(lowrank.12) of derivations/lowrank.md.
+Symbols: U = low-rank precision factor (D, L), d = diagonal of the precision (D,), d > 0,
+P = U U^T + diag(d) (D, D, never formed except by ``dense_*``), V = d^{-1/2} U (D, L),
+C = I_L + V^T V the capacitance (L, L) with lower Cholesky factor R (R R^T = C),
+W = a tall factor (D, K) whose rank-L truncation ``top_eig`` computes.
+
+Every routine costs O(D L^2 + L^3) (plus O(D L K) for K right-hand sides) and touches no D x D
+array; ``dense_precision`` and ``dense_covariance`` form the D x D matrices on purpose, for tests
+and small D. All Cholesky factors are lower triangular: ``R = cholesky(C)`` means R R^T = C.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from refbayes._checks import check_array, check_int, check_positive, check_same_dtype
+from refbayes.backend import linalg_of, xp_of
+
+__all__ = ["matvec", "solve", "logdet", "diag_inv", "trace_inv", "quad", "inv_quad",
+           "sample", "sample_alg3", "top_eig", "dense_precision", "dense_covariance"]
+
+
+# ----------------------------------------------------------------------------- validation
+
+def _check_float(a, name):
+    if a.dtype.kind != "f":
+        raise ValueError(f"{name}: expected a floating dtype (float64 or float32), got {a.dtype}")
+
+
+def _check_factors(U, d):
+    """Validate (U, d) of a precision U U^T + diag(d); return (D, L)."""
+    check_array(U, "U", ndim=2)
+    _check_float(U, "U")
+    D, L = U.shape
+    if L > D:
+        raise ValueError(f"U: expected shape (D, L) with L <= D, got {tuple(U.shape)}")
+    check_array(d, "d", shape=(D,))
+    _check_float(d, "d")
+    check_positive(d, "d")
+    check_same_dtype({"U": U, "d": d})
+    return D, L
+
+
+def _check_rhs(x, name, D, dtype):
+    """A right-hand side of shape (D,) or (D, K) in the factors' dtype."""
+    check_array(x, name, ndim=(1, 2))
+    if x.shape[0] != D:
+        want = f"({D},) or ({D}, K)"
+        raise ValueError(f"{name}: expected shape {want} (first dimension D = {D}), "
+                         f"got {tuple(x.shape)}")
+    _check_float(x, name)
+    if x.dtype != dtype:
+        raise ValueError(f"{name}, U: expected one dtype for all, got {name}: {x.dtype}, U: {dtype}")
+
+
+def _col(v, like):
+    """v (D,) as a column (D, 1) when ``like`` is (D, K): explicit row scaling, no guessing."""
+    return v[:, None] if like.ndim == 2 else v
+
+
+# ----------------------------------------------------------------------------- private kernels
+
+def _capacitance_chol(U, d):
+    """R lower with R R^T = C = I_L + U^T diag(d)^{-1} U, and d^{-1} U.  (lowrank.1)"""
+    xp = xp_of(U, d)
+    Ud = U / d[:, None]
+    C = xp.eye(U.shape[1], dtype=U.dtype) + U.T @ Ud  # (lowrank.1)
+    return xp.linalg.cholesky(C), Ud
+
+
+def _whitened_rhs(R, Ud, x):
+    """Y = R^{-1} U^T d^{-1} x, the half-solve shared by solve, diag_inv and inv_quad."""
+    sla = linalg_of(xp_of(R))
+    return sla.solve_triangular(R, Ud.T @ x, lower=True)
+
+
+def _sqrt_weight(lam):
+    """f(lam) = (1 - (1 + lam)^{-1/2}) / lam = 1 / (t (1 + t)), t = sqrt(1 + lam).
+
+    The right-hand form is finite at lam = 0 (value 1/2) and never divides by lam, which is
+    what makes ``sample`` well defined for rank-deficient U.  (lowrank.8)
+    """
+    xp = xp_of(lam)
+    t = xp.sqrt(1 + xp.maximum(lam, 0))  # eigh may return -1e-17 for an exact zero eigenvalue
+    return 1 / (t * (1 + t))  # (lowrank.8)
+
+
+def _well_conditioned_chol(A):
+    """A finite Cholesky factor with min_j A_jj > sqrt(eps) max_j A_jj (cond(A A^T) < ~1/eps)."""
+    xp = xp_of(A)
+    if A.shape[0] == 0:
+        return True
+    a = xp.diagonal(A)
+    tiny = float(xp.finfo(A.dtype).eps) ** 0.5
+    return bool(xp.all(xp.isfinite(a))) and bool(xp.min(a) > tiny * xp.max(a))
+
+
+def _fix_signs(V):
+    """Flip each column so that its largest-|entry| (first one on ties) is >= 0."""
+    xp = xp_of(V)
+    if V.shape[1] == 0:
+        return V
+    idx = xp.argmax(xp.abs(V), axis=0)
+    s = xp.sign(V[idx, xp.arange(V.shape[1])])
+    return V * xp.where(s == 0, 1, s).astype(V.dtype)
+
+
+# ----------------------------------------------------------------------------- products and solves
+
+def matvec(U, d, x):
+    """P x = U (U^T x) + d * x, for x (D,) or (D, K); O(D L K).  (lowrank.1)"""
+    xp_of(U, d, x)  # one backend for all inputs (raises on a NumPy/CuPy mix); no xp call needed
+    D, _ = _check_factors(U, d)
+    _check_rhs(x, "x", D, U.dtype)
+    return U @ (U.T @ x) + _col(d, x) * x  # (lowrank.1)
+
+
+def solve(U, d, g):
+    """P^{-1} g by Woodbury: d^{-1} g - d^{-1} U C^{-1} U^T d^{-1} g, C = I_L + U^T d^{-1} U.
+
+    C = R R^T (lower Cholesky; C is SPD with eigenvalues >= 1), then two triangular solves:
+    P^{-1} g = h - d^{-1} U R^{-T} R^{-1} U^T h with h = d^{-1} g.  g is (D,) or (D, K).
+    This is the SLANG poster's Algorithm 2 (fast_inverse), whose printed lines are correct.
+    """
+    xp = xp_of(U, d, g)
+    D, _ = _check_factors(U, d)
+    _check_rhs(g, "g", D, U.dtype)
+    sla = linalg_of(xp)
+    R, Ud = _capacitance_chol(U, d)
+    h = g / _col(d, g)
+    z = sla.solve_triangular(R, _whitened_rhs(R, Ud, g), lower=True, trans="T")  # C^{-1} U^T h
+    return h - Ud @ z  # (lowrank.3)
+
+
+def logdet(U, d):
+    """log det P = log det(I_L + U^T d^{-1} U) + sum_i log d_i (matrix determinant lemma).
+
+    log det C = 2 sum_j log R_jj with R R^T = C.  Returns a 0-d array.  (lowrank.4)
+    """
+    xp = xp_of(U, d)
+    _check_factors(U, d)
+    R, _ = _capacitance_chol(U, d)
+    return 2 * xp.sum(xp.log(xp.diagonal(R))) + xp.sum(xp.log(d))  # (lowrank.4)
+
+
+def diag_inv(U, d):
+    """diag(P^{-1})_i = 1/d_i - sum_j Y_ji^2 with Y = R^{-1} U^T d^{-1} (L, D), R R^T = C.
+
+    Follows from P^{-1} = d^{-1} - (d^{-1} U R^{-T})(d^{-1} U R^{-T})^T.  (lowrank.5)
+    """
+    xp = xp_of(U, d)
+    D, _ = _check_factors(U, d)
+    R, Ud = _capacitance_chol(U, d)
+    Y = linalg_of(xp).solve_triangular(R, Ud.T, lower=True)
+    return 1 / d - xp.sum(Y * Y, axis=0)  # (lowrank.5)
+
+
+def trace_inv(U, d):
+    """tr(P^{-1}) = sum_i 1/d_i - ||R^{-1} U^T d^{-1}||_F^2.  Returns a 0-d array.  (lowrank.6)"""
+    xp = xp_of(U, d)
+    return xp.sum(diag_inv(U, d))  # (lowrank.6)
+
+
+def quad(U, d, x):
+    """x^T P x = ||U^T x||^2 + sum_i d_i x_i^2, per column of x: (D,) -> 0-d, (D, K) -> (K,).
+
+    (lowrank.7)
+    """
+    xp = xp_of(U, d, x)
+    D, _ = _check_factors(U, d)
+    _check_rhs(x, "x", D, U.dtype)
+    Ux = U.T @ x
+    return xp.sum(Ux * Ux, axis=0) + xp.sum(_col(d, x) * x * x, axis=0)  # (lowrank.7)
+
+
+def inv_quad(U, d, x):
+    """x^T P^{-1} x = sum_i x_i^2 / d_i - ||R^{-1} U^T d^{-1} x||^2, per column of x.
+
+    (D,) -> 0-d, (D, K) -> (K,); R R^T = I_L + U^T d^{-1} U.  (lowrank.7)
+    """
+    xp = xp_of(U, d, x)
+    D, _ = _check_factors(U, d)
+    _check_rhs(x, "x", D, U.dtype)
+    R, Ud = _capacitance_chol(U, d)
+    Y = _whitened_rhs(R, Ud, x)
+    return xp.sum(x * x / _col(d, x), axis=0) - xp.sum(Y * Y, axis=0)  # (lowrank.7)
+
+
+# ----------------------------------------------------------------------------- sampling
+
+def _check_sample_args(mu, U, d, eps):
+    D, L = _check_factors(U, d)
+    check_array(mu, "mu", shape=(D,))
+    _check_float(mu, "mu")
+    check_same_dtype({"mu": mu, "U": U})
+    _check_rhs(eps, "eps", D, U.dtype)
+    return D, L
+
+
+def sample(mu, U, d, eps):
+    """mu + S eps with S = d^{-1/2} (I_D + V V^T)^{-1/2}, V = d^{-1/2} U, so S S^T = P^{-1}.
+
+    The symmetric inverse square root is applied without forming it:
+    (I_D + V V^T)^{-1/2} = I_D - V f(V^T V) V^T, f(lam) = 1 / (sqrt(1+lam) (1 + sqrt(1+lam))),
+    with f(V^T V) from the eigendecomposition of the L x L Gram matrix.  Nothing is divided by
+    an eigenvalue and nothing is Cholesky-factored, so U = 0 or repeated columns are fine.
+    Then S S^T = d^{-1/2} (I + V V^T)^{-1} d^{-1/2} = (diag(d) + U U^T)^{-1}.  (lowrank.8)
+
+    eps (D,) or (D, S) standard-normal draws from the caller; returns (D,) or (D, S), with mu
+    added to every column.  The SLANG poster's Algorithm 3 (fast_sample), as corrected, is
+    ``sample_alg3``; both give the same distribution but not the same S.
+    """
+    xp = xp_of(mu, U, d, eps)
+    _check_sample_args(mu, U, d, eps)
+    s = xp.sqrt(d)
+    V = U / s[:, None]
+    lam, Q = xp.linalg.eigh(V.T @ V)
+    F = (Q * _sqrt_weight(lam)) @ Q.T  # f(V^T V)  (lowrank.8)
+    T_eps = eps - V @ (F @ (V.T @ eps))  # (I + V V^T)^{-1/2} eps  (lowrank.8)
+    return _col(mu, eps) + T_eps / _col(s, eps)  # (lowrank.8)
+
+
+def sample_alg3(mu, U, d, eps):
+    """The SLANG poster's Algorithm 3 (fast_sample) with its three printing errors corrected.
+
+    With V = d^{-1/2} U, lower Cholesky factors A A^T = V^T V and B B^T = I_L + A^T A, and
+    X = A^{-T} (B - I) A^{-1}, the matrix W0 = I_D + V X V^T satisfies W0 W0^T = I_D + V V^T
+    (Ambikasaran and O'Neil's symmetric factorization), so S = d^{-1/2} W0^{-T} gives
+    S S^T = P^{-1}, and W0^{-T} = I_D - V (X^{-T} + V^T V)^{-1} V^T by Woodbury.  (lowrank.12)
+
+    Needs V^T V positive definite (U of full column rank); raises ValueError otherwise, e.g. at
+    U = 0 or with repeated columns (numerically: min_j A_jj <= sqrt(eps) max_j A_jj, i.e.
+    cond(V^T V) >~ 1/eps, where line 6 would return rounding noise).  Use ``sample`` in library code; this one exists to compare with the official
+    implementation line by line.  eps (D,) or (D, S), returns (D,) or (D, S).
+    """
+    xp = xp_of(mu, U, d, eps)
+    _, L = _check_sample_args(mu, U, d, eps)
+    sla = linalg_of(xp)
+    I_L = xp.eye(L, dtype=U.dtype)
+    s = xp.sqrt(d)
+    V = U / s[:, None]                                       # [poster] Alg. 3 line 2
+    VtV = V.T @ V
+    try:
+        A = xp.linalg.cholesky(VtV)                          # line 3, lower: A A^T = V^T V
+    except np.linalg.LinAlgError:
+        A = xp.full((L, L), xp.nan, dtype=U.dtype)
+    if not _well_conditioned_chol(A):
+        raise ValueError("U: Algorithm 3 needs V^T V = U^T diag(d)^{-1} U positive definite "
+                         "(U of full column rank), got a singular one; use sample() instead")
+    # NOTE: printed line 4 factors I + V^T V; the identity needs I + A^T A (lowrank.12)
+    B = xp.linalg.cholesky(I_L + A.T @ A)                    # line 4 (corrected)
+    A_inv = sla.solve_triangular(A, I_L, lower=True)
+    C = A_inv.T @ (B - I_L) @ A_inv                          # line 5: C = X
+    # NOTE: printed line 6 reads (C + V^T V)^{-1}; Woodbury for W0^{-T} needs C^{-T}
+    K = xp.linalg.inv(xp.linalg.inv(C).T + VtV)              # line 6 (corrected)
+    # NOTE: printed line 7 leaves d^{-1/2} off the second term; both terms need it
+    y = (eps - V @ (K @ (V.T @ eps))) / _col(s, eps)         # line 7 (corrected)
+    return _col(mu, eps) + y                                 # line 8
+
+
+# ----------------------------------------------------------------------------- rank-L truncation
+
+def _top_eig_exact(W, L):
+    """V = W R_L with W^T W = R diag(lam) R^T, lam decreasing: V V^T = [W W^T]_L.  (lowrank.9)"""
+    xp = xp_of(W)
+    _, R = xp.linalg.eigh(W.T @ W)  # ascending eigenvalues
+    return W @ R[:, ::-1][:, :L]  # (lowrank.9)
+
+
+def _orth(Y):
+    return xp_of(Y).linalg.qr(Y, mode="reduced")[0]
+
+
+def _top_eig_randomized(W, L, Omega, n_iter):
+    """Subspace iteration Q = orth((W W^T)^q W Omega), then Rayleigh-Ritz on Q.  (lowrank.10)"""
+    xp = xp_of(W, Omega)
+    Q = _orth(W @ Omega)
+    for _ in range(n_iter):
+        # re-orthonormalizing both half-steps keeps sigma_i^{2q+1} from underflowing the basis
+        Q = _orth(W @ _orth(W.T @ Q))  # (lowrank.10)
+    B = Q.T @ W
+    lam, S = xp.linalg.eigh(B @ B.T)
+    lam, S = lam[::-1][:L], S[:, ::-1][:, :L]
+    return Q @ (S * xp.sqrt(xp.maximum(lam, 0)))  # (lowrank.10)
+
+
+def top_eig(W, L, *, method="exact", Omega=None, n_iter=2):
+    """V (D, L) with V V^T = [W W^T]_L, the best rank-L approximation of W W^T, W (D, K).
+
+    "exact": eigendecomposition of the K x K Gram matrix, W^T W = R diag(lam) R^T, and
+    V = W R_L, whose columns are sigma_i u_i (u_i the left singular vectors of W); O(D K^2).
+    "randomized": Q = orth((W W^T)^q W Omega) by ``n_iter`` = q rounds of QR-stabilised
+    subspace iteration from the caller's test matrix Omega (K, L + p), then Rayleigh-Ritz:
+    Q^T W W^T Q = S diag(lam) S^T and V = Q S_L diag(lam_L)^{1/2}; O(D K (L + p) (q + 1)).
+    Exact (for a generic Omega) when rank(W) <= L + p; otherwise see the error bound in derivations/lowrank.md.
+
+    Columns are ordered by decreasing eigenvalue and each has its largest-|entry| made
+    non-negative, so results agree across backends.  SLANG uses
+    W = [sqrt(1 - beta) U, sqrt(beta) G^T] so that W W^T = (1 - beta) U U^T + beta G^T G
+    (with G (M, D) the per-example gradients, scaled as the SLANG module states).  (lowrank.11)
+    """
+    xp_of(W, Omega)  # one backend for all inputs (raises on a NumPy/CuPy mix)
+    check_array(W, "W", ndim=2)
+    _check_float(W, "W")
+    D, K = W.shape
+    L = check_int(L, "L", low=0)
+    if L > K or L > D:
+        raise ValueError(f"L: expected L <= K = {K} (columns of W) and L <= D = {D} (rows of W), "
+                         f"got L = {L}")
+    if method == "exact":
+        if Omega is not None:
+            raise ValueError("Omega: only used by method='randomized', got an array with "
+                             "method='exact'")
+        return _fix_signs(_top_eig_exact(W, L))
+    if method != "randomized":
+        raise ValueError(f"method: expected 'exact' or 'randomized', got {method!r}")
+    if Omega is None:
+        raise ValueError("Omega: method='randomized' needs the caller's test matrix of shape "
+                         f"(K, L + p) = ({K}, >= {L}), got None")
+    check_array(Omega, "Omega", ndim=2)
+    if Omega.shape[0] != K or Omega.shape[1] < L:
+        raise ValueError(f"Omega: expected shape ({K}, L + p) with L + p >= L = {L}, "
+                         f"got {tuple(Omega.shape)}")
+    _check_float(Omega, "Omega")
+    check_same_dtype({"W": W, "Omega": Omega})
+    n_iter = check_int(n_iter, "n_iter", low=0)
+    return _fix_signs(_top_eig_randomized(W, L, Omega, n_iter))
+
+
+# ----------------------------------------------------------------------------- dense twins
+
+def dense_precision(U, d):
+    """P = U U^T + diag(d), explicitly (D, D): for tests and small D only.  (lowrank.1)"""
+    xp = xp_of(U, d)
+    _check_factors(U, d)
+    return U @ U.T + xp.diag(d)  # (lowrank.1)
+
+
+def dense_covariance(U, d):
+    """P^{-1} = d^{-1} - Y^T Y with Y = R^{-1} U^T d^{-1}, explicitly (D, D).  (lowrank.2)
+
+    Woodbury in O(D^2 L) rather than a D x D inverse; exactly symmetric by construction.
+    """
+    xp = xp_of(U, d)
+    _check_factors(U, d)
+    R, Ud = _capacitance_chol(U, d)
+    Y = linalg_of(xp).solve_triangular(R, Ud.T, lower=True)
+    return xp.diag(1 / d) - Y.T @ Y  # (lowrank.2)
