@@ -9,7 +9,7 @@ import numbers
 
 from refbayes.backend import xp_of
 
-__all__ = ["check_array", "check_finite", "check_positive", "check_int", "check_in_range",
+__all__ = ["check_array", "check_float", "check_finite", "check_positive", "check_int", "check_in_range",
            "check_same_dtype"]
 
 
@@ -33,6 +33,13 @@ def check_array(a, name: str, *, ndim=None, shape=None, finite: bool = True):
         raise ValueError(f"{name}: expected a real numeric array, got dtype {a.dtype}")
     if finite:
         check_finite(a, name)
+    return a
+
+
+def check_float(a, name: str):
+    """A float64 or float32 array (the two dtypes refbayes computes in); return it."""
+    if a.dtype not in ("float64", "float32"):
+        raise ValueError(f"{name}: expected a floating dtype (float64 or float32), got {a.dtype}")
     return a
 
 

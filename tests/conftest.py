@@ -40,3 +40,11 @@ def data_dir() -> Path:
     if not path.is_dir():
         pytest.fail(f"REFBAYES_DATA={root!r} is set but is not a directory")
     return path
+
+
+@pytest.fixture
+def no_data_env(monkeypatch, tmp_path) -> Path:
+    """No REFBAYES_DATA and a private user cache under tmp_path, so path resolution is isolated."""
+    monkeypatch.delenv("REFBAYES_DATA", raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    return tmp_path

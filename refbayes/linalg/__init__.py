@@ -1,5 +1,5 @@
 """Structured Gaussian algebra: low-rank-plus-diagonal precisions (``lowrank``), Kronecker
 factors (``kron``) and Gaussian densities, KL divergences and log-determinants (``gaussian``)."""
-from refbayes.linalg import lowrank
+from refbayes.linalg import gaussian, kron, lowrank
 
-__all__ = ["lowrank"]
+__all__ = ["gaussian", "kron", "lowrank"]

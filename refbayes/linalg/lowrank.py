@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from refbayes._checks import check_array, check_int, check_positive, check_same_dtype
+from refbayes._checks import check_array, check_float, check_int, check_positive, check_same_dtype
 from refbayes.backend import linalg_of, xp_of
 
 __all__ = ["matvec", "solve", "logdet", "diag_inv", "trace_inv", "quad", "inv_quad",
@@ -23,20 +23,15 @@ __all__ = ["matvec", "solve", "logdet", "diag_inv", "trace_inv", "quad", "inv_qu
 
 # ----------------------------------------------------------------------------- validation
 
-def _check_float(a, name):
-    if a.dtype.kind != "f":
-        raise ValueError(f"{name}: expected a floating dtype (float64 or float32), got {a.dtype}")
-
-
 def _check_factors(U, d):
     """Validate (U, d) of a precision U U^T + diag(d); return (D, L)."""
     check_array(U, "U", ndim=2)
-    _check_float(U, "U")
+    check_float(U, "U")
     D, L = U.shape
     if L > D:
         raise ValueError(f"U: expected shape (D, L) with L <= D, got {tuple(U.shape)}")
     check_array(d, "d", shape=(D,))
-    _check_float(d, "d")
+    check_float(d, "d")
     check_positive(d, "d")
     check_same_dtype({"U": U, "d": d})
     return D, L
@@ -49,7 +44,7 @@ def _check_rhs(x, name, D, dtype):
         want = f"({D},) or ({D}, K)"
         raise ValueError(f"{name}: expected shape {want} (first dimension D = {D}), "
                          f"got {tuple(x.shape)}")
-    _check_float(x, name)
+    check_float(x, name)
     if x.dtype != dtype:
         raise ValueError(f"{name}, U: expected one dtype for all, got {name}: {x.dtype}, U: {dtype}")
 
@@ -192,7 +187,7 @@ def inv_quad(U, d, x):
 def _check_sample_args(mu, U, d, eps):
     D, L = _check_factors(U, d)
     check_array(mu, "mu", shape=(D,))
-    _check_float(mu, "mu")
+    check_float(mu, "mu")
     check_same_dtype({"mu": mu, "U": U})
     _check_rhs(eps, "eps", D, U.dtype)
     return D, L
@@ -302,7 +297,7 @@ def top_eig(W, L, *, method="exact", Omega=None, n_iter=2):
     """
     xp_of(W, Omega)  # one backend for all inputs (raises on a NumPy/CuPy mix)
     check_array(W, "W", ndim=2)
-    _check_float(W, "W")
+    check_float(W, "W")
     D, K = W.shape
     L = check_int(L, "L", low=0)
     if L > K or L > D:
@@ -322,7 +317,7 @@ def top_eig(W, L, *, method="exact", Omega=None, n_iter=2):
     if Omega.shape[0] != K or Omega.shape[1] < L:
         raise ValueError(f"Omega: expected shape ({K}, L + p) with L + p >= L = {L}, "
                          f"got {tuple(Omega.shape)}")
-    _check_float(Omega, "Omega")
+    check_float(Omega, "Omega")
     check_same_dtype({"W": W, "Omega": Omega})
     n_iter = check_int(n_iter, "n_iter", low=0)
     return _fix_signs(_top_eig_randomized(W, L, Omega, n_iter))

@@ -3,6 +3,7 @@ import numpy as np
 import pytest
 
 from refbayes.datasets import load_libsvm
+from tests.reference.libsvm_text import first_line
 from tests.tolerances import EXACT_F32, assert_close
 
 
@@ -10,17 +11,6 @@ def _write(tmp_path, text, name="d.svm"):
     path = tmp_path / name
     path.write_text(text)
     return path
-
-
-def _first_line_dense(path, p):
-    """Independent parse of the first line: label, and a dense row from its 'i:v' tokens."""
-    with open(path) as fh:
-        tokens = fh.readline().split()
-    row = np.zeros(p)
-    for tok in tokens[1:]:
-        i, v = tok.split(":")
-        row[int(i) - 1] = float(v)
-    return float(tokens[0]), row
 
 
 def test_basic_layout_and_label_spellings(tmp_path):
@@ -96,7 +86,7 @@ def test_bad_dtype_and_path(tmp_path):
                                        ("a1a/a1a", 123, 1605)])
 def test_staged_first_row_matches_raw_text(data_dir, rel, p, n):
     X, y = load_libsvm(data_dir / rel, n_features=p)
-    label, row = _first_line_dense(data_dir / rel, p)
+    label, row = first_line(data_dir / rel, p)
     assert X.shape == (n, p) and y.shape == (n,)
     np.testing.assert_array_equal(X[0], row)
-    assert y[0] == label
+    assert y[0] == float(label)

@@ -8,17 +8,8 @@ import scipy.io
 from refbayes.datasets import (get_dataset, libsvm_content_digest, load_a1a, load_australian, load_breast_cancer, load_digits,
                                load_mnist_subset, load_usps_3vs5, load_vadam_presplit)
 from refbayes.datasets.loaders import map_labels
+from tests.reference.libsvm_text import first_line
 from tests.tolerances import EXACT_F32, assert_close
-
-
-def _first_libsvm_line(path, p):
-    with open(path) as fh:
-        tokens = fh.readline().split()
-    row = np.zeros(p)
-    for tok in tokens[1:]:
-        i, v = tok.split(":")
-        row[int(i) - 1] = float(v)
-    return tokens[0], row
 
 
 def _first_csv_line(path):
@@ -40,7 +31,7 @@ def test_binary_libsvm_readers(data_dir, loader, rel, p, label_map, counts):
     X, y = loader(data_dir)
     assert X.shape == (sum(counts.values()), p) and X.dtype == np.float64 and y.dtype == np.float64
     assert _counts(y) == counts
-    label, row = _first_libsvm_line(data_dir / rel, p)
+    label, row = first_line(data_dir / rel, p)
     np.testing.assert_array_equal(X[0], row)
     assert y[0] == label_map[label]
     assert X.min() >= -1 and X.max() <= 1
@@ -67,7 +58,7 @@ def test_a1a_train_and_test(a1a, data_dir):
     assert not a1a.X_train[:, 119:].any() and a1a.X_test[:, 119:].any()
     assert set(np.unique(a1a.X_train).tolist()) == {0.0, 1.0}
     for X, y, rel in ((a1a.X_train, a1a.y_train, "a1a/a1a"), (a1a.X_test, a1a.y_test, "a1a/a1a.t")):
-        label, row = _first_libsvm_line(data_dir / rel, 123)
+        label, row = first_line(data_dir / rel, 123)
         np.testing.assert_array_equal(X[0], row)
         assert y[0] == {"-1": 0.0, "+1": 1.0}[label]
     # The recorded content digest of a1a.t (labels as written, -1/+1) matches this parse.

@@ -1,0 +1,162 @@
+"""Self-check of the installed library against its dense oracles, on data shipped in the package.
+
+On a seeded synthetic logistic-regression problem it checks, and times:
+  * per-example gradients: numba vs vectorized vs the autograd loop (logistic regression and a
+    one-hidden-layer tanh MLP), and that their rows sum to the full gradient;
+  * curvature: the logistic Hessian equals its GGN, diag_ggn equals diag(ggn), diag_ef equals
+    diag(G^T G);
+  * low-rank-plus-diagonal algebra on the GGN's rank-L factor: solve, sample (as a linear map),
+    logdet and diag of the inverse against the explicit D x D inverse;
+  * the symmetric KL between that low-rank Gaussian and its dense twin (zero up to rounding).
+Each check has a float64 tolerance from ``refbayes._tolerances``; the command exits 1 when one fails.
+Results go to ``<out>/selfcheck.json`` as they are produced, a figure to ``<out>/selfcheck.png``.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+from tqdm import tqdm
+
+from refbayes._tolerances import EXACT_F64
+from refbayes.datasets import make_logistic_regression
+from refbayes.experiments._io import format_table, write_json
+from refbayes.linalg import gaussian, lowrank
+from refbayes.models import MLP, LogisticRegression, add_intercept
+
+__all__ = ["DESCRIPTION", "add_arguments", "run"]
+
+DESCRIPTION = "check per-example gradients, curvature and low-rank algebra against dense oracles"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--out", type=Path, default=Path("results/selfcheck"),
+                        help="output folder (default: results/selfcheck)")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the synthetic data (default 0)")
+    parser.add_argument("--quick", action="store_true", help="smaller problem (smoke test)")
+
+
+def _rel(a, b) -> float:
+    a, b = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
+    return float(np.max(np.abs(a - b), initial=0.0) / max(np.max(np.abs(b), initial=0.0), 1e-300))
+
+
+def _best_time(fn, repeat=5) -> float:
+    """The best of ``repeat`` wall-clock timings, in seconds (the least disturbed run)."""
+    times = []
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return min(times)
+
+
+def _gradient_checks(name, model, theta, X, y):
+    G = {impl: model.per_example_grads(theta, X, y, impl=impl)
+         for impl in ("autograd", "vectorized", "numba")}
+    seconds = {impl: _best_time(lambda i=impl: model.per_example_grads(theta, X, y, impl=i),
+                                repeat=1 if impl == "autograd" else 5) for impl in G}
+    rows = [(f"{name}: numba vs autograd per-example grads", _rel(G["numba"], G["autograd"])),
+            (f"{name}: vectorized vs autograd per-example grads", _rel(G["vectorized"], G["autograd"])),
+            (f"{name}: sum of per-example grads vs grad", _rel(G["numba"].sum(0), model.grad(theta, X, y))),
+            (f"{name}: diag_ef vs diag(G^T G)", _rel(model.diag_ef(theta, X, y),
+                                                      np.einsum("md,md->d", G["autograd"], G["autograd"])))]
+    return rows, {f"{name}: per_example_grads impl={k}": v for k, v in seconds.items()}
+
+
+def _curvature_checks(model, theta, X, y):
+    ggn = model.ggn(theta, X, y)
+    return [("logistic: Hessian vs GGN (equal for a linear model)", _rel(model.hessian(theta, X, y), ggn)),
+            ("logistic: diag_ggn vs diag(GGN)", _rel(model.diag_ggn(theta, X, y), np.diag(ggn)))]
+
+
+def _lowrank_checks(ggn_factor, lam, L):
+    """P = U U^T + diag(d): U the rank-L truncation of F F^T, d = lam + diag(F F^T - U U^T)."""
+    D = ggn_factor.shape[0]
+    U = lowrank.top_eig(ggn_factor, L)
+    d = np.full(D, lam) + np.einsum("dk,dk->d", ggn_factor, ggn_factor) - np.einsum("dl,dl->d", U, U)
+    P = U @ U.T + np.diag(d)
+    Sigma = np.linalg.inv(P)
+    g = np.linspace(-1.0, 1.0, D)
+    S = lowrank.sample(np.zeros(D), U, d, np.eye(D))
+    q = gaussian.LowRankPrec(np.zeros(D), U, d)
+    p = gaussian.DensePrec(np.zeros(D), P)
+    return [(f"rank-{L}: solve vs dense inverse", _rel(lowrank.solve(U, d, g), Sigma @ g)),
+            (f"rank-{L}: sample S S^T vs dense inverse", _rel(S @ S.T, Sigma)),
+            (f"rank-{L}: logdet vs slogdet", _rel(lowrank.logdet(U, d), np.linalg.slogdet(P)[1])),
+            (f"rank-{L}: diag_inv vs diag(dense inverse)", _rel(lowrank.diag_inv(U, d), np.diag(Sigma))),
+            (f"rank-{L}: symmetric KL to its dense twin", abs(float(gaussian.symmetric_kl(q, p))))]
+
+
+def _figure(rows, out: Path):
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("matplotlib is not installed (pip install refbayes[plot]): no figure written", file=sys.stderr)
+        return None
+    names = [r["check"] for r in rows]
+    errs = [max(r["error"], 1e-18) for r in rows]
+    fig, ax = plt.subplots(figsize=(9, 0.35 * len(rows) + 1.2))
+    ax.barh(range(len(rows)), errs, color=["tab:green" if r["ok"] else "tab:red" for r in rows])
+    ax.axvline(EXACT_F64, color="k", ls="--", label=f"tolerance {EXACT_F64:g}")
+    ax.set_xscale("log")
+    ax.set_yticks(range(len(rows)), names, fontsize=8)
+    ax.invert_yaxis()
+    ax.set_xlabel("relative error vs dense oracle (float64)")
+    ax.legend(loc="lower right")
+    fig.tight_layout()
+    path = out / "selfcheck.png"
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
+def _logistic_ggn_factor(model, theta, X):
+    """F (D, n) with F F^T = X_aug^T diag(s (1 - s)) X_aug, the logistic GGN, s = sigmoid(logits)."""
+    s = 1.0 / (1.0 + np.exp(-model.forward(theta, X)[:, 0]))
+    return (add_intercept(X) * np.sqrt(s * (1.0 - s))[:, None]).T
+
+
+def run(args: argparse.Namespace) -> int:
+    n, p, width, L = (200, 10, 20, 3) if args.quick else (1000, 30, 50, 5)
+    data = make_logistic_regression(n, p, args.seed)
+    X, y = data.X, data.y
+    rng = np.random.default_rng(args.seed)
+    logreg = LogisticRegression(p, intercept=True)
+    mlp = MLP([p, width, 1], activation="tanh", likelihood="bernoulli")
+    theta_lr = 0.5 * rng.standard_normal(logreg.D)
+    theta_mlp = mlp.init_theta(rng)
+    checks = {
+        "per-example gradients, logistic": lambda: _gradient_checks("logistic", logreg, theta_lr, X, y),
+        "per-example gradients, MLP": lambda: _gradient_checks(f"mlp[{p},{width},1]", mlp, theta_mlp, X, y),
+        "curvature": lambda: (_curvature_checks(logreg, theta_lr, X, y), {}),
+        "low-rank algebra": lambda: (_lowrank_checks(_logistic_ggn_factor(logreg, theta_lr, X), 1.0, L), {}),
+    }
+    out = Path(args.out)
+    rows, timings = [], {}
+    for label in tqdm(checks, desc="selfcheck", file=sys.stderr):
+        new, t = checks[label]()
+        timings.update(t)
+        rows.extend({"check": c, "error": e, "tolerance": EXACT_F64, "ok": bool(e <= EXACT_F64)}
+                    for c, e in new)
+        write_json(out / "selfcheck.json", {"problem": {"n": n, "p": p, "width": width, "L": L,
+                                                         "seed": args.seed},
+                                             "checks": rows, "timings_s": timings})
+    print(format_table(["check", "relative error", "tolerance", "ok"],
+                       [[r["check"], f"{r['error']:.2e}", f"{r['tolerance']:.0e}", "yes" if r["ok"] else "NO"]
+                        for r in rows]))
+    print()
+    print(format_table(["timing (n = %d)" % n, "best of runs (ms)"],
+                       [[k, f"{1e3 * v:.3f}"] for k, v in timings.items()]))
+    fig = _figure(rows, out)
+    print(f"\nresults: {out / 'selfcheck.json'}" + (f", figure: {fig}" if fig else ""))
+    failed = [r["check"] for r in rows if not r["ok"]]
+    if failed:
+        print(f"FAILED: {len(failed)} check(s): " + "; ".join(failed), file=sys.stderr)
+        return 1
+    return 0

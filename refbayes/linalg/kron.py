@@ -1,0 +1,268 @@
+"""Kronecker-factored curvature of one layer: A kron S acting on a row-major flattened weight.
+
+Implements (kron.1)-(kron.11) of derivations/kron.md; (kron.3), (kron.12) and (kron.13) are
+used by refbayes.linalg.gaussian for Kronecker-factored Gaussians.
+Symbols: W = layer weight (n_in, n_out), flattened row-major, vec(W)[i * n_out + j] = W[i, j];
+A = input-activation factor (n_in, n_in), S = pre-activation-gradient factor (n_out, n_out),
+both SPD; the layer's curvature is A kron S (D, D), D = n_in * n_out, never formed except by
+``dense``.  A = Q_A diag(lam_A) Q_A^T and S = Q_S diag(lam_S) Q_S^T are eigendecompositions,
+L_A, L_S lower Cholesky factors (L_A L_A^T = A), gamma >= 0 a damping strength and
+pi the factored-damping split (Martens & Grosse 2015, sec. 6.3).
+
+Every routine costs O(n_in^3 + n_out^3) for the factors plus O(n_in n_out (n_in + n_out)) per
+right-hand side, against O(D^3) for the dense matrix.  Batched right-hand sides: ``kron_matvec``
+and the solves take X (..., n_in, n_out); the samplers take eps (n_in, n_out) or
+(n_in, n_out, n_samples) with the sample index last, as ``lowrank.sample`` does.
+"""
+from __future__ import annotations
+
+import math
+
+from refbayes._checks import check_array, check_float, check_in_range, check_same_dtype, check_spd
+from refbayes.backend import linalg_of, xp_of
+
+__all__ = ["dense", "kron_matvec", "solve", "logdet", "factored_damping_pi", "solve_factored",
+           "sample", "sample_cov"]
+
+
+# ----------------------------------------------------------------------------- validation
+
+def _check_square(M, name):
+    check_array(M, name, ndim=2)
+    check_float(M, name)
+    if M.shape[0] != M.shape[1] or M.shape[0] == 0:
+        raise ValueError(f"{name}: expected a non-empty square matrix, got shape {tuple(M.shape)}")
+    return M.shape[0]
+
+
+def _check_symmetric(M, name):
+    """Square and symmetric to 100 roundoffs of max|M| (the rule of ``check_spd``)."""
+    xp = xp_of(M)
+    _check_square(M, name)
+    asym = float(xp.max(xp.abs(M - M.T)))
+    bound = 100 * float(xp.finfo(M.dtype).eps) * float(xp.max(xp.abs(M)))
+    if asym > bound:
+        raise ValueError(f"{name}: expected a symmetric matrix, got max|M - M^T| = {asym:.3e} "
+                         f"> {bound:.3e}")
+
+
+def _check_rhs(X, name, n_in, n_out, dtype, *, batch):
+    """X of shape (n_in, n_out), or (..., n_in, n_out) when ``batch``, in the factors' dtype."""
+    check_array(X, name)
+    check_float(X, name)
+    ok_rank = X.ndim >= 2 if batch else X.ndim == 2
+    if not ok_rank or tuple(X.shape[-2:]) != (n_in, n_out):
+        want = f"(..., {n_in}, {n_out})" if batch else f"({n_in}, {n_out})"
+        raise ValueError(f"{name}: expected shape {want} (n_in, n_out), got {tuple(X.shape)}")
+    if X.dtype != dtype:
+        raise ValueError(f"{name}, A: expected one dtype for all, got {name}: {X.dtype}, "
+                         f"A: {dtype}")
+
+
+def _check_eps(eps, n_in, n_out, dtype):
+    """eps (n_in, n_out) or (n_in, n_out, n_samples): the sample index is last."""
+    check_array(eps, "eps", ndim=(2, 3))
+    check_float(eps, "eps")
+    if tuple(eps.shape[:2]) != (n_in, n_out):
+        raise ValueError(f"eps: expected shape ({n_in}, {n_out}) or ({n_in}, {n_out}, n_samples), "
+                         f"got {tuple(eps.shape)}")
+    if eps.dtype != dtype:
+        raise ValueError(f"eps, W_mean: expected one dtype for all, got eps: {eps.dtype}, W_mean: {dtype}")
+
+
+def _check_pair(A, S, names=("A", "S")):
+    """Two symmetric factors of one dtype; returns (n_in, n_out)."""
+    _check_symmetric(A, names[0])
+    _check_symmetric(S, names[1])
+    check_same_dtype({names[0]: A, names[1]: S})
+    return A.shape[0], S.shape[0]
+
+
+def _check_factor_sizes(A, S, n_in, n_out, names):
+    if A.shape[0] != n_in:
+        raise ValueError(f"{names[0]}: expected shape ({n_in}, {n_in}) (n_in from W_mean), "
+                         f"got {tuple(A.shape)}")
+    if S.shape[0] != n_out:
+        raise ValueError(f"{names[1]}: expected shape ({n_out}, {n_out}) (n_out from W_mean), "
+                         f"got {tuple(S.shape)}")
+
+
+
+def _check_sampler(W_mean, A, S, eps, names):
+    """Validate a matrix-variate normal's arguments; return the lower Cholesky factors of A, S."""
+    check_array(W_mean, "W_mean", ndim=2)
+    check_float(W_mean, "W_mean")
+    n_in, n_out = W_mean.shape
+    L_A, L_S = check_spd(A, names[0]), check_spd(S, names[1])
+    _check_factor_sizes(A, S, n_in, n_out, names)
+    check_same_dtype({"W_mean": W_mean, names[0]: A, names[1]: S})
+    _check_eps(eps, n_in, n_out, W_mean.dtype)
+    return L_A, L_S
+
+# ----------------------------------------------------------------------------- private kernels
+
+def _damped_eig(A, S, damping):
+    """(Q_A, Q_S, lam) with A kron S + damping I = (Q_A kron Q_S) diag(vec lam) (...)^T.
+
+    lam[i, j] = lam_A[i] lam_S[j] + damping, the eigenvalue for eigenvector q_A,i kron q_S,j.
+    Raises ValueError when some lam <= 0 (the damped product is not positive definite).
+    """
+    xp = xp_of(A, S)
+    lam_A, Q_A = xp.linalg.eigh(A)
+    lam_S, Q_S = xp.linalg.eigh(S)
+    lam = lam_A[:, None] * lam_S[None, :] + damping  # (kron.4)
+    if not bool(xp.all(lam > 0)):
+        raise ValueError("A, S, damping: expected A kron S + damping I positive definite, got "
+                         f"smallest eigenvalue {float(xp.min(lam)):.3e}")
+    return Q_A, Q_S, lam
+
+
+def _tri_left(L, X, *, trans):
+    """L^{-1} X (trans False) or L^{-T} X (trans True) for a stack X (B, n, m), L lower (n, n)."""
+    B, n, m = X.shape
+    flat = X.transpose(1, 0, 2).reshape(n, B * m)
+    Y = linalg_of(xp_of(L, X)).solve_triangular(L, flat, lower=True, trans="T" if trans else "N")
+    return Y.reshape(n, B, m).transpose(1, 0, 2)
+
+
+def _tri_right(X, L, *, trans):
+    """X L^{-1} (trans False) or X L^{-T} (trans True) for X (B, n, m), L lower (m, m).
+
+    Uses (X L^{-1})^T = L^{-T} X^T and (X L^{-T})^T = L^{-1} X^T.
+    """
+    return _tri_left(L, X.transpose(0, 2, 1), trans=not trans).transpose(0, 2, 1)
+
+
+def _as_stack(eps):
+    """eps (n_in, n_out[, n]) -> (n, n_in, n_out), the layout the triangular kernels batch over."""
+    return eps[None] if eps.ndim == 2 else eps.transpose(2, 0, 1)
+
+
+def _from_stack(Z, like):
+    return Z[0] if like.ndim == 2 else Z.transpose(1, 2, 0)
+
+
+def _with_mean(W_mean, Z, like):
+    return (W_mean if like.ndim == 2 else W_mean[:, :, None]) + _from_stack(Z, like)
+
+
+# ----------------------------------------------------------------------------- public routines
+
+def dense(A, S):
+    """A kron S as an explicit (n_in n_out, n_in n_out) matrix, entry [i n_out + j, k n_out + l]
+    = A[i, k] S[j, l]: for tests and small layers only.  (kron.1)
+    """
+    xp = xp_of(A, S)
+    _check_square(A, "A")
+    _check_square(S, "S")
+    check_same_dtype({"A": A, "S": S})
+    return xp.kron(A, S)  # (kron.1)
+
+
+def kron_matvec(A, S, X):
+    """(A kron S) vec(X) = vec(A X S^T) for row-major vec, returned as the matrix A X S^T.
+
+    Any square A (n_in, n_in), S (n_out, n_out); for the symmetric K-FAC factors this is A X S.
+    X is (n_in, n_out) or a stack (..., n_in, n_out).  (kron.2)
+    """
+    xp_of(A, S, X)  # one backend for all inputs (raises on a NumPy/CuPy mix)
+    n_in, n_out = _check_square(A, "A"), _check_square(S, "S")
+    check_same_dtype({"A": A, "S": S})
+    _check_rhs(X, "X", n_in, n_out, A.dtype, batch=True)
+    return A @ X @ S.T  # (kron.2)
+
+
+def solve(A, S, X, damping=0.0):
+    """(A kron S + damping I)^{-1} vec(X), exactly, as the (..., n_in, n_out) matrix
+
+        Q_A [ (Q_A^T X Q_S) / (lam_A lam_S^T + damping) ] Q_S^T   (elementwise division),
+
+    from the eigendecompositions A = Q_A diag(lam_A) Q_A^T, S = Q_S diag(lam_S) Q_S^T.
+    A and S symmetric, damping >= 0, and every lam_A[i] lam_S[j] + damping > 0.  (kron.5)
+    """
+    xp_of(A, S, X)
+    n_in, n_out = _check_pair(A, S)
+    _check_rhs(X, "X", n_in, n_out, A.dtype, batch=True)
+    damping = check_in_range(damping, "damping", 0.0, math.inf)
+    Q_A, Q_S, lam = _damped_eig(A, S, damping)
+    return Q_A @ ((Q_A.T @ X @ Q_S) / lam) @ Q_S.T  # (kron.5)
+
+
+def logdet(A, S, damping=0.0):
+    """log det(A kron S + damping I) = sum_ij log(lam_A[i] lam_S[j] + damping).
+
+    With damping = 0 this is n_out log det A + n_in log det S, computed from Cholesky diagonals
+    (A and S must then be SPD).  Returns a 0-d array.  (kron.6)
+    """
+    xp = xp_of(A, S)
+    n_in, n_out = _check_pair(A, S)
+    damping = check_in_range(damping, "damping", 0.0, math.inf)
+    if damping == 0.0:
+        L_A, L_S = check_spd(A, "A"), check_spd(S, "S")
+        ld_A = 2 * xp.sum(xp.log(xp.diagonal(L_A)))
+        ld_S = 2 * xp.sum(xp.log(xp.diagonal(L_S)))
+        return n_out * ld_A + n_in * ld_S  # (kron.6)
+    _, _, lam = _damped_eig(A, S, damping)
+    return xp.sum(xp.log(lam))  # (kron.6)
+
+
+def factored_damping_pi(A, S):
+    """pi = sqrt((tr A / n_in) / (tr S / n_out)), the split of the factored damping that
+    minimizes the trace of its error term (Martens & Grosse 2015, sec. 6.3).  0-d array.  (kron.8)
+    """
+    xp = xp_of(A, S)
+    n_in, n_out = _check_pair(A, S)
+    tr_A, tr_S = xp.trace(A), xp.trace(S)
+    if not (float(tr_A) > 0 and float(tr_S) > 0):
+        raise ValueError(f"A, S: expected tr A > 0 and tr S > 0, got tr A = {float(tr_A):.3e}, "
+                         f"tr S = {float(tr_S):.3e}")
+    return xp.sqrt((tr_A / n_in) / (tr_S / n_out))  # (kron.8)
+
+
+def solve_factored(A, S, X, gamma):
+    """((A + pi gamma^{1/2} I) kron (S + gamma^{1/2} / pi I))^{-1} vec(X)
+    = vec(A_g^{-1} X S_g^{-1}), A_g = A + pi sqrt(gamma) I, S_g = S + sqrt(gamma) / pi I,
+
+    with pi from ``factored_damping_pi``: K-FAC's factored Tikhonov damping (Martens & Grosse
+    2015, sec. 6.3), an approximation of (A kron S + gamma I)^{-1} (see ``solve`` for the exact
+    one).  gamma >= 0; A_g and S_g must be SPD.  X (..., n_in, n_out).  (kron.7), (kron.9)
+    """
+    xp = xp_of(A, S, X)
+    n_in, n_out = _check_pair(A, S)
+    _check_rhs(X, "X", n_in, n_out, A.dtype, batch=True)
+    gamma = check_in_range(gamma, "gamma", 0.0, math.inf)
+    pi = factored_damping_pi(A, S)
+    root = math.sqrt(gamma)
+    A_g = A + (pi * root) * xp.eye(n_in, dtype=A.dtype)  # (kron.7)
+    S_g = S + (root / pi) * xp.eye(n_out, dtype=S.dtype)  # (kron.7)
+    L_A = check_spd(A_g, "A + pi sqrt(gamma) I")
+    L_S = check_spd(S_g, "S + sqrt(gamma) / pi I")
+    Z = X.reshape((-1, n_in, n_out))
+    Z = _tri_left(L_A, _tri_left(L_A, Z, trans=False), trans=True)  # (kron.9)
+    Z = _tri_right(_tri_right(Z, L_S, trans=True), L_S, trans=False)  # (kron.9)
+    return Z.reshape(X.shape)
+
+
+def sample(W_mean, A_prec, S_prec, eps):
+    """W = W_mean + L_A^{-T} E L_S^{-1}, with L_A L_A^T = A_prec and L_S L_S^T = S_prec, so that
+    Cov(vec W) = (A_prec kron S_prec)^{-1} = A_prec^{-1} kron S_prec^{-1} for E ~ N(0, I).
+
+    The matrix-variate normal with precision A_prec kron S_prec (noisy K-FAC's posterior).
+    W_mean (n_in, n_out); eps (n_in, n_out) or (n_in, n_out, n_samples) standard-normal draws from
+    the caller; returns the shape of eps.  (kron.10)
+    """
+    xp_of(W_mean, A_prec, S_prec, eps)
+    L_A, L_S = _check_sampler(W_mean, A_prec, S_prec, eps, ("A_prec", "S_prec"))
+    Z = _tri_right(_tri_left(L_A, _as_stack(eps), trans=True), L_S, trans=False)  # (kron.10)
+    return _with_mean(W_mean, Z, eps)
+
+
+def sample_cov(W_mean, A_cov, S_cov, eps):
+    """W = W_mean + L_A E L_S^T with L_A L_A^T = A_cov, L_S L_S^T = S_cov, so Cov(vec W) = A_cov kron
+    S_cov.  Shapes as in ``sample``.  (kron.11)
+    """
+    xp_of(W_mean, A_cov, S_cov, eps)
+    L_A, L_S = _check_sampler(W_mean, A_cov, S_cov, eps, ("A_cov", "S_cov"))
+    Z = L_A @ _as_stack(eps) @ L_S.T  # (kron.11)
+    return _with_mean(W_mean, Z, eps)
+

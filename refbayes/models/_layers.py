@@ -1,0 +1,133 @@
+"""Dense-layer machinery shared by every flat-theta model: layout, forward pass, backprop.
+
+Implements (peg.1)-(peg.6) and the layer forms (peg.10)-(peg.11) of
+derivations/per_example_gradients.md. Symbols: a_{l-1} (M, n_{l-1}) the layer-l input
+(a_0 = X), z_l = a_{l-1} W_l + b_l, a_l = act(z_l) for hidden layers, f = z_L (M, K);
+delta_l = dl_i/dz_l (M, [R,] n_l) the backpropagated error, with an optional axis R of seeds.
+
+Everything here is unchecked and backend-generic: ``ns`` may be numpy, cupy or autograd.numpy.
+Layers without a bias (linear models without an intercept) carry ``b = None``.
+"""
+from __future__ import annotations
+
+import functools
+from typing import NamedTuple
+
+__all__ = ["ACTIVATIONS", "Layout", "layout", "unflatten", "activate", "act_prime",
+           "forward", "backward", "per_example_blocks", "summed_blocks", "sum_sq_blocks"]
+
+ACTIVATIONS = ("relu", "tanh", "sigmoid")
+
+
+class Layout(NamedTuple):
+    """Where each layer's parameters sit in theta (row-major W_l, then b_l)."""
+    w_off: tuple   # start of W_l, one per layer
+    b_off: tuple   # start of b_l, or -1 when the model has no bias
+    D: int         # len(theta)
+
+
+@functools.lru_cache(maxsize=None)
+def layout(sizes: tuple, bias: bool) -> Layout:
+    w_off, b_off, pos = [], [], 0
+    for n_in, n_out in zip(sizes[:-1], sizes[1:]):
+        w_off.append(pos)
+        pos += n_in * n_out
+        b_off.append(pos if bias else -1)
+        pos += n_out if bias else 0
+    return Layout(tuple(w_off), tuple(b_off), pos)
+
+
+def unflatten(theta, sizes, bias):
+    """[(W_l (n_{l-1}, n_l), b_l (n_l,) or None)] as views into theta."""
+    lay = layout(tuple(sizes), bias)
+    params = []
+    for l, (n_in, n_out) in enumerate(zip(sizes[:-1], sizes[1:])):
+        w0, b0 = lay.w_off[l], lay.b_off[l]
+        W = theta[w0:w0 + n_in * n_out].reshape(n_in, n_out)
+        params.append((W, theta[b0:b0 + n_out] if bias else None))
+    return params
+
+
+def activate(ns, z, activation):
+    """act(z): relu(z) = z 1[z > 0], tanh, sigmoid = (1 + tanh(z/2)) / 2 (overflow-free)."""
+    if activation == "relu":
+        # z * 1[z > 0] has derivative 1[z > 0] under autograd too, i.e. relu'(0) = 0  (peg.5)
+        return z * (z > 0)
+    if activation == "tanh":
+        return ns.tanh(z)
+    return 0.5 * (ns.tanh(0.5 * z) + 1.0)
+
+
+def act_prime(a, activation):
+    """act'(z_l) written through the output a_l = act(z_l). (peg.5)
+
+    relu: 1[a > 0] (= 1[z > 0], so relu'(0) = 0); tanh: 1 - a^2; sigmoid: a (1 - a).
+    """
+    if activation == "relu":
+        return (a > 0).astype(a.dtype)
+    if activation == "tanh":
+        return 1.0 - a * a
+    return a * (1.0 - a)
+
+
+def forward(ns, params, X, activation):
+    """Inputs of every layer [a_0 = X, a_1, ..., a_{L-1}] and the output f = z_L. (peg.1)"""
+    acts = [X]
+    a = X
+    for l, (W, b) in enumerate(params):
+        z = a @ W if b is None else a @ W + b  # (peg.1)
+        if l == len(params) - 1:
+            return acts, z
+        a = activate(ns, z, activation)  # (peg.1)
+        acts.append(a)
+
+
+def backward(params, acts, seed, activation):
+    """[delta_1, ..., delta_L] from delta_L = seed (M, [R,] K). (peg.2)-(peg.3)
+
+    delta_l = (delta_{l+1} W_{l+1}^T) * act'(z_l); a seed axis R (between M and the units) is
+    carried along, with act' broadcast over it.
+    """
+    deltas = [seed]  # (peg.2)
+    for l in range(len(params) - 1, 0, -1):
+        W_next = params[l][0]
+        ap = act_prime(acts[l], activation)
+        if seed.ndim == 3:
+            ap = ap[:, None, :]
+        deltas.append((deltas[-1] @ W_next.T) * ap)  # (peg.3)
+    return deltas[::-1]
+
+
+def per_example_blocks(xp, acts, deltas, bias):
+    """Per-example (per-seed) gradients (M, [R,] D): rows vec(a_{l-1,i} delta_{l,i}^T), delta_{l,i}. (peg.4)"""
+    blocks = []
+    for a, d in zip(acts, deltas):
+        outer = xp.einsum("mi,m...o->m...io", a, d)  # (peg.4)
+        blocks.append(outer.reshape(d.shape[:-1] + (-1,)))
+        if bias:
+            blocks.append(d)  # (peg.4)
+    return xp.concatenate(blocks, axis=-1)
+
+
+def summed_blocks(xp, acts, deltas, bias):
+    """sum_i g_i (D,) without forming the rows: a_{l-1}^T delta_l and 1^T delta_l per layer. (peg.6)"""
+    blocks = []
+    for a, d in zip(acts, deltas):
+        blocks.append((a.T @ d).reshape(-1))  # (peg.6)
+        if bias:
+            blocks.append(d.sum(axis=0))
+    return xp.concatenate(blocks)
+
+
+def sum_sq_blocks(xp, acts, e, bias):
+    """sum_i of squared per-example rows (D,): (a_{l-1}^2)^T e_l, 1^T e_l, with e_l (M, n_l). (peg.10)-(peg.11)
+
+    e_l is delta_l^2 for the empirical Fisher and sum_r delta_{l,r}^2 for the GGN factor seeds;
+    valid because (a_p d_q)^2 = a_p^2 d_q^2 separates.
+    """
+    blocks = []
+    for a, el in zip(acts, e):
+        blocks.append(((a * a).T @ el).reshape(-1))  # (peg.10)
+        if bias:
+            blocks.append(el.sum(axis=0))
+    return xp.concatenate(blocks)

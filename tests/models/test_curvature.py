@@ -1,0 +1,103 @@
+"""Jacobians, GGN, Hessian and the diagonal GGN against autograd oracles (tests/reference/per_example.py)."""
+import numpy as np
+import pytest
+
+from refbayes.backend import to_numpy
+from refbayes.models import MLP
+from tests.models.cases import CASES, DEEP_CASES, LINEAR_CASES, batch, ids
+from tests.reference import per_example as ref
+from tests.tolerances import EXACT_F64, assert_close, exact
+
+DTYPES = [np.float64, np.float32]
+
+
+@pytest.fixture(scope="module")
+def oracle():
+    """Float64 oracle matrices per (case id, kind), computed once."""
+    cache = {}
+
+    def get(case, kind):
+        key = (case.id, kind)
+        if key not in cache:
+            spec, (theta, X, y) = ref.spec_of(case.model), batch(case)
+            fn = {"J": lambda: ref.jacobian_loop(spec, theta, X),
+                  "ggn": lambda: ref.ggn_oracle(spec, theta, X, y),
+                  "hess": lambda: ref.hessian_oracle(spec, theta, X, y)}[kind]
+            cache[key] = fn()
+        return cache[key]
+    return get
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("case", CASES, ids=ids(CASES))
+def test_jacobian(case, dtype, xp, oracle):
+    theta, X, _ = batch(case, dtype, xp)
+    J = case.model.jacobian(theta, X)
+    assert J.dtype == dtype and J.shape == (case.M, case.model.sizes[-1], case.model.D)
+    assert_close(J, oracle(case, "J"), exact(dtype), "output Jacobian")
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("case", CASES, ids=ids(CASES))
+def test_ggn(case, dtype, xp, oracle):
+    theta, X, y = batch(case, dtype, xp)
+    A = case.model.ggn(theta, X, y)
+    assert A.dtype == dtype and A.shape == (case.model.D, case.model.D)
+    assert_close(A, oracle(case, "ggn"), exact(dtype), "GGN vs sum_i J_i^T H_i J_i")
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("case", CASES, ids=ids(CASES))
+def test_diag_ggn(case, dtype, xp, oracle):
+    theta, X, y = batch(case, dtype, xp)
+    d = case.model.diag_ggn(theta, X, y)
+    assert d.dtype == dtype and d.shape == (case.model.D,)
+    assert_close(d, np.diag(oracle(case, "ggn")), exact(dtype), "diag GGN vs diag of the oracle GGN")
+    assert_close(d, xp.diagonal(case.model.ggn(theta, X, y)), exact(dtype), "diag GGN vs diag(ggn)")
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("case", CASES, ids=ids(CASES))
+def test_hessian_numpy(case, dtype, oracle):
+    theta, X, y = batch(case, dtype)
+    H = case.model.hessian(theta, X, y)
+    assert H.dtype == dtype and H.shape == (case.model.D, case.model.D)
+    assert_close(H, oracle(case, "hess"), exact(dtype), "Hessian vs autograd.hessian")
+
+
+@pytest.mark.parametrize("case", LINEAR_CASES, ids=ids(LINEAR_CASES))
+def test_linear_hessian_equals_ggn(case, xp, oracle):
+    """f is linear in theta, so the Hessian is exactly the GGN (peg.16); checked against autograd."""
+    theta, X, y = batch(case, xp=xp)
+    if xp is np or not isinstance(case.model, MLP):  # MLP.hessian is autograd: NumPy only
+        assert_close(case.model.hessian(theta, X, y), oracle(case, "hess"), EXACT_F64, "Hessian")
+    assert_close(case.model.ggn(theta, X, y), oracle(case, "hess"), EXACT_F64, "GGN vs autograd Hessian")
+
+
+@pytest.mark.parametrize("case", DEEP_CASES, ids=ids(DEEP_CASES))
+def test_last_layer_block_of_hessian_equals_ggn(case, oracle):
+    """f is linear in (W_L, b_L), so the Hessian's last-layer block is the GGN's (peg.17)."""
+    theta, X, y = batch(case)
+    n_in, n_out = case.model.sizes[-2:]
+    last = slice(case.model.D - (n_in + 1) * n_out, case.model.D)
+    H, A = oracle(case, "hess"), case.model.ggn(theta, X, y)
+    assert_close(A[last, last], H[last, last], EXACT_F64, "last-layer block")
+    # the identity must not hold trivially for the whole matrix of a deep net
+    assert np.max(np.abs(A - H)) > 1e3 * EXACT_F64 * np.max(np.abs(H))
+
+
+@pytest.mark.parametrize("case", [c for c in DEEP_CASES if c.model.likelihood.name == "gaussian"],
+                         ids=ids([c for c in DEEP_CASES if c.model.likelihood.name == "gaussian"]))
+def test_gaussian_ggn_is_hessian_of_linearized_model(case):
+    """Gaussian: GGN = tau sum_i J_i^T J_i, the Hessian of a linear gaussian model on the rows of J.
+
+    The linearized loss sum_ik tau/2 (y_ik - f_ik - J_ik (t - theta))^2 is a linear regression in t
+    with design rows J_ik; its Hessian (by autograd, through MLP([D, 1]).hessian) is the GGN.
+    """
+    theta, X, y = batch(case)
+    model = case.model
+    J = to_numpy(model.jacobian(theta, X))
+    M, K, D = J.shape
+    lin = MLP([D, 1], likelihood="gaussian", noise_precision=model.likelihood.noise_precision)
+    H_lin = lin.hessian(np.zeros(D + 1), J.reshape(M * K, D), np.zeros(M * K))
+    assert_close(model.ggn(theta, X, y), H_lin[:D, :D], EXACT_F64, "gaussian GGN vs linear-model Hessian")
