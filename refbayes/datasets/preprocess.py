@@ -68,7 +68,7 @@ def _guarded_moments(A, xp):
     mean, std = A.mean(axis=0), A.std(axis=0)
     constant = A.max(axis=0) == A.min(axis=0)
     mean = xp.where(constant, A[0], mean)
-    std = xp.where(constant, xp.ones_like(std), std)
+    std = xp.where(constant, xp.ones_like(std), std)  # (data.3)
     return mean, std
 
 
@@ -120,7 +120,7 @@ def validation_split(X_train, y_train, frac=0.2) -> TrainValidation:
     check_array(y_train, "y_train", shape=(X_train.shape[0],))
     frac = check_in_range(frac, "frac", 0.0, 1.0, low_open=True, high_open=True)
     n = X_train.shape[0]
-    n_fit = int((1.0 - frac) * n)
+    n_fit = int((1.0 - frac) * n)  # (data.2)
     if n_fit < 1 or n_fit >= n:
         raise ValueError(f"frac: expected both parts non-empty for n = {n} rows, got frac={frac} "
                          f"({n_fit} fit rows, {n - n_fit} validation rows)")
@@ -144,4 +144,4 @@ def random_split(n, rng, test_fraction=0.5):
         raise ValueError(f"test_fraction: expected a value leaving at least one training row "
                          f"for n = {n}, got {test_fraction}")
     perm = rng.permutation(n)
-    return perm[: n - n_test], perm[n - n_test:]
+    return perm[: n - n_test], perm[n - n_test:]  # (data.1)
