@@ -99,11 +99,16 @@ def backward(params, acts, seed, activation):
 
 
 def per_example_blocks(xp, acts, deltas, bias):
-    """Per-example (per-seed) gradients (M, [R,] D): rows vec(a_{l-1,i} delta_{l,i}^T), delta_{l,i}. (peg.4)"""
+    """Per-example (per-seed) gradients (M, [R,] D): rows vec(a_{l-1,i} delta_{l,i}^T), delta_{l,i}. (peg.4)
+
+    The outer products are broadcast products: an einsum with an ellipsis ("mi,m...o->m...io")
+    takes NumPy's slow generic path (2.3 ms instead of 0.15 ms at width 200, M = 128).
+    """
+    lead = deltas[0].shape[:-1]  # (M,) or (M, R) with seeds
     blocks = []
     for a, d in zip(acts, deltas):
-        outer = xp.einsum("mi,m...o->m...io", a, d)  # (peg.4)
-        blocks.append(outer.reshape(d.shape[:-1] + (-1,)))
+        a_b = a.reshape((a.shape[0],) + (1,) * (len(lead) - 1) + (a.shape[-1], 1))
+        blocks.append((a_b * d[..., None, :]).reshape(lead + (-1,)))  # (peg.4)
         if bias:
             blocks.append(d)  # (peg.4)
     return xp.concatenate(blocks, axis=-1)
