@@ -117,7 +117,9 @@ def per_example_grads_numba(theta, X, sizes, bias, activation, r_of_f):
     sizes_a, w_off, b_off, a_off, D = _tables(tuple(sizes), bool(bias))
     theta = np.ascontiguousarray(theta)
     X = np.ascontiguousarray(X)
-    M, dtype, code = X.shape[0], theta.dtype, ACT_CODES.get(activation, 0)
+    # a one-layer (linear) model has no hidden activation: its code is never read
+    code = ACT_CODES[activation] if len(sizes) > 2 else -1
+    M, dtype = X.shape[0], theta.dtype
     A = np.empty((M, int(a_off[-1])), dtype=dtype)
     forward_kernel(theta, X, sizes_a, w_off, b_off, a_off, code, A)
     R = np.ascontiguousarray(r_of_f(A[:, int(a_off[-2]):]), dtype=dtype)
@@ -128,7 +130,8 @@ def per_example_grads_numba(theta, X, sizes, bias, activation, r_of_f):
 
 
 def warmup():
-    """Compile (or load from the disk cache) the float64 and float32 kernels for every activation code."""
+    """Compile (or load from the disk cache) the float64 and float32 kernels (the activation is a
+    runtime code, so one specialization per dtype serves them all)."""
     for dtype in (np.float64, np.float32):
         theta = np.zeros(layout((2, 2, 1), True).D, dtype=dtype)
         X = np.zeros((1, 2), dtype=dtype)
