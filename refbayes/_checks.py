@@ -90,13 +90,24 @@ def check_same_dtype(name_to_array: dict):
         raise ValueError(f"{', '.join(dtypes)}: expected one dtype for all, got {listing}")
 
 
+def _cholesky_raising(xp, M):
+    """Lower Cholesky factor of M; LinAlgError on failure on both backends."""
+    if xp.__name__ == "numpy":
+        return xp.linalg.cholesky(M)
+    import cupyx
+    with cupyx.errstate(linalg="raise"):
+        return xp.linalg.cholesky(M)
+
+
 def check_spd(M, name: str):
     """M is a square floating matrix, symmetric to rounding, with a Cholesky factor; return it.
 
     Returns the lower factor L (L L^T = M).  Symmetry is required to 100 units of roundoff of
     max|M| because a Cholesky routine reads only one triangle and would otherwise factor a
-    different matrix silently.  A failed factorization (LinAlgError in NumPy, NaN in CuPy,
-    which does not raise) means M is not positive definite to working precision.
+    different matrix silently.  A failed factorization means M is not positive definite to
+    working precision: NumPy raises LinAlgError; CuPy only does so under
+    ``cupyx.errstate(linalg="raise")`` (by default it returns a partial factor), hence that
+    context and the check of a finite, positive diagonal.
     """
     import numpy as np
 
@@ -114,10 +125,10 @@ def check_spd(M, name: str):
         raise ValueError(f"{name}: expected a symmetric matrix, got max|M - M^T| = {asym:.3e} "
                          f"> {bound:.3e}")
     try:
-        L = xp.linalg.cholesky(M)
+        L = _cholesky_raising(xp, M)
     except np.linalg.LinAlgError:
         L = None
-    if L is None or not bool(xp.all(xp.isfinite(L))):
+    if L is None or not bool(xp.all(xp.isfinite(L))) or not bool(xp.all(xp.diagonal(L) > 0)):
         raise ValueError(f"{name}: expected a symmetric positive definite matrix, got one whose "
                          "Cholesky factorization fails")
     return L

@@ -5,7 +5,7 @@ Relative errors are ``max|a - b| / max|b|``: a fraction of the reference's scale
 """
 import numpy as np
 
-__all__ = ["EXACT_F64", "EXACT_F32", "QUADRATURE", "exact"]
+__all__ = ["EXACT_F64", "EXACT_F32", "QUADRATURE", "exact", "kl_zero"]
 
 # Exact identities evaluated two ways in float64 (Woodbury vs a dense inverse, a closed-form
 # gradient vs autograd): both sides round at ~1e-16 per operation; the condition numbers of the
@@ -25,3 +25,14 @@ QUADRATURE = 1e-12
 def exact(dtype) -> float:
     """The exact-identity tolerance for ``dtype``."""
     return EXACT_F32 if np.dtype(dtype) == np.float32 else EXACT_F64
+
+
+def kl_zero(dtype, D: int) -> float:
+    """Absolute bound on a KL divergence that is exactly 0 (a Gaussian against itself, or against
+    another parameterization of itself).
+
+    KL = (tr(Sigma_p^{-1} Sigma_q) - D + m^T Sigma_p^{-1} m + log-det difference) / 2 cancels sums
+    of D terms of size ~1, so its rounding error is absolute and grows like D: the exact-identity
+    tolerance per dimension.
+    """
+    return exact(dtype) * D

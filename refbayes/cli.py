@@ -1,4 +1,4 @@
-"""The ``refbayes`` command: ``data list|fetch|verify`` and ``reproduce EXPERIMENT``.
+"""The refbayes command: data list|fetch|verify and reproduce EXPERIMENT.
 
 This module only parses arguments and calls library functions (``refbayes.datasets`` and the
 experiment modules registered in ``refbayes.experiments.EXPERIMENTS``). A ValueError or OSError
@@ -11,15 +11,9 @@ import argparse
 import sys
 
 from refbayes import __version__
+from refbayes.experiments._io import format_table
 
 __all__ = ["build_parser", "main"]
-
-
-def _format_table(header: list, rows: list) -> str:
-    widths = [max(len(str(c)) for c in col) for col in zip(header, *rows)]
-    lines = ["  ".join(str(c).ljust(w) for c, w in zip(r, widths)).rstrip()
-             for r in [header, ["-" * w for w in widths], *rows]]
-    return "\n".join(lines)
 
 
 def _cmd_list(args) -> int:
@@ -31,7 +25,7 @@ def _cmd_list(args) -> int:
         size_mb = sum(f.size for f in spec.files) / 1e6
         rows.append([spec.name, f"{present}/{len(spec.files)}", f"{size_mb:.2f} MB", spec.source])
     print(f"data directory: {root}")
-    print(_format_table(["name", "present", "size", "source"], rows))
+    print(format_table(["name", "present", "size", "source"], rows))
     return 0
 
 
@@ -52,6 +46,10 @@ def _cmd_verify(args) -> int:
     for name in names:
         get_dataset(name)
     root = resolve_data_dir(args.data_dir)
+    if not root.is_dir():
+        print(f"data directory {root} does not exist: nothing to verify; run `refbayes data fetch "
+              "NAME` or point --data-dir / REFBAYES_DATA at the data folder", file=sys.stderr)
+        return 1
     print(f"data directory: {root}")
     failed = 0
     for name in names:
@@ -143,6 +141,12 @@ def main(argv=None) -> int:
         return exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 2)
     try:
         return int(args._handler(args))
+    except BrokenPipeError:  # the reader went away (`refbayes data list | head`): nothing to say
+        sys.stderr.close()
+        return 0
+    except KeyboardInterrupt:
+        print("refbayes: interrupted", file=sys.stderr)
+        return 130
     except (ValueError, OSError) as err:
         print(f"refbayes: error: {err}", file=sys.stderr)
         return 2

@@ -6,7 +6,7 @@ tolerance is a fraction of the reference's scale, not of each entry.
 """
 import numpy as np
 
-from refbayes._tolerances import EXACT_F32, EXACT_F64, QUADRATURE, exact  # noqa: F401  (reasons there)
+from refbayes._tolerances import EXACT_F32, EXACT_F64, QUADRATURE, exact, kl_zero  # noqa: F401  (reasons there)
 
 
 def rel_err(a, b) -> float:

@@ -23,6 +23,7 @@ from typing import NamedTuple
 import numpy as np
 from tqdm import tqdm
 
+from refbayes._files import publish
 from refbayes.datasets.libsvm import load_libsvm
 from refbayes.datasets.paths import ENV_VAR, resolve_data_dir
 from refbayes.datasets.registry import FileSpec, get_dataset
@@ -168,7 +169,7 @@ def _fetch_file(name: str, spec: FileSpec, target: Path, opener, progress: bool)
             raise ChecksumMismatchError(
                 f"dataset {name!r}: {spec.source} does not match the registry ({status.detail}); "
                 f"{target} was left untouched.\n{_manual_hint(name, spec, target)}")
-        os.replace(tmp, target)
+        publish(tmp, target)
         return FileStatus(spec.path, "ok", f"downloaded, verified by {status.detail}")
     finally:
         if os.path.exists(tmp):

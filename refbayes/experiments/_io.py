@@ -6,6 +6,8 @@ import os
 import tempfile
 from pathlib import Path
 
+from refbayes._files import publish
+
 __all__ = ["atomic_write_text", "write_json", "read_json", "format_table"]
 
 
@@ -17,7 +19,7 @@ def atomic_write_text(path: Path, text: str) -> Path:
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as f:
             f.write(text)
-        os.replace(tmp, path)
+        publish(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise

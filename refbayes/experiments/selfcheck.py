@@ -32,10 +32,23 @@ __all__ = ["DESCRIPTION", "add_arguments", "run"]
 DESCRIPTION = "check per-example gradients, curvature and low-rank algebra against dense oracles"
 
 
+def _seed(text: str) -> int:
+    if not text.isdigit():
+        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {text!r}")
+    return int(text)
+
+
+def _out_dir(text: str) -> Path:
+    path = Path(text)
+    if path.exists() and not path.is_dir():
+        raise argparse.ArgumentTypeError(f"expected a folder, got the file {text!r}")
+    return path
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--out", type=Path, default=Path("results/selfcheck"),
+    parser.add_argument("--out", type=_out_dir, default=Path("results/selfcheck"),
                         help="output folder (default: results/selfcheck)")
-    parser.add_argument("--seed", type=int, default=0, help="seed of the synthetic data (default 0)")
+    parser.add_argument("--seed", type=_seed, default=0, help="seed of the synthetic data (default 0)")
     parser.add_argument("--quick", action="store_true", help="smaller problem (smoke test)")
 
 

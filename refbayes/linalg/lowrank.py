@@ -57,10 +57,10 @@ def _col(v, like):
 # ----------------------------------------------------------------------------- private kernels
 
 def _capacitance_chol(U, d):
-    """R lower with R R^T = C = I_L + U^T diag(d)^{-1} U, and d^{-1} U.  (lowrank.1)"""
+    """R lower with R R^T = C = I_L + U^T diag(d)^{-1} U, and d^{-1} U.  (lowrank.2)"""
     xp = xp_of(U, d)
     Ud = U / d[:, None]
-    C = xp.eye(U.shape[1], dtype=U.dtype) + U.T @ Ud  # (lowrank.1)
+    C = xp.eye(U.shape[1], dtype=U.dtype) + U.T @ Ud  # capacitance of (lowrank.2)
     return xp.linalg.cholesky(C), Ud
 
 
@@ -248,9 +248,9 @@ def sample_alg3(mu, U, d, eps):
     A_inv = sla.solve_triangular(A, I_L, lower=True)
     C = A_inv.T @ (B - I_L) @ A_inv                          # line 5: C = X
     # NOTE: printed line 6 reads (C + V^T V)^{-1}; Woodbury for W0^{-T} needs C^{-T}
-    K = xp.linalg.inv(xp.linalg.inv(C).T + VtV)              # line 6 (corrected)
+    K = xp.linalg.inv(xp.linalg.inv(C).T + VtV)              # line 6 (corrected)  (lowrank.12)
     # NOTE: printed line 7 leaves d^{-1/2} off the second term; both terms need it
-    y = (eps - V @ (K @ (V.T @ eps))) / _col(s, eps)         # line 7 (corrected)
+    y = (eps - V @ (K @ (V.T @ eps))) / _col(s, eps)         # line 7 (corrected)  (lowrank.12)
     return _col(mu, eps) + y                                 # line 8
 
 

@@ -64,10 +64,10 @@ def act_prime(a, activation):
     relu: 1[a > 0] (= 1[z > 0], so relu'(0) = 0); tanh: 1 - a^2; sigmoid: a (1 - a).
     """
     if activation == "relu":
-        return (a > 0).astype(a.dtype)
+        return (a > 0).astype(a.dtype)  # (peg.5)
     if activation == "tanh":
-        return 1.0 - a * a
-    return a * (1.0 - a)
+        return 1.0 - a * a  # (peg.5)
+    return a * (1.0 - a)  # (peg.5)
 
 
 def forward(ns, params, X, activation):
@@ -113,7 +113,9 @@ def per_example_blocks(xp, acts, deltas, bias):
     for a, d in zip(acts, deltas):
         n_in, n_out = a.shape[-1], d.shape[-1]
         a_b = a.reshape((a.shape[0],) + (1,) * (len(lead) - 1) + (n_in, 1))
-        block = G[..., off:off + n_in * n_out].reshape(lead + (n_in, n_out))  # a view: splits the last axis
+        block = G[..., off:off + n_in * n_out].reshape(lead + (n_in, n_out))
+        if not xp.may_share_memory(block, G):  # splitting the unit-stride last axis must give a view
+            raise RuntimeError("per_example_blocks: reshape returned a copy; results would be lost")
         xp.multiply(a_b, d[..., None, :], out=block)  # (peg.4)
         off += n_in * n_out
         if bias:

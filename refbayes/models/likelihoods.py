@@ -121,8 +121,9 @@ class Gaussian(_Likelihood):
     name: ClassVar[str] = "gaussian"
 
     def __post_init__(self):
-        check_in_range(self.noise_precision, "noise_precision", 0.0, math.inf,
-                       low_open=True, high_open=True)
+        # stored as a Python float: a NumPy float64 scalar would promote float32 arrays (NEP 50)
+        object.__setattr__(self, "noise_precision", check_in_range(
+            self.noise_precision, "noise_precision", 0.0, math.inf, low_open=True, high_open=True))
 
     def _check_width(self, K):
         if K < 1:

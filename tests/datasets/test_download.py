@@ -52,7 +52,8 @@ def test_fetch_from_fake_opener_then_verify(data_dir, tmp_path):
     assert again.calls == []
 
 
-def test_libsvm_text_with_different_bytes_is_accepted_by_content(data_dir, tmp_path):
+def test_libsvm_text_with_different_bytes_is_accepted_by_content(staged_data_dir, tmp_path):
+    data_dir = staged_data_dir
     # Upstream may write '1' where the staged copy has '+1': same parsed X and y.
     edit = lambda path, b: b.replace(b"+1 ", b"1 ") if path == "australian/australian_scale" else b
     results = fetch("australian", tmp_path, opener=Opener(_staged_table(data_dir, "australian", edit)),

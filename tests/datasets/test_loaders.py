@@ -113,7 +113,35 @@ def test_vadam_presplit(data_dir, name, p, n_train, n_test):
     full = (load_australian if name == "australian" else load_breast_cancer)(data_dir)
     both = np.column_stack([np.vstack([s.X_train, s.X_test]), np.concatenate([s.y_train, s.y_test])])
     ref = np.column_stack([full.X, full.y])
-    np.testing.assert_array_equal(np.unique(both, axis=0), np.unique(ref, axis=0))
+    # lexsorted rows, not np.unique: breast-cancer has 16 duplicate rows, and a multiset must count them
+    np.testing.assert_array_equal(_sorted_rows(both), _sorted_rows(ref))
+
+
+def _sorted_rows(A):
+    return A[np.lexsort(A.T[::-1])]
+
+
+@pytest.mark.parametrize("loader, mat, to01", [
+    (load_australian, "australian/australian_scale.mat", lambda y: (y + 1) / 2),
+    (load_breast_cancer, "breast-cancer/breast_cancer_scale.mat", lambda y: (y - 2) / 2),
+])
+def test_libsvm_loaders_equal_the_mat_copies(data_dir, loader, mat, to01):
+    """Every value, against the independent .mat copy read by scipy.io (SOURCES.md: same data)."""
+    ref = scipy.io.loadmat(data_dir / mat)
+    X, y = loader(data_dir)
+    np.testing.assert_array_equal(X, ref["X"].toarray())
+    np.testing.assert_array_equal(y, to01(ref["y"].ravel().astype(np.float64)))
+
+
+def test_a1a_equals_the_mat_copy(data_dir):
+    """a1a's .mat has 119 training columns (MATLAB sizes to the largest index): pad to 123."""
+    ref = scipy.io.loadmat(data_dir / "a1a/a1a.mat")
+    a1a = load_a1a(data_dir)
+    X_ref = np.hstack([ref["X"].toarray(), np.zeros((ref["X"].shape[0], 4))])
+    np.testing.assert_array_equal(a1a.X_train, X_ref)
+    np.testing.assert_array_equal(a1a.X_test, ref["X_te"].toarray())
+    np.testing.assert_array_equal(a1a.y_train, (ref["y"].ravel() + 1) / 2)
+    np.testing.assert_array_equal(a1a.y_test, (ref["y_te"].ravel() + 1) / 2)
 
 
 def test_float32_readers(data_dir):

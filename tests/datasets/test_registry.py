@@ -67,7 +67,8 @@ def test_unknown_name():
         get_dataset("mnist")
 
 
-def test_registry_matches_staged_sha256sums(data_dir):
+def test_registry_matches_staged_sha256sums(staged_data_dir):
+    data_dir = staged_data_dir
     staged = _sha256sums(data_dir)
     registry = {f.path: f for spec in DATASETS.values() for f in spec.files}
     assert set(staged) == set(registry)
@@ -76,7 +77,8 @@ def test_registry_matches_staged_sha256sums(data_dir):
         assert registry[rel].size == (data_dir / rel).stat().st_size, rel
 
 
-def test_staged_data_verifies(data_dir):
+def test_staged_data_verifies(staged_data_dir):
+    data_dir = staged_data_dir
     for name in EXPECTED_NAMES:
         statuses = verify(name, data_dir)
         assert [s.status for s in statuses] == ["ok"] * len(get_dataset(name).files), name

@@ -23,7 +23,7 @@ from hypothesis import strategies as st
 
 from refbayes.linalg import gaussian as g
 from tests.reference import dense_gaussian as ref
-from tests.tolerances import QUADRATURE, assert_close, exact
+from tests.tolerances import QUADRATURE, assert_close, exact, kl_zero
 
 HYP = settings(suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 DTYPES = [pytest.param(np.float64, id="f64"), pytest.param(np.float32, id="f32")]
@@ -142,7 +142,7 @@ def test_kl_and_symmetric_kl_match_dense(xp, dtype, kind_q, case):
 @given(case=cases())
 def test_kl_of_q_with_itself_is_zero(xp, dtype, kind, case):
     q = make(kind, case, np.random.default_rng(case.seed), xp, dtype)
-    bound = exact(dtype) * case.D
+    bound = kl_zero(dtype, case.D)
     assert abs(float(g.kl(q, q))) <= bound, f"KL(q||q) = {float(g.kl(q, q))} for {kind}"
     assert abs(float(g.symmetric_kl(q, q))) <= bound
 
@@ -168,9 +168,8 @@ def _equivalents(case, rng):
 @HYP
 @given(case=cases())
 def test_kl_between_equivalent_parameterizations_is_zero(xp, dtype, case):
-    """The same Gaussian written in two parameterizations: KL = 0 to D times the exact tolerance
-    (the float32 cast perturbs the distribution by O(1e-7), which moves KL by O(D 1e-14))."""
-    bound = exact(dtype) * case.D
+    """The same Gaussian written in two parameterizations: KL = 0 to tolerances.kl_zero."""
+    bound = kl_zero(dtype, case.D)
     for group in _equivalents(case, np.random.default_rng(case.seed)):
         dists = [_put(kind, fields, xp, dtype) for kind, fields in group]
         for q in dists:

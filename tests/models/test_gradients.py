@@ -132,3 +132,17 @@ def test_predict(case, xp):
     else:
         want = np.exp(f) / np.exp(f).sum(axis=1, keepdims=True)
     assert_close(p, want, EXACT_F64, "predictive mean")
+
+
+@pytest.mark.parametrize("impl", ["numba", "vectorized"])
+def test_relu_derivative_at_zero_is_zero(impl):
+    """relu'(0) = 0 (derivations/per_example_gradients.md): with z_1 = 0 exactly, the bias
+    gradient delta_1 = (delta_2 W_2^T) relu'(0) is 0 (it would be (-0.5, -0.25) with relu'(0) = 1)."""
+    from refbayes.models import MLP
+    model = MLP([1, 2, 1], activation="relu")
+    # W_1 = [[1, -1]], b_1 = [0, 0]: at x = 0 both hidden pre-activations are exactly 0
+    theta = np.array([1.0, -1.0, 0.0, 0.0, 0.5, 0.25, 0.0])
+    X, y = np.zeros((1, 1)), np.array([1.0])
+    G = model.per_example_grads(theta, X, y, impl=impl)
+    np.testing.assert_array_equal(G[0, :6], np.zeros(6))
+    assert G[0, 6] == -1.0  # d/db_2 of (f - y)^2 / 2 at f = 0, y = 1

@@ -13,7 +13,7 @@ from tests.tolerances import EXACT_F64, assert_close, exact
 
 @st.composite
 def problems(draw):
-    """(likelihood, f (M, K), y) with moderate outputs |f| <= 8 so the naive oracle is exact enough."""
+    """(likelihood, f (M, K), y) with moderate outputs |f| <= 8 (the oracle's exp stays far from overflow)."""
     name = draw(st.sampled_from(["gaussian", "bernoulli", "categorical"]))
     M = draw(st.integers(1, 5))
     K = 1 if name == "bernoulli" else draw(st.integers(1 if name == "gaussian" else 2, 4))
@@ -123,3 +123,20 @@ def test_integer_valued_float_labels_equal_int_labels(lik, K):
     y = rng.integers(0, max(K, 2), 6)
     for method in ("losses", "grad_f", "hess_f", "hess_factor"):
         np.testing.assert_array_equal(getattr(lik, method)(f, y.astype(np.float64)), getattr(lik, method)(f, y))
+
+
+def test_numpy_scalar_noise_precision_keeps_float32():
+    """tau = 1 / np.var(y) is a NumPy float64 scalar; it must not promote float32 results (NEP 50)."""
+    from refbayes.models import MLP
+    tau = np.float64(2.0)
+    lik = Gaussian(tau)
+    assert type(lik.noise_precision) is float
+    f = np.linspace(-1, 1, 6, dtype=np.float32).reshape(3, 2)
+    y = np.zeros((3, 2), dtype=np.float32)
+    for out in (lik.losses(f, y), lik.grad_f(f, y), lik.hess_f(f, y), lik.hess_factor(f, y)):
+        assert out.dtype == np.float32
+    model = MLP([2, 3, 1], activation="tanh", noise_precision=tau)
+    theta = model.init_theta(np.random.default_rng(0), dtype=np.float32)
+    X, y1 = f[:, :2].copy(), np.ones(3, dtype=np.float32)
+    assert model.grad(theta, X, y1).dtype == np.float32
+    assert model.per_example_grads(theta, X, y1, impl="vectorized").dtype == np.float32

@@ -76,8 +76,8 @@ def naive_nll(spec, f, y):
         K = f.shape[0]
         return 0.5 * spec.tau * anp.sum((y - f) ** 2) + 0.5 * K * np.log(2 * np.pi) - 0.5 * K * np.log(spec.tau)
     if spec.likelihood == "bernoulli":
-        s = 1.0 / (1.0 + anp.exp(-f[0]))
-        return -(y * anp.log(s) + (1 - y) * anp.log(1 - s))
+        # log s = -log(1 + e^{-f}), log(1 - s) = -log(1 + e^{f}): no cancellation in 1 - s
+        return y * anp.log1p(anp.exp(-f[0])) + (1 - y) * anp.log1p(anp.exp(f[0]))
     e = anp.exp(f)
     return -anp.log(e[int(y)] / anp.sum(e))
 
