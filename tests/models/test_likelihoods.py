@@ -140,3 +140,14 @@ def test_numpy_scalar_noise_precision_keeps_float32():
     X, y1 = f[:, :2].copy(), np.ones(3, dtype=np.float32)
     assert model.grad(theta, X, y1).dtype == np.float32
     assert model.per_example_grads(theta, X, y1, impl="vectorized").dtype == np.float32
+
+
+def test_bernoulli_hessian_has_relative_accuracy_at_large_logits():
+    """sigma(f)(1 - sigma(f)) = e^{-|f|} / (1 + e^{-|f|})^2 exactly; in float64 this form has
+    relative error ~1e-16 at any |f|, so the likelihood Hessian must match it to EXACT_F64
+    relative, entry by entry (1 - s would cancel for f > 0 and miss by 1e-3 at f = 30)."""
+    f = np.array([[-600.0], [-30.0], [-8.0], [0.0], [8.0], [30.0], [600.0]])
+    e = np.exp(-np.abs(f[:, 0]))
+    want = e / (1.0 + e) ** 2
+    got = Bernoulli().hess_f(f, np.zeros(7, dtype=int))[:, 0, 0]
+    assert np.all(np.abs(got - want) <= EXACT_F64 * want)
