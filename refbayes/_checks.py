@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import numbers
 
-from refbayes.backend import xp_of
+from refbayes.backend import cholesky, xp_of
 
 __all__ = ["check_array", "check_float", "check_finite", "check_positive", "check_int", "check_in_range",
            "check_same_dtype"]
@@ -90,15 +90,6 @@ def check_same_dtype(name_to_array: dict):
         raise ValueError(f"{', '.join(dtypes)}: expected one dtype for all, got {listing}")
 
 
-def _cholesky_raising(xp, M):
-    """Lower Cholesky factor of M; LinAlgError on failure on both backends."""
-    if xp.__name__ == "numpy":
-        return xp.linalg.cholesky(M)
-    import cupyx
-    with cupyx.errstate(linalg="raise"):
-        return xp.linalg.cholesky(M)
-
-
 def check_spd(M, name: str):
     """M is a square floating matrix, symmetric to rounding, with a Cholesky factor; return it.
 
@@ -125,7 +116,7 @@ def check_spd(M, name: str):
         raise ValueError(f"{name}: expected a symmetric matrix, got max|M - M^T| = {asym:.3e} "
                          f"> {bound:.3e}")
     try:
-        L = _cholesky_raising(xp, M)
+        L = cholesky(M)
     except np.linalg.LinAlgError:
         L = None
     if L is None or not bool(xp.all(xp.isfinite(L))) or not bool(xp.all(xp.diagonal(L) > 0)):

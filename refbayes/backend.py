@@ -13,7 +13,7 @@ from types import ModuleType
 
 import numpy as np
 
-__all__ = ["xp_of", "linalg_of", "get_xp", "to_numpy", "is_cupy_array", "cupy_available"]
+__all__ = ["xp_of", "linalg_of", "get_xp", "to_numpy", "is_cupy_array", "cupy_available", "cholesky"]
 
 
 def is_cupy_array(a) -> bool:
@@ -74,3 +74,15 @@ def to_numpy(a) -> np.ndarray:
     if is_cupy_array(a):
         return a.get()
     return np.asarray(a)
+
+
+def cholesky(M):
+    """Lower Cholesky factor L (L L^T = M) that raises numpy.linalg.LinAlgError on failure on
+    both backends: CuPy only raises under ``cupyx.errstate(linalg="raise")`` and otherwise
+    returns a partial factor silently."""
+    xp = xp_of(M)
+    if xp is np:
+        return np.linalg.cholesky(M)
+    import cupyx
+    with cupyx.errstate(linalg="raise"):
+        return xp.linalg.cholesky(M)
