@@ -5,7 +5,7 @@ Relative errors are ``max|a - b| / max|b|``: a fraction of the reference's scale
 """
 import numpy as np
 
-__all__ = ["EXACT_F64", "EXACT_F32", "QUADRATURE", "exact", "kl_zero"]
+__all__ = ["EXACT_F64", "EXACT_F32", "QUADRATURE", "exact", "kl_zero", "rel_err"]
 
 # Exact identities evaluated two ways in float64 (Woodbury vs a dense inverse, a closed-form
 # gradient vs autograd): both sides round at ~1e-16 per operation; the condition numbers of the
@@ -36,3 +36,12 @@ def kl_zero(dtype, D: int) -> float:
     tolerance per dimension.
     """
     return exact(dtype) * D
+
+
+def rel_err(a, b) -> float:
+    """max|a - b| / max|b| (max|b| floored at 1e-300 so an all-zero reference is an absolute test)."""
+    from refbayes.backend import to_numpy
+    a, b = np.asarray(to_numpy(a), dtype=np.float64), np.asarray(to_numpy(b), dtype=np.float64)
+    if a.shape != b.shape:
+        raise ValueError(f"a, b: expected one shape, got {a.shape} and {b.shape}")
+    return float(np.max(np.abs(a - b), initial=0.0) / max(np.max(np.abs(b), initial=0.0), 1e-300))

@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 from tqdm import tqdm
 
-from refbayes._tolerances import EXACT_F64
+from refbayes._tolerances import EXACT_F64, rel_err
 from refbayes.datasets import make_logistic_regression
 from refbayes.experiments._io import format_table, write_json
 from refbayes.linalg import gaussian, lowrank
@@ -52,11 +52,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--quick", action="store_true", help="smaller problem (smoke test)")
 
 
-def _rel(a, b) -> float:
-    a, b = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
-    return float(np.max(np.abs(a - b), initial=0.0) / max(np.max(np.abs(b), initial=0.0), 1e-300))
-
-
 def _best_time(fn, repeat=5) -> float:
     """The best of ``repeat`` wall-clock timings, in seconds (the least disturbed run)."""
     times = []
@@ -72,10 +67,10 @@ def _gradient_checks(name, model, theta, X, y):
          for impl in ("autograd", "vectorized", "numba")}
     seconds = {impl: _best_time(lambda i=impl: model.per_example_grads(theta, X, y, impl=i),
                                 repeat=1 if impl == "autograd" else 5) for impl in G}
-    rows = [(f"{name}: numba vs autograd per-example grads", _rel(G["numba"], G["autograd"])),
-            (f"{name}: vectorized vs autograd per-example grads", _rel(G["vectorized"], G["autograd"])),
-            (f"{name}: sum of per-example grads vs grad", _rel(G["numba"].sum(0), model.grad(theta, X, y))),
-            (f"{name}: diag_ef vs diag(G^T G)", _rel(model.diag_ef(theta, X, y),
+    rows = [(f"{name}: numba vs autograd per-example grads", rel_err(G["numba"], G["autograd"])),
+            (f"{name}: vectorized vs autograd per-example grads", rel_err(G["vectorized"], G["autograd"])),
+            (f"{name}: sum of per-example grads vs grad", rel_err(G["numba"].sum(0), model.grad(theta, X, y))),
+            (f"{name}: diag_ef vs diag(G^T G)", rel_err(model.diag_ef(theta, X, y),
                                                       np.einsum("md,md->d", G["autograd"], G["autograd"])))]
     return rows, {f"{name}: per_example_grads impl={k}": v for k, v in seconds.items()}
 
@@ -84,8 +79,8 @@ def _curvature_checks(model, theta, X, y):
     """The closed-form logistic GGN against autograd's Hessian of the same loss (equal: f is linear)."""
     ggn = model.ggn(theta, X, y)
     as_mlp = MLP(list(model.sizes), likelihood="bernoulli")  # same theta layout, autograd Hessian
-    return [("logistic: closed-form GGN vs autograd Hessian", _rel(ggn, as_mlp.hessian(theta, X, y))),
-            ("logistic: diag_ggn vs diag(GGN)", _rel(model.diag_ggn(theta, X, y), np.diag(ggn)))]
+    return [("logistic: closed-form GGN vs autograd Hessian", rel_err(ggn, as_mlp.hessian(theta, X, y))),
+            ("logistic: diag_ggn vs diag(GGN)", rel_err(model.diag_ggn(theta, X, y), np.diag(ggn)))]
 
 
 def _truncated_precision(F, lam, L):
@@ -115,11 +110,11 @@ def _lowrank_checks(F, lam, L):
     mu2 = 0.1 * g
     kl = float(gaussian.kl(gaussian.LowRankPrec(np.zeros(D), U, d), gaussian.LowRankPrec(mu2, U2, d2)))
     kl_ref = _dense_kl(np.zeros(D), P, mu2, U2 @ U2.T + np.diag(d2))
-    return [(f"rank-{L}: solve vs dense inverse", _rel(lowrank.solve(U, d, g), Sigma @ g)),
-            (f"rank-{L}: sample S S^T vs dense inverse", _rel(S @ S.T, Sigma)),
-            (f"rank-{L}: logdet vs slogdet", _rel(lowrank.logdet(U, d), np.linalg.slogdet(P)[1])),
-            (f"rank-{L}: diag_inv vs diag(dense inverse)", _rel(lowrank.diag_inv(U, d), np.diag(Sigma))),
-            (f"KL(rank-{L} || rank-{L + 3}) vs dense formula", _rel(kl, kl_ref))]
+    return [(f"rank-{L}: solve vs dense inverse", rel_err(lowrank.solve(U, d, g), Sigma @ g)),
+            (f"rank-{L}: sample S S^T vs dense inverse", rel_err(S @ S.T, Sigma)),
+            (f"rank-{L}: logdet vs slogdet", rel_err(lowrank.logdet(U, d), np.linalg.slogdet(P)[1])),
+            (f"rank-{L}: diag_inv vs diag(dense inverse)", rel_err(lowrank.diag_inv(U, d), np.diag(Sigma))),
+            (f"KL(rank-{L} || rank-{L + 3}) vs dense formula", rel_err(kl, kl_ref))]
 
 
 def _figure(rows, out: Path):
