@@ -1,0 +1,226 @@
+"""Shared pieces of the natural-gradient Gaussian VI family (ngvi, slang): the step-size
+schedule, input checks, and the minibatch / Monte Carlo estimates of the gradient and curvature
+of E_q[sum_n l_n(theta)].
+
+Implements (ngvi.5)-(ngvi.9) and (ngvi.12) of derivations/ngvi.md. Scaling, stated once for the
+whole family: the loss is SUMMED over the N training examples, a minibatch of M rows stands for
+all N through the factor N / M, and S Monte Carlo draws theta_s are averaged (factor 1 / S). The
+prior precision lam (D,) is never scaled by N, M or S.
+"""
+from __future__ import annotations
+
+import math
+from typing import Any, NamedTuple
+
+from refbayes._checks import (
+    check_array,
+    check_float,
+    check_in_range,
+    check_int,
+    check_positive,
+)
+from refbayes.backend import xp_of
+from refbayes.methods import exact_vi
+from refbayes.models.base import FlatModel
+from refbayes.models.likelihoods import Bernoulli, Gaussian
+from refbayes.models.linear import _LinearModel, add_intercept
+
+Array = Any
+
+CURVATURES = ("ef", "hess", "exact")
+
+
+class Batch(NamedTuple):
+    """A minibatch: the rows the caller selected (explicit randomness: the driver draws them)."""
+    X: Array  # X_B, (M, n_in), raw inputs (the model appends its intercept column itself)
+    y: Array  # y_B, (M,) labels / targets
+
+
+def step_sizes(t: int, alpha: float, beta: float, decay: float) -> tuple[float, float]:
+    """Step sizes of step t = 0, 1, ... (the number of steps already taken).  (ngvi.12)
+
+    The official SLANG code's schedule, with k = t + 1 its 1-based iteration counter:
+    alpha_t = alpha / (1 + k^decay) and beta_t = beta / (1 + k^decay) for decay > 0, and the
+    constant alpha, beta for decay = 0 (the code special-cases 0, so the schedule jumps from
+    alpha / 2 to alpha as decay -> 0). The paper's tables use decay = 0.51.
+    """
+    if decay == 0:
+        return alpha, beta
+    shrink = 1.0 / (1.0 + (t + 1) ** decay)
+    return alpha * shrink, beta * shrink  # (ngvi.12)
+
+
+def check_hyper(alpha, beta, decay, momentum):
+    """The shared hyperparameter ranges; returns them as floats."""
+    alpha = check_in_range(alpha, "alpha", 0.0, 1.0, low_open=True)
+    beta = check_in_range(beta, "beta", 0.0, 1.0, low_open=True)
+    decay = check_in_range(decay, "decay", 0.0, math.inf, high_open=True)
+    momentum = check_in_range(momentum, "momentum", 0.0, 1.0, high_open=True)
+    return alpha, beta, decay, momentum
+
+
+def check_prior(lam, D: int, dtype=None):
+    """lam (D,): a per-coordinate prior precision, every entry > 0."""
+    check_array(lam, "lam", shape=(D,))
+    check_float(lam, "lam")
+    check_positive(lam, "lam")
+    if dtype is not None and lam.dtype != dtype:
+        raise ValueError(f"lam: expected dtype {dtype} (the state's), got {lam.dtype}")
+    return lam
+
+
+def check_N(N) -> int:
+    return check_int(N, "N", low=1)
+
+
+def check_model(model, D: int):
+    if not isinstance(model, FlatModel):
+        raise ValueError(f"model: expected a refbayes.models model, got {type(model).__name__}")
+    if model.D != D:
+        raise ValueError(f"model: expected a model with D = {D} parameters (the state's), "
+                         f"got D = {model.D}")
+    return model
+
+
+def check_batch(batch, model, N: int, dtype):
+    """The minibatch rows: 1 <= M <= N rows, finite, in the state's dtype; labels checked by the model."""
+    if not isinstance(batch, tuple) or len(batch) != 2:
+        raise ValueError("batch: expected a Batch(X, y) (or a pair of arrays), "
+                         f"got {type(batch).__name__}")
+    X, y = batch
+    check_array(X, "batch.X", shape=(None, model.sizes[0]))
+    check_array(y, "batch.y", ndim=(1, 2))
+    M = X.shape[0]
+    if not 1 <= M <= N:
+        raise ValueError(f"batch.X: expected 1 <= M <= N = {N} rows, got M = {M}")
+    if y.shape[0] != M:
+        raise ValueError(f"batch.y: expected {M} rows (as batch.X), got shape {tuple(y.shape)}")
+    for name, a in (("batch.X", X), ("batch.y", y)):
+        if a.dtype != dtype:
+            raise ValueError(f"{name}: expected dtype {dtype} (the state's), got {a.dtype}")
+    if isinstance(model.likelihood, Bernoulli):
+        xp = xp_of(y)
+        if not bool(xp.all((y == 0) | (y == 1))):
+            raise ValueError("batch.y: expected binary labels in {0, 1}, got other values")
+    return X, y, M
+
+
+def check_eps(eps, D: int, dtype, curvature: str):
+    """eps (D, S), S >= 1, for the Monte Carlo curvatures; None for 'exact' (no draws)."""
+    if curvature == "exact":
+        if eps is not None:
+            raise ValueError("eps: curvature='exact' takes no Monte Carlo draws (expectations "
+                             "are Gauss-Hermite quadratures), got an array; pass eps=None")
+        return 0
+    if eps is None:
+        raise ValueError(f"eps: curvature={curvature!r} needs standard-normal draws of shape "
+                         f"(D, S) = ({D}, S >= 1), got None")
+    check_array(eps, "eps", ndim=2)
+    if eps.shape[0] != D or eps.shape[1] < 1:
+        raise ValueError(f"eps: expected shape (D, S) = ({D}, S >= 1), got {tuple(eps.shape)}")
+    if eps.dtype != dtype:
+        raise ValueError(f"eps: expected dtype {dtype} (the state's), got {eps.dtype}")
+    return eps.shape[1]
+
+
+def check_curvature(curvature: str) -> str:
+    if curvature not in CURVATURES:
+        raise ValueError(f"curvature: expected one of {CURVATURES}, got {curvature!r}")
+    return curvature
+
+
+def momentum_direction(g_bar, g_hat, lam, mu, b, t):
+    """(g_bar_{t+1}, direction): g_bar_{t+1} = b g_bar_t + (1 - b) g_hat, direction =
+    g_bar_{t+1} / (1 - b^{t+1}) + lam * mu (the prior term is added after the average, as in
+    the official code); b = 0 gives g_hat + lam * mu.  (ngvi.13)"""
+    if b == 0.0:
+        return g_bar, g_hat + lam * mu
+    g_bar = b * g_bar + (1 - b) * g_hat  # (ngvi.13)
+    return g_bar, g_bar / (1 - b ** (t + 1)) + lam * mu  # (ngvi.13)
+
+
+# ----------------------------------------------------------------------------- Monte Carlo estimates
+
+def per_example_grads(model, theta, X, y):
+    """G (S, M, D): G[s, i] = grad l_i(theta_s) for theta (D, S), one column per draw.  (ngvi.5)"""
+    xp = xp_of(theta)
+    return xp.stack([model.per_example_grads(xp.ascontiguousarray(theta[:, s]), X, y)
+                     for s in range(theta.shape[1])])
+
+
+def grad_estimate(G, N: int):
+    """g_hat = (N / M) (1 / S) sum_s sum_i g_{s,i}, G (S, M, D).  (ngvi.6)"""
+    S, M, _ = G.shape
+    return (N / (M * S)) * G.sum(axis=(0, 1))  # (ngvi.6)
+
+
+def ef_estimate(G, N: int):
+    """EF = (N / M) (1 / S) sum_s sum_i g_{s,i} g_{s,i}^T (D, D).  (ngvi.7)"""
+    S, M, D = G.shape
+    F = G.reshape(S * M, D)
+    return (N / (M * S)) * (F.T @ F)  # (ngvi.7)
+
+
+def ef_diag_estimate(G, N: int):
+    """diag of (ngvi.7): (N / M) (1 / S) sum_s sum_i g_{s,i}^2 (D,).  (ngvi.7)"""
+    S, M, _ = G.shape
+    return (N / (M * S)) * (G * G).sum(axis=(0, 1))  # (ngvi.7)
+
+
+def hess_estimate(model, theta, X, y, N: int):
+    """H_hat = (N / M) (1 / S) sum_s sum_i grad^2 l_i(theta_s) (D, D).  (ngvi.8)"""
+    M, S = X.shape[0], theta.shape[1]
+    xp = xp_of(theta)
+    return (N / (M * S)) * sum(model.hessian(xp.ascontiguousarray(theta[:, s]), X, y)
+                               for s in range(S))  # (ngvi.8)
+
+
+def hess_diag_estimate(model, theta, X, y, N: int):
+    """diag of (ngvi.8) (D,): closed form for linear models (Hessian = GGN), else the dense Hessian."""
+    M, S = X.shape[0], theta.shape[1]
+    xp = xp_of(theta)
+
+    def diag(th):
+        if isinstance(model, _LinearModel):
+            return model.diag_ggn(th, X, y)
+        return xp.diagonal(model.hessian(th, X, y)).copy()
+
+    return (N / (M * S)) * sum(diag(xp.ascontiguousarray(theta[:, s])) for s in range(S))  # (ngvi.8)
+
+
+# ----------------------------------------------------------------------------- exact expectations
+
+def glm_design(model, X):
+    """(X~ (M, D), likelihood name, noise precision) for a model whose output is x~^T theta.
+
+    'exact' curvature integrates over a_i = x~_i^T theta ~ N(m_i, v_i), which needs a scalar output
+    linear in theta: LogisticRegression, or MLP([n, 1]) with a Bernoulli or Gaussian likelihood.
+    """
+    xp = xp_of(X)
+    if len(model.sizes) != 2 or model.sizes[1] != 1:
+        raise ValueError("model: curvature='exact' needs a linear model with one output "
+                         f"(LogisticRegression or MLP([n, 1])), got sizes {model.sizes}")
+    lik = model.likelihood
+    if isinstance(lik, Bernoulli):
+        kind, tau = "logistic", None
+    elif isinstance(lik, Gaussian):
+        kind, tau = "gaussian", float(lik.noise_precision)
+    else:
+        raise ValueError("model: curvature='exact' needs a Bernoulli or Gaussian likelihood, "
+                         f"got {type(lik).__name__}")
+    return (add_intercept(X) if model.bias else xp.asarray(X)), kind, tau
+
+
+def exact_moments(Xd, y, m, v, kind, tau):
+    """(E1, E2) (M,): E_q[d log p / da] and E_q[d^2 log p / da^2] at a ~ N(m, v).  (ngvi.9)"""
+    yy = y.reshape(-1)
+    if kind == "logistic":
+        _, E1, E2 = exact_vi.logistic_expectations(m, v, yy)
+    else:
+        _, E1, E2 = exact_vi.gaussian_expectations(m, v, yy, tau)
+    return E1, E2
+
+
+def exact_grad(Xd, E1, N: int):
+    """E_q[g_hat] = -(N / M) X~^T E1 (D,).  (ngvi.9)"""
+    return -(N / Xd.shape[0]) * (Xd.T @ E1)  # (ngvi.9)

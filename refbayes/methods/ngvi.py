@@ -1,0 +1,329 @@
+"""Natural-gradient Gaussian VI: full-covariance and mean-field, with three curvatures.
+
+Implements (ngvi.4)-(ngvi.16) of derivations/ngvi.md (Khan and Lin 2017; Khan et al. 2018;
+the full-Gaussian and mean-field baselines of Mishkin et al. 2018, SLANG).
+
+Symbols (derivations/notation.md): mu (D,) mean; Sigma_inv (D, D) precision of the full
+Gaussian; prec_diag (D,) precision of the mean-field Gaussian; lam (D,) prior precision,
+p(theta) = N(0, diag(lam)^{-1}); N training-set size; a minibatch of M rows; S Monte Carlo
+draws theta_s (columns of eps (D, S)); alpha_t, beta_t step sizes of the mean and precision.
+
+Scaling: the loss is SUMMED over the N examples; minibatch sums are multiplied by N / M and
+Monte Carlo sums by 1 / S ((ngvi.6)-(ngvi.8)); lam enters unscaled, multiplied by beta_t in
+the precision update (ngvi.10) and added as lam * mu to the gradient in the mean update (ngvi.11).
+No tempering (tau = 1).
+
+Curvature: "ef" the empirical Fisher sum_i g_i g_i^T (ngvi.7), "hess" the Hessian at each draw
+(ngvi.8), "exact" E_q[Hessian] and E_q[gradient] by Gauss-Hermite quadrature over
+a_i = x~_i^T theta (ngvi.9; linear models with one output; no draws, eps=None).
+
+Sampling: full, theta_s = mu + Sigma_chol_inv^T eps_s with Sigma_chol_inv^T = L^{-T}, L L^T =
+Sigma_inv (lower Cholesky of the precision) (ngvi.4); mean-field, theta_s = mu + eps_s /
+sqrt(prec_diag) (ngvi.14).
+"""
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+import numpy as np
+
+from refbayes._checks import check_array, check_float, check_same_dtype
+from refbayes.backend import cholesky, linalg_of, xp_of
+from refbayes.methods._estimates import (
+    Batch,
+    check_batch,
+    check_curvature,
+    check_eps,
+    check_hyper,
+    check_model,
+    check_N,
+    check_prior,
+    ef_diag_estimate,
+    ef_estimate,
+    exact_grad,
+    exact_moments,
+    glm_design,
+    grad_estimate,
+    hess_diag_estimate,
+    hess_estimate,
+    momentum_direction,
+    per_example_grads,
+    step_sizes,
+)
+
+__all__ = [
+    "Batch",
+    "FullInfo",
+    "FullState",
+    "MeanFieldInfo",
+    "MeanFieldState",
+    "NGVIConfig",
+    "dense_covariance",
+    "dense_covariance_meanfield",
+    "init_full",
+    "init_meanfield",
+    "sample_full",
+    "sample_meanfield",
+    "step_full",
+    "step_meanfield",
+]
+
+Array = Any
+
+
+class NGVIConfig(NamedTuple):
+    """Hyperparameters; defaults are the SLANG paper's logistic-regression settings."""
+    N: int                   # training-set size, scales minibatch sums by N / M (ngvi.6)
+    lam: Array               # prior precision (D,), > 0 (ngvi.10), (ngvi.11)
+    alpha: float = 0.05      # mean step size alpha_0, in (0, 1] (ngvi.11)
+    beta: float = 0.05       # precision step size beta_0, in (0, 1] (ngvi.10)
+    decay: float = 0.51      # alpha_t = alpha / (1 + t)^decay, same for beta (ngvi.12)
+    curvature: str = "ef"    # "ef" (ngvi.7), "hess" (ngvi.8) or "exact" (ngvi.9)
+    momentum: float = 0.0    # b in (ngvi.13); 0 turns momentum off
+
+
+class FullState(NamedTuple):
+    mu: Array         # mu_t, (D,), (ngvi.11)
+    Sigma_inv: Array  # Sigma_t^{-1}, (D, D), SPD, (ngvi.10)
+    g_bar: Array      # momentum average of g_hat (likelihood gradient only), (D,), (ngvi.13)
+    t: int            # steps taken
+
+
+class FullInfo(NamedTuple):
+    alpha_t: float    # (ngvi.12)
+    beta_t: float     # (ngvi.12)
+    theta: Array      # theta_s, (D, S) draws; (D, 0) for "exact"  (ngvi.4)
+    G: Array          # g_{s,i}, (S, M, D) per-example gradients; (0, M, D) for "exact"  (ngvi.5)
+    g_hat: Array      # minibatch estimate of E_q[grad sum_n l_n], (D,)  (ngvi.6) / (ngvi.9)
+    C_hat: Array      # minibatch estimate of E_q[grad^2 sum_n l_n], (D, D)  (ngvi.7)-(ngvi.9)
+    Sigma_inv: Array  # Sigma_{t+1}^{-1}, (D, D)  (ngvi.10)
+    g_tilde: Array    # g_hat + lam * mu_t, (D,)  (ngvi.11)
+    direction: Array  # g_bar bias-corrected + lam * mu_t (ngvi.13); = g_tilde when momentum = 0, (D,)
+    Delta_mu: Array   # Sigma_{t+1} direction, (D,)  (ngvi.11)
+    mu: Array         # mu_{t+1}, (D,)  (ngvi.11)
+
+
+class MeanFieldState(NamedTuple):
+    mu: Array         # mu_t, (D,), (ngvi.16)
+    prec_diag: Array  # diag(Sigma_t^{-1}), (D,), > 0, (ngvi.15)
+    g_bar: Array      # momentum average of g_hat (likelihood gradient only), (D,), (ngvi.13)
+    t: int            # steps taken
+
+
+class MeanFieldInfo(NamedTuple):
+    alpha_t: float    # (ngvi.12)
+    beta_t: float     # (ngvi.12)
+    theta: Array      # theta_s, (D, S)  (ngvi.14)
+    G: Array          # (S, M, D)  (ngvi.5)
+    g_hat: Array      # (D,)  (ngvi.6) / (ngvi.9)
+    c_hat: Array      # diagonal curvature estimate, (D,)  (ngvi.7)-(ngvi.9), diagonals
+    prec_diag: Array  # prec_diag_{t+1}, (D,)  (ngvi.15)
+    g_tilde: Array    # g_hat + lam * mu_t, (D,)  (ngvi.16)
+    direction: Array  # g_bar bias-corrected + lam * mu_t (ngvi.13); = g_tilde when momentum = 0, (D,)
+    Delta_mu: Array   # direction / prec_diag_{t+1}, (D,)  (ngvi.16)
+    mu: Array         # mu_{t+1}, (D,)  (ngvi.16)
+
+
+# ----------------------------------------------------------------------------- checks
+
+def _check_cfg(cfg, D, dtype):
+    if not isinstance(cfg, NGVIConfig):
+        raise ValueError(f"cfg: expected an NGVIConfig, got {type(cfg).__name__}")
+    N = check_N(cfg.N)
+    check_prior(cfg.lam, D, dtype)
+    alpha, beta, decay, momentum = check_hyper(cfg.alpha, cfg.beta, cfg.decay, cfg.momentum)
+    return N, alpha, beta, decay, momentum, check_curvature(cfg.curvature)
+
+
+def _check_mu(mu):
+    check_array(mu, "mu", ndim=1)
+    check_float(mu, "mu")
+    return mu.shape[0]
+
+
+def _check_t(t):
+    if isinstance(t, bool) or not isinstance(t, (int, np.integer)) or t < 0:
+        raise ValueError(f"state.t: expected a non-negative integer step count, got {t!r}")
+    return int(t)
+
+
+# ----------------------------------------------------------------------------- full Gaussian
+
+def init_full(mu, Sigma_inv) -> FullState:
+    """FullState at mu (D,) and an SPD precision Sigma_inv (D, D); the paper starts at mu = 0,
+    Sigma_inv = I."""
+    xp = xp_of(mu, Sigma_inv)
+    D = _check_mu(mu)
+    check_array(Sigma_inv, "Sigma_inv", shape=(D, D))
+    check_same_dtype({"mu": mu, "Sigma_inv": Sigma_inv})
+    _chol_precision(Sigma_inv, "Sigma_inv")
+    return FullState(mu, Sigma_inv, xp.zeros_like(mu), 0)
+
+
+def _chol_precision(Sigma_inv, name):
+    try:
+        return cholesky(Sigma_inv)
+    except np.linalg.LinAlgError:
+        raise ValueError(f"{name}: expected a symmetric positive-definite precision, "
+                         "Cholesky failed") from None
+
+
+def _check_full_state(state):
+    if not isinstance(state, FullState):
+        raise ValueError(f"state: expected a FullState, got {type(state).__name__}")
+    D = _check_mu(state.mu)
+    check_array(state.Sigma_inv, "state.Sigma_inv", shape=(D, D))
+    check_array(state.g_bar, "state.g_bar", shape=(D,))
+    check_same_dtype({"state.mu": state.mu, "state.Sigma_inv": state.Sigma_inv,
+                      "state.g_bar": state.g_bar})
+    _check_t(state.t)
+    return D
+
+
+def _full_draws(mu, L_P, eps):
+    """theta_s = mu + L^{-T} eps_s, L L^T = Sigma_inv, so Cov = L^{-T} L^{-1} = Sigma.  (ngvi.4)"""
+    sla = linalg_of(xp_of(mu))
+    return mu[:, None] + sla.solve_triangular(L_P.T, eps, lower=False)  # (ngvi.4)
+
+
+def sample_full(state: FullState, eps):
+    """theta = mu + L^{-T} eps (D, S) for eps (D, S), L the lower Cholesky factor of Sigma_inv.  (ngvi.4)"""
+    D = _check_full_state(state)
+    check_array(eps, "eps", shape=(D, None))
+    check_same_dtype({"state.mu": state.mu, "eps": eps})
+    return _full_draws(state.mu, _chol_precision(state.Sigma_inv, "state.Sigma_inv"), eps)
+
+
+def step_full(state: FullState, batch, eps, cfg: NGVIConfig, model) -> tuple[FullState, FullInfo]:
+    """One natural-gradient step of the full Gaussian: (ngvi.4)-(ngvi.13).
+
+    batch: Batch(X_B (M, n_in), y_B (M,)); eps: (D, S) draws, or None for curvature="exact";
+    model: a refbayes.models model whose theta has D entries. Deterministic given its inputs.
+    """
+    D = _check_full_state(state)
+    xp = xp_of(state.mu, state.Sigma_inv)
+    sla = linalg_of(xp)
+    dtype = state.mu.dtype
+    N, alpha, beta, decay, b, curvature = _check_cfg(cfg, D, dtype)
+    check_model(model, D)
+    X, y, M = check_batch(batch, model, N, dtype)
+    check_eps(eps, D, dtype, curvature)
+    mu, lam = state.mu, cfg.lam
+    alpha_t, beta_t = step_sizes(state.t, alpha, beta, decay)                     # (ngvi.12)
+    L_P = _chol_precision(state.Sigma_inv, "state.Sigma_inv")
+    if curvature == "exact":
+        Xd, kind, tau = glm_design(model, X)
+        Z = sla.solve_triangular(L_P, Xd.T, lower=True)      # v_i = |L^{-1} x~_i|^2 = x~_i^T Sigma x~_i
+        E1, E2 = exact_moments(Xd, y, Xd @ mu, xp.sum(Z * Z, axis=0), kind, tau)  # (ngvi.9)
+        theta, G = xp.zeros((D, 0), dtype=dtype), xp.zeros((0, M, D), dtype=dtype)
+        g_hat = exact_grad(Xd, E1, N)                                             # (ngvi.9)
+        C_hat = -(N / M) * (Xd.T @ (Xd * E2[:, None]))                            # (ngvi.9)
+    else:
+        theta = _full_draws(mu, L_P, eps)                                         # (ngvi.4)
+        G = per_example_grads(model, theta, X, y)                                 # (ngvi.5)
+        g_hat = grad_estimate(G, N)                                               # (ngvi.6)
+        C_hat = (ef_estimate(G, N) if curvature == "ef"                           # (ngvi.7)
+                 else hess_estimate(model, theta, X, y, N))                       # (ngvi.8)
+    Sigma_inv = (1 - beta_t) * state.Sigma_inv + beta_t * (C_hat + xp.diag(lam))  # (ngvi.10)
+    try:
+        L_new = cholesky(Sigma_inv)
+    except np.linalg.LinAlgError:
+        raise ValueError(f"step_full: the precision after step {state.t} is not positive "
+                         f"definite (curvature={curvature!r} gave an indefinite estimate)") from None
+    g_tilde = g_hat + lam * mu                                                    # (ngvi.11)
+    g_bar, direction = momentum_direction(state.g_bar, g_hat, lam, mu, b, state.t)  # (ngvi.13)
+    Delta_mu = sla.cho_solve((L_new, True), direction)                            # (ngvi.11)
+    mu_new = mu - alpha_t * Delta_mu                                              # (ngvi.11)
+    info = FullInfo(alpha_t, beta_t, theta, G, g_hat, C_hat, Sigma_inv, g_tilde, direction,
+                    Delta_mu, mu_new)
+    return FullState(mu_new, Sigma_inv, g_bar, state.t + 1), info
+
+
+def dense_covariance(state: FullState):
+    """Sigma = (Sigma_inv)^{-1} (D, D), through the Cholesky factor."""
+    _check_full_state(state)
+    xp = xp_of(state.mu)
+    L_P = _chol_precision(state.Sigma_inv, "state.Sigma_inv")
+    L_inv = linalg_of(xp).solve_triangular(L_P, xp.eye(L_P.shape[0], dtype=L_P.dtype), lower=True)
+    return L_inv.T @ L_inv
+
+
+# ----------------------------------------------------------------------------- mean field
+
+def init_meanfield(mu, prec_diag) -> MeanFieldState:
+    """MeanFieldState at mu (D,) and prec_diag (D,) > 0; the paper starts at mu = 0, prec_diag = 1."""
+    xp = xp_of(mu, prec_diag)
+    D = _check_mu(mu)
+    check_array(prec_diag, "prec_diag", shape=(D,))
+    check_same_dtype({"mu": mu, "prec_diag": prec_diag})
+    if not bool(xp.all(prec_diag > 0)):
+        raise ValueError("prec_diag: expected > 0 everywhere")
+    return MeanFieldState(mu, prec_diag, xp.zeros_like(mu), 0)
+
+
+def _check_mf_state(state):
+    if not isinstance(state, MeanFieldState):
+        raise ValueError(f"state: expected a MeanFieldState, got {type(state).__name__}")
+    D = _check_mu(state.mu)
+    check_array(state.prec_diag, "state.prec_diag", shape=(D,))
+    check_array(state.g_bar, "state.g_bar", shape=(D,))
+    check_same_dtype({"state.mu": state.mu, "state.prec_diag": state.prec_diag,
+                      "state.g_bar": state.g_bar})
+    if not bool(xp_of(state.prec_diag).all(state.prec_diag > 0)):
+        raise ValueError("state.prec_diag: expected > 0 everywhere")
+    _check_t(state.t)
+    return D
+
+
+def sample_meanfield(state: MeanFieldState, eps):
+    """theta = mu + eps / sqrt(prec_diag) (D, S) for eps (D, S).  (ngvi.14)"""
+    D = _check_mf_state(state)
+    check_array(eps, "eps", shape=(D, None))
+    check_same_dtype({"state.mu": state.mu, "eps": eps})
+    xp = xp_of(state.mu, eps)
+    return state.mu[:, None] + eps / xp.sqrt(state.prec_diag)[:, None]  # (ngvi.14)
+
+
+def step_meanfield(state: MeanFieldState, batch, eps, cfg: NGVIConfig,
+                   model) -> tuple[MeanFieldState, MeanFieldInfo]:
+    """One natural-gradient step of the mean-field Gaussian: (ngvi.5)-(ngvi.9) diagonals,
+    (ngvi.12)-(ngvi.16). Arguments as ``step_full``."""
+    D = _check_mf_state(state)
+    xp = xp_of(state.mu, state.prec_diag)
+    dtype = state.mu.dtype
+    N, alpha, beta, decay, b, curvature = _check_cfg(cfg, D, dtype)
+    check_model(model, D)
+    X, y, M = check_batch(batch, model, N, dtype)
+    check_eps(eps, D, dtype, curvature)
+    mu, lam = state.mu, cfg.lam
+    alpha_t, beta_t = step_sizes(state.t, alpha, beta, decay)                     # (ngvi.12)
+    if curvature == "exact":
+        Xd, kind, tau = glm_design(model, X)
+        v = (Xd * Xd) @ (1 / state.prec_diag)                 # x~_i^T diag(1/prec_diag) x~_i
+        E1, E2 = exact_moments(Xd, y, Xd @ mu, v, kind, tau)                      # (ngvi.9)
+        theta, G = xp.zeros((D, 0), dtype=dtype), xp.zeros((0, M, D), dtype=dtype)
+        g_hat = exact_grad(Xd, E1, N)                                             # (ngvi.9)
+        c_hat = -(N / M) * ((Xd * Xd).T @ E2)                                     # (ngvi.9)
+    else:
+        theta = mu[:, None] + eps / xp.sqrt(state.prec_diag)[:, None]             # (ngvi.14)
+        G = per_example_grads(model, theta, X, y)                                 # (ngvi.5)
+        g_hat = grad_estimate(G, N)                                               # (ngvi.6)
+        c_hat = (ef_diag_estimate(G, N) if curvature == "ef"                      # (ngvi.7)
+                 else hess_diag_estimate(model, theta, X, y, N))                  # (ngvi.8)
+    prec_diag = (1 - beta_t) * state.prec_diag + beta_t * (c_hat + lam)           # (ngvi.15)
+    if not bool(xp.all(prec_diag > 0)):
+        raise ValueError(f"step_meanfield: the precision after step {state.t} has entries "
+                         f"<= 0 (curvature={curvature!r} gave a negative diagonal)")
+    g_tilde = g_hat + lam * mu                                                    # (ngvi.16)
+    g_bar, direction = momentum_direction(state.g_bar, g_hat, lam, mu, b, state.t)  # (ngvi.13)
+    Delta_mu = direction / prec_diag                                              # (ngvi.16)
+    mu_new = mu - alpha_t * Delta_mu                                              # (ngvi.16)
+    info = MeanFieldInfo(alpha_t, beta_t, theta, G, g_hat, c_hat, prec_diag, g_tilde, direction,
+                         Delta_mu, mu_new)
+    return MeanFieldState(mu_new, prec_diag, g_bar, state.t + 1), info
+
+
+def dense_covariance_meanfield(state: MeanFieldState):
+    """diag(1 / prec_diag) (D, D)."""
+    _check_mf_state(state)
+    return xp_of(state.mu).diag(1 / state.prec_diag)

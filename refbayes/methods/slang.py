@@ -1,0 +1,227 @@
+"""SLANG: stochastic, low-rank, approximate natural-gradient Gaussian VI (Mishkin et al. 2018).
+
+Implements (slang.1)-(slang.9) of derivations/slang.md: Algorithm 1 of the paper, one tagged
+statement per printed line, with the corrections recorded there as errata (lines 7, 8, 10, 11).
+
+Symbols (derivations/notation.md): mu (D,) mean; the precision is P = U U^T + diag(d) with
+U (D, L) and d (D,) > 0; lam (D,) prior precision; N training-set size; minibatch of M rows;
+S Monte Carlo draws (columns of eps (D, S)); alpha_t, beta_t step sizes, delta = 1 - beta_t.
+
+Scaling: the loss is SUMMED over the N examples. Per-example gradients g_{s,i} of the M rows at
+the S draws enter the curvature as W = [sqrt(delta) U, sqrt(beta_t N / (M S)) G^T] (line 7) so
+that W W^T = delta U U^T + beta_t EF with EF = (N / (M S)) sum_{s,i} g_{s,i} g_{s,i}^T, the
+empirical Fisher of ngvi (ngvi.7); the gradient is (N / (M S)) sum_{s,i} g_{s,i} (line 11);
+lam is unscaled, multiplied by beta_t in the d update (line 10). No tempering.
+
+Randomness: ``step`` draws nothing. eps (D, S) feeds fast_sample (line 4); with
+eig="randomized" the caller also passes Omega (L + M S, L + p), the test matrix of fast_eig.
+With eig="exact" (the default) line 7 is an exact rank-L truncation, so a step is a
+deterministic function of (state, batch, eps).
+"""
+from __future__ import annotations
+
+import math
+from typing import Any, NamedTuple
+
+import numpy as np
+
+from refbayes._checks import check_array, check_float, check_int, check_same_dtype
+from refbayes.backend import xp_of
+from refbayes.linalg import lowrank
+from refbayes.methods._estimates import (
+    Batch,
+    check_batch,
+    check_eps,
+    check_hyper,
+    check_model,
+    check_N,
+    check_prior,
+    momentum_direction,
+    per_example_grads,
+    step_sizes,
+)
+
+__all__ = [
+    "EIG_METHODS",
+    "SAMPLERS",
+    "Batch",
+    "SLANGConfig",
+    "SLANGInfo",
+    "SLANGState",
+    "dense_covariance",
+    "dense_precision",
+    "init",
+    "sample",
+    "step",
+]
+
+Array = Any
+
+EIG_METHODS = ("exact", "randomized")
+SAMPLERS = ("symmetric", "alg3")
+
+
+class SLANGConfig(NamedTuple):
+    """Hyperparameters; defaults are the SLANG paper's logistic-regression settings."""
+    N: int                    # training-set size (slang.3), (slang.7)
+    lam: Array                # prior precision (D,), > 0 (slang.6), (slang.7)
+    L: int                    # rank of U, 1 <= L <= D (slang.4)
+    alpha: float = 0.05       # mean step size alpha_0, in (0, 1] (slang.8)
+    beta: float = 0.05        # precision step size beta_0, in (0, 1] (slang.4)-(slang.6)
+    decay: float = 0.51       # alpha_t = alpha / (1 + t)^decay, same for beta (ngvi.12)
+    momentum: float = 0.0     # b of (ngvi.13); 0 is Algorithm 1 as printed, the official code uses 0.9
+    eig: str = "exact"        # fast_eig: "exact" (lowrank.9) or "randomized" (lowrank.10)
+    n_iter: int = 2           # power iterations of the randomized fast_eig
+    sampler: str = "symmetric"  # fast_sample: "symmetric" (lowrank.8) or "alg3" (lowrank.12)
+
+
+class SLANGState(NamedTuple):
+    mu: Array     # mu_t, (D,), (slang.8)
+    U: Array      # U_t, (D, L), (slang.4)
+    d: Array      # d_t, (D,), > 0, (slang.6)
+    g_bar: Array  # momentum average of g_hat (likelihood gradient only), (D,), (ngvi.13)
+    t: int        # steps taken
+
+
+class SLANGInfo(NamedTuple):
+    alpha_t: float    # (ngvi.12)
+    beta_t: float     # (ngvi.12); delta = 1 - beta_t is Algorithm 1 line 2
+    theta: Array      # line 4: theta_s = fast_sample(mu, U, d, eps_s), (D, S)  (slang.2)
+    G: Array          # line 6: per-example gradients g_{s,i}, (S, M, D)  (slang.3)
+    W: Array          # line 7 input: [sqrt(delta) U, sqrt(beta_t N/(M S)) G^T], (D, L + M S)  (slang.4)
+    U: Array          # lines 7, 9: U_{t+1} = fast_eig(W, L), (D, L)  (slang.4)
+    Delta_d: Array    # line 8: diag(W W^T - U_{t+1} U_{t+1}^T), (D,)  (slang.5)
+    d: Array          # line 10: d_{t+1}, (D,)  (slang.6)
+    g_tilde: Array    # line 11: (N/(M S)) sum g_{s,i} + lam * mu_t, (D,)  (slang.7)
+    direction: Array  # g_bar bias-corrected + lam * mu_t (ngvi.13); = g_tilde when momentum = 0, (D,)
+    Delta_mu: Array   # line 12: fast_inverse(direction, U_{t+1}, d_{t+1}), (D,)  (slang.8)
+    mu: Array         # line 13: mu_{t+1}, (D,)  (slang.8)
+
+
+# ----------------------------------------------------------------------------- checks
+
+def _check_state(state):
+    if not isinstance(state, SLANGState):
+        raise ValueError(f"state: expected a SLANGState, got {type(state).__name__}")
+    check_array(state.mu, "state.mu", ndim=1)
+    check_float(state.mu, "state.mu")
+    D = state.mu.shape[0]
+    check_array(state.U, "state.U", shape=(D, None))
+    check_array(state.d, "state.d", shape=(D,))
+    check_array(state.g_bar, "state.g_bar", shape=(D,))
+    check_same_dtype({"state.mu": state.mu, "state.U": state.U, "state.d": state.d,
+                      "state.g_bar": state.g_bar})
+    if not bool(xp_of(state.d).all(state.d > 0)):
+        raise ValueError("state.d: expected > 0 everywhere")
+    t = state.t
+    if isinstance(t, bool) or not isinstance(t, (int, np.integer)) or t < 0:
+        raise ValueError(f"state.t: expected a non-negative integer step count, got {t!r}")
+    return D, state.U.shape[1]
+
+
+def _check_cfg(cfg, D, L_state, dtype):
+    if not isinstance(cfg, SLANGConfig):
+        raise ValueError(f"cfg: expected a SLANGConfig, got {type(cfg).__name__}")
+    N = check_N(cfg.N)
+    check_prior(cfg.lam, D, dtype)
+    L = check_int(cfg.L, "L", low=1, high=D)
+    if L != L_state:
+        raise ValueError(f"L: expected the state's rank {L_state} (U has {L_state} columns), "
+                         f"got L = {L}")
+    hyper = check_hyper(cfg.alpha, cfg.beta, cfg.decay, cfg.momentum)
+    if cfg.eig not in EIG_METHODS:
+        raise ValueError(f"eig: expected one of {EIG_METHODS}, got {cfg.eig!r}")
+    if cfg.sampler not in SAMPLERS:
+        raise ValueError(f"sampler: expected one of {SAMPLERS}, got {cfg.sampler!r}")
+    check_int(cfg.n_iter, "n_iter", low=0)
+    return (N, L) + hyper
+
+
+# ----------------------------------------------------------------------------- public API
+
+def init(mu, U, d) -> SLANGState:
+    """SLANGState at mu (D,), U (D, L) with 1 <= L <= D, d (D,) > 0.
+
+    The paper starts at mu = 0, Sigma = I: U = 0 and d = 1 (``sample`` handles U = 0;
+    ``sampler="alg3"`` does not, see lowrank.sample_alg3).
+    """
+    xp = xp_of(mu, U, d)
+    check_array(mu, "mu", ndim=1)
+    check_float(mu, "mu")
+    D = mu.shape[0]
+    check_array(U, "U", shape=(D, None))
+    check_int(U.shape[1], "L (columns of U)", low=1, high=D)
+    check_array(d, "d", shape=(D,))
+    check_same_dtype({"mu": mu, "U": U, "d": d})
+    if not bool(xp.all(d > 0)):
+        raise ValueError("d: expected > 0 everywhere")
+    return SLANGState(mu, U, d, xp.zeros_like(mu), 0)
+
+
+def sample(state: SLANGState, eps, sampler: str = "symmetric"):
+    """fast_sample: theta = mu + S eps (D, S), S S^T = (U U^T + diag d)^{-1}.  (slang.2)"""
+    _check_state(state)
+    if sampler not in SAMPLERS:
+        raise ValueError(f"sampler: expected one of {SAMPLERS}, got {sampler!r}")
+    fn = lowrank.sample if sampler == "symmetric" else lowrank.sample_alg3
+    return fn(state.mu, state.U, state.d, eps)  # (slang.2)
+
+
+def step(state: SLANGState, batch, eps, cfg: SLANGConfig, model, *,
+         Omega=None) -> tuple[SLANGState, SLANGInfo]:
+    """One step of Algorithm 1 (lines 4-13), as derived in derivations/slang.md.
+
+    batch: Batch(X_B (M, n_in), y_B (M,)); eps (D, S) standard-normal draws for line 4;
+    model: a refbayes.models model with D parameters; Omega (L + M S, L + p): the test matrix
+    of the randomized fast_eig (cfg.eig="randomized" only).
+    """
+    D, L_state = _check_state(state)
+    xp = xp_of(state.mu, state.U, state.d)
+    dtype = state.mu.dtype
+    N, L, alpha, beta, decay, b = _check_cfg(cfg, D, L_state, dtype)
+    check_model(model, D)
+    X, y, M = check_batch(batch, model, N, dtype)
+    S = check_eps(eps, D, dtype, "ef")
+    if cfg.eig == "exact" and Omega is not None:
+        raise ValueError("Omega: only used by eig='randomized', got an array with eig='exact'")
+    if cfg.eig == "randomized" and Omega is None:
+        raise ValueError(f"Omega: eig='randomized' needs the caller's test matrix of shape "
+                         f"(L + M S, L + p) = ({L + M * S}, >= {L}), got None")
+    mu, U, d, lam = state.mu, state.U, state.d, cfg.lam
+    alpha_t, beta_t = step_sizes(state.t, alpha, beta, decay)                 # (ngvi.12)
+    delta = 1.0 - beta_t                                                      # line 2
+    theta = sample(state, eps, cfg.sampler)                                   # line 4 (slang.2)
+    G = per_example_grads(model, theta, X, y)                                 # line 6 (slang.3)
+    c = N / (M * S)
+    # NOTE: printed line 7 scales the columns by delta and beta; W W^T needs their roots (slang.4)
+    W = xp.concatenate([math.sqrt(delta) * U,
+                        math.sqrt(beta_t * c) * G.reshape(S * M, D).T], axis=1)  # line 7 (slang.4)
+    U_new = lowrank.top_eig(W, L, method=cfg.eig, Omega=Omega, n_iter=cfg.n_iter)  # lines 7, 9
+    # NOTE: printed line 8 omits N / (M S) on the gradient squares (slang.5)
+    Delta_d = xp.sum(W * W, axis=1) - xp.sum(U_new * U_new, axis=1)           # line 8 (slang.5)
+    # NOTE: printed line 10 adds lam, not beta_t lam (slang.6)
+    d_new = delta * d + Delta_d + beta_t * lam                                # line 10 (slang.6)
+    if not bool(xp.all(d_new > 0)):
+        raise ValueError(f"step: d after step {state.t} has entries <= 0 (randomized fast_eig "
+                         "overshot diag(W W^T)); use eig='exact' or more power iterations")
+    # NOTE: printed line 11 omits N / M (and 1 / S) on sum_i g_i (slang.7)
+    g_hat = c * G.sum(axis=(0, 1))                                            # (ngvi.6)
+    g_tilde = g_hat + lam * mu                                                # line 11 (slang.7)
+    g_bar, direction = momentum_direction(state.g_bar, g_hat, lam, mu, b, state.t)  # (ngvi.13)
+    Delta_mu = lowrank.solve(U_new, d_new, direction)                         # line 12 (slang.8)
+    mu_new = mu - alpha_t * Delta_mu                                          # line 13 (slang.8)
+    info = SLANGInfo(alpha_t, beta_t, theta, G, W, U_new, Delta_d, d_new, g_tilde, direction,
+                     Delta_mu, mu_new)
+    return SLANGState(mu_new, U_new, d_new, g_bar, state.t + 1), info
+
+
+def dense_precision(state: SLANGState):
+    """U U^T + diag(d) (D, D), for tests and small D.  (slang.1)"""
+    _check_state(state)
+    return lowrank.dense_precision(state.U, state.d)
+
+
+def dense_covariance(state: SLANGState):
+    """(U U^T + diag(d))^{-1} (D, D) by Woodbury, for tests and small D.  (slang.1)"""
+    _check_state(state)
+    return lowrank.dense_covariance(state.U, state.d)
