@@ -257,10 +257,19 @@ def sample_alg3(mu, U, d, eps):
 # ----------------------------------------------------------------------------- rank-L truncation
 
 def _top_eig_exact(W, L):
-    """V = W R_L with W^T W = R diag(lam) R^T, lam decreasing: V V^T = [W W^T]_L.  (lowrank.9)"""
+    """V V^T = [W W^T]_L through the smaller Gram matrix.  (lowrank.9)
+
+    K <= D: W^T W = R diag(lam) R^T, V = W R_L. K > D (many gradients, small D): W W^T =
+    Q diag(lam) Q^T, V = Q_L diag(lam_L)^{1/2}; eigh of D x D instead of K x K.
+    """
     xp = xp_of(W)
-    _, R = xp.linalg.eigh(W.T @ W)  # ascending eigenvalues
-    return W @ R[:, ::-1][:, :L]  # (lowrank.9)
+    D, K = W.shape
+    if K <= D:
+        _, R = xp.linalg.eigh(W.T @ W)  # ascending eigenvalues
+        return W @ R[:, ::-1][:, :L]  # (lowrank.9)
+    lam, Q = xp.linalg.eigh(W @ W.T)
+    lam, Q = lam[::-1][:L], Q[:, ::-1][:, :L]
+    return Q * xp.sqrt(xp.maximum(lam, 0))  # (lowrank.9); lam < 0 only by rounding
 
 
 def _orth(Y):

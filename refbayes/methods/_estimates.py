@@ -144,8 +144,9 @@ def momentum_direction(g_bar, g_hat, lam, mu, b, t):
 def per_example_grads(model, theta, X, y):
     """G (S, M, D): G[s, i] = grad l_i(theta_s) for theta (D, S), one column per draw.  (ngvi.5)"""
     xp = xp_of(theta)
-    return xp.stack([model.per_example_grads(xp.ascontiguousarray(theta[:, s]), X, y)
-                     for s in range(theta.shape[1])])
+    rows = [model.per_example_grads(xp.ascontiguousarray(theta[:, s]), X, y)
+            for s in range(theta.shape[1])]
+    return rows[0][None] if len(rows) == 1 else xp.stack(rows)  # S = 1: a view, no copy
 
 
 def grad_estimate(G, N: int):

@@ -193,12 +193,17 @@ def step(state: SLANGState, batch, eps, cfg: SLANGConfig, model, *,
     theta = sample(state, eps, cfg.sampler)                                   # line 4 (slang.2)
     G = per_example_grads(model, theta, X, y)                                 # line 6 (slang.3)
     c = N / (M * S)
+    # W is built as its transpose (L + M S, D): each block is then a contiguous row copy, and
+    # W^T W in top_eig is a single BLAS product of C-ordered rows.
+    W_T = xp.empty((L + M * S, D), dtype=dtype)
     # NOTE: printed line 7 scales the columns by delta and beta; W W^T needs their roots (slang.4)
-    W = xp.concatenate([math.sqrt(delta) * U,
-                        math.sqrt(beta_t * c) * G.reshape(S * M, D).T], axis=1)  # line 7 (slang.4)
+    xp.multiply(U.T, math.sqrt(delta), out=W_T[:L])                           # line 7 (slang.4)
+    xp.multiply(G.reshape(S * M, D), math.sqrt(beta_t * c), out=W_T[L:])      # line 7 (slang.4)
+    W = W_T.T
     U_new = lowrank.top_eig(W, L, method=cfg.eig, Omega=Omega, n_iter=cfg.n_iter)  # lines 7, 9
     # NOTE: printed line 8 omits N / (M S) on the gradient squares (slang.5)
-    Delta_d = xp.sum(W * W, axis=1) - xp.sum(U_new * U_new, axis=1)           # line 8 (slang.5)
+    Delta_d = (xp.einsum("kd,kd->d", W_T, W_T)
+               - xp.einsum("dl,dl->d", U_new, U_new))                         # line 8 (slang.5)
     # NOTE: printed line 10 adds lam, not beta_t lam (slang.6)
     d_new = delta * d + Delta_d + beta_t * lam                                # line 10 (slang.6)
     if not bool(xp.all(d_new > 0)):

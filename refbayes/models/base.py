@@ -45,6 +45,7 @@ class FlatModel:
     """
 
     __slots__ = ("sizes", "activation", "likelihood", "bias", "D")
+    _numpy_impl = "numba"  # default per-example-gradient implementation on NumPy
 
     def __init__(self, sizes, activation, likelihood, bias):
         object.__setattr__(self, "sizes", tuple(int(s) for s in sizes))
@@ -193,12 +194,13 @@ class FlatModel:
     def per_example_grads(self, theta, X, y, impl=None):
         """G (M, D), G[i] = dl_i/dtheta, so G.sum(0) == grad. (peg.4)
 
-        impl: "numba" (jitted loops; NumPy only; the default on NumPy), "vectorized" (batched
+        impl: "numba" (jitted loops; NumPy only; the default on NumPy except for the one-layer
+        linear models, where "vectorized" is faster), "vectorized" (batched
         outer products via einsum; NumPy or CuPy; the default on CuPy), "autograd" (a loop of
         autograd.grad over examples, the oracle; NumPy only). All agree to rounding.
         """
         xp = xp_of(theta, X, y)
-        impl = ("numba" if xp is np else "vectorized") if impl is None else impl
+        impl = (self._numpy_impl if xp is np else "vectorized") if impl is None else impl
         if impl not in IMPLS:
             raise ValueError(f"impl: expected one of {IMPLS}, got {impl!r}")
         if impl != "vectorized" and xp is not np:
