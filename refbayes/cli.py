@@ -1,9 +1,10 @@
-"""The refbayes command: data list|fetch|verify and reproduce EXPERIMENT.
+"""The refbayes command: data list|fetch|verify, reproduce EXPERIMENT and trace METHOD.
 
-This module only parses arguments and calls library functions (``refbayes.datasets`` and the
-experiment modules registered in ``refbayes.experiments.EXPERIMENTS``). A ValueError or OSError
-(FileNotFoundError, a failed download) becomes ``refbayes: error: ...`` on stderr and exit
-status 2, without a traceback; ``data verify`` exits 1 when a file is missing or mismatched.
+This module only parses arguments and calls library functions (``refbayes.datasets``, the
+experiment modules registered in ``refbayes.experiments.EXPERIMENTS``, ``refbayes.trace``). A
+ValueError or OSError (FileNotFoundError, a failed download) becomes ``refbayes: error: ...`` on
+stderr and exit status 2, without a traceback; ``data verify`` exits 1 when a file is missing or
+mismatched.
 """
 from __future__ import annotations
 
@@ -116,25 +117,42 @@ def _add_data(sub) -> None:
     v.set_defaults(_handler=_cmd_verify)
 
 
-def build_parser(load_experiments: bool = True) -> argparse.ArgumentParser:
-    """The argument parser; ``load_experiments`` imports the experiment modules for ``reproduce``."""
+def _add_trace(sub, load: bool) -> None:
+    p = sub.add_parser("trace", help="one step of a method, every intermediate by its equation tag",
+                       description="One step of METHOD (slang, ngvi-full, ngvi-meanfield) on a "
+                                   "small shipped logistic-regression problem; prints the problem, "
+                                   "the draws and every named intermediate under its Algorithm 1 "
+                                   "line and equation tag.")
+    if not load:  # only `refbayes trace ...` pays for importing the methods
+        return
+    from refbayes import trace
+    trace.add_arguments(p)
+    p.set_defaults(_handler=trace.run)
+
+
+def build_parser(load_experiments: bool = True, load_trace: bool = True) -> argparse.ArgumentParser:
+    """The argument parser; ``load_experiments`` imports the experiment modules for ``reproduce``,
+    ``load_trace`` the methods for ``trace``."""
     parser = argparse.ArgumentParser(prog="refbayes", description=__doc__.split("\n")[0])
     parser.add_argument("--version", action="version", version=f"refbayes {__version__}")
-    sub = parser.add_subparsers(dest="command", metavar="{data,reproduce}", required=True)
+    sub = parser.add_subparsers(dest="command", metavar="{data,reproduce,trace}", required=True)
     _add_data(sub)
     rep = sub.add_parser("reproduce", help="run a paper experiment (list: `reproduce --help`)",
                          description="Run one registered experiment.")
     rsub = rep.add_subparsers(dest="experiment", metavar="EXPERIMENT", required=True)
     if load_experiments:
         _add_experiments(rsub)
+    _add_trace(sub, load_trace)
     return parser
 
 
 def main(argv=None) -> int:
     """Entry point of the ``refbayes`` console script; returns the exit status."""
     argv = list(sys.argv[1:] if argv is None else argv)
-    # Experiment modules are imported only when `reproduce` is asked for, so `data ...` stays fast.
-    parser = build_parser(load_experiments=argv[:1] == ["reproduce"])
+    # Experiment modules (and the methods, for `trace`) are imported only when asked for, so
+    # `data ...` stays fast.
+    parser = build_parser(load_experiments=argv[:1] == ["reproduce"],
+                          load_trace=argv[:1] == ["trace"])
     try:
         args = parser.parse_args(argv)
     except SystemExit as exc:  # argparse already printed usage/help or its error message
