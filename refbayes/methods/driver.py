@@ -9,8 +9,9 @@ in this order, so another implementation can replay them:
   per step:   eps = rng.standard_normal((D, S)) (skipped for curvature="exact"), then, for SLANG
               with eig="randomized", Omega = rng.standard_normal((L + M S, L + oversample)).
 
-Draws are made in float64 and cast to the state's dtype. After each step the new state is checked
-for non-finite values; a ``TrainingError`` names the step and epoch, and everything the callback
+Draws are made in float64 and cast to the state's dtype. A floating-point overflow or invalid
+operation inside a step (NumPy), or non-finite values in the new state, stop the run with a
+``TrainingError`` naming the step and epoch, and everything the callback
 saw before stays with the caller.
 """
 from __future__ import annotations
@@ -92,8 +93,15 @@ def run(state, cfg, model, X, y, *, rng: np.random.Generator, epochs: int, M: in
                 K = cfg.L + len(idx) * S
                 kwargs["Omega"] = xp.asarray(rng.standard_normal((K, cfg.L + oversample)),
                                              dtype=dtype)
-            state, _ = step_fn(state, batch, eps, cfg, model, **kwargs)
             t += 1
+            try:
+                # overflow inside the step raises here (NumPy); CuPy is caught by the check below
+                with np.errstate(over="raise", invalid="raise", divide="raise"):
+                    state, _ = step_fn(state, batch, eps, cfg, model, **kwargs)
+            except FloatingPointError as err:
+                raise TrainingError(f"step {t} (epoch {epoch}): {err} in the step; the loss or "
+                                    "its gradient overflowed (lower alpha / beta or check the "
+                                    "inputs)") from err
             bad = _finite(state)
             if bad:
                 raise TrainingError(f"step {t} (epoch {epoch}): non-finite values in "
