@@ -171,3 +171,15 @@ def test_bad_q_raises():
         ev.elbo_grad(_X, _Y, _LAM, mu[:-1], Sigma)
     with pytest.raises(ValueError, match="var: expected > 0"):
         ev.elbo_meanfield(_X, _Y, _LAM, mu, -np.ones(5))
+
+
+@pytest.mark.parametrize("v", _V_GRID)
+def test_predictive_nll_matches_quad(v):
+    """(exact_vi.13): E[sigmoid(s a)] by Gauss-Hermite vs quad to 1e-12 absolute on the verified
+    grid; the NLL is compared through the probability, whose error is the one bounded."""
+    m = np.array(_M_GRID)
+    y = np.arange(len(m)) % 2 * 1.0
+    p = np.exp(-ev.logistic_predictive_nll(m, np.full(len(m), v), y))
+    for pi, mi, yi in zip(p, m, y):
+        err = abs(pi - quad_expectation("sig_s", mi, v, yi))
+        assert err <= QUADRATURE, f"E sigmoid(s a) at m={mi}, v={v}: |GH - quad| = {err:.2e}"

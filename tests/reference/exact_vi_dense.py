@@ -10,6 +10,7 @@ _F = {
     "logsig": lambda a, s: -np.logaddexp(0.0, -s * a),
     "dlogsig": lambda a, s: s * expit(-s * a),
     "d2logsig": lambda a, s: -expit(a) * expit(-a),
+    "sig_s": lambda a, s: expit(s * a),
 }
 
 
