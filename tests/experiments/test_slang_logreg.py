@@ -44,7 +44,7 @@ def test_australian_kl_ordering_and_resume(data_dir, tmp_path):
             assert saved["curve"][-1][0] == 20
     assert (out / "australian_covariances.png").stat().st_size > 0
     assert (out / "australian_convergence.png").stat().st_size > 0
-    assert "0.341 / 0.195" in first.stdout  # the paper's mf-exact row beside ours
+    assert "0.341 / 0.195" in first.stdout  # the paper's mf-exact row beside exact-mf-vi
     mtimes = {p: p.stat().st_mtime_ns for p in (out / "australian").rglob("*.json")}
     second = _reproduce(*args, env=_env(data_dir))
     assert second.returncode == 0, second.stderr
@@ -62,7 +62,7 @@ def test_synthetic_default_runs_on_shipped_data(tmp_path):
     assert "synthetic: 3 epochs, 2 restart(s)" in res.stdout
     lines = (out / "synthetic_summary.csv").read_text().splitlines()
     assert lines[0].startswith("dataset,restart,method")
-    assert len(lines) == 1 + 2 * 4  # 3 methods + exact VI per restart
+    assert len(lines) == 1 + 2 * 5  # 3 methods + exact VI + exact mean-field VI per restart
 
 
 @pytest.mark.parametrize("args, match", [
