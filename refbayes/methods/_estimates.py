@@ -2,7 +2,7 @@
 schedule, input checks, and the minibatch / Monte Carlo estimates of the gradient and curvature
 of E_q[sum_n l_n(theta)].
 
-Implements (ngvi.5)-(ngvi.9) and (ngvi.12) of derivations/ngvi.md. Scaling, stated once for the
+Implements (ngvi.5)-(ngvi.9), (ngvi.12) and (ngvi.13) of derivations/ngvi.md. Scaling, stated once for the
 whole family: the loss is SUMMED over the N training examples, a minibatch of M rows stands for
 all N through the factor N / M, and S Monte Carlo draws theta_s are averaged (factor 1 / S). The
 prior precision lam (D,) is never scaled by N, M or S.
