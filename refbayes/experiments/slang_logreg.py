@@ -44,7 +44,7 @@ from refbayes.datasets import (
     random_split,
 )
 from refbayes.experiments._io import atomic_write_text, format_table, read_json, write_json
-from refbayes.linalg import gaussian, lowrank
+from refbayes.linalg import gaussian
 from refbayes.methods import driver, exact_vi, ngvi, slang
 from refbayes.models import LogisticRegression, add_intercept
 
@@ -139,8 +139,7 @@ def _load(name, data_dir, restart, seed):
         s = make_logistic_regression(SYNTHETIC["n"], SYNTHETIC["p"], SYNTHETIC["seed"])
         X, y = s.X, s.y
     elif name == "a1a":
-        data = load_a1a(data_dir)
-        return data[0], data[1], data[2], data[3]
+        return tuple(load_a1a(data_dir))
     else:
         loader = {"australian": load_australian, "breast-cancer": load_breast_cancer,
                   "usps-3vs5": load_usps_3vs5}[name]
@@ -168,16 +167,17 @@ def _q(state):
 
 def _covariance(state):
     if isinstance(state, slang.SLANGState):
-        return lowrank.dense_covariance(state.U, state.d)
+        return slang.dense_covariance(state)
     if isinstance(state, ngvi.FullState):
         return ngvi.dense_covariance(state)
-    return np.diag(1 / state.prec_diag)
+    return ngvi.dense_covariance_meanfield(state)
 
 
 def _test_nll(mu, Sigma, Xd_te, y_te):
+    """Mean over test rows of -log E_q[sigmoid(s a)], a ~ N(x~^T mu, x~^T Sigma x~).  (exact_vi.13)"""
     m = Xd_te @ mu
     v = np.einsum("id,de,ie->i", Xd_te, Sigma, Xd_te)
-    return float(np.mean(exact_vi.logistic_predictive_nll(m, v, y_te)))
+    return float(np.mean(exact_vi.logistic_predictive_nll(m, v, y_te)))  # (exact_vi.13)
 
 
 def _init(method, D, N, lam):

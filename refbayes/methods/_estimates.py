@@ -12,6 +12,8 @@ from __future__ import annotations
 import math
 from typing import Any, NamedTuple
 
+import numpy as np
+
 from refbayes._checks import (
     check_array,
     check_float,
@@ -23,7 +25,7 @@ from refbayes.backend import xp_of
 from refbayes.methods import exact_vi
 from refbayes.models.base import FlatModel
 from refbayes.models.likelihoods import Bernoulli, Gaussian
-from refbayes.models.linear import _LinearModel, add_intercept
+from refbayes.models.linear import add_intercept
 
 Array = Any
 
@@ -69,6 +71,13 @@ def check_prior(lam, D: int, dtype=None):
     return lam
 
 
+def check_t(t) -> int:
+    """state.t: the number of steps already taken, a non-negative integer."""
+    if isinstance(t, bool) or not isinstance(t, (int, np.integer)) or t < 0:
+        raise ValueError(f"state.t: expected a non-negative integer step count, got {t!r}")
+    return int(t)
+
+
 def check_N(N) -> int:
     return check_int(N, "N", low=1)
 
@@ -83,7 +92,8 @@ def check_model(model, D: int):
 
 
 def check_batch(batch, model, N: int, dtype):
-    """The minibatch rows: 1 <= M <= N rows, finite, in the state's dtype; labels checked by the model."""
+    """The minibatch rows: 1 <= M <= N rows, finite, in the state's dtype, binary labels for a
+    Bernoulli likelihood."""
     if not isinstance(batch, tuple) or len(batch) != 2:
         raise ValueError("batch: expected a Batch(X, y) (or a pair of arrays), "
                          f"got {type(batch).__name__}")
@@ -177,16 +187,11 @@ def hess_estimate(model, theta, X, y, N: int):
 
 
 def hess_diag_estimate(model, theta, X, y, N: int):
-    """diag of (ngvi.8) (D,): closed form for linear models (Hessian = GGN), else the dense Hessian."""
+    """diag of (ngvi.8) (D,), from the model's Hessian (closed form for linear models)."""
     M, S = X.shape[0], theta.shape[1]
     xp = xp_of(theta)
-
-    def diag(th):
-        if isinstance(model, _LinearModel):
-            return model.diag_ggn(th, X, y)
-        return xp.diagonal(model.hessian(th, X, y)).copy()
-
-    return (N / (M * S)) * sum(diag(xp.ascontiguousarray(theta[:, s])) for s in range(S))  # (ngvi.8)
+    return (N / (M * S)) * sum(xp.diagonal(model.hessian(xp.ascontiguousarray(theta[:, s]), X, y))
+                               for s in range(S))  # (ngvi.8)
 
 
 # ----------------------------------------------------------------------------- exact expectations
@@ -197,7 +202,6 @@ def glm_design(model, X):
     'exact' curvature integrates over a_i = x~_i^T theta ~ N(m_i, v_i), which needs a scalar output
     linear in theta: LogisticRegression, or MLP([n, 1]) with a Bernoulli or Gaussian likelihood.
     """
-    xp = xp_of(X)
     if len(model.sizes) != 2 or model.sizes[1] != 1:
         raise ValueError("model: curvature='exact' needs a linear model with one output "
                          f"(LogisticRegression or MLP([n, 1])), got sizes {model.sizes}")
@@ -209,19 +213,18 @@ def glm_design(model, X):
     else:
         raise ValueError("model: curvature='exact' needs a Bernoulli or Gaussian likelihood, "
                          f"got {type(lik).__name__}")
-    return (add_intercept(X) if model.bias else xp.asarray(X)), kind, tau
+    return (add_intercept(X) if model.bias else X), kind, tau
 
 
-def exact_moments(Xd, y, m, v, kind, tau):
-    """(E1, E2) (M,): E_q[d log p / da] and E_q[d^2 log p / da^2] at a ~ N(m, v).  (ngvi.9)"""
+def exact_terms(Xd, y, mu, v, kind, tau, N: int):
+    """(g_hat (D,), w (M,)) for curvature "exact", a_i = x~_i^T theta ~ N(m_i, v_i), m = X~ mu:
+    g_hat = -(N / M) X~^T E1 and w = -(N / M) E2, so that C_hat = X~^T diag(w) X~, with E1, E2 the
+    expected first two a-derivatives of log p by quadrature (exact_vi.2)-(exact_vi.4).  (ngvi.9)"""
     yy = y.reshape(-1)
+    m = Xd @ mu
     if kind == "logistic":
         _, E1, E2 = exact_vi.logistic_expectations(m, v, yy)
     else:
         _, E1, E2 = exact_vi.gaussian_expectations(m, v, yy, tau)
-    return E1, E2
-
-
-def exact_grad(Xd, E1, N: int):
-    """E_q[g_hat] = -(N / M) X~^T E1 (D,).  (ngvi.9)"""
-    return -(N / Xd.shape[0]) * (Xd.T @ E1)  # (ngvi.9)
+    scale = -N / Xd.shape[0]
+    return scale * (Xd.T @ E1), scale * E2  # (ngvi.9)

@@ -22,11 +22,11 @@ from typing import Any
 import numpy as np
 
 from refbayes._checks import check_array, check_int
-from refbayes.backend import to_numpy, xp_of
+from refbayes.backend import xp_of
 from refbayes.methods import ngvi, slang
 from refbayes.methods._estimates import Batch
 
-__all__ = ["TrainingError", "as_numpy_state", "epoch_batches", "run"]
+__all__ = ["TrainingError", "epoch_batches", "run"]
 
 
 class TrainingError(ValueError):
@@ -82,7 +82,6 @@ def run(state, cfg, model, X, y, *, rng: np.random.Generator, epochs: int, M: in
     D, dtype = state.mu.shape[0], state.mu.dtype
     exact = getattr(cfg, "curvature", "ef") == "exact"
     randomized = getattr(cfg, "eig", "exact") == "randomized"
-    t = 0
     for epoch in range(1, epochs + 1):
         for idx in epoch_batches(rng, N, M):
             idx_x = xp.asarray(idx)
@@ -93,7 +92,7 @@ def run(state, cfg, model, X, y, *, rng: np.random.Generator, epochs: int, M: in
                 K = cfg.L + len(idx) * S
                 kwargs["Omega"] = xp.asarray(rng.standard_normal((K, cfg.L + oversample)),
                                              dtype=dtype)
-            t += 1
+            t = state.t + 1  # the step being taken, counted as the state counts them
             try:
                 # overflow inside the step raises here (NumPy); CuPy is caught by the check below
                 with np.errstate(over="raise", invalid="raise", divide="raise"):
@@ -112,8 +111,3 @@ def run(state, cfg, model, X, y, *, rng: np.random.Generator, epochs: int, M: in
         if callback is not None:
             callback(epoch, state)
     return state
-
-
-def as_numpy_state(state):
-    """The state with every array moved to NumPy (for writing results)."""
-    return type(state)(*[to_numpy(a) if hasattr(a, "dtype") else a for a in state])

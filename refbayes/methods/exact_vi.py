@@ -408,6 +408,27 @@ def _accept(new: float, old: float) -> bool:
     return new >= old - 1e-13 * max(1.0, abs(old))
 
 
+def _first_rho(rho0: float, gnorm: float, prev: float) -> float:
+    """The first trial step of an iteration: halved when the gradient norm grew, doubled back
+    towards 1 while it shrinks. Near the optimum the undamped map can have an eigenvalue just
+    below -1 (seen on 50/50 splits of australian): the ELBO no longer tells the steps apart and
+    the gradient oscillates and grows; the damped map (1 - rho) I + rho J contracts again."""
+    return min(1.0, 2 * rho0) if gnorm < prev else 0.5 * rho0
+
+
+def _line_search(trial, value: float, rho: float, where: str):
+    """trial(rho) -> (..., elbo) or None (not SPD / outside the quadrature range); rho halved from
+    the given start until the ELBO does not decrease (``_accept``). ``where`` names the solver,
+    iteration and gradient norm for the ConvergenceError."""
+    while True:
+        out = trial(rho)
+        if out is not None and _accept(out[-1], value):
+            return out
+        rho *= 0.5
+        if rho < 1e-12:
+            raise ConvergenceError(f"{where}: line search failed")
+
+
 def _full_state(xp, X, y, lam, mu, Sigma_inv, noise_precision):
     """(Sigma, elbo) at a precision; None when Sigma_inv is not SPD or the moments leave the range."""
     try:
@@ -425,7 +446,8 @@ def fit_full(X, y, lam, *, tol=1e-10, max_iter=500, likelihood="logistic",
              noise_precision=None) -> FullVIResult:
     """argmax_{mu, Sigma} ELBO (exact_vi.1): damped natural-gradient / Newton fixed point
     Sigma_inv <- (1 - rho) Sigma_inv + rho T, mu <- mu + rho T^{-1} dELBO/dmu (exact_vi.7)-(exact_vi.8),
-    rho = 1, 1/2, 1/4, ... until the ELBO does not decrease, stopped when grad_norm <= tol.
+    rho halved from its first trial (_first_rho) until the ELBO does not decrease, stopped when
+    grad_norm <= tol.
 
     Starts at mu = 0, Sigma_inv = diag(lam) + X^T X / 4 (logistic; every v_i <= 4 there) or
     the exact posterior precision (gaussian). Raises ConvergenceError after max_iter iterations.
@@ -454,24 +476,16 @@ def fit_full(X, y, lam, *, tol=1e-10, max_iter=500, likelihood="logistic",
         if it == max_iter:
             break
         step = _chol_solve(xp, xp.linalg.cholesky(T), g_mu)   # (exact_vi.8)
-        # Near the optimum the undamped map can have an eigenvalue just below -1 (seen on
-        # 50/50 splits of australian): the ELBO no longer tells the steps apart, the gradient
-        # oscillates and grows. Halving the first trial step whenever the gradient grew makes the
-        # damped map a contraction; it is doubled back towards 1 while the gradient shrinks.
-        rho0 = min(1.0, 2 * rho0) if gnorm < prev else 0.5 * rho0
-        prev = gnorm
-        rho = rho0
-        while True:
-            P_new = (1 - rho) * Sigma_inv + rho * T
-            mu_new = mu + rho * step
+        rho0, prev = _first_rho(rho0, gnorm, prev), gnorm
+
+        def trial(rho):
+            P_new = (1 - rho) * Sigma_inv + rho * T                              # (exact_vi.7)
+            mu_new = mu + rho * step                                             # (exact_vi.8)
             state = _full_state(xp, X, y, lam, mu_new, P_new, noise_precision)
-            if state is not None and _accept(state[1], value):
-                break
-            rho *= 0.5
-            if rho < 1e-12:
-                raise ConvergenceError(f"fit_full: line search failed at iteration {it} "
-                                       f"(grad_norm {gnorm:.3e}, tol {tol:.1e})")
-        mu, Sigma_inv, (Sigma, value) = mu_new, P_new, state
+            return None if state is None else (mu_new, P_new, *state)
+
+        mu, Sigma_inv, Sigma, value = _line_search(
+            trial, value, rho0, f"fit_full at iteration {it} (grad_norm {gnorm:.3e}, tol {tol:.1e})")
     raise ConvergenceError(f"fit_full: max_iter={max_iter} reached with grad_norm {gnorm:.3e} > "
                            f"tol {tol:.1e}")
 
@@ -488,8 +502,7 @@ def fit_meanfield(X, y, lam, *, tol=1e-10, max_iter=500, likelihood="logistic",
                   noise_precision=None) -> MeanFieldVIResult:
     """argmax_{mu, var} ELBO(mu, diag(var)) (exact_vi.1): damped fixed point
     1/var <- (1 - rho)/var + rho diag(T) (exact_vi.10), mu <- mu + rho T^{-1} dELBO/dmu (exact_vi.8)
-    with the full T of (exact_vi.7) (the mu-Hessian does not factorize), rho halved until the
-    ELBO does not decrease, stopped when grad_norm_meanfield <= tol (exact_vi.11).
+    with the full T of (exact_vi.7) (the mu-Hessian does not factorize), rho chosen as in fit_full, stopped when grad_norm_meanfield <= tol (exact_vi.11).
 
     Starts at mu = 0, 1/var = lam + diag(X^T X) / 4 (logistic) or lam + noise_precision
     diag(X^T X) (gaussian). Raises ConvergenceError after max_iter iterations.
@@ -503,6 +516,7 @@ def fit_meanfield(X, y, lam, *, tol=1e-10, max_iter=500, likelihood="logistic",
     if value is None:
         raise ValueError("X: the starting point has sum_j X_ij^2 var_j outside the verified "
                          f"quadrature range (v <= {V_MAX})")
+    rho0, prev = 1.0, math.inf
     for it in range(max_iter + 1):
         g_mu, g_var = _mf_grad(xp, X, y, lam, mu, var, noise_precision)
         gnorm = grad_norm_meanfield(g_mu, g_var)
@@ -513,17 +527,16 @@ def fit_meanfield(X, y, lam, *, tol=1e-10, max_iter=500, likelihood="logistic",
         _, _, E2 = _mf_terms(xp, X, y, lam, mu, var, noise_precision)
         T = _target_precision(xp, X, lam, E2)                                    # (exact_vi.7)
         step = _chol_solve(xp, xp.linalg.cholesky(T), g_mu)   # (exact_vi.8)
-        rho = 1.0
-        while True:
+        rho0, prev = _first_rho(rho0, gnorm, prev), gnorm
+
+        def trial(rho):
             var_new = 1 / ((1 - rho) / var + rho * xp.diagonal(T))              # (exact_vi.10)
-            mu_new = mu + rho * step
+            mu_new = mu + rho * step                                             # (exact_vi.8)
             new = _mf_state(xp, X, y, lam, mu_new, var_new, noise_precision)
-            if new is not None and _accept(new, value):
-                break
-            rho *= 0.5
-            if rho < 1e-12:
-                raise ConvergenceError(f"fit_meanfield: line search failed at iteration {it} "
-                                       f"(grad_norm {gnorm:.3e}, tol {tol:.1e})")
-        mu, var, value = mu_new, var_new, new
+            return None if new is None else (mu_new, var_new, new)
+
+        mu, var, value = _line_search(
+            trial, value, rho0,
+            f"fit_meanfield at iteration {it} (grad_norm {gnorm:.3e}, tol {tol:.1e})")
     raise ConvergenceError(f"fit_meanfield: max_iter={max_iter} reached with grad_norm {gnorm:.3e} > "
                            f"tol {tol:.1e}")

@@ -38,10 +38,10 @@ from refbayes.methods._estimates import (
     check_model,
     check_N,
     check_prior,
+    check_t,
     ef_diag_estimate,
     ef_estimate,
-    exact_grad,
-    exact_moments,
+    exact_terms,
     glm_design,
     grad_estimate,
     hess_diag_estimate,
@@ -141,12 +141,6 @@ def _check_mu(mu):
     return mu.shape[0]
 
 
-def _check_t(t):
-    if isinstance(t, bool) or not isinstance(t, (int, np.integer)) or t < 0:
-        raise ValueError(f"state.t: expected a non-negative integer step count, got {t!r}")
-    return int(t)
-
-
 # ----------------------------------------------------------------------------- full Gaussian
 
 def init_full(mu, Sigma_inv) -> FullState:
@@ -176,7 +170,7 @@ def _check_full_state(state):
     check_array(state.g_bar, "state.g_bar", shape=(D,))
     check_same_dtype({"state.mu": state.mu, "state.Sigma_inv": state.Sigma_inv,
                       "state.g_bar": state.g_bar})
-    _check_t(state.t)
+    check_t(state.t)
     return D
 
 
@@ -214,10 +208,9 @@ def step_full(state: FullState, batch, eps, cfg: NGVIConfig, model) -> tuple[Ful
     if curvature == "exact":
         Xd, kind, tau = glm_design(model, X)
         Z = sla.solve_triangular(L_P, Xd.T, lower=True)      # v_i = |L^{-1} x~_i|^2 = x~_i^T Sigma x~_i
-        E1, E2 = exact_moments(Xd, y, Xd @ mu, xp.sum(Z * Z, axis=0), kind, tau)  # (ngvi.9)
+        g_hat, w = exact_terms(Xd, y, mu, xp.sum(Z * Z, axis=0), kind, tau, N)   # (ngvi.9)
         theta, G = xp.zeros((D, 0), dtype=dtype), xp.zeros((0, M, D), dtype=dtype)
-        g_hat = exact_grad(Xd, E1, N)                                             # (ngvi.9)
-        C_hat = -(N / M) * (Xd.T @ (Xd * E2[:, None]))                            # (ngvi.9)
+        C_hat = Xd.T @ (Xd * w[:, None])                                          # (ngvi.9)
     else:
         theta = _full_draws(mu, L_P, eps)                                         # (ngvi.4)
         G = per_example_grads(model, theta, X, y)                                 # (ngvi.5)
@@ -271,8 +264,13 @@ def _check_mf_state(state):
                       "state.g_bar": state.g_bar})
     if not bool(xp_of(state.prec_diag).all(state.prec_diag > 0)):
         raise ValueError("state.prec_diag: expected > 0 everywhere")
-    _check_t(state.t)
+    check_t(state.t)
     return D
+
+
+def _meanfield_draws(mu, prec_diag, eps):
+    """theta_s = mu + eps_s / sqrt(prec_diag).  (ngvi.14)"""
+    return mu[:, None] + eps / xp_of(prec_diag).sqrt(prec_diag)[:, None]  # (ngvi.14)
 
 
 def sample_meanfield(state: MeanFieldState, eps):
@@ -280,8 +278,8 @@ def sample_meanfield(state: MeanFieldState, eps):
     D = _check_mf_state(state)
     check_array(eps, "eps", shape=(D, None))
     check_same_dtype({"state.mu": state.mu, "eps": eps})
-    xp = xp_of(state.mu, eps)
-    return state.mu[:, None] + eps / xp.sqrt(state.prec_diag)[:, None]  # (ngvi.14)
+    xp_of(state.mu, eps)  # one backend
+    return _meanfield_draws(state.mu, state.prec_diag, eps)  # (ngvi.14)
 
 
 def step_meanfield(state: MeanFieldState, batch, eps, cfg: NGVIConfig,
@@ -300,12 +298,11 @@ def step_meanfield(state: MeanFieldState, batch, eps, cfg: NGVIConfig,
     if curvature == "exact":
         Xd, kind, tau = glm_design(model, X)
         v = (Xd * Xd) @ (1 / state.prec_diag)                 # x~_i^T diag(1/prec_diag) x~_i
-        E1, E2 = exact_moments(Xd, y, Xd @ mu, v, kind, tau)                      # (ngvi.9)
+        g_hat, w = exact_terms(Xd, y, mu, v, kind, tau, N)                        # (ngvi.9)
         theta, G = xp.zeros((D, 0), dtype=dtype), xp.zeros((0, M, D), dtype=dtype)
-        g_hat = exact_grad(Xd, E1, N)                                             # (ngvi.9)
-        c_hat = -(N / M) * ((Xd * Xd).T @ E2)                                     # (ngvi.9)
+        c_hat = (Xd * Xd).T @ w                                                   # (ngvi.9)
     else:
-        theta = mu[:, None] + eps / xp.sqrt(state.prec_diag)[:, None]             # (ngvi.14)
+        theta = _meanfield_draws(mu, state.prec_diag, eps)                        # (ngvi.14)
         G = per_example_grads(model, theta, X, y)                                 # (ngvi.5)
         g_hat = grad_estimate(G, N)                                               # (ngvi.6)
         c_hat = (ef_diag_estimate(G, N) if curvature == "ef"                      # (ngvi.7)

@@ -1,6 +1,6 @@
 """SLANG: stochastic, low-rank, approximate natural-gradient Gaussian VI (Mishkin et al. 2018).
 
-Implements (slang.1)-(slang.9) of derivations/slang.md: Algorithm 1 of the paper, one tagged
+Implements (slang.1)-(slang.8) of derivations/slang.md: Algorithm 1 of the paper, one tagged
 statement per printed line, with the corrections recorded there as errata (lines 7, 8, 10, 11).
 
 Symbols (derivations/notation.md): mu (D,) mean; the precision is P = U U^T + diag(d) with
@@ -23,7 +23,6 @@ from __future__ import annotations
 import math
 from typing import Any, NamedTuple
 
-import numpy as np
 
 from refbayes._checks import check_array, check_float, check_int, check_same_dtype
 from refbayes.backend import xp_of
@@ -36,6 +35,7 @@ from refbayes.methods._estimates import (
     check_model,
     check_N,
     check_prior,
+    check_t,
     momentum_direction,
     per_example_grads,
     step_sizes,
@@ -113,9 +113,7 @@ def _check_state(state):
                       "state.g_bar": state.g_bar})
     if not bool(xp_of(state.d).all(state.d > 0)):
         raise ValueError("state.d: expected > 0 everywhere")
-    t = state.t
-    if isinstance(t, bool) or not isinstance(t, (int, np.integer)) or t < 0:
-        raise ValueError(f"state.t: expected a non-negative integer step count, got {t!r}")
+    check_t(state.t)
     return D, state.U.shape[1]
 
 
@@ -181,7 +179,7 @@ def step(state: SLANGState, batch, eps, cfg: SLANGConfig, model, *,
     N, L, alpha, beta, decay, b = _check_cfg(cfg, D, L_state, dtype)
     check_model(model, D)
     X, y, M = check_batch(batch, model, N, dtype)
-    S = check_eps(eps, D, dtype, "ef")
+    S = check_eps(eps, D, dtype, "ef")  # SLANG's curvature is the EF: it needs draws
     if cfg.eig == "exact" and Omega is not None:
         raise ValueError("Omega: only used by eig='randomized', got an array with eig='exact'")
     if cfg.eig == "randomized" and Omega is None:
