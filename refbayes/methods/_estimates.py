@@ -92,8 +92,8 @@ def check_model(model, D: int):
 
 
 def check_batch(batch, model, N: int, dtype):
-    """The minibatch rows: 1 <= M <= N rows, finite, in the state's dtype, binary labels for a
-    Bernoulli likelihood."""
+    """The minibatch rows: 1 <= M <= N rows, finite, X (and real targets) in the state's dtype,
+    class labels as integers or in that dtype, binary labels for a Bernoulli likelihood."""
     if not isinstance(batch, tuple) or len(batch) != 2:
         raise ValueError("batch: expected a Batch(X, y) (or a pair of arrays), "
                          f"got {type(batch).__name__}")
@@ -105,9 +105,11 @@ def check_batch(batch, model, N: int, dtype):
         raise ValueError(f"batch.X: expected 1 <= M <= N = {N} rows, got M = {M}")
     if y.shape[0] != M:
         raise ValueError(f"batch.y: expected {M} rows (as batch.X), got shape {tuple(y.shape)}")
-    for name, a in (("batch.X", X), ("batch.y", y)):
-        if a.dtype != dtype:
-            raise ValueError(f"{name}: expected dtype {dtype} (the state's), got {a.dtype}")
+    if X.dtype != dtype:
+        raise ValueError(f"batch.X: expected dtype {dtype} (the state's), got {X.dtype}")
+    # class labels may be integers; real targets must share the state's dtype
+    if y.dtype != dtype and (isinstance(model.likelihood, Gaussian) or y.dtype.kind == "f"):
+        raise ValueError(f"batch.y: expected dtype {dtype} (the state's), got {y.dtype}")
     if isinstance(model.likelihood, Bernoulli):
         xp = xp_of(y)
         if not bool(xp.all((y == 0) | (y == 1))):

@@ -113,11 +113,18 @@ def slang_step(mu, UUt, d, g_bar, t, theta, Xd, y, N, lam, L, alpha, beta, decay
     on the gradient squares; line10_beta=False adds lam instead of beta lam; line11_scaled=False
     drops N / (M S) from the gradient.
     """
+    M, S = Xd.shape[0], theta.shape[1]
+    F = grads(Xd, y, theta).reshape(-1, len(mu))
+    return slang_step_from_grads(mu, UUt, d, g_bar, t, F, M, S, N, lam, L, alpha, beta, decay, b,
+                                 line7, line8_scaled, line10_beta, line11_scaled)
+
+
+def slang_step_from_grads(mu, UUt, d, g_bar, t, F, M, S, N, lam, L, alpha, beta, decay, b=0.0,
+                          line7=None, line8_scaled=True, line10_beta=True, line11_scaled=True):
+    """``slang_step`` from the per-example gradients F (S M, D) at the draws, for any model."""
     a_t, b_t = rates(t, alpha, beta, decay)
     delta = 1 - b_t
-    M, S = Xd.shape[0], theta.shape[1]
     c = N / (M * S)
-    F = grads(Xd, y, theta).reshape(-1, len(mu))
     if line7 == "printed":
         target = delta ** 2 * UUt + b_t ** 2 * F.T @ F
     else:
