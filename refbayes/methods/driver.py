@@ -1,13 +1,18 @@
-"""The driver of the natural-gradient family: the only place that draws random numbers.
+"""The driver of every iterative method: the only place that draws random numbers.
 
-``run`` walks epochs of shuffled minibatches and calls a pure ``step`` (ngvi.step_full,
-ngvi.step_meanfield or slang.step) with draws from the caller's ``numpy.random.Generator``,
-in this order, so another implementation can replay them:
+``run`` walks epochs of shuffled minibatches and calls a pure ``step`` with draws from the
+caller's ``numpy.random.Generator``, in this order, so another implementation can replay them:
 
   per epoch:  perm = rng.permutation(N); the batches are perm[0:M], perm[M:2M], ... (the last
               one may be shorter; it is scaled by its own M);
-  per step:   eps = rng.standard_normal((D, S)) (skipped for curvature="exact"), then, for SLANG
-              with eig="randomized", Omega = rng.standard_normal((L + M S, L + oversample)).
+  per step, by method:
+    ngvi (full, mean field), vogn, vadam, noisy_adam, bbb:
+              eps = rng.standard_normal((D, S)) (none for ngvi's curvature="exact", and none for
+              vogn with S = 0, which is OGN: gradient and curvature at the mean);
+    slang:    eps as above, then, with eig="randomized",
+              Omega = rng.standard_normal((L + M S, L + oversample));
+    mc_dropout: one mask per layer input, in layer order, masks[k] = rng.random((M, n_k)) >= p;
+    adam (MAP): nothing.
 
 Draws are made in float64 and cast to the state's dtype. A floating-point overflow or invalid
 operation inside a step (NumPy), or non-finite values in the new state, stop the run with a
@@ -17,16 +22,16 @@ saw before stays with the caller.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
-from refbayes._checks import check_array, check_int
+from refbayes._checks import check_array, check_in_range, check_int
 from refbayes.backend import xp_of
-from refbayes.methods import ngvi, slang
+from refbayes.methods import adam, bbb, mc_dropout, ngvi, noisy_adam, slang, vadam, vogn
 from refbayes.methods._estimates import Batch
 
-__all__ = ["TrainingError", "epoch_batches", "run"]
+__all__ = ["TrainingError", "draw_masks", "epoch_batches", "run"]
 
 
 class TrainingError(ValueError):
@@ -39,22 +44,93 @@ def epoch_batches(rng: np.random.Generator, N: int, M: int) -> list:
     return [perm[i:i + M] for i in range(0, N, M)]
 
 
-def _stepper(state, cfg):
-    if isinstance(state, ngvi.FullState) and isinstance(cfg, ngvi.NGVIConfig):
-        return ngvi.step_full
-    if isinstance(state, ngvi.MeanFieldState) and isinstance(cfg, ngvi.NGVIConfig):
-        return ngvi.step_meanfield
-    if isinstance(state, slang.SLANGState) and isinstance(cfg, slang.SLANGConfig):
-        return slang.step
-    raise ValueError("state, cfg: expected (FullState | MeanFieldState, NGVIConfig) or "
-                     f"(SLANGState, SLANGConfig), got ({type(state).__name__}, "
-                     f"{type(cfg).__name__})")
+def draw_masks(rng: np.random.Generator, model, M: int, p: float, dtype=np.float64) -> list:
+    """MC dropout masks [z_0 (M, n_0), ..., z_{L-1} (M, n_{L-1})], z ~ Bernoulli(1 - p), drawn
+    layer by layer as rng.random((M, n_k)) >= p (NumPy, in ``dtype``)."""
+    if not isinstance(rng, np.random.Generator):
+        raise ValueError(f"rng: expected a numpy.random.Generator, got {type(rng).__name__}")
+    check_int(M, "M", low=1)
+    check_in_range(p, "p", 0.0, 1.0, high_open=True)
+    return [(rng.random((M, n)) >= p).astype(dtype) for n in model.sizes[:-1]]
+
+
+def _eps(rng, D, S, dtype, xp):
+    return xp.asarray(rng.standard_normal((D, S)), dtype=dtype)
+
+
+class _Method(NamedTuple):
+    """How the driver feeds one method: its step, and the draws of one step
+    ``draws(rng, cfg, model, M, S, oversample, dtype, xp) -> (noise, step kwargs)``."""
+    state: type
+    config: type
+    step: Callable
+    draws: Callable
+    zero_samples: bool = False  # S = 0 is allowed (vogn: OGN, no draws)
+
+
+def _gaussian_draws(rng, cfg, model, M, S, oversample, dtype, xp):
+    return _eps(rng, model.D, S, dtype, xp), {}
+
+
+def _ngvi_draws(rng, cfg, model, M, S, oversample, dtype, xp):
+    return (None if cfg.curvature == "exact" else _eps(rng, model.D, S, dtype, xp)), {}
+
+
+def _slang_draws(rng, cfg, model, M, S, oversample, dtype, xp):
+    eps = _eps(rng, model.D, S, dtype, xp)
+    if cfg.eig != "randomized":
+        return eps, {}
+    Omega = rng.standard_normal((cfg.L + M * S, cfg.L + oversample))
+    return eps, {"Omega": xp.asarray(Omega, dtype=dtype)}
+
+
+def _vogn_draws(rng, cfg, model, M, S, oversample, dtype, xp):
+    return (None if S == 0 else _eps(rng, model.D, S, dtype, xp)), {}
+
+
+def _mask_draws(rng, cfg, model, M, S, oversample, dtype, xp):
+    return [xp.asarray(z) for z in draw_masks(rng, model, M, cfg.p, dtype)], {}
+
+
+def _map_step(state, batch, noise, cfg, model):
+    return adam.step(state, batch, cfg.adam, model, cfg.N, cfg.lam)
+
+
+def _no_draws(rng, cfg, model, M, S, oversample, dtype, xp):
+    return None, {}
+
+
+_METHODS = (
+    _Method(ngvi.FullState, ngvi.NGVIConfig, ngvi.step_full, _ngvi_draws),
+    _Method(ngvi.MeanFieldState, ngvi.NGVIConfig, ngvi.step_meanfield, _ngvi_draws),
+    _Method(slang.SLANGState, slang.SLANGConfig, slang.step, _slang_draws),
+    _Method(vogn.VOGNState, vogn.VOGNConfig, vogn.step, _vogn_draws, zero_samples=True),
+    _Method(vadam.VadamState, vadam.VadamConfig, vadam.step, _gaussian_draws),
+    _Method(noisy_adam.NoisyAdamState, noisy_adam.NoisyAdamConfig, noisy_adam.step,
+            _gaussian_draws),
+    _Method(bbb.BBBState, bbb.BBBConfig, bbb.step, _gaussian_draws),
+    _Method(mc_dropout.MCDropoutState, mc_dropout.MCDropoutConfig, mc_dropout.step, _mask_draws),
+    _Method(adam.MAPState, adam.MAPConfig, _map_step, _no_draws),
+)
+
+
+def _method(state, cfg) -> _Method:
+    for m in _METHODS:
+        if isinstance(state, m.state) and isinstance(cfg, m.config):
+            return m
+    pairs = ", ".join(f"({m.state.__name__}, {m.config.__name__})" for m in _METHODS)
+    raise ValueError(f"state, cfg: expected one of the pairs {pairs}, got "
+                     f"({type(state).__name__}, {type(cfg).__name__})")
+
+
+def _arrays(state) -> dict:
+    return {name: a for name, a in state._asdict().items() if hasattr(a, "dtype")}
 
 
 def _finite(state) -> list:
-    xp = xp_of(state.mu)
-    return [name for name, a in state._asdict().items()
-            if hasattr(a, "dtype") and not bool(xp.all(xp.isfinite(a)))]
+    arrays = _arrays(state)
+    xp = xp_of(*arrays.values())
+    return [name for name, a in arrays.items() if not bool(xp.all(xp.isfinite(a)))]
 
 
 def run(state, cfg, model, X, y, *, rng: np.random.Generator, epochs: int, M: int, S: int = 1,
@@ -62,12 +138,14 @@ def run(state, cfg, model, X, y, *, rng: np.random.Generator, epochs: int, M: in
         progress: Callable[[int], None] | None = None):
     """Train for ``epochs`` epochs; returns the final state.
 
-    X (N, n_in), y (N,) the training set (cfg.N must equal N); M minibatch size; S Monte Carlo
-    draws per step (ignored for curvature="exact"); oversample p of the randomized fast_eig.
-    ``callback(epoch, state)`` runs after every epoch (1-based epoch numbers); ``progress(n)``
-    after every step with n = 1 (a tqdm ``update``).
+    state, cfg: a method's State and Config (ngvi, slang, vogn, vadam, noisy_adam, bbb,
+    mc_dropout, or adam's MAPState with a MAPConfig); X (N, n_in), y (N,) the training set
+    (cfg.N must equal N); M minibatch size; S Monte Carlo draws per step (ignored by ngvi's
+    curvature="exact", mc_dropout and adam; S = 0 runs vogn as OGN); oversample p of SLANG's
+    randomized fast_eig. ``callback(epoch, state)`` runs after every epoch (1-based epoch
+    numbers); ``progress(n)`` after every step with n = 1 (a tqdm ``update``).
     """
-    step_fn = _stepper(state, cfg)
+    method = _method(state, cfg)
     if not isinstance(rng, np.random.Generator):
         raise ValueError(f"rng: expected a numpy.random.Generator, got {type(rng).__name__}")
     check_array(X, "X", ndim=2)
@@ -76,36 +154,30 @@ def run(state, cfg, model, X, y, *, rng: np.random.Generator, epochs: int, M: in
         raise ValueError(f"cfg.N: expected the number of rows of X ({N}), got {cfg.N}")
     epochs = check_int(epochs, "epochs", low=0)
     M = check_int(M, "M", low=1, high=N)
-    S = check_int(S, "S", low=1)
+    S = check_int(S, "S", low=0 if method.zero_samples else 1)
     oversample = check_int(oversample, "oversample", low=0)
-    xp = xp_of(state.mu, X, y)
-    D, dtype = state.mu.shape[0], state.mu.dtype
-    exact = getattr(cfg, "curvature", "ef") == "exact"
-    randomized = getattr(cfg, "eig", "exact") == "randomized"
+    first = next(iter(_arrays(state).values()))
+    xp = xp_of(first, X, y)
+    dtype = first.dtype
     for epoch in range(1, epochs + 1):
         for idx in epoch_batches(rng, N, M):
             idx_x = xp.asarray(idx)
             batch = Batch(X[idx_x], y[idx_x])
-            eps = None if exact else xp.asarray(rng.standard_normal((D, S)), dtype=dtype)
-            kwargs = {}
-            if randomized:
-                K = cfg.L + len(idx) * S
-                kwargs["Omega"] = xp.asarray(rng.standard_normal((K, cfg.L + oversample)),
-                                             dtype=dtype)
+            noise, kwargs = method.draws(rng, cfg, model, len(idx), S, oversample, dtype, xp)
             t = state.t + 1  # the step being taken, counted as the state counts them
             try:
                 # overflow inside the step raises here (NumPy); CuPy is caught by the check below
                 with np.errstate(over="raise", invalid="raise", divide="raise"):
-                    state, _ = step_fn(state, batch, eps, cfg, model, **kwargs)
+                    state, _ = method.step(state, batch, noise, cfg, model, **kwargs)
             except FloatingPointError as err:
                 raise TrainingError(f"step {t} (epoch {epoch}): {err} in the step; the loss or "
-                                    "its gradient overflowed (lower alpha / beta or check the "
+                                    "its gradient overflowed (lower the step sizes or check the "
                                     "inputs)") from err
             bad = _finite(state)
             if bad:
                 raise TrainingError(f"step {t} (epoch {epoch}): non-finite values in "
                                     f"{', '.join(bad)}; the loss or its gradient overflowed "
-                                    "(lower alpha / beta or check the inputs)")
+                                    "(lower the step sizes or check the inputs)")
             if progress is not None:
                 progress(1)
         if callback is not None:

@@ -1,0 +1,232 @@
+"""Adam (Kingma and Ba 2015): a pure optimizer update, and the MAP / Adam training step.
+
+Implements (adam.1)-(adam.6) of derivations/bbb.md (section "Adam").
+Symbols: g (D,) the gradient handed to the optimizer; m, v (D,) the first and second moment
+estimates; t the number of updates already taken (the update being computed is number t + 1);
+alpha the step size, beta1, beta2 the moment decays, eps_adam the constant added to sqrt(v_hat).
+
+``adam_update`` is optax-style: it returns the step to ADD, delta = -alpha m_hat /
+(sqrt(v_hat) + eps_adam), and the new moments; it knows nothing about models or scaling. The
+same update drives Bayes-by-Backprop (on [mu; rho]) and MC dropout (on theta).
+
+``step`` is the MAP baseline the benchmarks compare VOGN against: one Adam update of theta on
+
+    F(theta) = (N / M) sum_{i in B} l_i(theta) + (1/2) sum_j lam_j theta_j^2,
+
+the summed-loss convention: the minibatch sum over the M rows of B is scaled by N / M (no Monte
+Carlo, S = 1 trivially; no tempering, tau = 1; no data augmentation, rho = 1), and the prior
+precision lam (a scalar or (D,); lam = 0 is plain Adam on the loss) enters unscaled.
+"""
+from __future__ import annotations
+
+import math
+import numbers
+from typing import Any, NamedTuple
+
+import numpy as np
+
+from refbayes._checks import check_array, check_float, check_in_range
+from refbayes.backend import xp_of
+from refbayes.methods._estimates import (
+    Batch,
+    check_batch,
+    check_model,
+    check_N,
+    check_t,
+)
+
+__all__ = [
+    "AdamConfig",
+    "AdamState",
+    "Batch",
+    "MAPConfig",
+    "MAPInfo",
+    "MAPState",
+    "adam_init",
+    "adam_update",
+    "init",
+    "step",
+]
+
+Array = Any
+
+
+class AdamConfig(NamedTuple):
+    """Hyperparameters; defaults are Kingma and Ba's (and optax's / PyTorch's)."""
+    alpha: float = 1e-3      # step size alpha > 0 (adam.4)
+    beta1: float = 0.9       # first-moment decay, in [0, 1) (adam.1)
+    beta2: float = 0.999     # second-moment decay, in [0, 1) (adam.2)
+    eps_adam: float = 1e-8   # > 0, added to sqrt(v_hat), outside the root (adam.4)
+
+
+class MAPConfig(NamedTuple):
+    """The MAP / Adam training problem for drivers: ``step(state, batch, cfg.adam, model, cfg.N,
+    cfg.lam)`` is its step (refbayes.methods.driver)."""
+    N: int                                # training-set size, scales minibatch sums by N / M (adam.5)
+    lam: Any = 0.0                        # prior precision, scalar or (D,), >= 0 (adam.5)
+    adam: AdamConfig = AdamConfig()       # the optimizer's hyperparameters (adam.1)-(adam.4)
+
+
+class AdamState(NamedTuple):
+    m: Array  # m_t, first-moment estimate, (D,), (adam.1)
+    v: Array  # v_t, second-moment estimate, (D,), >= 0, (adam.2)
+    t: int    # updates taken
+
+
+class MAPState(NamedTuple):
+    theta: Array      # theta_t, (D,), (adam.6)
+    adam: AdamState   # Adam moments of theta, (D,) each; adam.t is not read: t drives (adam.3)
+    t: int            # steps taken; drives the bias correction (adam.3)
+
+
+class MAPInfo(NamedTuple):
+    g_data: Array  # (N / M) sum_{i in B} grad l_i(theta_t), (D,)  (adam.5)
+    g: Array       # g_data + lam * theta_t, (D,)  (adam.5)
+    delta: Array   # -alpha m_hat / (sqrt(v_hat) + eps_adam), (D,)  (adam.4)
+    theta: Array   # theta_{t+1} = theta_t + delta, (D,)  (adam.6)
+
+
+# ----------------------------------------------------------------------------- checks
+
+def check_adam_config(cfg) -> tuple[float, float, float, float]:
+    """(alpha, beta1, beta2, eps_adam) as floats, each in its range."""
+    if not isinstance(cfg, AdamConfig):
+        raise ValueError(f"cfg: expected an AdamConfig, got {type(cfg).__name__}")
+    return check_adam_hyper(cfg.alpha, cfg.beta1, cfg.beta2, cfg.eps_adam)
+
+
+def check_adam_hyper(alpha, beta1, beta2, eps_adam) -> tuple[float, float, float, float]:
+    """The Adam ranges shared by every Adam-driven method: alpha > 0 finite, beta1, beta2 in
+    [0, 1), eps_adam > 0 finite (eps_adam = 0 makes the first step 0 / 0 where g = 0)."""
+    alpha = check_in_range(alpha, "alpha", 0.0, math.inf, low_open=True, high_open=True)
+    beta1 = check_in_range(beta1, "beta1", 0.0, 1.0, high_open=True)
+    beta2 = check_in_range(beta2, "beta2", 0.0, 1.0, high_open=True)
+    eps_adam = check_in_range(eps_adam, "eps_adam", 0.0, math.inf, low_open=True, high_open=True)
+    return alpha, beta1, beta2, eps_adam
+
+
+def check_adam_state(state, D: int, dtype, name: str = "state") -> int:
+    """An AdamState with (D,) moments of ``dtype``, v >= 0; returns its t."""
+    if not isinstance(state, AdamState):
+        raise ValueError(f"{name}: expected an AdamState, got {type(state).__name__}")
+    check_array(state.m, f"{name}.m", shape=(D,))
+    check_array(state.v, f"{name}.v", shape=(D,))
+    for field in ("m", "v"):
+        a = getattr(state, field)
+        if a.dtype != dtype:
+            raise ValueError(f"{name}.{field}: expected dtype {dtype}, got {a.dtype}")
+    if not bool(xp_of(state.v).all(state.v >= 0)):
+        raise ValueError(f"{name}.v: expected >= 0 everywhere (a second moment)")
+    return check_t(state.t)
+
+
+def check_lam(lam, D: int, dtype, *, strict: bool):
+    """The prior precision: a real scalar (returned as a Python float, so float32 stays float32)
+    or a (D,) array of ``dtype``; > 0 everywhere when ``strict``, else >= 0."""
+    what = "> 0" if strict else ">= 0"
+    if isinstance(lam, numbers.Real) and not isinstance(lam, bool):
+        lam = float(lam)
+        if not math.isfinite(lam) or (lam <= 0 if strict else lam < 0):
+            raise ValueError(f"lam: expected a finite prior precision {what}, got {lam}")
+        return lam
+    check_array(lam, "lam", shape=(D,))
+    check_float(lam, "lam")
+    if lam.dtype != dtype:
+        raise ValueError(f"lam: expected dtype {dtype} (the state's), got {lam.dtype}")
+    xp = xp_of(lam)
+    if not bool(xp.all(lam > 0) if strict else xp.all(lam >= 0)):
+        raise ValueError(f"lam: expected {what} everywhere, got min {float(lam.min())}")
+    return lam
+
+
+# ----------------------------------------------------------------------------- the optimizer
+
+def adam_init(D_or_like, dtype=np.float64) -> AdamState:
+    """Zero moments: ``adam_init(D)`` gives (D,) float64 NumPy arrays (``dtype`` to change it);
+    ``adam_init(x)`` for an array x (D,) gives moments of x's shape, dtype and backend."""
+    if isinstance(D_or_like, numbers.Integral) and not isinstance(D_or_like, bool):
+        if D_or_like < 1:
+            raise ValueError(f"D_or_like: expected D >= 1 or a (D,) array, got {D_or_like}")
+        if np.dtype(dtype) not in (np.float32, np.float64):
+            raise ValueError(f"dtype: expected float64 or float32, got {dtype}")
+        z = np.zeros(int(D_or_like), dtype=dtype)
+        return AdamState(z, z.copy(), 0)
+    check_array(D_or_like, "D_or_like", ndim=1)
+    check_float(D_or_like, "D_or_like")
+    xp = xp_of(D_or_like)
+    return AdamState(xp.zeros_like(D_or_like), xp.zeros_like(D_or_like), 0)
+
+
+def adam_update(grad, state: AdamState, cfg: AdamConfig) -> tuple[Array, AdamState]:
+    """(delta, new state) for the gradient ``grad`` (D,) of the objective being MINIMIZED.
+
+    m' = beta1 m + (1 - beta1) g  (adam.1);  v' = beta2 v + (1 - beta2) g^2  (adam.2);
+    m_hat = m' / (1 - beta1^(t+1)), v_hat = v' / (1 - beta2^(t+1))  (adam.3), exact bias
+    correction with t + 1 the 1-based count of this update;
+    delta = -alpha m_hat / (sqrt(v_hat) + eps_adam)  (adam.4), to be ADDED to the parameters.
+    """
+    alpha, beta1, beta2, eps = check_adam_config(cfg)
+    if not isinstance(state, AdamState):
+        raise ValueError(f"state: expected an AdamState, got {type(state).__name__}")
+    check_array(state.m, "state.m", ndim=1)
+    check_float(state.m, "state.m")
+    D = state.m.shape[0]
+    t = check_adam_state(state, D, state.m.dtype)
+    check_array(grad, "grad", shape=(D,))
+    if grad.dtype != state.m.dtype:
+        raise ValueError(f"grad: expected dtype {state.m.dtype} (the moments'), got {grad.dtype}")
+    xp = xp_of(grad, state.m, state.v)
+    return _adam(xp, grad, state, alpha, beta1, beta2, eps, t)
+
+
+def _adam(xp, g, state, alpha, beta1, beta2, eps, t):
+    """The unchecked update (adam.1)-(adam.4); shared with bbb and mc_dropout."""
+    m = beta1 * state.m + (1 - beta1) * g                  # (adam.1)
+    v = beta2 * state.v + (1 - beta2) * (g * g)            # (adam.2)
+    m_hat = m / (1 - beta1 ** (t + 1))                     # (adam.3)
+    v_hat = v / (1 - beta2 ** (t + 1))                     # (adam.3)
+    delta = -alpha * m_hat / (xp.sqrt(v_hat) + eps)        # (adam.4)
+    return delta, AdamState(m, v, t + 1)
+
+
+# ----------------------------------------------------------------------------- MAP / Adam
+
+def init(theta) -> MAPState:
+    """MAPState at theta (D,) with zero Adam moments."""
+    check_array(theta, "theta", ndim=1)
+    check_float(theta, "theta")
+    return MAPState(theta, adam_init(theta), 0)
+
+
+def _check_map_state(state) -> int:
+    if not isinstance(state, MAPState):
+        raise ValueError(f"state: expected a MAPState, got {type(state).__name__}")
+    check_array(state.theta, "state.theta", ndim=1)
+    check_float(state.theta, "state.theta")
+    D = state.theta.shape[0]
+    check_t(state.t)
+    check_adam_state(state.adam, D, state.theta.dtype, "state.adam")
+    return D
+
+
+def step(state: MAPState, batch, cfg: AdamConfig, model, N: int, lam) -> tuple[MAPState, MAPInfo]:
+    """One Adam step on F(theta) = (N / M) sum_{i in B} l_i(theta) + (1/2) sum_j lam_j theta_j^2.
+
+    batch: Batch(X_B (M, n_in), y_B (M,)); model: a refbayes.models model with D parameters;
+    N: training-set size (scales the minibatch sum by N / M); lam: prior precision (scalar or
+    (D,), >= 0). The gradient is ``model.grad`` (a summed backprop pass, no per-example rows).
+    """
+    D = _check_map_state(state)
+    dtype = state.theta.dtype
+    alpha, beta1, beta2, eps = check_adam_config(cfg)
+    N = check_N(N)
+    lam = check_lam(lam, D, dtype, strict=False)
+    check_model(model, D)
+    X, y, M = check_batch(batch, model, N, dtype)
+    xp = xp_of(state.theta, X, y)
+    theta = state.theta
+    g_data = (N / M) * model.grad(theta, X, y)                                # (adam.5)
+    g = g_data + lam * theta                                                  # (adam.5)
+    delta, adam = _adam(xp, g, state.adam, alpha, beta1, beta2, eps, state.t)  # (adam.1)-(adam.4)
+    theta_new = theta + delta                                                 # (adam.6)
+    return MAPState(theta_new, adam, state.t + 1), MAPInfo(g_data, g, delta, theta_new)

@@ -1,0 +1,250 @@
+"""MC dropout (Gal and Ghahramani 2016, "Dropout as a Bayesian Approximation"): dropout on the
+inputs and on every hidden layer's input, trained with Adam on the summed-loss form of the
+dropout objective, and the Monte Carlo predictive.
+
+Implements (mc_dropout.3)-(mc_dropout.8) of derivations/mc_dropout.md, on the masked network of
+refbayes.models.dropout ((mc_dropout.1)-(mc_dropout.2)) and Adam (adam.1)-(adam.4).
+Symbols: theta (D,) the weights M_k and biases b_k of an MLP (refbayes flat layout); p the
+dropout (DROP) probability, 1 - p the keep probability; l the prior length-scale, prior
+N(0, l^{-2} I) on every weight and bias; tau = ``noise_precision``, Gal's "model precision"
+(the Gaussian likelihood's noise precision; 1 for classification); masks z_k (M, n_k) drawn
+Bernoulli(1 - p) by the caller, one per example and layer input; s = 1 / (1 - p) with inverted
+dropout, 1 without.
+
+Objective (summed-loss convention, minimized; derivations/mc_dropout.md):
+
+    F(theta) = (N / M) sum_{i in B} l_i(theta; z_i) + (1/2) sum_j lam_j theta_j^2   (mc_dropout.3)
+
+with lam_j the prior precision of (mc_dropout.4): l^2 (1 - p) on weights without inverted
+dropout, l^2 / (1 - p) with it, l^2 on biases (0 with ``decay_biases=False``, Gal's code).
+N / M scales the minibatch sum (one mask draw per row, S = 1 per step); tau enters only
+through the likelihood inside l_i; no tempering, no data augmentation. Dividing F by N tau gives
+Gal's averaged objective with weight decay l^2 (1 - p) / (2 N tau) (``gal_weight_decay``).
+"""
+from __future__ import annotations
+
+import math
+from typing import Any, NamedTuple
+
+import numpy as np
+
+from refbayes._checks import check_array, check_float, check_in_range
+from refbayes.backend import xp_of
+from refbayes.methods._estimates import (
+    Batch,
+    check_batch,
+    check_model,
+    check_N,
+    check_t,
+)
+from refbayes.methods.adam import (
+    AdamState,
+    _adam,
+    adam_init,
+    check_adam_hyper,
+    check_adam_state,
+)
+from refbayes.models import _layers
+from refbayes.models.dropout import _forward, _inputs, _residual_pass
+from refbayes.models.likelihoods import Gaussian
+
+__all__ = [
+    "Batch",
+    "MCDropoutConfig",
+    "MCDropoutInfo",
+    "MCDropoutState",
+    "gal_weight_decay",
+    "init",
+    "predict_samples",
+    "predictive_log_likelihood",
+    "prior_precision",
+    "scale",
+    "step",
+]
+
+Array = Any
+
+
+class MCDropoutConfig(NamedTuple):
+    """Hyperparameters; defaults are those of Gal's UCI code (net/net.py: dropout 0.05,
+    lengthscale 1e-2, Keras Adam lr 1e-3) except eps_adam (derivations/mc_dropout.md)."""
+    N: int                       # training-set size, minibatch sums scaled by N / M (mc_dropout.3)
+    p: float = 0.05              # dropout (drop) probability, in [0, 1) (mc_dropout.1), (mc_dropout.4)
+    lengthscale: float = 1e-2    # prior length-scale l > 0, prior precision l^2 (mc_dropout.4)
+    noise_precision: float = 1.0  # Gal's tau: the Gaussian likelihood's precision, 1 otherwise (mc_dropout.5)
+    alpha: float = 1e-3          # Adam step size (adam.4)
+    beta1: float = 0.9           # (adam.1)
+    beta2: float = 0.999         # (adam.2)
+    eps_adam: float = 1e-8       # (adam.4)
+    inverted: bool = True        # scale kept units by 1 / (1 - p) (Keras, PyTorch) (mc_dropout.1)
+    decay_biases: bool = True    # biases get prior precision l^2 (derivation); False = Gal's code (mc_dropout.4)
+
+
+class MCDropoutState(NamedTuple):
+    theta: Array      # theta_t, (D,), (mc_dropout.6)
+    adam: AdamState   # Adam moments of theta, (D,) each, (adam.1)-(adam.2); adam.t is not read
+    t: int            # steps taken; drives the bias correction (adam.3)
+
+
+class MCDropoutInfo(NamedTuple):
+    f: Array        # masked outputs f_i(theta_t; z_i), (M, n_out)  (mc_dropout.1)
+    g_data: Array   # (N / M) sum_{i in B} grad l_i(theta_t; z_i), (D,)  (mc_dropout.2), (mc_dropout.5)
+    g: Array        # g_data + lam * theta_t, (D,)  (mc_dropout.5)
+    delta: Array    # Adam step, (D,)  (adam.4)
+    theta: Array    # theta_{t+1}, (D,)  (mc_dropout.6)
+
+
+# ----------------------------------------------------------------------------- checks
+
+def _check_cfg(cfg):
+    if not isinstance(cfg, MCDropoutConfig):
+        raise ValueError(f"cfg: expected an MCDropoutConfig, got {type(cfg).__name__}")
+    N = check_N(cfg.N)
+    p = check_in_range(cfg.p, "p", 0.0, 1.0, high_open=True)
+    ls = check_in_range(cfg.lengthscale, "lengthscale", 0.0, math.inf, low_open=True,
+                        high_open=True)
+    tau = check_in_range(cfg.noise_precision, "noise_precision", 0.0, math.inf, low_open=True,
+                         high_open=True)
+    hyper = check_adam_hyper(cfg.alpha, cfg.beta1, cfg.beta2, cfg.eps_adam)
+    for name in ("inverted", "decay_biases"):
+        if not isinstance(getattr(cfg, name), bool):
+            raise ValueError(f"{name}: expected True or False, got {getattr(cfg, name)!r}")
+    return N, p, ls, tau, hyper
+
+
+def _check_tau(model, tau):
+    """cfg.noise_precision must be the model's: tau enters the objective only through l_i."""
+    lik = model.likelihood
+    want = float(lik.noise_precision) if isinstance(lik, Gaussian) else 1.0
+    if tau != want:
+        where = ("the model's Gaussian noise_precision" if isinstance(lik, Gaussian)
+                 else f"1 for the {lik.name} likelihood (no model precision)")
+        raise ValueError(f"noise_precision: expected {want} ({where}), got {tau}")
+
+
+def _check_state(state) -> int:
+    if not isinstance(state, MCDropoutState):
+        raise ValueError(f"state: expected an MCDropoutState, got {type(state).__name__}")
+    check_array(state.theta, "state.theta", ndim=1)
+    check_float(state.theta, "state.theta")
+    D = state.theta.shape[0]
+    check_t(state.t)
+    check_adam_state(state.adam, D, state.theta.dtype, "state.adam")
+    return D
+
+
+# ----------------------------------------------------------------------------- the objective
+
+def scale(cfg: MCDropoutConfig) -> float:
+    """s = 1 / (1 - p) with inverted dropout, 1 without.  (mc_dropout.1)"""
+    _, p, *_ = _check_cfg(cfg)
+    return 1.0 / (1.0 - p) if cfg.inverted else 1.0
+
+
+def prior_precision(cfg: MCDropoutConfig, model, dtype=np.float64):
+    """lam (D,) of (mc_dropout.4), in theta's layout, NumPy (move it to the GPU explicitly):
+    weights l^2 (1 - p) (non-inverted) or l^2 / (1 - p) (inverted), biases l^2 or 0."""
+    _, p, ls, _, _ = _check_cfg(cfg)
+    if not hasattr(model, "sizes") or not hasattr(model, "bias"):
+        raise ValueError(f"model: expected a refbayes.models model, got {type(model).__name__}")
+    lam_W = ls * ls / (1.0 - p) if cfg.inverted else ls * ls * (1.0 - p)   # (mc_dropout.4)
+    lam_b = ls * ls if cfg.decay_biases else 0.0                            # (mc_dropout.4)
+    lay = _layers.layout(model.sizes, model.bias)
+    lam = np.full(lay.D, lam_W, dtype=dtype)
+    if model.bias:
+        for k, b0 in enumerate(lay.b_off):
+            lam[b0:b0 + model.sizes[k + 1]] = lam_b
+    return lam
+
+
+def gal_weight_decay(cfg: MCDropoutConfig) -> float:
+    """Gal's weight-decay coefficient of the AVERAGED objective (1/N) sum_n E_n + lambda ||W||^2:
+    lambda = l^2 (1 - p) / (2 N tau) (the ``reg`` of net/net.py), i.e. lam_W / (2 N tau) for the
+    non-inverted lam_W of (mc_dropout.4).  (mc_dropout.4)"""
+    N, p, ls, tau, _ = _check_cfg(cfg)
+    return ls * ls * (1.0 - p) / (2.0 * N * tau)
+
+
+# ----------------------------------------------------------------------------- state and step
+
+def init(theta) -> MCDropoutState:
+    """MCDropoutState at theta (D,) (e.g. ``model.init_theta(rng)``) with zero Adam moments."""
+    check_array(theta, "theta", ndim=1)
+    check_float(theta, "theta")
+    return MCDropoutState(theta, adam_init(theta), 0)
+
+
+def step(state: MCDropoutState, batch, masks, cfg: MCDropoutConfig,
+         model) -> tuple[MCDropoutState, MCDropoutInfo]:
+    """One Adam step on (mc_dropout.3) with the caller's masks: (mc_dropout.1)-(mc_dropout.6).
+
+    batch: Batch(X_B (M, n_in), y_B); masks: [z_0 (M, n_0), ..., z_{L-1} (M, n_{L-1})] in
+    {0, 1} (``refbayes.methods.driver.draw_masks``); model: an MLP (or any refbayes.models model) with D parameters
+    whose likelihood precision equals cfg.noise_precision. Deterministic given its inputs.
+    """
+    D = _check_state(state)
+    dtype = state.theta.dtype
+    N, p, _, tau, (alpha, beta1, beta2, eps_adam) = _check_cfg(cfg)
+    check_model(model, D)
+    _check_tau(model, tau)
+    X, y, M = check_batch(batch, model, N, dtype)
+    s = 1.0 / (1.0 - p) if cfg.inverted else 1.0                                  # (mc_dropout.1)
+    xp, theta, X, y, sz = _inputs(model, state.theta, X, y, masks, s)
+    lam = xp.asarray(prior_precision(cfg, model, dtype))                          # (mc_dropout.4)
+    inputs, deltas, f = _residual_pass(xp, model, theta, X, y, sz)                # (mc_dropout.1)-(mc_dropout.2)
+    g_data = (N / M) * _layers.summed_blocks(xp, inputs, deltas, model.bias)      # (mc_dropout.5)
+    g = g_data + lam * theta                                                      # (mc_dropout.5)
+    delta, adam = _adam(xp, g, state.adam, alpha, beta1, beta2, eps_adam, state.t)  # (adam.1)-(adam.4)
+    theta_new = theta + delta                                                     # (mc_dropout.6)
+    info = MCDropoutInfo(f, g_data, g, delta, theta_new)
+    return MCDropoutState(theta_new, adam, state.t + 1), info
+
+
+# ----------------------------------------------------------------------------- MC predictive
+
+def predict_samples(state: MCDropoutState, X, masks_list, cfg: MCDropoutConfig, model):
+    """F (S, n, n_out): F[s] = masked_forward(theta, X, masks_list[s]), the S stochastic forward
+    passes of the MC predictive (masks drawn Bernoulli(1 - p), one list per pass).  (mc_dropout.7)"""
+    _check_state(state)
+    _, p, _, _, _ = _check_cfg(cfg)
+    check_model(model, state.theta.shape[0])
+    if not isinstance(masks_list, (list, tuple)) or len(masks_list) < 1:
+        raise ValueError("masks_list: expected a non-empty list of mask lists (one per Monte "
+                         f"Carlo pass), got {type(masks_list).__name__}")
+    s = 1.0 / (1.0 - p) if cfg.inverted else 1.0
+    out = []
+    for k, masks in enumerate(masks_list):
+        try:
+            xp, theta, Xc, _, sz = _inputs(model, state.theta, X, None, masks, s, need_y=False)
+        except ValueError as err:
+            if str(err).startswith("masks"):
+                raise ValueError(f"masks_list[{k}]: {err}") from None
+            raise
+        out.append(_forward(xp, model, theta, Xc, sz)[3])                           # (mc_dropout.7)
+    return xp.stack(out)
+
+
+def predictive_log_likelihood(F, y, noise_precision: float):
+    """Per-point MC predictive log-likelihood (n,) for a Gaussian likelihood of precision tau:
+    log p(y_n | x_n) ~= logsumexp_s [ -tau/2 ||y_n - F[s, n]||^2 ] - log S + (K/2) log(tau / 2 pi),
+    Gal's test log-likelihood (its mean over n is the reported number).  (mc_dropout.8)
+
+    F: (S, n, K) or (S, n) forward passes (``predict_samples``); y: (n, K) or (n,). Everything
+    in one set of units: for targets standardized by (m_y, s_y), pass F * s_y + m_y, the raw y
+    and tau in raw units (tau_std / s_y^2).
+    """
+    xp = xp_of(F, y)
+    check_array(F, "F", ndim=(2, 3))
+    check_float(F, "F")
+    tau = check_in_range(noise_precision, "noise_precision", 0.0, math.inf, low_open=True,
+                         high_open=True)
+    S, n = F.shape[0], F.shape[1]
+    K = F.shape[2] if F.ndim == 3 else 1
+    check_array(y, "y", shape=(n, K) if F.ndim == 3 and y.ndim == 2 else (n,))
+    if F.ndim == 3 and y.ndim == 1 and K != 1:
+        raise ValueError(f"y: expected shape ({n}, {K}) for {K} outputs, got {tuple(y.shape)}")
+    r = F.reshape(S, n, K) - y.reshape(1, n, K).astype(F.dtype)
+    e = -0.5 * tau * (r * r).sum(axis=2)                                          # (S, n)
+    e_max = e.max(axis=0)
+    lse = e_max + xp.log(xp.exp(e - e_max).sum(axis=0))                           # logsumexp over s
+    return lse - math.log(S) + 0.5 * K * math.log(tau / (2.0 * math.pi))          # (mc_dropout.8)

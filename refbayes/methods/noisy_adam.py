@@ -1,0 +1,207 @@
+"""Noisy Adam: Adam with adaptive weight noise as mean-field Gaussian VI (Zhang, Sun, Duvenaud and
+Grosse 2018, "Noisy Natural Gradient as Variational Inference", arXiv:1712.02390, Algorithm 1).
+
+Implements (noisy_adam.3)-(noisy_adam.11) of derivations/noisy_adam.md.
+Symbols: mu (D,) mean; f (D,) running average of squared gradients (per-example scale, the
+diagonal Fisher estimate); m (D,) momentum; eta the prior PRECISION, p(w) = N(0, diag(eta)^{-1}),
+a scalar or (D,) (the paper's eta is the prior VARIANCE: eta_paper = 1 / eta); kl_weight the
+paper's lambda, the weight of the KL term; gamma_in = kl_weight eta / N the intrinsic damping,
+gamma_ex the extrinsic damping, gamma = gamma_in + gamma_ex; alpha, beta1, beta2 as in Adam.
+
+Scaling: the models' losses are SUMMED; Algorithm 1's "grad_w log p(y | x, w)" is the minibatch
+MEAN log-likelihood gradient, here in loss form g_hat = (1 / S) sum_s (1 / M) sum_i grad l_i(w_s)
+(noisy_adam.4). N enters through gamma_in and the variance (kl_weight / N) / (f + gamma_in)
+(noisy_adam.3); M through the minibatch means; S (columns of eps) through the Monte Carlo means
+(the paper uses S = 1). kl_weight is the paper's KL weighting (tempering of the prior side:
+kl_weight < 1 is the likelihood raised to the power 1 / kl_weight, up to the step size); no data
+augmentation (rho = 1).
+
+Sign: Algorithm 1 ascends the log-likelihood, mu <- mu + alpha m_hat with
+v = grad log p - gamma_in w; refbayes descends the loss, v = g_hat + gamma_in w,
+mu <- mu - alpha m_hat: the same iterates.
+The prior term is evaluated at the DRAWS w_s (Algorithm 1), not at mu (as Vadam does).
+"""
+from __future__ import annotations
+
+import math
+import numbers
+from typing import Any, NamedTuple
+
+from refbayes._checks import (
+    check_array,
+    check_float,
+    check_in_range,
+    check_positive,
+    check_same_dtype,
+)
+from refbayes.backend import xp_of
+from refbayes.methods._estimates import (
+    Batch,
+    check_batch,
+    check_model,
+    check_N,
+    check_t,
+)
+from refbayes.methods.vadam import (
+    SQUARES,
+    check_decay,
+    check_draws,
+    check_precision,
+    check_squares,
+    grad_moments,
+)
+
+__all__ = [
+    "SQUARES",
+    "Batch",
+    "NoisyAdamConfig",
+    "NoisyAdamInfo",
+    "NoisyAdamState",
+    "init",
+    "prec_diag",
+    "sample",
+    "step",
+]
+
+Array = Any
+
+
+class NoisyAdamConfig(NamedTuple):
+    """Hyperparameters. Algorithm 1 prints no values; the defaults are Adam's (alpha 1e-3, beta1
+    0.9, beta2 0.999) with the plain ELBO (kl_weight 1) and no extrinsic damping."""
+    N: int                       # training-set size: gamma_in = kl_weight eta / N (noisy_adam.2)
+    eta: Any                     # prior PRECISION > 0, float or (D,); paper: 1 / eta (noisy_adam.2)
+    alpha: float = 1e-3          # step size alpha > 0 (noisy_adam.10)
+    beta1: float = 0.9           # momentum decay, in [0, 1) (noisy_adam.6)
+    beta2: float = 0.999         # decay of f, in [0, 1) (noisy_adam.7)
+    kl_weight: float = 1.0       # lambda, KL weight > 0 (noisy_adam.1)-(noisy_adam.3)
+    gamma_ex: float = 0.0        # extrinsic damping >= 0, in the mean update only (noisy_adam.9)
+    squares: str = "minibatch"   # "minibatch" (Algorithm 1) | "per_example" (noisy_adam.7)
+
+
+class NoisyAdamState(NamedTuple):
+    mu: Array  # mu_k, (D,), (noisy_adam.10)
+    m: Array   # m_k, momentum average of v, (D,), (noisy_adam.6)
+    f: Array   # f_k >= 0, average of squared gradients (per-example scale), (D,), (noisy_adam.7)
+    t: int     # steps taken; the step being taken is Algorithm 1's k = t + 1 (noisy_adam.8)
+
+
+class NoisyAdamInfo(NamedTuple):
+    gamma_in: Any    # kl_weight eta / N, float or (D,)  (noisy_adam.2)
+    sigma: Array     # sqrt(kl_weight / N) / sqrt(f_k + gamma_in), (D,)  (noisy_adam.3)
+    w: Array         # w_s = mu + sigma eps_s, (D, S)  (noisy_adam.3), Algorithm 1 "w ~ N(...)"
+    g: Array         # minibatch-mean loss gradient at each draw, (S, D)  (noisy_adam.4)
+    g_hat: Array     # mean over draws of g, (D,)  (noisy_adam.4)
+    h_hat: Array     # squared-gradient estimate, (D,)  (noisy_adam.5)
+    v: Array         # g_hat + gamma_in mean_s(w_s), (D,)  (noisy_adam.5), Algorithm 1 "v <- ..."
+    m: Array         # m_{k}, (D,)  (noisy_adam.6)
+    f: Array         # f_{k}, (D,)  (noisy_adam.7)
+    m_tilde: Array   # m / (1 - beta1^k), (D,)  (noisy_adam.8)
+    m_hat: Array     # m_tilde / (f + gamma), (D,)  (noisy_adam.9)
+    mu: Array        # mu - alpha m_hat, (D,)  (noisy_adam.10)
+
+
+def _check_cfg(cfg, D, dtype):
+    if not isinstance(cfg, NoisyAdamConfig):
+        raise ValueError(f"cfg: expected a NoisyAdamConfig, got {type(cfg).__name__}")
+    N = check_N(cfg.N)
+    eta = check_precision(cfg.eta, "eta", D, dtype)
+    check_in_range(cfg.alpha, "alpha", 0.0, math.inf, low_open=True, high_open=True)
+    check_decay(cfg.beta1, "beta1")
+    check_decay(cfg.beta2, "beta2")
+    kl = check_in_range(cfg.kl_weight, "kl_weight", 0.0, math.inf, low_open=True, high_open=True)
+    check_in_range(cfg.gamma_ex, "gamma_ex", 0.0, math.inf, high_open=True)
+    check_squares(cfg.squares)
+    return N, eta, kl
+
+
+def _check_state(state):
+    if not isinstance(state, NoisyAdamState):
+        raise ValueError(f"state: expected a NoisyAdamState, got {type(state).__name__}")
+    check_array(state.mu, "state.mu", ndim=1)
+    check_float(state.mu, "state.mu")
+    D = state.mu.shape[0]
+    check_array(state.m, "state.m", shape=(D,))
+    check_array(state.f, "state.f", shape=(D,))
+    check_same_dtype({"state.mu": state.mu, "state.m": state.m, "state.f": state.f})
+    check_positive(state.f, "state.f", strict=False)
+    check_t(state.t)
+    return D
+
+
+def _sigma(xp, f, gamma_in, kl, N):
+    """sqrt(kl_weight / N) / sqrt(f + gamma_in): the std of q.  (noisy_adam.3)"""
+    return math.sqrt(kl / N) / xp.sqrt(f + gamma_in)  # (noisy_adam.3)
+
+
+def init(mu, f0=None) -> NoisyAdamState:
+    """NoisyAdamState at mean mu (D,), m = 0, f = f0 (a float >= 0 or (D,) >= 0; default 0, as
+    Adam's second moment), t = 0. With f0 = 0 the first draws have variance
+    (kl_weight / N) / gamma_in = 1 / eta, the prior's."""
+    check_array(mu, "mu", ndim=1)
+    check_float(mu, "mu")
+    xp = xp_of(mu)
+    D = mu.shape[0]
+    if f0 is None:
+        f = xp.zeros_like(mu)
+    elif isinstance(f0, numbers.Real) and not isinstance(f0, bool):
+        if not math.isfinite(f0) or f0 < 0:
+            raise ValueError(f"f0: expected a finite value >= 0, got {f0}")
+        f = xp.full(D, float(f0), dtype=mu.dtype)
+    else:
+        check_array(f0, "f0", shape=(D,))
+        check_same_dtype({"mu": mu, "f0": f0})
+        check_positive(f0, "f0", strict=False)
+        f = f0
+    return NoisyAdamState(mu, xp.zeros_like(mu), f, 0)
+
+
+def prec_diag(state: NoisyAdamState, cfg: NoisyAdamConfig):
+    """The precision of q, (N / kl_weight) (f + gamma_in) (D,).  (noisy_adam.11)"""
+    D = _check_state(state)
+    N, eta, kl = _check_cfg(cfg, D, state.mu.dtype)
+    return (N / kl) * (state.f + kl * eta / N)  # (noisy_adam.11)
+
+
+def sample(state: NoisyAdamState, eps, cfg: NoisyAdamConfig):
+    """w = mu + eps sqrt(kl_weight / N) / sqrt(f + gamma_in) (D, S) for eps (D, S).
+    (noisy_adam.3)"""
+    D = _check_state(state)
+    N, eta, kl = _check_cfg(cfg, D, state.mu.dtype)
+    check_draws(eps, D, state.mu.dtype)
+    xp = xp_of(state.mu, eps)
+    sigma = _sigma(xp, state.f, kl * eta / N, kl, N)  # (noisy_adam.3)
+    return state.mu[:, None] + sigma[:, None] * eps  # (noisy_adam.3)
+
+
+def step(state: NoisyAdamState, batch, eps, cfg: NoisyAdamConfig,
+         model) -> tuple[NoisyAdamState, NoisyAdamInfo]:
+    """One Noisy Adam step, Algorithm 1's loop body: (noisy_adam.2)-(noisy_adam.10).
+
+    batch: Batch(X_B (M, n_in), y_B (M,)); eps: (D, S) standard-normal draws; model: a
+    refbayes.models model with D parameters. Deterministic given its inputs.
+    """
+    D = _check_state(state)
+    xp = xp_of(state.mu, state.f)
+    dtype = state.mu.dtype
+    N, eta, kl = _check_cfg(cfg, D, dtype)
+    check_model(model, D)
+    X, y, _ = check_batch(batch, model, N, dtype)
+    S = check_draws(eps, D, dtype)
+    mu, k = state.mu, state.t + 1
+    beta1, beta2 = cfg.beta1, cfg.beta2
+    gamma_in = kl * eta / N                                                     # (noisy_adam.2)
+    gamma = gamma_in + cfg.gamma_ex                                             # (noisy_adam.2)
+    sigma = _sigma(xp, state.f, gamma_in, kl, N)                                # (noisy_adam.3)
+    w = mu[:, None] + sigma[:, None] * eps                                      # (noisy_adam.3)
+    g, g_hat, h_hat = grad_moments(model, w, X, y, cfg.squares)    # (noisy_adam.4)-(noisy_adam.5)
+    # NOTE: Algorithm 1 prints v <- grad log p(y|x,w) - gamma_in w (ascent); in loss form the
+    # prior term is +gamma_in w, averaged over the S draws.
+    v = g_hat + gamma_in * (w.sum(axis=1) / S)                                  # (noisy_adam.5)
+    m = beta1 * state.m + (1 - beta1) * v                                       # (noisy_adam.6)
+    f = beta2 * state.f + (1 - beta2) * h_hat                                   # (noisy_adam.7)
+    m_tilde = m / (1 - beta1 ** k)                                              # (noisy_adam.8)
+    m_hat = m_tilde / (f + gamma)                                               # (noisy_adam.9)
+    mu_new = mu - cfg.alpha * m_hat                                             # (noisy_adam.10)
+    info = NoisyAdamInfo(gamma_in, sigma, w, g, g_hat, h_hat, v, m, f, m_tilde, m_hat, mu_new)
+    return NoisyAdamState(mu_new, m, f, k), info

@@ -1,0 +1,122 @@
+"""The masked network of MC dropout (Gal and Ghahramani 2016): a FlatModel's forward pass,
+per-example losses and summed gradient with a dropout mask on the input of every layer.
+
+Implements (mc_dropout.1)-(mc_dropout.2) of derivations/mc_dropout.md on top of the layer
+machinery of refbayes.models._layers (unflatten, activations, per-layer gradient blocks).
+Symbols: layers k = 0, ..., L-1 with (W_k (n_k, n_{k+1}), b_k); a_0 = X (M, n_0); masks
+z_k (M, n_k) in {0, 1}, one row per example (the mask of layer k multiplies that layer's
+INPUT: z_0 drops input features, z_k for k >= 1 drops hidden units); s the scale, 1 / (1 - p)
+for inverted dropout or 1 for Gal's original (non-inverted) form. Then
+
+    a~_k = s * z_k * a_k,   h_k = a~_k W_k + b_k,   a_{k+1} = act(h_k) (k < L-1),   f = h_{L-1}.
+
+The loss is SUMMED over the M rows, l_i = -log p(y_i | f_i) with the model's likelihood; any
+N / M minibatch scaling is the caller's. Backprop carries the masks: with delta_k = dl/dh_k,
+delta_{k-1} = ((delta_k W_k^T) * s * z_k) * act'(a_k), and the gradient blocks are
+a~_k^T delta_k and 1^T delta_k, the usual ones with a~_k in place of a_k.
+"""
+from __future__ import annotations
+
+import math
+
+from refbayes._checks import check_array, check_in_range
+from refbayes.backend import xp_of
+from refbayes.models import _layers
+from refbayes.models.base import FlatModel
+
+__all__ = ["masked_forward", "masked_grad", "masked_per_example_grads",
+           "masked_per_example_losses"]
+
+
+def _check_model(model):
+    if not isinstance(model, FlatModel):
+        raise ValueError(f"model: expected a refbayes.models model, got {type(model).__name__}")
+    return model
+
+
+def check_masks(masks, model, M: int):
+    """masks: a list of L = model.n_layers arrays, masks[k] of shape (M, sizes[k]) holding only
+    0 and 1 (bool, integer or float dtype). Returns them unchanged."""
+    L = model.n_layers
+    if not isinstance(masks, (list, tuple)) or len(masks) != L:
+        got = f"{type(masks).__name__} of length {len(masks)}" if isinstance(
+            masks, (list, tuple)) else type(masks).__name__
+        raise ValueError(f"masks: expected a list of {L} arrays (one per layer input, shapes "
+                         f"{[(M, n) for n in model.sizes[:-1]]}), got {got}")
+    for k, z in enumerate(masks):
+        check_array(z, f"masks[{k}]", shape=(M, model.sizes[k]))
+        if not bool(xp_of(z).all((z == 0) | (z == 1))):
+            raise ValueError(f"masks[{k}]: expected binary values in {{0, 1}}, got other values")
+    return masks
+
+
+def check_scale(scale) -> float:
+    """The inverted-dropout factor 1 / (1 - p) >= 1, or 1 for non-inverted dropout."""
+    return check_in_range(scale, "scale", 1.0, math.inf, high_open=True)
+
+
+def _inputs(model, theta, X, y, masks, scale, need_y=True):
+    """xp, validated theta, X, y (canonical form), and the scaled masks s * z_k in theta's dtype."""
+    _check_model(model)
+    xp, theta, X, y = model._inputs(theta, X, y, need_y=need_y)
+    check_masks(masks, model, X.shape[0])
+    xp_of(theta, *masks)  # one backend
+    s = check_scale(scale)
+    return xp, theta, X, y, [z.astype(theta.dtype) * s for z in masks]
+
+
+def _forward(xp, model, theta, X, sz):
+    """(params, masked inputs [a~_0, ..., a~_{L-1}], hidden outputs [a_1, ..., a_{L-1}], f)."""
+    params = _layers.unflatten(theta, model.sizes, model.bias)
+    a, inputs, hidden = X, [], []
+    for k, (W, b) in enumerate(params):
+        a_t = a * sz[k]                             # a~_k = s z_k a_k  (mc_dropout.1)
+        inputs.append(a_t)
+        h = a_t @ W if b is None else a_t @ W + b   # (mc_dropout.1)
+        if k == len(params) - 1:
+            return params, inputs, hidden, h
+        a = _layers.activate(xp, h, model.activation)
+        hidden.append(a)
+
+
+def _backward(params, hidden, sz, r, activation):
+    """[delta_0, ..., delta_{L-1}] from delta_{L-1} = r: delta_{k-1} = ((delta_k W_k^T) s z_k)
+    act'(a_k).  (mc_dropout.2)"""
+    deltas = [r]
+    for k in range(len(params) - 1, 0, -1):
+        d_a = (deltas[-1] @ params[k][0].T) * sz[k]                            # (mc_dropout.2)
+        deltas.append(d_a * _layers.act_prime(hidden[k - 1], activation))      # (mc_dropout.2)
+    return deltas[::-1]
+
+
+def masked_forward(model, theta, X, masks, scale):
+    """f (M, n_out): the network output with masks[k] on the input of layer k.  (mc_dropout.1)"""
+    xp, theta, X, _, sz = _inputs(model, theta, X, None, masks, scale, need_y=False)
+    return _forward(xp, model, theta, X, sz)[3]
+
+
+def masked_per_example_losses(model, theta, X, y, masks, scale):
+    """l_i = -log p(y_i | f_i) (M,) at the masked outputs.  (mc_dropout.1)"""
+    xp, theta, X, y, sz = _inputs(model, theta, X, y, masks, scale)
+    return model.likelihood._losses(xp, _forward(xp, model, theta, X, sz)[3], y)
+
+
+def _residual_pass(xp, model, theta, X, y, sz):
+    """(masked inputs, deltas, f): one forward and one backward pass from r = dl/df."""
+    params, inputs, hidden, f = _forward(xp, model, theta, X, sz)
+    r = model.likelihood._grad_f(f, y)
+    return inputs, _backward(params, hidden, sz, r, model.activation), f
+
+
+def masked_grad(model, theta, X, y, masks, scale):
+    """sum_i dl_i/dtheta (D,) of the masked network, by one backprop pass.  (mc_dropout.2)"""
+    xp, theta, X, y, sz = _inputs(model, theta, X, y, masks, scale)
+    inputs, deltas, _ = _residual_pass(xp, model, theta, X, y, sz)
+    return _layers.summed_blocks(xp, inputs, deltas, model.bias)  # (mc_dropout.2)
+
+
+def masked_per_example_grads(model, theta, X, y, masks, scale):
+    """G (M, D), G[i] = dl_i/dtheta of the masked network, so G.sum(0) == masked_grad.  (mc_dropout.2)"""
+    xp, theta, X, y, sz = _inputs(model, theta, X, y, masks, scale)
+    inputs, deltas, _ = _residual_pass(xp, model, theta, X, y, sz)
+    return _layers.per_example_blocks(xp, inputs, deltas, model.bias)  # (mc_dropout.2)

@@ -1,0 +1,315 @@
+"""Vadam / Vprop (refbayes.methods.vadam) against a dense re-implementation of Fig. 1 of Khan et al.
+(2018), its reduction to the 2018 VOGN step, the errata of the issue's printed lines, and the fixed
+point on Bayesian linear regression."""
+import numpy as np
+import pytest
+
+from refbayes.backend import to_numpy
+from refbayes.datasets import make_logistic_regression
+from refbayes.methods import vadam
+from refbayes.models import MLP, LogisticRegression, add_intercept
+from tests.reference import vadam_dense as ref
+from tests.tolerances import EXACT_F32, EXACT_F64, assert_close
+
+N, P, M = 40, 5, 8
+D = P + 1
+LAM = np.array([1.0, 0.5, 2.0, 1.0, 0.3, 1e-2])
+# A fixed point reached to rounding: the recovery runs converge linearly to ~1e-15; 1e-8 is the
+# issue's bar for "converges to" (the same as ngvi's KL_CONVERGED).
+CONVERGED = 1e-8
+
+
+def _problem(seed=0):
+    s = make_logistic_regression(N, P, seed)
+    return s.X, s.y.astype(float), LogisticRegression(P)
+
+
+def _start(seed=1):
+    rng = np.random.default_rng(seed)
+    st = vadam.init(0.3 * rng.standard_normal(D), rng.uniform(0.0, 0.3, D))
+    return st._replace(m=0.1 * rng.standard_normal(D))
+
+
+def _batches(steps, S, seed=2):
+    rng = np.random.default_rng(seed)
+    return [(rng.permutation(N)[:M], rng.standard_normal((D, S))) for _ in range(steps)]
+
+
+@pytest.mark.parametrize("squares", ["minibatch", "per_example"])
+@pytest.mark.parametrize("sqrt", [True, False])
+@pytest.mark.parametrize("bias_correction", [True, False])
+@pytest.mark.parametrize("beta1", [0.0, 0.9])
+@pytest.mark.parametrize("S", [1, 3])
+def test_steps_match_dense(S, beta1, bias_correction, sqrt, squares):
+    X, y, model = _problem()
+    cfg = vadam.VadamConfig(N, LAM, alpha=0.05, beta1=beta1, beta2=0.8,
+                            bias_correction=bias_correction, squares=squares, sqrt=sqrt)
+    state = _start()
+    mu, m, s = state.mu, state.m, state.s
+    Xd = add_intercept(X)
+    for t, (idx, eps) in enumerate(_batches(4, S)):
+        state, info = vadam.step(state, vadam.Batch(X[idx], y[idx]), eps, cfg, model)
+        mu, m, s, theta = ref.vadam_step(mu, m, s, t, ref.logistic_grads(Xd[idx], y[idx]), eps,
+                                         N, LAM, 0.05, beta1, 0.8, bias_correction, squares, sqrt)
+        assert_close(info.theta, theta, EXACT_F64, f"draws, step {t}")
+        assert_close(state.m, m, EXACT_F64, f"m, step {t}")
+        assert_close(state.s, s, EXACT_F64, f"s, step {t}")
+        assert_close(state.mu, mu, EXACT_F64, f"mean, step {t}")
+    assert state.t == 4
+
+
+@pytest.mark.parametrize("squares", ["minibatch", "per_example"])
+def test_mlp_steps_match_autograd_dense(squares):
+    """A non-linear model: the dense step's per-example gradients come from autograd."""
+    rng = np.random.default_rng(5)
+    model = MLP([3, 4, 1], activation="tanh", likelihood="bernoulli")
+    X, y = rng.standard_normal((N, 3)), (rng.random(N) < 0.5).astype(float)
+    cfg = vadam.VadamConfig(N, 0.8, alpha=0.02, beta1=0.9, beta2=0.99, squares=squares)
+    state = vadam.init(model.init_theta(rng), 0.05)
+    mu, m, s = state.mu, state.m, state.s
+    for t in range(3):
+        idx, eps = rng.permutation(N)[:M], rng.standard_normal((model.D, 2))
+        state, _ = vadam.step(state, vadam.Batch(X[idx], y[idx]), eps, cfg, model)
+        mu, m, s, _ = ref.vadam_step(mu, m, s, t, ref.autograd_grads(model, X[idx], y[idx]), eps,
+                                     N, 0.8, 0.02, 0.9, 0.99, True, squares, True)
+        assert_close(state.s, s, EXACT_F64, f"s, step {t}")
+        assert_close(state.mu, mu, EXACT_F64, f"mean, step {t}")
+
+
+def test_scalar_prior_equals_constant_vector():
+    X, y, model = _problem()
+    (idx, eps), = _batches(1, 2)
+    a, _ = vadam.step(_start(), vadam.Batch(X[idx], y[idx]), eps, vadam.VadamConfig(N, 0.7), model)
+    b, _ = vadam.step(_start(), vadam.Batch(X[idx], y[idx]), eps,
+                      vadam.VadamConfig(N, np.full(D, 0.7)), model)
+    assert_close(a.mu, b.mu, EXACT_F64, "mean")
+    assert_close(a.s, b.s, EXACT_F64, "s")
+
+
+@pytest.mark.parametrize("S", [1, 2])
+def test_reduces_to_vogn_2018(S):
+    """(vadam.10): beta1 = 0, no bias correction, per-example squares and NO square root is the
+    2018 VOGN step with beta_t = 1 - beta2, alpha_t = alpha (a schedule: a new cfg per step)."""
+    X, y, model = _problem()
+    Xd = add_intercept(X)
+    state = _start()
+    mu, s = state.mu, state.s
+    for t, (idx, eps) in enumerate(_batches(5, S)):
+        alpha_t, beta_t = 0.3 / (1 + t), 0.2 / (1 + t) ** 0.51
+        cfg = vadam.VadamConfig(N, LAM, alpha=alpha_t, beta1=0.0, beta2=1 - beta_t,
+                                bias_correction=False, squares="per_example", sqrt=False)
+        state, info = vadam.step(state, vadam.Batch(X[idx], y[idx]), eps, cfg, model)
+        mu, s, theta = ref.vogn_2018_step(mu, s, ref.logistic_grads(Xd[idx], y[idx]), eps, N, LAM,
+                                          alpha_t, beta_t)
+        assert_close(info.theta, theta, EXACT_F64, f"draws, step {t}")
+        assert_close(state.s, s, EXACT_F64, f"s, step {t}")
+        assert_close(state.mu, mu, EXACT_F64, f"mean, step {t}")
+        assert_close(vadam.prec_diag(state, cfg), N * (s + LAM / N), EXACT_F64, "precision")
+
+
+def test_vprop_with_square_root_is_not_vogn():
+    """With sqrt=True (real Vprop) the same map does NOT give VOGN: the mean's denominator is
+    sqrt(s) + lam~ instead of s + lam~ (equal only where s is 0 or 1). The precision (and so the
+    draws) still agree, since s follows the same recursion."""
+    X, y, model = _problem()
+    Xd = add_intercept(X)
+    (idx, eps), = _batches(1, 1)
+    cfg = vadam.vprop_config(N, LAM, alpha=0.3, beta2=0.8, squares="per_example")
+    state, _ = vadam.step(_start(), vadam.Batch(X[idx], y[idx]), eps, cfg, model)
+    mu, s, _ = ref.vogn_2018_step(_start().mu, _start().s, ref.logistic_grads(Xd[idx], y[idx]),
+                                  eps, N, LAM, 0.3, 0.2)
+    assert_close(state.s, s, EXACT_F64, "s follows the same recursion")
+    diff = np.max(np.abs(state.mu - mu)) / np.max(np.abs(mu))
+    assert diff > 1e-2, diff
+
+
+def test_vprop_config_is_the_official_vprop():
+    """Vprop: no momentum, no bias correction of m or s, sqrt(s) + lam~ (emtiyaz/vadam `Vprop`)."""
+    cfg = vadam.vprop_config(N, LAM, alpha=0.01, beta2=0.9)
+    assert (cfg.beta1, cfg.bias_correction, cfg.sqrt, cfg.squares) == (0.0, False, True,
+                                                                       "minibatch")
+    X, y, model = _problem()
+    Xd = add_intercept(X)
+    state = _start()._replace(m=np.zeros(D))
+    mu, s = state.mu, state.s
+    for t, (idx, eps) in enumerate(_batches(3, 1)):
+        state, _ = vadam.step(state, vadam.Batch(X[idx], y[idx]), eps, cfg, model)
+        theta = mu[:, None] + eps / np.sqrt(N * s + LAM)[:, None]
+        G = ref.logistic_grads(Xd[idx], y[idx])(theta[:, 0])
+        g = G.mean(axis=0)
+        s = 0.9 * s + 0.1 * g * g
+        mu = mu - 0.01 * (g + LAM / N * mu) / (np.sqrt(s) + LAM / N)
+        assert_close(state.mu, mu, EXACT_F64, f"mean, step {t}")
+
+
+def _linear_regression(seed=3, tau=4.0, lam=None):
+    lam = np.ones(D) if lam is None else lam
+    rng = np.random.default_rng(seed)
+    X = rng.standard_normal((N, P))
+    y = X @ rng.standard_normal(P) + 0.5 * rng.standard_normal(N)
+    Xd = add_intercept(X)
+    post_mu = np.linalg.solve(tau * Xd.T @ Xd + np.diag(lam), tau * Xd.T @ y)
+    return X, y, Xd, MLP([P, 1], likelihood="gaussian", noise_precision=tau), post_mu
+
+
+@pytest.mark.parametrize("beta1", [0.0, 0.9])
+@pytest.mark.parametrize("squares, alpha", [("minibatch", 0.005), ("per_example", 0.05)])
+def test_fixed_point_on_linear_regression(squares, alpha, beta1):
+    """eps = 0, full batch: the mean converges to the posterior mean (= MAP) of Bayesian linear
+    regression (m = 0 iff g_hat + lam~ mu = 0), and s to the squared-gradient estimate AT that
+    mean, which is NOT the mean-field optimum tau diag(X~^T X~) + lam (derivations/vadam.md)."""
+    X, y, Xd, model, post_mu = _linear_regression()
+    cfg = vadam.VadamConfig(N, np.ones(D), alpha=alpha, beta1=beta1, beta2=0.9, squares=squares)
+    state = vadam.init(np.zeros(D))
+    for _ in range(2500):
+        state, _ = vadam.step(state, vadam.Batch(X, y), np.zeros((D, 1)), cfg, model)
+    assert_close(state.mu, post_mu, CONVERGED, "mean vs posterior mean")
+    G = ref.linear_gaussian_grads(Xd, y, 4.0)(post_mu)
+    s_star = G.mean(0) ** 2 if squares == "minibatch" else (G ** 2).mean(0)
+    assert_close(state.s, s_star, CONVERGED, "s vs squared gradients at the posterior mean")
+    mf_opt = 4.0 * np.sum(Xd ** 2, axis=0) + 1.0
+    gap = np.max(np.abs(vadam.prec_diag(state, cfg) - mf_opt) / mf_opt)
+    assert gap > 0.05, gap
+
+
+def test_erratum_eta_over_3_in_the_denominator():
+    """(E-vadam.1) The issue prints mu <- mu - alpha m^ / (sqrt(s^) + eta / 3); Fig. 1 and the
+    official code have sqrt(s^) + lam / N. The printed line fails the dense check."""
+    X, y, model = _problem()
+    Xd = add_intercept(X)
+    (idx, eps), = _batches(1, 1)
+    st = _start()
+    new, _ = vadam.step(st, vadam.Batch(X[idx], y[idx]), eps, vadam.VadamConfig(N, LAM), model)
+    args = (st.mu, st.m, st.s, 0, ref.logistic_grads(Xd[idx], y[idx]), eps, N, LAM, 1e-3, 0.9,
+            0.999)
+    derived, *_ = ref.vadam_step(*args)
+    printed, *_ = ref.vadam_step(*args, damping=LAM / 3)
+    assert_close(new.mu - st.mu, derived - st.mu, EXACT_F64, "derived line, the step")
+    step_err = np.max(np.abs((printed - st.mu) - (new.mu - st.mu))) / np.max(np.abs(new.mu - st.mu))
+    assert step_err > 1e-2, step_err
+
+
+def test_erratum_summed_gradient_scaling():
+    """(E-vadam.2) g must be the minibatch MEAN gradient ((1/M) sum_i), to match lam~ = lam / N.
+    Read as the summed minibatch gradient (refbayes' loss convention) with a full batch, the
+    fixed point is the posterior under the prior lam / N, not lam."""
+    _, y, Xd, _, post_mu = _linear_regression(lam=LAM)
+    grads = ref.linear_gaussian_grads(Xd, y, 4.0)
+    mu, m, s = np.zeros(D), np.zeros(D), np.zeros(D)
+    for t in range(1000):
+        mu, m, s, _ = ref.vadam_step(mu, m, s, t, grads, np.zeros((D, 1)), N, LAM, 0.05, 0.9,
+                                     0.9, squares="per_example", grad_scale=N)
+    wrong = np.linalg.solve(4.0 * Xd.T @ Xd + np.diag(LAM / N), 4.0 * Xd.T @ y)
+    assert_close(mu, wrong, CONVERGED, "printed reading converges to the lam / N posterior")
+    assert np.max(np.abs(mu - post_mu)) / np.max(np.abs(post_mu)) > 1e-3
+
+
+def test_info_contract_and_sampling():
+    X, y, model = _problem()
+    state = _start()
+    (idx, eps), = _batches(1, 3)
+    cfg = vadam.VadamConfig(N, LAM, squares="per_example")
+    new, info = vadam.step(state, vadam.Batch(X[idx], y[idx]), eps, cfg, model)
+    assert isinstance(new, vadam.VadamState) and new.t == 1
+    assert info.theta.shape == (D, 3) and info.g.shape == (3, D)
+    for name in ("sigma", "g_hat", "h_hat", "m", "s", "m_hat", "s_hat", "denom", "Delta_mu", "mu"):
+        assert getattr(info, name).shape == (D,), name
+        assert getattr(info, name).dtype == np.float64, name
+    assert_close(info.theta, vadam.sample(state, eps, cfg), EXACT_F64, "draws")
+    assert_close(info.mu, new.mu, EXACT_F64, "info.mu")
+    R = vadam.sample(state, np.eye(D), cfg) - state.mu[:, None]
+    assert_close(R @ R.T, np.diag(1 / vadam.prec_diag(state, cfg)), EXACT_F64,
+                 "sample is a root of diag(1 / (N s + lam))")
+    assert_close(info.m_hat, info.m / (1 - 0.9), EXACT_F64, "first-step bias correction")
+
+
+def test_init_prec_init_convention():
+    """The official init s0 = (prec_init - lam) / N gives precision prec_init."""
+    cfg = vadam.VadamConfig(N, LAM)
+    st = vadam.init(np.zeros(D), (10.0 - LAM) / N)
+    assert_close(vadam.prec_diag(st, cfg), np.full(D, 10.0), EXACT_F64, "initial precision")
+    assert_close(vadam.init(np.zeros(D)).s, np.zeros(D), EXACT_F64, "default s0 = 0")
+
+
+def test_float32_step_matches_float64():
+    X, y, model = _problem()
+    state = _start()
+    (idx, eps), = _batches(1, 2)
+    for squares in ("minibatch", "per_example"):
+        cfg = vadam.VadamConfig(N, LAM, alpha=0.05, squares=squares)
+        new64, _ = vadam.step(state, vadam.Batch(X[idx], y[idx]), eps, cfg, model)
+        s32 = vadam.VadamState(*[a.astype(np.float32) if hasattr(a, "dtype") else a
+                                 for a in state])
+        new32, info = vadam.step(s32, vadam.Batch(X[idx].astype(np.float32),
+                                                  y[idx].astype(np.float32)),
+                                 eps.astype(np.float32), cfg._replace(lam=LAM.astype(np.float32)),
+                                 model)
+        assert new32.mu.dtype == new32.s.dtype == info.theta.dtype == np.float32
+        assert_close(new32.s, new64.s, EXACT_F32, f"s ({squares})")
+        assert_close(new32.mu, new64.mu, EXACT_F32, f"mean ({squares})")
+
+
+_CFG = vadam.VadamConfig(N, LAM)
+_BAD = [
+    ({"cfg": _CFG._replace(beta1=1.0)}, "beta1: expected a value in"),
+    ({"cfg": _CFG._replace(beta2=-0.1)}, "beta2: expected a value in"),
+    ({"cfg": _CFG._replace(alpha=0.0)}, "alpha: expected a value in"),
+    ({"cfg": _CFG._replace(lam=-1.0)}, "lam: expected a finite prior precision > 0"),
+    ({"cfg": _CFG._replace(lam=np.zeros(D))}, "lam: expected > 0"),
+    ({"cfg": _CFG._replace(lam=np.ones(D + 1))}, r"lam: expected shape \(6\), got \(7,\)"),
+    ({"cfg": _CFG._replace(lam=np.ones(D, dtype=np.float32))}, "lam: expected dtype float64"),
+    ({"cfg": _CFG._replace(N=0)}, "N: expected an integer"),
+    ({"cfg": _CFG._replace(squares="fisher")}, "squares: expected one of"),
+    ({"cfg": _CFG._replace(sqrt=1)}, "sqrt: expected True or False"),
+    ({"cfg": _CFG._replace(bias_correction="yes")}, "bias_correction: expected True or False"),
+    ({"cfg": object()}, "cfg: expected a VadamConfig"),
+    ({"eps": None}, "eps: expected standard-normal draws"),
+    ({"eps": np.zeros((D + 1, 1))}, r"eps: expected shape \(D, S\)"),
+    ({"eps": np.zeros(D)}, "eps: expected 2 dimensions"),
+    ({"eps": np.zeros((D, 1), dtype=np.float32)}, "eps: expected dtype float64"),
+    ({"eps": np.full((D, 1), np.nan)}, "eps: expected finite values"),
+    ({"state": _start()._replace(s=-np.ones(D))}, "state.s: expected >= 0"),
+    ({"state": _start()._replace(t=-1)}, "state.t: expected a non-negative integer"),
+    ({"batch": vadam.Batch(np.ones((2, P)), np.array([1.0, -1.0]))}, "batch.y: expected binary"),
+    ({"model": MLP([P, 3, 1], likelihood="bernoulli")}, "model: expected a model with D"),
+]
+
+
+@pytest.mark.parametrize("over, match", _BAD, ids=[str(i) for i in range(len(_BAD))])
+def test_bad_input_raises(over, match):
+    X, y, model = _problem()
+    (idx, eps), = _batches(1, 1)
+    kw = {"state": _start(), "batch": vadam.Batch(X[idx], y[idx]), "eps": eps, "cfg": _CFG,
+          "model": model}
+    kw.update(over)
+    with pytest.raises(ValueError, match=match):
+        vadam.step(kw["state"], kw["batch"], kw["eps"], kw["cfg"], kw["model"])
+
+
+def test_init_rejects_bad_s0():
+    with pytest.raises(ValueError, match="s0: expected a finite value >= 0"):
+        vadam.init(np.zeros(3), -0.1)
+    with pytest.raises(ValueError, match="s0: expected >= 0"):
+        vadam.init(np.zeros(3), np.array([0.0, -1.0, 0.0]))
+    with pytest.raises(ValueError, match=r"s0: expected shape \(3\), got \(4,\)"):
+        vadam.init(np.zeros(3), np.zeros(4))
+
+
+@pytest.mark.parametrize("squares", ["minibatch", "per_example"])
+def test_step_on_each_backend_matches_dense(xp, squares):
+    """Two steps on NumPy and, where a GPU is present, CuPy arrays, against the NumPy oracle."""
+    X, y, model = _problem()
+    Xd = add_intercept(X)
+    st0 = _start()
+    state = vadam.VadamState(xp.asarray(st0.mu), xp.asarray(st0.m), xp.asarray(st0.s), 0)
+    cfg = vadam.VadamConfig(N, xp.asarray(LAM), alpha=0.05, squares=squares)
+    mu, m, s = st0.mu, st0.m, st0.s
+    for t, (idx, eps) in enumerate(_batches(2, 2)):
+        state, _ = vadam.step(state, vadam.Batch(xp.asarray(X[idx]), xp.asarray(y[idx])),
+                              xp.asarray(eps), cfg, model)
+        mu, m, s, _ = ref.vadam_step(mu, m, s, t, ref.logistic_grads(Xd[idx], y[idx]), eps, N,
+                                     LAM, 0.05, 0.9, 0.999, True, squares, True)
+    assert_close(to_numpy(state.s), s, EXACT_F64, "s")
+    assert_close(to_numpy(state.mu), mu, EXACT_F64, "mean")
+    assert_close(to_numpy(vadam.sample(state, xp.eye(D), cfg)) - mu[:, None],
+                 np.diag(1 / np.sqrt(N * s + LAM)), EXACT_F64, "sample")

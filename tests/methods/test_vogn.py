@@ -1,0 +1,462 @@
+"""VON / VOGN / OGN (refbayes.methods.vogn) against a dense re-implementation, the Khan et al.
+(2018) equations transcribed literally, the natural-gradient mean-field step of ngvi, the
+data-parallel split, and the closed-form Bayesian linear-regression optimum and MAP."""
+import numpy as np
+import pytest
+
+from refbayes.backend import cupy_available
+from refbayes.datasets import make_logistic_regression
+from refbayes.methods import ngvi, vogn
+from refbayes.models import MLP, LogisticRegression, add_intercept
+from tests.reference import vogn_dense as ref
+from tests.reference.per_example import spec_of
+from tests.tolerances import EXACT_F32, EXACT_F64, assert_close
+
+N, P, M = 40, 4, 6
+CONVERGED = 1e-8  # the issue's bar for "converges to the mean-field optimum / the MAP"
+
+
+def _rel(a, b):
+    return float(np.max(np.abs(a - b)) / np.max(np.abs(b)))
+
+
+def _logistic(seed=0):
+    s = make_logistic_regression(N, P, seed)
+    return s.X, s.y.astype(float), LogisticRegression(P)
+
+
+def _mlp(likelihood, seed=0):
+    rng = np.random.default_rng(seed)
+    X = rng.standard_normal((N, 3))
+    if likelihood == "gaussian":
+        y = np.sin(X.sum(axis=1)) + 0.1 * rng.standard_normal(N)
+        return X, y, MLP([3, 4, 1], activation="tanh", likelihood="gaussian", noise_precision=2.0)
+    return X, rng.integers(0, 3, N), MLP([3, 4, 3], activation="tanh", likelihood="categorical")
+
+
+def _problem(name):
+    return _logistic() if name == "logistic" else _mlp(name.split("-")[1])
+
+
+def _start(D, seed=1):
+    rng = np.random.default_rng(seed)
+    return vogn.init(0.3 * rng.standard_normal(D), rng.uniform(0.2, 1.0, D))
+
+
+def _batches(steps, D, S, seed=2):
+    rng = np.random.default_rng(seed)
+    return [(rng.permutation(N)[:M], rng.standard_normal((D, S))) for _ in range(steps)]
+
+
+_SETTINGS = {
+    "plain": {"alpha": 0.2, "beta1": 0.0, "beta2": 0.3},
+    "tempered": {"alpha": 0.2, "beta1": 0.6, "beta2": 0.3, "gamma": 0.01, "tau": 0.7, "rho": 2.0},
+}
+
+
+def _delta(setting, D):
+    return 0.8 if setting == "plain" else np.linspace(0.5, 2.0, D)
+
+
+# ----------------------------------------------------------------------------- step vs dense
+
+@pytest.mark.parametrize("draws", ["S=2", "ogn"])
+@pytest.mark.parametrize("setting", ["plain", "tempered"])
+@pytest.mark.parametrize("curvature", ["ef", "ggn"])
+@pytest.mark.parametrize("problem", ["logistic", "mlp-gaussian", "mlp-categorical"])
+def test_steps_match_dense(problem, curvature, setting, draws):
+    """Three consecutive steps against tests/reference/vogn_dense.py (autograd per-example loops)
+    with the same eps and minibatch: draws, s, m and mu to 1e-10."""
+    X, y, model = _problem(problem)
+    D = model.D
+    delta, hyper = _delta(setting, D), _SETTINGS[setting]
+    cfg = vogn.VOGNConfig(N, delta, curvature=curvature, **hyper)
+    state = _start(D)
+    mu, s, m = state.mu, state.s, state.m
+    spec = spec_of(model)
+    for t, (idx, eps) in enumerate(_batches(3, D, 2)):
+        e = None if draws == "ogn" else eps
+        state, info = vogn.step(state, vogn.Batch(X[idx], y[idx]), e, cfg, model)
+        est = ref.autograd_estimates(spec, X[idx], y[idx], curvature)
+        mu, s, m, theta = ref.vogn_step(mu, s, m, est, e, N, delta, **hyper)
+        assert_close(info.theta, theta, EXACT_F64, f"draws, step {t}")
+        assert_close(state.s, s, EXACT_F64, f"s, step {t}")
+        assert_close(state.m, m, EXACT_F64, f"m, step {t}")
+        assert_close(state.mu, mu, EXACT_F64, f"mu, step {t}")
+
+
+def test_info_contract_and_sampling():
+    X, y, model = _logistic()
+    D = model.D
+    state = _start(D)
+    (idx, eps), = _batches(1, D, 3)
+    cfg = vogn.VOGNConfig(N, 0.8, tau=0.5, rho=2.0, gamma=0.1)
+    new, info = vogn.step(state, vogn.Batch(X[idx], y[idx]), eps, cfg, model)
+    assert new.t == 1 and new.mu.dtype == np.float64
+    assert info.theta.shape == (D, 3) and info.g_k.shape == (3, D) and info.h_k.shape == (3, D)
+    for name in ("sigma", "g_hat", "h_hat", "m", "s", "prec_diag", "Delta_mu", "mu"):
+        assert getattr(info, name).shape == (D,), name
+    assert info.N_eff == 2 * N
+    assert_close(info.g_hat, info.g_k.mean(axis=0), EXACT_F64, "ghat = mean_k ghat_k")
+    assert_close(info.theta, vogn.sample(state, eps, cfg), EXACT_F64, "draws = sample")
+    assert_close(info.prec_diag, vogn.prec_diag(new, cfg), EXACT_F64, "prec_diag of the new state")
+    assert_close(info.sigma ** -2, vogn.prec_diag(state, cfg), EXACT_F64, "sigma^-2 = prec_diag")
+    R = vogn.sample(state, np.eye(D), cfg) - state.mu[:, None]
+    assert_close(R @ R.T, vogn.dense_covariance(state, cfg), EXACT_F64, "sigma is a root of Sigma")
+
+
+def test_ogn_is_the_step_at_the_mean():
+    """eps=None evaluates at mu: identical to one all-zero draw (vogn.10)."""
+    X, y, model = _logistic()
+    state = _start(model.D)
+    cfg = vogn.VOGNConfig(N, 0.8, curvature="ggn")
+    a, info = vogn.step(state, vogn.Batch(X[:M], y[:M]), None, cfg, model)
+    b, _ = vogn.step(state, vogn.Batch(X[:M], y[:M]), np.zeros((model.D, 1)), cfg, model)
+    assert info.theta.shape == (model.D, 1)
+    np.testing.assert_array_equal(info.theta[:, 0], state.mu)
+    np.testing.assert_array_equal(a.mu, b.mu)
+    np.testing.assert_array_equal(a.s, b.s)
+
+
+# ----------------------------------------------------------------------------- data parallel
+
+def _dp_step(state, parts, X, y, eps, cfg, model):
+    ests = [vogn.local_estimates(state, vogn.Batch(X[p], y[p]), eps, cfg, model) for p in parts]
+    g_hat, h_hat, M_all = vogn.allreduce(ests)
+    assert M_all == sum(len(p) for p in parts)
+    return vogn.apply(state, g_hat, h_hat, cfg)
+
+
+@pytest.mark.parametrize("sizes", [(3, 3), (1, 2, 3)], ids=["equal", "unequal"])
+@pytest.mark.parametrize("curvature", ["ef", "ggn"])
+def test_data_parallel_step_equals_one_worker(curvature, sizes):
+    """The minibatch split over workers with the same eps: apply(allreduce(local_estimates))
+    gives the one-worker step on the concatenated rows (vogn.6), equal and unequal splits."""
+    X, y, model = _mlp("categorical")
+    cfg = vogn.VOGNConfig(N, 0.8, alpha=0.1, beta1=0.9, beta2=0.5, tau=0.5, curvature=curvature)
+    one = many = _start(model.D)
+    for t, (idx, eps) in enumerate(_batches(3, model.D, 2)):
+        one, _ = vogn.step(one, vogn.Batch(X[idx], y[idx]), eps, cfg, model)
+        parts = np.split(idx, np.cumsum(sizes)[:-1])
+        many, info = _dp_step(many, parts, X, y, eps, cfg, model)
+        assert info.theta.shape == (model.D, 0)
+        for name in ("mu", "s", "m"):
+            assert_close(getattr(many, name), getattr(one, name), EXACT_F64, f"{name}, step {t}")
+
+
+def test_allreduce_weights_by_rows():
+    """Unequal rows: the plain mean of the workers' estimates is not the one-worker estimate,
+    the M-weighted mean is; with equal rows the two agree."""
+    X, y, model = _logistic()
+    state, cfg = _start(model.D), vogn.VOGNConfig(N, 0.8)
+    (idx, eps), = _batches(1, model.D, 2)
+    one = vogn.local_estimates(state, vogn.Batch(X[idx], y[idx]), eps, cfg, model)
+    for sizes, plain_agrees in (((1, 5), False), ((3, 3), True)):
+        parts = np.split(idx, np.cumsum(sizes)[:-1])
+        ests = [vogn.local_estimates(state, vogn.Batch(X[p], y[p]), eps, cfg, model)
+                for p in parts]
+        red = vogn.allreduce(ests)
+        assert red.M == M
+        assert_close(red.g_hat, one.g_hat, EXACT_F64, f"weighted ghat {sizes}")
+        assert_close(red.h_hat, one.h_hat, EXACT_F64, f"weighted hhat {sizes}")
+        plain = np.mean([e.h_hat for e in ests], axis=0)
+        assert (_rel(plain, one.h_hat) <= EXACT_F64) == plain_agrees, sizes
+
+
+# ----------------------------------------------------------------------------- special cases
+
+@pytest.mark.parametrize("curvature", ["hessian", "gn"])
+def test_von2018_literal_transcription(curvature):
+    """Khan et al. (2018) VON ("hessian") and VOGN ("gn": squared per-example gradients) as
+    printed equal the library with beta1 = 0, alpha = beta2 = beta, tau = rho = 1, gamma = 0,
+    curvature "ggn" / "ef" (vogn.11). Logistic regression, one draw, four steps."""
+    X, y, model = _logistic()
+    lam, beta = 0.8, 0.3
+    cfg = vogn.VOGNConfig(N, lam, alpha=beta, beta1=0.0, beta2=beta,
+                          curvature="ggn" if curvature == "hessian" else "ef")
+    state = _start(model.D)
+    mu, s = state.mu, state.s
+    for t, (idx, eps) in enumerate(_batches(4, model.D, 1)):
+        state, _ = vogn.step(state, vogn.Batch(X[idx], y[idx]), eps, cfg, model)
+        mu, s = ref.von2018_step(mu, s, add_intercept(X[idx]), y[idx], eps[:, 0], N, lam, beta,
+                                 curvature)
+        assert_close(state.s, s, EXACT_F64, f"s, step {t}")
+        assert_close(state.mu, mu, EXACT_F64, f"mu, step {t}")
+
+
+@pytest.mark.parametrize("pair", [("ggn", "hess"), ("ef", "ef")])
+def test_reduces_to_ngvi_meanfield(pair):
+    """tau = rho = 1, gamma = 0, beta1 = 0: VOGN is ngvi.step_meanfield with prec_diag =
+    N (s + delta / N), lam = delta, alpha, beta = beta2, no decay, no momentum, same eps (vogn.12).
+    For logistic regression the Hessian is the GGN."""
+    X, y, model = _logistic()
+    D = model.D
+    delta = np.linspace(0.5, 2.0, D)
+    cfg = vogn.VOGNConfig(N, delta, alpha=0.3, beta1=0.0, beta2=0.2, curvature=pair[0])
+    ncfg = ngvi.NGVIConfig(N, delta, alpha=0.3, beta=0.2, decay=0.0, curvature=pair[1])
+    state = _start(D)
+    mf = ngvi.init_meanfield(state.mu, N * (state.s + delta / N))
+    for t, (idx, eps) in enumerate(_batches(4, D, 2)):
+        state, _ = vogn.step(state, vogn.Batch(X[idx], y[idx]), eps, cfg, model)
+        mf, _ = ngvi.step_meanfield(mf, ngvi.Batch(X[idx], y[idx]), eps, ncfg, model)
+        assert_close(vogn.prec_diag(state, cfg), mf.prec_diag, EXACT_F64, f"precision, step {t}")
+        assert_close(state.mu, mf.mu, EXACT_F64, f"mean, step {t}")
+
+
+def _linear_regression(seed=3, noise=4.0):
+    rng = np.random.default_rng(seed)
+    X = rng.standard_normal((N, P))
+    y = X @ rng.standard_normal(P) + 0.5 * rng.standard_normal(N)
+    return X, y, noise
+
+
+def test_tempered_reduces_to_ngvi_via_noise():
+    """tau, rho != 1 on a Gaussian likelihood: VOGN("ggn") equals ngvi("hess") on the model with
+    noise precision rho tau_n / tau, prec_diag = (rho N / tau)(s + delta~) (vogn.12)."""
+    X, y, noise = _linear_regression()
+    tau, rho = 0.5, 3.0
+    model = MLP([P, 1], likelihood="gaussian", noise_precision=noise)
+    model_t = MLP([P, 1], likelihood="gaussian", noise_precision=rho * noise / tau)
+    D, delta = model.D, 0.7
+    cfg = vogn.VOGNConfig(N, delta, alpha=0.3, beta1=0.0, beta2=0.2, tau=tau, rho=rho,
+                          curvature="ggn")
+    ncfg = ngvi.NGVIConfig(N, np.full(D, delta), alpha=0.3, beta=0.2, decay=0.0, curvature="hess")
+    state = _start(D)
+    mf = ngvi.init_meanfield(state.mu, vogn.prec_diag(state, cfg))
+    for t, (idx, eps) in enumerate(_batches(4, D, 2)):
+        state, _ = vogn.step(state, vogn.Batch(X[idx], y[idx]), eps, cfg, model)
+        mf, _ = ngvi.step_meanfield(mf, ngvi.Batch(X[idx], y[idx]), eps, ncfg, model_t)
+        assert_close(vogn.prec_diag(state, cfg), mf.prec_diag, EXACT_F64, f"precision, step {t}")
+        assert_close(state.mu, mf.mu, EXACT_F64, f"mean, step {t}")
+
+
+def test_momentum_forms_are_a_reparameterisation():
+    """Printed heavy-ball m <- beta1 m + d with alpha equals the exponential-average form
+    m <- beta1 m + (1 - beta1) d with alpha / (1 - beta1) (the official code's grad_ema)."""
+    X, y, model = _logistic()
+    D, b1, alpha = model.D, 0.9, 0.02
+    cfg = vogn.VOGNConfig(N, 0.8, alpha=alpha, beta1=b1, beta2=0.3)
+    state = _start(D)
+    mu, s, m = state.mu, state.s, np.zeros(D)
+    spec = spec_of(model)
+    for t, (idx, eps) in enumerate(_batches(4, D, 1)):
+        state, _ = vogn.step(state, vogn.Batch(X[idx], y[idx]), eps, cfg, model)
+        est = ref.autograd_estimates(spec, X[idx], y[idx], "ef")
+        mu, s, m, _ = ref.vogn_step(mu, s, m, est, eps, N, 0.8, alpha / (1 - b1), b1, 0.3,
+                                    momentum="ema")
+        assert_close(state.mu, mu, EXACT_F64, f"mean, step {t}")
+
+
+# ----------------------------------------------------------------------------- known answers
+
+def _blr_optimum(X, y, noise, delta, tau=1.0, rho=1.0):
+    """Exact mean-field optimum of (vogn.1): prec_j = (rho tau_n / tau)(X~^T X~)_jj + delta_j,
+    mean = the tempered posterior mean (= the tempered MAP)."""
+    Xd = add_intercept(X)
+    c = rho * noise / tau
+    A = c * Xd.T @ Xd + np.diag(delta)
+    return np.linalg.solve(A, c * Xd.T @ y), np.diag(A)
+
+
+@pytest.mark.parametrize("beta1", [0.0, 0.5])
+@pytest.mark.parametrize("tau, rho", [(1.0, 1.0), (0.5, 2.0)])
+def test_von_converges_to_the_meanfield_optimum(tau, rho, beta1):
+    """Full batch, one draw eps = 0 (the gradient is linear in theta, so g(mu) = E_q[g]), GGN =
+    Hessian: the iteration converges to the exact mean-field optimum to 1e-8 (vogn.md)."""
+    X, y, noise = _linear_regression()
+    model = MLP([P, 1], likelihood="gaussian", noise_precision=noise)
+    D = model.D
+    delta = np.linspace(0.5, 2.0, D)
+    cfg = vogn.VOGNConfig(N, delta, alpha=0.5, beta1=beta1, beta2=0.5, tau=tau, rho=rho,
+                          curvature="ggn")
+    state, zero = vogn.init(np.zeros(D), np.ones(D)), np.zeros((D, 1))
+    for _ in range(400):
+        state, _ = vogn.step(state, vogn.Batch(X, y), zero, cfg, model)
+    mean, prec = _blr_optimum(X, y, noise, delta, tau, rho)
+    assert_close(vogn.prec_diag(state, cfg), prec, CONVERGED, "precision")
+    assert_close(state.mu, mean, CONVERGED, "mean")
+
+
+def test_ogn_converges_to_the_map():
+    """OGN (eps=None), Gauss-Newton curvature, momentum 0.9: mu -> (tau_n X~^T X~ + Lam)^{-1}
+    tau_n X~^T y to 1e-8."""
+    X, y, noise = _linear_regression()
+    model = MLP([P, 1], likelihood="gaussian", noise_precision=noise)
+    D = model.D
+    delta = np.linspace(0.5, 2.0, D)
+    cfg = vogn.VOGNConfig(N, delta, alpha=0.05, beta1=0.9, beta2=0.5, curvature="ggn")
+    state = vogn.init(np.zeros(D), np.ones(D))
+    for _ in range(400):
+        state, _ = vogn.step(state, vogn.Batch(X, y), None, cfg, model)
+    Xd = add_intercept(X)
+    MAP = np.linalg.solve(noise * Xd.T @ Xd + np.diag(delta), noise * Xd.T @ y)
+    assert_close(state.mu, MAP, CONVERGED, "MAP")
+
+
+# ----------------------------------------------------------------------------- errata
+
+def test_erratum_tempering_fixed_point():
+    """E-vogn.1: the printed pair sigma = (N (s + delta~))^{-1/2}, s <- (1 - tau beta2) s +
+    beta2 hhat, iterated on Bayesian linear regression with tau = 0.5, stops at precision
+    (N / tau) h + tau delta, not at the optimum's (N / tau) h + delta (its mean is right: only the
+    preconditioner differs); the library reaches the optimum. delta = 50 is the official ResNet-18 config's 1 / prior_variance."""
+    X, y, noise = _linear_regression()
+    tau, delta, D = 0.5, 50.0, P + 1
+    Xd = add_intercept(X)
+    est = ref.blr_estimates(Xd, y, noise)
+    mean, prec = _blr_optimum(X, y, noise, np.full(D, delta), tau)
+    mu, s, m, zero = np.zeros(D), np.ones(D), np.zeros(D), np.zeros((D, 1))
+    for _ in range(400):
+        mu, s, m, _ = ref.vogn_step(mu, s, m, est, zero, N, delta, 0.5, 0.0, 0.5, tau=tau,
+                                    printed=True)
+    prec_printed = N * (s + tau * delta / N)
+    h = noise * (Xd ** 2).sum(axis=0) / N
+    assert_close(prec_printed, N * h / tau + tau * delta, CONVERGED, "the printed fixed point")
+    assert _rel(prec_printed, prec) > 1e-2
+    assert_close(mu, mean, CONVERGED, "the printed mean line has the right fixed point")
+    cfg = vogn.VOGNConfig(N, delta, alpha=0.5, beta1=0.0, beta2=0.5, tau=tau, curvature="ggn")
+    state = vogn.init(np.zeros(D), np.ones(D))
+    model = MLP([P, 1], likelihood="gaussian", noise_precision=noise)
+    for _ in range(400):
+        state, _ = vogn.step(state, vogn.Batch(X, y), zero, cfg, model)
+    assert_close(vogn.prec_diag(state, cfg), prec, CONVERGED, "library precision")
+
+
+@pytest.mark.parametrize("tau", [1.0, 0.5])
+def test_erratum_tempering_step(tau):
+    """One step: the printed tempering lines equal the derived step at tau = 1 and differ from it
+    at tau = 0.5; the library is the derived step."""
+    X, y, model = _logistic()
+    D = model.D
+    state = _start(D)
+    (idx, eps), = _batches(1, D, 2)
+    cfg = vogn.VOGNConfig(N, 0.8, alpha=0.2, beta1=0.0, beta2=0.3, tau=tau)
+    new, _ = vogn.step(state, vogn.Batch(X[idx], y[idx]), eps, cfg, model)
+    est = ref.autograd_estimates(spec_of(model), X[idx], y[idx], "ef")
+    args = (state.mu, state.s, state.m, est, eps, N, 0.8, 0.2, 0.0, 0.3)
+    derived = ref.vogn_step(*args, tau=tau)
+    printed = ref.vogn_step(*args, tau=tau, printed=True)
+    assert_close(new.mu, derived[0], EXACT_F64, "library vs derived")
+    assert (_rel(printed[0], derived[0]) <= EXACT_F64) == (tau == 1.0)
+    if tau != 1.0:
+        assert _rel(printed[1], derived[1]) > 1e-2
+
+
+def test_printed_algorithm_is_a_shifted_damping():
+    """E-vogn.1, exactly: printed Algorithm 1 with (alpha, beta2, gamma, s_0) has the draws and
+    means of the library with (tau alpha, tau beta2, tau (gamma - (1 - tau) delta / N_eff),
+    tau s_0): the tempered step with the damping lowered by (1 - tau) delta / N_eff."""
+    X, y, model = _logistic()
+    D, tau, rho, delta, gamma = model.D, 0.5, 2.0, 2.0, 0.1
+    hyper = {"alpha": 0.2, "beta1": 0.5, "beta2": 0.3}
+    N_eff = rho * N
+    cfg = vogn.VOGNConfig(N, delta, alpha=tau * 0.2, beta1=0.5, beta2=tau * 0.3, tau=tau, rho=rho,
+                          gamma=tau * (gamma - (1 - tau) * delta / N_eff))
+    start = _start(D)
+    state = start._replace(s=tau * start.s)
+    mu, s, m = start.mu, start.s, start.m
+    spec = spec_of(model)
+    for t, (idx, eps) in enumerate(_batches(3, D, 2)):
+        state, info = vogn.step(state, vogn.Batch(X[idx], y[idx]), eps, cfg, model)
+        est = ref.autograd_estimates(spec, X[idx], y[idx], "ef")
+        mu, s, m, theta = ref.vogn_step(mu, s, m, est, eps, N, delta, **hyper, gamma=gamma,
+                                        tau=tau, rho=rho, printed=True)
+        assert_close(info.theta, theta, EXACT_F64, f"draws, step {t}")
+        assert_close(state.s, tau * s, EXACT_F64, f"s, step {t}")
+        assert_close(state.mu, mu, EXACT_F64, f"mu, step {t}")
+
+
+# ----------------------------------------------------------------------------- dtype, backend
+
+@pytest.mark.parametrize("curvature", ["ef", "ggn"])
+def test_float32_step_matches_float64(curvature):
+    X, y, model = _mlp("gaussian")
+    state = _start(model.D)
+    (idx, eps), = _batches(1, model.D, 2)
+    cfg = vogn.VOGNConfig(N, 0.8, alpha=0.1, beta2=0.3, tau=0.5, curvature=curvature)
+    new64, _ = vogn.step(state, vogn.Batch(X[idx], y[idx]), eps, cfg, model)
+    s32 = vogn.VOGNState(*[a.astype(np.float32) if hasattr(a, "dtype") else a for a in state])
+    new32, info32 = vogn.step(s32, vogn.Batch(X[idx].astype(np.float32),
+                                               y[idx].astype(np.float32)),
+                              eps.astype(np.float32), cfg, model)
+    assert new32.mu.dtype == np.float32 and info32.prec_diag.dtype == np.float32
+    assert_close(new32.s, new64.s, EXACT_F32, "s")
+    assert_close(new32.mu, new64.mu, EXACT_F32, "mu")
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not cupy_available(), reason="CuPy with a CUDA device is not available")
+@pytest.mark.parametrize("curvature", ["ef", "ggn"])
+def test_cupy_step_matches_numpy(curvature):
+    import cupy as cp
+    X, y, model = _mlp("categorical")
+    state = _start(model.D)
+    (idx, eps), = _batches(1, model.D, 2)
+    cfg = vogn.VOGNConfig(N, 0.8, alpha=0.1, beta2=0.3, tau=0.5, curvature=curvature)
+    new, _ = vogn.step(state, vogn.Batch(X[idx], y[idx]), eps, cfg, model)
+    gstate = vogn.VOGNState(*[cp.asarray(a) if hasattr(a, "dtype") else a for a in state])
+    gnew, _ = vogn.step(gstate, vogn.Batch(cp.asarray(X[idx]), cp.asarray(y[idx])),
+                        cp.asarray(eps), cfg, model)
+    assert isinstance(gnew.mu, cp.ndarray)
+    assert_close(gnew.mu, new.mu, EXACT_F64, "mu")
+    assert_close(gnew.s, new.s, EXACT_F64, "s")
+
+
+# ----------------------------------------------------------------------------- bad input
+
+_CFG = vogn.VOGNConfig(N, 0.8)
+_BAD = [
+    ({"cfg": _CFG._replace(N=0)}, "N: expected an integer in"),
+    ({"cfg": _CFG._replace(delta=0.0)}, "delta: expected a value in"),
+    ({"cfg": _CFG._replace(delta=np.ones(3))}, r"delta: expected shape \(5\)"),
+    ({"cfg": _CFG._replace(delta=-np.ones(P + 1))}, "delta: expected > 0"),
+    ({"cfg": _CFG._replace(alpha=0.0)}, "alpha: expected a value in"),
+    ({"cfg": _CFG._replace(beta1=1.0)}, "beta1: expected a value in"),
+    ({"cfg": _CFG._replace(beta2=0.0)}, "beta2: expected a value in"),
+    ({"cfg": _CFG._replace(beta2=1.5)}, "beta2: expected a value in"),
+    ({"cfg": _CFG._replace(gamma=-1e-3)}, "gamma: expected a value in"),
+    ({"cfg": _CFG._replace(tau=0.0)}, "tau: expected a value in"),
+    ({"cfg": _CFG._replace(rho=-1.0)}, "rho: expected a value in"),
+    ({"cfg": _CFG._replace(curvature="hess")}, "curvature: expected one of"),
+    ({"cfg": ngvi.NGVIConfig(N, np.ones(P + 1))}, "cfg: expected a VOGNConfig"),
+    ({"eps": np.ones((3, 1))}, r"eps: expected shape \(D, S\)"),
+    ({"eps": np.ones((P + 1, 1), dtype=np.float32)}, "eps: expected dtype float64"),
+    ({"eps": np.full((P + 1, 1), np.nan)}, "eps: expected finite"),
+    ({"batch": vogn.Batch(np.ones((2, P)), np.array([1.0, -1.0]))}, "batch.y: expected binary"),
+    ({"batch": vogn.Batch(np.ones((2, P)), np.ones(3))}, "batch.y: expected 2 rows"),
+    ({"model": MLP([P, 3, 1], likelihood="bernoulli")}, "model: expected a model with D"),
+    ({"state": vogn.VOGNState(np.zeros(P + 1), -np.ones(P + 1), np.zeros(P + 1), 0)},
+     "state.s: expected >= 0"),
+    ({"state": vogn.VOGNState(np.zeros(P + 1), np.ones(P + 1), np.zeros(P + 1), -1)},
+     "state.t: expected a non-negative integer"),
+]
+
+
+@pytest.mark.parametrize("over, match", _BAD, ids=[str(i) for i in range(len(_BAD))])
+def test_bad_input_raises(over, match):
+    X, y, model = _logistic()
+    (idx, eps), = _batches(1, model.D, 1)
+    kw = {"state": _start(model.D), "batch": vogn.Batch(X[idx], y[idx]), "eps": eps,
+          "cfg": _CFG, "model": model}
+    kw.update(over)
+    with pytest.raises(ValueError, match=match):
+        vogn.step(kw["state"], kw["batch"], kw["eps"], kw["cfg"], kw["model"])
+
+
+def test_bad_estimates_and_init_raise():
+    D = P + 1
+    e = vogn.Estimates(np.zeros(D), np.zeros(D), 3)
+    with pytest.raises(ValueError, match="estimates: expected a non-empty list"):
+        vogn.allreduce([])
+    with pytest.raises(ValueError, match=r"estimates\[1\].g_hat: expected shape"):
+        vogn.allreduce([e, vogn.Estimates(np.zeros(D + 1), np.zeros(D + 1), 3)])
+    with pytest.raises(ValueError, match=r"estimates\[0\].M: expected an integer in"):
+        vogn.allreduce([e._replace(M=0)])
+    with pytest.raises(ValueError, match="h_hat: expected shape"):
+        vogn.apply(_start(D), np.zeros(D), np.zeros(D + 1), _CFG)
+    with pytest.raises(ValueError, match="h_hat: expected >= 0"):
+        vogn.apply(_start(D), np.zeros(D), -np.ones(D), _CFG)
+    with pytest.raises(ValueError, match="s: expected >= 0"):
+        vogn.init(np.zeros(D), -np.ones(D))
+    with pytest.raises(ValueError, match="eps: expected an array"):
+        vogn.sample(_start(D), None, _CFG)
