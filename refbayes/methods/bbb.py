@@ -304,15 +304,15 @@ def step(state: BBBState, batch, eps, cfg: BBBConfig, model) -> tuple[BBBState, 
     c = N / (M * S)
     sigma = softplus(rho)                                                           # (bbb.1)
     theta = _draws(mu, sigma, eps)                                                  # (bbb.2)
-    cols = [xp.ascontiguousarray(theta[:, s]) for s in range(S)]
-    g = xp.stack([model.grad(th, X, y) for th in cols])                             # (bbb.4)
+    g = model.sample_moments(xp.ascontiguousarray(theta.T), X, y)[0]                # (bbb.4)
     g_hat = c * g.sum(axis=0)                                                       # (bbb.5)
     g_rho = c * (g * eps.T).sum(axis=0) * _sigmoid(xp, rho)                         # (bbb.6)
     kl = _kl(xp, mu, rho, lam)                                                      # (bbb.7)
     dkl_dmu, dkl_drho = _kl_grads(xp, mu, rho, lam)                                 # (bbb.8)
     grad_mu = g_hat + kl_weight * dkl_dmu                                           # (bbb.9)
     grad_rho = g_rho + kl_weight * dkl_drho                                         # (bbb.9)
-    loss_hat = c * sum(model.loss(th, X, y) for th in cols)                         # (bbb.3)
+    loss_hat = c * sum(model.loss(xp.ascontiguousarray(theta[:, s]), X, y)
+                       for s in range(S))                                           # (bbb.3)
     elbo = -(loss_hat + kl_weight * kl)                                             # (bbb.3)
     delta, adam = _adam(xp, xp.concatenate([grad_mu, grad_rho]), state.adam,
                         alpha, beta1, beta2, eps_adam, state.t)                     # (adam.1)-(adam.4)

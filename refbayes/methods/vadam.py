@@ -19,7 +19,8 @@ squares (vadam.5). No tempering (tau = 1), no data augmentation (rho = 1).
 Squares (vadam.5): "minibatch" = (1 / S) sum_s g_hat_s^2, the square of each draw's minibatch-mean
 gradient averaged over the draws (the paper's Vadam and the official code); "per_example" =
 (1 / (S M)) sum_s sum_i g_{s,i}^2 (Khan et al.'s "Gauss-Newton" VOGN estimate). Only "per_example"
-forms per-example gradients; "minibatch" calls model.grad once per draw.
+sums squared per-example gradients (model.sample_moments, no (M, D) rows); "minibatch" squares
+the minibatch gradients.
 
 Vprop (`vprop_config`) is Vadam with beta1 = 0 and no bias correction. With additionally
 sqrt=False and squares="per_example", a Vadam step IS the 2018 VOGN step (vadam.10) under
@@ -46,7 +47,6 @@ from refbayes.methods._estimates import (
     check_model,
     check_N,
     check_t,
-    per_example_grads,
 )
 
 __all__ = [
@@ -197,13 +197,13 @@ def grad_moments(model, theta, X, y, squares: str):
     """
     xp = xp_of(theta)
     S, M = theta.shape[1], X.shape[0]
+    # one batched pass over the S draws; sums of squared per-example rows without forming them
+    g_sum, sq_sum = model.sample_moments(xp.ascontiguousarray(theta.T), X, y,
+                                         "ef" if squares == "per_example" else None)
+    g = g_sum / M                                               # (vadam.4)
     if squares == "per_example":
-        G = per_example_grads(model, theta, X, y)              # (S, M, D)
-        g = G.sum(axis=1) / M                                   # (vadam.4)
-        h_hat = (G * G).sum(axis=(0, 1)) / (S * M)              # (vadam.5)
+        h_hat = sq_sum.sum(axis=0) / (S * M)                    # (vadam.5)
     else:
-        g = xp.stack([model.grad(xp.ascontiguousarray(theta[:, k]), X, y)
-                      for k in range(S)]) / M                   # (vadam.4)
         h_hat = (g * g).sum(axis=0) / S                         # (vadam.5)
     return g, g.sum(axis=0) / S, h_hat                          # (vadam.4)
 

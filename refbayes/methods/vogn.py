@@ -69,7 +69,6 @@ from refbayes.methods._estimates import (
     check_model,
     check_N,
     check_t,
-    per_example_grads,
 )
 
 __all__ = [
@@ -275,23 +274,12 @@ def dense_covariance(state: VOGNState, cfg: VOGNConfig):
 def _per_sample(model, theta, X, y, curvature: str):
     """(ghat_k (S, D), hhat_k (S, D)) at the draws theta (D, S) on the M rows.  (vogn.5)
 
-    "ef": from the per-example gradients G (M, D) of each draw (sum of rows and of squared rows);
-    "ggn": model.grad and model.diag_ggn (both sums over the rows). Divided by M here.
+    One batched pass of the model over the S draws (model.sample_moments): "ef" sums the squared
+    per-example gradients without forming the (M, D) rows (peg.11), "ggn" the diagonal GGN
+    (peg.9)-(peg.10); both sums over the rows, divided by M here.
     """
-    xp = xp_of(theta)
-    S, M = theta.shape[1], X.shape[0]
-    g_k = xp.empty((S, theta.shape[0]), dtype=theta.dtype)
-    h_k = xp.empty_like(g_k)
-    for k in range(S):
-        if curvature == "ef":
-            G = per_example_grads(model, theta[:, k:k + 1], X, y)[0]  # g_{k,i}, (M, D)
-            g_k[k] = G.sum(axis=0)
-            h_k[k] = xp.einsum("id,id->d", G, G)  # sum_i g_{k,i}^2, no (M, D) temporary
-        else:
-            th = xp.ascontiguousarray(theta[:, k])
-            g_k[k] = model.grad(th, X, y)
-            h_k[k] = model.diag_ggn(th, X, y)
-    return g_k / M, h_k / M  # (vogn.5)
+    g, h = model.sample_moments(xp_of(theta).ascontiguousarray(theta.T), X, y, curvature)
+    return g / X.shape[0], h / X.shape[0]  # (vogn.5)
 
 
 def _local(state, batch, eps, cfg, model):

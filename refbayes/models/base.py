@@ -279,6 +279,44 @@ class FlatModel:
         acts, deltas = self._residual_pass(xp, theta, X, y)
         return _layers.sum_sq_blocks(xp, acts, [d * d for d in deltas], self.bias)  # (peg.11)
 
+    def sample_moments(self, thetas, X, y, curvature=None):
+        """(g (S, D), h (S, D) or None) for S parameter vectors thetas (S, D) in one batched pass:
+        g[s] = sum_i dl_i/dtheta at theta_s (peg.6), and with curvature="ef" h[s] = sum_i g_i^2
+        (peg.11) or with curvature="ggn" h[s] = diag(sum_i J_i^T H_i J_i) (peg.9)-(peg.10).
+
+        Equal to S calls of ``grad`` and ``diag_ef`` / ``diag_ggn``; one matmul per layer for all S
+        vectors (Monte Carlo samples) instead of a Python loop, and no (M, D) rows.
+        """
+        if curvature not in (None, "ef", "ggn"):
+            raise ValueError(f"curvature: expected None, 'ef' or 'ggn', got {curvature!r}")
+        check_array(thetas, "thetas", ndim=2)
+        S = thetas.shape[0]
+        if S < 1 or thetas.shape[1] != self.D:
+            raise ValueError(f"thetas: expected shape (S >= 1, {self.D}), got {tuple(thetas.shape)}")
+        xp, _, X, y = self._inputs(thetas[0], X, y)
+        check_float(thetas, "thetas")
+        check_same_dtype({"thetas": thetas, "X": X})
+        params = _layers.unflatten_batched(thetas, self.sizes, self.bias)
+        acts, f = _layers.forward_batched(xp, params, X, self.activation)
+        M, K = X.shape[0], f.shape[-1]
+        lik = self.likelihood
+        yy = xp.concatenate([y] * S) if S > 1 else y
+        r = lik._grad_f(f.reshape(S * M, K), yy).reshape(S, M, K)  # (peg.2)
+        deltas = _layers.backward_batched(xp, params, acts, r, self.activation)
+        g = _layers.summed_blocks_batched(xp, acts, deltas, self.bias)  # (peg.6)
+        if curvature is None:
+            return g, None
+        if curvature == "ef":
+            return g, _layers.sum_sq_blocks_batched(xp, acts, [d * d for d in deltas],
+                                                    self.bias)  # (peg.11)
+        C = lik._hess_factor(f.reshape(S * M, K), yy)  # H_i = C_i C_i^T, (S M, K, R)
+        e = None
+        for q in range(C.shape[2]):  # one backprop per factor column (peg.9)
+            seed = C[:, :, q].reshape(S, M, K)
+            dq = _layers.backward_batched(xp, params, acts, seed, self.activation)
+            e = [d * d for d in dq] if e is None else [a + d * d for a, d in zip(e, dq)]
+        return g, _layers.sum_sq_blocks_batched(xp, acts, e, self.bias)  # (peg.10)
+
     def kfac_factors(self, theta, X, y):
         """[KFACLayer(a=a_{l-1} (M, n_{l-1}), g=g_l (M, n_l))] for l = 1..L. (peg.12)
 

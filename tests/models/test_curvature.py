@@ -101,3 +101,36 @@ def test_gaussian_ggn_is_hessian_of_linearized_model(case):
     lin = MLP([D, 1], likelihood="gaussian", noise_precision=model.likelihood.noise_precision)
     H_lin = lin.hessian(np.zeros(D + 1), J.reshape(M * K, D), np.zeros(M * K))
     assert_close(model.ggn(theta, X, y), H_lin[:D, :D], EXACT_F64, "gaussian GGN vs linear-model Hessian")
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("case", CASES, ids=ids(CASES))
+def test_sample_moments_batched_over_parameter_vectors(case, dtype, xp):
+    """sample_moments at S = 3 parameter vectors in one batched pass: row s of g is
+    sum_i g_i(theta_s), of h_ef sum_i g_i(theta_s)^2, of h_ggn diag GGN(theta_s), each against the
+    autograd per-example loop / dense GGN oracle at that theta_s (peg.6), (peg.9)-(peg.11)."""
+    spec = ref.spec_of(case.model)
+    rows = [batch(case, seed=s) for s in range(3)]
+    _, X, y = rows[0]
+    thetas = np.stack([r[0] for r in rows])
+    G = [ref.per_example_grads_loop(spec, th, X, y) for th in thetas]
+    args = (xp.asarray(thetas.astype(dtype)), xp.asarray(X.astype(dtype)), xp.asarray(y))
+    g, none = case.model.sample_moments(*args)
+    assert none is None and g.dtype == dtype and g.shape == (3, case.model.D)
+    assert_close(g, np.stack([Gs.sum(0) for Gs in G]), exact(dtype), "sum_i g_i per theta_s")
+    _, h_ef = case.model.sample_moments(*args, curvature="ef")
+    assert_close(h_ef, np.stack([(Gs ** 2).sum(0) for Gs in G]), exact(dtype), "sum_i g_i^2")
+    _, h_ggn = case.model.sample_moments(*args, curvature="ggn")
+    assert_close(h_ggn, np.stack([np.diag(ref.ggn_oracle(spec, th, X, y)) for th in thetas]),
+                 exact(dtype), "diag GGN per theta_s")
+
+
+def test_sample_moments_rejects_bad_input():
+    model = MLP([3, 4, 1])
+    X, y = np.zeros((5, 3)), np.zeros(5)
+    with pytest.raises(ValueError, match="thetas: expected shape"):
+        model.sample_moments(np.zeros((2, model.D + 1)), X, y)
+    with pytest.raises(ValueError, match="curvature: expected None, 'ef' or 'ggn'"):
+        model.sample_moments(np.zeros((2, model.D)), X, y, curvature="hess")
+    with pytest.raises(ValueError, match="thetas"):
+        model.sample_moments(np.full((2, model.D), np.nan), X, y)
