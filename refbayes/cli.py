@@ -94,6 +94,23 @@ def _add_experiments(sub) -> None:
         p.set_defaults(_handler=module.run)
 
 
+def _add_uci(sub) -> None:
+    """`reproduce uci`: its module keeps ``run`` for the library call (method, dataset, ...) and
+    takes the parsed arguments in ``main``, so it is wired here rather than through EXPERIMENTS."""
+    from refbayes import experiments
+    if "uci" in experiments.EXPERIMENTS:
+        return
+    try:
+        from refbayes.experiments import uci
+    except ImportError as err:
+        p = sub.add_parser("uci", help=f"(unavailable: {err})")
+        p.set_defaults(_handler=_unavailable("uci", err))
+        return
+    p = sub.add_parser("uci", help=uci.DESCRIPTION, description=uci.DESCRIPTION)
+    uci.add_arguments(p)
+    p.set_defaults(_handler=uci.main)
+
+
 def _add_data(sub) -> None:
     data = sub.add_parser("data", help="list, fetch or verify the benchmark datasets",
                           description="Benchmark data; the directory is --data-dir, else "
@@ -142,6 +159,7 @@ def build_parser(load_experiments: bool = True, load_trace: bool = True) -> argp
     rsub = rep.add_subparsers(dest="experiment", metavar="EXPERIMENT", required=True)
     if load_experiments:
         _add_experiments(rsub)
+        _add_uci(rsub)
     _add_trace(sub, load_trace)
     return parser
 

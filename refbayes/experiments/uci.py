@@ -1,0 +1,550 @@
+"""The UCI regression benchmark (Hernandez-Lobato & Adams 2015; Gal & Ghahramani 2016).
+
+Protocol, per method, dataset and split (the standard splits: 20, 5 for protein):
+
+1. Load the split (refbayes.datasets.load_uci); non-finite inputs or targets are an error.
+2. Validation phase: the last 20% of the training rows are the validation part (Gal's
+   ``int(0.8 n)`` cut, refbayes.datasets.validation_split); inputs and targets are standardized
+   with the statistics of the remaining 80% only (refbayes.datasets.fit_standardizer: mean and
+   population std; the official SLANG code uses the n - 1 std, Gal's the population one). Every
+   point of the method's grid (refbayes.experiments.uci_methods) is trained on the 80% and
+   scored by the mean validation log-likelihood in the original units; the best one wins (the
+   first in grid order on a tie). The test rows are never read in this phase.
+3. Final phase: the chosen hyperparameters are trained again on the whole training split,
+   standardized with its own statistics, and scored on the test rows.
+
+Network: one hidden layer of 50 ReLU units (100 for protein), one linear output,
+``MLP([p, H, 1], "relu", "gaussian", noise_precision=tau)``, tau on the standardized scale.
+
+Metrics, from F (S, n): the network outputs at S posterior draws on standardized inputs, and
+the target statistics (m_y, s_y) of the rows trained on:
+
+  RMSE = sqrt( mean_i (y_i - (m_y + s_y mean_s F[s, i]))^2 )                             (uci.1)
+  LL   = mean_i [ logsumexp_s log N(y_i | m_y + s_y F[s, i], s_y^2 / tau) - log S ]        (uci.2)
+
+Derivation of (uci.2): the model's predictive for the standardized target y~ = (y - m_y) / s_y
+is the mixture p~(y~ | x) = (1/S) sum_s N(y~ | F[s], 1 / tau). y = m_y + s_y y~ is an affine
+map, so p(y | x) = p~((y - m_y) / s_y | x) / s_y (the Jacobian dy~/dy = 1 / s_y), and
+N((y - m_y) / s_y | f, 1 / tau) / s_y = N(y | m_y + s_y f, s_y^2 / tau). Hence
+
+  log p(y | x) = logsumexp_s [ -1/2 log(2 pi / tau) - tau (y~ - F[s])^2 / 2 ] - log S - log s_y,
+
+the standardized-scale log-likelihood minus log s_y. ``predictive_ll`` evaluates the first
+form of (uci.2) with scipy.special.logsumexp. Reported: mean +- standard error (sample std with
+ddof = 1, over sqrt(n)) over the splits done; the SLANG repository's table used ddof = 0.
+
+Randomness: one numpy Generator per (dataset, split, phase, grid point), from
+SeedSequence([seed, dataset index in UCI_NAMES, split, phase (0 validation, 1 final), point]),
+spawned into a training and a prediction stream; so a split's numbers do not depend on which
+other splits ran before it, and a resumed run gives the numbers of an uninterrupted one.
+
+Output (``out``, default results/uci): ``<method>/<dataset>/split_<k>.json`` written atomically
+when split k finishes (settings, chosen hyperparameters, every validation score, test RMSE and
+LL, timings); a finished split whose settings match is loaded, not recomputed; other settings
+stop the run (ValueError) unless ``fresh``. ``<method>/<dataset>/summary.{csv,json}`` (per
+split and mean +- s.e.), ``summary.{csv,json}`` over everything under ``out``, and the figure
+``<dataset>_splits.png`` (per-split test RMSE / LL beside the published mean +- spread). The
+published numbers are package data: refbayes/experiments/published/uci.csv (with citations).
+
+Budgets: the full one is each method's ``defaults`` (SLANG: the official 120 epochs, M = 10,
+S = 4 / 2, 20 test draws, a 3 x 3 grid; MAP: 120 epochs, M = 32, a 6 x 3 grid). ``quick``:
+each method's ``quick`` overrides (SLANG 5 epochs, 10 test draws; MAP 20 epochs) and a 2-point
+grid: a smoke test of a few seconds per split on the small sets, not comparable with papers.
+"""
+from __future__ import annotations
+
+import argparse
+import csv
+import io
+import json
+import math
+import sys
+import time
+from importlib import resources
+from pathlib import Path
+
+import numpy as np
+from scipy.special import logsumexp
+from tqdm import tqdm
+
+from refbayes.datasets import fit_standardizer, validation_split
+from refbayes.datasets.uci import UCI_NAMES, load_uci, uci_n_splits
+from refbayes.experiments import uci_methods
+from refbayes.experiments._io import (
+    atomic_write_text,
+    format_table,
+    read_json,
+    write_json,
+)
+from refbayes.models import MLP
+
+__all__ = [
+    "DATASETS",
+    "DESCRIPTION",
+    "PROTOCOL",
+    "VAL_FRAC",
+    "add_arguments",
+    "check_splits",
+    "hidden_units",
+    "load_published",
+    "load_split",
+    "main",
+    "parse_splits",
+    "phase_data",
+    "predictive_ll",
+    "rmse",
+    "run",
+]
+
+DESCRIPTION = "UCI regression: test RMSE and log-likelihood over the standard splits (Table 2)"
+DATASETS = UCI_NAMES
+VAL_FRAC = 0.2
+PROTOCOL = 1  # bump when the protocol changes, so old result files are not mistaken for new ones
+PHASES = ("validation", "final")
+
+
+def hidden_units(dataset: str) -> int:
+    """50 hidden units, 100 for protein (Hernandez-Lobato & Adams 2015)."""
+    return 100 if dataset == "protein" else 50
+
+
+# ----------------------------------------------------------------------------- arguments
+
+def parse_splits(text: str) -> tuple[int, ...]:
+    """'0,1,5' or '0-4' or a mix ('0-2,7') -> sorted distinct split indices (range not checked)."""
+    out = set()
+    for part in str(text).split(","):
+        part = part.strip()
+        lo, dash, hi = part.partition("-")
+        if not lo.isdigit() or (dash and not hi.isdigit()):
+            raise ValueError(f"--splits: expected indices like '0,1,5' or '0-4', got {text!r}")
+        a, b = int(lo), int(hi) if dash else int(lo)
+        if b < a:
+            raise ValueError(f"--splits: expected a range low-high with low <= high, got {part!r}")
+        out.update(range(a, b + 1))
+    return tuple(sorted(out))
+
+
+def check_splits(splits, dataset: str) -> tuple[int, ...]:
+    """``splits`` (None: all of them) checked against the dataset's number of splits."""
+    n = uci_n_splits(dataset)
+    if splits is None:
+        return tuple(range(n))
+    bad = [k for k in splits if not 0 <= k < n]
+    if bad:
+        raise ValueError(f"--splits: {dataset} has {n} splits (0-{n - 1}), got split index "
+                         f"{', '.join(map(str, bad))}")
+    return tuple(splits)
+
+
+def _argtype(fn):
+    def wrapped(text):
+        try:
+            return fn(text)
+        except ValueError as err:
+            raise argparse.ArgumentTypeError(str(err).removeprefix("--splits: ")) from err
+    wrapped.__name__ = fn.__name__
+    return wrapped
+
+
+def _positive_int(text: str) -> int:
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {text!r}")
+    return int(text)
+
+
+def _seed(text: str) -> int:
+    if not text.isdigit():
+        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {text!r}")
+    return int(text)
+
+
+# ----------------------------------------------------------------------------- data
+
+def load_split(dataset: str, split: int, data_dir=None):
+    """``load_uci(dataset, split)`` with every input and target checked to be finite."""
+    tt = load_uci(dataset, split, data_dir)
+    for name, a in tt._asdict().items():
+        bad = ~np.isfinite(a)
+        if bad.any():
+            rows = np.unique(np.nonzero(bad)[0])
+            raise ValueError(f"{dataset} split {split}: {name} has {int(bad.sum())} non-finite "
+                             f"value(s) (rows {rows[:5].tolist()} of the split's "
+                             f"{'training' if name.endswith('train') else 'test'} rows); fix the "
+                             "data file (`refbayes data verify` compares it with its checksum)")
+    return tt
+
+
+def phase_data(tt, phase: str, val_frac: float = VAL_FRAC):
+    """(X_fit, y_fit, X_eval, y_eval_raw, stats) of a phase, standardized with fitted rows only.
+
+    phase "validation": fit on the first part of the training rows, evaluate on the last
+    ``val_frac`` (test rows unused); "final": fit on every training row, evaluate on the test
+    rows. X_fit, y_fit and X_eval are standardized with ``stats`` (fit_standardizer of the fit
+    rows); y_eval stays in the original units.
+    """
+    if phase == "validation":
+        X_fit, y_fit, X_eval, y_eval = validation_split(tt.X_train, tt.y_train, val_frac)
+    elif phase == "final":
+        X_fit, y_fit, X_eval, y_eval = tt
+    else:
+        raise ValueError(f"phase: expected one of {PHASES}, got {phase!r}")
+    stats = fit_standardizer(X_fit, y_fit)
+    return (stats.transform_X(X_fit), stats.transform_y(y_fit), stats.transform_X(X_eval),
+            y_eval, stats)
+
+
+# ----------------------------------------------------------------------------- metrics
+
+def predictive_ll(y, F, tau, y_mean, y_std) -> np.ndarray:
+    """Per-point log p(y_i | x_i) (n,) of the mixture (1/S) sum_s N(m_y + s_y F[s], s_y^2 / tau).  (uci.2)
+
+    y (n,) original units; F (S, n) standardized-scale outputs; tau the standardized-scale
+    noise precision; y_mean, y_std the training target statistics.
+    """
+    F = np.atleast_2d(F)
+    var = y_std ** 2 / tau
+    log_n = -0.5 * np.log(2.0 * np.pi * var) - (y[None, :] - (y_mean + y_std * F)) ** 2 / (2.0 * var)
+    return logsumexp(log_n, axis=0) - np.log(F.shape[0])  # (uci.2)
+
+
+def rmse(y, F, y_mean, y_std) -> float:
+    """sqrt(mean_i (y_i - (m_y + s_y mean_s F[s, i]))^2) in the original units.  (uci.1)"""
+    y_hat = y_mean + y_std * np.atleast_2d(F).mean(axis=0)
+    return float(np.sqrt(np.mean((y - y_hat) ** 2)))  # (uci.1)
+
+
+# ----------------------------------------------------------------------------- one split
+
+def _seeds(seed: int, dataset: str, split: int, phase: str, point: int):
+    seq = np.random.SeedSequence([seed, DATASETS.index(dataset), split, PHASES.index(phase), point])
+    fit_seq, predict_seq = seq.spawn(2)
+    return np.random.default_rng(fit_seq), np.random.default_rng(predict_seq)
+
+
+def _fit_and_score(spec, data, hyper, settings, rngs, hidden, progress):
+    """Train ``spec`` on the phase's fit rows with ``hyper``; score on its evaluation rows."""
+    X_fit, y_fit, X_eval, y_eval, stats = data
+    model = MLP([X_fit.shape[1], hidden, 1], "relu", "gaussian",
+                noise_precision=hyper["noise_precision"])
+    t0 = time.perf_counter()
+    posterior = spec.fit(model, X_fit, y_fit, hyper, rngs[0], settings["epochs"],
+                         min(settings["M"], X_fit.shape[0]), progress)
+    t1 = time.perf_counter()
+    try:
+        with np.errstate(over="raise", invalid="raise"):
+            F, tau = spec.predict(posterior, model, X_eval, rngs[1], settings["S_test"])
+            F = np.asarray(F, dtype=np.float64)
+            if not np.all(np.isfinite(F)):
+                raise FloatingPointError("non-finite predictions")
+            ll = predictive_ll(y_eval, F, float(tau), float(stats.y_mean), float(stats.y_std))
+    except FloatingPointError as err:
+        raise uci_methods.TrainingError(f"prediction: {err}") from err
+    return {"ll": float(np.mean(ll)), "rmse": rmse(y_eval, F, float(stats.y_mean), float(stats.y_std)),
+            "noise_precision": float(tau), "noise_precision_original": float(tau) / float(stats.y_std) ** 2,
+            "S": int(F.shape[0]), "fit_seconds": t1 - t0, "predict_seconds": time.perf_counter() - t1}
+
+
+def _settings(spec, dataset, split, budget, seed, quick):
+    s = {"protocol": PROTOCOL, "method": spec.name, "dataset": dataset, "split": split,
+         "seed": seed, "budget": "quick" if quick else "full", "hidden": hidden_units(dataset),
+         "activation": "relu", "val_frac": VAL_FRAC, "grid": budget.grid,
+         "settings": budget.settings}
+    return json.loads(json.dumps(s))  # the form it has after a JSON round trip (lists, floats)
+
+
+def _context(spec, dataset, split, phase, hyper):
+    shown = ", ".join(f"{k}={hyper[k]:g}" if isinstance(hyper[k], float) else f"{k}={hyper[k]}"
+                      for k in sorted(hyper))
+    return f"{spec.name} on {dataset}, split {split}, {phase} ({shown})"
+
+
+def _run_split(spec, dataset, split, budget, settings, seed, data_dir, bar):
+    tt = load_split(dataset, split, data_dir)
+    hidden = hidden_units(dataset)
+    points = uci_methods.grid_points(budget.grid)
+    t0 = time.perf_counter()
+    val = phase_data(tt, "validation")
+    scores = []
+    for i, point in enumerate(points):
+        hyper = {**budget.settings, **point}
+        phase = f"validation fit {i + 1}/{len(points)}"
+        bar.set_postfix_str(phase)
+        try:
+            res = _fit_and_score(spec, val, hyper, budget.settings,
+                                 _seeds(seed, dataset, split, "validation", i), hidden, bar.update)
+        except uci_methods.TrainingError as err:
+            raise uci_methods.TrainingError(f"{_context(spec, dataset, split, phase, point)}: {err}") from err
+        scores.append({"hyper": point, **res})
+    best = max(range(len(points)), key=lambda i: (scores[i]["ll"], -i))
+    chosen = points[best]
+    t1 = time.perf_counter()
+    bar.set_postfix_str("final fit")
+    final = phase_data(tt, "final")
+    try:
+        test = _fit_and_score(spec, final, {**budget.settings, **chosen}, budget.settings,
+                              _seeds(seed, dataset, split, "final", 0), hidden, bar.update)
+    except uci_methods.TrainingError as err:
+        raise uci_methods.TrainingError(
+            f"{_context(spec, dataset, split, 'final fit on the whole training split', chosen)}: {err}") from err
+    stats = final[4]
+    return {"settings": settings, "hyper": chosen, "validation": scores,
+            "test": {"rmse": test["rmse"], "ll": test["ll"], "S": test["S"],
+                     "noise_precision": test["noise_precision"],
+                     "noise_precision_original": test["noise_precision_original"]},
+            "n": {"train": int(tt.y_train.shape[0]), "fit": int(val[1].shape[0]),
+                  "validation": int(val[3].shape[0]), "test": int(tt.y_test.shape[0])},
+            "y_mean": float(stats.y_mean), "y_std": float(stats.y_std),
+            "seconds": {"validation": t1 - t0, "final": time.perf_counter() - t1,
+                        "total": time.perf_counter() - t0}}
+
+
+# ----------------------------------------------------------------------------- driver
+
+SUMMARY_FIELDS = ("method", "dataset", "budget", "splits_done", "n_splits", "splits", "epochs",
+                  "rmse_mean", "rmse_se", "ll_mean", "ll_se", "seconds_per_split")
+
+
+def _mean_se(values):
+    """Mean and standard error (ddof = 1); the error is None (JSON null) for one value."""
+    v = np.asarray(values, dtype=float)
+    se = float(v.std(ddof=1) / math.sqrt(len(v))) if len(v) > 1 else None
+    return float(v.mean()), se
+
+
+def _summary(folder, spec, dataset, budget, seed, quick):
+    """The splits under ``folder`` whose settings match, and their mean +- s.e."""
+    n_splits = uci_n_splits(dataset)
+    rows = []
+    for k in range(n_splits):
+        saved = read_json(folder / f"split_{k}.json")
+        if saved is not None and saved["settings"] == _settings(spec, dataset, k, budget, seed, quick):
+            rows.append({"split": k, "rmse": saved["test"]["rmse"], "ll": saved["test"]["ll"],
+                         "seconds": saved["seconds"]["total"],
+                         **{f"hyper.{h}": v for h, v in sorted(saved["hyper"].items())}})
+    summary = {"method": spec.name, "dataset": dataset, "budget": "quick" if quick else "full",
+               "epochs": budget.settings["epochs"], "splits_done": len(rows),
+               "n_splits": n_splits, "splits": [r["split"] for r in rows]}
+    if rows:
+        summary["rmse_mean"], summary["rmse_se"] = _mean_se([r["rmse"] for r in rows])
+        summary["ll_mean"], summary["ll_se"] = _mean_se([r["ll"] for r in rows])
+        summary["seconds_per_split"] = float(np.mean([r["seconds"] for r in rows]))
+    return summary, rows
+
+
+def _write_csv(path, rows):
+    if not rows:
+        return
+    fields = list(dict.fromkeys(k for r in rows for k in r))
+    buf = io.StringIO()
+    writer = csv.DictWriter(buf, fieldnames=fields)
+    writer.writeheader()
+    writer.writerows(rows)
+    atomic_write_text(path, buf.getvalue())
+
+
+def _write_summaries(out, folder, summary, rows):
+    write_json(folder / "summary.json", {"summary": summary, "splits": rows})
+    _write_csv(folder / "summary.csv", rows)
+    everything = [read_json(p)["summary"] for p in sorted(Path(out).glob("*/*/summary.json"))]
+    flat = [{k: (" ".join(map(str, s[k])) if isinstance(s.get(k), list) else s.get(k))
+             for k in SUMMARY_FIELDS} for s in everything]
+    write_json(Path(out) / "summary.json", everything)
+    _write_csv(Path(out) / "summary.csv", flat)
+
+
+def run(method: str, dataset: str, splits=None, quick: bool = False, out=Path("results/uci"),
+        fresh: bool = False, data_dir=None, seed: int = 0, epochs: int | None = None,
+        progress: bool = True) -> dict:
+    """Run (or resume) ``method`` on ``dataset`` over ``splits`` (None: all); returns the summary.
+
+    A split whose result file exists with the same settings is loaded; with other settings it
+    is an error unless ``fresh`` (then it is recomputed). A TrainingError (non-finite values)
+    stops the run with a message naming method, dataset, split, phase and hyperparameters; the
+    splits finished before it stay on disk and in the summary files.
+    """
+    if method not in uci_methods.METHODS:
+        raise ValueError(f"method: expected one of {', '.join(uci_methods.METHODS)}, got {method!r}")
+    if dataset not in DATASETS:
+        raise ValueError(f"dataset: expected one of {', '.join(DATASETS)}, got {dataset!r}")
+    spec = uci_methods.METHODS[method]
+    splits = check_splits(splits, dataset)
+    budget = uci_methods.resolve(spec, dataset, quick, epochs)
+    folder = Path(out) / method / dataset
+    todo = []
+    for k in splits:  # check every saved file before computing anything
+        path = folder / f"split_{k}.json"
+        settings = _settings(spec, dataset, k, budget, seed, quick)
+        saved = read_json(path)
+        if saved is not None and saved.get("settings") != settings and not fresh:
+            diff = sorted(key for key in settings if saved.get("settings", {}).get(key) != settings[key])
+            raise ValueError(f"--out: {path} holds a run with other settings (differs in "
+                             f"{', '.join(diff)}); use --fresh to recompute it or another --out")
+        if saved is None or saved.get("settings") != settings:
+            todo.append((k, path, settings))
+    n_epochs = budget.settings["epochs"] * (len(uci_methods.grid_points(budget.grid)) + 1)
+    disable = None if progress else True
+    with tqdm(total=len(splits), initial=len(splits) - len(todo), desc=f"{method} {dataset}",
+              unit="split", file=sys.stderr, disable=disable) as outer:
+        for k, path, settings in todo:
+            with tqdm(total=n_epochs, desc=f"split {k}", unit="epoch", file=sys.stderr,
+                      leave=False, disable=disable) as inner:
+                try:
+                    result = _run_split(spec, dataset, k, budget, settings, seed, data_dir, inner)
+                except uci_methods.TrainingError as err:
+                    summary, rows = _summary(folder, spec, dataset, budget, seed, quick)
+                    if rows:
+                        _write_summaries(out, folder, summary, rows)
+                    kept = ", ".join(str(r["split"]) for r in rows) or "none"
+                    raise uci_methods.TrainingError(
+                        f"{err}. Finished splits kept in {folder}: {kept}") from err
+            write_json(path, result)
+            summary, rows = _summary(folder, spec, dataset, budget, seed, quick)
+            _write_summaries(out, folder, summary, rows)
+            outer.update(1)
+    summary, rows = _summary(folder, spec, dataset, budget, seed, quick)
+    if rows:
+        _write_summaries(out, folder, summary, rows)
+    return summary
+
+
+# ----------------------------------------------------------------------------- published
+
+def load_published() -> list[dict]:
+    """The rows of refbayes/experiments/published/uci.csv (comment lines '#' skipped)."""
+    text = resources.files("refbayes.experiments").joinpath("published/uci.csv").read_text("utf-8")
+    lines = [line for line in text.splitlines() if line.strip() and not line.startswith("#")]
+    rows = []
+    for r in csv.DictReader(lines):
+        rows.append({"dataset": r["dataset"], "method": r["method"], "pm": r["pm"],
+                     "source": r["source"], **{k: float(r[k]) for k in ("rmse", "rmse_pm", "ll", "ll_pm")}})
+    return rows
+
+
+def _fmt(mean, se, digits=3):
+    if mean is None:
+        return "-"
+    return f"{mean:.{digits}f}" if se is None else f"{mean:.{digits}f} +- {se:.{digits}f}"
+
+
+def _fmt_pub(row, key):
+    return f"{row[key]:.2f} +- {row[key + '_pm']:.2f}" + (" (sd)" if row["pm"] == "sd" else "")
+
+
+def _table(dataset, summaries, published) -> str:
+    pub = {r["method"]: r for r in published if r["dataset"] == dataset}
+    lines = []
+    for s in summaries:
+        p = pub.get(s["method"])
+        lines.append([s["method"], f"{s['splits_done']}/{s['n_splits']}", s["budget"],
+                      _fmt(s.get("rmse_mean"), s.get("rmse_se")),
+                      _fmt(s.get("ll_mean"), s.get("ll_se")),
+                      _fmt_pub(p, "rmse") if p else "-", _fmt_pub(p, "ll") if p else "-",
+                      p["source"] if p else "-"])
+    ours = {s["method"] for s in summaries}
+    for m, p in pub.items():
+        if m not in ours:
+            lines.append([f"({m})", "-", "-", "-", "-", _fmt_pub(p, "rmse"), _fmt_pub(p, "ll"),
+                          p["source"]])
+    head = (f"{dataset}: test RMSE and test log-likelihood per point (original units), "
+            "mean +- s.e. over splits")
+    return head + "\n" + format_table(
+        ["method", "splits", "budget", "test RMSE", "test LL", "published RMSE", "published LL",
+         "source"], lines)
+
+
+def _figure(out, dataset, summaries, published):
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("figures skipped: matplotlib is not installed (pip install 'refbayes[plot]')",
+              file=sys.stderr)
+        return None
+    pub = [r for r in published if r["dataset"] == dataset]
+    # every method with results for this dataset under out, not only this invocation's
+    saved = {p.parent.parent.name: read_json(p) for p in sorted(Path(out).glob(f"*/{dataset}/summary.json"))}
+    summaries = [s for s in summaries if s["method"] not in saved] + [v["summary"] for v in saved.values()]
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    for ax, key, label in zip(axes, ("rmse", "ll"), ("test RMSE", "test log-likelihood")):
+        for j, r in enumerate(pub):
+            c = colors[(j + len(summaries)) % len(colors)]
+            ax.axhline(r[key], color=c, lw=1, ls="--",
+                       label=f"published {r['method']} ({r['source']})")
+            ax.axhspan(r[key] - r[key + "_pm"], r[key] + r[key + "_pm"], color=c, alpha=0.15)
+        for j, s in enumerate(summaries):
+            rows = saved[s["method"]]["splits"] if s["method"] in saved else []
+            ax.plot([r["split"] for r in rows], [r[key] for r in rows], "o", color=colors[j % len(colors)],
+                    label=f"{s['method']} ({s['budget']}, {s['splits_done']}/{s['n_splits']} splits)")
+        ax.set_xlim(-0.5, uci_n_splits(dataset) - 0.5)
+        ax.set_xticks(range(uci_n_splits(dataset)))
+        ax.set_xlabel("split")
+        ax.set_ylabel(label)
+    axes[1].legend(fontsize=7, loc="best")
+    fig.suptitle(f"{dataset}: per-split test metrics; published mean (dashed) +- spread (band)")
+    path = Path(out) / f"{dataset}_splits.png"
+    fig.savefig(path, dpi=110, bbox_inches="tight")
+    plt.close(fig)
+    return path
+
+
+# ----------------------------------------------------------------------------- command line
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--method", required=True, choices=(*uci_methods.METHODS, "all"),
+                        help="method of the registry refbayes.experiments.uci_methods, or all")
+    parser.add_argument("--dataset", required=True, choices=(*DATASETS, "all"),
+                        help="UCI dataset, or all (nine)")
+    parser.add_argument("--splits", type=_argtype(parse_splits), default=None,
+                        help="split indices, e.g. 0,1,5 or 0-4 (default: every split: 20, protein "
+                             "5; with --dataset all, indices a dataset lacks are skipped for it)")
+    parser.add_argument("--quick", action="store_true",
+                        help="smoke-test budget: few epochs, a 2-point grid, few test draws")
+    parser.add_argument("--epochs", type=_positive_int, default=None,
+                        help="epochs per fit (default: the method's; --quick: its quick value)")
+    parser.add_argument("--out", type=Path, default=Path("results/uci"),
+                        help="output folder (default: results/uci)")
+    parser.add_argument("--fresh", action="store_true",
+                        help="recompute splits whose saved settings differ instead of stopping")
+    parser.add_argument("--seed", type=_seed, default=0, help="master seed (default 0)")
+    parser.add_argument("--data-dir", type=Path, default=None,
+                        help="folder of the benchmark data (default: $REFBAYES_DATA, then the user cache)")
+
+
+def main(args: argparse.Namespace) -> int:
+    methods = list(uci_methods.METHODS) if args.method == "all" else [args.method]
+    datasets = list(DATASETS) if args.dataset == "all" else [args.dataset]
+    plan = []
+    for d in datasets:  # every split index is checked before anything runs
+        if args.splits is not None and args.dataset == "all":
+            splits = tuple(k for k in args.splits if k < uci_n_splits(d))
+            if len(splits) < len(args.splits):
+                print(f"{d} has {uci_n_splits(d)} splits: skipping split index "
+                      f"{', '.join(str(k) for k in args.splits if k not in splits)} there",
+                      file=sys.stderr)
+            if not splits:
+                continue
+        else:
+            splits = check_splits(args.splits, d)
+        plan.append((d, splits))
+    if not plan:
+        raise ValueError(f"--splits: no dataset has split {', '.join(map(str, args.splits))}")
+    published = load_published()
+    sources = set()
+    for d, splits in plan:
+        summaries = [run(m, d, splits, quick=args.quick, out=args.out, fresh=args.fresh,
+                         data_dir=args.data_dir, seed=args.seed, epochs=args.epochs)
+                     for m in methods]
+        print(_table(d, summaries, published))
+        sources |= {r["source"] for r in published if r["dataset"] == d}
+        print(f"results: {Path(args.out)}/<method>/{d}/, {Path(args.out) / 'summary.csv'}")
+        path = _figure(args.out, d, summaries, published)
+        if path is not None:
+            print(f"figure: {path}")
+        print()
+    if sources:
+        print("published numbers: refbayes/experiments/published/uci.csv, sources "
+              f"{', '.join(sorted(sources))} (citations in that file's header)")
+    return 0

@@ -1,0 +1,417 @@
+"""The methods of the UCI regression benchmark (``refbayes reproduce uci``): a registry.
+
+``METHODS`` maps a command-line name to a :class:`MethodSpec`. The runner
+(refbayes.experiments.uci) owns the data, the standardization, the seeds, the grid search and
+the metrics; a spec only says how to train on standardized data and how to draw predictions:
+
+- ``grid``: hyperparameter -> tuple of candidates. The runner tries every point of the product
+  (keys in sorted order, values in the order given) and keeps the best validation
+  log-likelihood. Every grid has ``noise_precision`` (tau on the STANDARDIZED target scale:
+  the runner builds ``MLP([p, H, 1], "relu", "gaussian", noise_precision=tau)``; tau_orig =
+  tau / sd_y^2 in the original units).
+- ``defaults``: everything fixed: ``epochs``, ``M`` (minibatch size), ``S_test`` (Monte Carlo
+  draws of the predictive), and the method's own settings (step sizes, S_train, ...).
+- ``quick``: overrides of ``defaults`` under ``--quick``, and optionally a ``"grid"`` entry; without
+  one the quick grid has 2 points: the first and last noise precision, every other
+  hyperparameter at its middle candidate.
+- ``per_dataset``: dataset -> {"grid": {...}, "defaults": {...}} overriding the two above (the
+  paper's per-dataset settings).
+- ``fit(model, X, y, hyper, rng, epochs, M, progress) -> posterior``: X (N, p), y (N,)
+  standardized; ``hyper`` = resolved defaults merged with the grid point (a plain dict);
+  ``rng`` a numpy Generator owned by the runner (every random draw comes from it);
+  ``progress(1)`` once per finished epoch. Raise ``refbayes.methods.driver.TrainingError``
+  when the run produces non-finite values.
+- ``predict(posterior, model, X, rng, S) -> (F, tau)``: F (S', n) network outputs on the
+  standardized scale, one row per posterior draw (S' = S for a sampled posterior, 1 for a point
+  estimate), and the noise precision tau (standardized scale) of the predictive
+  p(y | x) = (1/S') sum_s N(y | F[s], 1 / tau).
+- ``ranges``: hyperparameter -> (low, high, low_open, high_open), checked for every candidate
+  and setting before anything runs (COMMON_RANGES covers the shared names).
+
+Registered: "slang", "bbb", "vogn", "mc_dropout" and the point-estimate baseline "map". A new
+method is one more ``MethodSpec`` entry in ``METHODS`` (the end-to-end test is parametrized over
+it). Vadam and Noisy Adam are not registered: they have no published UCI figures to compare with.
+
+SLANG settings (Mishkin et al. 2018, Sec. 5.2 / Table 2), read in aaronpmishkin/SLANG at commit
+2563276: ``code/python/libs/vi_lib/experiments/uci/uci_default_parameters.py``
+(UCI_SMALL/LARGE_SLANG_PARAMETERS), ``uci_experiments.py`` (uci_slang_bo) and
+``uci_slang_experiments_bo_<dataset>.py``, the optimizer ``lib/optimizers/slang.py`` and
+``lib/experiments/experiment.py``:
+
+- one hidden layer of 50 ReLU units; L = 1; 120 epochs; minibatch 10; 4 training MC samples
+  (2 for kin8nm, naval, powerplant: the LARGE parameters); 20 evaluation samples;
+  momentum 0.9 on the gradient; no decay; s_init = 1 (U = 0, d = 1 at the start); weight prior
+  precision tuned, bias prior precision 1e-6.
+- step sizes: learning_rate = lr, the optimizer's beta = 1 - lr (its "beta" is the retention
+  1 - beta of the paper), lr = 0.01 (boston, energy, kin8nm, naval), 0.005 (concrete,
+  powerplant, wine), 0.08 (yacht). wine's file sets only the learning rate; run on its own,
+  its beta stays the default 0.99, i.e. refbayes beta = 0.01 beside alpha = 0.005 (the files
+  mutate one shared dict, so a process that imported another dataset's file first differs).
+- hyperparameters: Bayesian optimization (5 random + 25 EI steps) over log noise precision and
+  log prior precision in per-dataset boxes, scored by the mean test log-likelihood of a 5-fold
+  cross-validation inside the training split, then one final run on the whole training split.
+  The noise precision is in ORIGINAL target units (experiment.py trains with tau * sd_y^2 on
+  the standardized targets); the boxes: boston (-2.6, -2.2), concrete (-3.7, -2.7), energy
+  (-0.3, 0.1), kin8nm (4.8, 5.3), naval (10.9, 11.4), powerplant (-3.1, -2.5), wine (0.8, 1.1),
+  yacht (-1.6, -0.6); log prior precision (-2, 2), energy and naval (-4, 0), wine (0, 4).
+  The paper has no protein run.
+
+What refbayes does instead (chosen, not the paper's): the issue's protocol (Gal: last 20% of
+the training rows as validation, grid search, refit on the whole training split), with a 3 x 3
+grid per dataset spanning the official boxes: noise precision exp(box) * var(y) on the
+standardized scale, var(y) the population variance of the dataset's whole target column (the
+same for every split; e.g. boston 84.42), three log-spaced points each; prior precision
+exp(lo), exp(mid), exp(hi). protein (no official setting): noise precision (1, 2, 4)
+(Gal's dropout RMSE 4.36 / sd_y 6.12 gives tau ~ 2), prior (0.135, 1, 7.39), lr 0.005, S_train 2.
+The mean starts at MLP.init_theta (Glorot uniform, zero biases) rather than PyTorch's default
+layer initialization; fast_eig is exact (the official code uses a randomized solver).
+
+BBB (the SLANG repository's baseline, as read for derivations/bbb.md): the SLANG grid and
+per-dataset boxes, 120 epochs, minibatch 10, S_train 4 (2 for the large sets), Adam lr 0.01,
+betas (0.9, 0.99), rho_0 = -1 (sigma_0 = 0.31), biases 1e-6; the official code minimizes F / N,
+so eps_adam = N * 1e-8 on refbayes' summed F (Adam is invariant to the scale but for eps).
+
+VOGN (ours; no published UCI setting): the SLANG grid, 120 epochs, minibatch 10, S_train as
+SLANG, lr 1e-3 with raw momentum 0.9 (an effective step 1e-2, SLANG's), beta2 = 0.01 (SLANG's
+beta), per-example squared gradients.
+
+MC dropout (Gal's protocol where this module can follow it): dropout p in (0.005, 0.05), the
+SLANG noise-precision candidates, lengthscale 1e-2, 40 epochs (Gal's short runs), minibatch 32,
+Adam 1e-3, 100 test passes (Gal uses 10,000); the prior precision of (mc_dropout.4) with
+inverted dropout (derivations/mc_dropout.md, E-mc_dropout.2).
+
+MAP baseline (ours): Adam (lr 0.01, betas 0.9 / 0.999, eps 1e-8, bias-corrected) on the
+per-example-scaled objective (1 / N) [(N / M) sum_{i in B} l_i(theta) + (1/2) theta^T diag(lam)
+theta] with minibatches of M = 32 rows, 120 epochs, the same prior layout as SLANG (weights
+prior_precision, biases 1e-6); predictive N(f(x; theta), 1 / tau) with tau from the grid
+noise_precision (1, 3, 10, 30, 100, 300) x prior_precision (0.1, 1, 10).
+"""
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Callable, Mapping
+from types import MappingProxyType
+from typing import Any, NamedTuple
+
+import numpy as np
+
+from refbayes._checks import check_in_range, check_int
+from refbayes.methods import adam, bbb, driver, mc_dropout, slang, vogn
+
+__all__ = [
+    "COMMON_RANGES",
+    "METHODS",
+    "Budget",
+    "MethodSpec",
+    "TrainingError",
+    "grid_points",
+    "prior_vector",
+    "resolve",
+]
+
+TrainingError = driver.TrainingError
+
+
+class MethodSpec(NamedTuple):
+    """One method of the UCI benchmark; see the module docstring for each field's contract."""
+    name: str
+    description: str
+    grid: dict          # hyperparameter -> tuple of candidates (full budget)
+    defaults: dict      # epochs, M, S_test and the method's fixed settings
+    quick: dict         # --quick overrides of defaults; optional "grid" entry
+    fit: Callable[..., Any]
+    predict: Callable[..., tuple]
+    per_dataset: Mapping = MappingProxyType({})  # dataset -> {"grid": {...}, "defaults": {...}}
+    ranges: Mapping = MappingProxyType({})       # extra hyperparameter ranges, over COMMON_RANGES
+
+
+# name: (low, high, low_open, high_open); integers are the names in _INTEGER
+COMMON_RANGES = {
+    "noise_precision": (0.0, math.inf, True, True),
+    "prior_precision": (0.0, math.inf, True, True),
+    "bias_prior_precision": (0.0, math.inf, True, True),
+    "lr": (0.0, 1.0, True, False),
+    "beta": (0.0, 1.0, True, False),
+    "momentum": (0.0, 1.0, False, True),
+    "decay": (0.0, math.inf, False, True),
+    "s_init": (0.0, math.inf, True, True),
+    "adam_beta1": (0.0, 1.0, False, True),
+    "adam_beta2": (0.0, 1.0, False, True),
+    "adam_eps": (0.0, math.inf, True, True),
+}
+_INTEGER = ("epochs", "M", "S_test", "S_train", "L")
+
+
+class Budget(NamedTuple):
+    grid: dict      # hyperparameter -> tuple of candidates, after per-dataset and quick overrides
+    settings: dict  # defaults after per-dataset and quick overrides (and the caller's epochs)
+
+
+def grid_points(grid: dict) -> list[dict]:
+    """Every point of the product of ``grid``, keys sorted, values in the order given."""
+    keys = sorted(grid)
+    return [dict(zip(keys, values)) for values in itertools.product(*(grid[k] for k in keys))]
+
+
+def _check_value(spec: MethodSpec, key: str, value):
+    name = f"{spec.name} hyperparameter {key}"
+    if key in _INTEGER:
+        return check_int(value, name, low=1)
+    ranges = {**COMMON_RANGES, **spec.ranges}
+    if key in ranges:
+        low, high, low_open, high_open = ranges[key]
+        value = check_in_range(value, name, low, high, low_open=low_open, high_open=high_open)
+        if not math.isfinite(value):
+            raise ValueError(f"{name}: expected a finite value, got {value}")
+    return value
+
+
+def resolve(spec: MethodSpec, dataset: str, quick: bool = False, epochs: int | None = None) -> Budget:
+    """The grid and fixed settings of ``spec`` on ``dataset``: defaults, then the dataset's
+    overrides, then --quick's, then ``epochs``; every value checked against its range."""
+    over = spec.per_dataset.get(dataset, {})
+    grid = {**spec.grid, **over.get("grid", {})}
+    settings = {**spec.defaults, **over.get("defaults", {})}
+    if quick:
+        settings.update({k: v for k, v in spec.quick.items() if k != "grid"})
+        if "grid" in spec.quick:
+            grid = {**grid, **spec.quick["grid"]}
+        else:  # 2 points: the extreme noise precisions, every other key at its middle candidate
+            grid = {k: tuple(dict.fromkeys((v[0], v[-1]))) if k == "noise_precision"
+                    else (v[len(v) // 2],) for k, v in grid.items()}
+    if epochs is not None:
+        settings["epochs"] = epochs
+    if "noise_precision" not in grid:
+        raise ValueError(f"{spec.name}: the grid must list noise_precision candidates, got keys "
+                         f"{sorted(grid)}")
+    for key in ("epochs", "M", "S_test"):
+        if key not in settings:
+            raise ValueError(f"{spec.name}: defaults must set {key}, got keys {sorted(settings)}")
+    for key, values in grid.items():
+        if not isinstance(values, (tuple, list)) or not values:
+            raise ValueError(f"{spec.name} grid {key}: expected a non-empty tuple of candidates, "
+                             f"got {values!r}")
+        grid[key] = tuple(_check_value(spec, key, v) for v in values)
+    settings = {k: _check_value(spec, k, v) for k, v in settings.items()}
+    return Budget(grid, settings)
+
+
+def prior_vector(model, weight_precision: float, bias_precision: float) -> np.ndarray:
+    """lam (D,) in theta's layout: ``weight_precision`` on every W_l entry, ``bias_precision``
+    on every b_l entry (the official SLANG code's prior: weights tuned, biases 1e-6)."""
+    params = model.unflatten(np.zeros(model.D))
+    return model.flatten([(np.full(W.shape, float(weight_precision)),
+                           None if b is None else np.full(b.shape, float(bias_precision)))
+                          for W, b in params])
+
+
+def _forward_rows(model, thetas, X) -> np.ndarray:
+    """F (S, n): the scalar network output at each column of thetas (D, S)."""
+    return np.stack([model.forward(np.ascontiguousarray(thetas[:, s]), X)[:, 0]
+                     for s in range(thetas.shape[1])])
+
+
+# ----------------------------------------------------------------------------- SLANG
+
+def _slang_fit(model, X, y, hyper, rng, epochs, M, progress):
+    """SLANG (refbayes.methods.slang, Algorithm 1) driven by refbayes.methods.driver.run:
+    N = rows of X, minibatches of M, S = hyper["S_train"] draws per step."""
+    D = model.D
+    lam = prior_vector(model, hyper["prior_precision"], hyper["bias_prior_precision"])
+    L = min(hyper["L"], D)
+    state = slang.init(model.init_theta(rng), np.zeros((D, L)), np.full(D, hyper["s_init"]))
+    cfg = slang.SLANGConfig(X.shape[0], lam, L=L, alpha=hyper["lr"], beta=hyper["beta"],
+                            decay=hyper["decay"], momentum=hyper["momentum"])
+    return driver.run(state, cfg, model, X, y, rng=rng, epochs=epochs, M=M, S=hyper["S_train"],
+                      callback=lambda epoch, st: progress(1))
+
+
+def _slang_predict(state, model, X, rng, S):
+    """S draws theta_s = mu + S_P eps_s of q (slang.2), eps (D, S) from rng; F[s] = f(X; theta_s)."""
+    eps = rng.standard_normal((model.D, S))
+    return _forward_rows(model, slang.sample(state, eps), X), model.likelihood.noise_precision
+
+
+def _slang_dataset(tau, lam, lr, beta=None, S_train=4):
+    return {"grid": {"noise_precision": tau, "prior_precision": lam},
+            "defaults": {"lr": lr, "beta": lr if beta is None else beta, "S_train": S_train}}
+
+
+_WIDE = (0.135, 1.0, 7.39)  # exp(-2), exp(0), exp(2)
+SLANG = MethodSpec(
+    name="slang",
+    description="SLANG, L = 1 (Mishkin et al. 2018), the official UCI settings",
+    grid={"noise_precision": (1.0, 3.0, 10.0), "prior_precision": _WIDE},
+    defaults={"epochs": 120, "M": 10, "S_test": 20, "S_train": 4, "L": 1, "lr": 0.01,
+              "beta": 0.01, "decay": 0.0, "momentum": 0.9, "s_init": 1.0,
+              "bias_prior_precision": 1e-6},
+    quick={"epochs": 5, "S_test": 10},
+    fit=_slang_fit,
+    predict=_slang_predict,
+    per_dataset={
+        "boston": _slang_dataset((6.27, 7.66, 9.35), _WIDE, 0.01),
+        "concrete": _slang_dataset((6.89, 11.4, 18.7), _WIDE, 0.005),
+        "energy": _slang_dataset((75.3, 92.0, 112.0), (0.0183, 0.135, 1.0), 0.01),
+        "kin8nm": _slang_dataset((8.44, 10.8, 13.9), _WIDE, 0.01, S_train=2),
+        "naval": _slang_dataset((11.7, 15.1, 19.4), (0.0183, 0.135, 1.0), 0.01, S_train=2),
+        "power": _slang_dataset((13.1, 17.7, 23.9), _WIDE, 0.005, S_train=2),
+        "protein": _slang_dataset((1.0, 2.0, 4.0), _WIDE, 0.005, S_train=2),
+        "wine": _slang_dataset((1.45, 1.69, 1.96), (1.0, 7.39, 54.6), 0.005, beta=0.01),
+        "yacht": _slang_dataset((46.3, 76.3, 126.0), _WIDE, 0.08),
+    },
+)
+
+
+# ----------------------------------------------------------------------------- MAP
+
+def _adam(hyper, N):
+    """AdamConfig of the per-example-scaled objective F / N, run on the summed F: Adam's step is
+    invariant to a constant scale of the objective except through eps, so eps_adam = N eps."""
+    return adam.AdamConfig(alpha=hyper["lr"], beta1=hyper["adam_beta1"],
+                           beta2=hyper["adam_beta2"], eps_adam=N * hyper["adam_eps"])
+
+
+def _train(state, cfg, model, X, y, hyper, rng, epochs, M, progress, S=1):
+    return driver.run(state, cfg, model, X, y, rng=rng, epochs=epochs, M=M, S=S,
+                      callback=lambda epoch, st: progress(1))
+
+
+def _map_fit(model, X, y, hyper, rng, epochs, M, progress):
+    """Adam (refbayes.methods.adam, MAP) on (N/M) sum_{i in B} l_i + (1/2) theta^T diag(lam)
+    theta, through the driver; returns theta."""
+    N = X.shape[0]
+    lam = prior_vector(model, hyper["prior_precision"], hyper["bias_prior_precision"])
+    cfg = adam.MAPConfig(N, lam, _adam(hyper, N))
+    return _train(adam.init(model.init_theta(rng)), cfg, model, X, y, hyper, rng, epochs, M,
+                  progress).theta
+
+
+def _map_predict(theta, model, X, rng, S):
+    """The point estimate: one row f(X; theta) (S is not used)."""
+    return model.forward(theta, X)[:, 0][None, :], model.likelihood.noise_precision
+
+
+MAP = MethodSpec(
+    name="map",
+    description="MAP point estimate by Adam, noise precision chosen on validation (baseline)",
+    grid={"noise_precision": (1.0, 3.0, 10.0, 30.0, 100.0, 300.0),
+          "prior_precision": (0.1, 1.0, 10.0)},
+    defaults={"epochs": 120, "M": 32, "S_test": 1, "lr": 0.01, "adam_beta1": 0.9,
+              "adam_beta2": 0.999, "adam_eps": 1e-8, "bias_prior_precision": 1e-6},
+    quick={"epochs": 20},
+    fit=_map_fit,
+    predict=_map_predict,
+)
+
+
+# ----------------------------------------------------------------------------- mean-field Gaussians
+
+class _Gaussian(NamedTuple):
+    """A trained mean-field posterior and how to draw from it: sample(eps (D, S)) -> (D, S)."""
+    sample: Callable
+
+
+def _gaussian_predict(post, model, X, rng, S):
+    """S draws theta_s of q, eps (D, S) from rng; F[s] = f(X; theta_s)."""
+    eps = rng.standard_normal((model.D, S))
+    return _forward_rows(model, post.sample(eps), X), model.likelihood.noise_precision
+
+
+def _bbb_fit(model, X, y, hyper, rng, epochs, M, progress):
+    """Bayes-by-Backprop (refbayes.methods.bbb): Adam on (mu, rho) of the negative ELBO, S_train
+    draws per step; mu from Glorot, rho_0 = rho_init (the SLANG repository's BBB baseline: -1)."""
+    N = X.shape[0]
+    lam = prior_vector(model, hyper["prior_precision"], hyper["bias_prior_precision"])
+    a = _adam(hyper, N)
+    cfg = bbb.BBBConfig(N, lam, alpha=a.alpha, beta1=a.beta1, beta2=a.beta2, eps_adam=a.eps_adam)
+    state = bbb.init(model.init_theta(rng), rho0=hyper["rho_init"])
+    state = _train(state, cfg, model, X, y, hyper, rng, epochs, M, progress, S=hyper["S_train"])
+    return _Gaussian(lambda eps: bbb.sample(state, eps))
+
+
+def _vogn_fit(model, X, y, hyper, rng, epochs, M, progress):
+    """VOGN (refbayes.methods.vogn, Osawa et al. Algorithm 1 at tau = rho = 1, gamma = 0) with the
+    per-example squared gradients; s_0 = 1 / N (initial precision N s_0 + delta = 1 + delta)."""
+    N = X.shape[0]
+    lam = prior_vector(model, hyper["prior_precision"], hyper["bias_prior_precision"])
+    cfg = vogn.VOGNConfig(N, lam, alpha=hyper["lr"], beta1=hyper["momentum"],
+                          beta2=hyper["beta"], curvature="ef")
+    state = vogn.init(model.init_theta(rng), np.full(model.D, 1.0 / N))
+    state = _train(state, cfg, model, X, y, hyper, rng, epochs, M, progress, S=hyper["S_train"])
+    return _Gaussian(lambda eps: vogn.sample(state, eps, cfg))
+
+
+BBB = MethodSpec(
+    name="bbb",
+    description="Bayes-by-Backprop (Blundell et al. 2015), the SLANG repository's UCI baseline",
+    grid=SLANG.grid,
+    defaults={"epochs": 120, "M": 10, "S_test": 20, "S_train": 4, "lr": 0.01,
+              "adam_beta1": 0.9, "adam_beta2": 0.99, "adam_eps": 1e-8, "rho_init": -1.0,
+              "bias_prior_precision": 1e-6},
+    quick={"epochs": 5, "S_test": 10},
+    fit=_bbb_fit,
+    predict=_gaussian_predict,
+    per_dataset={d: {"grid": o["grid"], "defaults": {"S_train": o["defaults"]["S_train"]}}
+                 for d, o in SLANG.per_dataset.items()},
+    ranges={"rho_init": (-math.inf, math.inf, True, True)},
+)
+
+VOGN = MethodSpec(
+    name="vogn",
+    description="VOGN (Khan et al. 2018; Osawa et al. 2019), per-example squared gradients",
+    grid=SLANG.grid,
+    defaults={"epochs": 120, "M": 10, "S_test": 20, "S_train": 4, "lr": 1e-3, "momentum": 0.9,
+              "beta": 0.01, "bias_prior_precision": 1e-6},
+    quick={"epochs": 5, "S_test": 10},
+    fit=_vogn_fit,
+    predict=_gaussian_predict,
+    per_dataset={d: {"grid": o["grid"], "defaults": {"S_train": o["defaults"]["S_train"]}}
+                 for d, o in SLANG.per_dataset.items()},
+)
+
+
+# ----------------------------------------------------------------------------- MC dropout
+
+class _Dropout(NamedTuple):
+    state: Any
+    cfg: Any
+
+
+def _dropout_fit(model, X, y, hyper, rng, epochs, M, progress):
+    """MC dropout (refbayes.methods.mc_dropout): Adam on the summed objective with the prior
+    precision of (mc_dropout.4) (inverted dropout, biases decayed), masks from the driver."""
+    N = X.shape[0]
+    a = _adam(hyper, N)
+    cfg = mc_dropout.MCDropoutConfig(N, p=hyper["p"], lengthscale=hyper["lengthscale"],
+                                     noise_precision=hyper["noise_precision"], alpha=a.alpha,
+                                     beta1=a.beta1, beta2=a.beta2, eps_adam=a.eps_adam)
+    state = _train(mc_dropout.init(model.init_theta(rng)), cfg, model, X, y, hyper, rng, epochs,
+                   M, progress)
+    return _Dropout(state, cfg)
+
+
+def _dropout_predict(post, model, X, rng, S):
+    """S stochastic forward passes with fresh masks (mc_dropout.7), drawn as the driver does."""
+    masks = [driver.draw_masks(rng, model, X.shape[0], post.cfg.p) for _ in range(S)]
+    F = mc_dropout.predict_samples(post.state, X, masks, post.cfg, model)
+    return F[:, :, 0], model.likelihood.noise_precision
+
+
+MC_DROPOUT = MethodSpec(
+    name="mc_dropout",
+    description="MC dropout (Gal and Ghahramani 2016): dropout on inputs and hidden units",
+    grid={"noise_precision": SLANG.grid["noise_precision"], "p": (0.005, 0.05)},
+    defaults={"epochs": 40, "M": 32, "S_test": 100, "lr": 1e-3, "adam_beta1": 0.9,
+              "adam_beta2": 0.999, "adam_eps": 1e-8, "lengthscale": 1e-2},
+    quick={"epochs": 5, "S_test": 10},
+    fit=_dropout_fit,
+    predict=_dropout_predict,
+    per_dataset={d: {"grid": {"noise_precision": o["grid"]["noise_precision"]}}
+                 for d, o in SLANG.per_dataset.items()},
+    ranges={"p": (0.0, 1.0, False, True), "lengthscale": (0.0, math.inf, True, True)},
+)
+
+
+METHODS: dict[str, MethodSpec] = {"slang": SLANG, "map": MAP, "bbb": BBB, "vogn": VOGN,
+                                  "mc_dropout": MC_DROPOUT}

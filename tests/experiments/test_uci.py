@@ -1,0 +1,243 @@
+"""`refbayes reproduce uci`: one quick split per registered method on the staged data, resume,
+settings checks, bad input, the metrics against hand formulas, and the published numbers."""
+import json
+import shutil
+
+import numpy as np
+import pytest
+from scipy.stats import norm
+
+from refbayes.cli import main
+from refbayes.datasets import TrainTest
+from refbayes.experiments import uci, uci_methods
+from tests.tolerances import EXACT_F64, assert_close
+
+# yacht: the smallest set (308 rows), so a quick split takes about a second
+DATASET = "yacht"
+
+
+def _reproduce(*args):
+    return main(["reproduce", "uci", *map(str, args)])
+
+
+def _split_json(out, method, k):
+    return json.loads((out / method / DATASET / f"split_{k}.json").read_text())
+
+
+@pytest.mark.parametrize("method", sorted(uci_methods.METHODS))
+def test_quick_split_end_to_end(method, data_dir, tmp_path, capsys):
+    out = tmp_path / "out"
+    assert _reproduce("--method", method, "--dataset", DATASET, "--splits", "0", "--quick",
+                      "--out", out, "--data-dir", data_dir) == 0
+    stdout = capsys.readouterr().out
+    saved = _split_json(out, method, 0)
+    budget = uci_methods.resolve(uci_methods.METHODS[method], DATASET, quick=True)
+    points = uci_methods.grid_points(budget.grid)
+    assert len(points) <= 2 and [s["hyper"] for s in saved["validation"]] == points
+    assert saved["hyper"] in points
+    best = max(saved["validation"], key=lambda s: s["ll"])
+    assert saved["hyper"] == best["hyper"]  # chosen on validation log-likelihood
+    assert saved["n"] == {"train": 277, "fit": 221, "validation": 56, "test": 31}
+    assert np.isfinite(saved["test"]["rmse"]) and np.isfinite(saved["test"]["ll"])
+    summary = json.loads((out / method / DATASET / "summary.json").read_text())["summary"]
+    assert summary["splits_done"] == 1 and summary["n_splits"] == 20
+    assert summary["rmse_mean"] == saved["test"]["rmse"]
+    row = next(line for line in stdout.splitlines() if line.startswith(method + " "))
+    assert "1/20" in row and "quick" in row and f"{saved['test']['rmse']:.3f}" in row
+    assert "1.08 +- 0.06" in stdout and "-1.88 +- 0.01" in stdout  # published SLANG, yacht
+    assert (out / f"{DATASET}_splits.png").stat().st_size > 0
+    assert (out / "summary.csv").read_text().startswith("method,dataset,budget")
+
+
+def test_resume_keeps_files_and_matches_an_uninterrupted_run(data_dir, tmp_path, capsys):
+    common = ["--method", "map", "--dataset", DATASET, "--quick", "--epochs", 3,
+              "--data-dir", data_dir]
+    whole, parts = tmp_path / "whole", tmp_path / "parts"
+    assert _reproduce(*common, "--splits", "0,1", "--out", whole) == 0
+    assert _reproduce(*common, "--splits", "1", "--out", parts) == 0   # "interrupted" after 1
+    capsys.readouterr()
+    first = (parts / "map" / DATASET / "split_1.json").stat().st_mtime_ns
+    assert _reproduce(*common, "--splits", "0-1", "--out", parts) == 0  # resumes with split 0
+    resumed_out = capsys.readouterr().out
+    assert (parts / "map" / DATASET / "split_1.json").stat().st_mtime_ns == first
+    for k in (0, 1):
+        a, b = _split_json(whole, "map", k), _split_json(parts, "map", k)
+        assert a["test"] == b["test"] and a["validation"][0]["ll"] == b["validation"][0]["ll"]
+    mtimes = {p: p.stat().st_mtime_ns for p in parts.rglob("split_*.json")}
+    assert _reproduce(*common, "--splits", "0-1", "--out", parts) == 0
+    assert {p: p.stat().st_mtime_ns for p in parts.rglob("split_*.json")} == mtimes
+    assert capsys.readouterr().out == resumed_out
+    assert "2/20" in resumed_out
+
+
+def test_settings_mismatch_exits_2_unless_fresh(data_dir, tmp_path, capsys):
+    common = ["--method", "map", "--dataset", DATASET, "--splits", "0", "--quick",
+              "--out", tmp_path, "--data-dir", data_dir]
+    assert _reproduce(*common, "--epochs", 2) == 0
+    before = _split_json(tmp_path, "map", 0)
+    capsys.readouterr()
+    assert _reproduce(*common, "--epochs", 3) == 2
+    err = capsys.readouterr().err
+    assert "holds a run with other settings (differs in settings)" in err and "--fresh" in err
+    assert _split_json(tmp_path, "map", 0) == before
+    assert _reproduce(*common, "--epochs", 3, "--fresh") == 0
+    assert _split_json(tmp_path, "map", 0)["settings"]["settings"]["epochs"] == 3
+
+
+@pytest.mark.parametrize("args, match", [
+    (["--dataset", "yacht", "--splits", "20"], "yacht has 20 splits (0-19), got split index 20"),
+    (["--dataset", "protein", "--splits", "3-6"], "protein has 5 splits (0-4), got split index 5, 6"),
+    (["--dataset", "yacht", "--splits", "1-x"], "expected indices like '0,1,5' or '0-4'"),
+    (["--dataset", "yacht", "--epochs", "0"], "expected an integer >= 1"),
+    (["--dataset", "mnist"], "invalid choice"),
+])
+def test_bad_arguments_exit_2(args, match, tmp_path, capsys):
+    assert _reproduce("--method", "map", *args, "--out", tmp_path) == 2
+    assert match in capsys.readouterr().err
+    assert not any(tmp_path.iterdir())  # nothing ran
+
+
+def test_split_syntax():
+    assert uci.parse_splits("0-2,7, 5") == (0, 1, 2, 5, 7)
+    with pytest.raises(ValueError, match="low <= high"):
+        uci.parse_splits("4-2")
+
+
+def _poisoned_copy(data_dir, tmp_path):
+    """A copy of the yacht folder whose target is NaN in one training row of split 0."""
+    rel = "uci_regression/yacht/data"
+    shutil.copytree(data_dir / rel, tmp_path / rel)
+    folder = tmp_path / rel
+    row = int(np.loadtxt(folder / "index_train_0.txt", dtype=int)[3])
+    col = int(np.loadtxt(folder / "index_target.txt", dtype=int))
+    lines = (folder / "data.txt").read_text().splitlines()
+    cells = lines[row].split()
+    cells[col] = "nan"
+    lines[row] = " ".join(cells)
+    (folder / "data.txt").write_text("\n".join(lines) + "\n")
+    return tmp_path
+
+
+def test_non_finite_targets_are_caught_at_load(data_dir, tmp_path, capsys):
+    poisoned = _poisoned_copy(data_dir, tmp_path / "data")
+    assert _reproduce("--method", "map", "--dataset", DATASET, "--splits", "0", "--quick",
+                      "--out", tmp_path / "out", "--data-dir", poisoned) == 2
+    err = capsys.readouterr().err
+    assert "yacht split 0: y_train has 1 non-finite value(s) (rows [3]" in err
+    assert "Traceback" not in err
+
+
+@pytest.mark.parametrize("method", ["map", "slang"])
+def test_divergence_names_the_run_and_keeps_finished_splits(method, data_dir, tmp_path, monkeypatch):
+    spec = uci_methods.METHODS[method]
+    kw = {"quick": True, "out": tmp_path, "data_dir": data_dir, "epochs": 1, "progress": False}
+    uci.run(method, DATASET, [0], **kw)
+    split0 = tmp_path / method / DATASET / "split_0.json"
+    mtime = split0.stat().st_mtime_ns
+
+    def diverging_fit(model, X, y, hyper, rng, epochs, M, progress):
+        # same settings, so split 0 is loaded from disk and only split 1 is fitted
+        huge = model.__class__(list(model.sizes), "relu", "gaussian", noise_precision=1e300)
+        return spec.fit(huge, X, y, hyper, rng, epochs, M, progress)
+
+    monkeypatch.setitem(uci_methods.METHODS, method, spec._replace(fit=diverging_fit))
+    with pytest.raises(uci_methods.TrainingError) as info:
+        uci.run(method, DATASET, [0, 1], **kw)
+    msg = str(info.value)
+    assert f"{method} on yacht, split 1, validation fit 1/2 (noise_precision=" in msg
+    assert "prior_precision=" in msg and "overflow" in msg
+    assert msg.endswith(f"Finished splits kept in {tmp_path / method / DATASET}: 0")
+    assert split0.stat().st_mtime_ns == mtime
+    assert not (tmp_path / method / DATASET / "split_1.json").exists()
+    summary = json.loads((tmp_path / method / DATASET / "summary.json").read_text())["summary"]
+    assert summary["splits_done"] == 1
+
+
+@pytest.mark.parametrize("key, value, match", [
+    ("noise_precision", (-1.0,), r"noise_precision: expected a value in \(0.0, inf\), got -1"),
+    ("prior_precision", (float("inf"),), r"prior_precision: expected a value in \(0.0, inf\), got inf"),
+    ("noise_precision", (), "expected a non-empty tuple"),
+])
+def test_hyperparameters_out_of_range(key, value, match):
+    spec = uci_methods.METHODS["map"]
+    bad = spec._replace(grid={**spec.grid, key: value})
+    with pytest.raises(ValueError, match=match):
+        uci_methods.resolve(bad, DATASET)
+    with pytest.raises(ValueError, match=r"map hyperparameter lr: expected a value in \(0.0, 1.0\]"):
+        uci_methods.resolve(spec._replace(defaults={**spec.defaults, "lr": 2.0}), DATASET)
+
+
+def test_every_method_resolves_on_every_dataset():
+    for spec in uci_methods.METHODS.values():
+        for d in uci.DATASETS:
+            full, quick = uci_methods.resolve(spec, d), uci_methods.resolve(spec, d, quick=True)
+            assert len(uci_methods.grid_points(quick.grid)) <= 2 < len(uci_methods.grid_points(full.grid))
+            assert quick.settings["epochs"] < full.settings["epochs"]
+    assert uci_methods.resolve(uci_methods.METHODS["slang"], "wine").settings["beta"] == 0.01
+    assert uci.hidden_units("protein") == 100 and uci.hidden_units("boston") == 50
+
+
+def test_predictive_ll_and_rmse_by_hand():
+    rng = np.random.default_rng(3)
+    S, n, tau, m, s = 3, 4, 2.5, 7.0, 3.0
+    F, y = rng.normal(size=(S, n)), m + s * rng.normal(size=n)
+    dens = norm.pdf(y[None, :], loc=m + s * F, scale=s / np.sqrt(tau))  # (S, n)
+    assert_close(uci.predictive_ll(y, F, tau, m, s), np.log(dens.mean(axis=0)), EXACT_F64,
+                 "mixture log-likelihood vs scipy.stats.norm")
+    # the Jacobian of y = m + s y~: standardized-scale log-likelihood minus log s
+    y_std = (y - m) / s
+    dens_std = norm.pdf(y_std[None, :], loc=F, scale=1 / np.sqrt(tau))
+    assert_close(uci.predictive_ll(y, F, tau, m, s), np.log(dens_std.mean(axis=0)) - np.log(s),
+                 EXACT_F64, "log-likelihood = standardized one - log s_y")
+    y_hat = m + s * F.mean(axis=0)
+    assert_close(uci.rmse(y, F, m, s), np.sqrt(np.mean((y - y_hat) ** 2)), EXACT_F64, "RMSE")
+
+
+def test_standardization_uses_training_rows_only():
+    rng = np.random.default_rng(0)
+    X, y = rng.normal(3.0, 2.0, size=(50, 4)), rng.normal(-1.0, 5.0, size=50)
+    Xt, yt = rng.normal(size=(10, 4)), rng.normal(size=10)
+    tt = TrainTest(X, y, Xt, yt)
+    X_fit, y_fit, _, y_val, stats = uci.phase_data(tt, "validation")
+    assert X_fit.shape[0] == 40 and np.array_equal(y_val, y[40:])  # last 20%, raw targets
+    assert_close(stats.x_mean, X[:40].mean(axis=0), EXACT_F64, "x mean of the fit rows")
+    assert_close(stats.y_std, y[:40].std(), EXACT_F64, "y std of the fit rows")
+    # changing validation and test rows leaves the fitted statistics and scaled fit rows alone
+    tt2 = TrainTest(np.vstack([X[:40], 100 * X[40:]]), np.r_[y[:40], 100 * y[40:]], 9 * Xt, 9 * yt)
+    X_fit2, y_fit2, _, _, stats2 = uci.phase_data(tt2, "validation")
+    assert np.array_equal(X_fit2, X_fit) and np.array_equal(y_fit2, y_fit)
+    assert all(np.array_equal(a, b) for a, b in zip(stats2, stats))
+    X_tr, _, _, y_te, st = uci.phase_data(tt, "final")
+    X_tr3, _, X_te3, _, st3 = uci.phase_data(TrainTest(X, y, 9 * Xt, 9 * yt), "final")
+    assert np.array_equal(y_te, yt) and np.array_equal(X_tr3, X_tr)
+    assert float(st.y_mean) == float(st3.y_mean) and float(st.y_std) == float(y.std())
+    assert_close(X_te3, (9 * Xt - st.x_mean) / st.x_std, EXACT_F64, "test rows use train stats")
+
+
+# The issue's table (Mishkin et al. 2018, Table 2): dataset -> method -> (RMSE, s.e., LL, s.e.)
+ISSUE = {
+    "boston": {"bbb": (3.43, 0.20, -2.66, 0.06), "mc_dropout": (2.97, 0.19, -2.46, 0.06),
+               "slang": (3.21, 0.19, -2.58, 0.05)},
+    "concrete": {"bbb": (6.16, 0.13, -3.25, 0.02), "mc_dropout": (5.23, 0.12, -3.04, 0.02),
+                 "slang": (5.58, 0.19, -3.13, 0.03)},
+    "energy": {"bbb": (0.97, 0.09, -1.45, 0.10), "mc_dropout": (1.66, 0.04, -1.99, 0.02),
+               "slang": (0.64, 0.03, -1.12, 0.01)},
+}
+
+
+def test_published_numbers_match_the_issue():
+    rows = uci.load_published()
+    got = {(r["dataset"], r["method"]): r for r in rows}
+    assert len(got) == len(rows)  # one row per (dataset, method)
+    for d, methods in ISSUE.items():
+        for m, numbers in methods.items():
+            r = got[(d, m)]
+            assert (r["rmse"], r["rmse_pm"], r["ll"], r["ll_pm"]) == numbers, (d, m)
+            assert r["pm"] == "se" and r["source"] == "mishkin2018-table2"
+    assert {r["dataset"] for r in rows} <= set(uci.DATASETS)
+    assert {r["pm"] for r in rows} == {"se", "sd"}
+    header = "\n".join(line for line in
+                       uci.resources.files("refbayes.experiments").joinpath("published/uci.csv")
+                       .read_text().splitlines() if line.startswith("#"))
+    for source in {r["source"] for r in rows}:
+        assert f"#   {source}:" in header  # every source is cited in the header
