@@ -313,3 +313,28 @@ def test_step_on_each_backend_matches_dense(xp, squares):
     assert_close(to_numpy(state.mu), mu, EXACT_F64, "mean")
     assert_close(to_numpy(vadam.sample(state, xp.eye(D), cfg)) - mu[:, None],
                  np.diag(1 / np.sqrt(N * s + LAM)), EXACT_F64, "sample")
+
+
+@pytest.mark.parametrize("S", [1, 3])
+def test_reduced_vadam_is_the_library_vogn_step(S):
+    """(vadam.10) against refbayes.methods.vogn itself (vogn.11): Vadam(beta1 = 0, no bias
+    correction, per-example squares, no square root, beta2 = 1 - b) and VOGN(beta1 = 0,
+    beta2 = b, curvature "ef", delta = lam, tau = rho = 1, gamma = 0) take the same steps on an
+    MLP from the same (mu, s) with the same draws: draws, s and mu agree to 1e-10."""
+    from refbayes.methods import vogn
+    rng = np.random.default_rng(5)
+    model = MLP([3, 4, 1], "tanh", "gaussian", noise_precision=2.0)
+    X, y = rng.standard_normal((N, 3)), rng.standard_normal(N)
+    lam = rng.uniform(0.5, 2.0, model.D)
+    mu0, s0 = model.init_theta(rng), rng.uniform(0.0, 0.3, model.D)
+    va, vo = vadam.init(mu0, s0), vogn.init(mu0, s0)
+    acfg = vadam.VadamConfig(N, lam, alpha=0.2, beta1=0.0, beta2=0.7, bias_correction=False,
+                             squares="per_example", sqrt=False)
+    ocfg = vogn.VOGNConfig(N, lam, alpha=0.2, beta1=0.0, beta2=0.3, curvature="ef")
+    for t in range(4):
+        idx, eps = rng.permutation(N)[:M], rng.standard_normal((model.D, S))
+        va, ainfo = vadam.step(va, vadam.Batch(X[idx], y[idx]), eps, acfg, model)
+        vo, oinfo = vogn.step(vo, vogn.Batch(X[idx], y[idx]), eps, ocfg, model)
+        assert_close(ainfo.theta, oinfo.theta, EXACT_F64, f"draws, step {t}")
+        assert_close(va.s, vo.s, EXACT_F64, f"s, step {t}")
+        assert_close(va.mu, vo.mu, EXACT_F64, f"mu, step {t}")
