@@ -10,6 +10,7 @@ prior precision lam (D,) is never scaled by N, M or S.
 from __future__ import annotations
 
 import math
+import numbers
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -20,6 +21,7 @@ from refbayes._checks import (
     check_in_range,
     check_int,
     check_positive,
+    check_same_dtype,
 )
 from refbayes.backend import xp_of
 from refbayes.methods import exact_vi
@@ -127,12 +129,37 @@ def check_eps(eps, D: int, dtype, curvature: str):
     if eps is None:
         raise ValueError(f"eps: curvature={curvature!r} needs standard-normal draws of shape "
                          f"(D, S) = ({D}, S >= 1), got None")
+    return check_draws(eps, D, dtype)
+
+
+def check_draws(eps, D: int, dtype) -> int:
+    """eps (D, S), S >= 1 standard-normal draws in the state's dtype; returns S."""
+    if eps is None:
+        raise ValueError(f"eps: expected standard-normal draws of shape (D, S) = ({D}, S >= 1), "
+                         "got None")
     check_array(eps, "eps", ndim=2)
     if eps.shape[0] != D or eps.shape[1] < 1:
         raise ValueError(f"eps: expected shape (D, S) = ({D}, S >= 1), got {tuple(eps.shape)}")
     if eps.dtype != dtype:
         raise ValueError(f"eps: expected dtype {dtype} (the state's), got {eps.dtype}")
     return eps.shape[1]
+
+
+def nonneg_start(value, name: str, mu):
+    """A running average's starting value beside mean mu (D,): None -> zeros, a finite float
+    >= 0 -> that value everywhere, or a (D,) array >= 0 in mu's dtype."""
+    xp = xp_of(mu)
+    D = mu.shape[0]
+    if value is None:
+        return xp.zeros_like(mu)
+    if isinstance(value, numbers.Real) and not isinstance(value, bool):
+        if not math.isfinite(value) or value < 0:
+            raise ValueError(f"{name}: expected a finite value >= 0, got {value}")
+        return xp.full(D, float(value), dtype=mu.dtype)
+    check_array(value, name, shape=(D,))
+    check_same_dtype({"mu": mu, name: value})
+    check_positive(value, name, strict=False)
+    return value
 
 
 def check_curvature(curvature: str) -> str:

@@ -36,6 +36,7 @@ from refbayes.backend import xp_of
 from refbayes.methods._estimates import (
     Batch,
     check_batch,
+    check_draws,
     check_model,
     check_N,
     check_t,
@@ -242,19 +243,6 @@ def _check_cfg(cfg, D, dtype):
     return N, lam, hyper, kl_weight
 
 
-def _check_eps(eps, D, dtype):
-    """eps (D, S), S >= 1, finite, of the state's dtype."""
-    if eps is None:
-        raise ValueError(f"eps: expected standard-normal draws of shape (D, S) = ({D}, S >= 1), "
-                         "got None")
-    check_array(eps, "eps", ndim=2)
-    if eps.shape[0] != D or eps.shape[1] < 1:
-        raise ValueError(f"eps: expected shape (D, S) = ({D}, S >= 1), got {tuple(eps.shape)}")
-    if eps.dtype != dtype:
-        raise ValueError(f"eps: expected dtype {dtype} (the state's), got {eps.dtype}")
-    return eps.shape[1]
-
-
 def _draws(mu, sigma, eps):
     """theta_s = mu + sigma * eps_s, (D, S).  (bbb.2)"""
     return mu[:, None] + sigma[:, None] * eps  # (bbb.2)
@@ -264,7 +252,7 @@ def sample(state: BBBState, eps):
     """theta = mu + softplus(rho) * eps (D, S) for eps (D, S).  (bbb.2)"""
     D = _check_state(state)
     xp_of(state.mu, eps)  # one backend
-    _check_eps(eps, D, state.mu.dtype)
+    check_draws(eps, D, state.mu.dtype)
     return _draws(state.mu, softplus(state.rho), eps)
 
 
@@ -299,7 +287,7 @@ def step(state: BBBState, batch, eps, cfg: BBBConfig, model) -> tuple[BBBState, 
     N, lam, (alpha, beta1, beta2, eps_adam), kl_weight = _check_cfg(cfg, D, dtype)
     check_model(model, D)
     X, y, M = check_batch(batch, model, N, dtype)
-    S = _check_eps(eps, D, dtype)
+    S = check_draws(eps, D, dtype)
     mu, rho = state.mu, state.rho
     c = N / (M * S)
     sigma = softplus(rho)                                                           # (bbb.1)

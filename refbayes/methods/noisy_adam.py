@@ -24,7 +24,6 @@ The prior term is evaluated at the DRAWS w_s (Algorithm 1), not at mu (as Vadam 
 from __future__ import annotations
 
 import math
-import numbers
 from typing import Any, NamedTuple
 
 from refbayes._checks import (
@@ -38,14 +37,15 @@ from refbayes.backend import xp_of
 from refbayes.methods._estimates import (
     Batch,
     check_batch,
+    check_draws,
     check_model,
     check_N,
     check_t,
+    nonneg_start,
 )
 from refbayes.methods.vadam import (
     SQUARES,
     check_decay,
-    check_draws,
     check_precision,
     check_squares,
     grad_moments,
@@ -140,20 +140,8 @@ def init(mu, f0=None) -> NoisyAdamState:
     (kl_weight / N) / gamma_in = 1 / eta, the prior's."""
     check_array(mu, "mu", ndim=1)
     check_float(mu, "mu")
-    xp = xp_of(mu)
-    D = mu.shape[0]
-    if f0 is None:
-        f = xp.zeros_like(mu)
-    elif isinstance(f0, numbers.Real) and not isinstance(f0, bool):
-        if not math.isfinite(f0) or f0 < 0:
-            raise ValueError(f"f0: expected a finite value >= 0, got {f0}")
-        f = xp.full(D, float(f0), dtype=mu.dtype)
-    else:
-        check_array(f0, "f0", shape=(D,))
-        check_same_dtype({"mu": mu, "f0": f0})
-        check_positive(f0, "f0", strict=False)
-        f = f0
-    return NoisyAdamState(mu, xp.zeros_like(mu), f, 0)
+    f = nonneg_start(f0, "f0", mu)
+    return NoisyAdamState(mu, xp_of(mu).zeros_like(mu), f, 0)
 
 
 def prec_diag(state: NoisyAdamState, cfg: NoisyAdamConfig):

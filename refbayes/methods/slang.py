@@ -23,7 +23,6 @@ from __future__ import annotations
 import math
 from typing import Any, NamedTuple
 
-
 from refbayes._checks import check_array, check_float, check_int, check_same_dtype
 from refbayes.backend import xp_of
 from refbayes.linalg import lowrank

@@ -44,9 +44,11 @@ from refbayes.backend import xp_of
 from refbayes.methods._estimates import (
     Batch,
     check_batch,
+    check_draws,
     check_model,
     check_N,
     check_t,
+    nonneg_start,
 )
 
 __all__ = [
@@ -145,19 +147,6 @@ def check_flag(flag, name: str) -> bool:
     return flag
 
 
-def check_draws(eps, D: int, dtype) -> int:
-    """eps (D, S), S >= 1 standard-normal draws in the state's dtype; returns S."""
-    if eps is None:
-        raise ValueError(f"eps: expected standard-normal draws of shape (D, S) = ({D}, S >= 1), "
-                         "got None")
-    check_array(eps, "eps", ndim=2)
-    if eps.shape[0] != D or eps.shape[1] < 1:
-        raise ValueError(f"eps: expected shape (D, S) = ({D}, S >= 1), got {tuple(eps.shape)}")
-    if eps.dtype != dtype:
-        raise ValueError(f"eps: expected dtype {dtype} (the state's), got {eps.dtype}")
-    return eps.shape[1]
-
-
 def _check_cfg(cfg, D, dtype):
     if not isinstance(cfg, VadamConfig):
         raise ValueError(f"cfg: expected a VadamConfig, got {type(cfg).__name__}")
@@ -219,20 +208,8 @@ def init(mu, s0=None) -> VadamState:
     """
     check_array(mu, "mu", ndim=1)
     check_float(mu, "mu")
-    xp = xp_of(mu)
-    D = mu.shape[0]
-    if s0 is None:
-        s = xp.zeros_like(mu)
-    elif isinstance(s0, numbers.Real) and not isinstance(s0, bool):
-        if not math.isfinite(s0) or s0 < 0:
-            raise ValueError(f"s0: expected a finite value >= 0, got {s0}")
-        s = xp.full(D, float(s0), dtype=mu.dtype)
-    else:
-        check_array(s0, "s0", shape=(D,))
-        check_same_dtype({"mu": mu, "s0": s0})
-        check_positive(s0, "s0", strict=False)
-        s = s0
-    return VadamState(mu, xp.zeros_like(mu), s, 0)
+    s = nonneg_start(s0, "s0", mu)
+    return VadamState(mu, xp_of(mu).zeros_like(mu), s, 0)
 
 
 def prec_diag(state: VadamState, cfg: VadamConfig):

@@ -66,6 +66,7 @@ from refbayes.backend import xp_of
 from refbayes.methods._estimates import (
     Batch,
     check_batch,
+    check_draws,
     check_model,
     check_N,
     check_t,
@@ -201,14 +202,8 @@ def _scales(cfg, D: int, dtype) -> _Cfg:
 
 def _check_eps(eps, D: int, dtype):
     """eps (D, S), S >= 1, in the state's dtype; None means OGN (vogn.10)."""
-    if eps is None:
-        return
-    check_array(eps, "eps", ndim=2)
-    if eps.shape[0] != D or eps.shape[1] < 1:
-        raise ValueError(f"eps: expected shape (D, S) = ({D}, S >= 1) or None (OGN), "
-                         f"got {tuple(eps.shape)}")
-    if eps.dtype != dtype:
-        raise ValueError(f"eps: expected dtype {dtype} (the state's), got {eps.dtype}")
+    if eps is not None:
+        check_draws(eps, D, dtype)
 
 
 # ----------------------------------------------------------------------------- the Gaussian
