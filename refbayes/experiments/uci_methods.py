@@ -76,7 +76,8 @@ SLANG, lr 1e-3 with raw momentum 0.9 (an effective step 1e-2, SLANG's), beta2 = 
 beta), per-example squared gradients.
 
 MC dropout (Gal's protocol where this module can follow it): dropout p in (0.005, 0.05), the
-SLANG noise-precision candidates, lengthscale 1e-2, 40 epochs (Gal's short runs), minibatch 32,
+SLANG noise-precision candidates, lengthscale 1e-2, 40 epochs (our choice: Gal's per-dataset
+epoch counts were not readable), minibatch 32,
 Adam 1e-3, 100 test passes (Gal uses 10,000); the prior precision of (mc_dropout.4) with
 inverted dropout (derivations/mc_dropout.md, E-mc_dropout.2).
 
