@@ -1,6 +1,8 @@
-"""Result files for experiments: atomic writes, so an interrupted run never leaves half a file."""
+"""Result files for experiments (atomic writes, so an interrupted run never leaves half a file),
+and the argument types their command lines share."""
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import tempfile
@@ -8,7 +10,7 @@ from pathlib import Path
 
 from refbayes._files import publish
 
-__all__ = ["atomic_write_text", "write_json", "read_json", "format_table"]
+__all__ = ["atomic_write_text", "format_table", "positive_int", "read_json", "seed_arg", "write_json"]
 
 
 def atomic_write_text(path: Path, text: str) -> Path:
@@ -44,3 +46,17 @@ def format_table(header: list[str], rows: list[list]) -> str:
     widths = [max(len(r[i]) for r in cells) for i in range(len(header))]
     line = lambda r: "  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip()  # noqa: E731
     return "\n".join([line(cells[0]), line(["-" * w for w in widths])] + [line(r) for r in cells[1:]])
+
+
+def positive_int(text: str) -> int:
+    """argparse type: an integer >= 1 (epochs, restarts)."""
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {text!r}")
+    return int(text)
+
+
+def seed_arg(text: str) -> int:
+    """argparse type: a master seed, an integer >= 0."""
+    if not text.isdigit():
+        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {text!r}")
+    return int(text)

@@ -23,19 +23,13 @@ from tqdm import tqdm
 
 from refbayes._tolerances import EXACT_F64, rel_err
 from refbayes.datasets import make_logistic_regression
-from refbayes.experiments._io import format_table, write_json
+from refbayes.experiments._io import format_table, seed_arg, write_json
 from refbayes.linalg import gaussian, lowrank
 from refbayes.models import MLP, LogisticRegression, add_intercept
 
 __all__ = ["DESCRIPTION", "add_arguments", "run"]
 
 DESCRIPTION = "check per-example gradients, curvature and low-rank algebra against dense oracles"
-
-
-def _seed(text: str) -> int:
-    if not text.isdigit():
-        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {text!r}")
-    return int(text)
 
 
 def _out_dir(text: str) -> Path:
@@ -48,7 +42,7 @@ def _out_dir(text: str) -> Path:
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", type=_out_dir, default=Path("results/selfcheck"),
                         help="output folder (default: results/selfcheck)")
-    parser.add_argument("--seed", type=_seed, default=0, help="seed of the synthetic data (default 0)")
+    parser.add_argument("--seed", type=seed_arg, default=0, help="seed of the synthetic data (default 0)")
     parser.add_argument("--quick", action="store_true", help="smaller problem (smoke test)")
 
 

@@ -43,7 +43,14 @@ from refbayes.datasets import (
     make_logistic_regression,
     random_split,
 )
-from refbayes.experiments._io import atomic_write_text, format_table, read_json, write_json
+from refbayes.experiments._io import (
+    atomic_write_text,
+    format_table,
+    positive_int,
+    read_json,
+    seed_arg,
+    write_json,
+)
 from refbayes.linalg import gaussian
 from refbayes.methods import driver, exact_vi, ngvi, slang
 from refbayes.models import LogisticRegression, add_intercept
@@ -88,18 +95,6 @@ PAPER_AUSTRALIAN = {
 
 # ----------------------------------------------------------------------------- arguments
 
-def _positive_int(text: str) -> int:
-    if not text.isdigit() or int(text) < 1:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {text!r}")
-    return int(text)
-
-
-def _seed(text: str) -> int:
-    if not text.isdigit():
-        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {text!r}")
-    return int(text)
-
-
 def _methods(text: str) -> tuple:
     names = tuple(m.strip() for m in text.split(",") if m.strip())
     bad = [m for m in names if m not in METHODS]
@@ -114,16 +109,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="default: synthetic data shipped in the package (about a minute)")
     parser.add_argument("--data-dir", type=Path, default=None,
                         help="folder of the benchmark data (default: $REFBAYES_DATA, then the user cache)")
-    parser.add_argument("--epochs", type=_positive_int, default=None,
+    parser.add_argument("--epochs", type=positive_int, default=None,
                         help=f"epochs per run (default: {PAPER_EPOCHS}, the paper's; synthetic "
                              f"{SYNTHETIC['epochs']}; --quick {QUICK[0]})")
-    parser.add_argument("--restarts", type=_positive_int, default=None,
+    parser.add_argument("--restarts", type=positive_int, default=None,
                         help="random splits (default: the paper's 20, a1a 1; synthetic 3; --quick 5)")
     parser.add_argument("--methods", type=_methods, default=METHODS,
                         help=f"comma-separated subset of {','.join(METHODS)}")
     parser.add_argument("--quick", action="store_true",
                         help=f"{QUICK[0]} epochs, {QUICK[1]} restarts: australian in under 10 minutes")
-    parser.add_argument("--seed", type=_seed, default=0, help="master seed (default 0)")
+    parser.add_argument("--seed", type=seed_arg, default=0, help="master seed (default 0)")
     parser.add_argument("--out", type=Path, default=Path("results/slang-logreg"),
                         help="output folder (default: results/slang-logreg)")
     parser.add_argument("--fresh", action="store_true",

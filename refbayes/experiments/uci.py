@@ -73,7 +73,9 @@ from refbayes.experiments import uci_methods
 from refbayes.experiments._io import (
     atomic_write_text,
     format_table,
+    positive_int,
     read_json,
+    seed_arg,
     write_json,
 )
 from refbayes.models import MLP
@@ -145,18 +147,6 @@ def _argtype(fn):
             raise argparse.ArgumentTypeError(str(err).removeprefix("--splits: ")) from err
     wrapped.__name__ = fn.__name__
     return wrapped
-
-
-def _positive_int(text: str) -> int:
-    if not text.isdigit() or int(text) < 1:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {text!r}")
-    return int(text)
-
-
-def _seed(text: str) -> int:
-    if not text.isdigit():
-        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {text!r}")
-    return int(text)
 
 
 # ----------------------------------------------------------------------------- data
@@ -502,13 +492,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "5; with --dataset all, indices a dataset lacks are skipped for it)")
     parser.add_argument("--quick", action="store_true",
                         help="smoke-test budget: few epochs, a 2-point grid, few test draws")
-    parser.add_argument("--epochs", type=_positive_int, default=None,
+    parser.add_argument("--epochs", type=positive_int, default=None,
                         help="epochs per fit (default: the method's; --quick: its quick value)")
     parser.add_argument("--out", type=Path, default=Path("results/uci"),
                         help="output folder (default: results/uci)")
     parser.add_argument("--fresh", action="store_true",
                         help="recompute splits whose saved settings differ instead of stopping")
-    parser.add_argument("--seed", type=_seed, default=0, help="master seed (default 0)")
+    parser.add_argument("--seed", type=seed_arg, default=0, help="master seed (default 0)")
     parser.add_argument("--data-dir", type=Path, default=None,
                         help="folder of the benchmark data (default: $REFBAYES_DATA, then the user cache)")
 

@@ -198,9 +198,11 @@ def init(theta) -> MAPState:
     return MAPState(theta, adam_init(theta), 0)
 
 
-def _check_map_state(state) -> int:
-    if not isinstance(state, MAPState):
-        raise ValueError(f"state: expected a MAPState, got {type(state).__name__}")
+def check_theta_state(state, cls) -> int:
+    """A (theta, adam, t) state of class ``cls`` (MAPState, mc_dropout's MCDropoutState): theta
+    (D,) floating, Adam moments of theta's shape and dtype, t a step count; returns D."""
+    if not isinstance(state, cls):
+        raise ValueError(f"state: expected a {cls.__name__}, got {type(state).__name__}")
     check_array(state.theta, "state.theta", ndim=1)
     check_float(state.theta, "state.theta")
     D = state.theta.shape[0]
@@ -216,7 +218,7 @@ def step(state: MAPState, batch, cfg: AdamConfig, model, N: int, lam) -> tuple[M
     N: training-set size (scales the minibatch sum by N / M); lam: prior precision (scalar or
     (D,), >= 0). The gradient is ``model.grad`` (a summed backprop pass, no per-example rows).
     """
-    D = _check_map_state(state)
+    D = check_theta_state(state, MAPState)
     dtype = state.theta.dtype
     alpha, beta1, beta2, eps = check_adam_config(cfg)
     N = check_N(N)

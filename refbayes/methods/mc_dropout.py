@@ -35,17 +35,16 @@ from refbayes.methods._estimates import (
     check_batch,
     check_model,
     check_N,
-    check_t,
 )
 from refbayes.methods.adam import (
     AdamState,
     _adam,
     adam_init,
     check_adam_hyper,
-    check_adam_state,
+    check_theta_state,
 )
 from refbayes.models import _layers
-from refbayes.models.dropout import _forward, _inputs, _residual_pass
+from refbayes.models.dropout import masked_forward, masked_output_and_grad
 from refbayes.models.likelihoods import Gaussian
 
 __all__ = [
@@ -123,14 +122,7 @@ def _check_tau(model, tau):
 
 
 def _check_state(state) -> int:
-    if not isinstance(state, MCDropoutState):
-        raise ValueError(f"state: expected an MCDropoutState, got {type(state).__name__}")
-    check_array(state.theta, "state.theta", ndim=1)
-    check_float(state.theta, "state.theta")
-    D = state.theta.shape[0]
-    check_t(state.t)
-    check_adam_state(state.adam, D, state.theta.dtype, "state.adam")
-    return D
+    return check_theta_state(state, MCDropoutState)
 
 
 # ----------------------------------------------------------------------------- the objective
@@ -184,15 +176,15 @@ def step(state: MCDropoutState, batch, masks, cfg: MCDropoutConfig,
     """
     D = _check_state(state)
     dtype = state.theta.dtype
-    N, p, _, tau, (alpha, beta1, beta2, eps_adam) = _check_cfg(cfg)
+    N, _, _, tau, (alpha, beta1, beta2, eps_adam) = _check_cfg(cfg)
     check_model(model, D)
     _check_tau(model, tau)
     X, y, M = check_batch(batch, model, N, dtype)
-    s = 1.0 / (1.0 - p) if cfg.inverted else 1.0                                  # (mc_dropout.1)
-    xp, theta, X, y, sz = _inputs(model, state.theta, X, y, masks, s)
+    theta = state.theta
+    xp = xp_of(theta, X)
+    f, g_sum = masked_output_and_grad(model, theta, X, y, masks, scale(cfg))      # (mc_dropout.1)-(mc_dropout.2)
     lam = xp.asarray(prior_precision(cfg, model, dtype))                          # (mc_dropout.4)
-    inputs, deltas, f = _residual_pass(xp, model, theta, X, y, sz)                # (mc_dropout.1)-(mc_dropout.2)
-    g_data = (N / M) * _layers.summed_blocks(xp, inputs, deltas, model.bias)      # (mc_dropout.5)
+    g_data = (N / M) * g_sum                                                      # (mc_dropout.5)
     g = g_data + lam * theta                                                      # (mc_dropout.5)
     delta, adam = _adam(xp, g, state.adam, alpha, beta1, beta2, eps_adam, state.t)  # (adam.1)-(adam.4)
     theta_new = theta + delta                                                     # (mc_dropout.6)
@@ -206,22 +198,20 @@ def predict_samples(state: MCDropoutState, X, masks_list, cfg: MCDropoutConfig, 
     """F (S, n, n_out): F[s] = masked_forward(theta, X, masks_list[s]), the S stochastic forward
     passes of the MC predictive (masks drawn Bernoulli(1 - p), one list per pass).  (mc_dropout.7)"""
     _check_state(state)
-    _, p, _, _, _ = _check_cfg(cfg)
+    _check_cfg(cfg)
     check_model(model, state.theta.shape[0])
     if not isinstance(masks_list, (list, tuple)) or len(masks_list) < 1:
         raise ValueError("masks_list: expected a non-empty list of mask lists (one per Monte "
                          f"Carlo pass), got {type(masks_list).__name__}")
-    s = 1.0 / (1.0 - p) if cfg.inverted else 1.0
     out = []
     for k, masks in enumerate(masks_list):
         try:
-            xp, theta, Xc, _, sz = _inputs(model, state.theta, X, None, masks, s, need_y=False)
+            out.append(masked_forward(model, state.theta, X, masks, scale(cfg)))         # (mc_dropout.7)
         except ValueError as err:
             if str(err).startswith("masks"):
                 raise ValueError(f"masks_list[{k}]: {err}") from None
             raise
-        out.append(_forward(xp, model, theta, Xc, sz)[3])                           # (mc_dropout.7)
-    return xp.stack(out)
+    return xp_of(*out).stack(out)
 
 
 def predictive_log_likelihood(F, y, noise_precision: float):

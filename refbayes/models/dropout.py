@@ -24,7 +24,7 @@ from refbayes.backend import xp_of
 from refbayes.models import _layers
 from refbayes.models.base import FlatModel
 
-__all__ = ["masked_forward", "masked_grad", "masked_per_example_grads",
+__all__ = ["masked_forward", "masked_grad", "masked_output_and_grad", "masked_per_example_grads",
            "masked_per_example_losses"]
 
 
@@ -108,11 +108,17 @@ def _residual_pass(xp, model, theta, X, y, sz):
     return inputs, _backward(params, hidden, sz, r, model.activation), f
 
 
+def masked_output_and_grad(model, theta, X, y, masks, scale):
+    """(f (M, n_out), sum_i dl_i/dtheta (D,)) of the masked network from one forward and one
+    backprop pass.  (mc_dropout.1)-(mc_dropout.2)"""
+    xp, theta, X, y, sz = _inputs(model, theta, X, y, masks, scale)
+    inputs, deltas, f = _residual_pass(xp, model, theta, X, y, sz)
+    return f, _layers.summed_blocks(xp, inputs, deltas, model.bias)  # (mc_dropout.2)
+
+
 def masked_grad(model, theta, X, y, masks, scale):
     """sum_i dl_i/dtheta (D,) of the masked network, by one backprop pass.  (mc_dropout.2)"""
-    xp, theta, X, y, sz = _inputs(model, theta, X, y, masks, scale)
-    inputs, deltas, _ = _residual_pass(xp, model, theta, X, y, sz)
-    return _layers.summed_blocks(xp, inputs, deltas, model.bias)  # (mc_dropout.2)
+    return masked_output_and_grad(model, theta, X, y, masks, scale)[1]
 
 
 def masked_per_example_grads(model, theta, X, y, masks, scale):
