@@ -1,0 +1,51 @@
+"""The README claims only what exists: every path it names is in the tree, and the methods it
+lists as implemented are exactly those whose module exists (the others are on the roadmap line)."""
+import re
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+README = (ROOT / "README.md").read_text(encoding="utf-8")
+
+# Method name as the README writes it -> the module that implements it (DESIGN.md's layout).
+PLANNED_OR_DONE = {
+    "Noisy K-FAC": "refbayes/methods/noisy_kfac.py",
+    "k-tied Normal": "refbayes/methods/ktied.py",
+    "SWA/SWAG": "refbayes/methods/swag.py",
+    "Riemannian\nLaplace approximation": "refbayes/methods/riemannian_laplace.py",
+    "Laplace": "refbayes/methods/laplace.py",
+}
+
+
+def _paragraphs():
+    intro = README.split("## ")[0]
+    implemented, _, roadmap = intro.partition("Roadmap")
+    assert roadmap, "README: the first section must have a 'Roadmap' line for what is planned"
+    return implemented, roadmap
+
+
+def _mentions(text: str, name: str) -> bool:
+    # The README wraps lines at 100 columns, so a name may be split at any space.
+    pattern = r"\s+".join(map(re.escape, name.split()))
+    if name == "Laplace":  # not the 'Laplace' inside 'Riemannian Laplace approximation'
+        text = re.sub(r"Riemannian\s+Laplace", "", text)
+    return re.search(pattern, text) is not None
+
+
+@pytest.mark.parametrize("name", PLANNED_OR_DONE)
+def test_first_paragraph_lists_a_method_only_when_its_module_exists(name):
+    implemented, roadmap = _paragraphs()
+    exists = (ROOT / PLANNED_OR_DONE[name]).is_file()
+    assert _mentions(implemented, name) == exists, (
+        f"README's first paragraph {'omits' if exists else 'lists'} {name!r}, but "
+        f"{PLANNED_OR_DONE[name]} {'exists' if exists else 'does not exist'}")
+    assert _mentions(roadmap, name) == (not exists), (
+        f"README's roadmap line {'lists' if exists else 'omits'} {name!r}")
+
+
+def test_every_path_the_readme_names_exists():
+    named = set(re.findall(r"`((?:refbayes|derivations|tests|asv_benchmarks)/[^`*\s]+)`", README))
+    assert named, "README names no paths: the pattern above is stale"
+    missing = sorted(p for p in named if not (ROOT / p).exists())
+    assert not missing, f"README names paths that do not exist: {missing}"
