@@ -223,8 +223,9 @@ def test_sample_rank_deficient_U(xp, dtype, case):
                  f"S S^T, U {case}")
 
 
-def test_sample_is_the_symmetric_root():
-    # S = d^{-1/2} (I + V V^T)^{-1/2}: the symmetric inverse square root, not just any root
+def test_sample_is_d_scaled_symmetric_root():
+    # S = d^{-1/2} (I + V V^T)^{-1/2}: the symmetric inverse square root of I + V V^T scaled by
+    # d^{-1/2} (lowrank.8), not just any root of P^{-1}; S itself is not symmetric
     rng = np.random.default_rng(7)
     U, d = rng.standard_normal((6, 2)), rng.uniform(0.1, 10, 6)
     V = U / np.sqrt(d)[:, None]

@@ -7,10 +7,9 @@ from refbayes.backend import to_numpy
 from refbayes.methods import adam
 from refbayes.models import MLP, add_intercept
 from tests.reference import bbb_dense as ref
-from tests.tolerances import EXACT_F32, EXACT_F64, assert_close
+from tests.tolerances import CONVERGED, EXACT_F32, EXACT_F64, assert_close
 
 D = 9
-CONVERGED = 1e-8  # the bar for "converges to the known answer"
 
 
 def _grads(steps, seed=0, scale=1.0):

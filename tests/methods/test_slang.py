@@ -8,7 +8,7 @@ from refbayes.linalg import lowrank
 from refbayes.methods import ngvi, slang
 from refbayes.models import MLP, LogisticRegression, add_intercept
 from tests.reference import ngvi_dense as ref
-from tests.tolerances import EXACT_F32, EXACT_F64, assert_close
+from tests.tolerances import CONVERGED, EXACT_F32, EXACT_F64, assert_close
 
 N, P, M = 40, 5, 8
 D = P + 1
@@ -135,6 +135,22 @@ def test_alg3_sampler_draws_from_the_same_gaussian():
     assert not np.allclose(slang.sample(state, I, "alg3"), slang.sample(state, I))
 
 
+def test_default_sampler_is_a_nonsymmetric_root():
+    """(slang.2) sampler="symmetric" is S = d^{-1/2} (I + V V^T)^{-1/2}: only the inner factor is
+    symmetric. Fed eps = I (mu = 0) sample returns S; S S^T = P^{-1} to 1e-10, while S != S^T,
+    S^T S != P^{-1} and S != P^{-1/2} (the symmetric root) by more than 10%, with d spread over
+    [0.2, 5]."""
+    rng = np.random.default_rng(4)
+    state = slang.init(np.zeros(D), rng.standard_normal((D, 2)), np.linspace(0.2, 5.0, D))
+    S = slang.sample(state, np.eye(D))
+    Sigma = slang.dense_covariance(state)
+    assert_close(S @ S.T, Sigma, EXACT_F64, "S S^T")
+    w, Q = np.linalg.eigh(Sigma)
+    assert _rel(S, S.T) > 1e-1
+    assert _rel(S.T @ S, Sigma) > 1e-1
+    assert _rel(S, (Q * np.sqrt(w)) @ Q.T) > 1e-1
+
+
 def test_float32_step_matches_float64():
     X, y, model = _problem()
     state = _start(2)
@@ -229,7 +245,9 @@ def test_erratum_vogn_curvature_scale():
     """Poster VOGN: G = (1/M) sum g_i g_i^T with lambda unscaled; corrected: (N/M) sum (ngvi.7).
     On Bayesian linear regression (Hessian curvature, beta = 1) the corrected step lands on the
     posterior; with the printed 1/M scaling of the data terms it does not (the prior is N times
-    too strong relative to the data)."""
+    too strong relative to the data). slang.step itself, iterated with eps = 0, lands on the
+    posterior mean with U U^T the top-L part of the corrected G, and on the printed mean when its
+    data terms are scaled by 1/N."""
     rng = np.random.default_rng(3)
     X = rng.standard_normal((N, P))
     y = X @ rng.standard_normal(P) + 0.1 * rng.standard_normal(N)
@@ -247,6 +265,30 @@ def test_erratum_vogn_curvature_scale():
     mu_printed = np.linalg.solve(Prec_printed, tau * Xd.T @ y / N)
     assert _rel(mu_printed, post_mu) > 1e-2
     assert _rel(Prec_printed, Prec) > 1e-1
+
+    # SLANG itself (slang.step, L = 2, beta = 1, full batch M = N, eps = 0 so theta = mu): its
+    # data terms carry N / (M S) = 1. Started at the printed answer, its mean leaves it and lands
+    # on the posterior mean, and its low-rank factor is the top-L part of the corrected
+    # G = (N / M) sum_i g_i g_i^T at that mean, not of the printed (1 / M) sum_i g_i g_i^T.
+    # alpha = 0.015: near the fixed point the EF preconditioner is ~25 times smaller than the
+    # Hessian here (residuals 0.1 against tau_n = 4), and the iteration is stable for alpha < 0.024.
+    L, zero = 2, np.zeros((D, 1))
+    scfg = slang.SLANGConfig(N, LAM, L=L, alpha=0.015, beta=1.0, decay=0.0)
+    st = slang.init(mu_printed, np.zeros((D, L)), np.ones(D))
+    for _ in range(400):  # reaches 1e-15 in ~160 steps
+        st, _ = slang.step(st, slang.Batch(X, y), zero, scfg, model)
+    assert_close(st.mu, post_mu, CONVERGED, "slang.step vs the posterior mean")
+    F = tau * (Xd @ post_mu - y)[:, None] * Xd  # per-example gradients at the posterior mean
+    assert_close(st.U @ st.U.T, ref.top_L(F.T @ F, L), CONVERGED, "U U^T vs [(N/M) sum g g^T]_L")
+    assert _rel(ref.top_L(F.T @ F / N, L), st.U @ st.U.T) > 1e-1
+    # The printed data scale, reproduced through the package: at full batch (1/M) sum_i g_i is
+    # (N/M) sum_i g_i of the model with noise precision tau / N (g is linear in tau_n), so the
+    # same step on that model, started at the posterior mean, leaves it for the printed mean.
+    model_printed = MLP([P, 1], likelihood="gaussian", noise_precision=tau / N)
+    st = slang.init(post_mu, np.zeros((D, L)), np.ones(D))
+    for _ in range(1000):  # reaches 1e-15 in ~520 steps
+        st, _ = slang.step(st, slang.Batch(X, y), zero, scfg, model_printed)
+    assert_close(st.mu, mu_printed, CONVERGED, "slang.step at the printed scale")
 
 
 # ----------------------------------------------------------------------------- bad input

@@ -10,10 +10,9 @@ from refbayes.methods import ngvi, vogn
 from refbayes.models import MLP, LogisticRegression, add_intercept
 from tests.reference import vogn_dense as ref
 from tests.reference.per_example import spec_of
-from tests.tolerances import EXACT_F32, EXACT_F64, assert_close
+from tests.tolerances import CONVERGED, EXACT_F32, EXACT_F64, assert_close
 
 N, P, M = 40, 4, 6
-CONVERGED = 1e-8  # the issue's bar for "converges to the mean-field optimum / the MAP"
 
 
 def _rel(a, b):
@@ -320,6 +319,8 @@ def test_erratum_tempering_fixed_point():
     for _ in range(400):
         state, _ = vogn.step(state, vogn.Batch(X, y), zero, cfg, model)
     assert_close(vogn.prec_diag(state, cfg), prec, CONVERGED, "library precision")
+    assert_close(state.mu, mean, CONVERGED, "library mean")
+    assert _rel(vogn.prec_diag(state, cfg), prec_printed) > 1e-2  # not the printed fixed point
 
 
 @pytest.mark.parametrize("tau", [1.0, 0.5])
@@ -364,6 +365,36 @@ def test_printed_algorithm_is_a_shifted_damping():
         assert_close(info.theta, theta, EXACT_F64, f"draws, step {t}")
         assert_close(state.s, tau * s, EXACT_F64, f"s, step {t}")
         assert_close(state.mu, mu, EXACT_F64, f"mu, step {t}")
+
+
+@pytest.mark.parametrize("beta1", [0.0, 0.5])
+def test_erratum_momentum_prior_precision(beta1):
+    """E-vogn.2: Algorithm 1 prints m <- beta1 m + (ghat + delta mu) with the FULL prior precision;
+    corrected (vogn.7): delta~ = tau delta / N. Bayesian linear regression (tau = rho = 1), full
+    batch, eps = 0: the library's step lands on the posterior mean to 1e-8; the printed line,
+    iterated otherwise identically (tests/reference/vogn_dense.py, printed_momentum=True), settles
+    on the posterior under the prior N delta, 41% (relative) away from the posterior mean."""
+    X, y, noise = _linear_regression()
+    model = MLP([P, 1], likelihood="gaussian", noise_precision=noise)
+    D = model.D
+    delta = np.linspace(0.5, 2.0, D)
+    Xd = add_intercept(X)
+    post_mu = np.linalg.solve(noise * Xd.T @ Xd + np.diag(delta), noise * Xd.T @ y)
+    cfg = vogn.VOGNConfig(N, delta, alpha=0.5, beta1=beta1, beta2=0.5, curvature="ggn")
+    state, zero = vogn.init(np.zeros(D), np.ones(D)), np.zeros((D, 1))
+    for _ in range(400):
+        state, _ = vogn.step(state, vogn.Batch(X, y), zero, cfg, model)
+    assert_close(state.mu, post_mu, CONVERGED, "library mean vs the posterior mean")
+    est = ref.blr_estimates(Xd, y, noise)
+    mu, s, m = np.zeros(D), np.ones(D), np.zeros(D)
+    for _ in range(400):
+        mu, s, m, _ = ref.vogn_step(mu, s, m, est, zero, N, delta, 0.5, beta1, 0.5,
+                                    printed_momentum=True)
+    # at rest ghat + delta mu = 0: (tau_n / N) X~^T (X~ mu - y) + delta mu = 0
+    printed_mu = np.linalg.solve(noise * Xd.T @ Xd + N * np.diag(delta), noise * Xd.T @ y)
+    assert_close(mu, printed_mu, CONVERGED, "the printed line's fixed point")
+    err = _rel(mu, post_mu)
+    assert err > 0.2, err
 
 
 # ----------------------------------------------------------------------------- dtype, backend

@@ -56,13 +56,15 @@ def blr_estimates(Xd, y, noise_precision):
 
 
 def vogn_step(mu, s, m, est, eps, N, delta, alpha, beta1, beta2, gamma=0.0, tau=1.0, rho=1.0,
-              printed=False, momentum="heavy-ball"):
+              printed=False, momentum="heavy-ball", printed_momentum=False):
     """-> (mu', s', m', theta). (vogn.2)-(vogn.10); eps None = OGN (theta = mu); est(theta) gives
     (ghat, hhat) at the draws theta (D, S).
 
     printed=True uses Algorithm 1's printed tempering lines (E-vogn.1): sigma = (N (s + delta~ +
     gamma))^{-1/2} and s <- (1 - tau beta2) s + beta2 hhat. momentum="ema" replaces (vogn.7) by
     the exponential-average form m <- beta1 m + (1 - beta1)(ghat + delta~ mu).
+    printed_momentum=True uses Algorithm 1's printed momentum line (E-vogn.2), whose prior term is
+    the FULL prior precision: m <- beta1 m + (ghat + delta mu); the preconditioner keeps delta~.
     """
     N_eff = rho * N
     dt = tau * delta / N_eff
@@ -75,10 +77,11 @@ def vogn_step(mu, s, m, est, eps, N, delta, alpha, beta1, beta2, gamma=0.0, tau=
     else:
         theta = np.stack([mu + sigma * eps[:, k] for k in range(eps.shape[1])], axis=1)
     g, h = est(theta)
+    prior = delta if printed_momentum else dt
     if momentum == "ema":
-        m_new = beta1 * m + (1 - beta1) * (g + dt * mu)
+        m_new = beta1 * m + (1 - beta1) * (g + prior * mu)
     else:
-        m_new = beta1 * m + (g + dt * mu)
+        m_new = beta1 * m + (g + prior * mu)
     s_new = (1 - tau * beta2) * s + beta2 * h if printed else (1 - beta2) * s + beta2 * h
     mu_new = mu - alpha * m_new / (s_new + dt + gamma)
     return mu_new, s_new, m_new, theta
