@@ -24,12 +24,12 @@ import numpy as np
 from tqdm import tqdm
 
 from refbayes._files import publish
-from refbayes.datasets.libsvm import load_libsvm
+from refbayes.datasets.libsvm import parse_libsvm
 from refbayes.datasets.paths import ENV_VAR, resolve_data_dir
 from refbayes.datasets.registry import FileSpec, get_dataset
 
 __all__ = ["FileStatus", "DownloadError", "ChecksumMismatchError", "libsvm_content_digest",
-           "sha256_file", "check_file", "verify", "fetch"]
+           "sha256_file", "check_file", "check_file_digest", "verify", "fetch"]
 
 _CHUNK = 1 << 16
 _TIMEOUT_S = 60
@@ -69,7 +69,7 @@ def sha256_file(path) -> str:
 def _check_content(spec: FileSpec, path: Path) -> FileStatus:
     want = spec.content
     try:
-        X, y = load_libsvm(path, want.n_features)
+        X, y = parse_libsvm(path, want.n_features)
     except ValueError as err:
         return FileStatus(spec.path, "mismatch", f"sha256 differs and the file does not parse: {err}")
     labels, counts = np.unique(y, return_counts=True)
@@ -84,17 +84,39 @@ def _check_content(spec: FileSpec, path: Path) -> FileStatus:
     return FileStatus(spec.path, "ok", "content (bytes differ from the staged copy; parsed X, y identical)")
 
 
-def check_file(spec: FileSpec, path) -> FileStatus:
-    """Status of the file at ``path`` against registry entry ``spec`` (see the module docstring)."""
+def check_file_digest(spec: FileSpec, path) -> tuple:
+    """Check a file against its registry entry and return the digest found.
+
+    The one check behind :func:`check_file`, ``data verify`` and verify-on-load
+    (:mod:`refbayes.datasets.integrity`): sha256, or parsed content for LIBSVM text files.
+
+    Parameters
+    ----------
+    spec : FileSpec
+        The registry entry.
+    path : path-like
+        The file on disk.
+
+    Returns
+    -------
+    tuple of (FileStatus, str or None)
+        The status, and the sha256 of the file's bytes (None for a missing file).
+    """
     path = Path(path)
     if not path.is_file():
-        return FileStatus(spec.path, "missing", str(path))
+        return FileStatus(spec.path, "missing", str(path)), None
     digest = sha256_file(path)
     if digest == spec.sha256:
-        return FileStatus(spec.path, "ok", "sha256")
+        return FileStatus(spec.path, "ok", "sha256"), digest
     if spec.content is not None:
-        return _check_content(spec, path)
-    return FileStatus(spec.path, "mismatch", f"sha256 {digest[:16]}..., expected {spec.sha256[:16]}...")
+        return _check_content(spec, path), digest
+    return (FileStatus(spec.path, "mismatch",
+                       f"sha256 {digest[:16]}..., expected {spec.sha256[:16]}..."), digest)
+
+
+def check_file(spec: FileSpec, path) -> FileStatus:
+    """Status of the file at ``path`` against registry entry ``spec`` (see the module docstring)."""
+    return check_file_digest(spec, path)[0]
 
 
 def verify(name: str, data_dir=None) -> list:

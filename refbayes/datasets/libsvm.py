@@ -1,8 +1,13 @@
-"""Reader for LIBSVM / svmlight text files (``label index:value index:value ...``)."""
+"""Reader for LIBSVM / svmlight text files (``label index:value index:value ...``).
+
+:func:`load_libsvm` verifies a registered dataset file against the registry before it parses it
+(and warns for any other file); :func:`parse_libsvm` is the bare parser (no verification).
+"""
 from __future__ import annotations
 
 import math
 import os
+import re
 from pathlib import Path
 
 import numpy as np
@@ -10,7 +15,7 @@ import numpy as np
 from refbayes._checks import check_int
 from refbayes.datasets._containers import Data, float_dtype
 
-__all__ = ["load_libsvm"]
+__all__ = ["load_libsvm", "parse_libsvm"]
 
 
 def _parse_entry(token: str, where: str) -> tuple[int, float]:
@@ -37,11 +42,33 @@ def _parse_label(token: str, where: str) -> float:
     return label
 
 
+_NEWLINE = re.compile(r"\r\n|\r|\n")  # universal newlines, as text mode reads them
+
+
+def _lines(fh, path: Path):
+    """``(line number, text)`` of a binary file, lines split as text mode would; a byte that is
+    not ASCII is a ValueError naming the file and line (decoded line by line, not in blocks, so
+    the line number is exact)."""
+    lineno = 0
+    for raw in fh:
+        try:
+            text = raw.decode("ascii")
+        except UnicodeDecodeError as err:
+            raise ValueError(f"{path}:{lineno + 1}: expected ASCII text, got byte "
+                             f"{raw[err.start:err.start + 1]!r} at column {err.start + 1}") from None
+        pieces = _NEWLINE.split(text)
+        if pieces[-1] == "":
+            pieces.pop()  # the piece after the final line terminator
+        for line in pieces:
+            lineno += 1
+            yield lineno, line
+
+
 def _parse_lines(path: Path, n_features):
     """Labels, and (row, 1-based index, value) triplets, of every non-blank line."""
     labels, rows, cols, vals = [], [], [], []
-    with open(path, encoding="ascii", errors="strict") as fh:
-        for lineno, line in enumerate(fh, start=1):
+    with open(path, "rb") as fh:
+        for lineno, line in _lines(fh, path):
             # svmlight allows a trailing '# comment'; blank lines carry no example.
             tokens = line.split("#", 1)[0].split()
             if not tokens:
@@ -64,6 +91,47 @@ def _parse_lines(path: Path, n_features):
 
 
 def load_libsvm(path, n_features=None, *, dtype=np.float64) -> Data:
+    """Read LIBSVM text as :func:`parse_libsvm` does, after verifying the file.
+
+    A registered dataset file (a path ending in a registered relative path such as ``a1a/a1a``)
+    must match the registry; any other file is read with an
+    :class:`~refbayes.datasets.integrity.UnverifiedDataWarning` (a UserWarning).
+
+    Parameters
+    ----------
+    path : path-like
+        The file.
+    n_features : int, optional
+        Number of columns of X; None means the largest index present.
+    dtype : numpy dtype, optional
+        The dtype of X and y: float64 (default) or float32.
+
+    Returns
+    -------
+    Data
+        ``X`` (n, n_features) and ``y`` (n,) labels as read.
+
+    Raises
+    ------
+    DataVerificationError
+        A ValueError: a registered file that does not match the registry.
+    ValueError
+        Everything :func:`parse_libsvm` raises.
+    """
+    # Imported here: integrity imports download, which imports this module.
+    from refbayes.datasets.integrity import check_path
+    _check_path_arg(path)
+    float_dtype(dtype)  # argument errors first, before any hashing or warning
+    check_path(path)
+    return parse_libsvm(path, n_features, dtype=dtype)
+
+
+def _check_path_arg(path) -> None:
+    if not isinstance(path, (str, os.PathLike)):
+        raise ValueError(f"path: expected a file path, got {type(path).__name__}")
+
+
+def parse_libsvm(path, n_features=None, *, dtype=np.float64) -> Data:
     """Dense (X, y) from LIBSVM text: ``X[i, j - 1] = v`` for each ``j:v`` on example line i.
 
     Indices are 1-based; absent entries are 0. The label is the first token ('+1', '1' and '-1'
@@ -72,12 +140,30 @@ def load_libsvm(path, n_features=None, *, dtype=np.float64) -> Data:
     columns (a1a needs 123 because features 120-123 never occur in its training file); when None
     it is the largest index present.
 
-    Raises ValueError naming the file and line for a malformed line, a repeated index, or an
-    index larger than ``n_features``; and for a file with no examples.
+    No checksum verification (see :func:`load_libsvm`).
+
+    Parameters
+    ----------
+    path : path-like
+        The file.
+    n_features : int, optional
+        Number of columns of X; None means the largest index present.
+    dtype : numpy dtype, optional
+        The dtype of X and y: float64 (default) or float32.
+
+    Returns
+    -------
+    Data
+        ``X`` (n, n_features) and ``y`` (n,) labels as read.
+
+    Raises
+    ------
+    ValueError
+        Naming the file and line for a malformed line, a byte that is not ASCII, a repeated
+        index, or an index larger than ``n_features``; and for a file with no examples.
     """
     dt = float_dtype(dtype)
-    if not isinstance(path, (str, os.PathLike)):
-        raise ValueError(f"path: expected a file path, got {type(path).__name__}")
+    _check_path_arg(path)
     path = Path(path)
     if n_features is not None:
         n_features = check_int(n_features, "n_features", low=1)

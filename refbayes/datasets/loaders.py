@@ -4,14 +4,20 @@ Every reader takes ``data_dir`` (resolved as in :mod:`refbayes.datasets.paths`) 
 (float64 by default, float32 allowed), and returns float arrays of that dtype, except the
 multiclass labels of MNIST and digits, which are int64 class indices because they index
 one-hot targets and softmax outputs.
+
+Every file is verified against the registry before it is parsed
+(:func:`refbayes.datasets.integrity.verified_file`): a damaged, truncated or edited file raises
+:class:`~refbayes.datasets.integrity.DataVerificationError` (a ValueError) naming the file, both
+checksums and ``refbayes data fetch NAME``. Parse errors name the file.
 """
 from __future__ import annotations
 
 import numpy as np
 
 from refbayes.datasets._containers import Data, TrainTest, float_dtype
-from refbayes.datasets.libsvm import load_libsvm
-from refbayes.datasets.paths import require_file
+from refbayes.datasets._text import loadtxt
+from refbayes.datasets.integrity import verified_file
+from refbayes.datasets.libsvm import parse_libsvm
 
 __all__ = ["load_australian", "load_breast_cancer", "load_a1a", "load_usps_3vs5",
            "load_mnist_subset", "load_digits", "load_vadam_presplit", "map_labels"]
@@ -33,8 +39,8 @@ def map_labels(y, mapping: dict, what: str) -> np.ndarray:
 
 
 def _binary_libsvm(name: str, relpath: str, n_features: int, mapping: dict, data_dir, dtype) -> Data:
-    path = require_file(name, relpath, data_dir)
-    X, y = load_libsvm(path, n_features, dtype=dtype)
+    path = verified_file(name, relpath, data_dir)
+    X, y = parse_libsvm(path, n_features, dtype=dtype)
     return Data(X, map_labels(y, mapping, f"labels of {path}"))
 
 
@@ -91,8 +97,11 @@ def load_usps_3vs5(data_dir=None, *, dtype=np.float64) -> Data:
     """
     import scipy.io
     dt = float_dtype(dtype)
-    path = require_file("usps", "usps/usps_all.mat", data_dir)
-    mat = scipy.io.loadmat(path)
+    path = verified_file("usps", "usps/usps_all.mat", data_dir)
+    try:
+        mat = scipy.io.loadmat(path)
+    except (ValueError, TypeError, scipy.io.matlab.MatReadError) as err:
+        raise ValueError(f"{path}: could not read as a MATLAB .mat file: {err}") from err
     data = mat.get("data")
     if data is None or data.shape != (256, 1100, 10):
         got = None if data is None else data.shape
@@ -103,8 +112,8 @@ def load_usps_3vs5(data_dir=None, *, dtype=np.float64) -> Data:
 
 
 def _load_csv_images(name: str, relpath: str, n_cols: int, max_pixel: int, data_dir, dtype) -> Data:
-    path = require_file(name, relpath, data_dir)
-    raw = np.loadtxt(path, delimiter=",", dtype=np.int64, ndmin=2)
+    path = verified_file(name, relpath, data_dir)
+    raw = loadtxt(path, delimiter=",", dtype=np.int64, ndmin=2)
     if raw.shape[1] != n_cols:
         raise ValueError(f"{path}: expected {n_cols} comma-separated columns, got {raw.shape[1]}")
     pixels, labels = raw[:, :-1], raw[:, -1]
@@ -151,9 +160,9 @@ def load_vadam_presplit(name: str, data_dir=None, *, dtype=np.float64) -> TrainT
     stem, p = _PRESPLIT[name]
     parts = []
     for part in ("X_tr", "y_tr", "X_te", "y_te"):
-        path = require_file(name, f"{stem}_{part}.csv", data_dir)
+        path = verified_file(name, f"{stem}_{part}.csv", data_dir)
         # The files are space-separated despite the .csv suffix.
-        parts.append(np.loadtxt(path, dtype=np.float64, ndmin=2 if part[0] == "X" else 1))
+        parts.append(loadtxt(path, dtype=np.float64, ndmin=2 if part[0] == "X" else 1))
     X_tr, y_tr, X_te, y_te = parts
     for X, y, tag in ((X_tr, y_tr, "train"), (X_te, y_te, "test")):
         if X.shape[1] != p or X.shape[0] != y.shape[0]:

@@ -6,6 +6,10 @@ from refbayes.datasets import load_libsvm
 from tests.reference.libsvm_text import first_line
 from tests.tolerances import EXACT_F32, assert_close
 
+# The parser tests read the user's own tmp files, which load_libsvm reads with an
+# UnverifiedDataWarning; that warning is tested in test_verify_on_load.py.
+pytestmark = pytest.mark.filterwarnings("ignore::refbayes.datasets.UnverifiedDataWarning")
+
 
 def _write(tmp_path, text, name="d.svm"):
     path = tmp_path / name

@@ -174,7 +174,7 @@ def test_vadam_presplit_bad_name(tmp_path):
         load_vadam_presplit("a1a", tmp_path)
 
 
-def test_unexpected_labels_are_rejected(tmp_path):
+def test_unexpected_labels_are_rejected(tmp_path, skip_data_verification):
     (tmp_path / "breast-cancer").mkdir()
     (tmp_path / "breast-cancer" / "breast-cancer_scale").write_text("2 1:0.5\n3 1:0.1\n")
     with pytest.raises(ValueError, match=r"labels of .*: expected labels in \[2.0, 4.0\], got \[3.0\]"):
@@ -188,7 +188,7 @@ def test_map_labels():
         map_labels(np.array([1, 0, -1]), {-1: 0, 1: 1}, "y")
 
 
-def test_wrong_csv_width(tmp_path):
+def test_wrong_csv_width(tmp_path, skip_data_verification):
     (tmp_path / "digits").mkdir()
     with gzip.open(tmp_path / "digits" / "digits.csv.gz", "wt") as fh:
         fh.write("1,2,3\n")
@@ -196,7 +196,7 @@ def test_wrong_csv_width(tmp_path):
         load_digits(tmp_path)
 
 
-def test_wrong_usps_variable(tmp_path):
+def test_wrong_usps_variable(tmp_path, skip_data_verification):
     (tmp_path / "usps").mkdir()
     scipy.io.savemat(tmp_path / "usps" / "usps_all.mat", {"data": np.zeros((256, 10, 10), np.uint8)})
     with pytest.raises(ValueError, match=r"expected variable 'data' of shape \(256, 1100, 10\)"):

@@ -67,7 +67,8 @@ def test_float32_is_the_rounded_float64():
     ({"seed": -1}, r"seed: expected an integer in \[0, None\]"),
     ({"prior_precision": 0.0}, r"prior_precision: expected a value in \(0.0, inf\)"),
     ({"noise_precision": -1.0}, r"noise_precision: expected a value in \(0.0, inf\)"),
-    ({"noise_precision": float("inf")}, r"noise_precision: expected a value in \(0.0, inf\)"),
+    ({"noise_precision": float("inf")},
+     r"noise_precision: expected a finite real number in \(0.0, inf\), got inf"),
     ({"dtype": np.int32}, "dtype: expected float64 or float32, got int32"),
 ])
 def test_bad_arguments(kwargs, match):

@@ -95,19 +95,19 @@ def _fake_uci(tmp_path, train, test):
     return folder
 
 
-def test_corrupt_index_files(tmp_path):
+def test_corrupt_index_files(tmp_path, skip_data_verification):
     _fake_uci(tmp_path, "0\n1\n2\n", "2\n3\n")
     with pytest.raises(ValueError, match="expected disjoint train and test"):
         load_uci("yacht", 0, tmp_path)
 
 
-def test_out_of_range_index(tmp_path):
+def test_out_of_range_index(tmp_path, skip_data_verification):
     _fake_uci(tmp_path, "0\n1\n4\n", "3\n")
     with pytest.raises(ValueError, match=r"index_train_0\.txt: expected distinct 0-based indices in \[0, 3\]"):
         load_uci("yacht", 0, tmp_path)
 
 
-def test_small_fake_split(tmp_path):
+def test_small_fake_split(tmp_path, skip_data_verification):
     _fake_uci(tmp_path, "3\n0\n", "1\n2\n")
     s = load_uci("yacht", 0, tmp_path)
     np.testing.assert_array_equal(s.X_train, [[9, 10], [0, 1]])
