@@ -5,12 +5,21 @@ nothing is broadcast, clipped or cast silently.
 """
 from __future__ import annotations
 
+import math
 import numbers
 
 from refbayes.backend import cholesky, xp_of
 
 __all__ = ["check_array", "check_float", "check_finite", "check_positive", "check_int", "check_in_range",
            "check_same_dtype"]
+
+
+def _as_float(x) -> float:
+    """float(x) for a real scalar; an int too large for a float becomes +-inf."""
+    try:
+        return float(x)
+    except OverflowError:
+        return math.inf if x > 0 else -math.inf
 
 
 def check_array(a, name: str, *, ndim=None, shape=None, finite: bool = True):
@@ -50,14 +59,46 @@ def check_finite(a, name: str):
     return a
 
 
-def check_positive(a, name: str, *, strict: bool = True):
-    """Every entry > 0 (or >= 0 when ``strict`` is False); scalars or arrays."""
-    xp = xp_of(a) if hasattr(a, "shape") else None
-    bad = (bool(xp.any(a <= 0)) if strict else bool(xp.any(a < 0))) if xp is not None else \
-        (a <= 0 if strict else a < 0)
-    if bad:
-        raise ValueError(f"{name}: expected {'> 0' if strict else '>= 0'} everywhere, got "
-                         f"min {float(a.min()) if xp is not None else a}")
+def check_positive(a, name: str, *, strict: bool = True, finite: bool = True):
+    """Every entry > 0 (or >= 0 when ``strict`` is False); scalars or arrays; return it.
+
+    NaN never passes (a comparison with NaN is False, so ``not a > 0`` is tested, not ``a <= 0``);
+    +-inf does not pass either unless ``finite`` is False.
+    """
+    what = "> 0" if strict else ">= 0"
+    if hasattr(a, "shape"):
+        xp = xp_of(a)
+        if a.size == 0:
+            return a
+        if a.dtype.kind == "f" and bool(xp.any(xp.isnan(a))):
+            raise ValueError(f"{name}: expected {what} everywhere, got NaN")
+        low, high = float(a.min()), float(a.max())
+    else:
+        if isinstance(a, bool) or not isinstance(a, numbers.Real):
+            raise ValueError(f"{name}: expected a real number or an array, got {a!r}")
+        low = high = _as_float(a)
+        if math.isnan(low):
+            raise ValueError(f"{name}: expected {what} everywhere, got NaN")
+    if finite and not (math.isfinite(low) and math.isfinite(high)):
+        raise ValueError(f"{name}: expected finite values {what}, got "
+                         f"{'min ' + repr(low) if not math.isfinite(low) else 'max ' + repr(high)}")
+    if not (low > 0 if strict else low >= 0):
+        raise ValueError(f"{name}: expected {what} everywhere, got min {low}")
+    return a
+
+
+def check_invertible_positive(a, name: str):
+    """A floating array with every entry > 0, finite, and at least the smallest normal number of
+    its dtype (``finfo(dtype).tiny``), so that 1 / a is finite (the reciprocal of a subnormal
+    overflows; that of tiny, ~4.5e307 in float64, does not); return it."""
+    check_positive(a, name)
+    if a.size == 0:
+        return a
+    tiny = float(xp_of(a).finfo(a.dtype).tiny)
+    low = float(a.min())
+    if low < tiny:
+        raise ValueError(f"{name}: expected entries >= {tiny:.4g} (the smallest normal "
+                         f"{a.dtype}) so that 1/{name.rsplit('.', 1)[-1]} is finite, got min {low:.4g}")
     return a
 
 
@@ -71,15 +112,24 @@ def check_int(n, name: str, *, low=None, high=None) -> int:
 
 
 def check_in_range(x, name: str, low, high, *, low_open=False, high_open=False) -> float:
-    """A real scalar in the interval given; the brackets say which ends are open."""
+    """A real scalar in the interval given; the brackets say which ends are open.
+
+    NaN is always rejected. +-inf passes only where the interval explicitly contains it: a
+    closed bracket at an infinite bound (``high=math.inf`` with ``high_open=False``); with
+    ``high_open=True`` (or any finite bound) it is rejected like every other value outside.
+    """
     if isinstance(x, bool) or not isinstance(x, numbers.Real):
         raise ValueError(f"{name}: expected a real number, got {x!r}")
-    too_low = x <= low if low_open else x < low
-    too_high = x >= high if high_open else x > high
+    xf = _as_float(x)
+    lb, hb = "(" if low_open else "[", ")" if high_open else "]"
+    interval = f"{lb}{low}, {high}{hb}"
+    too_low = xf <= low if low_open else xf < low
+    too_high = xf >= high if high_open else xf > high
+    if math.isnan(xf) or (math.isinf(xf) and (too_low or too_high)):
+        raise ValueError(f"{name}: expected a finite real number in {interval}, got {x}")
     if too_low or too_high:
-        lb, hb = "(" if low_open else "[", ")" if high_open else "]"
-        raise ValueError(f"{name}: expected a value in {lb}{low}, {high}{hb}, got {x}")
-    return float(x)
+        raise ValueError(f"{name}: expected a value in {interval}, got {x}")
+    return xf
 
 
 def check_same_dtype(name_to_array: dict):
@@ -88,6 +138,25 @@ def check_same_dtype(name_to_array: dict):
     if len(set(dtypes.values())) > 1:
         listing = ", ".join(f"{k}: {v}" for k, v in dtypes.items())
         raise ValueError(f"{', '.join(dtypes)}: expected one dtype for all, got {listing}")
+
+
+def check_symmetric(M, name: str):
+    """M is a finite, square, floating matrix, symmetric to 100 units of roundoff of max|M|:
+    max|M - M^T| <= 100 eps max|M| (the rule of ``check_spd``); return it."""
+    xp = xp_of(M)
+    check_array(M, name, ndim=2)
+    if M.shape[0] != M.shape[1]:
+        raise ValueError(f"{name}: expected a square matrix, got shape {tuple(M.shape)}")
+    if M.dtype.kind != "f":
+        raise ValueError(f"{name}: expected a floating dtype (float64 or float32), got {M.dtype}")
+    if M.shape[0] == 0:
+        return M
+    asym = float(xp.max(xp.abs(M - M.T)))
+    bound = 100 * float(xp.finfo(M.dtype).eps) * float(xp.max(xp.abs(M)))
+    if asym > bound:
+        raise ValueError(f"{name}: expected a symmetric matrix, got max|M - M^T| = {asym:.3e} "
+                         f"> {bound:.3e}")
+    return M
 
 
 def check_spd(M, name: str):
@@ -103,18 +172,9 @@ def check_spd(M, name: str):
     import numpy as np
 
     xp = xp_of(M)
-    check_array(M, name, ndim=2)
-    if M.shape[0] != M.shape[1]:
-        raise ValueError(f"{name}: expected a square matrix, got shape {tuple(M.shape)}")
-    if M.dtype.kind != "f":
-        raise ValueError(f"{name}: expected a floating dtype (float64 or float32), got {M.dtype}")
+    check_symmetric(M, name)
     if M.shape[0] == 0:
         return M
-    asym = float(xp.max(xp.abs(M - M.T)))
-    bound = 100 * float(xp.finfo(M.dtype).eps) * float(xp.max(xp.abs(M)))
-    if asym > bound:
-        raise ValueError(f"{name}: expected a symmetric matrix, got max|M - M^T| = {asym:.3e} "
-                         f"> {bound:.3e}")
     try:
         L = cholesky(M)
     except np.linalg.LinAlgError:
@@ -125,4 +185,4 @@ def check_spd(M, name: str):
     return L
 
 
-__all__ += ["check_spd"]
+__all__ += ["check_spd", "check_symmetric", "check_invertible_positive"]

@@ -20,7 +20,13 @@ from __future__ import annotations
 import math
 from typing import Any, NamedTuple
 
-from refbayes._checks import check_array, check_float, check_positive, check_same_dtype, check_spd
+from refbayes._checks import (
+    check_array,
+    check_float,
+    check_invertible_positive,
+    check_same_dtype,
+    check_spd,
+)
 from refbayes.backend import linalg_of, xp_of
 from refbayes.linalg import lowrank
 from refbayes.linalg.kron import _tri_left, _tri_right
@@ -35,40 +41,93 @@ _LOG_2PI = math.log(2 * math.pi)
 # ----------------------------------------------------------------------------- parameterizations
 
 class DenseCov(NamedTuple):
-    """N(mu, Sigma) with a dense SPD covariance."""
+    """N(mu, Sigma) with a dense SPD covariance.
+
+    Attributes
+    ----------
+    mu : array of shape (D,)
+        Mean mu.
+    Sigma : array of shape (D, D)
+        Covariance Sigma, symmetric positive definite.
+    """
     mu: Array     # mu, (D,)
     Sigma: Array  # Sigma, (D, D), SPD
 
 
 class DensePrec(NamedTuple):
-    """N(mu, Sigma_inv^{-1}) with a dense SPD precision."""
+    """N(mu, Sigma_inv^{-1}) with a dense SPD precision.
+
+    Attributes
+    ----------
+    mu : array of shape (D,)
+        Mean mu.
+    Sigma_inv : array of shape (D, D)
+        Precision P = Sigma^{-1}, symmetric positive definite.
+    """
     mu: Array         # mu, (D,)
     Sigma_inv: Array  # P = Sigma^{-1}, (D, D), SPD
 
 
 class DiagCov(NamedTuple):
-    """N(mu, diag(var))."""
+    """N(mu, diag(var)), a diagonal covariance.
+
+    Attributes
+    ----------
+    mu : array of shape (D,)
+        Mean mu.
+    var : array of shape (D,)
+        Variances diag(Sigma), > 0.
+    """
     mu: Array   # mu, (D,)
     var: Array  # diag(Sigma), (D,), > 0
 
 
 class DiagPrec(NamedTuple):
-    """N(mu, diag(prec_diag)^{-1}) (mean-field VI / VOGN / Vadam posteriors)."""
+    """N(mu, diag(prec_diag)^{-1}) (mean-field VI / VOGN / Vadam posteriors).
+
+    Attributes
+    ----------
+    mu : array of shape (D,)
+        Mean mu.
+    prec_diag : array of shape (D,)
+        Precision diagonal diag(P), > 0.
+    """
     mu: Array         # mu, (D,)
     prec_diag: Array  # diag(P), (D,), > 0
 
 
 class LowRankPrec(NamedTuple):
-    """N(mu, (U U^T + diag(d))^{-1}) (SLANG's posterior)."""
+    """N(mu, (U U^T + diag(d))^{-1}) (SLANG's posterior).
+
+    Attributes
+    ----------
+    mu : array of shape (D,)
+        Mean mu.
+    U : array of shape (D, L)
+        Low-rank factor of the precision, 0 <= L <= D.
+    d : array of shape (D,)
+        Diagonal part of the precision, > 0.
+    """
     mu: Array  # mu, (D,)
     U: Array   # U, (D, L), 0 <= L <= D
     d: Array   # d, (D,), > 0
 
 
 class KronPrec(NamedTuple):
-    """Matrix-variate normal on W (n_in, n_out), flattened row-major into mu's index i n_out + j,
-    with precision A_prec kron S_prec: Cov(vec W) = A_prec^{-1} kron S_prec^{-1} (noisy K-FAC).
-    A_prec acts on the input (row) index i, S_prec on the output (column) index j.
+    """Matrix-variate normal on W (n_in, n_out) with Kronecker-factored precision (noisy K-FAC).
+
+    W is flattened row-major into mu's index i n_out + j, with precision A_prec kron S_prec:
+    Cov(vec W) = A_prec^{-1} kron S_prec^{-1}.  A_prec acts on the input (row) index i, S_prec
+    on the output (column) index j.
+
+    Attributes
+    ----------
+    mu : array of shape (D,)
+        Mean vec(M), D = n_in n_out, row-major.
+    A_prec : array of shape (n_in, n_in)
+        Input-side precision factor A, symmetric positive definite.
+    S_prec : array of shape (n_out, n_out)
+        Output-side precision factor S, symmetric positive definite.
     """
     mu: Array      # vec(M), (D,) = (n_in n_out,), row-major
     A_prec: Array  # A, (n_in, n_in), SPD, input side
@@ -76,8 +135,19 @@ class KronPrec(NamedTuple):
 
 
 class KronCov(NamedTuple):
-    """Matrix-variate normal on W (n_in, n_out), flattened row-major, with Cov(vec W) =
-    A_cov kron S_cov: A_cov is the covariance among rows (inputs i), S_cov among columns (j).
+    """Matrix-variate normal on W (n_in, n_out) with Kronecker-factored covariance.
+
+    W is flattened row-major, with Cov(vec W) = A_cov kron S_cov: A_cov is the covariance among
+    rows (inputs i), S_cov among columns (j).
+
+    Attributes
+    ----------
+    mu : array of shape (D,)
+        Mean vec(M), D = n_in n_out, row-major.
+    A_cov : array of shape (n_in, n_in)
+        Input-side covariance factor, symmetric positive definite.
+    S_cov : array of shape (n_out, n_out)
+        Output-side covariance factor, symmetric positive definite.
     """
     mu: Array     # vec(M), (D,) = (n_in n_out,), row-major
     A_cov: Array  # (n_in, n_in), SPD, input side
@@ -132,7 +202,7 @@ def _check_dist(q, name) -> _Checked:
         chol = _check_spd_shape(q[1], f"{name}.{q._fields[1]}", D)
     elif isinstance(q, _DIAG):
         _check_vec(q[1], f"{name}.{q._fields[1]}", D)
-        check_positive(q[1], f"{name}.{q._fields[1]}")
+        check_invertible_positive(q[1], f"{name}.{q._fields[1]}")  # 1 / var, 1 / prec_diag
     elif isinstance(q, LowRankPrec):
         _check_lowrank(q, name, D)
     else:
@@ -148,7 +218,7 @@ def _check_lowrank(q, name, D):
         raise ValueError(f"{name}.U: expected shape ({D}, L) with 0 <= L <= {D}, "
                          f"got {tuple(q.U.shape)}")
     _check_vec(q.d, f"{name}.d", D)
-    check_positive(q.d, f"{name}.d")
+    lowrank.check_factor_values(q.U, q.d, (f"{name}.U", f"{name}.d"))
 
 
 def _check_kron(q, name, D):
@@ -348,9 +418,31 @@ def _trace(cp: _Checked, cq: _Checked):
 # ----------------------------------------------------------------------------- public routines
 
 def log_density(q, x):
-    """log N(x | mu, Sigma) = -(D log(2 pi) + log det Sigma + (x - mu)^T Sigma^{-1} (x - mu)) / 2.
+    """Evaluate the log-density of a Gaussian at one point or at n points.
 
-    q any parameterization of this module; x (D,) -> 0-d array, or (n, D) -> (n,).  (gaussian.1)
+    log N(x | mu, Sigma) = -(D log(2 pi) + log det Sigma + (x - mu)^T Sigma^{-1} (x - mu)) / 2.
+    (gaussian.1)
+
+    Parameters
+    ----------
+    q : DenseCov, DensePrec, DiagCov, DiagPrec, LowRankPrec, KronPrec or KronCov
+        The distribution, in any parameterization of this module.
+    x : array of shape (D,) or (n, D)
+        Point(s), same dtype as q.mu.
+
+    Returns
+    -------
+    array of shape () or (n,)
+        The log-density: 0-d for x (D,), one value per row for x (n, D).
+
+    Raises
+    ------
+    ValueError
+        If q is not one of this module's parameterizations, or its arrays are not finite float
+        arrays of the documented shapes and one dtype (mu (D,) with D >= 1; variances,
+        precisions and d > 0; dense and Kronecker matrices symmetric positive definite;
+        n_in n_out = D), or if the arrays mix NumPy and CuPy.
+        Also if x is not a finite float (D,) or (n, D) array of q.mu's dtype.
     """
     xp = xp_of(*_fields(q), x)
     c = _check_dist(q, "q")
@@ -367,19 +459,61 @@ def log_density(q, x):
 
 
 def entropy(q):
-    """H[q] = (D (1 + log(2 pi)) + log det Sigma) / 2.  0-d array.  (gaussian.2)"""
+    """Compute the differential entropy of a Gaussian.
+
+    H[q] = (D (1 + log(2 pi)) + log det Sigma) / 2.  (gaussian.2)
+
+    Parameters
+    ----------
+    q : DenseCov, DensePrec, DiagCov, DiagPrec, LowRankPrec, KronPrec or KronCov
+        The distribution, in any parameterization of this module.
+
+    Returns
+    -------
+    array of shape ()
+        The entropy H[q], as a 0-d array.
+
+    Raises
+    ------
+    ValueError
+        If q is not one of this module's parameterizations, or its arrays are not finite float
+        arrays of the documented shapes and one dtype (mu (D,) with D >= 1; variances,
+        precisions and d > 0; dense and Kronecker matrices symmetric positive definite;
+        n_in n_out = D), or if the arrays mix NumPy and CuPy.
+    """
     xp_of(*_fields(q))
     c = _check_dist(q, "q")
     return 0.5 * (c.D * (1 + _LOG_2PI) + _logdet_cov(c))  # (gaussian.2)
 
 
 def kl(q, p):
-    """KL(q || p) = (tr(Sigma_p^{-1} Sigma_q) + m^T Sigma_p^{-1} m - D
-                     + log det Sigma_p - log det Sigma_q) / 2,   m = mu_q - mu_p.
+    """Compute the Kullback-Leibler divergence KL(q || p) between two Gaussians.
 
-    q and p may be any two parameterizations of this module (same D, dtype and backend); the
-    trace term uses the cheapest identity for the pair (see the module docstring).  0-d array.
+    KL(q || p) = (tr(Sigma_p^{-1} Sigma_q) + m^T Sigma_p^{-1} m - D
+                  + log det Sigma_p - log det Sigma_q) / 2,   m = mu_q - mu_p.
+    The trace term uses the cheapest identity for the pair (see the module docstring).
     (gaussian.3)
+
+    Parameters
+    ----------
+    q : DenseCov, DensePrec, DiagCov, DiagPrec, LowRankPrec, KronPrec or KronCov
+        First distribution, in any parameterization of this module.
+    p : DenseCov, DensePrec, DiagCov, DiagPrec, LowRankPrec, KronPrec or KronCov
+        Second distribution, any parameterization, same D, dtype and backend as q.
+
+    Returns
+    -------
+    array of shape ()
+        The divergence KL(q || p), as a 0-d array.
+
+    Raises
+    ------
+    ValueError
+        If q or p is not one of this module's parameterizations, or their arrays are not
+        finite float arrays of the documented shapes and one dtype (mu (D,) with D >= 1;
+        variances, precisions and d > 0; dense and Kronecker matrices symmetric positive
+        definite; n_in n_out = D), or if the arrays mix NumPy and CuPy.
+        Also if q and p differ in D or dtype.
     """
     xp_of(*_fields(q), *_fields(p))
     cq, cp = _check_pair(q, p)
@@ -389,11 +523,33 @@ def kl(q, p):
 
 
 def symmetric_kl(q, p):
-    """(KL(q || p) + KL(p || q)) / 2
+    """Compute the symmetrized KL divergence (KL(q || p) + KL(p || q)) / 2.
+
+    (KL(q || p) + KL(p || q)) / 2
     = (tr(Sigma_p^{-1} Sigma_q) + tr(Sigma_q^{-1} Sigma_p) + m^T (Sigma_p^{-1} + Sigma_q^{-1}) m
        - 2 D) / 4,   m = mu_q - mu_p:
+    the log-determinants cancel, so none is computed.  (gaussian.4)
 
-    the log-determinants cancel, so none is computed.  0-d array.  (gaussian.4)
+    Parameters
+    ----------
+    q : DenseCov, DensePrec, DiagCov, DiagPrec, LowRankPrec, KronPrec or KronCov
+        First distribution, in any parameterization of this module.
+    p : DenseCov, DensePrec, DiagCov, DiagPrec, LowRankPrec, KronPrec or KronCov
+        Second distribution, any parameterization, same D, dtype and backend as q.
+
+    Returns
+    -------
+    array of shape ()
+        The symmetric divergence, as a 0-d array.
+
+    Raises
+    ------
+    ValueError
+        If q or p is not one of this module's parameterizations, or their arrays are not
+        finite float arrays of the documented shapes and one dtype (mu (D,) with D >= 1;
+        variances, precisions and d > 0; dense and Kronecker matrices symmetric positive
+        definite; n_in n_out = D), or if the arrays mix NumPy and CuPy.
+        Also if q and p differ in D or dtype.
     """
     xp_of(*_fields(q), *_fields(p))
     cq, cp = _check_pair(q, p)

@@ -18,7 +18,14 @@ from __future__ import annotations
 
 import math
 
-from refbayes._checks import check_array, check_float, check_in_range, check_same_dtype, check_spd
+from refbayes._checks import (
+    check_array,
+    check_float,
+    check_in_range,
+    check_same_dtype,
+    check_spd,
+    check_symmetric,
+)
 from refbayes.backend import linalg_of, xp_of
 
 __all__ = ["dense", "kron_matvec", "solve", "logdet", "factored_damping_pi", "solve_factored",
@@ -37,13 +44,8 @@ def _check_square(M, name):
 
 def _check_symmetric(M, name):
     """Square and symmetric to 100 roundoffs of max|M| (the rule of ``check_spd``)."""
-    xp = xp_of(M)
     _check_square(M, name)
-    asym = float(xp.max(xp.abs(M - M.T)))
-    bound = 100 * float(xp.finfo(M.dtype).eps) * float(xp.max(xp.abs(M)))
-    if asym > bound:
-        raise ValueError(f"{name}: expected a symmetric matrix, got max|M - M^T| = {asym:.3e} "
-                         f"> {bound:.3e}")
+    check_symmetric(M, name)
 
 
 def _check_rhs(X, name, n_in, n_out, dtype, *, batch):
@@ -149,8 +151,27 @@ def _with_mean(W_mean, Z, like):
 # ----------------------------------------------------------------------------- public routines
 
 def dense(A, S):
-    """A kron S as an explicit (n_in n_out, n_in n_out) matrix, entry [i n_out + j, k n_out + l]
-    = A[i, k] S[j, l]: for tests and small layers only.  (kron.1)
+    """Form the Kronecker product A kron S explicitly, for tests and small layers only.
+
+    Entry [i n_out + j, k n_out + l] = A[i, k] S[j, l].  (kron.1)
+
+    Parameters
+    ----------
+    A : array of shape (n_in, n_in)
+        Input-side factor.
+    S : array of shape (n_out, n_out)
+        Output-side factor, same dtype as A.
+
+    Returns
+    -------
+    array of shape (n_in n_out, n_in n_out)
+        The matrix A kron S.
+
+    Raises
+    ------
+    ValueError
+        If A or S is not a finite, float, non-empty square matrix, if their dtypes differ, or
+        if the arrays mix NumPy and CuPy.
     """
     xp = xp_of(A, S)
     _check_square(A, "A")
@@ -160,10 +181,30 @@ def dense(A, S):
 
 
 def kron_matvec(A, S, X):
-    """(A kron S) vec(X) = vec(A X S^T) for row-major vec, returned as the matrix A X S^T.
+    """Multiply by A kron S without forming it: (A kron S) vec(X) = vec(A X S^T).
 
-    Any square A (n_in, n_in), S (n_out, n_out); for the symmetric K-FAC factors this is A X S.
-    X is (n_in, n_out) or a stack (..., n_in, n_out).  (kron.2)
+    vec is row-major; the result is returned as the matrix A X S^T (for the symmetric K-FAC
+    factors this is A X S).  (kron.2)
+
+    Parameters
+    ----------
+    A : array of shape (n_in, n_in)
+        Input-side factor, any square matrix.
+    S : array of shape (n_out, n_out)
+        Output-side factor, any square matrix, same dtype as A.
+    X : array of shape (n_in, n_out) or (..., n_in, n_out)
+        Matrix or stack of matrices, same dtype as A.
+
+    Returns
+    -------
+    array of shape (..., n_in, n_out)
+        The product A X S^T, shaped like X.
+
+    Raises
+    ------
+    ValueError
+        If A or S is not a finite, float, non-empty square matrix, if the dtypes differ, if X
+        is not a finite float (..., n_in, n_out) array, or if the arrays mix NumPy and CuPy.
     """
     xp_of(A, S, X)  # one backend for all inputs (raises on a NumPy/CuPy mix)
     n_in, n_out = _check_square(A, "A"), _check_square(S, "S")
@@ -173,30 +214,75 @@ def kron_matvec(A, S, X):
 
 
 def solve(A, S, X, damping=0.0):
-    """(A kron S + damping I)^{-1} vec(X), exactly, as the (..., n_in, n_out) matrix
+    """Solve (A kron S + damping I) vec(Z) = vec(X) exactly, by eigendecompositions.
 
-        Q_A [ (Q_A^T X Q_S) / (lam_A lam_S^T + damping) ] Q_S^T   (elementwise division),
+    Z = Q_A [ (Q_A^T X Q_S) / (lam_A lam_S^T + damping) ] Q_S^T   (elementwise division),
+    from A = Q_A diag(lam_A) Q_A^T and S = Q_S diag(lam_S) Q_S^T.  (kron.5)
 
-    from the eigendecompositions A = Q_A diag(lam_A) Q_A^T, S = Q_S diag(lam_S) Q_S^T.
-    A and S symmetric, damping >= 0, and every lam_A[i] lam_S[j] + damping > 0.  (kron.5)
+    Parameters
+    ----------
+    A : array of shape (n_in, n_in)
+        Input-side factor, symmetric.
+    S : array of shape (n_out, n_out)
+        Output-side factor, symmetric, same dtype as A.
+    X : array of shape (n_in, n_out) or (..., n_in, n_out)
+        Right-hand side(s), same dtype as A.
+    damping : float, default 0.0
+        Finite damping >= 0 added to the diagonal.
+
+    Returns
+    -------
+    array of shape (..., n_in, n_out)
+        The solution Z, shaped like X.
+
+    Raises
+    ------
+    ValueError
+        If A or S is not a finite, float, non-empty square matrix, symmetric to 100 roundoffs
+        of its largest entry, if their dtypes differ, or if the arrays mix NumPy and CuPy.
+        Also if X is not a finite float (..., n_in, n_out) array of A's dtype.
+        Also if damping is not a real number >= 0, or if some lam_A[i] lam_S[j] + damping <= 0
+        (the damped product is not positive definite).
     """
     xp_of(A, S, X)
     n_in, n_out = _check_pair(A, S)
     _check_rhs(X, "X", n_in, n_out, A.dtype, batch=True)
-    damping = check_in_range(damping, "damping", 0.0, math.inf)
+    damping = check_in_range(damping, "damping", 0.0, math.inf, high_open=True)
     Q_A, Q_S, lam = _damped_eig(A, S, damping)
     return Q_A @ ((Q_A.T @ X @ Q_S) / lam) @ Q_S.T  # (kron.5)
 
 
 def logdet(A, S, damping=0.0):
-    """log det(A kron S + damping I) = sum_ij log(lam_A[i] lam_S[j] + damping).
+    """Log-determinant of A kron S + damping I.
 
-    With damping = 0 this is n_out log det A + n_in log det S, computed from Cholesky diagonals
-    (A and S must then be SPD).  Returns a 0-d array.  (kron.6)
+    log det(A kron S + damping I) = sum_ij log(lam_A[i] lam_S[j] + damping).  With damping = 0
+    this is n_out log det A + n_in log det S, computed from Cholesky diagonals.  (kron.6)
+
+    Parameters
+    ----------
+    A : array of shape (n_in, n_in)
+        Input-side factor, symmetric.
+    S : array of shape (n_out, n_out)
+        Output-side factor, symmetric, same dtype as A.
+    damping : float, default 0.0
+        Finite damping >= 0 added to the diagonal.
+
+    Returns
+    -------
+    array of shape ()
+        The log-determinant, as a 0-d array.
+
+    Raises
+    ------
+    ValueError
+        If A or S is not a finite, float, non-empty square matrix, symmetric to 100 roundoffs
+        of its largest entry, if their dtypes differ, or if the arrays mix NumPy and CuPy.
+        Also if damping is not a real number >= 0; with damping = 0, if A or S is not
+        positive definite; with damping > 0, if some lam_A[i] lam_S[j] + damping <= 0.
     """
     xp = xp_of(A, S)
     n_in, n_out = _check_pair(A, S)
-    damping = check_in_range(damping, "damping", 0.0, math.inf)
+    damping = check_in_range(damping, "damping", 0.0, math.inf, high_open=True)
     if damping == 0.0:
         L_A, L_S = check_spd(A, "A"), check_spd(S, "S")
         ld_A = 2 * xp.sum(xp.log(xp.diagonal(L_A)))
@@ -207,8 +293,29 @@ def logdet(A, S, damping=0.0):
 
 
 def factored_damping_pi(A, S):
-    """pi = sqrt((tr A / n_in) / (tr S / n_out)), the split of the factored damping that
-    minimizes the trace of its error term (Martens & Grosse 2015, sec. 6.3).  0-d array.  (kron.8)
+    """Compute the factored-damping split pi of K-FAC.
+
+    pi = sqrt((tr A / n_in) / (tr S / n_out)), the split of the factored damping that minimizes
+    the trace of its error term (Martens & Grosse 2015, sec. 6.3).  (kron.8)
+
+    Parameters
+    ----------
+    A : array of shape (n_in, n_in)
+        Input-side factor, symmetric.
+    S : array of shape (n_out, n_out)
+        Output-side factor, symmetric, same dtype as A.
+
+    Returns
+    -------
+    array of shape ()
+        The split pi, as a 0-d array.
+
+    Raises
+    ------
+    ValueError
+        If A or S is not a finite, float, non-empty square matrix, symmetric to 100 roundoffs
+        of its largest entry, if their dtypes differ, or if the arrays mix NumPy and CuPy.
+        Also if tr A <= 0 or tr S <= 0.
     """
     xp = xp_of(A, S)
     n_in, n_out = _check_pair(A, S)
@@ -220,17 +327,42 @@ def factored_damping_pi(A, S):
 
 
 def solve_factored(A, S, X, gamma):
-    """((A + pi gamma^{1/2} I) kron (S + gamma^{1/2} / pi I))^{-1} vec(X)
-    = vec(A_g^{-1} X S_g^{-1}), A_g = A + pi sqrt(gamma) I, S_g = S + sqrt(gamma) / pi I,
+    """Solve with K-FAC's factored Tikhonov damping, an approximation of ``solve``.
 
-    with pi from ``factored_damping_pi``: K-FAC's factored Tikhonov damping (Martens & Grosse
-    2015, sec. 6.3), an approximation of (A kron S + gamma I)^{-1} (see ``solve`` for the exact
-    one).  gamma >= 0; A_g and S_g must be SPD.  X (..., n_in, n_out).  (kron.7), (kron.9)
+    ((A + pi gamma^{1/2} I) kron (S + gamma^{1/2} / pi I))^{-1} vec(X)
+    = vec(A_g^{-1} X S_g^{-1}), A_g = A + pi sqrt(gamma) I, S_g = S + sqrt(gamma) / pi I,
+    with pi from ``factored_damping_pi`` (Martens & Grosse 2015, sec. 6.3): an approximation of
+    (A kron S + gamma I)^{-1} (see ``solve`` for the exact one).  (kron.7), (kron.9)
+
+    Parameters
+    ----------
+    A : array of shape (n_in, n_in)
+        Input-side factor, symmetric.
+    S : array of shape (n_out, n_out)
+        Output-side factor, symmetric, same dtype as A.
+    X : array of shape (n_in, n_out) or (..., n_in, n_out)
+        Right-hand side(s), same dtype as A.
+    gamma : float
+        Finite damping strength gamma >= 0.
+
+    Returns
+    -------
+    array of shape (..., n_in, n_out)
+        The matrix A_g^{-1} X S_g^{-1}, shaped like X.
+
+    Raises
+    ------
+    ValueError
+        If A or S is not a finite, float, non-empty square matrix, symmetric to 100 roundoffs
+        of its largest entry, if their dtypes differ, or if the arrays mix NumPy and CuPy.
+        Also if X is not a finite float (..., n_in, n_out) array of A's dtype.
+        Also if gamma is not a real number >= 0, if tr A <= 0 or tr S <= 0, or if A_g or S_g
+        is not positive definite.
     """
     xp = xp_of(A, S, X)
     n_in, n_out = _check_pair(A, S)
     _check_rhs(X, "X", n_in, n_out, A.dtype, batch=True)
-    gamma = check_in_range(gamma, "gamma", 0.0, math.inf)
+    gamma = check_in_range(gamma, "gamma", 0.0, math.inf, high_open=True)
     pi = factored_damping_pi(A, S)
     root = math.sqrt(gamma)
     A_g = A + (pi * root) * xp.eye(n_in, dtype=A.dtype)  # (kron.7)
@@ -244,12 +376,35 @@ def solve_factored(A, S, X, gamma):
 
 
 def sample(W_mean, A_prec, S_prec, eps):
-    """W = W_mean + L_A^{-T} E L_S^{-1}, with L_A L_A^T = A_prec and L_S L_S^T = S_prec, so that
-    Cov(vec W) = (A_prec kron S_prec)^{-1} = A_prec^{-1} kron S_prec^{-1} for E ~ N(0, I).
+    """Sample the matrix-variate normal with precision A_prec kron S_prec (noisy K-FAC).
 
-    The matrix-variate normal with precision A_prec kron S_prec (noisy K-FAC's posterior).
-    W_mean (n_in, n_out); eps (n_in, n_out) or (n_in, n_out, n_samples) standard-normal draws from
-    the caller; returns the shape of eps.  (kron.10)
+    W = W_mean + L_A^{-T} E L_S^{-1}, with L_A L_A^T = A_prec and L_S L_S^T = S_prec, so that
+    Cov(vec W) = (A_prec kron S_prec)^{-1} = A_prec^{-1} kron S_prec^{-1} for E ~ N(0, I).
+    (kron.10)
+
+    Parameters
+    ----------
+    W_mean : array of shape (n_in, n_out)
+        Mean of W.
+    A_prec : array of shape (n_in, n_in)
+        Input-side precision factor, symmetric positive definite.
+    S_prec : array of shape (n_out, n_out)
+        Output-side precision factor, symmetric positive definite.
+    eps : array of shape (n_in, n_out) or (n_in, n_out, n_samples)
+        Standard-normal draws E from the caller, sample index last.
+
+    Returns
+    -------
+    array of shape (n_in, n_out) or (n_in, n_out, n_samples)
+        The draws W, shaped like eps.
+
+    Raises
+    ------
+    ValueError
+        If W_mean is not a finite float 2-d array, if A_prec or S_prec is not symmetric positive
+        definite with sizes (n_in, n_in) and (n_out, n_out) from W_mean, if eps is not a finite
+        (n_in, n_out) or (n_in, n_out, n_samples) array, if the dtypes differ, or if the arrays
+        mix NumPy and CuPy.
     """
     xp_of(W_mean, A_prec, S_prec, eps)
     L_A, L_S = _check_sampler(W_mean, A_prec, S_prec, eps, ("A_prec", "S_prec"))
@@ -258,8 +413,34 @@ def sample(W_mean, A_prec, S_prec, eps):
 
 
 def sample_cov(W_mean, A_cov, S_cov, eps):
-    """W = W_mean + L_A E L_S^T with L_A L_A^T = A_cov, L_S L_S^T = S_cov, so Cov(vec W) = A_cov kron
-    S_cov.  Shapes as in ``sample``.  (kron.11)
+    """Sample the matrix-variate normal with covariance A_cov kron S_cov.
+
+    W = W_mean + L_A E L_S^T with L_A L_A^T = A_cov, L_S L_S^T = S_cov, so
+    Cov(vec W) = A_cov kron S_cov.  (kron.11)
+
+    Parameters
+    ----------
+    W_mean : array of shape (n_in, n_out)
+        Mean of W.
+    A_cov : array of shape (n_in, n_in)
+        Input-side covariance factor, symmetric positive definite.
+    S_cov : array of shape (n_out, n_out)
+        Output-side covariance factor, symmetric positive definite.
+    eps : array of shape (n_in, n_out) or (n_in, n_out, n_samples)
+        Standard-normal draws E from the caller, sample index last.
+
+    Returns
+    -------
+    array of shape (n_in, n_out) or (n_in, n_out, n_samples)
+        The draws W, shaped like eps.
+
+    Raises
+    ------
+    ValueError
+        If W_mean is not a finite float 2-d array, if A_cov or S_cov is not symmetric positive
+        definite with sizes (n_in, n_in) and (n_out, n_out) from W_mean, if eps is not a finite
+        (n_in, n_out) or (n_in, n_out, n_samples) array, if the dtypes differ, or if the arrays
+        mix NumPy and CuPy.
     """
     xp_of(W_mean, A_cov, S_cov, eps)
     L_A, L_S = _check_sampler(W_mean, A_cov, S_cov, eps, ("A_cov", "S_cov"))

@@ -12,9 +12,17 @@ and small D. All Cholesky factors are lower triangular: ``R = cholesky(C)`` mean
 """
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
-from refbayes._checks import check_array, check_float, check_int, check_positive, check_same_dtype
+from refbayes._checks import (
+    check_array,
+    check_float,
+    check_int,
+    check_invertible_positive,
+    check_same_dtype,
+)
 from refbayes.backend import linalg_of, xp_of
 
 __all__ = ["matvec", "solve", "logdet", "diag_inv", "trace_inv", "quad", "inv_quad",
@@ -23,8 +31,12 @@ __all__ = ["matvec", "solve", "logdet", "diag_inv", "trace_inv", "quad", "inv_qu
 
 # ----------------------------------------------------------------------------- validation
 
-def _check_factors(U, d):
-    """Validate (U, d) of a precision U U^T + diag(d); return (D, L)."""
+def _check_factors(U, d, *, inverse=True):
+    """Validate (U, d) of a precision U U^T + diag(d); return (D, L).
+
+    ``inverse``: the routine inverts P (forms the capacitance or d^{-1/2} U), see
+    ``check_factor_values``.
+    """
     check_array(U, "U", ndim=2)
     check_float(U, "U")
     D, L = U.shape
@@ -32,9 +44,43 @@ def _check_factors(U, d):
         raise ValueError(f"U: expected shape (D, L) with L <= D, got {tuple(U.shape)}")
     check_array(d, "d", shape=(D,))
     check_float(d, "d")
-    check_positive(d, "d")
     check_same_dtype({"U": U, "d": d})
+    check_factor_values(U, d, inverse=inverse)
     return D, L
+
+
+def check_factor_values(U, d, names=("U", "d"), *, inverse=True):
+    """Check that finite factors U (D, L), d (D,) of one dtype give finite intermediates.
+
+    d: every entry > 0 and at least the smallest normal number of the dtype, so that 1 / d is
+    finite (1 / 1e-320 overflows float64). U: every row norm at most sqrt(max float), so that
+    U U^T is finite (its entries are bounded by its diagonal, by Cauchy-Schwarz). With
+    ``inverse`` also every column norm of d^{-1/2} U, so that the capacitance
+    I + U^T diag(d)^{-1} U (lowrank.2) is finite. The norms are computed from U / max|U| and
+    scaled by 1 / sqrt(D), so the check itself cannot overflow. Raises ValueError naming
+    ``names``; not part of the public API (shared with refbayes.linalg.gaussian and the methods).
+    """
+    xp = xp_of(U, d)
+    name_U, name_d = names
+    check_invertible_positive(d, name_d)
+    big = float(xp.max(xp.abs(U))) if U.size else 0.0
+    if big == 0.0:
+        return
+    root_max = math.sqrt(float(xp.finfo(U.dtype).max))
+    Us = U / big  # entries in [-1, 1]
+    row = big * math.sqrt(float(xp.max(xp.sum(Us * Us, axis=1))))
+    if not row <= root_max:
+        raise ValueError(f"{name_U}: expected entries small enough that U U^T is finite in "
+                         f"{U.dtype}, got a row of norm {row:.3e} > sqrt(max {U.dtype}) = "
+                         f"{root_max:.3e}")
+    if inverse:
+        D = U.shape[0]
+        Vs = Us / (xp.sqrt(d) * math.sqrt(D))[:, None]  # each squared entry <= 1 / (D tiny)
+        col = big * math.sqrt(float(xp.max(xp.sum(Vs * Vs, axis=0)))) * math.sqrt(D)
+        if not col <= root_max:
+            raise ValueError(f"{name_U}, {name_d}: expected U^T diag(d)^{{-1}} U (the capacitance) "
+                             f"finite in {U.dtype}, got a column of d^(-1/2) U of norm "
+                             f"{col:.3e} > sqrt(max {U.dtype}) = {root_max:.3e}")
 
 
 def _check_rhs(x, name, D, dtype):
@@ -104,19 +150,65 @@ def _fix_signs(V):
 # ----------------------------------------------------------------------------- products and solves
 
 def matvec(U, d, x):
-    """P x = U (U^T x) + d * x, for x (D,) or (D, K); O(D L K).  (lowrank.1)"""
+    """Multiply by the precision P = U U^T + diag(d).
+
+    P x = U (U^T x) + d * x in O(D L K), without forming P.  (lowrank.1)
+
+    Parameters
+    ----------
+    U : array of shape (D, L)
+        Low-rank factor of the precision, L <= D.
+    d : array of shape (D,)
+        Diagonal of the precision, d > 0, same dtype as U.
+    x : array of shape (D,) or (D, K)
+        Vector or K right-hand sides, same dtype as U.
+
+    Returns
+    -------
+    array of shape (D,) or (D, K)
+        P x, shaped like x.
+
+    Raises
+    ------
+    ValueError
+        If U is not a finite float (D, L) array with L <= D, if d is not a finite, positive
+        (D,) array of U's dtype, or if the arrays mix NumPy and CuPy.
+        Also if x is not (D,) or (D, K) of U's dtype.
+    """
     xp_of(U, d, x)  # one backend for all inputs (raises on a NumPy/CuPy mix); no xp call needed
-    D, _ = _check_factors(U, d)
+    D, _ = _check_factors(U, d, inverse=False)
     _check_rhs(x, "x", D, U.dtype)
     return U @ (U.T @ x) + _col(d, x) * x  # (lowrank.1)
 
 
 def solve(U, d, g):
-    """P^{-1} g by Woodbury: d^{-1} g - d^{-1} U C^{-1} U^T d^{-1} g, C = I_L + U^T d^{-1} U.
+    """Solve P z = g by the Woodbury identity, without forming P.
 
+    P^{-1} g = d^{-1} g - d^{-1} U C^{-1} U^T d^{-1} g with C = I_L + U^T d^{-1} U.
     C = R R^T (lower Cholesky; C is SPD with eigenvalues >= 1), then two triangular solves:
-    P^{-1} g = h - d^{-1} U R^{-T} R^{-1} U^T h with h = d^{-1} g.  g is (D,) or (D, K).
+    P^{-1} g = h - d^{-1} U R^{-T} R^{-1} U^T h with h = d^{-1} g.  (lowrank.3)
     This is the SLANG poster's Algorithm 2 (fast_inverse), whose printed lines are correct.
+
+    Parameters
+    ----------
+    U : array of shape (D, L)
+        Low-rank factor of the precision, L <= D.
+    d : array of shape (D,)
+        Diagonal of the precision, d > 0, same dtype as U.
+    g : array of shape (D,) or (D, K)
+        Right-hand side(s), same dtype as U.
+
+    Returns
+    -------
+    array of shape (D,) or (D, K)
+        P^{-1} g, shaped like g.
+
+    Raises
+    ------
+    ValueError
+        If U is not a finite float (D, L) array with L <= D, if d is not a finite, positive
+        (D,) array of U's dtype, or if the arrays mix NumPy and CuPy.
+        Also if g is not (D,) or (D, K) of U's dtype.
     """
     xp = xp_of(U, d, g)
     D, _ = _check_factors(U, d)
@@ -129,9 +221,28 @@ def solve(U, d, g):
 
 
 def logdet(U, d):
-    """log det P = log det(I_L + U^T d^{-1} U) + sum_i log d_i (matrix determinant lemma).
+    """Log-determinant of the precision P = U U^T + diag(d).
 
-    log det C = 2 sum_j log R_jj with R R^T = C.  Returns a 0-d array.  (lowrank.4)
+    log det P = log det(I_L + U^T d^{-1} U) + sum_i log d_i (matrix determinant lemma), with
+    log det C = 2 sum_j log R_jj for R R^T = C.  (lowrank.4)
+
+    Parameters
+    ----------
+    U : array of shape (D, L)
+        Low-rank factor of the precision, L <= D.
+    d : array of shape (D,)
+        Diagonal of the precision, d > 0, same dtype as U.
+
+    Returns
+    -------
+    array of shape ()
+        The value log det P, as a 0-d array.
+
+    Raises
+    ------
+    ValueError
+        If U is not a finite float (D, L) array with L <= D, if d is not a finite, positive
+        (D,) array of U's dtype, or if the arrays mix NumPy and CuPy.
     """
     xp = xp_of(U, d)
     _check_factors(U, d)
@@ -140,9 +251,28 @@ def logdet(U, d):
 
 
 def diag_inv(U, d):
-    """diag(P^{-1})_i = 1/d_i - sum_j Y_ji^2 with Y = R^{-1} U^T d^{-1} (L, D), R R^T = C.
+    """Diagonal of the covariance P^{-1}, without forming it.
 
-    Follows from P^{-1} = d^{-1} - (d^{-1} U R^{-T})(d^{-1} U R^{-T})^T.  (lowrank.5)
+    diag(P^{-1})_i = 1/d_i - sum_j Y_ji^2 with Y = R^{-1} U^T d^{-1} (L, D), R R^T = C,
+    from P^{-1} = d^{-1} - (d^{-1} U R^{-T})(d^{-1} U R^{-T})^T.  (lowrank.5)
+
+    Parameters
+    ----------
+    U : array of shape (D, L)
+        Low-rank factor of the precision, L <= D.
+    d : array of shape (D,)
+        Diagonal of the precision, d > 0, same dtype as U.
+
+    Returns
+    -------
+    array of shape (D,)
+        The diagonal diag(P^{-1}).
+
+    Raises
+    ------
+    ValueError
+        If U is not a finite float (D, L) array with L <= D, if d is not a finite, positive
+        (D,) array of U's dtype, or if the arrays mix NumPy and CuPy.
     """
     xp = xp_of(U, d)
     D, _ = _check_factors(U, d)
@@ -152,27 +282,91 @@ def diag_inv(U, d):
 
 
 def trace_inv(U, d):
-    """tr(P^{-1}) = sum_i 1/d_i - ||R^{-1} U^T d^{-1}||_F^2.  Returns a 0-d array.  (lowrank.6)"""
+    """Trace of the covariance P^{-1}.
+
+    tr(P^{-1}) = sum_i 1/d_i - ||R^{-1} U^T d^{-1}||_F^2, the sum of ``diag_inv``.  (lowrank.6)
+
+    Parameters
+    ----------
+    U : array of shape (D, L)
+        Low-rank factor of the precision, L <= D.
+    d : array of shape (D,)
+        Diagonal of the precision, d > 0, same dtype as U.
+
+    Returns
+    -------
+    array of shape ()
+        The value tr(P^{-1}), as a 0-d array.
+
+    Raises
+    ------
+    ValueError
+        If U is not a finite float (D, L) array with L <= D, if d is not a finite, positive
+        (D,) array of U's dtype, or if the arrays mix NumPy and CuPy.
+    """
     xp = xp_of(U, d)
     return xp.sum(diag_inv(U, d))  # (lowrank.6)
 
 
 def quad(U, d, x):
-    """x^T P x = ||U^T x||^2 + sum_i d_i x_i^2, per column of x: (D,) -> 0-d, (D, K) -> (K,).
+    """Quadratic form x^T P x of the precision, per column of x.
 
-    (lowrank.7)
+    x^T P x = ||U^T x||^2 + sum_i d_i x_i^2.  (lowrank.7)
+
+    Parameters
+    ----------
+    U : array of shape (D, L)
+        Low-rank factor of the precision, L <= D.
+    d : array of shape (D,)
+        Diagonal of the precision, d > 0, same dtype as U.
+    x : array of shape (D,) or (D, K)
+        Vector or K vectors, same dtype as U.
+
+    Returns
+    -------
+    array of shape () or (K,)
+        The value x^T P x: 0-d for x (D,), one per column for x (D, K).
+
+    Raises
+    ------
+    ValueError
+        If U is not a finite float (D, L) array with L <= D, if d is not a finite, positive
+        (D,) array of U's dtype, or if the arrays mix NumPy and CuPy.
+        Also if x is not (D,) or (D, K) of U's dtype.
     """
     xp = xp_of(U, d, x)
-    D, _ = _check_factors(U, d)
+    D, _ = _check_factors(U, d, inverse=False)
     _check_rhs(x, "x", D, U.dtype)
     Ux = U.T @ x
     return xp.sum(Ux * Ux, axis=0) + xp.sum(_col(d, x) * x * x, axis=0)  # (lowrank.7)
 
 
 def inv_quad(U, d, x):
-    """x^T P^{-1} x = sum_i x_i^2 / d_i - ||R^{-1} U^T d^{-1} x||^2, per column of x.
+    """Quadratic form x^T P^{-1} x of the covariance, per column of x.
 
-    (D,) -> 0-d, (D, K) -> (K,); R R^T = I_L + U^T d^{-1} U.  (lowrank.7)
+    x^T P^{-1} x = sum_i x_i^2 / d_i - ||R^{-1} U^T d^{-1} x||^2 with
+    R R^T = I_L + U^T d^{-1} U.  (lowrank.7)
+
+    Parameters
+    ----------
+    U : array of shape (D, L)
+        Low-rank factor of the precision, L <= D.
+    d : array of shape (D,)
+        Diagonal of the precision, d > 0, same dtype as U.
+    x : array of shape (D,) or (D, K)
+        Vector or K vectors, same dtype as U.
+
+    Returns
+    -------
+    array of shape () or (K,)
+        The value x^T P^{-1} x: 0-d for x (D,), one per column for x (D, K).
+
+    Raises
+    ------
+    ValueError
+        If U is not a finite float (D, L) array with L <= D, if d is not a finite, positive
+        (D,) array of U's dtype, or if the arrays mix NumPy and CuPy.
+        Also if x is not (D,) or (D, K) of U's dtype.
     """
     xp = xp_of(U, d, x)
     D, _ = _check_factors(U, d)
@@ -194,17 +388,39 @@ def _check_sample_args(mu, U, d, eps):
 
 
 def sample(mu, U, d, eps):
-    """mu + S eps with S = d^{-1/2} (I_D + V V^T)^{-1/2}, V = d^{-1/2} U, so S S^T = P^{-1}.
+    """Map standard-normal draws to draws from N(mu, P^{-1}).
 
+    Returns mu + S eps with S = d^{-1/2} (I_D + V V^T)^{-1/2}, V = d^{-1/2} U, so S S^T = P^{-1}.
     The symmetric inverse square root is applied without forming it:
     (I_D + V V^T)^{-1/2} = I_D - V f(V^T V) V^T, f(lam) = 1 / (sqrt(1+lam) (1 + sqrt(1+lam))),
     with f(V^T V) from the eigendecomposition of the L x L Gram matrix.  Nothing is divided by
     an eigenvalue and nothing is Cholesky-factored, so U = 0 or repeated columns are fine.
     Then S S^T = d^{-1/2} (I + V V^T)^{-1} d^{-1/2} = (diag(d) + U U^T)^{-1}.  (lowrank.8)
+    The SLANG poster's Algorithm 3 (fast_sample), as corrected, is ``sample_alg3``; both give
+    the same distribution but not the same S.
 
-    eps (D,) or (D, S) standard-normal draws from the caller; returns (D,) or (D, S), with mu
-    added to every column.  The SLANG poster's Algorithm 3 (fast_sample), as corrected, is
-    ``sample_alg3``; both give the same distribution but not the same S.
+    Parameters
+    ----------
+    mu : array of shape (D,)
+        Mean, same dtype as U.
+    U : array of shape (D, L)
+        Low-rank factor of the precision, L <= D.
+    d : array of shape (D,)
+        Diagonal of the precision, d > 0, same dtype as U.
+    eps : array of shape (D,) or (D, S)
+        Standard-normal draws from the caller, one column per sample.
+
+    Returns
+    -------
+    array of shape (D,) or (D, S)
+        The draws mu + S eps, shaped like eps (mu added to every column).
+
+    Raises
+    ------
+    ValueError
+        If U is not a finite float (D, L) array with L <= D, if d is not a finite, positive
+        (D,) array of U's dtype, or if the arrays mix NumPy and CuPy.
+        Also if mu is not a finite float (D,) array or eps not (D,) or (D, S), of U's dtype.
     """
     xp = xp_of(mu, U, d, eps)
     _check_sample_args(mu, U, d, eps)
@@ -217,17 +433,40 @@ def sample(mu, U, d, eps):
 
 
 def sample_alg3(mu, U, d, eps):
-    """The SLANG poster's Algorithm 3 (fast_sample) with its three printing errors corrected.
+    """Sample N(mu, P^{-1}) by the SLANG poster's Algorithm 3, its printing errors corrected.
 
     With V = d^{-1/2} U, lower Cholesky factors A A^T = V^T V and B B^T = I_L + A^T A, and
     X = A^{-T} (B - I) A^{-1}, the matrix W0 = I_D + V X V^T satisfies W0 W0^T = I_D + V V^T
     (Ambikasaran and O'Neil's symmetric factorization), so S = d^{-1/2} W0^{-T} gives
-    S S^T = P^{-1}, and W0^{-T} = I_D - V (X^{-T} + V^T V)^{-1} V^T by Woodbury.  (lowrank.12)
+    S S^T = P^{-1}, and W0^{-T} = I_D - V (X^{-T} + V^T V)^{-1} V^T by Woodbury.  Returns
+    mu + S eps.  (lowrank.12)  Use ``sample`` in library code; this one exists to compare with
+    the official implementation line by line.
 
-    Needs V^T V positive definite (U of full column rank); raises ValueError otherwise, e.g. at
-    U = 0 or with repeated columns (numerically: min_j A_jj <= sqrt(eps) max_j A_jj, i.e.
-    cond(V^T V) >~ 1/eps, where line 6 would return rounding noise).  Use ``sample`` in library code; this one exists to compare with the official
-    implementation line by line.  eps (D,) or (D, S), returns (D,) or (D, S).
+    Parameters
+    ----------
+    mu : array of shape (D,)
+        Mean, same dtype as U.
+    U : array of shape (D, L)
+        Low-rank factor of the precision, L <= D, of full column rank.
+    d : array of shape (D,)
+        Diagonal of the precision, d > 0, same dtype as U.
+    eps : array of shape (D,) or (D, S)
+        Standard-normal draws from the caller, one column per sample.
+
+    Returns
+    -------
+    array of shape (D,) or (D, S)
+        The draws mu + S eps, shaped like eps.
+
+    Raises
+    ------
+    ValueError
+        If U is not a finite float (D, L) array with L <= D, if d is not a finite, positive
+        (D,) array of U's dtype, or if the arrays mix NumPy and CuPy.
+        Also if mu is not a finite float (D,) array or eps not (D,) or (D, S), of U's dtype.
+        Also if V^T V is not positive definite (U = 0, repeated columns), numerically when
+        min_j A_jj <= sqrt(machine eps) max_j A_jj, i.e. cond(V^T V) >~ 1/eps, where line 6
+        would return rounding noise.
     """
     xp = xp_of(mu, U, d, eps)
     _, L = _check_sample_args(mu, U, d, eps)
@@ -290,7 +529,7 @@ def _top_eig_randomized(W, L, Omega, n_iter):
 
 
 def top_eig(W, L, *, method="exact", Omega=None, n_iter=2):
-    """V (D, L) with V V^T = [W W^T]_L, the best rank-L approximation of W W^T, W (D, K).
+    """Compute V (D, L) with V V^T = [W W^T]_L, the best rank-L approximation of W W^T.
 
     "exact": eigendecomposition of the K x K Gram matrix, W^T W = R diag(lam) R^T, and
     V = W R_L, whose columns are sigma_i u_i (u_i the left singular vectors of W); O(D K^2).
@@ -303,6 +542,32 @@ def top_eig(W, L, *, method="exact", Omega=None, n_iter=2):
     non-negative, so results agree across backends.  SLANG uses
     W = [sqrt(1 - beta) U, sqrt(beta) G^T] so that W W^T = (1 - beta) U U^T + beta G^T G
     (with G (M, D) the per-example gradients, scaled as the SLANG module states).  (lowrank.11)
+
+    Parameters
+    ----------
+    W : array of shape (D, K)
+        Tall factor whose Gram matrix W W^T is truncated.
+    L : int
+        Target rank, 0 <= L <= min(D, K).
+    method : {"exact", "randomized"}, default "exact"
+        Eigendecomposition of the Gram matrix (lowrank.9) or subspace iteration (lowrank.10).
+    Omega : array of shape (K, L + p), optional
+        Random test matrix from the caller, same dtype as W; required by "randomized" only.
+    n_iter : int, default 2
+        Subspace-iteration rounds q >= 0 ("randomized" only).
+
+    Returns
+    -------
+    array of shape (D, L)
+        V, columns by decreasing eigenvalue, each with its largest-|entry| non-negative.
+
+    Raises
+    ------
+    ValueError
+        If W is not a finite float 2-d array, L is not an integer in [0, min(D, K)], method is
+        neither "exact" nor "randomized", Omega is given with "exact" or missing with
+        "randomized", Omega is not a finite (K, >= L) array of W's dtype, or n_iter is not an
+        integer >= 0.
     """
     xp_of(W, Omega)  # one backend for all inputs (raises on a NumPy/CuPy mix)
     check_array(W, "W", ndim=2)
@@ -335,16 +600,56 @@ def top_eig(W, L, *, method="exact", Omega=None, n_iter=2):
 # ----------------------------------------------------------------------------- dense twins
 
 def dense_precision(U, d):
-    """P = U U^T + diag(d), explicitly (D, D): for tests and small D only.  (lowrank.1)"""
+    """Form the precision P = U U^T + diag(d) explicitly, for tests and small D only.
+
+    (lowrank.1)
+
+    Parameters
+    ----------
+    U : array of shape (D, L)
+        Low-rank factor of the precision, L <= D.
+    d : array of shape (D,)
+        Diagonal of the precision, d > 0, same dtype as U.
+
+    Returns
+    -------
+    array of shape (D, D)
+        P.
+
+    Raises
+    ------
+    ValueError
+        If U is not a finite float (D, L) array with L <= D, if d is not a finite, positive
+        (D,) array of U's dtype, or if the arrays mix NumPy and CuPy.
+    """
     xp = xp_of(U, d)
-    _check_factors(U, d)
+    _check_factors(U, d, inverse=False)
     return U @ U.T + xp.diag(d)  # (lowrank.1)
 
 
 def dense_covariance(U, d):
-    """P^{-1} = d^{-1} - Y^T Y with Y = R^{-1} U^T d^{-1}, explicitly (D, D).  (lowrank.2)
+    """Form the covariance P^{-1} explicitly, for tests and small D only.
 
-    Woodbury in O(D^2 L) rather than a D x D inverse; exactly symmetric by construction.
+    P^{-1} = d^{-1} - Y^T Y with Y = R^{-1} U^T d^{-1} (Woodbury in O(D^2 L) rather than a
+    D x D inverse; exactly symmetric by construction).  (lowrank.2)
+
+    Parameters
+    ----------
+    U : array of shape (D, L)
+        Low-rank factor of the precision, L <= D.
+    d : array of shape (D,)
+        Diagonal of the precision, d > 0, same dtype as U.
+
+    Returns
+    -------
+    array of shape (D, D)
+        P^{-1}.
+
+    Raises
+    ------
+    ValueError
+        If U is not a finite float (D, L) array with L <= D, if d is not a finite, positive
+        (D,) array of U's dtype, or if the arrays mix NumPy and CuPy.
     """
     xp = xp_of(U, d)
     _check_factors(U, d)

@@ -35,7 +35,15 @@ CURVATURES = ("ef", "hess", "exact")
 
 
 class Batch(NamedTuple):
-    """A minibatch: the rows the caller selected (explicit randomness: the driver draws them)."""
+    """A minibatch: the rows the caller selected (explicit randomness: the driver draws them).
+
+    Attributes
+    ----------
+    X : array of shape (M, n_in)
+        Raw inputs X_B (the model appends its intercept column itself).
+    y : array of shape (M,)
+        Labels or targets y_B ((M, n_out) for a multi-output gaussian likelihood).
+    """
     X: Array  # X_B, (M, n_in), raw inputs (the model appends its intercept column itself)
     y: Array  # y_B, (M,) labels / targets
 
@@ -55,21 +63,22 @@ def step_sizes(t: int, alpha: float, beta: float, decay: float) -> tuple[float, 
 
 
 def check_hyper(alpha, beta, decay, momentum):
-    """The shared hyperparameter ranges; returns them as floats."""
-    alpha = check_in_range(alpha, "alpha", 0.0, 1.0, low_open=True)
-    beta = check_in_range(beta, "beta", 0.0, 1.0, low_open=True)
-    decay = check_in_range(decay, "decay", 0.0, math.inf, high_open=True)
-    momentum = check_in_range(momentum, "momentum", 0.0, 1.0, high_open=True)
+    """The shared hyperparameter ranges of cfg.alpha, cfg.beta, cfg.decay, cfg.momentum, each a
+    finite real (NaN and inf rejected); returns them as floats."""
+    alpha = check_in_range(alpha, "cfg.alpha", 0.0, 1.0, low_open=True)
+    beta = check_in_range(beta, "cfg.beta", 0.0, 1.0, low_open=True)
+    decay = check_in_range(decay, "cfg.decay", 0.0, math.inf, high_open=True)
+    momentum = check_in_range(momentum, "cfg.momentum", 0.0, 1.0, high_open=True)
     return alpha, beta, decay, momentum
 
 
-def check_prior(lam, D: int, dtype=None):
-    """lam (D,): a per-coordinate prior precision, every entry > 0."""
-    check_array(lam, "lam", shape=(D,))
-    check_float(lam, "lam")
-    check_positive(lam, "lam")
+def check_prior(lam, D: int, dtype=None, name: str = "cfg.lam"):
+    """lam (D,): a per-coordinate prior precision, every entry finite and > 0."""
+    check_array(lam, name, shape=(D,))
+    check_float(lam, name)
+    check_positive(lam, name)
     if dtype is not None and lam.dtype != dtype:
-        raise ValueError(f"lam: expected dtype {dtype} (the state's), got {lam.dtype}")
+        raise ValueError(f"{name}: expected dtype {dtype} (the state's), got {lam.dtype}")
     return lam
 
 

@@ -25,7 +25,13 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from refbayes._checks import check_array, check_float, check_in_range
+from refbayes._checks import (
+    check_array,
+    check_float,
+    check_in_range,
+    check_int,
+    check_positive,
+)
 from refbayes.backend import xp_of
 from refbayes.methods._estimates import (
     Batch,
@@ -52,7 +58,19 @@ Array = Any
 
 
 class AdamConfig(NamedTuple):
-    """Hyperparameters; defaults are Kingma and Ba's (and optax's / PyTorch's)."""
+    """Adam hyperparameters; defaults are Kingma and Ba's (and optax's / PyTorch's).
+
+    Attributes
+    ----------
+    alpha : float
+        Step size alpha > 0.  (adam.4)
+    beta1 : float
+        First-moment decay beta_1 in [0, 1).  (adam.1)
+    beta2 : float
+        Second-moment decay beta_2 in [0, 1).  (adam.2)
+    eps_adam : float
+        Constant > 0 added to sqrt(v_hat), outside the root.  (adam.4)
+    """
     alpha: float = 1e-3      # step size alpha > 0 (adam.4)
     beta1: float = 0.9       # first-moment decay, in [0, 1) (adam.1)
     beta2: float = 0.999     # second-moment decay, in [0, 1) (adam.2)
@@ -60,26 +78,72 @@ class AdamConfig(NamedTuple):
 
 
 class MAPConfig(NamedTuple):
-    """The MAP / Adam training problem for drivers: ``step(state, batch, cfg.adam, model, cfg.N,
-    cfg.lam)`` is its step (refbayes.methods.driver)."""
+    """The MAP / Adam training problem for drivers (refbayes.methods.driver).
+
+    ``step(state, batch, cfg.adam, model, cfg.N, cfg.lam)`` is its step.
+
+    Attributes
+    ----------
+    N : int
+        Training-set size N >= 1; scales minibatch sums by N / M.  (adam.5)
+    lam : float or array of shape (D,)
+        Prior precision lam >= 0.  (adam.5)
+    adam : AdamConfig
+        The optimizer's hyperparameters.  (adam.1)-(adam.4)
+    """
     N: int                                # training-set size, scales minibatch sums by N / M (adam.5)
     lam: Any = 0.0                        # prior precision, scalar or (D,), >= 0 (adam.5)
     adam: AdamConfig = AdamConfig()       # the optimizer's hyperparameters (adam.1)-(adam.4)
 
 
 class AdamState(NamedTuple):
+    """Adam moments after t updates.
+
+    Attributes
+    ----------
+    m : array of shape (D,)
+        First-moment estimate m_t.  (adam.1)
+    v : array of shape (D,)
+        Second-moment estimate v_t >= 0.  (adam.2)
+    t : int
+        Number of updates taken.
+    """
     m: Array  # m_t, first-moment estimate, (D,), (adam.1)
     v: Array  # v_t, second-moment estimate, (D,), >= 0, (adam.2)
     t: int    # updates taken
 
 
 class MAPState(NamedTuple):
+    """MAP / Adam training state after t steps.
+
+    Attributes
+    ----------
+    theta : array of shape (D,)
+        Parameters theta_t.  (adam.6)
+    adam : AdamState
+        Adam moments of theta, (D,) each; adam.t is not read: t drives (adam.3).
+    t : int
+        Number of steps taken; drives the bias correction.  (adam.3)
+    """
     theta: Array      # theta_t, (D,), (adam.6)
     adam: AdamState   # Adam moments of theta, (D,) each; adam.t is not read: t drives (adam.3)
     t: int            # steps taken; drives the bias correction (adam.3)
 
 
 class MAPInfo(NamedTuple):
+    """The named intermediates of one MAP / Adam step, by equation.
+
+    Attributes
+    ----------
+    g_data : array of shape (D,)
+        Data gradient (N / M) sum_{i in B} grad l_i(theta_t).  (adam.5)
+    g : array of shape (D,)
+        Objective gradient g_data + lam * theta_t.  (adam.5)
+    delta : array of shape (D,)
+        Adam step -alpha m_hat / (sqrt(v_hat) + eps_adam).  (adam.4)
+    theta : array of shape (D,)
+        Parameters theta_{t+1} = theta_t + delta.  (adam.6)
+    """
     g_data: Array  # (N / M) sum_{i in B} grad l_i(theta_t), (D,)  (adam.5)
     g: Array       # g_data + lam * theta_t, (D,)  (adam.5)
     delta: Array   # -alpha m_hat / (sqrt(v_hat) + eps_adam), (D,)  (adam.4)
@@ -95,13 +159,16 @@ def check_adam_config(cfg) -> tuple[float, float, float, float]:
     return check_adam_hyper(cfg.alpha, cfg.beta1, cfg.beta2, cfg.eps_adam)
 
 
-def check_adam_hyper(alpha, beta1, beta2, eps_adam) -> tuple[float, float, float, float]:
+def check_adam_hyper(alpha, beta1, beta2, eps_adam,
+                     prefix: str = "cfg.") -> tuple[float, float, float, float]:
     """The Adam ranges shared by every Adam-driven method: alpha > 0 finite, beta1, beta2 in
-    [0, 1), eps_adam > 0 finite (eps_adam = 0 makes the first step 0 / 0 where g = 0)."""
-    alpha = check_in_range(alpha, "alpha", 0.0, math.inf, low_open=True, high_open=True)
-    beta1 = check_in_range(beta1, "beta1", 0.0, 1.0, high_open=True)
-    beta2 = check_in_range(beta2, "beta2", 0.0, 1.0, high_open=True)
-    eps_adam = check_in_range(eps_adam, "eps_adam", 0.0, math.inf, low_open=True, high_open=True)
+    [0, 1), eps_adam > 0 finite (eps_adam = 0 makes the first step 0 / 0 where g = 0); NaN and
+    inf rejected. Errors name ``prefix`` + the field (cfg.alpha, ...)."""
+    alpha = check_in_range(alpha, f"{prefix}alpha", 0.0, math.inf, low_open=True, high_open=True)
+    beta1 = check_in_range(beta1, f"{prefix}beta1", 0.0, 1.0, high_open=True)
+    beta2 = check_in_range(beta2, f"{prefix}beta2", 0.0, 1.0, high_open=True)
+    eps_adam = check_in_range(eps_adam, f"{prefix}eps_adam", 0.0, math.inf, low_open=True,
+                              high_open=True)
     return alpha, beta1, beta2, eps_adam
 
 
@@ -120,30 +187,65 @@ def check_adam_state(state, D: int, dtype, name: str = "state") -> int:
     return check_t(state.t)
 
 
-def check_lam(lam, D: int, dtype, *, strict: bool):
-    """The prior precision: a real scalar (returned as a Python float, so float32 stays float32)
-    or a (D,) array of ``dtype``; > 0 everywhere when ``strict``, else >= 0."""
+def check_lam(lam, D: int, dtype, *, strict: bool, name: str = "lam"):
+    """The prior precision: a finite real scalar (returned as a Python float, so float32 stays
+    float32) or a finite (D,) array of ``dtype``; > 0 everywhere when ``strict``, else >= 0.
+    Errors name ``name``."""
     what = "> 0" if strict else ">= 0"
     if isinstance(lam, numbers.Real) and not isinstance(lam, bool):
         lam = float(lam)
         if not math.isfinite(lam) or (lam <= 0 if strict else lam < 0):
-            raise ValueError(f"lam: expected a finite prior precision {what}, got {lam}")
+            raise ValueError(f"{name}: expected a finite prior precision {what}, got {lam}")
         return lam
-    check_array(lam, "lam", shape=(D,))
-    check_float(lam, "lam")
+    check_array(lam, name, shape=(D,))
+    check_float(lam, name)
     if lam.dtype != dtype:
-        raise ValueError(f"lam: expected dtype {dtype} (the state's), got {lam.dtype}")
-    xp = xp_of(lam)
-    if not bool(xp.all(lam > 0) if strict else xp.all(lam >= 0)):
-        raise ValueError(f"lam: expected {what} everywhere, got min {float(lam.min())}")
+        raise ValueError(f"{name}: expected dtype {dtype} (the state's), got {lam.dtype}")
+    check_positive(lam, name, strict=strict)
     return lam
+
+
+def check_map_config(cfg, D: int, dtype):
+    """A MAPConfig for a state of D parameters of ``dtype``: cfg.N, cfg.lam (finite, >= 0) and
+    cfg.adam (an AdamConfig in range), each error naming the field as the driver's caller wrote
+    it (cfg.lam, cfg.adam.alpha, ...)."""
+    if not isinstance(cfg, MAPConfig):
+        raise ValueError(f"cfg: expected a MAPConfig, got {type(cfg).__name__}")
+    check_int(cfg.N, "cfg.N", low=1)
+    check_lam(cfg.lam, D, dtype, strict=False, name="cfg.lam")
+    if not isinstance(cfg.adam, AdamConfig):
+        raise ValueError(f"cfg.adam: expected an AdamConfig, got {type(cfg.adam).__name__}")
+    check_adam_hyper(cfg.adam.alpha, cfg.adam.beta1, cfg.adam.beta2, cfg.adam.eps_adam,
+                     prefix="cfg.adam.")
+    return cfg
 
 
 # ----------------------------------------------------------------------------- the optimizer
 
 def adam_init(D_or_like, dtype=np.float64) -> AdamState:
-    """Zero moments: ``adam_init(D)`` gives (D,) float64 NumPy arrays (``dtype`` to change it);
-    ``adam_init(x)`` for an array x (D,) gives moments of x's shape, dtype and backend."""
+    """Create zero Adam moments, with t = 0.
+
+    ``adam_init(D)`` gives (D,) NumPy arrays of ``dtype``; ``adam_init(x)`` for an array x (D,)
+    gives moments of x's shape, dtype and backend (``dtype`` is then ignored).
+
+    Parameters
+    ----------
+    D_or_like : int or array of shape (D,)
+        The dimension D >= 1, or a float array whose shape, dtype and backend to copy.
+    dtype : numpy dtype, default numpy.float64
+        Either float64 or float32; used only when D_or_like is an integer.
+
+    Returns
+    -------
+    AdamState
+        The state (zeros, zeros, 0).
+
+    Raises
+    ------
+    ValueError
+        If D_or_like is an integer < 1 (or dtype is not float64 / float32 with an integer),
+        or is not a finite float 1-d array otherwise.
+    """
     if isinstance(D_or_like, numbers.Integral) and not isinstance(D_or_like, bool):
         if D_or_like < 1:
             raise ValueError(f"D_or_like: expected D >= 1 or a (D,) array, got {D_or_like}")
@@ -158,12 +260,36 @@ def adam_init(D_or_like, dtype=np.float64) -> AdamState:
 
 
 def adam_update(grad, state: AdamState, cfg: AdamConfig) -> tuple[Array, AdamState]:
-    """(delta, new state) for the gradient ``grad`` (D,) of the objective being MINIMIZED.
+    """Compute one Adam update for the gradient of the objective being MINIMIZED.
 
     m' = beta1 m + (1 - beta1) g  (adam.1);  v' = beta2 v + (1 - beta2) g^2  (adam.2);
     m_hat = m' / (1 - beta1^(t+1)), v_hat = v' / (1 - beta2^(t+1))  (adam.3), exact bias
     correction with t + 1 the 1-based count of this update;
     delta = -alpha m_hat / (sqrt(v_hat) + eps_adam)  (adam.4), to be ADDED to the parameters.
+
+    Parameters
+    ----------
+    grad : array of shape (D,)
+        Gradient g, in the moments' dtype.
+    state : AdamState
+        Current moments (m, v, t).
+    cfg : AdamConfig
+        Hyperparameters.
+
+    Returns
+    -------
+    delta : array of shape (D,)
+        The step to add to the parameters.
+    state : AdamState
+        The new moments (m', v', t + 1).
+
+    Raises
+    ------
+    ValueError
+        If cfg is not an AdamConfig with alpha > 0 finite, beta1 and beta2 in [0, 1) and eps_adam
+        > 0 finite; if state is not an AdamState of finite float (D,) arrays
+        m, v >= 0 of one dtype with a non-negative integer t; if grad is not a finite (D,)
+        array of that dtype; or if the arrays mix NumPy and CuPy.
     """
     alpha, beta1, beta2, eps = check_adam_config(cfg)
     if not isinstance(state, AdamState):
@@ -192,7 +318,23 @@ def _adam(xp, g, state, alpha, beta1, beta2, eps, t):
 # ----------------------------------------------------------------------------- MAP / Adam
 
 def init(theta) -> MAPState:
-    """MAPState at theta (D,) with zero Adam moments."""
+    """Create the initial MAPState at theta, with zero Adam moments and t = 0.
+
+    Parameters
+    ----------
+    theta : array of shape (D,)
+        Initial parameters.
+
+    Returns
+    -------
+    MAPState
+        The state (theta, adam_init(theta), 0).
+
+    Raises
+    ------
+    ValueError
+        If theta is not a finite float 1-d array.
+    """
     check_array(theta, "theta", ndim=1)
     check_float(theta, "theta")
     return MAPState(theta, adam_init(theta), 0)
@@ -212,11 +354,43 @@ def check_theta_state(state, cls) -> int:
 
 
 def step(state: MAPState, batch, cfg: AdamConfig, model, N: int, lam) -> tuple[MAPState, MAPInfo]:
-    """One Adam step on F(theta) = (N / M) sum_{i in B} l_i(theta) + (1/2) sum_j lam_j theta_j^2.
+    """Take one Adam step on the MAP objective F(theta).
 
-    batch: Batch(X_B (M, n_in), y_B (M,)); model: a refbayes.models model with D parameters;
-    N: training-set size (scales the minibatch sum by N / M); lam: prior precision (scalar or
-    (D,), >= 0). The gradient is ``model.grad`` (a summed backprop pass, no per-example rows).
+    F(theta) = (N / M) sum_{i in B} l_i(theta) + (1/2) sum_j lam_j theta_j^2.  The gradient is
+    ``model.grad`` (a summed backprop pass, no per-example rows).  (adam.1)-(adam.6)
+
+    Parameters
+    ----------
+    state : MAPState
+        Current state.
+    batch : Batch
+        The minibatch rows Batch(X_B (M, n_in), y_B (M,)), 1 <= M <= N.
+    cfg : AdamConfig
+        Optimizer hyperparameters.
+    model : FlatModel
+        A refbayes.models model with D parameters.
+    N : int
+        Training-set size, >= 1; scales the minibatch sum by N / M.
+    lam : float or array of shape (D,)
+        Prior precision, >= 0.
+
+    Returns
+    -------
+    state : MAPState
+        The state after the step, t + 1.
+    info : MAPInfo
+        The step's intermediates, by equation.
+
+    Raises
+    ------
+    ValueError
+        If state is not a MAPState with theta a finite float (D,) array, a non-negative
+        integer t and Adam moments of theta's shape and dtype (v >= 0); if cfg is not an
+        AdamConfig with alpha > 0 finite, beta1 and beta2 in [0, 1) and eps_adam > 0 finite;
+        if N is not an integer >= 1; if lam is not a finite real >= 0 or a
+        (D,) float array >= 0 of theta's dtype; if model is not a FlatModel with D parameters;
+        if batch is not a pair (X, y) of finite arrays with 1 <= M <= N rows in theta's dtype
+        (binary labels for a Bernoulli likelihood); or if the arrays mix NumPy and CuPy.
     """
     D = check_theta_state(state, MAPState)
     dtype = state.theta.dtype

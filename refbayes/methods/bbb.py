@@ -71,8 +71,27 @@ Array = Any
 
 
 class BBBConfig(NamedTuple):
-    """Hyperparameters; the Adam defaults are Kingma and Ba's (the SLANG UCI baseline used
-    alpha = 0.01, beta2 = 0.99: derivations/bbb.md, conventions)."""
+    """Bayes-by-Backprop hyperparameters; the Adam defaults are Kingma and Ba's.
+
+    The SLANG UCI baseline used alpha = 0.01, beta2 = 0.99 (derivations/bbb.md, conventions).
+
+    Attributes
+    ----------
+    N : int
+        Training-set size N >= 1; minibatch sums are scaled by N / M.  (bbb.3)
+    lam : float or array of shape (D,)
+        Prior precision > 0.  (bbb.7)
+    alpha : float
+        Adam step size > 0.  (adam.4), (bbb.10)
+    beta1 : float
+        Adam first-moment decay in [0, 1).  (adam.1)
+    beta2 : float
+        Adam second-moment decay in [0, 1).  (adam.2)
+    eps_adam : float
+        Adam constant > 0 added to sqrt(v_hat).  (adam.4)
+    kl_weight : float
+        Weight >= 0 of KL(q || p) in the objective.  (bbb.3)
+    """
     N: int                   # training-set size, minibatch sums scaled by N / M (bbb.3)
     lam: Any                 # prior precision, scalar or (D,), > 0 (bbb.7)
     alpha: float = 1e-3      # Adam step size (adam.4), (bbb.10)
@@ -83,6 +102,19 @@ class BBBConfig(NamedTuple):
 
 
 class BBBState(NamedTuple):
+    """Bayes-by-Backprop state after t steps.
+
+    Attributes
+    ----------
+    mu : array of shape (D,)
+        Mean mu_t.  (bbb.10)
+    rho : array of shape (D,)
+        Unconstrained scale rho_t, sigma_t = softplus(rho_t).  (bbb.1), (bbb.10)
+    adam : AdamState
+        Adam moments of [mu; rho], (2D,) each; adam.t is not read.  (adam.1)-(adam.2)
+    t : int
+        Number of steps taken; drives the bias correction.  (adam.3)
+    """
     mu: Array         # mu_t, (D,), (bbb.10)
     rho: Array        # rho_t, (D,), sigma_t = softplus(rho_t), (bbb.1), (bbb.10)
     adam: AdamState   # moments of [mu; rho], (2D,) each, (adam.1)-(adam.2); adam.t is not read
@@ -90,6 +122,37 @@ class BBBState(NamedTuple):
 
 
 class BBBInfo(NamedTuple):
+    """The named intermediates of one Bayes-by-Backprop step, by equation.
+
+    Attributes
+    ----------
+    sigma : array of shape (D,)
+        Standard deviation softplus(rho_t).  (bbb.1)
+    theta : array of shape (D, S)
+        Draws theta_s = mu + sigma * eps_s.  (bbb.2)
+    g : array of shape (S, D)
+        Summed minibatch gradients g_s = sum_{i in B} grad l_i(theta_s).  (bbb.4)
+    g_hat : array of shape (D,)
+        Data gradient in mu, (N / (M S)) sum_s g_s.  (bbb.5)
+    g_rho : array of shape (D,)
+        Data gradient in rho, (N / (M S)) sum_s g_s * eps_s * sigmoid(rho).  (bbb.6)
+    kl : array of shape ()
+        KL(q || p).  (bbb.7)
+    grad_mu : array of shape (D,)
+        Objective gradient dF/dmu = g_hat + kl_weight * lam * mu.  (bbb.8), (bbb.9)
+    grad_rho : array of shape (D,)
+        Objective gradient dF/drho = g_rho + kl_weight * dKL/drho.  (bbb.8), (bbb.9)
+    loss_hat : array of shape ()
+        Data-term estimate (N / (M S)) sum_s sum_{i in B} l_i(theta_s).  (bbb.3)
+    elbo : array of shape ()
+        ELBO estimate -(loss_hat + kl_weight * kl).  (bbb.3)
+    delta : array of shape (2D,)
+        Adam step on [mu; rho].  (adam.4), (bbb.10)
+    mu : array of shape (D,)
+        Mean mu_{t+1}.  (bbb.10)
+    rho : array of shape (D,)
+        Scale parameter rho_{t+1}.  (bbb.10)
+    """
     sigma: Array       # softplus(rho_t), (D,)  (bbb.1)
     theta: Array       # theta_s = mu + sigma * eps_s, (D, S)  (bbb.2)
     g: Array           # g_s = sum_{i in B} grad l_i(theta_s), (S, D)  (bbb.4)
@@ -108,18 +171,43 @@ class BBBInfo(NamedTuple):
 # ----------------------------------------------------------------------------- softplus
 
 def softplus(rho):
-    """sigma = log(1 + exp(rho)) = logaddexp(0, rho): no overflow for large rho (it is rho + a
-    rounding-level term), and log1p(exp(rho)) accuracy for very negative rho, where it
-    underflows to 0 only when exp(rho) does (rho < -745 in float64).  (bbb.1)"""
+    """Compute sigma = softplus(rho) = log(1 + exp(rho)) = logaddexp(0, rho).
+
+    No overflow for large rho (it is rho + a rounding-level term), and log1p(exp(rho)) accuracy
+    for very negative rho, where it underflows to 0 only when exp(rho) does (rho < -745 in
+    float64).  No validation.  (bbb.1)
+
+    Parameters
+    ----------
+    rho : array
+        Unconstrained scale, any shape.
+
+    Returns
+    -------
+    array
+        The standard deviation sigma, shaped like rho.
+    """
     return xp_of(rho).logaddexp(0.0, rho)  # (bbb.1)
 
 
 def log_softplus(rho):
-    """log sigma = log softplus(rho), finite for every finite rho even where sigma underflows.
+    """Compute log sigma = log softplus(rho), finite for every finite rho.
 
+    Finite even where sigma underflows.
     For rho <= 0, with u = exp(rho) in (0, 1]: log softplus(rho) = rho + log(log1p(u) / u), and
     log1p(u) / u -> 1 as u -> 0 (taken as 1 where u underflows to 0), so log sigma = rho there,
-    the exact limit. For rho > 0, sigma >= log 2 and the plain log is safe.  (bbb.1)
+    the exact limit. For rho > 0, sigma >= log 2 and the plain log is safe.  No validation.
+    (bbb.1)
+
+    Parameters
+    ----------
+    rho : array
+        Unconstrained scale, any shape.
+
+    Returns
+    -------
+    array
+        The log standard deviation log sigma, shaped like rho.
     """
     xp = xp_of(rho)
     neg = xp.minimum(rho, 0)
@@ -141,8 +229,25 @@ def _sigmoid(xp, rho):
 
 
 def inv_softplus(sigma):
-    """rho = softplus^{-1}(sigma) = log(expm1(sigma)) = sigma + log(-expm1(-sigma)) for sigma > 0:
-    no overflow for large sigma, no cancellation for small sigma."""
+    """Invert softplus: rho = log(expm1(sigma)) = sigma + log(-expm1(-sigma)) for sigma > 0.
+
+    The right-hand form has no overflow for large sigma and no cancellation for small sigma.
+
+    Parameters
+    ----------
+    sigma : array of shape (D,)
+        Standard deviations, > 0.
+
+    Returns
+    -------
+    array of shape (D,)
+        The unconstrained scale rho with softplus(rho) = sigma.
+
+    Raises
+    ------
+    ValueError
+        If sigma is not a finite real 1-d array with every entry > 0.
+    """
     xp = xp_of(sigma)
     check_array(sigma, "sigma", ndim=1)
     if not bool(xp.all(sigma > 0)):
@@ -184,7 +289,31 @@ def _check_mu_rho(mu, rho, prefix=""):
 
 
 def kl_divergence(mu, rho, lam):
-    """KL(q || p) (0-d) for q = N(mu, diag(softplus(rho)^2)), p = N(0, diag(1 / lam)).  (bbb.7)"""
+    """Compute KL(q || p) for q = N(mu, diag(softplus(rho)^2)) and p = N(0, diag(1 / lam)).
+
+    KL = (1/2) sum_j [lam_j (sigma_j^2 + mu_j^2) - 1 - log lam_j - 2 log sigma_j].  (bbb.7)
+
+    Parameters
+    ----------
+    mu : array of shape (D,)
+        Mean of q.
+    rho : array of shape (D,)
+        Unconstrained scale, sigma = softplus(rho), same dtype as mu.
+    lam : float or array of shape (D,)
+        Prior precision, > 0 (an array in mu's dtype).
+
+    Returns
+    -------
+    array of shape ()
+        The divergence KL(q || p), as a 0-d array.
+
+    Raises
+    ------
+    ValueError
+        If mu is not a finite float 1-d array, rho not a finite (D,) array of mu's dtype, lam
+        not a finite real > 0 or a (D,) float array > 0 of mu's dtype, or the arrays mix NumPy
+        and CuPy.
+    """
     xp = xp_of(mu, rho)
     D = _check_mu_rho(mu, rho)
     lam = check_lam(lam, D, mu.dtype, strict=True)
@@ -192,7 +321,33 @@ def kl_divergence(mu, rho, lam):
 
 
 def kl_gradients(mu, rho, lam):
-    """(dKL/dmu (D,), dKL/drho (D,)) of ``kl_divergence``.  (bbb.8)"""
+    """Compute the gradients of ``kl_divergence`` in mu and rho.
+
+    dKL/dmu = lam mu and dKL/drho = (lam sigma - 1 / sigma) sigmoid(rho).  (bbb.8)
+
+    Parameters
+    ----------
+    mu : array of shape (D,)
+        Mean of q.
+    rho : array of shape (D,)
+        Unconstrained scale, sigma = softplus(rho), same dtype as mu.
+    lam : float or array of shape (D,)
+        Prior precision, > 0 (an array in mu's dtype).
+
+    Returns
+    -------
+    dkl_dmu : array of shape (D,)
+        The gradient in mu.
+    dkl_drho : array of shape (D,)
+        The gradient in rho.
+
+    Raises
+    ------
+    ValueError
+        If mu is not a finite float 1-d array, rho not a finite (D,) array of mu's dtype, lam
+        not a finite real > 0 or a (D,) float array > 0 of mu's dtype, or the arrays mix NumPy
+        and CuPy.
+    """
     xp = xp_of(mu, rho)
     D = _check_mu_rho(mu, rho)
     lam = check_lam(lam, D, mu.dtype, strict=True)
@@ -202,9 +357,32 @@ def kl_gradients(mu, rho, lam):
 # ----------------------------------------------------------------------------- state
 
 def init(mu, sigma0=None, rho0=None) -> BBBState:
-    """BBBState at mean mu (D,) and initial scale given by exactly one of sigma0 (> 0) or rho0,
-    each a scalar or (D,); zero Adam moments on [mu; rho]. The SLANG UCI baseline starts at
-    mu = 0, rho0 = -1 (sigma0 = softplus(-1) = 0.3133)."""
+    """Create the initial BBBState at mean mu, with zero Adam moments on [mu; rho] and t = 0.
+
+    The initial scale is given by exactly one of sigma0 or rho0.  The SLANG UCI baseline starts
+    at mu = 0, rho0 = -1 (sigma0 = softplus(-1) = 0.3133).
+
+    Parameters
+    ----------
+    mu : array of shape (D,)
+        Initial mean.
+    sigma0 : float or array of shape (D,), optional
+        Initial standard deviation, > 0 (an array in mu's dtype).
+    rho0 : float or array of shape (D,), optional
+        Initial unconstrained scale (an array in mu's dtype).
+
+    Returns
+    -------
+    BBBState
+        The state (mu, rho, zero moments, 0).
+
+    Raises
+    ------
+    ValueError
+        If mu is not a finite float 1-d array; if both or neither of sigma0, rho0 is given;
+        if the one given is not a finite real or a finite (D,) array of mu's dtype; or if
+        sigma0 has an entry <= 0.
+    """
     xp = xp_of(mu)
     check_array(mu, "mu", ndim=1)
     check_float(mu, "mu")
@@ -237,9 +415,10 @@ def _check_cfg(cfg, D, dtype):
     if not isinstance(cfg, BBBConfig):
         raise ValueError(f"cfg: expected a BBBConfig, got {type(cfg).__name__}")
     N = check_N(cfg.N)
-    lam = check_lam(cfg.lam, D, dtype, strict=True)
+    # every float finite (check_in_range rejects NaN, and inf at an open bound)
+    lam = check_lam(cfg.lam, D, dtype, strict=True, name="cfg.lam")
     hyper = check_adam_hyper(cfg.alpha, cfg.beta1, cfg.beta2, cfg.eps_adam)
-    kl_weight = check_in_range(cfg.kl_weight, "kl_weight", 0.0, math.inf, high_open=True)
+    kl_weight = check_in_range(cfg.kl_weight, "cfg.kl_weight", 0.0, math.inf, high_open=True)
     return N, lam, hyper, kl_weight
 
 
@@ -249,7 +428,30 @@ def _draws(mu, sigma, eps):
 
 
 def sample(state: BBBState, eps):
-    """theta = mu + softplus(rho) * eps (D, S) for eps (D, S).  (bbb.2)"""
+    """Draw theta = mu + softplus(rho) * eps from q.
+
+    (bbb.2)
+
+    Parameters
+    ----------
+    state : BBBState
+        The state.
+    eps : array of shape (D, S)
+        Standard-normal draws from the caller, one column per sample.
+
+    Returns
+    -------
+    array of shape (D, S)
+        The draws theta.
+
+    Raises
+    ------
+    ValueError
+        If state is not a BBBState with mu a finite float (D,) array, rho a finite (D,) array
+        of mu's dtype, a non-negative integer t and Adam moments (2D,) of that dtype (v >= 0).
+        Also if eps is not a finite (D, S >= 1) array of the state's dtype, or the arrays mix
+        NumPy and CuPy.
+    """
     D = _check_state(state)
     xp_of(state.mu, eps)  # one backend
     check_draws(eps, D, state.mu.dtype)
@@ -257,15 +459,50 @@ def sample(state: BBBState, eps):
 
 
 def prec_diag(state: BBBState):
-    """The Gaussian's precision diag(1 / sigma^2) (D,) = exp(-2 log softplus(rho)); inf where
-    sigma^2 is below the smallest float (rho < about -355 in float64)."""
+    """Compute the Gaussian's precision 1 / sigma^2 = exp(-2 log softplus(rho)).
+
+    inf where 1 / sigma^2 overflows (rho < about -355 in float64).
+
+    Parameters
+    ----------
+    state : BBBState
+        The state.
+
+    Returns
+    -------
+    array of shape (D,)
+        The precision diagonal.
+
+    Raises
+    ------
+    ValueError
+        If state is not a BBBState with mu a finite float (D,) array, rho a finite (D,) array
+        of mu's dtype, a non-negative integer t and Adam moments (2D,) of that dtype (v >= 0).
+    """
     _check_state(state)
     with np.errstate(over="ignore"):
         return xp_of(state.rho).exp(-2.0 * log_softplus(state.rho))
 
 
 def dense_covariance(state: BBBState):
-    """diag(sigma^2) (D, D), for tests."""
+    """Form the dense covariance diag(sigma^2), for tests.
+
+    Parameters
+    ----------
+    state : BBBState
+        The state.
+
+    Returns
+    -------
+    array of shape (D, D)
+        The covariance.
+
+    Raises
+    ------
+    ValueError
+        If state is not a BBBState with mu a finite float (D,) array, rho a finite (D,) array
+        of mu's dtype, a non-negative integer t and Adam moments (2D,) of that dtype (v >= 0).
+    """
     _check_state(state)
     sigma = softplus(state.rho)
     return xp_of(sigma).diag(sigma * sigma)
@@ -274,12 +511,44 @@ def dense_covariance(state: BBBState):
 # ----------------------------------------------------------------------------- the step
 
 def step(state: BBBState, batch, eps, cfg: BBBConfig, model) -> tuple[BBBState, BBBInfo]:
-    """One Bayes-by-Backprop step: (bbb.1)-(bbb.10), Adam (adam.1)-(adam.4) on [mu; rho].
+    """Take one Bayes-by-Backprop step, Adam on [mu; rho].
 
-    batch: Batch(X_B (M, n_in), y_B (M,)); eps: (D, S) standard-normal draws (one column per
-    Monte Carlo sample, used for the gradient AND the ELBO estimate); model: a refbayes.models
-    model whose theta has D entries. Deterministic given its inputs. Costs S summed backprop
-    passes (``model.grad``) and S loss evaluations (for the ELBO estimate in the info).
+    (bbb.1)-(bbb.10), Adam (adam.1)-(adam.4).  Deterministic given its inputs.  Costs one
+    batched gradient pass over the S draws (``model.sample_moments``) and S loss evaluations
+    (for the ELBO estimate in the info).
+
+    Parameters
+    ----------
+    state : BBBState
+        Current state.
+    batch : Batch
+        The minibatch rows Batch(X_B (M, n_in), y_B (M,)), 1 <= M <= N.
+    eps : array of shape (D, S)
+        Standard-normal draws, one column per MC sample, used for the gradient AND the ELBO
+        estimate.
+    cfg : BBBConfig
+        Hyperparameters.
+    model : FlatModel
+        A refbayes.models model with D parameters.
+
+    Returns
+    -------
+    state : BBBState
+        The state after the step, t + 1.
+    info : BBBInfo
+        The step's intermediates, by equation.
+
+    Raises
+    ------
+    ValueError
+        If state is not a BBBState with mu a finite float (D,) array, rho a finite (D,) array
+        of mu's dtype, a non-negative integer t and Adam moments (2D,) of that dtype (v >= 0).
+        Also if cfg is not a BBBConfig with N an integer >= 1, lam a finite real > 0 or a
+        (D,) float array > 0 of the state's dtype, alpha > 0, beta1 and beta2 in [0, 1),
+        eps_adam > 0 and kl_weight >= 0 (all finite); if model is not a FlatModel with D
+        parameters; if batch is not a pair (X, y) of finite arrays with 1 <= M <= N rows in
+        the state's dtype (binary labels for a Bernoulli likelihood); if eps is not a finite
+        (D, S >= 1) array of the state's dtype; or if the arrays mix NumPy and CuPy.
     """
     D = _check_state(state)
     xp = xp_of(state.mu, state.rho, eps)

@@ -39,14 +39,57 @@ class TrainingError(ValueError):
 
 
 def epoch_batches(rng: np.random.Generator, N: int, M: int) -> list:
-    """One epoch of minibatch index arrays: rng.permutation(N) cut into ceil(N / M) pieces."""
+    """Draw one epoch of minibatch index arrays: rng.permutation(N) cut into ceil(N / M) pieces.
+
+    The last piece may be shorter than M.  No validation.
+
+    Parameters
+    ----------
+    rng : numpy.random.Generator
+        Generator owned by the caller.
+    N : int
+        Number of training rows.
+    M : int
+        Minibatch size.
+
+    Returns
+    -------
+    list of numpy.ndarray
+        The ceil(N / M) index arrays, in order.
+    """
     perm = rng.permutation(N)
     return [perm[i:i + M] for i in range(0, N, M)]
 
 
 def draw_masks(rng: np.random.Generator, model, M: int, p: float, dtype=np.float64) -> list:
-    """MC dropout masks [z_0 (M, n_0), ..., z_{L-1} (M, n_{L-1})], z ~ Bernoulli(1 - p), drawn
-    layer by layer as rng.random((M, n_k)) >= p (NumPy, in ``dtype``)."""
+    """Draw MC dropout masks z_k ~ Bernoulli(1 - p), one per layer input.
+
+    Drawn layer by layer as rng.random((M, n_k)) >= p, NumPy arrays in ``dtype``.
+
+    Parameters
+    ----------
+    rng : numpy.random.Generator
+        Generator owned by the caller.
+    model : FlatModel
+        The network; its ``sizes[:-1]`` are the n_k.
+    M : int
+        Number of rows, >= 1.
+    p : float
+        Drop probability in [0, 1).
+    dtype : numpy dtype, default numpy.float64
+        Dtype of the masks.
+
+    Returns
+    -------
+    list of numpy.ndarray
+        [z_0 (M, n_0), ..., z_{L-1} (M, n_{L-1})], entries 0 or 1.
+
+    Raises
+    ------
+    ValueError
+        If rng is not a numpy.random.Generator, M is not an integer >= 1, or p is not a real
+        number in [0, 1).
+    """
     if not isinstance(rng, np.random.Generator):
         raise ValueError(f"rng: expected a numpy.random.Generator, got {type(rng).__name__}")
     check_int(M, "M", low=1)
@@ -93,6 +136,9 @@ def _mask_draws(rng, cfg, model, M, S, oversample, dtype, xp):
 
 
 def _map_step(state, batch, noise, cfg, model):
+    # errors name cfg.lam, cfg.adam.alpha, ... (adam.step would name its own lam, cfg.alpha)
+    D = adam.check_theta_state(state, adam.MAPState)
+    adam.check_map_config(cfg, D, state.theta.dtype)
     return adam.step(state, batch, cfg.adam, model, cfg.N, cfg.lam)
 
 
@@ -136,14 +182,56 @@ def _finite(state) -> list:
 def run(state, cfg, model, X, y, *, rng: np.random.Generator, epochs: int, M: int, S: int = 1,
         oversample: int = 10, callback: Callable[[int, Any], None] | None = None,
         progress: Callable[[int], None] | None = None):
-    """Train for ``epochs`` epochs; returns the final state.
+    """Train for ``epochs`` epochs of shuffled minibatches, drawing every random number.
 
-    state, cfg: a method's State and Config (ngvi, slang, vogn, vadam, noisy_adam, bbb,
-    mc_dropout, or adam's MAPState with a MAPConfig); X (N, n_in), y (N,) the training set
-    (cfg.N must equal N); M minibatch size; S Monte Carlo draws per step (ignored by ngvi's
-    curvature="exact", mc_dropout and adam; S = 0 runs vogn as OGN); oversample p of SLANG's
-    randomized fast_eig. ``callback(epoch, state)`` runs after every epoch (1-based epoch
-    numbers); ``progress(n)`` after every step with n = 1 (a tqdm ``update``).
+    The draws follow the order in the module docstring, so another implementation can replay
+    them.
+
+    Parameters
+    ----------
+    state : NamedTuple
+        A method's State: ngvi (full, mean field), slang, vogn, vadam, noisy_adam, bbb,
+        mc_dropout, or adam's MAPState.
+    cfg : NamedTuple
+        The matching Config (a MAPConfig for MAPState); cfg.N must equal N.
+    model : FlatModel
+        A refbayes.models model with the state's D parameters.
+    X : array of shape (N, n_in)
+        Training inputs.
+    y : array of shape (N,) or (N, n_out)
+        Training targets.
+    rng : numpy.random.Generator
+        Generator owned by the caller; the only source of randomness.
+    epochs : int
+        Number of epochs, >= 0.
+    M : int
+        Minibatch size, 1 <= M <= N.
+    S : int, default 1
+        Monte Carlo draws per step (ignored by ngvi's curvature="exact", mc_dropout and
+        adam); S = 0 runs vogn as OGN and is refused by the other methods.
+    oversample : int, default 10
+        Oversampling p >= 0 of SLANG's randomized fast_eig.
+    callback : callable, optional
+        ``callback(epoch, state)`` after every epoch (1-based epoch numbers).
+    progress : callable, optional
+        ``progress(1)`` after every step (a tqdm ``update``).
+
+    Returns
+    -------
+    NamedTuple
+        The final state, of the type of ``state``.
+
+    Raises
+    ------
+    ValueError
+        If (state, cfg) is not a supported pair, rng is not a numpy.random.Generator, X is
+        not a finite real 2-d array, cfg.N differs from N, epochs, M, S or oversample is out
+        of range, or the arrays mix NumPy and CuPy; and whatever the method's ``step``
+        raises for its inputs.
+    TrainingError
+        (A ValueError subclass.)  If a step overflows, divides by zero or produces an invalid
+        operation (NumPy), or leaves non-finite values in the state; the message names the
+        step and the epoch.
     """
     method = _method(state, cfg)
     if not isinstance(rng, np.random.Generator):

@@ -25,6 +25,7 @@ from refbayes._checks import (
     check_float,
     check_in_range,
     check_int,
+    check_invertible_positive,
     check_positive,
     check_same_dtype,
     check_spd,
@@ -70,6 +71,21 @@ class ConvergenceError(RuntimeError):
 
 
 class FullVIResult(NamedTuple):
+    """The full-Gaussian VI optimum found by ``fit_full``.
+
+    Attributes
+    ----------
+    mu : array of shape (D,)
+        Mean mu.  (exact_vi.8)
+    Sigma : array of shape (D, D)
+        Covariance Sigma, the inverse of the precision of (exact_vi.7).
+    elbo : float
+        ELBO (exact_vi.1) at (mu, Sigma).
+    grad_norm : float
+        Gradient norm (exact_vi.6) at (mu, Sigma).
+    n_iter : int
+        Number of accepted iterations.
+    """
     mu: Array          # mu, (D,), (exact_vi.8)
     Sigma: Array       # Sigma, (D, D), inverse of (exact_vi.7)
     elbo: float        # (exact_vi.1) at (mu, Sigma)
@@ -78,6 +94,21 @@ class FullVIResult(NamedTuple):
 
 
 class MeanFieldVIResult(NamedTuple):
+    """The mean-field VI optimum found by ``fit_meanfield``.
+
+    Attributes
+    ----------
+    mu : array of shape (D,)
+        Mean mu, (exact_vi.8) with the mean-field variances.
+    var : array of shape (D,)
+        Variances var, the inverse of (exact_vi.10).
+    elbo : float
+        ELBO (exact_vi.1) with Sigma = diag(var).
+    grad_norm : float
+        Gradient norm (exact_vi.11) at (mu, var).
+    n_iter : int
+        Number of accepted iterations.
+    """
     mu: Array          # mu, (D,), (exact_vi.8) with the mean-field variances
     var: Array         # var, (D,), inverse of (exact_vi.10)
     elbo: float        # (exact_vi.1) with Sigma = diag(var)
@@ -88,8 +119,25 @@ class MeanFieldVIResult(NamedTuple):
 # ----------------------------------------------------------------------------- quadrature
 
 def gh_nodes(v_max: float) -> int:
-    """Node count of the Gauss-Hermite rung used when max_i v_i = v_max: the smallest
-    n = 64 * 2^k with v_max <= n / 32 (exact_vi.4)."""
+    """Return the node count of the Gauss-Hermite rung used for variance v_max.
+
+    The smallest n = 64 * 2^k with v_max <= n / 32.  (exact_vi.4)
+
+    Parameters
+    ----------
+    v_max : float
+        The variance, 0 <= v_max <= V_MAX.
+
+    Returns
+    -------
+    int
+        The number of nodes n.
+
+    Raises
+    ------
+    ValueError
+        If v_max is not a real number in [0, V_MAX].
+    """
     v_max = check_in_range(v_max, "v_max", 0.0, V_MAX)
     n = _N_MIN
     while n / 32 < v_max:
@@ -163,12 +211,38 @@ def _gaussian_expect(xp, m, v, y, noise_precision):
 
 
 def logistic_expectations(m, v, y):
-    """E_{a ~ N(m_i, v_i)} of log sigmoid(s_i a), of its a-derivative y_i - sigmoid(a) and of its
-    second a-derivative -sigmoid(a) sigmoid(-a), s_i = 2 y_i - 1 (exact_vi.2), by Gauss-Hermite
-    quadrature with gh_nodes(max v) nodes (exact_vi.3)-(exact_vi.4).
+    """Compute the expected Bernoulli-logit log-likelihood and its a-derivatives under a ~ N(m, v).
 
-    Returns (E0, E1, E2), each (N,). Accurate to 1e-12 absolute for 0 <= v <= V_EXACT (1e-11 up to V_MAX) and
-    |m| <= M_MAX (verified against scipy.integrate.quad); ValueError outside that range.
+    E_{a ~ N(m_i, v_i)} of log sigmoid(s_i a), of its a-derivative y_i - sigmoid(a) and of its
+    second a-derivative -sigmoid(a) sigmoid(-a), s_i = 2 y_i - 1 (exact_vi.2), by Gauss-Hermite
+    quadrature, each datum with the rung gh_nodes(v_i) of its own variance
+    (exact_vi.3)-(exact_vi.4).  Accurate to 1e-12 absolute for 0 <= v <= V_EXACT (1e-11 up to
+    V_MAX) and |m| <= M_MAX (verified against scipy.integrate.quad).
+
+    Parameters
+    ----------
+    m : array of shape (N,)
+        Means m_i of a_i.
+    v : array of shape (N,)
+        Variances v_i of a_i, same dtype as m.
+    y : array of shape (N,)
+        Labels in {0, 1}, in m's dtype.
+
+    Returns
+    -------
+    E0 : array of shape (N,)
+        E[log sigmoid(s_i a)].
+    E1 : array of shape (N,)
+        E[y_i - sigmoid(a)].
+    E2 : array of shape (N,)
+        E[-sigmoid(a) sigmoid(-a)].
+
+    Raises
+    ------
+    ValueError
+        If m is not a finite float 1-d array with |m| <= M_MAX, v not a finite float (N,)
+        array of m's dtype with 0 <= v <= V_MAX, y not a finite float (N,) array of m's dtype
+        with labels in {0, 1}, or the arrays mix NumPy and CuPy.
     """
     xp = xp_of(m, v, y)
     _check_moments(m, v)
@@ -177,9 +251,39 @@ def logistic_expectations(m, v, y):
 
 
 def gaussian_expectations(m, v, y, noise_precision):
-    """E_{a ~ N(m_i, v_i)} of log N(y_i | a, 1/noise_precision) = (log(noise_precision / 2 pi)
+    """Compute the expected Gaussian log-likelihood and its a-derivatives under a ~ N(m, v).
+
+    E_{a ~ N(m_i, v_i)} of log N(y_i | a, 1/noise_precision) = (log(noise_precision / 2 pi)
     - noise_precision ((y_i - m_i)^2 + v_i)) / 2, and of its a-derivatives
-    noise_precision (y_i - m_i) and -noise_precision (exact_vi.12), in closed form."""
+    noise_precision (y_i - m_i) and -noise_precision, in closed form.  (exact_vi.12)
+
+    Parameters
+    ----------
+    m : array of shape (N,)
+        Means m_i of a_i.
+    v : array of shape (N,)
+        Variances v_i >= 0 of a_i, same dtype as m.
+    y : array of shape (N,)
+        Real targets, in m's dtype.
+    noise_precision : float
+        The likelihood's precision, > 0.
+
+    Returns
+    -------
+    E0 : array of shape (N,)
+        The expected log-likelihood.
+    E1 : array of shape (N,)
+        The expected first derivative noise_precision (y_i - m_i).
+    E2 : array of shape (N,)
+        The second derivative -noise_precision, for every i.
+
+    Raises
+    ------
+    ValueError
+        If m is not a finite float 1-d array, v not a finite float (N,) array >= 0, y not a
+        finite float (N,) array, the dtypes differ, noise_precision is not a real number in
+        (0, inf), or the arrays mix NumPy and CuPy.
+    """
     xp = xp_of(m, v, y)
     check_float(check_array(m, "m", ndim=1), "m")
     check_float(check_array(v, "v", shape=(m.shape[0],)), "v")
@@ -191,10 +295,33 @@ def gaussian_expectations(m, v, y, noise_precision):
 
 
 def logistic_predictive_nll(m, v, y):
-    """-log E_{a ~ N(m_i, v_i)}[sigmoid(s_i a)], s_i = 2 y_i - 1: the negative log predictive
-    probability of label y_i under q, in nats (exact_vi.13). Gauss-Hermite as (exact_vi.3)-(exact_vi.4):
-    the expectation is accurate to 1e-12 absolute in the same (m, v) range, so the NLL is accurate
-    to 1e-12 / p relative to the predictive probability p (1e-12 nats where p is not tiny).
+    """Compute the negative log predictive probability -log E_{a ~ N(m_i, v_i)}[sigmoid(s_i a)].
+
+    s_i = 2 y_i - 1: the negative log predictive probability of label y_i under q, in nats
+    (exact_vi.13).  Gauss-Hermite as (exact_vi.3)-(exact_vi.4): the expectation is accurate to
+    1e-12 absolute in the same (m, v) range, so the NLL is accurate to 1e-12 / p relative to
+    the predictive probability p (1e-12 nats where p is not tiny).
+
+    Parameters
+    ----------
+    m : array of shape (N,)
+        Means m_i of a_i.
+    v : array of shape (N,)
+        Variances v_i of a_i, same dtype as m.
+    y : array of shape (N,)
+        Labels in {0, 1}, in m's dtype.
+
+    Returns
+    -------
+    array of shape (N,)
+        The negative log predictive probability of each label.
+
+    Raises
+    ------
+    ValueError
+        If m is not a finite float 1-d array with |m| <= M_MAX, v not a finite float (N,)
+        array of m's dtype with 0 <= v <= V_MAX, y not a finite float (N,) array of m's dtype
+        with labels in {0, 1}, or the arrays mix NumPy and CuPy.
     """
     xp = xp_of(m, v, y)
     _check_moments(m, v)
@@ -267,7 +394,7 @@ def _check_Sigma(Sigma, D, dtype):
 def _check_var(var, D, dtype):
     check_float(check_array(var, "var", shape=(D,)), "var")
     _check_dtype(var, "var", dtype)
-    check_positive(var, "var")
+    check_invertible_positive(var, "var")  # > 0 with 1 / var finite (the KL uses it)
 
 
 # ----------------------------------------------------------------------------- ELBO and gradients
@@ -322,8 +449,43 @@ def _full_grad(xp, X, y, lam, mu, Sigma, Sigma_inv, noise_precision):
 
 
 def elbo(X, y, lam, mu, Sigma, *, likelihood="logistic", noise_precision=None) -> float:
-    """ELBO(mu, Sigma) = sum_i E_q[log p(y_i | a_i)] - KL(N(mu, Sigma) || N(0, diag(lam)^{-1}))
-    with a_i ~ N(x_i^T mu, x_i^T Sigma x_i) (exact_vi.1), summed over all N examples."""
+    """Compute the ELBO of a full Gaussian q = N(mu, Sigma).
+
+    ELBO(mu, Sigma) = sum_i E_q[log p(y_i | a_i)] - KL(N(mu, Sigma) || N(0, diag(lam)^{-1}))
+    with a_i ~ N(x_i^T mu, x_i^T Sigma x_i), summed over all N examples.  (exact_vi.1)
+
+    Parameters
+    ----------
+    X : array of shape (N, D)
+        Design, intercept column already appended by the caller.
+    y : array of shape (N,)
+        Labels in {0, 1} (logistic) or real targets (gaussian), in X's dtype.
+    lam : array of shape (D,)
+        Per-coordinate prior precision, > 0.
+    mu : array of shape (D,)
+        Mean of q, in X's dtype.
+    Sigma : array of shape (D, D)
+        Covariance of q, symmetric positive definite, in X's dtype.
+    likelihood : {"logistic", "gaussian"}, default "logistic"
+        Bernoulli-logit or Gaussian likelihood.
+    noise_precision : float, optional
+        The Gaussian likelihood's precision > 0; must be None for "logistic".
+
+    Returns
+    -------
+    float
+        The ELBO.
+
+    Raises
+    ------
+    ValueError
+        If X is not a finite float 2-d array; lam not a finite float (D,) array > 0; y not a
+        finite float (N,) array (labels in {0, 1} for "logistic"); the dtypes of X, y and lam
+        differ; likelihood is not one of LIKELIHOODS; noise_precision is given for "logistic"
+        or is not a real number in (0, inf) for "gaussian"; or the arrays mix NumPy and CuPy.
+        Also if mu is not a finite float (D,) array or Sigma not a symmetric positive definite
+        (D, D) array, in X's dtype; or (logistic) if some |m_i| > M_MAX or v_i > V_MAX.
+    """
     xp, noise_precision = _check_problem(X, y, lam, likelihood, noise_precision)
     D = X.shape[1]
     _check_mu(mu, D, X.dtype)
@@ -332,10 +494,45 @@ def elbo(X, y, lam, mu, Sigma, *, likelihood="logistic", noise_precision=None) -
 
 
 def elbo_grad(X, y, lam, mu, Sigma, *, likelihood="logistic", noise_precision=None):
-    """(dELBO/dmu, dELBO/dSigma) = (sum_i E1_i x_i - lam * mu,
-    (Sigma^{-1} - diag(lam) + sum_i E2_i x_i x_i^T) / 2) (exact_vi.5)-(exact_vi.6).
+    """Compute the ELBO gradients in mu and Sigma of a full Gaussian q.
 
-    dELBO/dSigma is the symmetric matrix G with dELBO = <G, dSigma> for symmetric dSigma.
+    dELBO/dmu = sum_i E1_i x_i - lam * mu and
+    dELBO/dSigma = (Sigma^{-1} - diag(lam) + sum_i E2_i x_i x_i^T) / 2, the symmetric matrix G
+    with dELBO = <G, dSigma> for symmetric dSigma.  (exact_vi.5)-(exact_vi.6)
+
+    Parameters
+    ----------
+    X : array of shape (N, D)
+        Design, intercept column already appended by the caller.
+    y : array of shape (N,)
+        Labels in {0, 1} (logistic) or real targets (gaussian), in X's dtype.
+    lam : array of shape (D,)
+        Per-coordinate prior precision, > 0.
+    mu : array of shape (D,)
+        Mean of q, in X's dtype.
+    Sigma : array of shape (D, D)
+        Covariance of q, symmetric positive definite, in X's dtype.
+    likelihood : {"logistic", "gaussian"}, default "logistic"
+        Bernoulli-logit or Gaussian likelihood.
+    noise_precision : float, optional
+        The Gaussian likelihood's precision > 0; must be None for "logistic".
+
+    Returns
+    -------
+    g_mu : array of shape (D,)
+        The gradient in mu.
+    g_Sigma : array of shape (D, D)
+        The gradient in Sigma.
+
+    Raises
+    ------
+    ValueError
+        If X is not a finite float 2-d array; lam not a finite float (D,) array > 0; y not a
+        finite float (N,) array (labels in {0, 1} for "logistic"); the dtypes of X, y and lam
+        differ; likelihood is not one of LIKELIHOODS; noise_precision is given for "logistic"
+        or is not a real number in (0, inf) for "gaussian"; or the arrays mix NumPy and CuPy.
+        Also if mu is not a finite float (D,) array or Sigma not a symmetric positive definite
+        (D, D) array, in X's dtype; or (logistic) if some |m_i| > M_MAX or v_i > V_MAX.
     """
     xp, noise_precision = _check_problem(X, y, lam, likelihood, noise_precision)
     D = X.shape[1]
@@ -345,7 +542,28 @@ def elbo_grad(X, y, lam, mu, Sigma, *, likelihood="logistic", noise_precision=No
 
 
 def grad_norm(g_mu, g_Sigma) -> float:
-    """sqrt(||dELBO/dmu||^2 + ||dELBO/dSigma||_F^2), the solvers' stopping quantity (exact_vi.6)."""
+    """Compute the full-Gaussian solver's stopping quantity sqrt(||g_mu||^2 + ||g_Sigma||_F^2).
+
+    (exact_vi.6)
+
+    Parameters
+    ----------
+    g_mu : array of shape (D,)
+        The gradient dELBO/dmu.
+    g_Sigma : array of shape (D, D)
+        The gradient dELBO/dSigma.
+
+    Returns
+    -------
+    float
+        The gradient norm.
+
+    Raises
+    ------
+    ValueError
+        If g_mu is not a finite real 1-d array, g_Sigma not a finite real (D, D) array, or the
+        arrays mix NumPy and CuPy.
+    """
     xp = xp_of(g_mu, g_Sigma)
     check_array(g_mu, "g_mu", ndim=1)
     check_array(g_Sigma, "g_Sigma", shape=(g_mu.shape[0], g_mu.shape[0]))
@@ -371,7 +589,42 @@ def _mf_grad(xp, X, y, lam, mu, var, noise_precision):
 
 
 def elbo_meanfield(X, y, lam, mu, var, *, likelihood="logistic", noise_precision=None) -> float:
-    """ELBO(mu, diag(var)) (exact_vi.1) with v_i = sum_j X_ij^2 var_j."""
+    """Compute the ELBO of a mean-field Gaussian q = N(mu, diag(var)).
+
+    (exact_vi.1) with v_i = sum_j X_ij^2 var_j.
+
+    Parameters
+    ----------
+    X : array of shape (N, D)
+        Design, intercept column already appended by the caller.
+    y : array of shape (N,)
+        Labels in {0, 1} (logistic) or real targets (gaussian), in X's dtype.
+    lam : array of shape (D,)
+        Per-coordinate prior precision, > 0.
+    mu : array of shape (D,)
+        Mean of q, in X's dtype.
+    var : array of shape (D,)
+        Variances of q, > 0, in X's dtype.
+    likelihood : {"logistic", "gaussian"}, default "logistic"
+        Bernoulli-logit or Gaussian likelihood.
+    noise_precision : float, optional
+        The Gaussian likelihood's precision > 0; must be None for "logistic".
+
+    Returns
+    -------
+    float
+        The ELBO.
+
+    Raises
+    ------
+    ValueError
+        If X is not a finite float 2-d array; lam not a finite float (D,) array > 0; y not a
+        finite float (N,) array (labels in {0, 1} for "logistic"); the dtypes of X, y and lam
+        differ; likelihood is not one of LIKELIHOODS; noise_precision is given for "logistic"
+        or is not a real number in (0, inf) for "gaussian"; or the arrays mix NumPy and CuPy.
+        Also if mu or var is not a finite float (D,) array in X's dtype, var has an entry
+        <= 0, or (logistic) some |m_i| > M_MAX or v_i > V_MAX.
+    """
     xp, noise_precision = _check_problem(X, y, lam, likelihood, noise_precision)
     _check_mu(mu, X.shape[1], X.dtype)
     _check_var(var, X.shape[1], X.dtype)
@@ -379,8 +632,45 @@ def elbo_meanfield(X, y, lam, mu, var, *, likelihood="logistic", noise_precision
 
 
 def elbo_grad_meanfield(X, y, lam, mu, var, *, likelihood="logistic", noise_precision=None):
-    """(dELBO/dmu, dELBO/dvar) = (sum_i E1_i x_i - lam * mu,
-    (1/var - lam + sum_i E2_i x_i^2) / 2) (exact_vi.5), (exact_vi.9)."""
+    """Compute the ELBO gradients in mu and var of a mean-field Gaussian q.
+
+    dELBO/dmu = sum_i E1_i x_i - lam * mu and dELBO/dvar = (1/var - lam + sum_i E2_i x_i^2) / 2.
+    (exact_vi.5), (exact_vi.9)
+
+    Parameters
+    ----------
+    X : array of shape (N, D)
+        Design, intercept column already appended by the caller.
+    y : array of shape (N,)
+        Labels in {0, 1} (logistic) or real targets (gaussian), in X's dtype.
+    lam : array of shape (D,)
+        Per-coordinate prior precision, > 0.
+    mu : array of shape (D,)
+        Mean of q, in X's dtype.
+    var : array of shape (D,)
+        Variances of q, > 0, in X's dtype.
+    likelihood : {"logistic", "gaussian"}, default "logistic"
+        Bernoulli-logit or Gaussian likelihood.
+    noise_precision : float, optional
+        The Gaussian likelihood's precision > 0; must be None for "logistic".
+
+    Returns
+    -------
+    g_mu : array of shape (D,)
+        The gradient in mu.
+    g_var : array of shape (D,)
+        The gradient in var.
+
+    Raises
+    ------
+    ValueError
+        If X is not a finite float 2-d array; lam not a finite float (D,) array > 0; y not a
+        finite float (N,) array (labels in {0, 1} for "logistic"); the dtypes of X, y and lam
+        differ; likelihood is not one of LIKELIHOODS; noise_precision is given for "logistic"
+        or is not a real number in (0, inf) for "gaussian"; or the arrays mix NumPy and CuPy.
+        Also if mu or var is not a finite float (D,) array in X's dtype, var has an entry
+        <= 0, or (logistic) some |m_i| > M_MAX or v_i > V_MAX.
+    """
     xp, noise_precision = _check_problem(X, y, lam, likelihood, noise_precision)
     _check_mu(mu, X.shape[1], X.dtype)
     _check_var(var, X.shape[1], X.dtype)
@@ -388,7 +678,28 @@ def elbo_grad_meanfield(X, y, lam, mu, var, *, likelihood="logistic", noise_prec
 
 
 def grad_norm_meanfield(g_mu, g_var) -> float:
-    """sqrt(||dELBO/dmu||^2 + ||dELBO/dvar||^2), the mean-field stopping quantity (exact_vi.11)."""
+    """Compute the mean-field stopping quantity sqrt(||g_mu||^2 + ||g_var||^2).
+
+    (exact_vi.11)
+
+    Parameters
+    ----------
+    g_mu : array of shape (D,)
+        The gradient dELBO/dmu.
+    g_var : array of shape (D,)
+        The gradient dELBO/dvar.
+
+    Returns
+    -------
+    float
+        The gradient norm.
+
+    Raises
+    ------
+    ValueError
+        If g_mu is not a finite real 1-d array, g_var not a finite real (D,) array, or the
+        arrays mix NumPy and CuPy.
+    """
     xp = xp_of(g_mu, g_var)
     check_array(g_mu, "g_mu", ndim=1)
     check_array(g_var, "g_var", shape=(g_mu.shape[0],))
@@ -444,13 +755,47 @@ def _full_state(xp, X, y, lam, mu, Sigma_inv, noise_precision):
 
 def fit_full(X, y, lam, *, tol=1e-10, max_iter=500, likelihood="logistic",
              noise_precision=None) -> FullVIResult:
-    """argmax_{mu, Sigma} ELBO (exact_vi.1): damped natural-gradient / Newton fixed point
-    Sigma_inv <- (1 - rho) Sigma_inv + rho T, mu <- mu + rho T^{-1} dELBO/dmu (exact_vi.7)-(exact_vi.8),
-    rho halved from its first trial (_first_rho) until the ELBO does not decrease, stopped when
-    grad_norm <= tol.
+    """Maximize the ELBO (exact_vi.1) over a full Gaussian N(mu, Sigma).
 
-    Starts at mu = 0, Sigma_inv = diag(lam) + X^T X / 4 (logistic; every v_i <= 4 there) or
-    the exact posterior precision (gaussian). Raises ConvergenceError after max_iter iterations.
+    Damped natural-gradient / Newton fixed point Sigma_inv <- (1 - rho) Sigma_inv + rho T,
+    mu <- mu + rho T^{-1} dELBO/dmu (exact_vi.7)-(exact_vi.8), rho halved from its first trial
+    (_first_rho) until the ELBO does not decrease, stopped when grad_norm <= tol.  Starts at
+    mu = 0, Sigma_inv = diag(lam) + X^T X / 4 (logistic; every v_i <= 4 there) or the exact
+    posterior precision (gaussian).
+
+    Parameters
+    ----------
+    X : array of shape (N, D)
+        Design, intercept column already appended by the caller.
+    y : array of shape (N,)
+        Labels in {0, 1} (logistic) or real targets (gaussian), in X's dtype.
+    lam : array of shape (D,)
+        Per-coordinate prior precision, > 0.
+    tol : float, default 1e-10
+        Stopping tolerance on ``grad_norm``, > 0.
+    max_iter : int, default 500
+        Maximum number of iterations, >= 1.
+    likelihood : {"logistic", "gaussian"}, default "logistic"
+        Bernoulli-logit or Gaussian likelihood.
+    noise_precision : float, optional
+        The Gaussian likelihood's precision > 0; must be None for "logistic".
+
+    Returns
+    -------
+    FullVIResult
+        The optimum (mu, Sigma, elbo, grad_norm, n_iter).
+
+    Raises
+    ------
+    ValueError
+        If X is not a finite float 2-d array; lam not a finite float (D,) array > 0; y not a
+        finite float (N,) array (labels in {0, 1} for "logistic"); the dtypes of X, y and lam
+        differ; likelihood is not one of LIKELIHOODS; noise_precision is given for "logistic"
+        or is not a real number in (0, inf) for "gaussian"; or the arrays mix NumPy and CuPy.
+        Also if tol is not a real number in (0, inf), max_iter is not an integer >= 1, or
+        (logistic) the starting point leaves the verified quadrature range.
+    ConvergenceError
+        If max_iter iterations pass, or a line search fails, before grad_norm <= tol.
     """
     xp, noise_precision = _check_problem(X, y, lam, likelihood, noise_precision)
     tol, max_iter = _check_solver(tol, max_iter)
@@ -500,12 +845,47 @@ def _mf_state(xp, X, y, lam, mu, var, noise_precision):
 
 def fit_meanfield(X, y, lam, *, tol=1e-10, max_iter=500, likelihood="logistic",
                   noise_precision=None) -> MeanFieldVIResult:
-    """argmax_{mu, var} ELBO(mu, diag(var)) (exact_vi.1): damped fixed point
-    1/var <- (1 - rho)/var + rho diag(T) (exact_vi.10), mu <- mu + rho T^{-1} dELBO/dmu (exact_vi.8)
-    with the full T of (exact_vi.7) (the mu-Hessian does not factorize), rho chosen as in fit_full, stopped when grad_norm_meanfield <= tol (exact_vi.11).
+    """Maximize the ELBO (exact_vi.1) over a mean-field Gaussian N(mu, diag(var)).
 
-    Starts at mu = 0, 1/var = lam + diag(X^T X) / 4 (logistic) or lam + noise_precision
-    diag(X^T X) (gaussian). Raises ConvergenceError after max_iter iterations.
+    Damped fixed point 1/var <- (1 - rho)/var + rho diag(T) (exact_vi.10),
+    mu <- mu + rho T^{-1} dELBO/dmu (exact_vi.8) with the full T of (exact_vi.7) (the
+    mu-Hessian does not factorize), rho chosen as in fit_full, stopped when
+    grad_norm_meanfield <= tol (exact_vi.11).  Starts at mu = 0, 1/var = lam + diag(X^T X) / 4
+    (logistic) or lam + noise_precision diag(X^T X) (gaussian).
+
+    Parameters
+    ----------
+    X : array of shape (N, D)
+        Design, intercept column already appended by the caller.
+    y : array of shape (N,)
+        Labels in {0, 1} (logistic) or real targets (gaussian), in X's dtype.
+    lam : array of shape (D,)
+        Per-coordinate prior precision, > 0.
+    tol : float, default 1e-10
+        Stopping tolerance on ``grad_norm_meanfield``, > 0.
+    max_iter : int, default 500
+        Maximum number of iterations, >= 1.
+    likelihood : {"logistic", "gaussian"}, default "logistic"
+        Bernoulli-logit or Gaussian likelihood.
+    noise_precision : float, optional
+        The Gaussian likelihood's precision > 0; must be None for "logistic".
+
+    Returns
+    -------
+    MeanFieldVIResult
+        The optimum (mu, var, elbo, grad_norm, n_iter).
+
+    Raises
+    ------
+    ValueError
+        If X is not a finite float 2-d array; lam not a finite float (D,) array > 0; y not a
+        finite float (N,) array (labels in {0, 1} for "logistic"); the dtypes of X, y and lam
+        differ; likelihood is not one of LIKELIHOODS; noise_precision is given for "logistic"
+        or is not a real number in (0, inf) for "gaussian"; or the arrays mix NumPy and CuPy.
+        Also if tol is not a real number in (0, inf), max_iter is not an integer >= 1, or
+        (logistic) the starting point leaves the verified quadrature range.
+    ConvergenceError
+        If max_iter iterations pass, or a line search fails, before the gradient norm <= tol.
     """
     xp, noise_precision = _check_problem(X, y, lam, likelihood, noise_precision)
     tol, max_iter = _check_solver(tol, max_iter)

@@ -65,8 +65,35 @@ Array = Any
 
 
 class MCDropoutConfig(NamedTuple):
-    """Hyperparameters; defaults are those of Gal's UCI code (net/net.py: dropout 0.05,
-    lengthscale 1e-2, Keras Adam lr 1e-3) except eps_adam (derivations/mc_dropout.md)."""
+    """MC dropout hyperparameters; defaults are those of Gal's UCI code except eps_adam.
+
+    Gal's net/net.py: dropout 0.05, lengthscale 1e-2, Keras Adam lr 1e-3
+    (derivations/mc_dropout.md).
+
+    Attributes
+    ----------
+    N : int
+        Training-set size N >= 1; minibatch sums are scaled by N / M.  (mc_dropout.3)
+    p : float
+        Dropout (drop) probability in [0, 1).  (mc_dropout.1), (mc_dropout.4)
+    lengthscale : float
+        Prior length-scale l > 0; prior precision l^2.  (mc_dropout.4)
+    noise_precision : float
+        Gal's tau: the Gaussian likelihood's precision, 1 otherwise.  (mc_dropout.5)
+    alpha : float
+        Adam step size > 0.  (adam.4)
+    beta1 : float
+        Adam first-moment decay in [0, 1).  (adam.1)
+    beta2 : float
+        Adam second-moment decay in [0, 1).  (adam.2)
+    eps_adam : float
+        Adam constant > 0 added to sqrt(v_hat).  (adam.4)
+    inverted : bool
+        Scale kept units by 1 / (1 - p) (Keras, PyTorch).  (mc_dropout.1)
+    decay_biases : bool
+        Biases get prior precision l^2 (the derivation); False gives them 0 (Gal's code).
+        (mc_dropout.4)
+    """
     N: int                       # training-set size, minibatch sums scaled by N / M (mc_dropout.3)
     p: float = 0.05              # dropout (drop) probability, in [0, 1) (mc_dropout.1), (mc_dropout.4)
     lengthscale: float = 1e-2    # prior length-scale l > 0, prior precision l^2 (mc_dropout.4)
@@ -80,12 +107,39 @@ class MCDropoutConfig(NamedTuple):
 
 
 class MCDropoutState(NamedTuple):
+    """MC dropout training state after t steps.
+
+    Attributes
+    ----------
+    theta : array of shape (D,)
+        Weights theta_t.  (mc_dropout.6)
+    adam : AdamState
+        Adam moments of theta, (D,) each; adam.t is not read.  (adam.1)-(adam.2)
+    t : int
+        Number of steps taken; drives the bias correction.  (adam.3)
+    """
     theta: Array      # theta_t, (D,), (mc_dropout.6)
     adam: AdamState   # Adam moments of theta, (D,) each, (adam.1)-(adam.2); adam.t is not read
     t: int            # steps taken; drives the bias correction (adam.3)
 
 
 class MCDropoutInfo(NamedTuple):
+    """The named intermediates of one MC dropout step, by equation.
+
+    Attributes
+    ----------
+    f : array of shape (M, n_out)
+        Masked outputs f_i(theta_t; z_i).  (mc_dropout.1)
+    g_data : array of shape (D,)
+        Data gradient (N / M) sum_{i in B} grad l_i(theta_t; z_i).  (mc_dropout.2),
+        (mc_dropout.5)
+    g : array of shape (D,)
+        Objective gradient g_data + lam * theta_t.  (mc_dropout.5)
+    delta : array of shape (D,)
+        Adam step.  (adam.4)
+    theta : array of shape (D,)
+        Weights theta_{t+1} = theta_t + delta.  (mc_dropout.6)
+    """
     f: Array        # masked outputs f_i(theta_t; z_i), (M, n_out)  (mc_dropout.1)
     g_data: Array   # (N / M) sum_{i in B} grad l_i(theta_t; z_i), (D,)  (mc_dropout.2), (mc_dropout.5)
     g: Array        # g_data + lam * theta_t, (D,)  (mc_dropout.5)
@@ -99,11 +153,12 @@ def _check_cfg(cfg):
     if not isinstance(cfg, MCDropoutConfig):
         raise ValueError(f"cfg: expected an MCDropoutConfig, got {type(cfg).__name__}")
     N = check_N(cfg.N)
-    p = check_in_range(cfg.p, "p", 0.0, 1.0, high_open=True)
-    ls = check_in_range(cfg.lengthscale, "lengthscale", 0.0, math.inf, low_open=True,
+    # every float finite (check_in_range rejects NaN, and inf at an open bound)
+    p = check_in_range(cfg.p, "cfg.p", 0.0, 1.0, high_open=True)
+    ls = check_in_range(cfg.lengthscale, "cfg.lengthscale", 0.0, math.inf, low_open=True,
                         high_open=True)
-    tau = check_in_range(cfg.noise_precision, "noise_precision", 0.0, math.inf, low_open=True,
-                         high_open=True)
+    tau = check_in_range(cfg.noise_precision, "cfg.noise_precision", 0.0, math.inf,
+                         low_open=True, high_open=True)
     hyper = check_adam_hyper(cfg.alpha, cfg.beta1, cfg.beta2, cfg.eps_adam)
     for name in ("inverted", "decay_biases"):
         if not isinstance(getattr(cfg, name), bool):
@@ -118,7 +173,7 @@ def _check_tau(model, tau):
     if tau != want:
         where = ("the model's Gaussian noise_precision" if isinstance(lik, Gaussian)
                  else f"1 for the {lik.name} likelihood (no model precision)")
-        raise ValueError(f"noise_precision: expected {want} ({where}), got {tau}")
+        raise ValueError(f"cfg.noise_precision: expected {want} ({where}), got {tau}")
 
 
 def _check_state(state) -> int:
@@ -128,14 +183,59 @@ def _check_state(state) -> int:
 # ----------------------------------------------------------------------------- the objective
 
 def scale(cfg: MCDropoutConfig) -> float:
-    """s = 1 / (1 - p) with inverted dropout, 1 without.  (mc_dropout.1)"""
+    """Return the dropout scale s: 1 / (1 - p) with inverted dropout, 1 without.
+
+    (mc_dropout.1)
+
+    Parameters
+    ----------
+    cfg : MCDropoutConfig
+        Hyperparameters.
+
+    Returns
+    -------
+    float
+        The scale s.
+
+    Raises
+    ------
+    ValueError
+        If cfg is not an MCDropoutConfig with N an integer >= 1, p in [0, 1),
+        lengthscale > 0, noise_precision > 0, alpha > 0, beta1 and beta2 in [0, 1), eps_adam
+        > 0 (all finite) and bool inverted and decay_biases.
+    """
     _, p, *_ = _check_cfg(cfg)
     return 1.0 / (1.0 - p) if cfg.inverted else 1.0
 
 
 def prior_precision(cfg: MCDropoutConfig, model, dtype=np.float64):
-    """lam (D,) of (mc_dropout.4), in theta's layout, NumPy (move it to the GPU explicitly):
-    weights l^2 (1 - p) (non-inverted) or l^2 / (1 - p) (inverted), biases l^2 or 0."""
+    """Build the prior precision lam of (mc_dropout.4) in theta's layout, as a NumPy array.
+
+    Weights get l^2 (1 - p) (non-inverted) or l^2 / (1 - p) (inverted), biases l^2 (or 0 with
+    decay_biases=False).  Move the result to the GPU explicitly if needed.  (mc_dropout.4)
+
+    Parameters
+    ----------
+    cfg : MCDropoutConfig
+        Hyperparameters.
+    model : FlatModel
+        The network whose layout lam follows.
+    dtype : numpy dtype, default numpy.float64
+        Dtype of the result.
+
+    Returns
+    -------
+    numpy.ndarray of shape (D,)
+        The prior precision lam.
+
+    Raises
+    ------
+    ValueError
+        If cfg is not an MCDropoutConfig with N an integer >= 1, p in [0, 1),
+        lengthscale > 0, noise_precision > 0, alpha > 0, beta1 and beta2 in [0, 1), eps_adam
+        > 0 (all finite) and bool inverted and decay_biases; or if model has no ``sizes``
+        and ``bias``.
+    """
     _, p, ls, _, _ = _check_cfg(cfg)
     if not hasattr(model, "sizes") or not hasattr(model, "bias"):
         raise ValueError(f"model: expected a refbayes.models model, got {type(model).__name__}")
@@ -150,9 +250,29 @@ def prior_precision(cfg: MCDropoutConfig, model, dtype=np.float64):
 
 
 def gal_weight_decay(cfg: MCDropoutConfig) -> float:
-    """Gal's weight-decay coefficient of the AVERAGED objective (1/N) sum_n E_n + lambda ||W||^2:
-    lambda = l^2 (1 - p) / (2 N tau) (the ``reg`` of net/net.py), i.e. lam_W / (2 N tau) for the
-    non-inverted lam_W of (mc_dropout.4).  (mc_dropout.4)"""
+    """Return Gal's weight-decay coefficient lambda of the AVERAGED objective.
+
+    The objective is (1/N) sum_n E_n + lambda ||W||^2 with lambda = l^2 (1 - p) / (2 N tau)
+    (the ``reg`` of net/net.py), i.e. lam_W / (2 N tau) for the non-inverted lam_W of
+    (mc_dropout.4).
+
+    Parameters
+    ----------
+    cfg : MCDropoutConfig
+        Hyperparameters.
+
+    Returns
+    -------
+    float
+        The coefficient lambda.
+
+    Raises
+    ------
+    ValueError
+        If cfg is not an MCDropoutConfig with N an integer >= 1, p in [0, 1),
+        lengthscale > 0, noise_precision > 0, alpha > 0, beta1 and beta2 in [0, 1), eps_adam
+        > 0 (all finite) and bool inverted and decay_biases.
+    """
     N, p, ls, tau, _ = _check_cfg(cfg)
     return ls * ls * (1.0 - p) / (2.0 * N * tau)
 
@@ -160,7 +280,23 @@ def gal_weight_decay(cfg: MCDropoutConfig) -> float:
 # ----------------------------------------------------------------------------- state and step
 
 def init(theta) -> MCDropoutState:
-    """MCDropoutState at theta (D,) (e.g. ``model.init_theta(rng)``) with zero Adam moments."""
+    """Create the initial MCDropoutState at theta, with zero Adam moments and t = 0.
+
+    Parameters
+    ----------
+    theta : array of shape (D,)
+        Initial weights, e.g. ``model.init_theta(rng)``.
+
+    Returns
+    -------
+    MCDropoutState
+        The state (theta, adam_init(theta), 0).
+
+    Raises
+    ------
+    ValueError
+        If theta is not a finite float 1-d array.
+    """
     check_array(theta, "theta", ndim=1)
     check_float(theta, "theta")
     return MCDropoutState(theta, adam_init(theta), 0)
@@ -168,11 +304,44 @@ def init(theta) -> MCDropoutState:
 
 def step(state: MCDropoutState, batch, masks, cfg: MCDropoutConfig,
          model) -> tuple[MCDropoutState, MCDropoutInfo]:
-    """One Adam step on (mc_dropout.3) with the caller's masks: (mc_dropout.1)-(mc_dropout.6).
+    """Take one Adam step on the dropout objective (mc_dropout.3) with the caller's masks.
 
-    batch: Batch(X_B (M, n_in), y_B); masks: [z_0 (M, n_0), ..., z_{L-1} (M, n_{L-1})] in
-    {0, 1} (``refbayes.methods.driver.draw_masks``); model: an MLP (or any refbayes.models model) with D parameters
-    whose likelihood precision equals cfg.noise_precision. Deterministic given its inputs.
+    (mc_dropout.1)-(mc_dropout.6).  Deterministic given its inputs.
+
+    Parameters
+    ----------
+    state : MCDropoutState
+        Current state.
+    batch : Batch
+        The minibatch rows Batch(X_B (M, n_in), y_B), 1 <= M <= N.
+    masks : list of array
+        [z_0 (M, n_0), ..., z_{L-1} (M, n_{L-1})] in {0, 1}
+        (``refbayes.methods.driver.draw_masks``).
+    cfg : MCDropoutConfig
+        Hyperparameters.
+    model : FlatModel
+        An MLP (or any refbayes.models model) with D parameters whose likelihood precision
+        equals cfg.noise_precision.
+
+    Returns
+    -------
+    state : MCDropoutState
+        The state after the step, t + 1.
+    info : MCDropoutInfo
+        The step's intermediates, by equation.
+
+    Raises
+    ------
+    ValueError
+        If state is not an MCDropoutState with theta a finite float (D,) array, a
+        non-negative integer t and Adam moments of theta's shape and dtype (v >= 0); if cfg
+        is not an MCDropoutConfig with N an integer >= 1, p in [0, 1), lengthscale > 0,
+        noise_precision > 0, alpha > 0, beta1 and beta2 in [0, 1), eps_adam > 0 (all finite)
+        and bool inverted and decay_biases; if model is not a FlatModel with D parameters, or
+        cfg.noise_precision is not its Gaussian noise precision (1 for classification); if
+        batch is not a pair (X, y) of finite arrays with 1 <= M <= N rows in theta's dtype
+        (binary labels for a Bernoulli likelihood); if masks is not a list of L binary
+        (M, n_k) arrays; or if the arrays mix NumPy and CuPy.
     """
     D = _check_state(state)
     dtype = state.theta.dtype
@@ -195,8 +364,41 @@ def step(state: MCDropoutState, batch, masks, cfg: MCDropoutConfig,
 # ----------------------------------------------------------------------------- MC predictive
 
 def predict_samples(state: MCDropoutState, X, masks_list, cfg: MCDropoutConfig, model):
-    """F (S, n, n_out): F[s] = masked_forward(theta, X, masks_list[s]), the S stochastic forward
-    passes of the MC predictive (masks drawn Bernoulli(1 - p), one list per pass).  (mc_dropout.7)"""
+    """Run the S stochastic forward passes of the MC predictive.
+
+    F[s] = masked_forward(theta, X, masks_list[s]), with masks drawn Bernoulli(1 - p) by the
+    caller, one list per pass.  (mc_dropout.7)
+
+    Parameters
+    ----------
+    state : MCDropoutState
+        The trained state.
+    X : array of shape (n, n_in)
+        Inputs, in theta's dtype.
+    masks_list : list of list of array
+        S >= 1 mask lists, one per pass, each as ``step`` takes them (with n rows).
+    cfg : MCDropoutConfig
+        Hyperparameters.
+    model : FlatModel
+        The network, with D parameters.
+
+    Returns
+    -------
+    array of shape (S, n, n_out)
+        The outputs F.
+
+    Raises
+    ------
+    ValueError
+        If state is not an MCDropoutState with theta a finite float (D,) array, a
+        non-negative integer t and Adam moments of theta's shape and dtype (v >= 0); if cfg
+        is not an MCDropoutConfig with N an integer >= 1, p in [0, 1), lengthscale > 0,
+        noise_precision > 0, alpha > 0, beta1 and beta2 in [0, 1), eps_adam > 0 (all finite)
+        and bool inverted and decay_biases; if model is not a FlatModel with D parameters; if
+        masks_list is not a non-empty list; if a mask list is not L binary (n, n_k) arrays;
+        if X is not a finite float (n, n_in) array of theta's dtype; or if the arrays mix
+        NumPy and CuPy.
+    """
     _check_state(state)
     _check_cfg(cfg)
     check_model(model, state.theta.shape[0])
@@ -215,13 +417,33 @@ def predict_samples(state: MCDropoutState, X, masks_list, cfg: MCDropoutConfig, 
 
 
 def predictive_log_likelihood(F, y, noise_precision: float):
-    """Per-point MC predictive log-likelihood (n,) for a Gaussian likelihood of precision tau:
-    log p(y_n | x_n) ~= logsumexp_s [ -tau/2 ||y_n - F[s, n]||^2 ] - log S + (K/2) log(tau / 2 pi),
-    Gal's test log-likelihood (its mean over n is the reported number).  (mc_dropout.8)
+    """Compute the per-point MC predictive log-likelihood for a Gaussian likelihood.
 
-    F: (S, n, K) or (S, n) forward passes (``predict_samples``); y: (n, K) or (n,). Everything
-    in one set of units: for targets standardized by (m_y, s_y), pass F * s_y + m_y, the raw y
-    and tau in raw units (tau_std / s_y^2).
+    log p(y_n | x_n) ~= logsumexp_s [ -tau/2 ||y_n - F[s, n]||^2 ] - log S + (K/2) log(tau / 2 pi),
+    Gal's test log-likelihood (its mean over n is the reported number).  Everything in one set
+    of units: for targets standardized by (m_y, s_y), pass F * s_y + m_y, the raw y and tau in
+    raw units (tau_std / s_y^2).  (mc_dropout.8)
+
+    Parameters
+    ----------
+    F : array of shape (S, n, K) or (S, n)
+        Forward passes (``predict_samples``).
+    y : array of shape (n, K) or (n,)
+        Targets.
+    noise_precision : float
+        The likelihood precision tau > 0.
+
+    Returns
+    -------
+    array of shape (n,)
+        The log-likelihood of each point.
+
+    Raises
+    ------
+    ValueError
+        If F is not a finite float 2-d or 3-d array, noise_precision is not a real number in
+        (0, inf), y is not a finite real array of shape (n,) or (n, K) (1-d only when K = 1),
+        or the arrays mix NumPy and CuPy.
     """
     xp = xp_of(F, y)
     check_array(F, "F", ndim=(2, 3))

@@ -27,7 +27,13 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from refbayes._checks import check_array, check_float, check_same_dtype
+from refbayes._checks import (
+    check_array,
+    check_float,
+    check_invertible_positive,
+    check_same_dtype,
+    check_symmetric,
+)
 from refbayes.backend import cholesky, linalg_of, xp_of
 from refbayes.methods._estimates import (
     Batch,
@@ -72,17 +78,49 @@ Array = Any
 
 
 class NGVIConfig(NamedTuple):
-    """Hyperparameters; defaults are the SLANG paper's logistic-regression settings."""
+    """Natural-gradient VI hyperparameters (defaults: the SLANG paper's logistic regression).
+
+    Attributes
+    ----------
+    N : int
+        Training-set size N >= 1; scales minibatch sums by N / M.  (ngvi.6)
+    lam : array of shape (D,)
+        Prior precision lam > 0.  (ngvi.10), (ngvi.11)
+    alpha : float
+        Mean step size alpha_0 in (0, 1].  (ngvi.11)
+    beta : float
+        Precision step size beta_0 in (0, 1].  (ngvi.10)
+    decay : float
+        Step-size decay >= 0: alpha_t = alpha / (1 + (t + 1)^decay) with t = state.t (the
+        steps already taken), the same for beta; constant alpha, beta for decay = 0.  (ngvi.12)
+    curvature : {"ef", "hess", "exact"}
+        Empirical Fisher (ngvi.7), Hessian (ngvi.8) or exact expectation (ngvi.9).
+    momentum : float
+        Momentum b in [0, 1); 0 turns momentum off.  (ngvi.13)
+    """
     N: int                   # training-set size, scales minibatch sums by N / M (ngvi.6)
     lam: Array               # prior precision (D,), > 0 (ngvi.10), (ngvi.11)
     alpha: float = 0.05      # mean step size alpha_0, in (0, 1] (ngvi.11)
     beta: float = 0.05       # precision step size beta_0, in (0, 1] (ngvi.10)
-    decay: float = 0.51      # alpha_t = alpha / (1 + t)^decay, same for beta (ngvi.12)
+    decay: float = 0.51      # alpha_t = alpha / (1 + (t + 1)^decay), t = state.t; beta_t alike; 0: constant (ngvi.12)
     curvature: str = "ef"    # "ef" (ngvi.7), "hess" (ngvi.8) or "exact" (ngvi.9)
     momentum: float = 0.0    # b in (ngvi.13); 0 turns momentum off
 
 
 class FullState(NamedTuple):
+    """Full-covariance Gaussian state after t steps.
+
+    Attributes
+    ----------
+    mu : array of shape (D,)
+        Mean mu_t.  (ngvi.11)
+    Sigma_inv : array of shape (D, D)
+        Precision Sigma_t^{-1}, symmetric positive definite.  (ngvi.10)
+    g_bar : array of shape (D,)
+        Momentum average of g_hat (likelihood gradient only).  (ngvi.13)
+    t : int
+        Number of steps taken.
+    """
     mu: Array         # mu_t, (D,), (ngvi.11)
     Sigma_inv: Array  # Sigma_t^{-1}, (D, D), SPD, (ngvi.10)
     g_bar: Array      # momentum average of g_hat (likelihood gradient only), (D,), (ngvi.13)
@@ -90,6 +128,33 @@ class FullState(NamedTuple):
 
 
 class FullInfo(NamedTuple):
+    """The named intermediates of one full-Gaussian step, by equation.
+
+    Attributes
+    ----------
+    alpha_t : float
+        Mean step size of this step.  (ngvi.12)
+    beta_t : float
+        Precision step size of this step.  (ngvi.12)
+    theta : array of shape (D, S)
+        Draws theta_s; (D, 0) for "exact".  (ngvi.4)
+    G : array of shape (S, M, D)
+        Per-example gradients g_{s,i}; (0, M, D) for "exact".  (ngvi.5)
+    g_hat : array of shape (D,)
+        Minibatch estimate of E_q[grad sum_n l_n].  (ngvi.6) / (ngvi.9)
+    C_hat : array of shape (D, D)
+        Minibatch estimate of E_q[grad^2 sum_n l_n].  (ngvi.7)-(ngvi.9)
+    Sigma_inv : array of shape (D, D)
+        Precision Sigma_{t+1}^{-1}.  (ngvi.10)
+    g_tilde : array of shape (D,)
+        Natural-gradient input g_hat + lam * mu_t.  (ngvi.11)
+    direction : array of shape (D,)
+        Bias-corrected g_bar + lam * mu_t; equals g_tilde when momentum = 0.  (ngvi.13)
+    Delta_mu : array of shape (D,)
+        Mean update Sigma_{t+1} direction.  (ngvi.11)
+    mu : array of shape (D,)
+        Mean mu_{t+1}.  (ngvi.11)
+    """
     alpha_t: float    # (ngvi.12)
     beta_t: float     # (ngvi.12)
     theta: Array      # theta_s, (D, S) draws; (D, 0) for "exact"  (ngvi.4)
@@ -104,6 +169,19 @@ class FullInfo(NamedTuple):
 
 
 class MeanFieldState(NamedTuple):
+    """Mean-field Gaussian state after t steps.
+
+    Attributes
+    ----------
+    mu : array of shape (D,)
+        Mean mu_t.  (ngvi.16)
+    prec_diag : array of shape (D,)
+        Precision diagonal diag(Sigma_t^{-1}) > 0.  (ngvi.15)
+    g_bar : array of shape (D,)
+        Momentum average of g_hat (likelihood gradient only).  (ngvi.13)
+    t : int
+        Number of steps taken.
+    """
     mu: Array         # mu_t, (D,), (ngvi.16)
     prec_diag: Array  # diag(Sigma_t^{-1}), (D,), > 0, (ngvi.15)
     g_bar: Array      # momentum average of g_hat (likelihood gradient only), (D,), (ngvi.13)
@@ -111,6 +189,33 @@ class MeanFieldState(NamedTuple):
 
 
 class MeanFieldInfo(NamedTuple):
+    """The named intermediates of one mean-field step, by equation.
+
+    Attributes
+    ----------
+    alpha_t : float
+        Mean step size of this step.  (ngvi.12)
+    beta_t : float
+        Precision step size of this step.  (ngvi.12)
+    theta : array of shape (D, S)
+        Draws theta_s; (D, 0) for "exact".  (ngvi.14)
+    G : array of shape (S, M, D)
+        Per-example gradients g_{s,i}; (0, M, D) for "exact".  (ngvi.5)
+    g_hat : array of shape (D,)
+        Minibatch gradient estimate.  (ngvi.6) / (ngvi.9)
+    c_hat : array of shape (D,)
+        Diagonal curvature estimate.  (ngvi.7)-(ngvi.9), diagonals
+    prec_diag : array of shape (D,)
+        Precision diagonal prec_diag_{t+1}.  (ngvi.15)
+    g_tilde : array of shape (D,)
+        Natural-gradient input g_hat + lam * mu_t.  (ngvi.16)
+    direction : array of shape (D,)
+        Bias-corrected g_bar + lam * mu_t; equals g_tilde when momentum = 0.  (ngvi.13)
+    Delta_mu : array of shape (D,)
+        Mean update direction / prec_diag_{t+1}.  (ngvi.16)
+    mu : array of shape (D,)
+        Mean mu_{t+1}.  (ngvi.16)
+    """
     alpha_t: float    # (ngvi.12)
     beta_t: float     # (ngvi.12)
     theta: Array      # theta_s, (D, S)  (ngvi.14)
@@ -144,12 +249,33 @@ def _check_mu(mu):
 # ----------------------------------------------------------------------------- full Gaussian
 
 def init_full(mu, Sigma_inv) -> FullState:
-    """FullState at mu (D,) and an SPD precision Sigma_inv (D, D); the paper starts at mu = 0,
-    Sigma_inv = I."""
+    """Create the initial FullState at (mu, Sigma_inv), with g_bar = 0 and t = 0.
+
+    The paper starts at mu = 0, Sigma_inv = I.
+
+    Parameters
+    ----------
+    mu : array of shape (D,)
+        Initial mean.
+    Sigma_inv : array of shape (D, D)
+        Initial precision, symmetric positive definite, same dtype as mu.
+
+    Returns
+    -------
+    FullState
+        The state (mu, Sigma_inv, zeros, 0).
+
+    Raises
+    ------
+    ValueError
+        If mu is not a finite float 1-d array, Sigma_inv not a finite, symmetric (D, D) array
+        of mu's dtype whose Cholesky factorization succeeds, or the arrays mix NumPy and CuPy.
+    """
     xp = xp_of(mu, Sigma_inv)
     D = _check_mu(mu)
     check_array(Sigma_inv, "Sigma_inv", shape=(D, D))
     check_same_dtype({"mu": mu, "Sigma_inv": Sigma_inv})
+    check_symmetric(Sigma_inv, "Sigma_inv")  # Cholesky reads one triangle (check_spd's rule)
     _chol_precision(Sigma_inv, "Sigma_inv")
     return FullState(mu, Sigma_inv, xp.zeros_like(mu), 0)
 
@@ -170,6 +296,7 @@ def _check_full_state(state):
     check_array(state.g_bar, "state.g_bar", shape=(D,))
     check_same_dtype({"state.mu": state.mu, "state.Sigma_inv": state.Sigma_inv,
                       "state.g_bar": state.g_bar})
+    check_symmetric(state.Sigma_inv, "state.Sigma_inv")
     check_t(state.t)
     return D
 
@@ -181,7 +308,29 @@ def _full_draws(mu, L_P, eps):
 
 
 def sample_full(state: FullState, eps):
-    """theta = mu + L^{-T} eps (D, S) for eps (D, S), L the lower Cholesky factor of Sigma_inv.  (ngvi.4)"""
+    """Draw theta = mu + L^{-T} eps from the full Gaussian, L L^T = Sigma_inv (lower Cholesky).
+
+    (ngvi.4)
+
+    Parameters
+    ----------
+    state : FullState
+        Current state.
+    eps : array of shape (D, S)
+        Standard-normal draws from the caller, one column per sample.
+
+    Returns
+    -------
+    array of shape (D, S)
+        The draws theta.
+
+    Raises
+    ------
+    ValueError
+        If state is not a FullState of finite float arrays mu (D,), Sigma_inv (D, D),
+        g_bar (D,) of one dtype with a non-negative integer t; if Sigma_inv is not positive
+        definite (Cholesky fails); or if eps is not a finite (D, S) array of the state's dtype.
+    """
     D = _check_full_state(state)
     check_array(eps, "eps", shape=(D, None))
     check_same_dtype({"state.mu": state.mu, "eps": eps})
@@ -189,10 +338,44 @@ def sample_full(state: FullState, eps):
 
 
 def step_full(state: FullState, batch, eps, cfg: NGVIConfig, model) -> tuple[FullState, FullInfo]:
-    """One natural-gradient step of the full Gaussian: (ngvi.4)-(ngvi.13).
+    """Take one natural-gradient step of the full Gaussian.
 
-    batch: Batch(X_B (M, n_in), y_B (M,)); eps: (D, S) draws, or None for curvature="exact";
-    model: a refbayes.models model whose theta has D entries. Deterministic given its inputs.
+    (ngvi.4)-(ngvi.13).  Deterministic given its inputs.
+
+    Parameters
+    ----------
+    state : FullState
+        Current state.
+    batch : Batch
+        The minibatch rows Batch(X_B (M, n_in), y_B (M,)), 1 <= M <= N.
+    eps : array of shape (D, S) or None
+        Standard-normal draws, one column per MC sample; None for curvature="exact".
+    cfg : NGVIConfig
+        Hyperparameters.
+    model : FlatModel
+        A refbayes.models model with D parameters.
+
+    Returns
+    -------
+    state : FullState
+        The state after the step, t + 1.
+    info : FullInfo
+        The step's intermediates, by equation.
+
+    Raises
+    ------
+    ValueError
+        If state is not a FullState of finite float arrays mu (D,), Sigma_inv (D, D) positive
+        definite, g_bar (D,) of one dtype with a non-negative integer t.
+        Also if cfg is not an NGVIConfig with N >= 1, lam a finite (D,) array > 0 in the
+        state's dtype, alpha and beta in (0, 1], decay >= 0, momentum in [0, 1) and curvature
+        in ("ef", "hess", "exact"); if model is not a FlatModel with D parameters; if batch is
+        not a pair (X, y) of finite arrays with 1 <= M <= N rows in the state's dtype (binary
+        labels for a Bernoulli likelihood); if eps is not None for "exact", or not a finite
+        (D, S >= 1) array of the state's dtype otherwise; if "exact" is used with a model that
+        is not linear with one output and a Bernoulli or Gaussian likelihood; or if the
+        arrays mix NumPy and CuPy.
+        Also if the new precision is not positive definite (an indefinite curvature estimate).
     """
     D = _check_full_state(state)
     xp = xp_of(state.mu, state.Sigma_inv)
@@ -233,7 +416,24 @@ def step_full(state: FullState, batch, eps, cfg: NGVIConfig, model) -> tuple[Ful
 
 
 def dense_covariance(state: FullState):
-    """Sigma = (Sigma_inv)^{-1} (D, D), through the Cholesky factor."""
+    """Form the dense covariance Sigma = Sigma_inv^{-1} through the Cholesky factor.
+
+    Parameters
+    ----------
+    state : FullState
+        The state.
+
+    Returns
+    -------
+    array of shape (D, D)
+        The covariance Sigma.
+
+    Raises
+    ------
+    ValueError
+        If state is not a FullState of finite float arrays of one dtype with a non-negative
+        integer t, or Sigma_inv is not positive definite.
+    """
     _check_full_state(state)
     xp = xp_of(state.mu)
     L_P = _chol_precision(state.Sigma_inv, "state.Sigma_inv")
@@ -244,13 +444,33 @@ def dense_covariance(state: FullState):
 # ----------------------------------------------------------------------------- mean field
 
 def init_meanfield(mu, prec_diag) -> MeanFieldState:
-    """MeanFieldState at mu (D,) and prec_diag (D,) > 0; the paper starts at mu = 0, prec_diag = 1."""
+    """Create the initial MeanFieldState at (mu, prec_diag), with g_bar = 0 and t = 0.
+
+    The paper starts at mu = 0, prec_diag = 1.
+
+    Parameters
+    ----------
+    mu : array of shape (D,)
+        Initial mean.
+    prec_diag : array of shape (D,)
+        Initial precision diagonal, > 0, same dtype as mu.
+
+    Returns
+    -------
+    MeanFieldState
+        The state (mu, prec_diag, zeros, 0).
+
+    Raises
+    ------
+    ValueError
+        If mu is not a finite float 1-d array, prec_diag not a finite (D,) array > 0 of mu's
+        dtype, or the arrays mix NumPy and CuPy.
+    """
     xp = xp_of(mu, prec_diag)
     D = _check_mu(mu)
     check_array(prec_diag, "prec_diag", shape=(D,))
     check_same_dtype({"mu": mu, "prec_diag": prec_diag})
-    if not bool(xp.all(prec_diag > 0)):
-        raise ValueError("prec_diag: expected > 0 everywhere")
+    check_invertible_positive(prec_diag, "prec_diag")  # > 0 with 1 / prec_diag finite
     return MeanFieldState(mu, prec_diag, xp.zeros_like(mu), 0)
 
 
@@ -262,8 +482,7 @@ def _check_mf_state(state):
     check_array(state.g_bar, "state.g_bar", shape=(D,))
     check_same_dtype({"state.mu": state.mu, "state.prec_diag": state.prec_diag,
                       "state.g_bar": state.g_bar})
-    if not bool(xp_of(state.prec_diag).all(state.prec_diag > 0)):
-        raise ValueError("state.prec_diag: expected > 0 everywhere")
+    check_invertible_positive(state.prec_diag, "state.prec_diag")
     check_t(state.t)
     return D
 
@@ -274,7 +493,29 @@ def _meanfield_draws(mu, prec_diag, eps):
 
 
 def sample_meanfield(state: MeanFieldState, eps):
-    """theta = mu + eps / sqrt(prec_diag) (D, S) for eps (D, S).  (ngvi.14)"""
+    """Draw theta = mu + eps / sqrt(prec_diag) from the mean-field Gaussian.
+
+    (ngvi.14)
+
+    Parameters
+    ----------
+    state : MeanFieldState
+        Current state.
+    eps : array of shape (D, S)
+        Standard-normal draws from the caller, one column per sample.
+
+    Returns
+    -------
+    array of shape (D, S)
+        The draws theta.
+
+    Raises
+    ------
+    ValueError
+        If state is not a MeanFieldState of finite float arrays mu (D,), prec_diag (D,) > 0,
+        g_bar (D,) of one dtype with a non-negative integer t; if eps is not a finite (D, S)
+        array of the state's dtype; or if the arrays mix NumPy and CuPy.
+    """
     D = _check_mf_state(state)
     check_array(eps, "eps", shape=(D, None))
     check_same_dtype({"state.mu": state.mu, "eps": eps})
@@ -284,8 +525,45 @@ def sample_meanfield(state: MeanFieldState, eps):
 
 def step_meanfield(state: MeanFieldState, batch, eps, cfg: NGVIConfig,
                    model) -> tuple[MeanFieldState, MeanFieldInfo]:
-    """One natural-gradient step of the mean-field Gaussian: (ngvi.5)-(ngvi.9) diagonals,
-    (ngvi.12)-(ngvi.16). Arguments as ``step_full``."""
+    """Take one natural-gradient step of the mean-field Gaussian.
+
+    (ngvi.5)-(ngvi.9) diagonals, (ngvi.12)-(ngvi.16).  Deterministic given its inputs.
+
+    Parameters
+    ----------
+    state : MeanFieldState
+        Current state.
+    batch : Batch
+        The minibatch rows Batch(X_B (M, n_in), y_B (M,)), 1 <= M <= N.
+    eps : array of shape (D, S) or None
+        Standard-normal draws, one column per MC sample; None for curvature="exact".
+    cfg : NGVIConfig
+        Hyperparameters.
+    model : FlatModel
+        A refbayes.models model with D parameters.
+
+    Returns
+    -------
+    state : MeanFieldState
+        The state after the step, t + 1.
+    info : MeanFieldInfo
+        The step's intermediates, by equation.
+
+    Raises
+    ------
+    ValueError
+        If state is not a MeanFieldState of finite float arrays mu (D,), prec_diag (D,) > 0,
+        g_bar (D,) of one dtype with a non-negative integer t.
+        Also if cfg is not an NGVIConfig with N >= 1, lam a finite (D,) array > 0 in the
+        state's dtype, alpha and beta in (0, 1], decay >= 0, momentum in [0, 1) and curvature
+        in ("ef", "hess", "exact"); if model is not a FlatModel with D parameters; if batch is
+        not a pair (X, y) of finite arrays with 1 <= M <= N rows in the state's dtype (binary
+        labels for a Bernoulli likelihood); if eps is not None for "exact", or not a finite
+        (D, S >= 1) array of the state's dtype otherwise; if "exact" is used with a model that
+        is not linear with one output and a Bernoulli or Gaussian likelihood; or if the
+        arrays mix NumPy and CuPy.
+        Also if the new precision diagonal has an entry <= 0.
+    """
     D = _check_mf_state(state)
     xp = xp_of(state.mu, state.prec_diag)
     dtype = state.mu.dtype
@@ -321,6 +599,23 @@ def step_meanfield(state: MeanFieldState, batch, eps, cfg: NGVIConfig,
 
 
 def dense_covariance_meanfield(state: MeanFieldState):
-    """diag(1 / prec_diag) (D, D)."""
+    """Form the dense covariance diag(1 / prec_diag), for tests.
+
+    Parameters
+    ----------
+    state : MeanFieldState
+        The state.
+
+    Returns
+    -------
+    array of shape (D, D)
+        The covariance.
+
+    Raises
+    ------
+    ValueError
+        If state is not a MeanFieldState of finite float arrays mu (D,), prec_diag (D,) > 0,
+        g_bar (D,) of one dtype with a non-negative integer t.
+    """
     _check_mf_state(state)
     return xp_of(state.mu).diag(1 / state.prec_diag)

@@ -67,8 +67,30 @@ Array = Any
 
 
 class NoisyAdamConfig(NamedTuple):
-    """Hyperparameters. Algorithm 1 prints no values; the defaults are Adam's (alpha 1e-3, beta1
-    0.9, beta2 0.999) with the plain ELBO (kl_weight 1) and no extrinsic damping."""
+    """Noisy Adam hyperparameters.
+
+    Algorithm 1 prints no values; the defaults are Adam's (alpha 1e-3, beta1 0.9, beta2 0.999)
+    with the plain ELBO (kl_weight 1) and no extrinsic damping.
+
+    Attributes
+    ----------
+    N : int
+        Training-set size N >= 1: gamma_in = kl_weight eta / N.  (noisy_adam.2)
+    eta : float or array of shape (D,)
+        Prior PRECISION > 0; the paper's eta is 1 / eta.  (noisy_adam.2)
+    alpha : float
+        Step size alpha > 0.  (noisy_adam.10)
+    beta1 : float
+        Momentum decay in [0, 1).  (noisy_adam.6)
+    beta2 : float
+        Decay of f in [0, 1).  (noisy_adam.7)
+    kl_weight : float
+        KL weight lambda > 0.  (noisy_adam.1)-(noisy_adam.3)
+    gamma_ex : float
+        Extrinsic damping >= 0, in the mean update only.  (noisy_adam.9)
+    squares : {"minibatch", "per_example"}
+        "minibatch" (Algorithm 1) or "per_example" squared gradients.  (noisy_adam.7)
+    """
     N: int                       # training-set size: gamma_in = kl_weight eta / N (noisy_adam.2)
     eta: Any                     # prior PRECISION > 0, float or (D,); paper: 1 / eta (noisy_adam.2)
     alpha: float = 1e-3          # step size alpha > 0 (noisy_adam.10)
@@ -80,6 +102,20 @@ class NoisyAdamConfig(NamedTuple):
 
 
 class NoisyAdamState(NamedTuple):
+    """Noisy Adam state after t steps.
+
+    Attributes
+    ----------
+    mu : array of shape (D,)
+        Mean mu_k.  (noisy_adam.10)
+    m : array of shape (D,)
+        Momentum m_k, the average of v.  (noisy_adam.6)
+    f : array of shape (D,)
+        Average f_k >= 0 of squared gradients (per-example scale).  (noisy_adam.7)
+    t : int
+        Number of steps taken; the step being taken is Algorithm 1's k = t + 1.
+        (noisy_adam.8)
+    """
     mu: Array  # mu_k, (D,), (noisy_adam.10)
     m: Array   # m_k, momentum average of v, (D,), (noisy_adam.6)
     f: Array   # f_k >= 0, average of squared gradients (per-example scale), (D,), (noisy_adam.7)
@@ -87,6 +123,37 @@ class NoisyAdamState(NamedTuple):
 
 
 class NoisyAdamInfo(NamedTuple):
+    """The named intermediates of one Noisy Adam step, by equation.
+
+    Attributes
+    ----------
+    gamma_in : float or array of shape (D,)
+        Intrinsic damping kl_weight eta / N.  (noisy_adam.2)
+    sigma : array of shape (D,)
+        Standard deviation sqrt(kl_weight / N) / sqrt(f_k + gamma_in), from the old f.
+        (noisy_adam.3)
+    w : array of shape (D, S)
+        Draws w_s = mu + sigma eps_s (Algorithm 1 "w ~ N(...)").  (noisy_adam.3)
+    g : array of shape (S, D)
+        Minibatch-mean loss gradient at each draw.  (noisy_adam.4)
+    g_hat : array of shape (D,)
+        Mean over draws of g.  (noisy_adam.4)
+    h_hat : array of shape (D,)
+        Squared-gradient estimate.  (noisy_adam.5)
+    v : array of shape (D,)
+        Descent direction g_hat + gamma_in mean_s(w_s) (Algorithm 1 "v <- ...").
+        (noisy_adam.5)
+    m : array of shape (D,)
+        Momentum m_k.  (noisy_adam.6)
+    f : array of shape (D,)
+        Squared-gradient average f_k.  (noisy_adam.7)
+    m_tilde : array of shape (D,)
+        Bias-corrected momentum m / (1 - beta1^k).  (noisy_adam.8)
+    m_hat : array of shape (D,)
+        Preconditioned step m_tilde / (f + gamma).  (noisy_adam.9)
+    mu : array of shape (D,)
+        Mean mu - alpha m_hat.  (noisy_adam.10)
+    """
     gamma_in: Any    # kl_weight eta / N, float or (D,)  (noisy_adam.2)
     sigma: Array     # sqrt(kl_weight / N) / sqrt(f_k + gamma_in), (D,)  (noisy_adam.3)
     w: Array         # w_s = mu + sigma eps_s, (D, S)  (noisy_adam.3), Algorithm 1 "w ~ N(...)"
@@ -105,12 +172,14 @@ def _check_cfg(cfg, D, dtype):
     if not isinstance(cfg, NoisyAdamConfig):
         raise ValueError(f"cfg: expected a NoisyAdamConfig, got {type(cfg).__name__}")
     N = check_N(cfg.N)
-    eta = check_precision(cfg.eta, "eta", D, dtype)
-    check_in_range(cfg.alpha, "alpha", 0.0, math.inf, low_open=True, high_open=True)
-    check_decay(cfg.beta1, "beta1")
-    check_decay(cfg.beta2, "beta2")
-    kl = check_in_range(cfg.kl_weight, "kl_weight", 0.0, math.inf, low_open=True, high_open=True)
-    check_in_range(cfg.gamma_ex, "gamma_ex", 0.0, math.inf, high_open=True)
+    # every float finite (check_in_range rejects NaN, and inf at an open bound)
+    eta = check_precision(cfg.eta, "cfg.eta", D, dtype)
+    check_in_range(cfg.alpha, "cfg.alpha", 0.0, math.inf, low_open=True, high_open=True)
+    check_decay(cfg.beta1, "cfg.beta1")
+    check_decay(cfg.beta2, "cfg.beta2")
+    kl = check_in_range(cfg.kl_weight, "cfg.kl_weight", 0.0, math.inf, low_open=True,
+                        high_open=True)
+    check_in_range(cfg.gamma_ex, "cfg.gamma_ex", 0.0, math.inf, high_open=True)
     check_squares(cfg.squares)
     return N, eta, kl
 
@@ -135,9 +204,29 @@ def _sigma(xp, f, gamma_in, kl, N):
 
 
 def init(mu, f0=None) -> NoisyAdamState:
-    """NoisyAdamState at mean mu (D,), m = 0, f = f0 (a float >= 0 or (D,) >= 0; default 0, as
-    Adam's second moment), t = 0. With f0 = 0 the first draws have variance
-    (kl_weight / N) / gamma_in = 1 / eta, the prior's."""
+    """Create the initial NoisyAdamState at mean mu, with m = 0, f = f0 and t = 0.
+
+    With f0 = 0 (the default, as Adam's second moment) the first draws have variance
+    (kl_weight / N) / gamma_in = 1 / eta, the prior's.
+
+    Parameters
+    ----------
+    mu : array of shape (D,)
+        Initial mean.
+    f0 : float or array of shape (D,), optional
+        Initial squared-gradient average, >= 0 (an array in mu's dtype); None gives zeros.
+
+    Returns
+    -------
+    NoisyAdamState
+        The state (mu, zeros, f, 0).
+
+    Raises
+    ------
+    ValueError
+        If mu is not a finite float 1-d array, or f0 is not None, a finite real >= 0, or a
+        finite (D,) array >= 0 of mu's dtype.
+    """
     check_array(mu, "mu", ndim=1)
     check_float(mu, "mu")
     f = nonneg_start(f0, "f0", mu)
@@ -145,15 +234,66 @@ def init(mu, f0=None) -> NoisyAdamState:
 
 
 def prec_diag(state: NoisyAdamState, cfg: NoisyAdamConfig):
-    """The precision of q, (N / kl_weight) (f + gamma_in) (D,).  (noisy_adam.11)"""
+    """Compute the precision of q, (N / kl_weight) (f + gamma_in).
+
+    (noisy_adam.11)
+
+    Parameters
+    ----------
+    state : NoisyAdamState
+        The state.
+    cfg : NoisyAdamConfig
+        Hyperparameters (N, eta and kl_weight are used).
+
+    Returns
+    -------
+    array of shape (D,)
+        The precision diagonal.
+
+    Raises
+    ------
+    ValueError
+        If state is not a NoisyAdamState of finite float (D,) arrays mu, m, f >= 0 of one
+        dtype with a non-negative integer t.
+        Also if cfg is not a NoisyAdamConfig with N an integer >= 1, eta a finite real > 0
+        or a finite (D,) float array > 0 of the state's dtype, alpha > 0 finite, beta1 and
+        beta2 in [0, 1), kl_weight > 0 finite, gamma_ex >= 0 finite, and squares in SQUARES.
+    """
     D = _check_state(state)
     N, eta, kl = _check_cfg(cfg, D, state.mu.dtype)
     return (N / kl) * (state.f + kl * eta / N)  # (noisy_adam.11)
 
 
 def sample(state: NoisyAdamState, eps, cfg: NoisyAdamConfig):
-    """w = mu + eps sqrt(kl_weight / N) / sqrt(f + gamma_in) (D, S) for eps (D, S).
-    (noisy_adam.3)"""
+    """Draw w = mu + eps sqrt(kl_weight / N) / sqrt(f + gamma_in) from q.
+
+    (noisy_adam.3)
+
+    Parameters
+    ----------
+    state : NoisyAdamState
+        The state.
+    eps : array of shape (D, S)
+        Standard-normal draws from the caller, one column per sample.
+    cfg : NoisyAdamConfig
+        Hyperparameters (N, eta and kl_weight are used).
+
+    Returns
+    -------
+    array of shape (D, S)
+        The draws w.
+
+    Raises
+    ------
+    ValueError
+        If state is not a NoisyAdamState of finite float (D,) arrays mu, m, f >= 0 of one
+        dtype with a non-negative integer t.
+        Also if cfg is not a NoisyAdamConfig with N an integer >= 1, eta a finite real > 0
+        or a finite (D,) float array > 0 of the state's dtype, alpha > 0 finite, beta1 and
+        beta2 in [0, 1), kl_weight > 0 finite, gamma_ex >= 0 finite, and squares in SQUARES.
+        Also if eps is not a finite (D, S >= 1) array of the state's dtype, or the arrays mix
+        NumPy and CuPy.
+    """
     D = _check_state(state)
     N, eta, kl = _check_cfg(cfg, D, state.mu.dtype)
     check_draws(eps, D, state.mu.dtype)
@@ -164,10 +304,42 @@ def sample(state: NoisyAdamState, eps, cfg: NoisyAdamConfig):
 
 def step(state: NoisyAdamState, batch, eps, cfg: NoisyAdamConfig,
          model) -> tuple[NoisyAdamState, NoisyAdamInfo]:
-    """One Noisy Adam step, Algorithm 1's loop body: (noisy_adam.2)-(noisy_adam.10).
+    """Take one Noisy Adam step, Algorithm 1's loop body.
 
-    batch: Batch(X_B (M, n_in), y_B (M,)); eps: (D, S) standard-normal draws; model: a
-    refbayes.models model with D parameters. Deterministic given its inputs.
+    (noisy_adam.2)-(noisy_adam.10).  Deterministic given its inputs.
+
+    Parameters
+    ----------
+    state : NoisyAdamState
+        Current state.
+    batch : Batch
+        The minibatch rows Batch(X_B (M, n_in), y_B (M,)), 1 <= M <= N.
+    eps : array of shape (D, S)
+        Standard-normal draws, one column per MC sample (the paper uses S = 1).
+    cfg : NoisyAdamConfig
+        Hyperparameters.
+    model : FlatModel
+        A refbayes.models model with D parameters.
+
+    Returns
+    -------
+    state : NoisyAdamState
+        The state after the step, t + 1.
+    info : NoisyAdamInfo
+        The step's intermediates, by equation.
+
+    Raises
+    ------
+    ValueError
+        If state is not a NoisyAdamState of finite float (D,) arrays mu, m, f >= 0 of one
+        dtype with a non-negative integer t.
+        Also if cfg is not a NoisyAdamConfig with N an integer >= 1, eta a finite real > 0
+        or a finite (D,) float array > 0 of the state's dtype, alpha > 0 finite, beta1 and
+        beta2 in [0, 1), kl_weight > 0 finite, gamma_ex >= 0 finite, and squares in SQUARES.
+        Also if model is not a FlatModel with D parameters; if batch is not a pair (X, y) of
+        finite arrays with 1 <= M <= N rows in the state's dtype (binary labels for a
+        Bernoulli likelihood); if eps is not a finite (D, S >= 1) array of the state's dtype;
+        or if the arrays mix NumPy and CuPy.
     """
     D = _check_state(state)
     xp = xp_of(state.mu, state.f)

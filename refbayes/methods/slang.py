@@ -61,13 +61,39 @@ SAMPLERS = ("symmetric", "alg3")
 
 
 class SLANGConfig(NamedTuple):
-    """Hyperparameters; defaults are the SLANG paper's logistic-regression settings."""
+    """SLANG hyperparameters; defaults are the SLANG paper's logistic-regression settings.
+
+    Attributes
+    ----------
+    N : int
+        Training-set size N >= 1.  (slang.3), (slang.7)
+    lam : array of shape (D,)
+        Prior precision lam > 0.  (slang.6), (slang.7)
+    L : int
+        Rank of U, 1 <= L <= D.  (slang.4)
+    alpha : float
+        Mean step size alpha_0 in (0, 1].  (slang.8)
+    beta : float
+        Precision step size beta_0 in (0, 1].  (slang.4)-(slang.6)
+    decay : float
+        Step-size decay >= 0: alpha_t = alpha / (1 + (t + 1)^decay) with t = state.t (the
+        steps already taken), the same for beta; constant alpha, beta for decay = 0.  (ngvi.12)
+    momentum : float
+        Momentum b in [0, 1) of (ngvi.13); 0 is Algorithm 1 as printed, the official code uses
+        0.9.
+    eig : {"exact", "randomized"}
+        fast_eig: exact (lowrank.9) or randomized (lowrank.10).
+    n_iter : int
+        Power iterations >= 0 of the randomized fast_eig.
+    sampler : {"symmetric", "alg3"}
+        fast_sample: "symmetric" (lowrank.8) or "alg3" (lowrank.12).
+    """
     N: int                    # training-set size (slang.3), (slang.7)
     lam: Array                # prior precision (D,), > 0 (slang.6), (slang.7)
     L: int                    # rank of U, 1 <= L <= D (slang.4)
     alpha: float = 0.05       # mean step size alpha_0, in (0, 1] (slang.8)
     beta: float = 0.05        # precision step size beta_0, in (0, 1] (slang.4)-(slang.6)
-    decay: float = 0.51       # alpha_t = alpha / (1 + t)^decay, same for beta (ngvi.12)
+    decay: float = 0.51       # alpha_t = alpha / (1 + (t + 1)^decay), t = state.t; beta_t alike; 0: constant (ngvi.12)
     momentum: float = 0.0     # b of (ngvi.13); 0 is Algorithm 1 as printed, the official code uses 0.9
     eig: str = "exact"        # fast_eig: "exact" (lowrank.9) or "randomized" (lowrank.10)
     n_iter: int = 2           # power iterations of the randomized fast_eig
@@ -75,6 +101,21 @@ class SLANGConfig(NamedTuple):
 
 
 class SLANGState(NamedTuple):
+    """SLANG state after t steps; the precision is U U^T + diag(d).
+
+    Attributes
+    ----------
+    mu : array of shape (D,)
+        Mean mu_t.  (slang.8)
+    U : array of shape (D, L)
+        Low-rank precision factor U_t.  (slang.4)
+    d : array of shape (D,)
+        Diagonal precision part d_t > 0.  (slang.6)
+    g_bar : array of shape (D,)
+        Momentum average of g_hat (likelihood gradient only).  (ngvi.13)
+    t : int
+        Number of steps taken.
+    """
     mu: Array     # mu_t, (D,), (slang.8)
     U: Array      # U_t, (D, L), (slang.4)
     d: Array      # d_t, (D,), > 0, (slang.6)
@@ -83,6 +124,35 @@ class SLANGState(NamedTuple):
 
 
 class SLANGInfo(NamedTuple):
+    """The named intermediates of one SLANG step, by line of Algorithm 1.
+
+    Attributes
+    ----------
+    alpha_t : float
+        Mean step size of this step.  (ngvi.12)
+    beta_t : float
+        Precision step size of this step; delta = 1 - beta_t is line 2.  (ngvi.12)
+    theta : array of shape (D, S)
+        Line 4: theta_s = fast_sample(mu, U, d, eps_s).  (slang.2)
+    G : array of shape (S, M, D)
+        Line 6: per-example gradients g_{s,i}.  (slang.3)
+    W : array of shape (D, L + M S)
+        Line 7 input: [sqrt(delta) U, sqrt(beta_t N / (M S)) G^T].  (slang.4)
+    U : array of shape (D, L)
+        Lines 7, 9: U_{t+1} = fast_eig(W, L).  (slang.4)
+    Delta_d : array of shape (D,)
+        Line 8: diag(W W^T - U_{t+1} U_{t+1}^T).  (slang.5)
+    d : array of shape (D,)
+        Line 10: d_{t+1} = delta d_t + Delta_d + beta_t lam.  (slang.6)
+    g_tilde : array of shape (D,)
+        Line 11: (N / (M S)) sum g_{s,i} + lam * mu_t.  (slang.7)
+    direction : array of shape (D,)
+        Bias-corrected g_bar + lam * mu_t; equals g_tilde when momentum = 0.  (ngvi.13)
+    Delta_mu : array of shape (D,)
+        Line 12: fast_inverse(direction, U_{t+1}, d_{t+1}).  (slang.8)
+    mu : array of shape (D,)
+        Line 13: mu_{t+1} = mu_t - alpha_t Delta_mu.  (slang.8)
+    """
     alpha_t: float    # (ngvi.12)
     beta_t: float     # (ngvi.12); delta = 1 - beta_t is Algorithm 1 line 2
     theta: Array      # line 4: theta_s = fast_sample(mu, U, d, eps_s), (D, S)  (slang.2)
@@ -110,8 +180,8 @@ def _check_state(state):
     check_array(state.g_bar, "state.g_bar", shape=(D,))
     check_same_dtype({"state.mu": state.mu, "state.U": state.U, "state.d": state.d,
                       "state.g_bar": state.g_bar})
-    if not bool(xp_of(state.d).all(state.d > 0)):
-        raise ValueError("state.d: expected > 0 everywhere")
+    # d > 0 with 1/d finite, U U^T and the capacitance finite: what lowrank needs (lowrank.2)
+    lowrank.check_factor_values(state.U, state.d, ("state.U", "state.d"))
     check_t(state.t)
     return D, state.U.shape[1]
 
@@ -137,10 +207,31 @@ def _check_cfg(cfg, D, L_state, dtype):
 # ----------------------------------------------------------------------------- public API
 
 def init(mu, U, d) -> SLANGState:
-    """SLANGState at mu (D,), U (D, L) with 1 <= L <= D, d (D,) > 0.
+    """Create the initial SLANGState at (mu, U, d), with g_bar = 0 and t = 0.
 
     The paper starts at mu = 0, Sigma = I: U = 0 and d = 1 (``sample`` handles U = 0;
     ``sampler="alg3"`` does not, see lowrank.sample_alg3).
+
+    Parameters
+    ----------
+    mu : array of shape (D,)
+        Initial mean.
+    U : array of shape (D, L)
+        Initial low-rank precision factor, 1 <= L <= D, same dtype as mu.
+    d : array of shape (D,)
+        Initial diagonal precision part, > 0, same dtype as mu.
+
+    Returns
+    -------
+    SLANGState
+        The state (mu, U, d, zeros, 0).
+
+    Raises
+    ------
+    ValueError
+        If mu is not a finite float 1-d array, U not a finite (D, L) array with
+        1 <= L <= D, d not a finite (D,) array > 0, the dtypes differ, or the arrays mix
+        NumPy and CuPy.
     """
     xp = xp_of(mu, U, d)
     check_array(mu, "mu", ndim=1)
@@ -150,13 +241,37 @@ def init(mu, U, d) -> SLANGState:
     check_int(U.shape[1], "L (columns of U)", low=1, high=D)
     check_array(d, "d", shape=(D,))
     check_same_dtype({"mu": mu, "U": U, "d": d})
-    if not bool(xp.all(d > 0)):
-        raise ValueError("d: expected > 0 everywhere")
+    lowrank.check_factor_values(U, d)  # d > 0 with 1/d finite; U U^T, U^T d^{-1} U finite
     return SLANGState(mu, U, d, xp.zeros_like(mu), 0)
 
 
 def sample(state: SLANGState, eps, sampler: str = "symmetric"):
-    """fast_sample: theta = mu + S eps (D, S), S S^T = (U U^T + diag d)^{-1}.  (slang.2)"""
+    """Draw theta = mu + S eps with S S^T = (U U^T + diag d)^{-1} (fast_sample).
+
+    (slang.2)
+
+    Parameters
+    ----------
+    state : SLANGState
+        Current state (mu, U, d, g_bar, t).
+    eps : array of shape (D, S)
+        Standard-normal draws from the caller, one column per sample (or (D,)).
+    sampler : {"symmetric", "alg3"}, default "symmetric"
+        ``lowrank.sample`` (lowrank.8) or ``lowrank.sample_alg3`` (lowrank.12).
+
+    Returns
+    -------
+    array of shape (D, S)
+        The draws theta, shaped like eps.
+
+    Raises
+    ------
+    ValueError
+        If state is not a SLANGState of finite float arrays mu (D,), U (D, L), d (D,) > 0,
+        g_bar (D,) of one dtype with a non-negative integer t.
+        Also if sampler is not one of SAMPLERS, eps is not a finite (D,) or (D, S) array of
+        the state's dtype, or (sampler="alg3") U is not of full column rank.
+    """
     _check_state(state)
     if sampler not in SAMPLERS:
         raise ValueError(f"sampler: expected one of {SAMPLERS}, got {sampler!r}")
@@ -166,11 +281,46 @@ def sample(state: SLANGState, eps, sampler: str = "symmetric"):
 
 def step(state: SLANGState, batch, eps, cfg: SLANGConfig, model, *,
          Omega=None) -> tuple[SLANGState, SLANGInfo]:
-    """One step of Algorithm 1 (lines 4-13), as derived in derivations/slang.md.
+    """Take one step of Algorithm 1 (lines 4-13), as derived in derivations/slang.md.
 
-    batch: Batch(X_B (M, n_in), y_B (M,)); eps (D, S) standard-normal draws for line 4;
-    model: a refbayes.models model with D parameters; Omega (L + M S, L + p): the test matrix
-    of the randomized fast_eig (cfg.eig="randomized" only).
+    (slang.2)-(slang.8), with the step sizes of (ngvi.12) and the momentum of (ngvi.13).
+
+    Parameters
+    ----------
+    state : SLANGState
+        Current state (mu, U, d, g_bar, t).
+    batch : Batch
+        The minibatch rows Batch(X_B (M, n_in), y_B (M,)), 1 <= M <= N.
+    eps : array of shape (D, S)
+        Standard-normal draws for line 4, one column per MC sample.
+    cfg : SLANGConfig
+        Hyperparameters.
+    model : FlatModel
+        A refbayes.models model with D parameters.
+    Omega : array of shape (L + M S, L + p), optional
+        Test matrix of the randomized fast_eig; required with cfg.eig="randomized" and
+        refused with cfg.eig="exact".
+
+    Returns
+    -------
+    state : SLANGState
+        The state after the step, t + 1.
+    info : SLANGInfo
+        The step's intermediates, by line.
+
+    Raises
+    ------
+    ValueError
+        If state is not a SLANGState of finite float arrays mu (D,), U (D, L), d (D,) > 0,
+        g_bar (D,) of one dtype with a non-negative integer t.
+        Also if cfg is not a SLANGConfig with N >= 1, lam a finite (D,) array > 0 in the
+        state's dtype, L the state's rank, alpha and beta in (0, 1], decay >= 0, momentum in
+        [0, 1), eig in EIG_METHODS, sampler in SAMPLERS and n_iter an integer >= 0; if model
+        is not a FlatModel with D parameters; if batch is not a pair (X, y) of finite arrays
+        with 1 <= M <= N rows in the state's dtype (binary labels for a Bernoulli
+        likelihood); if eps is None or not a (D, S >= 1) array of the state's dtype; if Omega
+        does not match cfg.eig or has the wrong shape; if the arrays mix NumPy and CuPy; or if
+        the new d has an entry <= 0 (a randomized fast_eig that overshot diag(W W^T)).
     """
     D, L_state = _check_state(state)
     xp = xp_of(state.mu, state.U, state.d)
@@ -218,12 +368,50 @@ def step(state: SLANGState, batch, eps, cfg: SLANGConfig, model, *,
 
 
 def dense_precision(state: SLANGState):
-    """U U^T + diag(d) (D, D), for tests and small D.  (slang.1)"""
+    """Form the dense precision U U^T + diag(d), for tests and small D.
+
+    (slang.1)
+
+    Parameters
+    ----------
+    state : SLANGState
+        Current state (mu, U, d, g_bar, t).
+
+    Returns
+    -------
+    array of shape (D, D)
+        The precision.
+
+    Raises
+    ------
+    ValueError
+        If state is not a SLANGState of finite float arrays mu (D,), U (D, L), d (D,) > 0,
+        g_bar (D,) of one dtype with a non-negative integer t.
+    """
     _check_state(state)
     return lowrank.dense_precision(state.U, state.d)
 
 
 def dense_covariance(state: SLANGState):
-    """(U U^T + diag(d))^{-1} (D, D) by Woodbury, for tests and small D.  (slang.1)"""
+    """Form the dense covariance (U U^T + diag(d))^{-1} by Woodbury, for tests and small D.
+
+    (slang.1)
+
+    Parameters
+    ----------
+    state : SLANGState
+        Current state (mu, U, d, g_bar, t).
+
+    Returns
+    -------
+    array of shape (D, D)
+        The covariance.
+
+    Raises
+    ------
+    ValueError
+        If state is not a SLANGState of finite float arrays mu (D,), U (D, L), d (D,) > 0,
+        g_bar (D,) of one dtype with a non-negative integer t.
+    """
     _check_state(state)
     return lowrank.dense_covariance(state.U, state.d)

@@ -70,8 +70,29 @@ SQUARES = ("minibatch", "per_example")
 
 
 class VadamConfig(NamedTuple):
-    """Hyperparameters; defaults are Adam's and the official PyTorch Vadam's (lr 1e-3,
-    betas (0.9, 0.999))."""
+    """Vadam hyperparameters; defaults are Adam's and the official PyTorch Vadam's.
+
+    (lr 1e-3, betas (0.9, 0.999).)
+
+    Attributes
+    ----------
+    N : int
+        Training-set size N >= 1; lam_tilde = lam / N.  (vadam.6), (vadam.3)
+    lam : float or array of shape (D,)
+        Prior precision lambda > 0.  (vadam.3), (vadam.6)
+    alpha : float
+        Learning rate alpha > 0.  (vadam.9)
+    beta1 : float
+        Decay gamma_1 of m, in [0, 1).  (vadam.6)
+    beta2 : float
+        Decay gamma_2 of s, in [0, 1).  (vadam.7)
+    bias_correction : bool
+        Divide m, s by 1 - beta^(t+1) before use.  (vadam.8)
+    squares : {"minibatch", "per_example"}
+        Which squared-gradient estimate updates s.  (vadam.5)
+    sqrt : bool
+        Denominator sqrt(s_hat) + lam_tilde; False: s_hat + lam_tilde.  (vadam.9)
+    """
     N: int                        # training-set size; lam_tilde = lam / N (vadam.6), (vadam.3)
     lam: Any                      # prior precision lambda > 0, float or (D,) (vadam.3), (vadam.6)
     alpha: float = 1e-3           # learning rate alpha > 0 (vadam.9)
@@ -84,14 +105,52 @@ class VadamConfig(NamedTuple):
 
 def vprop_config(N: int, lam, alpha: float = 1e-3, beta2: float = 0.999,
                  squares: str = "minibatch", sqrt: bool = True) -> VadamConfig:
-    """Vprop (Khan et al. 2018; the official `Vprop` optimizer): Vadam without momentum and
-    without any bias correction, mu <- mu - alpha (g_hat + lam_tilde mu) / (sqrt(s) + lam_tilde).
-    (vadam.6)-(vadam.9) with beta1 = 0, bias_correction = False."""
+    """Build the VadamConfig of Vprop: Vadam without momentum and without bias correction.
+
+    Vprop (Khan et al. 2018; the official `Vprop` optimizer) updates
+    mu <- mu - alpha (g_hat + lam_tilde mu) / (sqrt(s) + lam_tilde), with s the new average
+    (s + lam_tilde in the denominator for sqrt=False): (vadam.6)-(vadam.9) with beta1 = 0 and
+    bias_correction = False.  Nothing is validated here; ``step`` validates the config.
+
+    Parameters
+    ----------
+    N : int
+        Training-set size.
+    lam : float or array of shape (D,)
+        Prior precision.
+    alpha : float, default 1e-3
+        Learning rate.
+    beta2 : float, default 0.999
+        Decay of s.
+    squares : {"minibatch", "per_example"}, default "minibatch"
+        Which squared-gradient estimate updates s.
+    sqrt : bool, default True
+        Whether the denominator takes sqrt(s).
+
+    Returns
+    -------
+    VadamConfig
+        The config with beta1 = 0 and bias_correction = False.
+    """
     return VadamConfig(N, lam, alpha=alpha, beta1=0.0, beta2=beta2, bias_correction=False,
                        squares=squares, sqrt=sqrt)
 
 
 class VadamState(NamedTuple):
+    """Vadam state after t steps.
+
+    Attributes
+    ----------
+    mu : array of shape (D,)
+        Mean mu_t.  (vadam.9)
+    m : array of shape (D,)
+        Momentum m_t, the average of g_hat + lam_tilde mu.  (vadam.6)
+    s : array of shape (D,)
+        Average s_t >= 0 of squared gradients (per-example scale).  (vadam.7)
+    t : int
+        Number of steps taken; the step being taken uses the bias-correction power t + 1.
+        (vadam.8)
+    """
     mu: Array  # mu_t, (D,), (vadam.9)
     m: Array   # m_t, momentum average of g_hat + lam_tilde mu, (D,), (vadam.6)
     s: Array   # s_t >= 0, average of squared gradients (per-example scale), (D,), (vadam.7)
@@ -99,6 +158,35 @@ class VadamState(NamedTuple):
 
 
 class VadamInfo(NamedTuple):
+    """The named intermediates of one Vadam step, by equation and line of Fig. 1.
+
+    Attributes
+    ----------
+    sigma : array of shape (D,)
+        Standard deviation 1 / sqrt(N s_t + lam).  (vadam.3), Fig. 1 line 2
+    theta : array of shape (D, S)
+        Draws theta_s = mu_t + sigma eps_s.  (vadam.3)
+    g : array of shape (S, D)
+        Minibatch-mean gradient g_hat_s at each draw.  (vadam.4)
+    g_hat : array of shape (D,)
+        Mean over draws of g.  (vadam.4), line 3
+    h_hat : array of shape (D,)
+        Squared-gradient estimate.  (vadam.5)
+    m : array of shape (D,)
+        Momentum m_{t+1}.  (vadam.6), line 4
+    s : array of shape (D,)
+        Squared-gradient average s_{t+1}.  (vadam.7), line 5
+    m_hat : array of shape (D,)
+        Bias-corrected m_{t+1} (= m without correction).  (vadam.8), line 6
+    s_hat : array of shape (D,)
+        Bias-corrected s_{t+1} (= s without correction).  (vadam.8), line 6
+    denom : array of shape (D,)
+        Denominator sqrt(s_hat) + lam_tilde (or s_hat + lam_tilde).  (vadam.9)
+    Delta_mu : array of shape (D,)
+        Mean update m_hat / denom.  (vadam.9)
+    mu : array of shape (D,)
+        Mean mu_{t+1} = mu_t - alpha Delta_mu.  (vadam.9), line 7
+    """
     sigma: Array     # 1 / sqrt(N s_t + lam), (D,)  (vadam.3), Fig. 1 line 2
     theta: Array     # theta_s = mu_t + sigma eps_s, (D, S)  (vadam.3)
     g: Array         # g_hat_s: minibatch-mean gradient at each draw, (S, D)  (vadam.4)
@@ -151,10 +239,10 @@ def _check_cfg(cfg, D, dtype):
     if not isinstance(cfg, VadamConfig):
         raise ValueError(f"cfg: expected a VadamConfig, got {type(cfg).__name__}")
     N = check_N(cfg.N)
-    lam = check_precision(cfg.lam, "lam", D, dtype)
-    check_in_range(cfg.alpha, "alpha", 0.0, math.inf, low_open=True, high_open=True)
-    check_decay(cfg.beta1, "beta1")
-    check_decay(cfg.beta2, "beta2")
+    lam = check_precision(cfg.lam, "cfg.lam", D, dtype)  # finite (NaN, inf rejected)
+    check_in_range(cfg.alpha, "cfg.alpha", 0.0, math.inf, low_open=True, high_open=True)
+    check_decay(cfg.beta1, "cfg.beta1")
+    check_decay(cfg.beta2, "cfg.beta2")
     check_flag(cfg.bias_correction, "bias_correction")
     check_flag(cfg.sqrt, "sqrt")
     check_squares(cfg.squares)
@@ -200,11 +288,29 @@ def grad_moments(model, theta, X, y, squares: str):
 # ----------------------------------------------------------------------------- public API
 
 def init(mu, s0=None) -> VadamState:
-    """VadamState at mean mu (D,), m = 0, s = s0 (a float >= 0 or (D,) >= 0; default 0), t = 0.
+    """Create the initial VadamState at mean mu, with m = 0, s = s0 and t = 0.
 
     The official code starts at s0 = (prec_init - lam) / N, so that the first draws have precision
     N s0 + lam = prec_init; its defaults (prec_init = lam = 1) give s0 = 0, the first draws from
     the prior. refbayes requires s0 >= 0 (sqrt(s) must exist), i.e. prec_init >= lam.
+
+    Parameters
+    ----------
+    mu : array of shape (D,)
+        Initial mean.
+    s0 : float or array of shape (D,), optional
+        Initial squared-gradient average, >= 0 (an array in mu's dtype); None gives zeros.
+
+    Returns
+    -------
+    VadamState
+        The state (mu, zeros, s, 0).
+
+    Raises
+    ------
+    ValueError
+        If mu is not a finite float 1-d array, or s0 is not None, a finite real >= 0, or a
+        finite (D,) array >= 0 of mu's dtype.
     """
     check_array(mu, "mu", ndim=1)
     check_float(mu, "mu")
@@ -213,15 +319,66 @@ def init(mu, s0=None) -> VadamState:
 
 
 def prec_diag(state: VadamState, cfg: VadamConfig):
-    """The precision of q, N s + lam (D,), with the RAW s (not s_hat), as Fig. 1 line 2 and the
-    official `get_weight_precs`.  (vadam.11)"""
+    """Compute the precision of q, N s + lam, with the RAW s (not s_hat).
+
+    As Fig. 1 line 2 and the official `get_weight_precs`.  (vadam.11)
+
+    Parameters
+    ----------
+    state : VadamState
+        The state.
+    cfg : VadamConfig
+        Hyperparameters (N and lam are used).
+
+    Returns
+    -------
+    array of shape (D,)
+        The precision diagonal N s + lam.
+
+    Raises
+    ------
+    ValueError
+        If state is not a VadamState of finite float (D,) arrays mu, m, s >= 0 of one dtype
+        with a non-negative integer t.
+        Also if cfg is not a VadamConfig with N an integer >= 1, lam a finite real > 0 or a
+        finite (D,) float array > 0 of the state's dtype, alpha > 0 finite, beta1 and beta2 in
+        [0, 1), bias_correction and sqrt bools, and squares in SQUARES.
+    """
     D = _check_state(state)
     N, lam = _check_cfg(cfg, D, state.mu.dtype)
     return N * state.s + lam  # (vadam.11)
 
 
 def sample(state: VadamState, eps, cfg: VadamConfig):
-    """theta = mu + eps / sqrt(N s + lam) (D, S) for eps (D, S).  (vadam.3)"""
+    """Draw theta = mu + eps / sqrt(N s + lam) from q.
+
+    (vadam.3)
+
+    Parameters
+    ----------
+    state : VadamState
+        The state.
+    eps : array of shape (D, S)
+        Standard-normal draws from the caller, one column per sample.
+    cfg : VadamConfig
+        Hyperparameters (N and lam are used).
+
+    Returns
+    -------
+    array of shape (D, S)
+        The draws theta.
+
+    Raises
+    ------
+    ValueError
+        If state is not a VadamState of finite float (D,) arrays mu, m, s >= 0 of one dtype
+        with a non-negative integer t.
+        Also if cfg is not a VadamConfig with N an integer >= 1, lam a finite real > 0 or a
+        finite (D,) float array > 0 of the state's dtype, alpha > 0 finite, beta1 and beta2 in
+        [0, 1), bias_correction and sqrt bools, and squares in SQUARES.
+        Also if eps is not a finite (D, S >= 1) array of the state's dtype, or the arrays mix
+        NumPy and CuPy.
+    """
     D = _check_state(state)
     N, lam = _check_cfg(cfg, D, state.mu.dtype)
     check_draws(eps, D, state.mu.dtype)
@@ -231,10 +388,42 @@ def sample(state: VadamState, eps, cfg: VadamConfig):
 
 
 def step(state: VadamState, batch, eps, cfg: VadamConfig, model) -> tuple[VadamState, VadamInfo]:
-    """One Vadam / Vprop step, Fig. 1 lines 2-7: (vadam.3)-(vadam.9).
+    """Take one Vadam / Vprop step, Fig. 1 lines 2-7.
 
-    batch: Batch(X_B (M, n_in), y_B (M,)); eps: (D, S) standard-normal draws (the paper uses
-    S = 1); model: a refbayes.models model with D parameters. Deterministic given its inputs.
+    (vadam.3)-(vadam.9).  Deterministic given its inputs.
+
+    Parameters
+    ----------
+    state : VadamState
+        Current state.
+    batch : Batch
+        The minibatch rows Batch(X_B (M, n_in), y_B (M,)), 1 <= M <= N.
+    eps : array of shape (D, S)
+        Standard-normal draws, one column per MC sample (the paper uses S = 1).
+    cfg : VadamConfig
+        Hyperparameters.
+    model : FlatModel
+        A refbayes.models model with D parameters.
+
+    Returns
+    -------
+    state : VadamState
+        The state after the step, t + 1.
+    info : VadamInfo
+        The step's intermediates, by equation.
+
+    Raises
+    ------
+    ValueError
+        If state is not a VadamState of finite float (D,) arrays mu, m, s >= 0 of one dtype
+        with a non-negative integer t.
+        Also if cfg is not a VadamConfig with N an integer >= 1, lam a finite real > 0 or a
+        finite (D,) float array > 0 of the state's dtype, alpha > 0 finite, beta1 and beta2 in
+        [0, 1), bias_correction and sqrt bools, and squares in SQUARES.
+        Also if model is not a FlatModel with D parameters; if batch is not a pair (X, y) of
+        finite arrays with 1 <= M <= N rows in the state's dtype (binary labels for a
+        Bernoulli likelihood); if eps is not a finite (D, S >= 1) array of the state's dtype;
+        or if the arrays mix NumPy and CuPy.
     """
     D = _check_state(state)
     xp = xp_of(state.mu, state.s)

@@ -28,7 +28,8 @@ Algorithm 1 as implemented (one step, t -> t + 1):
     mu <- mu - alpha m / (s + delta~ + gamma)                                      (vogn.9)
 The printed sigma line lacks tau and the printed s line weights the old s by (1 - tau beta2):
 for tau != 1 that pair is not a natural-gradient step of the tempered objective (erratum
-E-vogn.1); at tau = 1 the printed lines are what runs here.
+E-vogn.1); at tau = 1 those two printed lines are what runs here. The printed momentum line has
+the full delta where delta~ belongs (erratum E-vogn.2); delta~ runs here.
 
 Special cases:
 - Khan et al. (2018) VON / VOGN: beta1 = 0, alpha = beta2 = beta_t, tau = rho = 1, gamma = 0
@@ -60,6 +61,7 @@ from refbayes._checks import (
     check_float,
     check_in_range,
     check_int,
+    check_positive,
     check_same_dtype,
 )
 from refbayes.backend import xp_of
@@ -95,11 +97,36 @@ CURVATURES = ("ef", "ggn")
 
 
 class VOGNConfig(NamedTuple):
-    """Hyperparameters. alpha, beta1, beta2 default to the official ResNet-18 / CIFAR-10 setting of
-    Osawa et al. (team-approx-bayes/dl-with-bayes, resnet18_vogn_bs256_8gpu.json: lr 1e-4,
-    momentum 0.9 of type 'raw', curvature ema_decay 0.999) and curvature to the paper's squared
-    per-example gradients; gamma, tau, rho default to the untempered, undamped, unaugmented
-    natural-gradient step (that config uses gamma = 1e-3, rho = 10, tau = 1)."""
+    """VOGN hyperparameters.
+
+    alpha, beta1, beta2 default to the official ResNet-18 / CIFAR-10 setting of Osawa et al.
+    (team-approx-bayes/dl-with-bayes, resnet18_vogn_bs256_8gpu.json: lr 1e-4, momentum 0.9 of
+    type 'raw', curvature ema_decay 0.999) and curvature to the paper's squared per-example
+    gradients; gamma, tau, rho default to the untempered, undamped, unaugmented natural-gradient
+    step (that config uses gamma = 1e-3, rho = 10, tau = 1).
+
+    Attributes
+    ----------
+    N : int
+        Training-set size N; N_eff = rho N.  (vogn.2)
+    delta : float or array of shape (D,)
+        Prior precision delta > 0.  (vogn.1), (vogn.2)
+    alpha : float
+        Learning rate alpha > 0.  (vogn.9)
+    beta1 : float
+        Momentum rate beta_1 in [0, 1).  (vogn.7)
+    beta2 : float
+        Curvature running-average rate beta_2 in (0, 1], the weight of the new estimate.
+        (vogn.8)
+    gamma : float
+        External damping gamma >= 0.  (vogn.4), (vogn.9)
+    tau : float
+        Tempering tau > 0, the KL weight.  (vogn.1), (vogn.2), (vogn.4)
+    rho : float
+        Data-augmentation factor rho > 0, N_eff = rho N.  (vogn.2)
+    curvature : {"ef", "ggn"}
+        Squared per-example gradients ("ef") or the diagonal GGN ("ggn").  (vogn.5)
+    """
     N: int                 # training-set size; N_eff = rho N (vogn.2)
     delta: Any             # prior precision delta: float > 0 or (D,) array > 0 (vogn.1), (vogn.2)
     alpha: float = 1e-4    # learning rate alpha > 0 (vogn.9)
@@ -112,6 +139,19 @@ class VOGNConfig(NamedTuple):
 
 
 class VOGNState(NamedTuple):
+    """VOGN state after t steps.
+
+    Attributes
+    ----------
+    mu : array of shape (D,)
+        Mean mu_t.  (vogn.9)
+    s : array of shape (D,)
+        Curvature running average s_t >= 0, in per-example units.  (vogn.8)
+    m : array of shape (D,)
+        Momentum buffer m_t, prior term included.  (vogn.7)
+    t : int
+        Number of steps taken.
+    """
     mu: Array  # mu_t, (D,), (vogn.9)
     s: Array   # s_t >= 0, (D,), curvature running average, per-example units (vogn.8)
     m: Array   # m_t, (D,), momentum buffer incl. the prior term (vogn.7)
@@ -119,6 +159,39 @@ class VOGNState(NamedTuple):
 
 
 class VOGNInfo(NamedTuple):
+    """The named intermediates of one VOGN step, by equation.
+
+    Attributes
+    ----------
+    N_eff : float
+        Effective data size rho N.  (vogn.2)
+    delta_tilde : float or array of shape (D,)
+        Scaled prior precision delta~ = tau delta / N_eff.  (vogn.2)
+    sigma : array of shape (D,)
+        Standard deviation (tau / (N_eff (s_t + delta~ + gamma)))^{1/2}, from the old s.
+        (vogn.4)
+    theta : array of shape (D, S)
+        Draws theta_k = mu + sigma eps_k; mu as (D, 1) for OGN; (D, 0) from ``apply``.
+        (vogn.4)
+    g_k : array of shape (S, D)
+        Per-draw gradient estimates ghat_k; (0, D) from ``apply``.  (vogn.5)
+    h_k : array of shape (S, D)
+        Per-draw curvature estimates hhat_k; (0, D) from ``apply``.  (vogn.5)
+    g_hat : array of shape (D,)
+        Gradient estimate ghat.  (vogn.5), (vogn.6)
+    h_hat : array of shape (D,)
+        Curvature estimate hhat.  (vogn.5), (vogn.6)
+    m : array of shape (D,)
+        Momentum m_{t+1}.  (vogn.7)
+    s : array of shape (D,)
+        Curvature average s_{t+1}.  (vogn.8)
+    prec_diag : array of shape (D,)
+        Precision (N_eff / tau)(s_{t+1} + delta~ + gamma).  (vogn.4)
+    Delta_mu : array of shape (D,)
+        Mean update alpha m_{t+1} / (s_{t+1} + delta~ + gamma).  (vogn.9)
+    mu : array of shape (D,)
+        Mean mu_{t+1}.  (vogn.9)
+    """
     N_eff: float        # rho N (vogn.2)
     delta_tilde: Array  # tau delta / N_eff, scalar or (D,) (vogn.2)
     sigma: Array        # (tau / (N_eff (s_t + delta~ + gamma)))^{1/2}, (D,) (vogn.4)
@@ -135,7 +208,17 @@ class VOGNInfo(NamedTuple):
 
 
 class Estimates(NamedTuple):
-    """One worker's minibatch estimates (vogn.5), or their reduction (vogn.6)."""
+    """One worker's minibatch estimates (vogn.5), or their reduction (vogn.6).
+
+    Attributes
+    ----------
+    g_hat : array of shape (D,)
+        Gradient estimate ghat, a per-example mean.
+    h_hat : array of shape (D,)
+        Curvature estimate hhat, a per-example mean.
+    M : int
+        Number of rows behind the estimate.
+    """
     g_hat: Array  # ghat, (D,)
     h_hat: Array  # hhat, (D,)
     M: int        # rows behind the estimate
@@ -177,24 +260,24 @@ def _scales(cfg, D: int, dtype) -> _Cfg:
     if not isinstance(cfg, VOGNConfig):
         raise ValueError(f"cfg: expected a VOGNConfig, got {type(cfg).__name__}")
     N = check_N(cfg.N)
-    alpha = check_in_range(cfg.alpha, "alpha", 0.0, math.inf, low_open=True, high_open=True)
-    beta1 = check_in_range(cfg.beta1, "beta1", 0.0, 1.0, high_open=True)
-    beta2 = check_in_range(cfg.beta2, "beta2", 0.0, 1.0, low_open=True)
-    gamma = check_in_range(cfg.gamma, "gamma", 0.0, math.inf, high_open=True)
-    tau = check_in_range(cfg.tau, "tau", 0.0, math.inf, low_open=True, high_open=True)
-    rho = check_in_range(cfg.rho, "rho", 0.0, math.inf, low_open=True, high_open=True)
+    # every float finite (check_in_range rejects NaN, and inf at an open bound)
+    alpha = check_in_range(cfg.alpha, "cfg.alpha", 0.0, math.inf, low_open=True, high_open=True)
+    beta1 = check_in_range(cfg.beta1, "cfg.beta1", 0.0, 1.0, high_open=True)
+    beta2 = check_in_range(cfg.beta2, "cfg.beta2", 0.0, 1.0, low_open=True)
+    gamma = check_in_range(cfg.gamma, "cfg.gamma", 0.0, math.inf, high_open=True)
+    tau = check_in_range(cfg.tau, "cfg.tau", 0.0, math.inf, low_open=True, high_open=True)
+    rho = check_in_range(cfg.rho, "cfg.rho", 0.0, math.inf, low_open=True, high_open=True)
     if cfg.curvature not in CURVATURES:
         raise ValueError(f"curvature: expected one of {CURVATURES}, got {cfg.curvature!r}")
     delta = cfg.delta
     if hasattr(delta, "shape"):
-        check_array(delta, "delta", shape=(D,))
-        check_float(delta, "delta")
+        check_array(delta, "cfg.delta", shape=(D,))
+        check_float(delta, "cfg.delta")
         if delta.dtype != dtype:
-            raise ValueError(f"delta: expected dtype {dtype} (the state's), got {delta.dtype}")
-        if not bool(xp_of(delta).all(delta > 0)):
-            raise ValueError(f"delta: expected > 0 everywhere, got min {float(delta.min())}")
+            raise ValueError(f"cfg.delta: expected dtype {dtype} (the state's), got {delta.dtype}")
+        check_positive(delta, "cfg.delta")
     else:
-        delta = check_in_range(delta, "delta", 0.0, math.inf, low_open=True, high_open=True)
+        delta = check_in_range(delta, "cfg.delta", 0.0, math.inf, low_open=True, high_open=True)
     N_eff = rho * N                                                  # (vogn.2)
     delta_tilde = (tau / N_eff) * delta                              # (vogn.2)
     return _Cfg(N_eff, delta_tilde, alpha, beta1, beta2, gamma, tau, cfg.curvature, N)
@@ -226,10 +309,28 @@ def _draws(mu, sigma, eps):
 
 
 def init(mu, s) -> VOGNState:
-    """VOGNState at mean mu (D,) and curvature s (D,) >= 0, with m = 0, t = 0.
+    """Create the initial VOGNState at mean mu and curvature s, with m = 0 and t = 0.
 
     The official code's ``init_precision`` p_0 corresponds to s = p_0 - delta~ (vogn.md,
     Conventions); Khan et al.'s ``prec_init`` P_0 to s = (P_0 - delta) / N.
+
+    Parameters
+    ----------
+    mu : array of shape (D,)
+        Initial mean.
+    s : array of shape (D,)
+        Initial curvature average, >= 0, same dtype as mu.
+
+    Returns
+    -------
+    VOGNState
+        The state (mu, s, zeros, 0).
+
+    Raises
+    ------
+    ValueError
+        If mu is not a finite float 1-d array, s not a finite (D,) array >= 0 of mu's dtype,
+        or the arrays mix NumPy and CuPy.
     """
     check_array(mu, "mu", ndim=1)
     check_float(mu, "mu")
@@ -242,8 +343,36 @@ def init(mu, s) -> VOGNState:
 
 
 def sample(state: VOGNState, eps, cfg: VOGNConfig):
-    """theta = mu + sigma * eps (D, S) for eps (D, S), sigma of (vogn.4) (cfg gives N, rho, tau,
-    delta, gamma)."""
+    """Draw theta = mu + sigma * eps from the VOGN Gaussian.
+
+    sigma = (tau / (N_eff (s + delta~ + gamma)))^{1/2} of (vogn.4); cfg gives N, rho, tau,
+    delta and gamma.
+
+    Parameters
+    ----------
+    state : VOGNState
+        Current state (mu, s, m, t).
+    eps : array of shape (D, S)
+        Standard-normal draws from the caller, one column per sample.
+    cfg : VOGNConfig
+        Hyperparameters (N, delta, alpha, beta1, beta2, gamma, tau, rho, curvature).
+
+    Returns
+    -------
+    array of shape (D, S)
+        The draws theta.
+
+    Raises
+    ------
+    ValueError
+        If state is not a VOGNState of finite float (D,) arrays mu, s >= 0, m of one dtype
+        with a non-negative integer t.
+        If cfg is not a VOGNConfig with N an integer >= 1, alpha > 0, beta1 in [0, 1),
+        beta2 in (0, 1], gamma >= 0, tau > 0, rho > 0, curvature in CURVATURES, and delta a
+        float > 0 or a finite (D,) array > 0 in the state's dtype.
+        Also if eps is not a finite (D, S >= 1) array of the state's dtype, or the arrays mix
+        NumPy and CuPy.
+    """
     D, _ = _check_state(state)
     c = _scales(cfg, D, state.mu.dtype)
     if eps is None:
@@ -254,13 +383,59 @@ def sample(state: VOGNState, eps, cfg: VOGNConfig):
 
 
 def prec_diag(state: VOGNState, cfg: VOGNConfig):
-    """The Gaussian's precision (N_eff / tau)(s + delta~ + gamma) (D,).  (vogn.4)"""
+    """Compute the Gaussian's diagonal precision (N_eff / tau)(s + delta~ + gamma).
+
+    (vogn.4)
+
+    Parameters
+    ----------
+    state : VOGNState
+        Current state (mu, s, m, t).
+    cfg : VOGNConfig
+        Hyperparameters (N, delta, alpha, beta1, beta2, gamma, tau, rho, curvature).
+
+    Returns
+    -------
+    array of shape (D,)
+        The precision diagonal, 1 / sigma^2.
+
+    Raises
+    ------
+    ValueError
+        If state is not a VOGNState of finite float (D,) arrays mu, s >= 0, m of one dtype
+        with a non-negative integer t.
+        If cfg is not a VOGNConfig with N an integer >= 1, alpha > 0, beta1 in [0, 1),
+        beta2 in (0, 1], gamma >= 0, tau > 0, rho > 0, curvature in CURVATURES, and delta a
+        float > 0 or a finite (D,) array > 0 in the state's dtype.
+    """
     D, _ = _check_state(state)
     return _prec(state.s, _scales(cfg, D, state.mu.dtype))
 
 
 def dense_covariance(state: VOGNState, cfg: VOGNConfig):
-    """diag(1 / prec_diag) (D, D), for tests."""
+    """Form the dense covariance diag(1 / prec_diag), for tests.
+
+    Parameters
+    ----------
+    state : VOGNState
+        Current state (mu, s, m, t).
+    cfg : VOGNConfig
+        Hyperparameters (N, delta, alpha, beta1, beta2, gamma, tau, rho, curvature).
+
+    Returns
+    -------
+    array of shape (D, D)
+        The covariance diag(1 / prec_diag).
+
+    Raises
+    ------
+    ValueError
+        If state is not a VOGNState of finite float (D,) arrays mu, s >= 0, m of one dtype
+        with a non-negative integer t.
+        If cfg is not a VOGNConfig with N an integer >= 1, alpha > 0, beta1 in [0, 1),
+        beta2 in (0, 1], gamma >= 0, tau > 0, rho > 0, curvature in CURVATURES, and delta a
+        float > 0 or a finite (D,) array > 0 in the state's dtype.
+    """
     return xp_of(state.mu).diag(1 / prec_diag(state, cfg))
 
 
@@ -293,19 +468,72 @@ def _local(state, batch, eps, cfg, model):
 
 
 def local_estimates(state: VOGNState, batch, eps, cfg: VOGNConfig, model) -> Estimates:
-    """One worker's Estimates(ghat, hhat, M) on its rows: means over the M rows and the S draws
-    theta_k = mu + sigma eps_k (eps=None: at mu, OGN).  (vogn.4), (vogn.5)
+    """Compute one worker's Estimates(ghat, hhat, M) on its own rows.
 
+    Means over the M rows and the S draws theta_k = mu + sigma eps_k (eps=None: at mu, OGN).
     Every worker must get the same eps for the data-parallel step to equal the one-worker step.
+    (vogn.4), (vogn.5)
+
+    Parameters
+    ----------
+    state : VOGNState
+        Current state (mu, s, m, t).
+    batch : Batch
+        The worker's rows Batch(X_B (M, n_in), y_B (M,)), 1 <= M <= N.
+    eps : array of shape (D, S) or None
+        Standard-normal draws from the caller, one column per MC sample; None for OGN
+        (evaluate at theta = mu, vogn.10).
+    cfg : VOGNConfig
+        Hyperparameters (N, delta, alpha, beta1, beta2, gamma, tau, rho, curvature).
+    model : FlatModel
+        A refbayes.models model with D parameters.
+
+    Returns
+    -------
+    Estimates
+        The worker's (g_hat (D,), h_hat (D,), M).
+
+    Raises
+    ------
+    ValueError
+        If state is not a VOGNState of finite float (D,) arrays mu, s >= 0, m of one dtype
+        with a non-negative integer t.
+        If cfg is not a VOGNConfig with N an integer >= 1, alpha > 0, beta1 in [0, 1),
+        beta2 in (0, 1], gamma >= 0, tau > 0, rho > 0, curvature in CURVATURES, and delta a
+        float > 0 or a finite (D,) array > 0 in the state's dtype.
+        If model is not a FlatModel with D parameters; if batch is not a pair (X, y) of
+        finite arrays with 1 <= M <= N rows, X (M, n_in) and real targets in the state's dtype
+        (binary labels for a Bernoulli likelihood); if eps is not a finite (D, S >= 1) array of
+        the state's dtype; or if the arrays mix NumPy and CuPy.
     """
     _, _, _, g_k, h_k, M = _local(state, batch, eps, cfg, model)
     return Estimates(g_k.mean(axis=0), h_k.mean(axis=0), M)  # (vogn.5)
 
 
 def allreduce(estimates) -> Estimates:
-    """The M-weighted mean of the workers' Estimates: ghat = sum_w M_w ghat_w / sum_w M_w, the same
-    for hhat, M = sum_w M_w. Equals the one-worker estimate on the concatenated rows; reduces to
-    the plain mean (an AllReduce average) when all M_w are equal.  (vogn.6)"""
+    """Reduce the workers' Estimates to their M-weighted mean.
+
+    ghat = sum_w M_w ghat_w / sum_w M_w, the same for hhat, M = sum_w M_w.  Equals the
+    one-worker estimate on the concatenated rows; reduces to the plain mean (an AllReduce
+    average) when all M_w are equal.  (vogn.6)
+
+    Parameters
+    ----------
+    estimates : list of Estimates
+        One Estimates(g_hat (D,), h_hat (D,), M_w) per worker, at least one.
+
+    Returns
+    -------
+    Estimates
+        The reduced (g_hat (D,), h_hat (D,), sum_w M_w).
+
+    Raises
+    ------
+    ValueError
+        If estimates is not a non-empty list of triples, a g_hat is not a finite float 1-d
+        array of the common shape, an h_hat is not finite of g_hat's shape, an M_w is not an
+        integer >= 1, the arrays differ in dtype, or they mix NumPy and CuPy.
+    """
     if not isinstance(estimates, (list, tuple)) or len(estimates) == 0:
         raise ValueError("estimates: expected a non-empty list of Estimates(g_hat, h_hat, M), "
                          f"got {estimates!r:.80}")
@@ -340,6 +568,7 @@ def _update(state, g_hat, h_hat, c: _Cfg, sigma):
     """(vogn.7)-(vogn.9) from the reduced estimates; returns (new state, info without draws)."""
     xp = xp_of(state.mu)
     mu, s = state.mu, state.s
+    # NOTE: printed (ghat + delta mu), full delta: the mean settles under an N-times prior (E-vogn.2)
     m = c.beta1 * state.m + (g_hat + c.delta_tilde * mu)                   # (vogn.7)
     s_new = (1 - c.beta2) * s + c.beta2 * h_hat                            # (vogn.8)  NOTE: printed (1 - tau beta2) s, E-vogn.1
     Delta_mu = c.alpha * m / (s_new + c.delta_tilde + c.gamma)            # (vogn.9)
@@ -351,9 +580,38 @@ def _update(state, g_hat, h_hat, c: _Cfg, sigma):
 
 
 def apply(state: VOGNState, g_hat, h_hat, cfg: VOGNConfig) -> tuple[VOGNState, VOGNInfo]:
-    """The update (vogn.7)-(vogn.9) from reduced estimates ghat, hhat (D,) (e.g. from ``allreduce``).
+    """Apply the update (vogn.7)-(vogn.9) from reduced estimates (e.g. from ``allreduce``).
 
     info.theta is (D, 0) and info.g_k, info.h_k are (0, D): the draws belong to the workers.
+
+    Parameters
+    ----------
+    state : VOGNState
+        Current state (mu, s, m, t).
+    g_hat : array of shape (D,)
+        Reduced gradient estimate, in the state's dtype.
+    h_hat : array of shape (D,)
+        Reduced curvature estimate, >= 0, in the state's dtype.
+    cfg : VOGNConfig
+        Hyperparameters (N, delta, alpha, beta1, beta2, gamma, tau, rho, curvature).
+
+    Returns
+    -------
+    state : VOGNState
+        The state after the step, t + 1.
+    info : VOGNInfo
+        The step's intermediates.
+
+    Raises
+    ------
+    ValueError
+        If state is not a VOGNState of finite float (D,) arrays mu, s >= 0, m of one dtype
+        with a non-negative integer t.
+        If cfg is not a VOGNConfig with N an integer >= 1, alpha > 0, beta1 in [0, 1),
+        beta2 in (0, 1], gamma >= 0, tau > 0, rho > 0, curvature in CURVATURES, and delta a
+        float > 0 or a finite (D,) array > 0 in the state's dtype.
+        Also if g_hat or h_hat is not a finite (D,) array of the state's dtype, h_hat has a
+        negative entry, or the arrays mix NumPy and CuPy.
     """
     D, _ = _check_state(state)
     c = _scales(cfg, D, state.mu.dtype)
@@ -367,12 +625,45 @@ def apply(state: VOGNState, g_hat, h_hat, cfg: VOGNConfig) -> tuple[VOGNState, V
 
 
 def step(state: VOGNState, batch, eps, cfg: VOGNConfig, model) -> tuple[VOGNState, VOGNInfo]:
-    """One VOGN step (Algorithm 1 of Osawa et al. 2019, corrected as in vogn.md): (vogn.2)-(vogn.9).
+    """Take one VOGN step (Algorithm 1 of Osawa et al. 2019, corrected as in vogn.md).
 
-    batch: Batch(X_B (M, n_in), y_B (M,)); eps: (D, S) standard-normal draws, one column per MC
-    sample, or None for OGN (evaluate at mu); model: a refbayes.models model with D parameters.
-    Equal to apply(state, *allreduce([local_estimates(state, batch, eps, cfg, model)])[:2], cfg)
-    with the draws and per-sample estimates kept in the info. Deterministic given its inputs.
+    (vogn.2)-(vogn.9).  Equal to
+    apply(state, *allreduce([local_estimates(state, batch, eps, cfg, model)])[:2], cfg) with the
+    draws and per-sample estimates kept in the info.  Deterministic given its inputs.
+
+    Parameters
+    ----------
+    state : VOGNState
+        Current state (mu, s, m, t).
+    batch : Batch
+        The minibatch rows Batch(X_B (M, n_in), y_B (M,)), 1 <= M <= N.
+    eps : array of shape (D, S) or None
+        Standard-normal draws from the caller, one column per MC sample; None for OGN
+        (evaluate at theta = mu, vogn.10).
+    cfg : VOGNConfig
+        Hyperparameters (N, delta, alpha, beta1, beta2, gamma, tau, rho, curvature).
+    model : FlatModel
+        A refbayes.models model with D parameters.
+
+    Returns
+    -------
+    state : VOGNState
+        The state after the step, t + 1.
+    info : VOGNInfo
+        The step's intermediates, by equation.
+
+    Raises
+    ------
+    ValueError
+        If state is not a VOGNState of finite float (D,) arrays mu, s >= 0, m of one dtype
+        with a non-negative integer t.
+        If cfg is not a VOGNConfig with N an integer >= 1, alpha > 0, beta1 in [0, 1),
+        beta2 in (0, 1], gamma >= 0, tau > 0, rho > 0, curvature in CURVATURES, and delta a
+        float > 0 or a finite (D,) array > 0 in the state's dtype.
+        If model is not a FlatModel with D parameters; if batch is not a pair (X, y) of
+        finite arrays with 1 <= M <= N rows, X (M, n_in) and real targets in the state's dtype
+        (binary labels for a Bernoulli likelihood); if eps is not a finite (D, S >= 1) array of
+        the state's dtype; or if the arrays mix NumPy and CuPy.
     """
     c, sigma, theta, g_k, h_k, M = _local(state, batch, eps, cfg, model)  # (vogn.2)-(vogn.5)
     g_hat, h_hat, _ = _reduce([Estimates(g_k.mean(axis=0), h_k.mean(axis=0), M)])  # (vogn.5), (vogn.6)

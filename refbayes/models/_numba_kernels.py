@@ -130,8 +130,11 @@ def per_example_grads_numba(theta, X, sizes, bias, activation, r_of_f):
 
 
 def warmup():
-    """Compile (or load from the disk cache) the float64 and float32 kernels (the activation is a
-    runtime code, so one specialization per dtype serves them all)."""
+    """Compile (or load from the disk cache) the float64 and float32 per-example-gradient kernels.
+
+    The activation is a runtime code, so one specialization per dtype serves them all.  Calling
+    it first keeps the compilation out of the first ``per_example_grads(..., impl="numba")``.
+    """
     for dtype in (np.float64, np.float32):
         theta = np.zeros(layout((2, 2, 1), True).D, dtype=dtype)
         X = np.zeros((1, 2), dtype=dtype)

@@ -31,7 +31,17 @@ IMPLS = ("numba", "vectorized", "autograd")
 
 
 class KFACLayer(NamedTuple):
-    """K-FAC ingredients of one layer l, for the loss and labels given. (peg.12)"""
+    """K-FAC ingredients of one layer l, for the loss and labels given.
+
+    (peg.12)
+
+    Attributes
+    ----------
+    a : array of shape (M, n_{l-1})
+        The layer's per-example input a_{l-1} (a_0 = X).
+    g : array of shape (M, n_l)
+        Per-example pre-activation gradient g_l = dl_i/dz_l (= delta_l).
+    """
     a: object  # a_{l-1}, (M, n_{l-1}): the layer's per-example input (a_0 = X)
     g: object  # g_l = dl_i/dz_l, (M, n_l): per-example pre-activation gradient (= delta_l)
 
@@ -39,9 +49,32 @@ class KFACLayer(NamedTuple):
 class FlatModel:
     """A dense network x -> f(x; theta) with a likelihood p(y | f); hyperparameters only.
 
-    Attributes: ``sizes`` (tuple, [n_in, ..., n_out]), ``D`` (number of parameters),
-    ``activation`` (hidden layers; the last layer is linear), ``likelihood`` (a likelihood
-    instance from refbayes.models.likelihoods), ``bias`` (whether each layer has b_l).
+    The base class of ``MLP``, ``LogisticRegression`` and ``SoftmaxRegression``; build those
+    (they validate their arguments) rather than this one.  Instances are immutable.
+
+    Parameters
+    ----------
+    sizes : sequence of int
+        Layer widths [n_in, hidden..., n_out].
+    activation : str
+        Activation of the hidden layers ("relu", "tanh", "sigmoid"); the last layer is linear.
+    likelihood : Gaussian, Bernoulli or Categorical
+        Observation model p(y | f), from refbayes.models.likelihoods.
+    bias : bool
+        Whether each layer has a bias b_l.
+
+    Attributes
+    ----------
+    sizes : tuple of int
+        Layer widths [n_in, ..., n_out].
+    activation : str
+        Activation of the hidden layers.
+    likelihood : Gaussian, Bernoulli or Categorical
+        Observation model p(y | f).
+    bias : bool
+        Whether each layer has b_l.
+    D : int
+        Number of parameters, len(theta).
     """
 
     __slots__ = ("sizes", "activation", "likelihood", "bias", "D")
@@ -66,6 +99,7 @@ class FlatModel:
 
     @property
     def n_layers(self) -> int:
+        """Number of layers L = len(sizes) - 1 (weight matrices W_1, ..., W_L)."""
         return len(self.sizes) - 1
 
     # ---- validation ------------------------------------------------------------------------
@@ -103,13 +137,49 @@ class FlatModel:
     # ---- parameters ------------------------------------------------------------------------
 
     def unflatten(self, theta):
-        """theta (D,) -> [(W_l (n_{l-1}, n_l), b_l (n_l,) or None)], views into theta (row-major W_l)."""
+        """Split theta into per-layer weights and biases (views into theta, row-major W_l).
+
+        Parameters
+        ----------
+        theta : array of shape (D,)
+            Flat parameter vector (float64 or float32).
+
+        Returns
+        -------
+        list of tuple
+            [(W_l (n_{l-1}, n_l), b_l (n_l,) or None)] for l = 1..L.
+
+        Raises
+        ------
+        ValueError
+            If theta is not a finite float (D,) array.
+        """
         xp_of(theta)
         self._check_theta(theta)
         return _layers.unflatten(theta, self.sizes, self.bias)
 
     def flatten(self, params):
-        """[(W_l, b_l)] -> theta (D,) = concat(vec_row_major(W_1), b_1, ..., vec(W_L), b_L)."""
+        """Concatenate per-layer weights and biases into theta, the inverse of ``unflatten``.
+
+        theta = concat(vec_row_major(W_1), b_1, ..., vec(W_L), b_L).
+
+        Parameters
+        ----------
+        params : list of tuple
+            L pairs (W_l (n_{l-1}, n_l), b_l (n_l,)), with b_l None when the model has no bias.
+
+        Returns
+        -------
+        array of shape (D,)
+            The flat parameter vector theta.
+
+        Raises
+        ------
+        ValueError
+            If params is not a list of L (W, b) pairs, a W_l or b_l is not a finite real array
+            of its shape, b_l is None with a bias or an array without one, the arrays differ in
+            dtype, or they mix NumPy and CuPy.
+        """
         if not isinstance(params, (list, tuple)) or len(params) != self.n_layers:
             raise ValueError(f"params: expected a list of {self.n_layers} (W, b) pairs, "
                              f"got {type(params).__name__} of length "
@@ -135,10 +205,27 @@ class FlatModel:
         return xp.concatenate(pieces)
 
     def init_theta(self, rng, dtype=np.float64):
-        """Glorot-uniform theta (NumPy): W_l ~ U(-s, s), s = sqrt(6 / (n_{l-1} + n_l)); b_l = 0.
+        """Draw a Glorot-uniform theta (NumPy): W_l ~ U(-s, s), s = sqrt(6 / (n_{l-1} + n_l)).
 
-        ``rng`` is a numpy.random.Generator owned by the caller (weights drawn layer by layer in
-        theta order); move the result to the GPU explicitly if needed.
+        Biases are zero; weights are drawn layer by layer in theta order.  Move the result to
+        the GPU explicitly if needed.
+
+        Parameters
+        ----------
+        rng : numpy.random.Generator
+            Generator owned by the caller.
+        dtype : numpy dtype, default numpy.float64
+            Either float64 or float32.
+
+        Returns
+        -------
+        numpy.ndarray of shape (D,)
+            The initial theta, in ``dtype``.
+
+        Raises
+        ------
+        ValueError
+            If rng is not a numpy.random.Generator or dtype is neither float64 nor float32.
         """
         if not isinstance(rng, np.random.Generator):
             raise ValueError(f"rng: expected a numpy.random.Generator, got {type(rng).__name__}")
@@ -159,23 +246,111 @@ class FlatModel:
         return params, acts, f
 
     def forward(self, theta, X):
-        """f = z_L (M, n_out): h_0 = X, h_l = act(h_{l-1} W_l + b_l), last layer linear. (peg.1)"""
+        """Compute the network output f = z_L.
+
+        h_0 = X, h_l = act(h_{l-1} W_l + b_l), last layer linear.  (peg.1)
+
+        Parameters
+        ----------
+        theta : array of shape (D,)
+            Flat parameter vector (float64 or float32).
+        X : array of shape (M, n_in)
+            Inputs, M >= 1, same dtype as theta.
+
+        Returns
+        -------
+        array of shape (M, n_out)
+            The outputs f.
+
+        Raises
+        ------
+        ValueError
+        If theta is not a finite float (D,) array, X is not a finite float (M, n_in) array
+        with M >= 1 in theta's dtype, or the arrays mix NumPy and CuPy.
+        """
         xp, theta, X, _ = self._inputs(theta, X, need_y=False)
         return self._forward(xp, theta, X)[2]
 
     def predict(self, theta, X):
-        """The predictive mean E[y | x, theta]: gaussian f (M, n_out); bernoulli p(y=1) (M,);
-        categorical class probabilities (M, C)."""
+        """Compute the predictive mean E[y | x, theta] of the likelihood at the outputs f.
+
+        Parameters
+        ----------
+        theta : array of shape (D,)
+            Flat parameter vector (float64 or float32).
+        X : array of shape (M, n_in)
+            Inputs, M >= 1, same dtype as theta.
+
+        Returns
+        -------
+        array of shape (M, n_out), (M,) or (M, C)
+            Gaussian: f (M, n_out); bernoulli: p(y = 1) (M,); categorical: the class
+            probabilities (M, C).
+
+        Raises
+        ------
+        ValueError
+        If theta is not a finite float (D,) array, X is not a finite float (M, n_in) array
+        with M >= 1 in theta's dtype, or the arrays mix NumPy and CuPy.
+        """
         xp, theta, X, _ = self._inputs(theta, X, need_y=False)
         return self.likelihood._mean(xp, self._forward(xp, theta, X)[2])
 
     def per_example_losses(self, theta, X, y):
-        """l_i = -log p(y_i | x_i, theta), shape (M,). (peg.13)-(peg.15)"""
+        """Compute the per-example negative log-likelihoods l_i = -log p(y_i | x_i, theta).
+
+        (peg.13)-(peg.15)
+
+        Parameters
+        ----------
+        theta : array of shape (D,)
+            Flat parameter vector (float64 or float32).
+        X : array of shape (M, n_in)
+            Inputs, M >= 1, same dtype as theta.
+        y : array of shape (M,) or (M, n_out)
+            Targets: labels (M,) for classification; reals (M,) or (M, n_out) for the gaussian
+            likelihood.
+
+        Returns
+        -------
+        array of shape (M,)
+            The losses l_i, constants included.
+
+        Raises
+        ------
+        ValueError
+        If theta is not a finite float (D,) array, X is not a finite float (M, n_in) array
+        with M >= 1 in theta's dtype, or the arrays mix NumPy and CuPy.
+        Also if y is None or does not fit the likelihood (see its ``check_targets``).
+        """
         xp, theta, X, y = self._inputs(theta, X, y)
         return self.likelihood._losses(xp, self._forward(xp, theta, X)[2], y)
 
     def loss(self, theta, X, y):
-        """sum_i l_i (a 0-d array of theta's dtype on theta's backend)."""
+        """Compute the summed loss sum_i l_i, l_i = -log p(y_i | x_i, theta).
+
+        Parameters
+        ----------
+        theta : array of shape (D,)
+            Flat parameter vector (float64 or float32).
+        X : array of shape (M, n_in)
+            Inputs, M >= 1, same dtype as theta.
+        y : array of shape (M,) or (M, n_out)
+            Targets: labels (M,) for classification; reals (M,) or (M, n_out) for the gaussian
+            likelihood.
+
+        Returns
+        -------
+        array of shape ()
+            The loss, a 0-d array of theta's dtype on theta's backend.
+
+        Raises
+        ------
+        ValueError
+        If theta is not a finite float (D,) array, X is not a finite float (M, n_in) array
+        with M >= 1 in theta's dtype, or the arrays mix NumPy and CuPy.
+        Also if y is None or does not fit the likelihood (see its ``check_targets``).
+        """
         return self.per_example_losses(theta, X, y).sum()
 
     # ---- gradients ---------------------------------------------------------------------------
@@ -186,18 +361,68 @@ class FlatModel:
         return acts, _layers.backward(params, acts, r, self.activation)
 
     def grad(self, theta, X, y):
-        """g = sum_i dl_i/dtheta (D,), by backprop of r = dl/df without forming per-example rows. (peg.6)"""
+        """Compute the summed gradient g = sum_i dl_i/dtheta.
+
+        Backprop of r = dl/df, without forming per-example rows.  (peg.6)
+
+        Parameters
+        ----------
+        theta : array of shape (D,)
+            Flat parameter vector (float64 or float32).
+        X : array of shape (M, n_in)
+            Inputs, M >= 1, same dtype as theta.
+        y : array of shape (M,) or (M, n_out)
+            Targets: labels (M,) for classification; reals (M,) or (M, n_out) for the gaussian
+            likelihood.
+
+        Returns
+        -------
+        array of shape (D,)
+            The gradient g.
+
+        Raises
+        ------
+        ValueError
+        If theta is not a finite float (D,) array, X is not a finite float (M, n_in) array
+        with M >= 1 in theta's dtype, or the arrays mix NumPy and CuPy.
+        Also if y is None or does not fit the likelihood (see its ``check_targets``).
+        """
         xp, theta, X, y = self._inputs(theta, X, y)
         acts, deltas = self._residual_pass(xp, theta, X, y)
         return _layers.summed_blocks(xp, acts, deltas, self.bias)
 
     def per_example_grads(self, theta, X, y, impl=None):
-        """G (M, D), G[i] = dl_i/dtheta, so G.sum(0) == grad. (peg.4)
+        """Compute the per-example gradients G[i] = dl_i/dtheta, so G.sum(0) == grad.
 
-        impl: "numba" (jitted loops; NumPy only; the default on NumPy except for the one-layer
-        linear models, where "vectorized" is faster), "vectorized" (batched
-        outer products via einsum; NumPy or CuPy; the default on CuPy), "autograd" (a loop of
-        autograd.grad over examples, the oracle; NumPy only). All agree to rounding.
+        (peg.4)  All implementations agree to rounding.
+
+        Parameters
+        ----------
+        theta : array of shape (D,)
+            Flat parameter vector (float64 or float32).
+        X : array of shape (M, n_in)
+            Inputs, M >= 1, same dtype as theta.
+        y : array of shape (M,) or (M, n_out)
+            Targets: labels (M,) for classification; reals (M,) or (M, n_out) for the gaussian
+            likelihood.
+        impl : {"numba", "vectorized", "autograd"}, optional
+            "numba" (jitted loops; NumPy only; the default on NumPy except for the one-layer
+            linear models, where "vectorized" is faster), "vectorized" (batched outer products
+            via einsum; NumPy or CuPy; the default on CuPy), "autograd" (a loop of
+            autograd.grad over examples, the oracle; NumPy only).
+
+        Returns
+        -------
+        array of shape (M, D)
+            The per-example gradients G.
+
+        Raises
+        ------
+        ValueError
+        If theta is not a finite float (D,) array, X is not a finite float (M, n_in) array
+        with M >= 1 in theta's dtype, or the arrays mix NumPy and CuPy.
+        Also if y is None or does not fit the likelihood (see its ``check_targets``).
+            Also if impl is not one of IMPLS, or is "numba" or "autograd" with CuPy arrays.
         """
         xp = xp_of(theta, X, y)
         impl = (self._numpy_impl if xp is np else "vectorized") if impl is None else impl
@@ -238,7 +463,28 @@ class FlatModel:
         return _layers.per_example_blocks(xp, acts, deltas, self.bias)
 
     def jacobian(self, theta, X):
-        """J (M, K, D), J[i, k] = d f_ik / d theta: backprop of the K unit seeds e_k. (peg.7)"""
+        """Compute the output Jacobians J[i, k] = d f_ik / d theta.
+
+        Backprop of the K = n_out unit seeds e_k.  (peg.7)
+
+        Parameters
+        ----------
+        theta : array of shape (D,)
+            Flat parameter vector (float64 or float32).
+        X : array of shape (M, n_in)
+            Inputs, M >= 1, same dtype as theta.
+
+        Returns
+        -------
+        array of shape (M, K, D)
+            The Jacobians J.
+
+        Raises
+        ------
+        ValueError
+        If theta is not a finite float (D,) array, X is not a finite float (M, n_in) array
+        with M >= 1 in theta's dtype, or the arrays mix NumPy and CuPy.
+        """
         xp, theta, X, _ = self._inputs(theta, X, need_y=False)
         M, K = X.shape[0], self.sizes[-1]
         params, acts, _ = self._forward(xp, theta, X)
@@ -246,7 +492,32 @@ class FlatModel:
         return self._seeded_rows(xp, params, acts, seeds)
 
     def ggn(self, theta, X, y):
-        """Dense GGN (D, D) = sum_i J_i^T H_i J_i, H_i = d^2 l_i / df_i^2. (peg.8)"""
+        """Form the dense generalized Gauss-Newton matrix sum_i J_i^T H_i J_i.
+
+        H_i = d^2 l_i / df_i^2 from the likelihood.  (peg.8)
+
+        Parameters
+        ----------
+        theta : array of shape (D,)
+            Flat parameter vector (float64 or float32).
+        X : array of shape (M, n_in)
+            Inputs, M >= 1, same dtype as theta.
+        y : array of shape (M,) or (M, n_out)
+            Targets: labels (M,) for classification; reals (M,) or (M, n_out) for the gaussian
+            likelihood.
+
+        Returns
+        -------
+        array of shape (D, D)
+            The GGN.
+
+        Raises
+        ------
+        ValueError
+        If theta is not a finite float (D,) array, X is not a finite float (M, n_in) array
+        with M >= 1 in theta's dtype, or the arrays mix NumPy and CuPy.
+        Also if y is None or does not fit the likelihood (see its ``check_targets``).
+        """
         xp, theta, X, y = self._inputs(theta, X, y)
         M, K = X.shape[0], self.sizes[-1]
         params, acts, f = self._forward(xp, theta, X)
@@ -256,7 +527,33 @@ class FlatModel:
         return xp.einsum("mkd,mke->de", J, HJ)  # (peg.8)
 
     def hessian(self, theta, X, y):
-        """Dense Hessian (D, D) of sum_i l_i, by autograd (NumPy only). (peg.17)"""
+        """Form the dense Hessian of sum_i l_i, by autograd (NumPy only).
+
+        (peg.17)
+
+        Parameters
+        ----------
+        theta : array of shape (D,)
+            Flat parameter vector (float64 or float32).
+        X : array of shape (M, n_in)
+            Inputs, M >= 1, same dtype as theta.
+        y : array of shape (M,) or (M, n_out)
+            Targets: labels (M,) for classification; reals (M,) or (M, n_out) for the gaussian
+            likelihood.
+
+        Returns
+        -------
+        numpy.ndarray of shape (D, D)
+            The Hessian, in theta's dtype.
+
+        Raises
+        ------
+        ValueError
+        If theta is not a finite float (D,) array, X is not a finite float (M, n_in) array
+        with M >= 1 in theta's dtype, or the arrays mix NumPy and CuPy.
+        Also if y is None or does not fit the likelihood (see its ``check_targets``).
+            Also if the arrays are CuPy arrays.
+        """
         xp, theta, X, y = self._inputs(theta, X, y)
         if xp is not np:
             raise ValueError("theta: the autograd Hessian needs NumPy arrays, got CuPy arrays")
@@ -265,7 +562,32 @@ class FlatModel:
         return np.asarray(H, dtype=theta.dtype)
 
     def diag_ggn(self, theta, X, y):
-        """diag(GGN) (D,) = sum_i sum_r (J_i^T c_{i,r})^2 with H_i = C_i C_i^T, no D x D. (peg.9)-(peg.10)"""
+        """Compute the GGN diagonal without forming a D x D matrix.
+
+        diag(GGN) = sum_i sum_r (J_i^T c_{i,r})^2 with H_i = C_i C_i^T.  (peg.9)-(peg.10)
+
+        Parameters
+        ----------
+        theta : array of shape (D,)
+            Flat parameter vector (float64 or float32).
+        X : array of shape (M, n_in)
+            Inputs, M >= 1, same dtype as theta.
+        y : array of shape (M,) or (M, n_out)
+            Targets: labels (M,) for classification; reals (M,) or (M, n_out) for the gaussian
+            likelihood.
+
+        Returns
+        -------
+        array of shape (D,)
+            The diagonal of the GGN.
+
+        Raises
+        ------
+        ValueError
+        If theta is not a finite float (D,) array, X is not a finite float (M, n_in) array
+        with M >= 1 in theta's dtype, or the arrays mix NumPy and CuPy.
+        Also if y is None or does not fit the likelihood (see its ``check_targets``).
+        """
         xp, theta, X, y = self._inputs(theta, X, y)
         params, acts, f = self._forward(xp, theta, X)
         C = self.likelihood._hess_factor(f, y)  # (M, K, R)
@@ -274,18 +596,70 @@ class FlatModel:
         return _layers.sum_sq_blocks(xp, acts, e, self.bias)  # (peg.10)
 
     def diag_ef(self, theta, X, y):
-        """Diagonal empirical Fisher (D,) = sum_i g_i^2, g_i = dl_i/dtheta, no (M, D) rows. (peg.11)"""
+        """Compute the diagonal empirical Fisher sum_i g_i^2, g_i = dl_i/dtheta.
+
+        No (M, D) rows are formed.  (peg.11)
+
+        Parameters
+        ----------
+        theta : array of shape (D,)
+            Flat parameter vector (float64 or float32).
+        X : array of shape (M, n_in)
+            Inputs, M >= 1, same dtype as theta.
+        y : array of shape (M,) or (M, n_out)
+            Targets: labels (M,) for classification; reals (M,) or (M, n_out) for the gaussian
+            likelihood.
+
+        Returns
+        -------
+        array of shape (D,)
+            The diagonal empirical Fisher.
+
+        Raises
+        ------
+        ValueError
+        If theta is not a finite float (D,) array, X is not a finite float (M, n_in) array
+        with M >= 1 in theta's dtype, or the arrays mix NumPy and CuPy.
+        Also if y is None or does not fit the likelihood (see its ``check_targets``).
+        """
         xp, theta, X, y = self._inputs(theta, X, y)
         acts, deltas = self._residual_pass(xp, theta, X, y)
         return _layers.sum_sq_blocks(xp, acts, [d * d for d in deltas], self.bias)  # (peg.11)
 
     def sample_moments(self, thetas, X, y, curvature=None):
-        """(g (S, D), h (S, D) or None) for S parameter vectors thetas (S, D) in one batched pass:
-        g[s] = sum_i dl_i/dtheta at theta_s (peg.6), and with curvature="ef" h[s] = sum_i g_i^2
-        (peg.11) or with curvature="ggn" h[s] = diag(sum_i J_i^T H_i J_i) (peg.9)-(peg.10).
+        """Compute gradients and curvature diagonals at S parameter vectors in one batched pass.
 
-        Equal to S calls of ``grad`` and ``diag_ef`` / ``diag_ggn``; one matmul per layer for all S
-        vectors (Monte Carlo samples) instead of a Python loop, and no (M, D) rows.
+        g[s] = sum_i dl_i/dtheta at theta_s (peg.6); with curvature="ef" h[s] = sum_i g_i^2
+        (peg.11), with curvature="ggn" h[s] = diag(sum_i J_i^T H_i J_i) (peg.9)-(peg.10).
+        Equal to S calls of ``grad`` and ``diag_ef`` / ``diag_ggn``; one matmul per layer for all
+        S vectors (Monte Carlo samples) instead of a Python loop, and no (M, D) rows.
+
+        Parameters
+        ----------
+        thetas : array of shape (S, D)
+            S >= 1 parameter vectors (float64 or float32).
+        X : array of shape (M, n_in)
+            Inputs, M >= 1, same dtype as thetas.
+        y : array of shape (M,) or (M, n_out)
+            Targets: labels (M,) for classification; reals (M,) or (M, n_out) for the gaussian
+            likelihood.
+        curvature : {None, "ef", "ggn"}, optional
+            Which curvature diagonal to return with the gradients.
+
+        Returns
+        -------
+        g : array of shape (S, D)
+            The summed gradients.
+        h : array of shape (S, D) or None
+            The curvature diagonals, None when curvature is None.
+
+        Raises
+        ------
+        ValueError
+            If curvature is not None, "ef" or "ggn", thetas is not a finite float (S, D) array
+            with S >= 1, X is not a finite float (M, n_in) array with M >= 1 in thetas' dtype,
+            or the arrays mix NumPy and CuPy.
+        Also if y is None or does not fit the likelihood (see its ``check_targets``).
         """
         if curvature not in (None, "ef", "ggn"):
             raise ValueError(f"curvature: expected None, 'ef' or 'ggn', got {curvature!r}")
@@ -318,11 +692,33 @@ class FlatModel:
         return g, _layers.sum_sq_blocks_batched(xp, acts, e, self.bias)  # (peg.10)
 
     def kfac_factors(self, theta, X, y):
-        """[KFACLayer(a=a_{l-1} (M, n_{l-1}), g=g_l (M, n_l))] for l = 1..L. (peg.12)
+        """Compute the K-FAC ingredients (layer inputs and pre-activation gradients) per layer.
 
         Per example i: dl_i/dW_l = outer(a[i], g[i]) and dl_i/db_l = g[i], with the labels y as
         given (pass labels sampled from the model for the MC Fisher; nothing random happens here).
-        K-FAC forms A_l = a^T a / M and S_l = g^T g / M itself.
+        K-FAC forms A_l = a^T a / M and S_l = g^T g / M itself.  (peg.12)
+
+        Parameters
+        ----------
+        theta : array of shape (D,)
+            Flat parameter vector (float64 or float32).
+        X : array of shape (M, n_in)
+            Inputs, M >= 1, same dtype as theta.
+        y : array of shape (M,) or (M, n_out)
+            Targets: labels (M,) for classification; reals (M,) or (M, n_out) for the gaussian
+            likelihood.
+
+        Returns
+        -------
+        list of KFACLayer
+            [KFACLayer(a=a_{l-1} (M, n_{l-1}), g=g_l (M, n_l))] for l = 1..L.
+
+        Raises
+        ------
+        ValueError
+        If theta is not a finite float (D,) array, X is not a finite float (M, n_in) array
+        with M >= 1 in theta's dtype, or the arrays mix NumPy and CuPy.
+        Also if y is None or does not fit the likelihood (see its ``check_targets``).
         """
         xp, theta, X, y = self._inputs(theta, X, y)
         acts, deltas = self._residual_pass(xp, theta, X, y)

@@ -90,13 +90,74 @@ def _backward(params, hidden, sz, r, activation):
 
 
 def masked_forward(model, theta, X, masks, scale):
-    """f (M, n_out): the network output with masks[k] on the input of layer k.  (mc_dropout.1)"""
+    """Compute the network output with masks[k] on the input of layer k.
+
+    a~_k = s z_k a_k, h_k = a~_k W_k + b_k.  (mc_dropout.1)
+
+    Parameters
+    ----------
+    model : FlatModel
+        The network (MLP, LogisticRegression, SoftmaxRegression).
+    theta : array of shape (D,)
+        Flat parameter vector (float64 or float32).
+    X : array of shape (M, n_0)
+        Inputs, M >= 1, same dtype as theta.
+    masks : list of array
+        L = model.n_layers binary masks, masks[k] of shape (M, sizes[k]) on the input of layer
+        k (bool, integer or float dtype holding only 0 and 1).
+    scale : float
+        Scale s >= 1: 1 / (1 - p) for inverted dropout, 1 for Gal's non-inverted form.
+
+    Returns
+    -------
+    array of shape (M, n_out)
+        The masked outputs f.
+
+    Raises
+    ------
+    ValueError
+        If model is not a FlatModel; theta, X are not finite float arrays of shapes (D,) and
+        (M, n_0) with M >= 1 and one dtype; masks is not a list of L binary (M, sizes[k])
+        arrays; scale is not a real number in [1, inf); or the arrays mix NumPy and CuPy.
+    """
     xp, theta, X, _, sz = _inputs(model, theta, X, None, masks, scale, need_y=False)
     return _forward(xp, model, theta, X, sz)[3]
 
 
 def masked_per_example_losses(model, theta, X, y, masks, scale):
-    """l_i = -log p(y_i | f_i) (M,) at the masked outputs.  (mc_dropout.1)"""
+    """Compute the per-example losses l_i = -log p(y_i | f_i) at the masked outputs.
+
+    (mc_dropout.1)
+
+    Parameters
+    ----------
+    model : FlatModel
+        The network (MLP, LogisticRegression, SoftmaxRegression).
+    theta : array of shape (D,)
+        Flat parameter vector (float64 or float32).
+    X : array of shape (M, n_0)
+        Inputs, M >= 1, same dtype as theta.
+    y : array of shape (M,) or (M, n_out)
+        Targets, as the model's likelihood expects them.
+    masks : list of array
+        L = model.n_layers binary masks, masks[k] of shape (M, sizes[k]) on the input of layer
+        k (bool, integer or float dtype holding only 0 and 1).
+    scale : float
+        Scale s >= 1: 1 / (1 - p) for inverted dropout, 1 for Gal's non-inverted form.
+
+    Returns
+    -------
+    array of shape (M,)
+        The losses l_i.
+
+    Raises
+    ------
+    ValueError
+        If model is not a FlatModel; theta, X are not finite float arrays of shapes (D,) and
+        (M, n_0) with M >= 1 and one dtype; masks is not a list of L binary (M, sizes[k])
+        arrays; scale is not a real number in [1, inf); or the arrays mix NumPy and CuPy.
+        Also if y does not fit the model's likelihood.
+    """
     xp, theta, X, y, sz = _inputs(model, theta, X, y, masks, scale)
     return model.likelihood._losses(xp, _forward(xp, model, theta, X, sz)[3], y)
 
@@ -109,20 +170,117 @@ def _residual_pass(xp, model, theta, X, y, sz):
 
 
 def masked_output_and_grad(model, theta, X, y, masks, scale):
-    """(f (M, n_out), sum_i dl_i/dtheta (D,)) of the masked network from one forward and one
-    backprop pass.  (mc_dropout.1)-(mc_dropout.2)"""
+    """Compute the masked network's output and summed gradient in one forward-backward pass.
+
+    (mc_dropout.1)-(mc_dropout.2)
+
+    Parameters
+    ----------
+    model : FlatModel
+        The network (MLP, LogisticRegression, SoftmaxRegression).
+    theta : array of shape (D,)
+        Flat parameter vector (float64 or float32).
+    X : array of shape (M, n_0)
+        Inputs, M >= 1, same dtype as theta.
+    y : array of shape (M,) or (M, n_out)
+        Targets, as the model's likelihood expects them.
+    masks : list of array
+        L = model.n_layers binary masks, masks[k] of shape (M, sizes[k]) on the input of layer
+        k (bool, integer or float dtype holding only 0 and 1).
+    scale : float
+        Scale s >= 1: 1 / (1 - p) for inverted dropout, 1 for Gal's non-inverted form.
+
+    Returns
+    -------
+    f : array of shape (M, n_out)
+        The masked outputs.
+    grad : array of shape (D,)
+        The summed gradient sum_i dl_i/dtheta.
+
+    Raises
+    ------
+    ValueError
+        If model is not a FlatModel; theta, X are not finite float arrays of shapes (D,) and
+        (M, n_0) with M >= 1 and one dtype; masks is not a list of L binary (M, sizes[k])
+        arrays; scale is not a real number in [1, inf); or the arrays mix NumPy and CuPy.
+        Also if y does not fit the model's likelihood.
+    """
     xp, theta, X, y, sz = _inputs(model, theta, X, y, masks, scale)
     inputs, deltas, f = _residual_pass(xp, model, theta, X, y, sz)
     return f, _layers.summed_blocks(xp, inputs, deltas, model.bias)  # (mc_dropout.2)
 
 
 def masked_grad(model, theta, X, y, masks, scale):
-    """sum_i dl_i/dtheta (D,) of the masked network, by one backprop pass.  (mc_dropout.2)"""
+    """Compute the summed gradient sum_i dl_i/dtheta of the masked network.
+
+    One backprop pass.  (mc_dropout.2)
+
+    Parameters
+    ----------
+    model : FlatModel
+        The network (MLP, LogisticRegression, SoftmaxRegression).
+    theta : array of shape (D,)
+        Flat parameter vector (float64 or float32).
+    X : array of shape (M, n_0)
+        Inputs, M >= 1, same dtype as theta.
+    y : array of shape (M,) or (M, n_out)
+        Targets, as the model's likelihood expects them.
+    masks : list of array
+        L = model.n_layers binary masks, masks[k] of shape (M, sizes[k]) on the input of layer
+        k (bool, integer or float dtype holding only 0 and 1).
+    scale : float
+        Scale s >= 1: 1 / (1 - p) for inverted dropout, 1 for Gal's non-inverted form.
+
+    Returns
+    -------
+    array of shape (D,)
+        The summed gradient.
+
+    Raises
+    ------
+    ValueError
+        If model is not a FlatModel; theta, X are not finite float arrays of shapes (D,) and
+        (M, n_0) with M >= 1 and one dtype; masks is not a list of L binary (M, sizes[k])
+        arrays; scale is not a real number in [1, inf); or the arrays mix NumPy and CuPy.
+        Also if y does not fit the model's likelihood.
+    """
     return masked_output_and_grad(model, theta, X, y, masks, scale)[1]
 
 
 def masked_per_example_grads(model, theta, X, y, masks, scale):
-    """G (M, D), G[i] = dl_i/dtheta of the masked network, so G.sum(0) == masked_grad.  (mc_dropout.2)"""
+    """Compute the per-example gradients G[i] = dl_i/dtheta of the masked network.
+
+    G.sum(0) == masked_grad.  (mc_dropout.2)
+
+    Parameters
+    ----------
+    model : FlatModel
+        The network (MLP, LogisticRegression, SoftmaxRegression).
+    theta : array of shape (D,)
+        Flat parameter vector (float64 or float32).
+    X : array of shape (M, n_0)
+        Inputs, M >= 1, same dtype as theta.
+    y : array of shape (M,) or (M, n_out)
+        Targets, as the model's likelihood expects them.
+    masks : list of array
+        L = model.n_layers binary masks, masks[k] of shape (M, sizes[k]) on the input of layer
+        k (bool, integer or float dtype holding only 0 and 1).
+    scale : float
+        Scale s >= 1: 1 / (1 - p) for inverted dropout, 1 for Gal's non-inverted form.
+
+    Returns
+    -------
+    array of shape (M, D)
+        The per-example gradients G.
+
+    Raises
+    ------
+    ValueError
+        If model is not a FlatModel; theta, X are not finite float arrays of shapes (D,) and
+        (M, n_0) with M >= 1 and one dtype; masks is not a list of L binary (M, sizes[k])
+        arrays; scale is not a real number in [1, inf); or the arrays mix NumPy and CuPy.
+        Also if y does not fit the model's likelihood.
+    """
     xp, theta, X, y, sz = _inputs(model, theta, X, y, masks, scale)
     inputs, deltas, _ = _residual_pass(xp, model, theta, X, y, sz)
     return _layers.per_example_blocks(xp, inputs, deltas, model.bias)  # (mc_dropout.2)

@@ -74,31 +74,135 @@ class _Likelihood:
     name: ClassVar[str]
 
     def losses(self, f, y):
-        """l_i = -log p(y_i | f_i), shape (M,); the formula of this likelihood's (peg.N)."""
+        """Compute the per-example negative log-likelihoods l_i = -log p(y_i | f_i).
+
+        The formula is this likelihood's (peg.13)-(peg.15); constants included.
+
+        Parameters
+        ----------
+        f : array of shape (M, K)
+            Network outputs (floating dtype).
+        y : array of shape (M,) or (M, K)
+            Targets: labels (M,) for bernoulli and categorical; reals (M,) (K == 1) or (M, K)
+            for gaussian.
+
+        Returns
+        -------
+        array of shape (M,)
+            The losses l_i.
+
+        Raises
+        ------
+        ValueError
+            If f is not a finite floating 2-d array with this likelihood's number of columns,
+            y does not pass ``check_targets``, or the arrays mix NumPy and CuPy.
+        """
         xp = xp_of(f, y)
         f, y = self._validated(f, y)
         return self._losses(xp, f, y)
 
     def grad_f(self, f, y):
-        """r_i = dl_i / df_i, shape (M, K)."""
+        """Compute the output gradients r_i = dl_i / df_i (the backprop seed).
+
+        The formula is this likelihood's (peg.13)-(peg.15).
+
+        Parameters
+        ----------
+        f : array of shape (M, K)
+            Network outputs (floating dtype).
+        y : array of shape (M,) or (M, K)
+            Targets: labels (M,) for bernoulli and categorical; reals (M,) (K == 1) or (M, K)
+            for gaussian.
+
+        Returns
+        -------
+        array of shape (M, K)
+            The gradients r.
+
+        Raises
+        ------
+        ValueError
+            If f is not a finite floating 2-d array with this likelihood's number of columns,
+            y does not pass ``check_targets``, or the arrays mix NumPy and CuPy.
+        """
         xp_of(f, y)  # refuses a NumPy / CuPy mix before any work
         f, y = self._validated(f, y)
         return self._grad_f(f, y)
 
     def hess_f(self, f, y):
-        """H_i = d^2 l_i / df_i df_i^T, shape (M, K, K)."""
+        """Compute the output Hessians H_i = d^2 l_i / df_i df_i^T (the GGN's middle factor).
+
+        The formula is this likelihood's (peg.13)-(peg.15).
+
+        Parameters
+        ----------
+        f : array of shape (M, K)
+            Network outputs (floating dtype).
+        y : array of shape (M,) or (M, K)
+            Targets: labels (M,) for bernoulli and categorical; reals (M,) (K == 1) or (M, K)
+            for gaussian.
+
+        Returns
+        -------
+        array of shape (M, K, K)
+            The Hessians H.
+
+        Raises
+        ------
+        ValueError
+            If f is not a finite floating 2-d array with this likelihood's number of columns,
+            y does not pass ``check_targets``, or the arrays mix NumPy and CuPy.
+        """
         xp_of(f, y)  # refuses a NumPy / CuPy mix before any work
         f, y = self._validated(f, y)
         return self._hess_f(f, y)
 
     def hess_factor(self, f, y):
-        """C_i with C_i C_i^T = H_i, shape (M, K, R)."""
+        """Compute square-root factors C_i with C_i C_i^T = H_i.
+
+        R = K for gaussian and categorical, R = 1 for bernoulli.  (peg.13)-(peg.15)
+
+        Parameters
+        ----------
+        f : array of shape (M, K)
+            Network outputs (floating dtype).
+        y : array of shape (M,) or (M, K)
+            Targets: labels (M,) for bernoulli and categorical; reals (M,) (K == 1) or (M, K)
+            for gaussian.
+
+        Returns
+        -------
+        array of shape (M, K, R)
+            The factors C.
+
+        Raises
+        ------
+        ValueError
+            If f is not a finite floating 2-d array with this likelihood's number of columns,
+            y does not pass ``check_targets``, or the arrays mix NumPy and CuPy.
+        """
         xp_of(f, y)  # refuses a NumPy / CuPy mix before any work
         f, y = self._validated(f, y)
         return self._hess_factor(f, y)
 
     def mean(self, f):
-        """The predictive mean E[y | f] (see the class docstring for its shape)."""
+        """Compute the predictive mean E[y | f].
+
+        Parameters
+        ----------
+        f : array of shape (M, K)
+            Network outputs (floating dtype).
+
+        Returns
+        -------
+        array of shape (M, K) or (M,)
+            Gaussian: f (M, K); bernoulli: p(y = 1) (M,); categorical: probabilities (M, K).
+
+        Raises
+        ------
+        ValueError
+            If f is not a finite floating 2-d array with this likelihood's number of columns.
+        """
         xp = xp_of(f)
         _check_outputs(f)
         self._check_width(f.shape[1])
@@ -112,10 +216,20 @@ class _Likelihood:
 
 @dataclass(frozen=True)
 class Gaussian(_Likelihood):
-    """y_i ~ N(f_i, tau^{-1} I_K), tau = ``noise_precision``. (peg.13)
+    """Gaussian likelihood y_i ~ N(f_i, tau^{-1} I_K), tau = ``noise_precision``.
 
     l_i = tau/2 ||y_i - f_i||^2 + K/2 log(2 pi / tau);  r_i = tau (f_i - y_i);  H_i = tau I_K;
-    C_i = sqrt(tau) I_K.  ``mean(f)`` is f (M, K).
+    C_i = sqrt(tau) I_K.  ``mean(f)`` is f (M, K).  (peg.13)
+
+    Parameters
+    ----------
+    noise_precision : float, default 1.0
+        Noise precision tau, 0 < tau < inf.
+
+    Raises
+    ------
+    ValueError
+        If noise_precision is not a real number in (0, inf).
     """
     noise_precision: float = 1.0
     name: ClassVar[str] = "gaussian"
@@ -130,7 +244,30 @@ class Gaussian(_Likelihood):
             raise ValueError(f"f: expected at least one output column for the gaussian likelihood, got {K}")
 
     def check_targets(self, y, M, K, dtype):
-        """y (M,) when K == 1, or (M, K), finite reals; returned as (M, K) in ``dtype``."""
+        """Validate gaussian targets: y (M,) when K == 1, or (M, K), finite reals.
+
+        Parameters
+        ----------
+        y : array
+            Targets to validate.
+        M : int
+            Number of examples (rows of f).
+        K : int
+            Number of outputs (columns of f).
+        dtype : numpy dtype
+            Dtype of f.
+
+        Returns
+        -------
+        array of shape (M, K)
+            The targets, reshaped to (M, K) and cast to ``dtype``.
+
+        Raises
+        ------
+        ValueError
+            If y is not a finite real 1-d or 2-d array, is 1-d while K != 1, or its shape is
+            not (M,) or (M, K).
+        """
         check_array(y, "y", ndim=(1, 2))
         if y.ndim == 1 and K != 1:
             raise ValueError(f"y: expected shape ({M}, {K}) for {K} gaussian outputs, got {tuple(y.shape)}")
@@ -163,10 +300,10 @@ class Gaussian(_Likelihood):
 
 @dataclass(frozen=True)
 class Bernoulli(_Likelihood):
-    """y_i in {0, 1}, p(y_i = 1 | f_i) = sigma(f_i) on one logit (K = 1). (peg.14)
+    """Bernoulli likelihood: y_i in {0, 1}, p(y_i = 1 | f_i) = sigma(f_i) on one logit (K = 1).
 
     l_i = softplus(f_i) - y_i f_i;  r_i = sigma(f_i) - y_i;  H_i = sigma(f_i)(1 - sigma(f_i));
-    C_i = sqrt(H_i).  ``mean(f)`` is p(y = 1) with shape (M,).
+    C_i = sqrt(H_i).  ``mean(f)`` is p(y = 1) with shape (M,).  (peg.14)
     """
     name: ClassVar[str] = "bernoulli"
 
@@ -175,7 +312,30 @@ class Bernoulli(_Likelihood):
             raise ValueError(f"f: expected 1 output column (one logit) for the bernoulli likelihood, got {K}")
 
     def check_targets(self, y, M, K, dtype):
-        """Labels (M,) in {0, 1} (integer, bool, or integer-valued float dtype); returned as-is."""
+        """Validate labels (M,) in {0, 1} (integer, bool, or integer-valued float dtype).
+
+        Parameters
+        ----------
+        y : array
+            Targets to validate.
+        M : int
+            Number of examples (rows of f).
+        K : int
+            Number of outputs (columns of f).
+        dtype : numpy dtype
+            Dtype of f.
+
+        Returns
+        -------
+        array of shape (M,)
+            The labels, unchanged.
+
+        Raises
+        ------
+        ValueError
+            If y is not a finite real (M,) array, holds non-integer floats, or has labels
+            outside {0, 1}.
+        """
         return _check_labels(y, M, 2)
 
     def _losses(self, ns, f, y):
@@ -202,11 +362,11 @@ class Bernoulli(_Likelihood):
 
 @dataclass(frozen=True)
 class Categorical(_Likelihood):
-    """y_i in {0..C-1}, p(y_i = c | f_i) = softmax(f_i)_c on C >= 2 logits. (peg.15)
+    """Categorical likelihood: p(y_i = c | f_i) = softmax(f_i)_c on C >= 2 logits, y_i < C.
 
     l_i = logsumexp(f_i) - f_{i, y_i};  r_i = p_i - e_{y_i};  H_i = diag(p_i) - p_i p_i^T;
     C_i = diag(sqrt p_i) - p_i sqrt(p_i)^T (C x C), using sum_c p_ic = 1.
-    ``mean(f)`` is the probability matrix p (M, C).
+    ``mean(f)`` is the probability matrix p (M, C).  (peg.15)
     """
     name: ClassVar[str] = "categorical"
 
@@ -215,7 +375,30 @@ class Categorical(_Likelihood):
             raise ValueError(f"f: expected >= 2 output columns (logits) for the categorical likelihood, got {K}")
 
     def check_targets(self, y, M, K, dtype):
-        """Labels (M,) in {0, ..., K-1} (integer, bool, or integer-valued float dtype); returned as-is."""
+        """Validate labels (M,) in {0, ..., K-1} (integer, bool, or integer-valued float dtype).
+
+        Parameters
+        ----------
+        y : array
+            Targets to validate.
+        M : int
+            Number of examples (rows of f).
+        K : int
+            Number of outputs (columns of f).
+        dtype : numpy dtype
+            Dtype of f.
+
+        Returns
+        -------
+        array of shape (M,)
+            The labels, unchanged.
+
+        Raises
+        ------
+        ValueError
+            If y is not a finite real (M,) array, holds non-integer floats, or has labels
+            outside {0, ..., K-1}.
+        """
         return _check_labels(y, M, K)
 
     def _losses(self, ns, f, y):
@@ -253,7 +436,28 @@ class Categorical(_Likelihood):
 
 
 def make_likelihood(name: str, noise_precision: float = 1.0) -> _Likelihood:
-    """The likelihood called ``name`` (one of LIKELIHOODS); ``noise_precision`` is the gaussian's tau."""
+    """Build the likelihood called ``name``.
+
+    Parameters
+    ----------
+    name : {"gaussian", "bernoulli", "categorical"}
+        One of LIKELIHOODS.
+    noise_precision : float, default 1.0
+        The gaussian's noise precision tau > 0, finite; the other likelihoods ignore it, but
+        it must still be in range (a NaN never passes silently).
+
+    Returns
+    -------
+    Gaussian, Bernoulli or Categorical
+        The likelihood instance.
+
+    Raises
+    ------
+    ValueError
+        If name is not one of LIKELIHOODS, or noise_precision is not a finite number > 0.
+    """
+    check_in_range(noise_precision, "noise_precision", 0.0, math.inf, low_open=True,
+                   high_open=True)
     if name == "gaussian":
         return Gaussian(noise_precision)
     if name == "bernoulli":

@@ -19,7 +19,23 @@ __all__ = ["LogisticRegression", "SoftmaxRegression", "add_intercept"]
 
 
 def add_intercept(X):
-    """[X, 1] (M, n + 1): X with a column of ones appended as the LAST column, in X's dtype."""
+    """Append a column of ones to X as its LAST column, in X's dtype.
+
+    Parameters
+    ----------
+    X : array of shape (M, n)
+        Inputs.
+
+    Returns
+    -------
+    array of shape (M, n + 1)
+        The matrix [X, 1].
+
+    Raises
+    ------
+    ValueError
+        If X is not a finite real 2-d array.
+    """
     xp = xp_of(X)
     check_array(X, "X", ndim=2)
     return xp.concatenate([X, xp.ones((X.shape[0], 1), dtype=X.dtype)], axis=1)
@@ -41,27 +57,112 @@ class _LinearModel(FlatModel):
         return xp, self._design(xp, X), self.likelihood._hess_f(f, y)
 
     def ggn(self, theta, X, y):
-        """GGN (D, D) = sum_i (x~_i x~_i^T) kron H_i, in theta's (feature, class) row-major order. (peg.16)"""
+        """Form the GGN sum_i (x~_i x~_i^T) kron H_i in closed form.
+
+        Entries in theta's (feature, class) row-major order; x~_i is the design row (with the
+        ones column when the model has an intercept).  (peg.16)
+
+        Parameters
+        ----------
+        theta : array of shape (D,)
+            Flat parameter vector (float64 or float32).
+        X : array of shape (M, n_features)
+            Inputs without the ones column, M >= 1, same dtype as theta.
+        y : array of shape (M,)
+            Class labels.
+
+        Returns
+        -------
+        array of shape (D, D)
+            The GGN.
+
+        Raises
+        ------
+        ValueError
+            If theta is not a finite float (D,) array, X is not a finite float
+            (M, n_features) array with M >= 1 in theta's dtype, y is not valid labels, or the
+            arrays mix NumPy and CuPy.
+        """
         xp, Xd, H = self._curvature_inputs(theta, X, y)
         P, C = Xd.shape[1], self.sizes[-1]
         return xp.einsum("mp,mq,mcd->pcqd", Xd, Xd, H).reshape(P * C, P * C)  # (peg.16)
 
     def hessian(self, theta, X, y):
-        """Hessian (D, D) of sum_i l_i; equals the GGN since d^2 f / d theta^2 = 0. (peg.16)"""
+        """Form the Hessian of sum_i l_i, which equals the GGN since d^2 f / d theta^2 = 0.
+
+        (peg.16)  Unlike ``FlatModel.hessian``, this closed form runs on NumPy or CuPy.
+
+        Parameters
+        ----------
+        theta : array of shape (D,)
+            Flat parameter vector (float64 or float32).
+        X : array of shape (M, n_features)
+            Inputs without the ones column, M >= 1, same dtype as theta.
+        y : array of shape (M,)
+            Class labels.
+
+        Returns
+        -------
+        array of shape (D, D)
+            The Hessian.
+
+        Raises
+        ------
+        ValueError
+            If theta is not a finite float (D,) array, X is not a finite float
+            (M, n_features) array with M >= 1 in theta's dtype, y is not valid labels, or the
+            arrays mix NumPy and CuPy.
+        """
         return self.ggn(theta, X, y)
 
     def diag_ggn(self, theta, X, y):
-        """diag(GGN) (D,) = sum_i (x~_ip)^2 H_i[c, c] at entry (p, c). (peg.16)"""
+        """Compute the GGN diagonal in closed form: sum_i (x~_ip)^2 H_i[c, c] at entry (p, c).
+
+        (peg.16)
+
+        Parameters
+        ----------
+        theta : array of shape (D,)
+            Flat parameter vector (float64 or float32).
+        X : array of shape (M, n_features)
+            Inputs without the ones column, M >= 1, same dtype as theta.
+        y : array of shape (M,)
+            Class labels.
+
+        Returns
+        -------
+        array of shape (D,)
+            The diagonal of the GGN.
+
+        Raises
+        ------
+        ValueError
+            If theta is not a finite float (D,) array, X is not a finite float
+            (M, n_features) array with M >= 1 in theta's dtype, y is not valid labels, or the
+            arrays mix NumPy and CuPy.
+        """
         xp, Xd, H = self._curvature_inputs(theta, X, y)
         return ((Xd * Xd).T @ xp.diagonal(H, axis1=1, axis2=2)).reshape(-1)  # (peg.16)
 
 
 class LogisticRegression(_LinearModel):
-    """LogisticRegression(n_features, intercept=True): p(y=1 | x) = sigma(x w + b), y in {0, 1}.
+    """Logistic regression p(y=1 | x) = sigma(x w + b), y in {0, 1}.
 
     theta = [w (n_features,), b] with intercept (D = n_features + 1), else w. Same loss,
     gradients and layout as ``MLP([n_features, 1], likelihood="bernoulli")``. The GGN (= Hessian)
     is X~^T diag(s (1 - s)) X~ with s = sigma(f). (peg.16)
+
+    Parameters
+    ----------
+    n_features : int
+        Number of input features, >= 1.
+    intercept : bool, default True
+        Whether theta ends with an intercept b.
+
+    Raises
+    ------
+    ValueError
+        If n_features is not an integer >= 1.
     """
 
     __slots__ = ()
@@ -72,10 +173,35 @@ class LogisticRegression(_LinearModel):
 
     @property
     def intercept(self) -> bool:
+        """Whether theta ends with an intercept (the same as ``bias``)."""
         return self.bias
 
     def ggn(self, theta, X, y):
-        """X~^T diag(s (1 - s)) X~ (D, D), s = sigma(X~ theta). (peg.16)"""
+        """Form the GGN X~^T diag(s (1 - s)) X~, s = sigma(X~ theta), in closed form.
+
+        (peg.16)
+
+        Parameters
+        ----------
+        theta : array of shape (D,)
+            Flat parameter vector (float64 or float32).
+        X : array of shape (M, n_features)
+            Inputs without the ones column, M >= 1, same dtype as theta.
+        y : array of shape (M,)
+            Labels in {0, 1}.
+
+        Returns
+        -------
+        array of shape (D, D)
+            The GGN (equal to the Hessian).
+
+        Raises
+        ------
+        ValueError
+            If theta is not a finite float (D,) array, X is not a finite float
+            (M, n_features) array with M >= 1 in theta's dtype, y is not valid labels, or the
+            arrays mix NumPy and CuPy.
+        """
         xp, Xd, H = self._curvature_inputs(theta, X, y)
         return Xd.T @ (Xd * H[:, 0, :])  # (peg.16)
 
@@ -84,10 +210,24 @@ class LogisticRegression(_LinearModel):
 
 
 class SoftmaxRegression(_LinearModel):
-    """SoftmaxRegression(n_features, n_classes, intercept=True): p(y=c | x) = softmax(x W + b)_c.
+    """Softmax regression p(y=c | x) = softmax(x W + b)_c, labels 0..C-1.
 
-    theta = [vec_row_major(W) (n_features * C), b (C,)] with intercept, else vec(W); labels
-    0..C-1. Same layout as ``MLP([n_features, C], likelihood="categorical")``. (peg.16)
+    theta = [vec_row_major(W) (n_features * C), b (C,)] with intercept, else vec(W).
+    Same layout as ``MLP([n_features, C], likelihood="categorical")``. (peg.16)
+
+    Parameters
+    ----------
+    n_features : int
+        Number of input features, >= 1.
+    n_classes : int
+        Number of classes C, >= 2.
+    intercept : bool, default True
+        Whether theta ends with the intercepts b.
+
+    Raises
+    ------
+    ValueError
+        If n_features is not an integer >= 1 or n_classes not an integer >= 2.
     """
 
     __slots__ = ()
@@ -99,6 +239,7 @@ class SoftmaxRegression(_LinearModel):
 
     @property
     def intercept(self) -> bool:
+        """Whether theta ends with the intercepts (the same as ``bias``)."""
         return self.bias
 
     def __repr__(self):

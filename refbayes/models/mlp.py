@@ -14,15 +14,31 @@ __all__ = ["MLP"]
 
 
 class MLP(FlatModel):
-    """MLP(sizes, activation="relu", likelihood="gaussian", noise_precision=1.0).
+    """Multilayer perceptron with a bias in every layer, on a flat theta.
 
-    sizes = [n_in, hidden..., n_out]; activation in ("relu", "tanh", "sigmoid") for the hidden
-    layers (relu'(0) is defined as 0); likelihood in ("gaussian", "bernoulli", "categorical"):
-    gaussian with noise precision tau = ``noise_precision`` on n_out real outputs, bernoulli on
-    one logit (n_out == 1), categorical on n_out >= 2 logits. D = sum_l (n_{l-1} + 1) n_l.
-    Targets y: gaussian (M,) when n_out == 1 or (M, n_out) floats; classification (M,) labels
-    (integer dtype, or integer-valued floats).
-    ``hessian`` uses autograd (NumPy only); everything else runs on NumPy or CuPy.
+    D = sum_l (n_{l-1} + 1) n_l.  Targets y: gaussian (M,) when n_out == 1 or (M, n_out) floats;
+    classification (M,) labels (integer dtype, or integer-valued floats).  ``hessian`` uses
+    autograd (NumPy only); everything else runs on NumPy or CuPy.
+
+    Parameters
+    ----------
+    sizes : sequence of int
+        Layer widths [n_in, hidden..., n_out], each >= 1.
+    activation : {"relu", "tanh", "sigmoid"}, default "relu"
+        Activation of the hidden layers (relu'(0) is defined as 0); the last layer is linear.
+    likelihood : {"gaussian", "bernoulli", "categorical"}, default "gaussian"
+        Gaussian on n_out real outputs, bernoulli on one logit (n_out == 1), categorical on
+        n_out >= 2 logits.
+    noise_precision : float, default 1.0
+        The gaussian likelihood's noise precision tau > 0, finite (checked for every
+        likelihood; only the gaussian uses it).
+
+    Raises
+    ------
+    ValueError
+        If activation or likelihood is not one of the names above, sizes is not a list of at
+        least two integers >= 1, n_out does not fit the likelihood, or noise_precision is not
+        a finite number in (0, inf).
     """
 
     __slots__ = ()

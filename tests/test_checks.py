@@ -1,0 +1,151 @@
+"""The shared input checks of refbayes._checks: NaN and inf never pass a range check unless an
+infinite bound is explicitly allowed (a closed bracket at +-inf), and every message names the
+argument (issue 9, items 4 and 5)."""
+import math
+
+import numpy as np
+import pytest
+
+from refbayes import _checks as C
+
+NAN, INF = float("nan"), float("inf")
+
+
+# ----------------------------------------------------------------------------- check_in_range
+
+@pytest.mark.parametrize("x", [NAN, np.float64(NAN), np.float32(NAN)], ids=["float", "f64", "f32"])
+@pytest.mark.parametrize("low, high, low_open, high_open", [
+    (0.0, 1.0, True, False),        # (0, 1]
+    (0.0, 1.0, False, True),        # [0, 1)
+    (0.0, math.inf, True, True),    # (0, inf)
+    (0.0, math.inf, False, False),  # [0, inf]: inf allowed, NaN still not
+    (-math.inf, math.inf, False, False),  # the whole extended line: NaN still not
+], ids=["(0,1]", "[0,1)", "(0,inf)", "[0,inf]", "[-inf,inf]"])
+def test_in_range_rejects_nan(x, low, high, low_open, high_open):
+    with pytest.raises(ValueError, match=r"cfg\.alpha: expected a finite real number in .*, got nan"):
+        C.check_in_range(x, "cfg.alpha", low, high, low_open=low_open, high_open=high_open)
+
+
+@pytest.mark.parametrize("x", [INF, -INF, np.float64(INF)], ids=["inf", "-inf", "f64-inf"])
+@pytest.mark.parametrize("low, high, low_open, high_open", [
+    (0.0, 1.0, True, False),
+    (0.0, math.inf, True, True),
+    (0.0, math.inf, False, True),
+    (-math.inf, math.inf, True, True),
+], ids=["(0,1]", "(0,inf)", "[0,inf)", "(-inf,inf)"])
+def test_in_range_rejects_inf_unless_allowed(x, low, high, low_open, high_open):
+    with pytest.raises(ValueError, match=r"decay: expected a finite real number in .*, got -?inf"):
+        C.check_in_range(x, "decay", low, high, low_open=low_open, high_open=high_open)
+
+
+def test_in_range_allows_inf_at_a_closed_infinite_bound():
+    assert C.check_in_range(INF, "damping", 0.0, math.inf) == INF
+    assert C.check_in_range(-INF, "shift", -math.inf, 0.0) == -INF
+    with pytest.raises(ValueError, match=r"shift: expected a finite real number in \[-inf, 0.0\], got inf"):
+        C.check_in_range(INF, "shift", -math.inf, 0.0)
+
+
+@pytest.mark.parametrize("x, ok", [
+    (0.0, False), (1e-300, True), (1.0, True), (1.0000001, False), (-1.0, False),
+    (np.float32(0.5), True), (1, True),
+])
+def test_in_range_finite_values(x, ok):
+    """The finite cases keep their old behaviour and message."""
+    if ok:
+        assert C.check_in_range(x, "alpha", 0.0, 1.0, low_open=True) == float(x)
+        assert type(C.check_in_range(x, "alpha", 0.0, 1.0, low_open=True)) is float
+    else:
+        with pytest.raises(ValueError, match=r"alpha: expected a value in \(0.0, 1.0\], got"):
+            C.check_in_range(x, "alpha", 0.0, 1.0, low_open=True)
+
+
+@pytest.mark.parametrize("x", [True, "0.5", None, np.array(0.5), 1j])
+def test_in_range_rejects_non_reals(x):
+    with pytest.raises(ValueError, match="beta: expected a real number"):
+        C.check_in_range(x, "beta", 0.0, 1.0)
+
+
+# ----------------------------------------------------------------------------- check_positive
+
+@pytest.mark.parametrize("strict", [True, False])
+@pytest.mark.parametrize("a", [
+    NAN, np.float64(NAN), np.array([1.0, NAN, 2.0]), np.array([NAN]),
+], ids=["float", "f64", "array", "all-nan"])
+def test_positive_rejects_nan(a, strict):
+    with pytest.raises(ValueError, match=r"lam: expected (> 0|>= 0) everywhere.*got NaN"):
+        C.check_positive(a, "lam", strict=strict)
+
+
+@pytest.mark.parametrize("a", [INF, np.array([1.0, INF]), -INF, np.array([-INF, 1.0])],
+                         ids=["inf", "array-inf", "-inf", "array--inf"])
+def test_positive_rejects_inf(a):
+    with pytest.raises(ValueError, match=r"d: expected finite values > 0.*got.*inf"):
+        C.check_positive(a, "d")
+
+
+@pytest.mark.parametrize("a, strict, ok", [
+    (np.array([1.0, 2.0]), True, True),
+    (np.array([0.0, 2.0]), True, False),
+    (np.array([0.0, 2.0]), False, True),
+    (np.array([-1e-300, 2.0]), False, False),
+    (0.5, True, True),
+    (0.0, True, False),
+    (0.0, False, True),
+    (np.zeros(0), True, True),
+])
+def test_positive_finite_values(a, strict, ok):
+    if ok:
+        assert C.check_positive(a, "var", strict=strict) is a
+    else:
+        with pytest.raises(ValueError, match=rf"var: expected {'> 0' if strict else '>= 0'} "
+                                             r"everywhere, got min"):
+            C.check_positive(a, "var", strict=strict)
+
+
+# ----------------------------------------------------------------------------- reciprocals, symmetry
+
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+def test_reciprocal_rejects_subnormal_entries(dtype):
+    tiny = np.finfo(dtype).tiny
+    ok = np.array([tiny, 1.0, np.finfo(dtype).max], dtype=dtype)
+    assert C.check_invertible_positive(ok, "d") is ok
+    assert np.all(np.isfinite(1 / ok))
+    bad = np.array([tiny / 4, 1.0], dtype=dtype)  # subnormal: 1 / bad overflows
+    with np.errstate(over="ignore"):
+        assert not np.all(np.isfinite(1 / bad))
+    with pytest.raises(ValueError, match=r"d: expected entries >= .* \(the smallest normal "
+                                         rf"{np.dtype(dtype).name}\).*got min"):
+        C.check_invertible_positive(bad, "d")
+    with pytest.raises(ValueError, match=r"d: expected > 0 everywhere"):
+        C.check_invertible_positive(np.array([0.0, 1.0], dtype=dtype), "d")
+    with pytest.raises(ValueError, match=r"d: expected (> 0 everywhere|finite).*NaN"):
+        C.check_invertible_positive(np.array([NAN, 1.0], dtype=dtype), "d")
+
+
+def test_symmetric_uses_the_spd_rule():
+    """check_symmetric and check_spd share one rule: max|M - M^T| <= 100 eps max|M|."""
+    M = np.array([[2.0, 1.0], [1.0, 2.0]])
+    assert C.check_symmetric(M, "Sigma_inv") is M
+    near = M.copy()
+    near[0, 1] += 50 * np.finfo(float).eps * 2.0  # inside the bound
+    C.check_symmetric(near, "Sigma_inv")
+    C.check_spd(near, "Sigma_inv")
+    far = M.copy()
+    far[0, 1] += 1e-6
+    with pytest.raises(ValueError, match=r"Sigma_inv: expected a symmetric matrix, got "
+                                         r"max\|M - M\^T\| = 1.000e-06"):
+        C.check_symmetric(far, "Sigma_inv")
+    with pytest.raises(ValueError, match=r"Sigma_inv: expected a symmetric matrix"):
+        C.check_spd(far, "Sigma_inv")
+    with pytest.raises(ValueError, match=r"P: expected a square matrix, got shape \(2, 3\)"):
+        C.check_symmetric(np.zeros((2, 3)), "P")
+    with pytest.raises(ValueError, match=r"P: expected finite values"):
+        C.check_symmetric(np.full((2, 2), NAN), "P")
+
+
+def test_in_range_huge_integer_is_treated_as_infinite():
+    """float(10**400) overflows: the check reports it instead of raising OverflowError."""
+    with pytest.raises(ValueError, match=r"n: expected a finite real number in \[0.0, inf\)"):
+        C.check_in_range(10**400, "n", 0.0, math.inf, high_open=True)
+    with pytest.raises(ValueError, match=r"n: expected finite values > 0"):
+        C.check_positive(10**400, "n")
