@@ -25,6 +25,7 @@ comment of its NamedTuple field (tests/test_trace.py checks that the two agree).
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -321,9 +322,29 @@ def add_arguments(parser) -> None:
                         help="also write the inputs, draws and every intermediate as JSON")
 
 
+def _json_folder(path: Path) -> None:
+    """Make ``path``'s folder ready: create it when its own parent exists, never more.
+
+    A mistyped ``--json /nonexistent/dir/x.json`` is an error naming the path, not a tree of
+    folders created from the filesystem root.
+    """
+    parent = path.parent
+    if parent.is_dir():
+        return
+    for folder in (parent, parent.parent):
+        if folder.exists() and not folder.is_dir():
+            raise ValueError(f"--json: cannot write {path}: {folder} is not a folder")
+    if not parent.parent.is_dir():
+        raise ValueError(f"--json: cannot write {path}: the folder {parent.parent} does not exist "
+                         "(only the file's own folder is created)")
+    parent.mkdir()
+
+
 def run(args) -> int:
     """The ``refbayes trace`` handler: print the trace to stdout, optionally write the JSON."""
     precision = check_int(args.precision, "precision", low=0, high=17)
+    if args.json is not None:
+        _json_folder(Path(args.json))
     inputs = make_inputs(args.method, seed=args.seed, M=args.M, S=args.S, L=args.L,
                          curvature=args.curvature, momentum=args.momentum, t=args.t)
     _, info = step(inputs)

@@ -247,7 +247,7 @@ def test_same_seed_same_trace_other_seed_other_draws(capsys):
     (["slang", "--L", "7"], "L: expected an integer in [1, 6], got 7"),
     (["slang", "--curvature", "hess"], "curvature: SLANG uses the empirical Fisher only"),
     (["ngvi-full", "--curvature", "fisher"], "curvature: expected one of"),
-    (["ngvi-full", "--momentum", "1.0"], "momentum: expected a value in [0.0, 1.0), got 1.0"),
+    (["ngvi-full", "--momentum", "1.0"], "cfg.momentum: expected a value in [0.0, 1.0), got 1.0"),
     (["slang", "--precision", "30"], "precision: expected an integer in [0, 17], got 30"),
 ])
 def test_bad_arguments_exit_2_with_one_line(capsys, argv, message):
@@ -263,3 +263,21 @@ def test_help_lists_trace(capsys):
     assert main(["trace", "--help"]) == 0
     out = capsys.readouterr().out
     assert "METHOD" in out and "--json" in out and "--precision" in out
+
+
+def test_json_creates_only_its_own_folder(capsys, tmp_path):
+    """--json creates the file's folder when that folder's parent exists, and nothing above it:
+    a path whose grandparent is missing is an error naming the path, before any output."""
+    path = tmp_path / "new" / "t.json"
+    _trace(capsys, "slang", "--json", str(path))
+    assert json.loads(path.read_text())["method"] == "slang"
+    deep = tmp_path / "no" / "such" / "dir" / "t.json"
+    assert main(["trace", "slang", "--json", str(deep)]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert captured.err.startswith(f"refbayes: error: --json: cannot write {deep}: ")
+    assert str(tmp_path / "no" / "such") in captured.err and "does not exist" in captured.err
+    assert not (tmp_path / "no").exists()
+    (tmp_path / "afile").write_text("x")
+    assert main(["trace", "slang", "--json", str(tmp_path / "afile" / "t.json")]) == 2
+    assert "is not a folder" in capsys.readouterr().err

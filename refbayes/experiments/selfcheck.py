@@ -9,7 +9,8 @@ On a seeded synthetic logistic-regression problem it checks, and times:
     logdet and diag of the inverse against the explicit D x D inverse;
   * KL between the rank-L and rank-(L + 3) Gaussians by the O(D L^2) identities vs the dense formula.
 Each check has a float64 tolerance from ``refbayes._tolerances``; the command exits 1 when one fails.
-Results go to ``<out>/selfcheck.json`` as they are produced, a figure to ``<out>/selfcheck.png``.
+Results go to ``<out>/selfcheck.json`` as they are produced (with their provenance: the sha256 of
+the generated data, the refbayes version and the git commit), a figure to ``<out>/selfcheck.png``.
 """
 from __future__ import annotations
 
@@ -23,7 +24,14 @@ from tqdm import tqdm
 
 from refbayes._tolerances import EXACT_F64, rel_err
 from refbayes.datasets import make_logistic_regression
-from refbayes.experiments._io import format_table, seed_arg, write_json
+from refbayes.experiments._io import (
+    format_table,
+    output_writable,
+    provenance,
+    seed_arg,
+    sha256_arrays,
+    write_json,
+)
 from refbayes.linalg import gaussian, lowrank
 from refbayes.models import MLP, LogisticRegression, add_intercept
 
@@ -146,6 +154,7 @@ def _logistic_ggn_factor(model, theta, X):
 
 
 def run(args: argparse.Namespace) -> int:
+    output_writable(Path(args.out), needed=True)  # before any check runs
     n, p, width, L = (200, 10, 20, 3) if args.quick else (1000, 30, 50, 5)
     data = make_logistic_regression(n, p, args.seed)
     X, y = data.X, data.y
@@ -161,6 +170,7 @@ def run(args: argparse.Namespace) -> int:
         "low-rank algebra": lambda: (_lowrank_checks(_logistic_ggn_factor(logreg, theta_lr, X), 1.0, L), {}),
     }
     out = Path(args.out)
+    prov = provenance({"synthetic": sha256_arrays(X, y)})
     rows, timings = [], {}
     for label in tqdm(checks, desc="selfcheck", file=sys.stderr):
         new, t = checks[label]()
@@ -169,7 +179,8 @@ def run(args: argparse.Namespace) -> int:
                     for c, e in new)
         write_json(out / "selfcheck.json", {"problem": {"n": n, "p": p, "width": width, "L": L,
                                                          "seed": args.seed},
-                                             "checks": rows, "timings_s": timings})
+                                             "checks": rows, "timings_s": timings,
+                                             "provenance": prov})
     print(format_table(["check", "relative error", "tolerance", "ok"],
                        [[r["check"], f"{r['error']:.2e}", f"{r['tolerance']:.0e}", "yes" if r["ok"] else "NO"]
                         for r in rows]))

@@ -17,10 +17,15 @@ default use smaller budgets, stated in the table header.
 The staged USPS file is Roweis' usps_all.mat, not the GPML usps_resampled set the paper used; the
 3-vs-5 task is built from it (2200 images, not 1540), so its numbers are not the paper's.
 
-Output (``--out``): ``<dataset>/restart_<r>/<method>.json`` as each run finishes (resumable:
-a finished file whose recorded settings match is loaded, not recomputed), ``summary.csv`` and
-``summary.json`` rewritten as results arrive, and figures ``<dataset>_covariances.png`` and
-``<dataset>_convergence.png``.
+Output (``--out``): ``<dataset>/restart_<r>/<method>.json`` as each run finishes, with its
+provenance (the sha256 of the data files the loader read, DATA_FILES, or of the generated
+arrays for synthetic; the refbayes version; the git commit). Resumable: a finished file whose
+settings, data checksums and refbayes version match is loaded, not recomputed; otherwise, or
+when the file is damaged, the run stops naming the file, unless --fresh (the commit is recorded,
+not compared: see refbayes/experiments/_io.py). ``<dataset>_summary.csv`` and
+``<dataset>_summary.json`` are rewritten as results arrive and cover every method with matching
+results in --out (not only this invocation's), as do the figures ``<dataset>_covariances.png``
+and ``<dataset>_convergence.png``; the table shows the methods asked for.
 """
 from __future__ import annotations
 
@@ -31,11 +36,12 @@ import math
 import sys
 import time
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
-from tqdm import tqdm
 
 from refbayes.datasets import (
+    data_identity,
     load_a1a,
     load_australian,
     load_breast_cancer,
@@ -44,11 +50,17 @@ from refbayes.datasets import (
     random_split,
 )
 from refbayes.experiments._io import (
+    Progress,
+    ResultFileError,
     atomic_write_text,
     format_table,
+    load_result,
+    output_writable,
     positive_int,
-    read_json,
+    provenance,
+    reusable,
     seed_arg,
+    sha256_arrays,
     write_json,
 )
 from refbayes.linalg import gaussian
@@ -141,6 +153,25 @@ def _load(name, data_dir, restart, seed):
         X, y = loader(data_dir)
     tr, te = random_split(X.shape[0], rng)
     return X[tr], y[tr], X[te], y[te]
+
+
+# dataset -> (registered dataset, the files its loader reads): their checksums are the data
+# identity a result records (refbayes.datasets.data_identity).
+DATA_FILES = {
+    "australian": ("australian", ("australian/australian_scale",)),
+    "breast-cancer": ("breast-cancer", ("breast-cancer/breast-cancer_scale",)),
+    "a1a": ("a1a", ("a1a/a1a", "a1a/a1a.t")),
+    "usps-3vs5": ("usps", ("usps/usps_all.mat",)),
+}
+
+
+def _data_identity(name, data_dir) -> dict:
+    """{file: sha256} of the data a run of ``name`` reads; synthetic: of the generated arrays."""
+    if name == "synthetic":
+        s = make_logistic_regression(SYNTHETIC["n"], SYNTHETIC["p"], SYNTHETIC["seed"])
+        return {"synthetic": sha256_arrays(s.X, s.y)}
+    dataset, files = DATA_FILES[name]
+    return data_identity(dataset, data_dir, files)
 
 
 def _prior(D, precision):
@@ -238,71 +269,153 @@ def _budget(args, name):
     return args.epochs or epochs, args.restarts if args.restarts and name != "a1a" else restarts
 
 
-def _dataset_rows(args, name, bar_desc):
+# Result files: what a run's and an exact mean-field optimum's JSON must hold to be read back.
+RUN_SCHEMA = {"settings": dict, "kl": float, "nll": float, "seconds": float, "curve": list,
+              "mu": list, "Sigma": list,
+              "exact_vi": {"nll": float, "grad_norm": float, "n_iter": float, "mu": list,
+                           "Sigma": list}}
+MF_SCHEMA = {"settings": dict, "kl": float, "nll": float, "seconds": float, "grad_norm": float,
+             "mu": list, "var": list}
+REFERENCE_ROWS = ("exact-vi", "exact-mf-vi")
+
+
+class _Plan(NamedTuple):
+    """One dataset's work: what is on disk (``rows``, ``curves``, ``states``) and what is not."""
+    name: str
+    epochs: int
+    restarts: int
+    provenance: dict
+    todo: list      # [(restart, method)] to compute, in order
+    mf_todo: list   # restarts whose exact mean-field optimum is to compute
+    rows: dict      # (restart, method) -> summary row, every method with a reusable result
+    curves: dict    # (restart, method) -> convergence curve
+    states: dict    # method -> its restart-0 result (for the covariance figure)
+
+
+def _path(out, name, restart, method) -> Path:
+    return Path(out) / name / f"restart_{restart}" / f"{method}.json"
+
+
+def _row(name, restart, method, epochs, saved) -> dict:
+    return {"dataset": name, "restart": restart, "method": method, "epochs": epochs,
+            "nll": saved["nll"], "kl": saved["kl"], "seconds": saved["seconds"]}
+
+
+def _keep(plan, restart, method, saved) -> None:
+    """Record a reusable or new result in the plan's rows (and curve, and restart-0 state)."""
+    name = plan.name
+    if method == "exact-mf-vi":
+        plan.rows[restart, method] = _row(name, restart, method, 0, saved)
+        return
+    plan.rows[restart, method] = _row(name, restart, method, plan.epochs, saved)
+    plan.rows.setdefault((restart, "exact-vi"), {
+        "dataset": name, "restart": restart, "method": "exact-vi", "epochs": 0,
+        "nll": saved["exact_vi"]["nll"], "kl": 0.0, "seconds": 0.0})
+    plan.curves[restart, method] = saved["curve"]
+    if restart == 0:
+        plan.states[method] = saved
+
+
+def _plan(args, name) -> _Plan:
+    """Read every result file of ``name`` under --out before anything is computed.
+
+    The requested runs (and each restart's exact mean-field optimum) are reused when their
+    settings, data checksums and refbayes version match, recomputed when absent; a mismatch or
+    a damaged file stops the run naming the file (with --fresh: recomputed). The other methods'
+    results are only read, for the summary and the figures (skipped with a note when damaged).
+    """
     prior, M, _ = DATASETS[name]
     epochs, restarts = _budget(args, name)
-    folder = Path(args.out) / name
-    rows, states = [], {}
+    prov = provenance(_data_identity(name, args.data_dir))
+    plan = _Plan(name, epochs, restarts, prov, [], [], {}, {}, {})
     for r in range(restarts):
+        for method in (*METHODS, "exact-mf-vi"):
+            asked = method in args.methods or method == "exact-mf-vi"
+            path = _path(args.out, name, r, method)
+            schema = MF_SCHEMA if method == "exact-mf-vi" else RUN_SCHEMA
+            settings = _settings(name, method, r, 0 if method == "exact-mf-vi" else epochs,
+                                 args.seed, M, prior)
+            if asked:
+                saved = load_result(path, schema, fresh=args.fresh)
+                ok = saved is not None and reusable(path, saved, settings, prov, args.fresh)
+            else:
+                saved = _read_other(path, schema)
+                ok = saved is not None and reusable(path, saved, settings, prov, fresh=True)
+            if ok:
+                _keep(plan, r, method, saved)
+            elif method == "exact-mf-vi":
+                plan.mf_todo.append(r)
+            elif asked:
+                plan.todo.append((r, method))
+    return plan
+
+
+def _read_other(path, schema):
+    """A result this invocation only reads (another method's); a damaged one is left out, with
+    a note naming it."""
+    try:
+        return load_result(path, schema)
+    except ResultFileError as err:
+        print(f"note: {err.path}: {err.reason}; left out of the summary and figures",
+              file=sys.stderr)
+        return None
+
+
+def _compute(args, plan, progress, write) -> None:
+    """Run the plan's missing runs, writing each result file as it finishes."""
+    name = plan.name
+    prior, M, _ = DATASETS[name]
+    for r in range(plan.restarts):
+        runs = [m for rr, m in plan.todo if rr == r]
+        if not runs and r not in plan.mf_todo:
+            continue
         X_tr, y_tr, X_te, y_te = _load(name, args.data_dir, r, args.seed)
         Xd_tr, Xd_te = add_intercept(X_tr), add_intercept(X_te)
         lam = _prior(Xd_tr.shape[1], prior)
-        exact = None
-        for method in args.methods:
-            path = folder / f"restart_{r}" / f"{method}.json"
-            settings = _settings(name, method, r, epochs, args.seed, M, prior)
-            saved = read_json(path)
-            if saved is not None and saved["settings"] != settings and not args.fresh:
-                raise ValueError(f"--out: {path} holds a run with other settings; use --fresh to "
-                                 "recompute it or another --out")
-            if saved is None or saved["settings"] != settings:
-                if exact is None:
-                    exact = exact_vi.fit_full(Xd_tr, y_tr, lam)
-                seq = np.random.SeedSequence([args.seed, r, METHODS.index(method)])
-                steps = epochs * math.ceil(X_tr.shape[0] / M)
-                with tqdm(total=steps, desc=f"{bar_desc} r{r} {method}", file=sys.stderr,
-                          leave=False, disable=None) as bar:
-                    try:
-                        result = _run_one(method, (X_tr, y_tr, Xd_te, y_te), lam, M, epochs,
-                                          np.random.default_rng(seq), exact, bar.update)
-                    except driver.TrainingError as err:
-                        raise ValueError(f"{name}, restart {r}, {method}: {err}") from err
-                saved = {"settings": settings, **result,
-                         "exact_vi": {"nll": _test_nll(exact.mu, exact.Sigma, Xd_te, y_te),
-                                      "grad_norm": exact.grad_norm, "n_iter": exact.n_iter,
-                                      "mu": exact.mu.tolist(), "Sigma": exact.Sigma.tolist()}}
-                write_json(path, saved)
-            rows.append({"dataset": name, "restart": r, "method": method, "epochs": epochs,
-                         "nll": saved["nll"], "kl": saved["kl"], "seconds": saved["seconds"]})
-            if r == 0:
-                states[method] = saved
-        rows.append({"dataset": name, "restart": r, "method": "exact-vi", "epochs": 0,
-                     "nll": saved["exact_vi"]["nll"], "kl": 0.0, "seconds": 0.0})
-        mf = _meanfield_optimum(folder / f"restart_{r}" / "exact-mf-vi.json",
-                                _settings(name, "exact-mf-vi", r, 0, args.seed, M, prior),
-                                (Xd_tr, y_tr, Xd_te, y_te), lam, saved["exact_vi"])
-        rows.append({"dataset": name, "restart": r, "method": "exact-mf-vi", "epochs": 0,
-                     "nll": mf["nll"], "kl": mf["kl"], "seconds": mf["seconds"]})
-        _write_summary(Path(args.out), name, rows)
-    return rows, states, epochs, restarts
+        exact = exact_vi.fit_full(Xd_tr, y_tr, lam)
+        exact_saved = {"nll": _test_nll(exact.mu, exact.Sigma, Xd_te, y_te),
+                       "grad_norm": exact.grad_norm, "n_iter": exact.n_iter,
+                       "mu": exact.mu.tolist(), "Sigma": exact.Sigma.tolist()}
+        for method in runs:
+            seq = np.random.SeedSequence([args.seed, r, METHODS.index(method)])
+            steps = plan.epochs * math.ceil(X_tr.shape[0] / M)
+            with progress.run_bar(steps, f"{name} r{r} {method}") as bar:
+                try:
+                    result = _run_one(method, (X_tr, y_tr, Xd_te, y_te), lam, M, plan.epochs,
+                                      np.random.default_rng(seq), exact, bar.update)
+                except driver.TrainingError as err:
+                    raise ValueError(f"{name}, restart {r}, {method}: {err}") from err
+            saved = {"settings": _settings(name, method, r, plan.epochs, args.seed, M, prior),
+                     **result, "exact_vi": exact_saved, "provenance": plan.provenance}
+            write_json(_path(args.out, name, r, method), saved)
+            _keep(plan, r, method, saved)
+            progress.advance(f"{name} r{r} {method}")
+        if r in plan.mf_todo:
+            saved = _meanfield_optimum(_settings(name, "exact-mf-vi", r, 0, args.seed, M, prior),
+                                       (Xd_tr, y_tr, Xd_te, y_te), lam, exact)
+            write_json(_path(args.out, name, r, "exact-mf-vi"), {**saved, "provenance": plan.provenance})
+            _keep(plan, r, "exact-mf-vi", saved)
+        if write:
+            _write_summary(Path(args.out), name, _rows(plan))
 
 
-def _meanfield_optimum(path, settings, data, lam, exact):
+def _rows(plan, methods=METHODS) -> list:
+    """The summary rows: per restart, ``methods`` with results, then exact VI, exact mean-field VI."""
+    order = (*methods, *REFERENCE_ROWS)
+    return [plan.rows[r, m] for r in range(plan.restarts) for m in order if (r, m) in plan.rows]
+
+
+def _meanfield_optimum(settings, data, lam, exact):
     """The exact mean-field optimum (exact_vi.fit_meanfield), which is what the paper's
     "mf-exact" row is (a batch optimizer, not a natural-gradient run); cached like the runs."""
-    saved = read_json(path)
-    if saved is not None and saved["settings"] == settings:
-        return saved
     Xd_tr, y_tr, Xd_te, y_te = data
     t0 = time.perf_counter()
     mf = exact_vi.fit_meanfield(Xd_tr, y_tr, lam, max_iter=5000)
-    ex_q = gaussian.DenseCov(np.asarray(exact["mu"]), np.asarray(exact["Sigma"]))
-    saved = {"settings": settings, "seconds": time.perf_counter() - t0,
-             "kl": float(gaussian.symmetric_kl(ex_q, gaussian.DiagCov(mf.mu, mf.var))),
-             "nll": _test_nll(mf.mu, np.diag(mf.var), Xd_te, y_te), "grad_norm": mf.grad_norm,
-             "mu": mf.mu.tolist(), "var": mf.var.tolist()}
-    write_json(path, saved)
-    return saved
+    ex_q = gaussian.DenseCov(exact.mu, exact.Sigma)
+    return {"settings": settings, "seconds": time.perf_counter() - t0,
+            "kl": float(gaussian.symmetric_kl(ex_q, gaussian.DiagCov(mf.mu, mf.var))),
+            "nll": _test_nll(mf.mu, np.diag(mf.var), Xd_te, y_te), "grad_norm": mf.grad_norm,
+            "mu": mf.mu.tolist(), "var": mf.var.tolist()}
 
 
 def _write_summary(out, name, rows):
@@ -315,27 +428,36 @@ def _write_summary(out, name, rows):
 
 
 def _mean_se(values):
+    """Mean and standard error (ddof = 1); the error is None for a single run."""
     v = np.asarray(values, dtype=float)
-    return float(v.mean()), float(v.std(ddof=1) / math.sqrt(len(v))) if len(v) > 1 else float("nan")
+    return float(v.mean()), float(v.std(ddof=1) / math.sqrt(len(v))) if len(v) > 1 else None
 
 
-def _table(name, rows, methods, epochs, restarts):
+def _spread(se, spec) -> str:
+    return "—" if se is None else format(se, spec)  # one run: no spread to show
+
+
+def _head(name, epochs, restarts) -> str:
+    return (f"{name}: {epochs} epochs, {restarts} restart(s), M = {DATASETS[name][1]}, S = {SAMPLES}, "
+            f"alpha = beta = {ALPHA}, decay {DECAY}")
+
+
+def _table(name, rows, methods):
+    """The table under :func:`_head`: ``methods`` and the two references, mean +- s.e."""
     lines = []
     for method in (*methods, "exact-mf-vi", "exact-vi"):
         sel = [r for r in rows if r["method"] == method]
         nll, nll_se = _mean_se([r["nll"] for r in sel])
         kl, kl_se = _mean_se([r["kl"] for r in sel])
         paper = PAPER_AUSTRALIAN.get(PAPER_ROW.get(method, method)) if name == "australian" else None
-        lines.append([method, f"{nll:.4f} +- {nll_se:.4f}", f"{kl:.3e} +- {kl_se:.1e}",
-                      f"{kl / 1e4:.4f}",
+        lines.append([method, f"{nll:.4f} +- {_spread(nll_se, '.4f')}",
+                      f"{kl:.3e} +- {_spread(kl_se, '.1e')}", f"{kl / 1e4:.4f}",
                       f"{paper[0]:.3f} / {paper[1]:.3f}" if paper else "-"])
-    head = (f"{name}: {epochs} epochs, {restarts} restart(s), M = {DATASETS[name][1]}, S = {SAMPLES}, "
-            f"alpha = beta = {ALPHA}, decay {DECAY}")
-    return head + "\n" + format_table(
+    return format_table(
         ["method", "test NLL (nats)", "sym KL to exact VI", "KL / 1e4", "paper NLL / KL / 1e4"], lines)
 
 
-def _figures(out, name, states, rows, methods):
+def _figures(out, name, states, curves_by_run, methods):
     try:
         import matplotlib
         matplotlib.use("Agg")
@@ -362,8 +484,7 @@ def _figures(out, name, states, rows, methods):
     plt.close(fig)
     fig, ax = plt.subplots(figsize=(7, 4.5))
     for method in methods:
-        curves = [np.asarray(read_json(out / name / f"restart_{r}" / f"{method}.json")["curve"])
-                  for r in sorted({row["restart"] for row in rows})]
+        curves = [np.asarray(c) for (r, m), c in sorted(curves_by_run.items()) if m == method]
         curves = [c for c in curves if len(c)]
         if curves:
             ax.loglog(curves[0][:, 0], np.mean([c[:, 1] for c in curves], axis=0), label=method,
@@ -379,19 +500,41 @@ def _figures(out, name, states, rows, methods):
 
 
 def run(args: argparse.Namespace) -> int:
+    """The ``refbayes reproduce slang-logreg`` handler.
+
+    Every result file under --out is read and checked before anything is computed, and --out
+    is checked to be writable when something is to be written; a complete set of results in a
+    read-only --out still prints its tables (summary files and figures are then not updated).
+    Per dataset the table's header line is printed before computing, the table when done;
+    progress (one line over every run of every dataset) goes to stderr.
+    """
     names = [n for n in DATASETS if n != "synthetic"] if args.dataset == "all" else [args.dataset]
     out = Path(args.out)
-    for name in names:
-        rows, states, epochs, restarts = _dataset_rows(args, name, name)
-        print(_table(name, rows, args.methods, epochs, restarts))
-        print(f"\nresults: {out / name}/, {out / (name + '_summary.csv')}")
-        for path in _figures(out, name, states, rows, args.methods):
-            print(f"figure: {path}")
-        if name == "australian":
-            print("\nThe paper's numbers come from 10,000 epochs and an 'exact' reference computed "
-                  "with a piecewise bound on E[log sigmoid]; ours is exact (quadrature to 1e-11).")
-        if name == "usps-3vs5":
-            print("\nusps-3vs5 is built from Roweis' usps_all.mat (2200 images), not the GPML set "
-                  "the paper used (1540): not comparable with the paper's numbers.")
-        print()
+    plans = [_plan(args, name) for name in names]
+    todo = sum(len(p.todo) + len(p.mf_todo) for p in plans)
+    write = output_writable(out, needed=todo > 0)
+    total = sum(p.restarts for p in plans) * len(args.methods)
+    with Progress(total, total - sum(len(p.todo) for p in plans), "slang-logreg") as progress:
+        for plan in plans:
+            name = plan.name
+            progress.echo(_head(name, plan.epochs, plan.restarts))
+            _compute(args, plan, progress, write)
+            progress.echo(_table(name, _rows(plan, args.methods), args.methods))
+            present = [m for m in METHODS if any((r, m) in plan.rows for r in range(plan.restarts))]
+            lines = [f"\nresults: {out / name}/, {out / (name + '_summary.csv')}"]
+            if set(present) != set(args.methods):
+                lines.append(f"summary and figures: every method with results there ({', '.join(present)})")
+            if write:
+                _write_summary(out, name, _rows(plan))
+                if plan.states:
+                    lines += [f"figure: {path}" for path in
+                              _figures(out, name, plan.states, plan.curves, present)]
+            if name == "australian":
+                lines.append("\nThe paper's numbers come from 10,000 epochs and an 'exact' "
+                             "reference computed with a piecewise bound on E[log sigmoid]; ours is "
+                             "exact (quadrature to 1e-11).")
+            if name == "usps-3vs5":
+                lines.append("\nusps-3vs5 is built from Roweis' usps_all.mat (2200 images), not the "
+                             "GPML set the paper used (1540): not comparable with the paper's numbers.")
+            progress.echo("\n".join(lines) + "\n")
     return 0

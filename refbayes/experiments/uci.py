@@ -1,6 +1,7 @@
 """The UCI regression benchmark (Hernandez-Lobato & Adams 2015; Gal & Ghahramani 2016).
 
-Protocol, per method, dataset and split (the standard splits: 20, 5 for protein):
+Protocol, per method, dataset and split (the standard splits: 20, 5 for protein; (uci.5)-(uci.7)
+of derivations/uci.md):
 
 1. Load the split (refbayes.datasets.load_uci); non-finite inputs or targets are an error.
 2. Validation phase: the last 20% of the training rows are the validation part (Gal's
@@ -16,22 +17,17 @@ Protocol, per method, dataset and split (the standard splits: 20, 5 for protein)
 Network: one hidden layer of 50 ReLU units (100 for protein), one linear output,
 ``MLP([p, H, 1], "relu", "gaussian", noise_precision=tau)``, tau on the standardized scale.
 
-Metrics, from F (S, n): the network outputs at S posterior draws on standardized inputs, and
-the target statistics (m_y, s_y) of the rows trained on:
+Metrics (derivations/uci.md), from F (S, n): the network outputs at S posterior draws on
+standardized inputs, and the target statistics (m_y, s_y) of the rows trained on:
 
   RMSE = sqrt( mean_i (y_i - (m_y + s_y mean_s F[s, i]))^2 )                             (uci.1)
-  LL   = mean_i [ logsumexp_s log N(y_i | m_y + s_y F[s, i], s_y^2 / tau) - log S ]        (uci.2)
+  log p(y_i | x_i) = logsumexp_s log N(y_i | m_y + s_y F[s, i], s_y^2 / tau) - log S      (uci.2)
+  LL   = mean_i log p(y_i | x_i)                                                         (uci.3)
 
-Derivation of (uci.2): the model's predictive for the standardized target y~ = (y - m_y) / s_y
-is the mixture p~(y~ | x) = (1/S) sum_s N(y~ | F[s], 1 / tau). y = m_y + s_y y~ is an affine
-map, so p(y | x) = p~((y - m_y) / s_y | x) / s_y (the Jacobian dy~/dy = 1 / s_y), and
-N((y - m_y) / s_y | f, 1 / tau) / s_y = N(y | m_y + s_y f, s_y^2 / tau). Hence
-
-  log p(y | x) = logsumexp_s [ -1/2 log(2 pi / tau) - tau (y~ - F[s])^2 / 2 ] - log S - log s_y,
-
-the standardized-scale log-likelihood minus log s_y. ``predictive_ll`` evaluates the first
-form of (uci.2) with scipy.special.logsumexp. Reported: mean +- standard error (sample std with
-ddof = 1, over sqrt(n)) over the splits done; the SLANG repository's table used ddof = 0.
+(uci.2) is the standardized-scale mixture's log-likelihood minus log s_y, the Jacobian of
+y = m_y + s_y y~ (uci.4); ``predictive_ll`` evaluates it with scipy.special.logsumexp.
+Reported: mean +- standard error (sample std with ddof = 1, over sqrt(n)) over the splits done
+(uci.8); the SLANG repository's table used ddof = 0.
 
 Randomness: one numpy Generator per (dataset, split, phase, grid point), from
 SeedSequence([seed, dataset index in UCI_NAMES, split, phase (0 validation, 1 final), point]),
@@ -40,8 +36,11 @@ other splits ran before it, and a resumed run gives the numbers of an uninterrup
 
 Output (``out``, default results/uci): ``<method>/<dataset>/split_<k>.json`` written atomically
 when split k finishes (settings, chosen hyperparameters, every validation score, test RMSE and
-LL, timings); a finished split whose settings match is loaded, not recomputed; other settings
-stop the run (ValueError) unless ``fresh``. ``<method>/<dataset>/summary.{csv,json}`` (per
+LL, timings, and provenance: the sha256 of the files load_uci read for split k, i.e. data.txt,
+the column index files and the split's two row index files, the refbayes version and the git
+commit); a finished split whose settings, data checksums and refbayes version match is loaded,
+not recomputed; otherwise, or when the file is damaged, the run stops (ValueError naming the
+file) unless ``fresh``. The commit is provenance only, not compared (see _io). ``<method>/<dataset>/summary.{csv,json}`` (per
 split and mean +- s.e.), ``summary.{csv,json}`` over everything under ``out``, and the figure
 ``<dataset>_splits.png`` (per-split test RMSE / LL beside the published mean +- spread). The
 published numbers are package data: refbayes/experiments/published/uci.csv (with citations).
@@ -62,19 +61,24 @@ import sys
 import time
 from importlib import resources
 from pathlib import Path
+from typing import Any, NamedTuple
 
 import numpy as np
 from scipy.special import logsumexp
-from tqdm import tqdm
 
-from refbayes.datasets import fit_standardizer, validation_split
-from refbayes.datasets.uci import UCI_NAMES, load_uci, uci_n_splits
+from refbayes.datasets import data_identity, fit_standardizer, validation_split
+from refbayes.datasets.uci import UCI_NAMES, load_uci, uci_n_splits, uci_split_files
 from refbayes.experiments import uci_methods
 from refbayes.experiments._io import (
+    Progress,
+    ResultFileError,
     atomic_write_text,
     format_table,
+    load_result,
+    output_writable,
     positive_int,
-    read_json,
+    provenance,
+    reusable,
     seed_arg,
     write_json,
 )
@@ -230,7 +234,8 @@ def _fit_and_score(spec, data, hyper, settings, rngs, hidden, progress):
             ll = predictive_ll(y_eval, F, float(tau), float(stats.y_mean), float(stats.y_std))
     except FloatingPointError as err:
         raise uci_methods.TrainingError(f"prediction: {err}") from err
-    return {"ll": float(np.mean(ll)), "rmse": rmse(y_eval, F, float(stats.y_mean), float(stats.y_std)),
+    return {"ll": float(np.mean(ll)),  # (uci.3)
+            "rmse": rmse(y_eval, F, float(stats.y_mean), float(stats.y_std)),
             "noise_precision": float(tau), "noise_precision_original": float(tau) / float(stats.y_std) ** 2,
             "S": int(F.shape[0]), "fit_seconds": t1 - t0, "predict_seconds": time.perf_counter() - t1}
 
@@ -266,7 +271,7 @@ def _run_split(spec, dataset, split, budget, settings, seed, data_dir, bar):
         except uci_methods.TrainingError as err:
             raise uci_methods.TrainingError(f"{_context(spec, dataset, split, phase, point)}: {err}") from err
         scores.append({"hyper": point, **res})
-    best = max(range(len(points)), key=lambda i: (scores[i]["ll"], -i))
+    best = max(range(len(points)), key=lambda i: (scores[i]["ll"], -i))  # (uci.7)
     chosen = points[best]
     t1 = time.perf_counter()
     bar.set_postfix_str("final fit")
@@ -295,24 +300,69 @@ SUMMARY_FIELDS = ("method", "dataset", "budget", "splits_done", "n_splits", "spl
                   "rmse_mean", "rmse_se", "ll_mean", "ll_se", "seconds_per_split")
 
 
+# What a split's result file must hold to be read back (the rest is informative).
+SPLIT_SCHEMA = {"settings": dict, "hyper": dict, "test": {"rmse": float, "ll": float},
+                "seconds": {"total": float}}
+
+
 def _mean_se(values):
     """Mean and standard error (ddof = 1); the error is None (JSON null) for one value."""
     v = np.asarray(values, dtype=float)
-    se = float(v.std(ddof=1) / math.sqrt(len(v))) if len(v) > 1 else None
+    se = float(v.std(ddof=1) / math.sqrt(len(v))) if len(v) > 1 else None  # (uci.8)
     return float(v.mean()), se
 
 
-def _summary(folder, spec, dataset, budget, seed, quick):
-    """The splits under ``folder`` whose settings match, and their mean +- s.e."""
+class _Plan(NamedTuple):
+    """One (method, dataset): its settings, the data identity, and the splits to compute."""
+    spec: Any
+    dataset: str
+    budget: Any
+    out: Path
+    folder: Path
+    splits: tuple
+    todo: list         # [(split, path, settings)] to compute, in order
+    identity: dict     # relative path -> sha256, filled as splits' files are verified
+    seed: int
+    quick: bool
+    data_dir: Any
+    noted: set         # damaged files already reported (one note each)
+
+
+def _split_provenance(plan, k) -> dict:
+    """The provenance of split k: the sha256 of the files load_uci reads for it (data.txt, the
+    column and row index files; verified against the registry, each file hashed once), the
+    refbayes version and the git commit."""
+    files = uci_split_files(plan.dataset, k)
+    missing = [f for f in files if f not in plan.identity]
+    if missing:
+        plan.identity.update(data_identity(plan.dataset, plan.data_dir, missing))
+    return provenance({f: plan.identity[f] for f in files})
+
+
+def _note_damaged(plan, err) -> None:
+    if err.path not in plan.noted:
+        plan.noted.add(err.path)
+        print(f"note: {err.path}: {err.reason}; left out of the summary", file=sys.stderr)
+
+
+def _summary(plan):
+    """The splits under the plan's folder whose settings and provenance match, and their mean +- s.e."""
+    spec, dataset, budget = plan.spec, plan.dataset, plan.budget
     n_splits = uci_n_splits(dataset)
     rows = []
     for k in range(n_splits):
-        saved = read_json(folder / f"split_{k}.json")
-        if saved is not None and saved["settings"] == _settings(spec, dataset, k, budget, seed, quick):
+        path = plan.folder / f"split_{k}.json"
+        try:
+            saved = load_result(path, SPLIT_SCHEMA)
+        except ResultFileError as err:
+            _note_damaged(plan, err)
+            continue
+        settings = _settings(spec, dataset, k, budget, plan.seed, plan.quick)
+        if saved is not None and reusable(path, saved, settings, _split_provenance(plan, k), fresh=True):
             rows.append({"split": k, "rmse": saved["test"]["rmse"], "ll": saved["test"]["ll"],
                          "seconds": saved["seconds"]["total"],
                          **{f"hyper.{h}": v for h, v in sorted(saved["hyper"].items())}})
-    summary = {"method": spec.name, "dataset": dataset, "budget": "quick" if quick else "full",
+    summary = {"method": spec.name, "dataset": dataset, "budget": "quick" if plan.quick else "full",
                "epochs": budget.settings["epochs"], "splits_done": len(rows),
                "n_splits": n_splits, "splits": [r["split"] for r in rows]}
     if rows:
@@ -333,25 +383,35 @@ def _write_csv(path, rows):
     atomic_write_text(path, buf.getvalue())
 
 
-def _write_summaries(out, folder, summary, rows):
+def _saved_summaries(plan, pattern):
+    """{method folder name: its summary.json} for the files under out matching ``pattern``;
+    a damaged one is left out with a note."""
+    saved = {}
+    for p in sorted(Path(plan.out).glob(pattern)):
+        try:
+            saved[p.parent.parent.name] = load_result(p, {"summary": dict, "splits": list})
+        except ResultFileError as err:
+            _note_damaged(plan, err)
+    return saved
+
+
+def _write_summaries(plan, summary, rows):
+    out, folder = Path(plan.out), plan.folder
     write_json(folder / "summary.json", {"summary": summary, "splits": rows})
     _write_csv(folder / "summary.csv", rows)
-    everything = [read_json(p)["summary"] for p in sorted(Path(out).glob("*/*/summary.json"))]
+    everything = [v["summary"] for v in _saved_summaries(plan, "*/*/summary.json").values()]
     flat = [{k: (" ".join(map(str, s[k])) if isinstance(s.get(k), list) else s.get(k))
              for k in SUMMARY_FIELDS} for s in everything]
-    write_json(Path(out) / "summary.json", everything)
-    _write_csv(Path(out) / "summary.csv", flat)
+    write_json(out / "summary.json", everything)
+    _write_csv(out / "summary.csv", flat)
 
 
-def run(method: str, dataset: str, splits=None, quick: bool = False, out=Path("results/uci"),
-        fresh: bool = False, data_dir=None, seed: int = 0, epochs: int | None = None,
-        progress: bool = True) -> dict:
-    """Run (or resume) ``method`` on ``dataset`` over ``splits`` (None: all); returns the summary.
+def _plan(method, dataset, splits=None, quick=False, out=Path("results/uci"), fresh=False,
+          data_dir=None, seed=0, epochs=None) -> _Plan:
+    """Check the arguments and every saved file of the requested splits; nothing is computed.
 
-    A split whose result file exists with the same settings is loaded; with other settings it
-    is an error unless ``fresh`` (then it is recomputed). A TrainingError (non-finite values)
-    stops the run with a message naming method, dataset, split, phase and hyperparameters; the
-    splits finished before it stay on disk and in the summary files.
+    A saved split is reused when its settings, data checksums and refbayes version match;
+    otherwise (or when it is damaged) ValueError naming the file, unless ``fresh``.
     """
     if method not in uci_methods.METHODS:
         raise ValueError(f"method: expected one of {', '.join(uci_methods.METHODS)}, got {method!r}")
@@ -360,42 +420,62 @@ def run(method: str, dataset: str, splits=None, quick: bool = False, out=Path("r
     spec = uci_methods.METHODS[method]
     splits = check_splits(splits, dataset)
     budget = uci_methods.resolve(spec, dataset, quick, epochs)
-    folder = Path(out) / method / dataset
-    todo = []
-    for k in splits:  # check every saved file before computing anything
-        path = folder / f"split_{k}.json"
+    plan = _Plan(spec, dataset, budget, Path(out), Path(out) / method / dataset, splits, [],
+                 {}, seed, quick, data_dir, set())
+    for k in splits:  # check the data and every saved file before computing anything
+        path = plan.folder / f"split_{k}.json"
         settings = _settings(spec, dataset, k, budget, seed, quick)
-        saved = read_json(path)
-        if saved is not None and saved.get("settings") != settings and not fresh:
-            diff = sorted(key for key in settings if saved.get("settings", {}).get(key) != settings[key])
-            raise ValueError(f"--out: {path} holds a run with other settings (differs in "
-                             f"{', '.join(diff)}); use --fresh to recompute it or another --out")
-        if saved is None or saved.get("settings") != settings:
-            todo.append((k, path, settings))
+        current = _split_provenance(plan, k)
+        saved = load_result(path, SPLIT_SCHEMA, fresh)
+        if saved is None or not reusable(path, saved, settings, current, fresh):
+            plan.todo.append((k, path, settings))
+    return plan
+
+
+def _execute(plan, progress, write=True) -> dict:
+    """Compute the plan's missing splits (each written when it finishes); return the summary."""
+    spec, dataset, budget = plan.spec, plan.dataset, plan.budget
     n_epochs = budget.settings["epochs"] * (len(uci_methods.grid_points(budget.grid)) + 1)
-    disable = None if progress else True
-    with tqdm(total=len(splits), initial=len(splits) - len(todo), desc=f"{method} {dataset}",
-              unit="split", file=sys.stderr, disable=disable) as outer:
-        for k, path, settings in todo:
-            with tqdm(total=n_epochs, desc=f"split {k}", unit="epoch", file=sys.stderr,
-                      leave=False, disable=disable) as inner:
-                try:
-                    result = _run_split(spec, dataset, k, budget, settings, seed, data_dir, inner)
-                except uci_methods.TrainingError as err:
-                    summary, rows = _summary(folder, spec, dataset, budget, seed, quick)
-                    if rows:
-                        _write_summaries(out, folder, summary, rows)
-                    kept = ", ".join(str(r["split"]) for r in rows) or "none"
-                    raise uci_methods.TrainingError(
-                        f"{err}. Finished splits kept in {folder}: {kept}") from err
-            write_json(path, result)
-            summary, rows = _summary(folder, spec, dataset, budget, seed, quick)
-            _write_summaries(out, folder, summary, rows)
-            outer.update(1)
-    summary, rows = _summary(folder, spec, dataset, budget, seed, quick)
-    if rows:
-        _write_summaries(out, folder, summary, rows)
+    for k, path, settings in plan.todo:
+        label = f"{spec.name} {dataset} split {k}"
+        with progress.run_bar(n_epochs, label, unit="epoch") as inner:
+            try:
+                result = _run_split(spec, dataset, k, budget, settings, plan.seed, plan.data_dir, inner)
+            except uci_methods.TrainingError as err:
+                summary, rows = _summary(plan)
+                if rows:
+                    _write_summaries(plan, summary, rows)
+                kept = ", ".join(str(r["split"]) for r in rows) or "none"
+                raise uci_methods.TrainingError(
+                    f"{err}. Finished splits kept in {plan.folder}: {kept}") from err
+        write_json(path, {**result, "provenance": _split_provenance(plan, k)})
+        summary, rows = _summary(plan)
+        _write_summaries(plan, summary, rows)
+        progress.advance(label)
+    summary, rows = _summary(plan)
+    if rows and write:
+        _write_summaries(plan, summary, rows)
     return summary
+
+
+def run(method: str, dataset: str, splits=None, quick: bool = False, out=Path("results/uci"),
+        fresh: bool = False, data_dir=None, seed: int = 0, epochs: int | None = None,
+        progress: bool = True) -> dict:
+    """Run (or resume) ``method`` on ``dataset`` over ``splits`` (None: all); returns the summary.
+
+    A split whose result file exists with the same settings, data checksums and refbayes
+    version is loaded; otherwise (or when the file is damaged) it is an error naming the file
+    unless ``fresh`` (then it is recomputed). Every saved file is checked, and ``out`` checked
+    to be writable, before anything is computed; with nothing to compute a read-only ``out``
+    only skips the summary files (note on stderr). A TrainingError (non-finite values) stops
+    the run with a message naming method, dataset, split, phase and hyperparameters; the splits
+    finished before it stay on disk and in the summary files.
+    """
+    plan = _plan(method, dataset, splits, quick, out, fresh, data_dir, seed, epochs)
+    write = output_writable(plan.out, needed=bool(plan.todo))
+    n = len(plan.splits)
+    with Progress(n, n - len(plan.todo), f"uci {method} {dataset}", enabled=progress) as bar:
+        return _execute(plan, bar, write)
 
 
 # ----------------------------------------------------------------------------- published
@@ -414,14 +494,20 @@ def load_published() -> list[dict]:
 def _fmt(mean, se, digits=3):
     if mean is None:
         return "-"
-    return f"{mean:.{digits}f}" if se is None else f"{mean:.{digits}f} +- {se:.{digits}f}"
+    return f"{mean:.{digits}f} +- " + ("—" if se is None else f"{se:.{digits}f}")  # —: one split
 
 
 def _fmt_pub(row, key):
     return f"{row[key]:.2f} +- {row[key + '_pm']:.2f}" + (" (sd)" if row["pm"] == "sd" else "")
 
 
+def _head(dataset) -> str:
+    return (f"{dataset}: test RMSE and test log-likelihood per point (original units), "
+            "mean +- s.e. over splits")
+
+
 def _table(dataset, summaries, published) -> str:
+    """The table under :func:`_head`: one row per summary, then the published methods not run."""
     pub = {r["method"]: r for r in published if r["dataset"] == dataset}
     lines = []
     for s in summaries:
@@ -436,14 +522,12 @@ def _table(dataset, summaries, published) -> str:
         if m not in ours:
             lines.append([f"({m})", "-", "-", "-", "-", _fmt_pub(p, "rmse"), _fmt_pub(p, "ll"),
                           p["source"]])
-    head = (f"{dataset}: test RMSE and test log-likelihood per point (original units), "
-            "mean +- s.e. over splits")
-    return head + "\n" + format_table(
+    return format_table(
         ["method", "splits", "budget", "test RMSE", "test LL", "published RMSE", "published LL",
          "source"], lines)
 
 
-def _figure(out, dataset, summaries, published):
+def _figure(plan, summaries, published):
     try:
         import matplotlib
         matplotlib.use("Agg")
@@ -452,9 +536,10 @@ def _figure(out, dataset, summaries, published):
         print("figures skipped: matplotlib is not installed (pip install 'refbayes[plot]')",
               file=sys.stderr)
         return None
+    out, dataset = plan.out, plan.dataset
     pub = [r for r in published if r["dataset"] == dataset]
     # every method with results for this dataset under out, not only this invocation's
-    saved = {p.parent.parent.name: read_json(p) for p in sorted(Path(out).glob(f"*/{dataset}/summary.json"))}
+    saved = _saved_summaries(plan, f"*/{dataset}/summary.json")
     summaries = [s for s in summaries if s["method"] not in saved] + [v["summary"] for v in saved.values()]
     fig, axes = plt.subplots(1, 2, figsize=(11, 4))
     colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
@@ -521,19 +606,26 @@ def main(args: argparse.Namespace) -> int:
         plan.append((d, splits))
     if not plan:
         raise ValueError(f"--splits: no dataset has split {', '.join(map(str, args.splits))}")
+    # every saved file of every (method, dataset) is checked before anything is computed
+    plans = [(d, [_plan(m, d, splits, quick=args.quick, out=args.out, fresh=args.fresh,
+                        data_dir=args.data_dir, seed=args.seed, epochs=args.epochs)
+                  for m in methods]) for d, splits in plan]
+    every = [p for _, ps in plans for p in ps]
+    write = output_writable(Path(args.out), needed=any(p.todo for p in every))
+    total = sum(len(p.splits) for p in every)
     published = load_published()
     sources = set()
-    for d, splits in plan:
-        summaries = [run(m, d, splits, quick=args.quick, out=args.out, fresh=args.fresh,
-                         data_dir=args.data_dir, seed=args.seed, epochs=args.epochs)
-                     for m in methods]
-        print(_table(d, summaries, published))
-        sources |= {r["source"] for r in published if r["dataset"] == d}
-        print(f"results: {Path(args.out)}/<method>/{d}/, {Path(args.out) / 'summary.csv'}")
-        path = _figure(args.out, d, summaries, published)
-        if path is not None:
-            print(f"figure: {path}")
-        print()
+    with Progress(total, total - sum(len(p.todo) for p in every), "uci") as progress:
+        for d, ps in plans:
+            progress.echo(_head(d))
+            summaries = [_execute(p, progress, write) for p in ps]
+            lines = [_table(d, summaries, published)]
+            sources |= {r["source"] for r in published if r["dataset"] == d}
+            lines.append(f"results: {Path(args.out)}/<method>/{d}/, {Path(args.out) / 'summary.csv'}")
+            path = _figure(ps[0], summaries, published) if write else None
+            if path is not None:
+                lines.append(f"figure: {path}")
+            progress.echo("\n".join(lines) + "\n")
     if sources:
         print("published numbers: refbayes/experiments/published/uci.csv, sources "
               f"{', '.join(sorted(sources))} (citations in that file's header)")

@@ -1,7 +1,12 @@
 """`refbayes reproduce selfcheck --quick` end to end: every check passes and its files are written."""
 import json
 
+import pytest
+
+import refbayes
 from refbayes.cli import main
+from refbayes.datasets import make_logistic_regression
+from refbayes.experiments import _io
 
 
 def test_selfcheck_quick_passes_and_writes_results(tmp_path, capsys):
@@ -14,6 +19,10 @@ def test_selfcheck_quick_passes_and_writes_results(tmp_path, capsys):
     assert (out / "selfcheck.png").stat().st_size > 0
     printed = capsys.readouterr().out
     assert "rank-3: sample S S^T vs dense inverse" in printed and "NO" not in printed.split()
+    data = make_logistic_regression(200, 10, 0)  # the --quick problem, seed 0
+    assert result["provenance"] == {"data_sha256": {"synthetic": _io.sha256_arrays(data.X, data.y)},
+                                    "refbayes_version": refbayes.__version__,
+                                    "git_commit": _io.git_commit()}
 
 
 def test_selfcheck_reports_a_failing_check(tmp_path, monkeypatch, capsys):
@@ -25,3 +34,15 @@ def test_selfcheck_reports_a_failing_check(tmp_path, monkeypatch, capsys):
     assert main(["reproduce", "selfcheck", "--quick", "--out", str(tmp_path)]) == 1
     assert "FAILED: 1 check(s): rank-3: sample S S^T vs dense inverse" in capsys.readouterr().err
     assert selfcheck.DESCRIPTION
+
+
+def test_unwritable_out_is_an_error_before_any_check(tmp_path, monkeypatch, capsys):
+    def refuse(folder):
+        raise PermissionError(13, "Permission denied", str(folder))
+
+    monkeypatch.setattr(_io, "_probe", refuse)
+    from refbayes.experiments import selfcheck
+    monkeypatch.setattr(selfcheck, "_gradient_checks", lambda *a: pytest.fail("checked first"))
+    assert main(["reproduce", "selfcheck", "--quick", "--out", str(tmp_path / "sc")]) == 2
+    assert capsys.readouterr().err.startswith(
+        f"refbayes: error: --out: cannot write in {tmp_path} (Permission denied)")

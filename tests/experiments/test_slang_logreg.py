@@ -1,4 +1,5 @@
 """`refbayes reproduce slang-logreg` end to end at tiny budgets."""
+import hashlib
 import json
 import os
 import subprocess
@@ -7,7 +8,9 @@ import sys
 import numpy as np
 import pytest
 
-from refbayes.experiments import slang_logreg
+import refbayes
+from refbayes.cli import main
+from refbayes.experiments import _io, slang_logreg
 
 ORDERED = ("mf-exact", "slang-1", "slang-10", "full-exact")
 
@@ -90,3 +93,206 @@ def test_budget_follows_the_protocol():
     assert slang_logreg._budget(ns(), "a1a") == (10_000, 1)
     assert slang_logreg._budget(ns(quick=True), "australian") == slang_logreg.QUICK
     assert slang_logreg._budget(ns(restarts=7), "a1a")[1] == 1
+
+
+# ----------------------------------------------------------------------------- provenance, damage, progress, --out
+
+@pytest.fixture
+def no_figures(monkeypatch):
+    """Skip drawing the figures (about a second per run) where a test is not about them."""
+    monkeypatch.setattr(slang_logreg, "_figures", lambda *args: [])
+
+
+def _syn(out, *extra, methods="mf-ef", restarts="1", epochs="2"):
+    return ["reproduce", "slang-logreg", "--epochs", epochs, "--restarts", restarts,
+            "--methods", methods, "--out", str(out), *extra]
+
+
+def test_results_record_data_checksums_version_and_commit(no_figures, data_dir, tmp_path, capsys):
+    out = tmp_path / "out"
+    assert main(["reproduce", "slang-logreg", "--dataset", "australian", "--epochs", "1",
+                 "--restarts", "1", "--methods", "mf-ef", "--out", str(out),
+                 "--data-dir", str(data_dir)]) == 0
+    for name in ("mf-ef.json", "exact-mf-vi.json"):
+        prov = json.loads((out / "australian" / "restart_0" / name).read_text())["provenance"]
+        rel = "australian/australian_scale"
+        assert prov["data_sha256"] == {rel: hashlib.sha256((data_dir / rel).read_bytes()).hexdigest()}
+        assert prov["refbayes_version"] == refbayes.__version__
+        assert prov["git_commit"] == _io.git_commit()
+
+
+@pytest.mark.parametrize("dataset", ["australian", "breast-cancer", "a1a", "usps-3vs5"])
+def test_recorded_files_are_the_files_the_loader_reads(dataset, data_dir, monkeypatch):
+    from refbayes.datasets import loaders
+    read = []
+    real = loaders.verified_file
+
+    def spy(name, rel, data_dir=None):
+        read.append(rel)
+        return real(name, rel, data_dir)
+
+    monkeypatch.setattr(loaders, "verified_file", spy)
+    slang_logreg._load(dataset, data_dir, 0, 0)
+    assert sorted(read) == sorted(slang_logreg.DATA_FILES[dataset][1])
+
+
+def _edit(path, fn):
+    saved = json.loads(path.read_text())
+    fn(saved)
+    path.write_text(json.dumps(saved))
+
+
+@pytest.mark.parametrize("edit, message", [
+    (lambda s: s["provenance"]["data_sha256"].update(synthetic="0" * 64),
+     "holds a run computed from other data (synthetic changed)"),
+    (lambda s: s["provenance"].update(refbayes_version="0.0.1"), "holds a run written by refbayes 0.0.1"),
+    (lambda s: s.pop("provenance"), "records no data checksums or refbayes version"),
+])
+def test_stale_results_are_refused_unless_fresh(no_figures, tmp_path, capsys, edit, message):
+    out = tmp_path / "out"
+    assert main(_syn(out)) == 0
+    path = out / "synthetic" / "restart_0" / "mf-ef.json"
+    _edit(path, edit)
+    capsys.readouterr()
+    assert main(_syn(out)) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"refbayes: error: --out: {path} {message}") and "--fresh" in err
+    assert main(_syn(out, "--fresh")) == 0
+    assert "provenance" in json.loads(path.read_text())
+
+
+def test_another_commit_is_reused(no_figures, tmp_path, capsys):
+    out = tmp_path / "out"
+    assert main(_syn(out)) == 0
+    first = capsys.readouterr().out
+    path = out / "synthetic" / "restart_0" / "mf-ef.json"
+    _edit(path, lambda s: s["provenance"].update(git_commit="f" * 40))
+    mtime = path.stat().st_mtime_ns
+    assert main(_syn(out)) == 0
+    assert path.stat().st_mtime_ns == mtime and capsys.readouterr().out == first
+
+
+@pytest.mark.parametrize("name, damage, what", [
+    ("mf-ef.json", lambda text: text[: len(text) // 2], "not valid JSON (Expecting"),
+    ("exact-mf-vi.json", lambda text: text[: len(text) // 2], "not valid JSON (Expecting"),
+    ("mf-ef.json", lambda text: "{}", "missing 'settings'"),
+    ("mf-ef.json", lambda text: "[1, 2]", "expected a JSON object, got a JSON array"),
+    ("exact-mf-vi.json", lambda text: '{"settings": {}}', "missing 'kl'"),
+], ids=["truncated", "truncated-mf", "empty-object", "array", "mf-missing-keys"])
+def test_damaged_result_file_is_named_and_fresh_recomputes_it(no_figures, tmp_path, capsys, name,
+                                                              damage, what):
+    out = tmp_path / "out"
+    assert main(_syn(out)) == 0
+    first = capsys.readouterr().out
+    path = out / "synthetic" / "restart_0" / name
+    path.write_text(damage(path.read_text()))
+    assert main(_syn(out)) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"refbayes: error: {path}: ") and what in err, err
+    assert "--fresh" in err and err.count("\n") == 1 and "Traceback" not in err
+    assert main(_syn(out, "--fresh")) == 0
+    assert capsys.readouterr().out == first
+    assert json.loads(path.read_text())["settings"]["restart"] == 0
+
+
+def test_one_restart_prints_a_dash_not_nan(no_figures, tmp_path, capsys):
+    assert main(_syn(tmp_path / "out", restarts="1")) == 0
+    out = capsys.readouterr().out
+    assert "nan" not in out
+    row = next(line for line in out.splitlines() if line.startswith("mf-ef "))
+    assert row.count("+- —") == 2
+
+
+def test_a_subset_of_methods_merges_with_the_results_on_disk(no_figures, tmp_path, capsys):
+    out = tmp_path / "out"
+    assert main(_syn(out, methods="mf-ef")) == 0
+    assert main(_syn(out, methods="slang-1")) == 0
+    rows = json.loads((out / "synthetic_summary.json").read_text())
+    pairs = [(r["restart"], r["method"]) for r in rows]
+    assert len(pairs) == len(set(pairs)) == 4
+    assert {m for _, m in pairs} == {"mf-ef", "slang-1", "exact-vi", "exact-mf-vi"}
+    csv_lines = (out / "synthetic_summary.csv").read_text().splitlines()
+    assert len(csv_lines) == 1 + 4
+    # results with other settings (3 epochs, not 2) are not merged
+    assert main(_syn(out, methods="slang-2", epochs="3")) == 0
+    rows = json.loads((out / "synthetic_summary.json").read_text())
+    assert {r["method"] for r in rows} == {"slang-2", "exact-vi", "exact-mf-vi"}
+    table = capsys.readouterr().out.split("synthetic: 3 epochs")[1]
+    assert "slang-2" in table and "mf-ef" not in table
+
+
+def test_progress_on_stderr_off_a_terminal(no_figures, tmp_path, capsys):
+    assert main(_syn(tmp_path / "out")) == 0
+    first = capsys.readouterr()
+    assert "slang-logreg: 1 run(s), 0 already done, 1 to compute" in first.err
+    assert "slang-logreg: run 1/1 done (synthetic r0 mf-ef; elapsed " in first.err
+    assert main(_syn(tmp_path / "out", restarts="2")) == 0  # restart 0 is resumed
+    captured = capsys.readouterr()
+    assert "slang-logreg: 2 run(s), 1 already done, 1 to compute" in captured.err
+    assert "slang-logreg: run 2/2 done (synthetic r1 mf-ef; elapsed " in captured.err
+    assert "run 1/2" not in captured.err
+    assert "run " not in captured.out and "elapsed" not in captured.out
+
+
+def test_header_is_printed_before_the_first_result(tmp_path):
+    res = subprocess.run([sys.executable, "-m", "refbayes.cli", *_syn(tmp_path / "out")],
+                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=600,
+                         check=False)
+    assert res.returncode == 0, res.stdout
+    head = res.stdout.index("synthetic: 2 epochs, 1 restart(s)")
+    assert head < res.stdout.index("run 1/1 done") < res.stdout.index("test NLL (nats)")
+
+
+def _refuse_writes(monkeypatch, folder):
+    def probe(path):
+        raise PermissionError(13, "Permission denied", str(path))
+    monkeypatch.setattr(_io, "_probe", probe)
+
+
+def test_unwritable_out_is_an_error_before_computing(no_figures, tmp_path, capsys, monkeypatch):
+    out = tmp_path / "out"
+    _refuse_writes(monkeypatch, out)
+
+    def never(*a, **k):
+        raise AssertionError("computed before checking --out")
+
+    monkeypatch.setattr(slang_logreg, "_run_one", never)
+    assert main(_syn(out)) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"refbayes: error: --out: cannot write in {tmp_path} (Permission denied)")
+    assert not out.exists()
+
+
+def test_complete_read_only_results_still_print_their_table(tmp_path, capsys, monkeypatch):
+    out = tmp_path / "out"
+    assert main(_syn(out)) == 0
+    first = capsys.readouterr().out
+    mtimes = {p: p.stat().st_mtime_ns for p in out.rglob("*") if p.is_file()}
+    _refuse_writes(monkeypatch, out)
+    assert main(_syn(out)) == 0
+    captured = capsys.readouterr()
+    # the same table and results lines; no figures written, so no figure lines
+    assert "figure:" in first and "figure:" not in captured.out
+    assert captured.out.splitlines() == [line for line in first.splitlines()
+                                         if not line.startswith("figure:")]
+    assert f"{out} is not writable" in captured.err and "not updated" in captured.err
+    assert {p: p.stat().st_mtime_ns for p in out.rglob("*") if p.is_file()} == mtimes
+
+
+@pytest.mark.skipif(not hasattr(os, "geteuid") or os.geteuid() == 0,
+                    reason="root writes into read-only folders: the permission bits cannot be tested")
+def test_complete_read_only_results_with_real_permissions(tmp_path, capsys):
+    out = tmp_path / "out"
+    assert main(_syn(out)) == 0
+    capsys.readouterr()
+    folders = [out, *[p for p in out.rglob("*") if p.is_dir()]]
+    for p in folders:
+        p.chmod(0o555)
+    try:
+        assert main(_syn(out)) == 0
+        assert "is not writable" in capsys.readouterr().err
+        assert main(_syn(out, restarts="2")) == 2
+        assert f"--out: cannot write in {out}" in capsys.readouterr().err
+    finally:
+        for p in folders:
+            p.chmod(0o755)

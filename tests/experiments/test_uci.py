@@ -1,15 +1,20 @@
 """`refbayes reproduce uci`: one quick split per registered method on the staged data, resume,
 settings checks, bad input, the metrics against hand formulas, and the published numbers."""
+import hashlib
 import json
+import re
 import shutil
+import subprocess
+import sys
 
 import numpy as np
 import pytest
 from scipy.stats import norm
 
+import refbayes
 from refbayes.cli import main
 from refbayes.datasets import TrainTest
-from refbayes.experiments import uci, uci_methods
+from refbayes.experiments import _io, uci, uci_methods
 from tests.tolerances import EXACT_F64, assert_close
 
 # yacht: the smallest set (308 rows), so a quick split takes about a second
@@ -118,13 +123,25 @@ def _poisoned_copy(data_dir, tmp_path):
     return tmp_path
 
 
-def test_non_finite_targets_are_caught_at_load(data_dir, tmp_path, capsys):
+def test_edited_data_is_refused_before_anything_runs(data_dir, tmp_path, capsys):
+    """A data file that no longer matches its registered checksum (here: one target set to NaN)
+    stops the run before computing, naming the file (datasets verify on load)."""
     poisoned = _poisoned_copy(data_dir, tmp_path / "data")
     assert _reproduce("--method", "map", "--dataset", DATASET, "--splits", "0", "--quick",
                       "--out", tmp_path / "out", "--data-dir", poisoned) == 2
     err = capsys.readouterr().err
-    assert "yacht split 0: y_train has 1 non-finite value(s) (rows [3]" in err
-    assert "Traceback" not in err
+    assert "uci_regression/yacht/data/data.txt does not match the registry" in err
+    assert "Traceback" not in err and not (tmp_path / "out").exists()
+
+
+def test_non_finite_targets_are_caught_at_load(data_dir, monkeypatch):
+    tt = uci.load_uci(DATASET, 0, data_dir)
+    y = tt.y_train.copy()
+    y[3] = np.nan
+    monkeypatch.setattr(uci, "load_uci", lambda *a, **k: tt._replace(y_train=y))
+    with pytest.raises(ValueError, match=re.escape(
+            "yacht split 0: y_train has 1 non-finite value(s) (rows [3] of the split's training rows)")):
+        uci.load_split(DATASET, 0, data_dir)
 
 
 @pytest.mark.parametrize("method", ["map", "slang"])
@@ -155,7 +172,7 @@ def test_divergence_names_the_run_and_keeps_finished_splits(method, data_dir, tm
 
 @pytest.mark.parametrize("key, value, match", [
     ("noise_precision", (-1.0,), r"noise_precision: expected a value in \(0.0, inf\), got -1"),
-    ("prior_precision", (float("inf"),), r"prior_precision: expected a value in \(0.0, inf\), got inf"),
+    ("prior_precision", (float("inf"),), r"prior_precision: expected a finite real number in \(0.0, inf\), got inf"),
     ("noise_precision", (), "expected a non-empty tuple"),
 ])
 def test_hyperparameters_out_of_range(key, value, match):
@@ -241,3 +258,165 @@ def test_published_numbers_match_the_issue():
                        .read_text().splitlines() if line.startswith("#"))
     for source in {r["source"] for r in rows}:
         assert f"#   {source}:" in header  # every source is cited in the header
+
+
+# ----------------------------------------------------------------------------- provenance, damage, progress, --out
+
+def _quick(out, data_dir, *extra, method="map", splits="0"):
+    return ["--method", method, "--dataset", DATASET, "--splits", splits, "--quick", "--epochs", 1,
+            "--out", out, "--data-dir", data_dir, *extra]
+
+
+def test_split_results_record_data_checksums_version_and_commit(data_dir, tmp_path, capsys):
+    assert _reproduce(*_quick(tmp_path, data_dir, splits="3")) == 0
+    prov = _split_json(tmp_path, "map", 3)["provenance"]
+    base = "uci_regression/yacht/data/"
+    files = [base + f for f in ("data.txt", "index_features.txt", "index_target.txt",
+                                "index_train_3.txt", "index_test_3.txt")]
+    assert prov["data_sha256"] == {f: hashlib.sha256((data_dir / f).read_bytes()).hexdigest()
+                                   for f in files}
+    assert prov["refbayes_version"] == refbayes.__version__
+    assert prov["git_commit"] == _io.git_commit()
+
+
+def _edit(path, fn):
+    saved = json.loads(path.read_text())
+    fn(saved)
+    path.write_text(json.dumps(saved))
+
+
+@pytest.mark.parametrize("edit, message", [
+    (lambda s: s["provenance"]["data_sha256"].update({"uci_regression/yacht/data/data.txt": "0" * 64}),
+     "holds a run computed from other data (uci_regression/yacht/data/data.txt changed)"),
+    (lambda s: s["provenance"].update(refbayes_version="0.0.1"), "holds a run written by refbayes 0.0.1"),
+    (lambda s: s.pop("provenance"), "records no data checksums or refbayes version"),
+])
+def test_stale_split_results_are_refused_unless_fresh(data_dir, tmp_path, capsys, edit, message):
+    args = _quick(tmp_path, data_dir)
+    assert _reproduce(*args) == 0
+    path = tmp_path / "map" / DATASET / "split_0.json"
+    _edit(path, edit)
+    capsys.readouterr()
+    assert _reproduce(*args) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"refbayes: error: --out: {path} {message}") and "--fresh" in err
+    assert _reproduce(*args, "--fresh") == 0
+    assert _split_json(tmp_path, "map", 0)["provenance"]["refbayes_version"] == refbayes.__version__
+    # and a summary never counts a split computed from other data
+    _edit(path, edit)
+    assert uci.run("map", DATASET, [1], quick=True, out=tmp_path, data_dir=data_dir, epochs=1,
+                   progress=False)["splits"] == [1]
+
+
+def test_another_commit_is_reused(data_dir, tmp_path, capsys):
+    args = _quick(tmp_path, data_dir)
+    assert _reproduce(*args) == 0
+    path = tmp_path / "map" / DATASET / "split_0.json"
+    _edit(path, lambda s: s["provenance"].update(git_commit="f" * 40))
+    mtime = path.stat().st_mtime_ns
+    assert _reproduce(*args) == 0
+    assert path.stat().st_mtime_ns == mtime
+
+
+@pytest.mark.parametrize("damage, what", [
+    (lambda text: text[: len(text) // 2], "not valid JSON ("),
+    (lambda text: "{}", "missing 'settings'"),
+    (lambda text: "[1, 2]", "expected a JSON object, got a JSON array"),
+])
+def test_damaged_split_file_is_named_and_fresh_recomputes_it(data_dir, tmp_path, capsys, damage, what):
+    args = _quick(tmp_path, data_dir)
+    assert _reproduce(*args) == 0
+    path = tmp_path / "map" / DATASET / "split_0.json"
+    good = path.read_text()
+    path.write_text(damage(good))
+    capsys.readouterr()
+    assert _reproduce(*args) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"refbayes: error: {path}: ") and what in err, err
+    assert "--fresh" in err and err.count("\n") == 1
+    assert _reproduce(*args, "--fresh") == 0
+    assert _split_json(tmp_path, "map", 0)["test"] == json.loads(good)["test"]
+    # a damaged split that was not asked for is left out of the summary, with a note
+    path.write_text(damage(good))
+    capsys.readouterr()
+    assert _reproduce(*_quick(tmp_path, data_dir, splits="1")) == 0
+    captured = capsys.readouterr()
+    assert f"{path}: damaged result file" in captured.err or f"{path}: not valid JSON" in captured.err
+    assert json.loads((tmp_path / "map" / DATASET / "summary.json").read_text())["summary"]["splits"] == [1]
+
+
+def test_damaged_summary_of_another_method_is_skipped_with_a_note(data_dir, tmp_path, capsys):
+    assert _reproduce(*_quick(tmp_path, data_dir, method="bbb")) == 0
+    other = tmp_path / "bbb" / DATASET / "summary.json"
+    other.write_text("{")
+    capsys.readouterr()
+    assert _reproduce(*_quick(tmp_path, data_dir)) == 0
+    err = capsys.readouterr().err
+    assert f"{other}: not valid JSON" in err
+    assert [s["method"] for s in json.loads((tmp_path / "summary.json").read_text())] == ["map"]
+
+
+def test_methods_run_separately_share_one_summary(data_dir, tmp_path, capsys):
+    assert _reproduce(*_quick(tmp_path, data_dir, method="bbb")) == 0
+    assert _reproduce(*_quick(tmp_path, data_dir)) == 0
+    assert {s["method"] for s in json.loads((tmp_path / "summary.json").read_text())} == {"bbb", "map"}
+    assert len((tmp_path / "summary.csv").read_text().splitlines()) == 3
+
+
+def test_one_split_prints_a_dash_for_the_spread(data_dir, tmp_path, capsys):
+    assert _reproduce(*_quick(tmp_path, data_dir)) == 0
+    row = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("map "))
+    assert row.count("+- —") == 2 and "nan" not in row
+
+
+def test_progress_on_stderr_off_a_terminal(data_dir, tmp_path, capsys):
+    assert _reproduce(*_quick(tmp_path, data_dir)) == 0  # map's split is resumed below
+    capsys.readouterr()
+    assert _reproduce(*_quick(tmp_path, data_dir, method="all")) == 0
+    captured = capsys.readouterr()
+    n = len(uci_methods.METHODS)
+    assert f"uci: {n} run(s), 1 already done, {n - 1} to compute" in captured.err
+    for j, m in enumerate([m for m in uci_methods.METHODS if m != "map"], 2):
+        assert f"uci: run {j}/{n} done ({m} yacht split 0; elapsed " in captured.err
+    assert "elapsed" not in captured.out and "run 2/" not in captured.out
+
+
+def test_header_is_printed_before_the_first_result(data_dir, tmp_path):
+    cmd = [sys.executable, "-m", "refbayes.cli", "reproduce", "uci",
+           *map(str, _quick(tmp_path, data_dir, splits="0,1"))]
+    res = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                         timeout=600, check=False)
+    assert res.returncode == 0, res.stdout
+    head = res.stdout.index("yacht: test RMSE and test log-likelihood")
+    assert head < res.stdout.index("run 1/2 done") < res.stdout.index("run 2/2 done") \
+        < res.stdout.index("test RMSE  ")
+
+
+def _refuse_writes(monkeypatch):
+    def probe(path):
+        raise PermissionError(13, "Permission denied", str(path))
+    monkeypatch.setattr(_io, "_probe", probe)
+
+
+def test_unwritable_out_is_an_error_before_computing(data_dir, tmp_path, capsys, monkeypatch):
+    _refuse_writes(monkeypatch)
+    monkeypatch.setattr(uci, "_run_split", lambda *a, **k: pytest.fail("computed before checking --out"))
+    out = tmp_path / "out"
+    assert _reproduce(*_quick(out, data_dir)) == 2
+    assert capsys.readouterr().err.startswith(
+        f"refbayes: error: --out: cannot write in {tmp_path} (Permission denied)")
+    assert not out.exists()
+
+
+def test_complete_read_only_results_still_print_their_table(data_dir, tmp_path, capsys, monkeypatch):
+    assert _reproduce(*_quick(tmp_path, data_dir)) == 0
+    first = capsys.readouterr().out
+    mtimes = {p: p.stat().st_mtime_ns for p in tmp_path.rglob("*") if p.is_file()}
+    _refuse_writes(monkeypatch)
+    assert _reproduce(*_quick(tmp_path, data_dir)) == 0
+    captured = capsys.readouterr()
+    assert "figure:" in first and "figure:" not in captured.out
+    assert captured.out.splitlines() == [line for line in first.splitlines()
+                                         if not line.startswith("figure:")]
+    assert f"{tmp_path} is not writable" in captured.err and "not updated" in captured.err
+    assert {p: p.stat().st_mtime_ns for p in tmp_path.rglob("*") if p.is_file()} == mtimes
