@@ -436,7 +436,8 @@ def dense_covariance(state: VOGNState, cfg: VOGNConfig):
         beta2 in (0, 1], gamma >= 0, tau > 0, rho > 0, curvature in CURVATURES, and delta a
         float > 0 or a finite (D,) array > 0 in the state's dtype.
     """
-    return xp_of(state.mu).diag(1 / prec_diag(state, cfg))
+    p = prec_diag(state, cfg)  # validates state and cfg before any attribute is touched
+    return xp_of(p).diag(1 / p)
 
 
 # ----------------------------------------------------------------------------- estimates

@@ -491,3 +491,5 @@ def test_bad_estimates_and_init_raise():
         vogn.init(np.zeros(D), -np.ones(D))
     with pytest.raises(ValueError, match="eps: expected an array"):
         vogn.sample(_start(D), None, _CFG)
+    with pytest.raises(ValueError, match="state: expected a VOGNState"):  # not an AttributeError
+        vogn.dense_covariance(None, _CFG)
