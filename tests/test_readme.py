@@ -49,3 +49,14 @@ def test_every_path_the_readme_names_exists():
     assert named, "README names no paths: the pattern above is stale"
     missing = sorted(p for p in named if not (ROOT / p).exists())
     assert not missing, f"README names paths that do not exist: {missing}"
+
+
+def test_quoted_run_times_are_the_measured_ones():
+    # The README and the --help texts quote one measurement (slang_logreg.MEASURED_SECONDS);
+    # the figures once drifted 2x from reality, so they are stated once and checked here.
+    from refbayes.experiments.slang_logreg import MEASURED_SECONDS, _about
+
+    text = " ".join(README.split())
+    for run, seconds in MEASURED_SECONDS.items():
+        assert f"{_about(seconds)} on 2 cores" in text, run
+        assert f" {seconds} s" in text, f"{run}: the measured {seconds} s is not in the README"

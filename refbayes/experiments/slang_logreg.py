@@ -91,8 +91,20 @@ PAPER_EPOCHS = 10_000
 # conventions); ours is exact_vi.fit_meanfield, printed beside it. mf-exact here is the
 # natural-gradient run with quadrature curvature, which has no row of its own in the paper.
 PAPER_ROW = {"exact-mf-vi": "mf-exact", "mf-exact": None}
-# (epochs, restarts) of --quick: measured ~7 min for australian on the 2-core dev machine
+# (epochs, restarts) of --quick
 QUICK = (500, 5)
+# Wall-clock seconds measured on a fresh clone (2026-11-25, a 2-core AMD EPYC virtual machine,
+# OpenBLAS with its default threads, nothing else running): the default synthetic run and
+# australian with --quick. The help texts and the README quote these; remeasure when the budgets
+# or the methods change.
+MEASURED_SECONDS = {"synthetic": 94, "australian --quick": 538}
+MEASURED_ON = "2 cores"
+
+
+def _about(seconds: float) -> str:
+    """'about N minutes', N rounded to the nearest half minute (>= 1)."""
+    half = max(2, round(seconds / 30))
+    return f"about {half // 2}{'.5' if half % 2 else ''} minute{'' if half == 2 else 's'}"
 SYNTHETIC = dict(n=400, p=20, seed=0, epochs=200)
 
 # The paper's Table 1, australian: (test NLL, KL in units of 1e4). The column is headed
@@ -118,7 +130,8 @@ def _methods(text: str) -> tuple:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--dataset", default="synthetic", choices=(*DATASETS, "all"),
-                        help="default: synthetic data shipped in the package (about a minute)")
+                        help="default: synthetic data shipped in the package "
+                             f"({_about(MEASURED_SECONDS['synthetic'])} on {MEASURED_ON})")
     parser.add_argument("--data-dir", type=Path, default=None,
                         help="folder of the benchmark data (default: $REFBAYES_DATA, then the user cache)")
     parser.add_argument("--epochs", type=positive_int, default=None,
@@ -129,7 +142,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--methods", type=_methods, default=METHODS,
                         help=f"comma-separated subset of {','.join(METHODS)}")
     parser.add_argument("--quick", action="store_true",
-                        help=f"{QUICK[0]} epochs, {QUICK[1]} restarts: australian in under 10 minutes")
+                        help=f"{QUICK[0]} epochs, {QUICK[1]} restarts: australian in "
+                             f"{_about(MEASURED_SECONDS['australian --quick'])} on {MEASURED_ON}")
     parser.add_argument("--seed", type=seed_arg, default=0, help="master seed (default 0)")
     parser.add_argument("--out", type=Path, default=Path("results/slang-logreg"),
                         help="output folder (default: results/slang-logreg)")
