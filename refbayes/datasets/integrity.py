@@ -3,10 +3,11 @@
 A loader asks :func:`verified_file` (or, for a path a user passed, :func:`check_path`) before it
 parses a file. A file is verified exactly as ``refbayes data verify`` does it
 (:func:`refbayes.datasets.download.check_file_digest`): by sha256, and for the LIBSVM text
-files also by parsed content (``data verify`` accepts them that way too). A file that does not verify raises :class:`DataVerificationError`
-(a ValueError) naming the file, the expected and found sha256 (and sizes where they differ) and
-the fix, ``refbayes data fetch NAME``; nothing is parsed from it. A path that is no registered
-file (a user's own data) is read with an :class:`UnverifiedDataWarning` (a UserWarning).
+files also by parsed content (``data verify`` accepts them that way too). A file that does not
+verify raises :class:`DataVerificationError` (a ValueError) naming the file, the expected and
+found sha256 (and sizes where they differ) and the fix, ``refbayes data fetch NAME``; nothing is
+parsed from it. A path that is no registered file (a user's own data) is read with an
+:class:`UnverifiedDataWarning` (a UserWarning).
 
 Verdict cache. Hashing a1a.t or a UCI folder on every split would dominate a quick run, so each
 verdict is kept in the module-level dict ``_VERDICTS``, keyed by (resolved path, size in bytes,
