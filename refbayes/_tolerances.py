@@ -5,7 +5,8 @@ Relative errors are ``max|a - b| / max|b|``: a fraction of the reference's scale
 """
 import numpy as np
 
-__all__ = ["EXACT_F64", "EXACT_F32", "CONVERGED", "QUADRATURE", "QUADRATURE_WIDE", "exact", "kl_zero", "rel_err"]
+__all__ = ["EXACT_F64", "EXACT_F32", "CONVERGED", "QUADRATURE", "QUADRATURE_WIDE", "ODE_F64", "exact", "kl_zero",
+           "rel_err"]
 
 # Exact identities evaluated two ways in float64 (Woodbury vs a dense inverse, a closed-form
 # gradient vs autograd): both sides round at ~1e-16 per operation; the condition numbers of the
@@ -31,6 +32,17 @@ QUADRATURE = 1e-12
 # 16384-65536-term sums round at ~1e-16 of that; measured worst case 3.8e-12 at the rung
 # thresholds, so 1e-11.
 QUADRATURE_WIDE = 1e-11
+
+# Two computations of one geodesic ODE solution on t in [0, 1] (riemannian_laplace: two solves
+# with different right-hand-side paths, a solve on [0, t] against one of t v on [0, 1], the
+# conserved speed c'^T M c' at t = 1 against t = 0), each solved by DOP853 at rtol = atol = 1e-12.
+# The solver holds each step's local error estimate below 1e-12 (relative) and the global error
+# of an error-controlled explicit Runge-Kutta solve grows from that by the ODE's Lipschitz factor
+# over the unit interval and the number of steps (12-43 here); measured worst case 1.3e-12 on the
+# test problems, so 1e-8 leaves three orders of headroom, while the wrong answers the tests
+# separate (the straight line theta + v, a dropped Sherman-Morrison denominator, the official
+# defaults' atol = 1e-3 solve) sit 1e-3 to 1e-1 away.
+ODE_F64 = 1e-8
 
 
 def exact(dtype) -> float:

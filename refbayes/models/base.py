@@ -561,6 +561,49 @@ class FlatModel:
         H = autograd.hessian(self._autograd_loss)(theta, X, y)  # (peg.17)
         return np.asarray(H, dtype=theta.dtype)
 
+    def hvp(self, theta, v, X, y):
+        """Compute the Hessian-vector product H v of sum_i l_i, by autograd (NumPy only).
+
+        H is the Hessian of ``hessian`` (peg.17); H v = d/dtheta (grad(theta)^T v) is formed by
+        reverse-over-reverse differentiation without the D x D matrix (one gradient pass of
+        the scalar grad^T v).
+
+        Parameters
+        ----------
+        theta : array of shape (D,)
+            Flat parameter vector (float64 or float32).
+        v : array of shape (D,)
+            The vector, same dtype as theta.
+        X : array of shape (M, n_in)
+            Inputs, M >= 1, same dtype as theta.
+        y : array of shape (M,) or (M, n_out)
+            Targets: labels (M,) for classification; reals (M,) or (M, n_out) for the gaussian
+            likelihood.
+
+        Returns
+        -------
+        numpy.ndarray of shape (D,)
+            The product H v, in theta's dtype.
+
+        Raises
+        ------
+        ValueError
+            If theta is not a finite float (D,) array, v not a finite (D,) array of theta's
+            dtype, X is not a finite float (M, n_in) array with M >= 1 in theta's dtype, or
+            the arrays mix NumPy and CuPy; if y is None or does not fit the likelihood (see
+            its ``check_targets``); also if the arrays are CuPy arrays.
+        """
+        xp, theta, X, y = self._inputs(theta, X, y)
+        xp_of(theta, v)
+        check_array(v, "v", shape=(self.D,))
+        check_same_dtype({"theta": theta, "v": v})
+        if xp is not np:
+            raise ValueError("theta: the autograd Hessian-vector product needs NumPy arrays, got "
+                             "CuPy arrays")
+        import autograd
+        Hv = autograd.hessian_tensor_product(self._autograd_loss)(theta, X, y, v)  # (peg.17)
+        return np.asarray(Hv, dtype=theta.dtype)
+
     def diag_ggn(self, theta, X, y):
         """Compute the GGN diagonal without forming a D x D matrix.
 

@@ -29,9 +29,11 @@ from refbayes.methods import (
     bbb,
     driver,
     exact_vi,
+    laplace,
     mc_dropout,
     ngvi,
     noisy_adam,
+    riemannian_laplace,
     slang,
     vadam,
     vogn,
@@ -81,6 +83,8 @@ BASE = {
     mc_dropout.MCDropoutConfig: mc_dropout.MCDropoutConfig(N),
     adam.AdamConfig: adam.AdamConfig(),
     adam.MAPConfig: adam.MAPConfig(N, 0.5),
+    laplace.LaplaceConfig: laplace.LaplaceConfig(1.0),
+    riemannian_laplace.RiemannianLaplaceConfig: riemannian_laplace.RiemannianLaplaceConfig(),
 }
 
 _SLANG0 = slang.init(np.zeros(D), np.zeros((D, 1)), np.ones(D))
@@ -92,6 +96,9 @@ _NOISY0 = noisy_adam.init(np.zeros(D))
 _BBB0 = bbb.init(np.zeros(D), sigma0=0.5)
 _MCD0 = mc_dropout.init(THETA)
 _MAP0 = adam.init(np.zeros(D))
+_RL_GRAD = lambda th: MODEL.grad(th, X, Y) + th  # noqa: E731  (L = summed loss + |theta|^2 / 2)
+_RL_HVP = lambda th, u: MODEL.hvp(th, u, X, Y) + u  # noqa: E731
+_LAP0 = laplace.fit(MODEL, np.zeros(D), X, Y, laplace.LaplaceConfig(1.0))
 
 # the public functions that consume each Config (every one must validate it)
 CONSUMERS = {
@@ -133,6 +140,15 @@ CONSUMERS = {
     adam.MAPConfig: {
         "driver.run": lambda c: driver.run(_MAP0, c, MODEL, X, Y, rng=np.random.default_rng(0),
                                            epochs=1, M=M),
+    },
+    laplace.LaplaceConfig: {
+        "fit": lambda c: laplace.fit(MODEL, np.zeros(D), X, Y, c),
+        "log_marginal_likelihood": lambda c: laplace.log_marginal_likelihood(MODEL, _LAP0, X, Y, c),
+    },
+    riemannian_laplace.RiemannianLaplaceConfig: {
+        "exp_map": lambda c: riemannian_laplace.exp_map(np.zeros(D), EPS[:, 0].copy(), _RL_GRAD,
+                                                        _RL_HVP, c),
+        "sample": lambda c: riemannian_laplace.sample(np.zeros(D), EPS, _RL_GRAD, _RL_HVP, c),
     },
 }
 

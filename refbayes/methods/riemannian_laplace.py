@@ -1,0 +1,417 @@
+"""Riemannian Laplace approximation, the geodesic core (Bergamin et al. 2023, NeurIPS,
+"Riemannian Laplace approximations for Bayesian neural networks").
+
+Implements (riemannian_laplace.1)-(riemannian_laplace.13) of derivations/riemannian_laplace.md.
+
+Symbols (derivations/notation.md, riemannian_laplace.md): L the full-batch negative log
+posterior (summed loss plus the prior term), g = grad L (D,), H[L] its Hessian (D, D), never
+formed here (only H[L] u through ``hvp_fn``); M(theta) = I_D + g g^T the metric of the
+immersion theta -> [theta, L(theta)] (riemannian_laplace.1); c(t) (D,) a geodesic, cdot = c'(t)
+(D,) its velocity; theta_map (D,) the base point; v (D,) an initial velocity; V (D, S) S of them.
+
+Where N, M, S, tau, rho enter: nowhere in this module. L is whatever the caller's ``grad_fn`` and
+``hvp_fn`` differentiate, e.g. grad_fn(theta) = model.grad(theta, X, y) + delta * theta and
+hvp_fn(theta, u) = model.hvp(theta, u, X, y) + delta * u for the summed loss over the N training
+rows and the prior N(0, delta^{-1} I). A minibatch or tempered L is the caller's choice, made by
+building those two callables; S is the number of columns of V.
+
+The geodesic equation as solved (riemannian_laplace.7), (riemannian_laplace.8):
+    c'' = -g(c) (c'^T H[L](c) c') / (1 + g(c)^T g(c)),    c(0) = theta_map, c'(0) = v,
+and Exp_{theta_map}(v) = c(1) (riemannian_laplace.9), by ``scipy.integrate.solve_ivp`` on
+t in [0, 1] (explicit Runge-Kutta; the config defaults are the official code's).
+
+Backend: NumPy float64 only; the ODE is solved by scipy on the host (no CuPy path), so the
+inputs must be NumPy float64 arrays and the callables must return them.
+
+Randomness: nothing is drawn here; the velocities V come from the caller (``velocities`` forms
+the printed v_s = theta_map - theta_s from draws theta_s ~ N(theta_map, H^{-1})).
+"""
+from __future__ import annotations
+
+import math
+from typing import Any, NamedTuple
+
+import numpy as np
+from scipy.integrate import solve_ivp
+
+from refbayes._checks import check_array, check_in_range
+from refbayes.backend import xp_of
+
+__all__ = [
+    "ExpMapInfo",
+    "METHODS",
+    "RiemannianLaplaceConfig",
+    "SampleInfo",
+    "exp_map",
+    "geodesic_acceleration",
+    "sample",
+    "squared_speed",
+    "velocities",
+]
+
+Array = Any
+
+METHODS = ("RK45", "RK23", "DOP853")  # explicit Runge-Kutta methods of scipy.integrate.solve_ivp
+
+_RTOL_MIN = 100 * float(np.finfo(np.float64).eps)  # below it solve_ivp raises rtol silently
+
+
+class RiemannianLaplaceConfig(NamedTuple):
+    """Settings of the geodesic ODE solve.
+
+    The defaults are the official code's (federicobergamin/riemannian-laplace-approximation,
+    ``geomai/utils/geometry.py``, ``new_solve_expmap``: ``solve_ivp`` with its default method
+    RK45, atol = 1e-3, rtol = 1e-6).
+
+    Attributes
+    ----------
+    method : {"RK45", "RK23", "DOP853"}
+        Explicit Runge-Kutta method of ``scipy.integrate.solve_ivp``.  (riemannian_laplace.8)
+    rtol : float
+        Relative tolerance of the adaptive step, in [100 eps_f64, 1).  (riemannian_laplace.8)
+    atol : float
+        Absolute tolerance of the adaptive step, >= 0.  (riemannian_laplace.8)
+    """
+    method: str = "RK45"  # solve_ivp method, one of METHODS (riemannian_laplace.8)
+    rtol: float = 1e-6    # relative tolerance in [100 eps, 1) (riemannian_laplace.8)
+    atol: float = 1e-3    # absolute tolerance >= 0 (riemannian_laplace.8)
+
+
+class ExpMapInfo(NamedTuple):
+    """The end state of one geodesic solve and the solver's report.
+
+    Attributes
+    ----------
+    c : array of shape (D,)
+        End point c(1) = Exp_{theta_map}(v).  (riemannian_laplace.9)
+    cdot : array of shape (D,)
+        End velocity c'(1).  (riemannian_laplace.8)
+    status : int
+        ``solve_ivp`` status: 0, the solver reached t = 1 (a failure raises instead).
+    nfev : int
+        Number of right-hand-side evaluations (each one grad_fn call and one hvp_fn call).
+    n_steps : int
+        Number of accepted steps.
+    """
+    c: Array      # c(1) = Exp_{theta_map}(v), (D,) (riemannian_laplace.9)
+    cdot: Array   # c'(1), (D,) (riemannian_laplace.8)
+    status: int   # solve_ivp status, 0 = reached t = 1
+    nfev: int     # right-hand-side evaluations
+    n_steps: int  # accepted steps
+
+
+class SampleInfo(NamedTuple):
+    """The solver reports of a batch of geodesic solves, one column / entry per velocity.
+
+    Attributes
+    ----------
+    cdot : array of shape (D, S)
+        End velocities c_s'(1).  (riemannian_laplace.8)
+    status : array of shape (S,)
+        ``solve_ivp`` statuses (all 0; a failure raises instead).
+    nfev : array of shape (S,)
+        Right-hand-side evaluations per solve.
+    n_steps : array of shape (S,)
+        Accepted steps per solve.
+    """
+    cdot: Array     # c_s'(1), (D, S) (riemannian_laplace.8)
+    status: Array   # (S,) int, 0 = reached t = 1
+    nfev: Array     # (S,) int
+    n_steps: Array  # (S,) int
+
+
+# ----------------------------------------------------------------------------- checks
+
+def _check_vector(a, name: str, D=None):
+    """A finite NumPy float64 array of shape (D,) (any D >= 1 when D is None)."""
+    check_array(a, name, ndim=1)
+    if xp_of(a) is not np:
+        raise ValueError(f"{name}: expected a NumPy array (the ODE is solved by scipy on the "
+                         f"host), got {type(a).__module__}.{type(a).__name__}")
+    if a.dtype != np.float64:
+        raise ValueError(f"{name}: expected dtype float64 (the ODE is solved in float64), "
+                         f"got {a.dtype}")
+    if D is None:
+        if a.shape[0] < 1:
+            raise ValueError(f"{name}: expected at least one entry, got shape {tuple(a.shape)}")
+    elif a.shape[0] != D:
+        raise ValueError(f"{name}: expected shape ({D},), got {tuple(a.shape)}")
+    return a
+
+
+def _check_callable(f, name: str):
+    if not callable(f):
+        raise ValueError(f"{name}: expected a callable, got {type(f).__name__}")
+    return f
+
+
+def _check_cfg(cfg) -> RiemannianLaplaceConfig:
+    if not isinstance(cfg, RiemannianLaplaceConfig):
+        raise ValueError(f"cfg: expected a RiemannianLaplaceConfig, got {type(cfg).__name__}")
+    if cfg.method not in METHODS:
+        raise ValueError(f"cfg.method: expected one of {METHODS}, got {cfg.method!r}")
+    rtol = check_in_range(cfg.rtol, "cfg.rtol", _RTOL_MIN, 1.0, high_open=True)
+    atol = check_in_range(cfg.atol, "cfg.atol", 0.0, math.inf, high_open=True)
+    return RiemannianLaplaceConfig(cfg.method, rtol, atol)
+
+
+def _call(f, name: str, D: int, *args):
+    """f(*args), checked to be a finite NumPy float64 (D,) array (the callable's contract)."""
+    out = f(*args)
+    if not (hasattr(out, "shape") and hasattr(out, "dtype")):
+        raise ValueError(f"{name}: expected it to return an array of shape ({D},), got "
+                         f"{type(out).__name__}")
+    if out.shape != (D,) or out.dtype != np.float64 or xp_of(out) is not np:
+        raise ValueError(f"{name}: expected it to return a NumPy float64 array of shape ({D},), "
+                         f"got {type(out).__name__} of shape {tuple(out.shape)} and dtype "
+                         f"{out.dtype}")
+    if not bool(np.all(np.isfinite(out))):
+        raise ValueError(f"{name}: returned NaN or inf at the point given")
+    return out
+
+
+# ----------------------------------------------------------------------------- the metric
+
+def _acceleration(grad_L, hvp_L, c, cdot, D: int, names=("grad_L", "hvp_L")):
+    g = _call(grad_L, names[0], D, c)          # g = grad L(c) (riemannian_laplace.1)
+    Hu = _call(hvp_L, names[1], D, c, cdot)    # H[L](c) c'
+    return -(g / (1.0 + g @ g)) * (cdot @ Hu)  # (riemannian_laplace.7)
+
+
+def squared_speed(grad_fn, c, cdot) -> float:
+    """Compute the squared metric speed c'^T M(c) c' = |c'|^2 + (grad L(c)^T c')^2.
+
+    M(c) = I_D + grad L(c) grad L(c)^T, the metric of the immersion c -> [c, L(c)]
+    (riemannian_laplace.1), (riemannian_laplace.2); constant along a geodesic
+    (riemannian_laplace.11).
+
+    Parameters
+    ----------
+    grad_fn : callable
+        The gradient: grad_fn(theta) -> grad L(theta), a NumPy float64 array of shape (D,).
+    c : numpy.ndarray of shape (D,)
+        The point, float64.
+    cdot : numpy.ndarray of shape (D,)
+        The velocity at c, float64.
+
+    Returns
+    -------
+    float
+        The squared speed.
+
+    Raises
+    ------
+    ValueError
+        If grad_fn is not callable or does not return a finite float64 (D,) NumPy array, or if
+        c, cdot are not finite float64 NumPy arrays of one shape (D,), D >= 1.
+    """
+    _check_callable(grad_fn, "grad_fn")
+    _check_vector(c, "c")
+    D = c.shape[0]
+    _check_vector(cdot, "cdot", D)
+    g = _call(grad_fn, "grad_fn", D, c)
+    return float(cdot @ cdot + (g @ cdot) ** 2)  # (riemannian_laplace.2)
+
+
+def geodesic_acceleration(grad_L, hvp_L, c, cdot):
+    """Compute the geodesic acceleration c'' = -g (c'^T H[L](c) c') / (1 + g^T g), g = grad L(c).
+
+    The Christoffel form of the geodesic equation of M = I + g g^T (riemannian_laplace.3),
+    simplified by Sherman-Morrison (riemannian_laplace.4)-(riemannian_laplace.7).
+
+    Parameters
+    ----------
+    grad_L : callable
+        The gradient: grad_L(theta) -> grad L(theta), a NumPy float64 array of shape (D,).
+    hvp_L : callable
+        The Hessian-vector product: hvp_L(theta, u) -> H[L](theta) u, a NumPy float64
+        array of shape (D,).
+    c : numpy.ndarray of shape (D,)
+        The point, float64.
+    cdot : numpy.ndarray of shape (D,)
+        The velocity c', float64.
+
+    Returns
+    -------
+    numpy.ndarray of shape (D,)
+        The acceleration c''.
+
+    Raises
+    ------
+    ValueError
+        If grad_L or hvp_L is not callable or does not return a finite float64 (D,) NumPy
+        array, or if c, cdot are not finite float64 NumPy arrays of one shape (D,), D >= 1.
+    """
+    _check_callable(grad_L, "grad_L")
+    _check_callable(hvp_L, "hvp_L")
+    _check_vector(c, "c")
+    D = c.shape[0]
+    _check_vector(cdot, "cdot", D)
+    return _acceleration(grad_L, hvp_L, c, cdot, D)
+
+
+# ----------------------------------------------------------------------------- the exponential map
+
+def _solve(theta_map, v, grad_fn, hvp_fn, cfg: RiemannianLaplaceConfig):
+    """Integrate (riemannian_laplace.8) on [0, 1]; the end state and the solver's counters."""
+    D = theta_map.shape[0]
+
+    def rhs(t, y):
+        c, cdot = y[:D], y[D:]
+        cddot = _acceleration(grad_fn, hvp_fn, c, cdot, D, ("grad_fn", "hvp_fn"))
+        return np.concatenate([cdot, cddot])  # [c', c''] (riemannian_laplace.8)
+
+    y0 = np.concatenate([theta_map, v])       # [theta_map; v] (riemannian_laplace.8)
+    sol = solve_ivp(rhs, (0.0, 1.0), y0, method=cfg.method, rtol=cfg.rtol, atol=cfg.atol)
+    if sol.status != 0:
+        raise RuntimeError(f"exp_map: solve_ivp ({cfg.method}, rtol {cfg.rtol}, atol {cfg.atol}) "
+                           f"stopped at t = {float(sol.t[-1])!r} with status {sol.status}: "
+                           f"{sol.message}")
+    y1 = sol.y[:, -1]
+    c1 = y1[:D].copy()  # Exp_{theta_map}(v) (riemannian_laplace.9)
+    return ExpMapInfo(c1, y1[D:].copy(), int(sol.status), int(sol.nfev), int(sol.t.shape[0] - 1))
+
+
+def exp_map(theta_map, v, grad_fn, hvp_fn, cfg: RiemannianLaplaceConfig):
+    """Compute Exp_{theta_map}(v) = c(1), the end of the geodesic from theta_map with velocity v.
+
+    Solves [c, c']' = [c', c''] (riemannian_laplace.8), c'' of ``geodesic_acceleration``, with
+    c(0) = theta_map, c'(0) = v, by ``scipy.integrate.solve_ivp`` on t in [0, 1] (on the host,
+    in float64) (riemannian_laplace.9).  v = 0 returns theta_map exactly (c'' = 0 there).
+
+    Parameters
+    ----------
+    theta_map : numpy.ndarray of shape (D,)
+        Base point (the MAP estimate), float64.
+    v : numpy.ndarray of shape (D,)
+        Initial velocity, float64.
+    grad_fn : callable
+        The gradient: grad_fn(theta) -> grad L(theta), a NumPy float64 array of shape (D,); L is the
+        full-batch negative log posterior (summed loss plus the prior term).
+    hvp_fn : callable
+        The Hessian-vector product: hvp_fn(theta, u) -> H[L](theta) u, a NumPy float64
+        array of shape (D,).
+    cfg : RiemannianLaplaceConfig
+        Solver settings (method, rtol, atol).
+
+    Returns
+    -------
+    c1 : numpy.ndarray of shape (D,)
+        The end point c(1).
+    info : ExpMapInfo
+        The end point c(1), the end velocity c'(1) and the solver's counters.
+
+    Raises
+    ------
+    ValueError
+        If theta_map, v are not finite float64 NumPy arrays of one shape (D,), D >= 1; if
+        grad_fn or hvp_fn is not callable or returns anything but a finite float64 (D,) NumPy
+        array; if cfg is not a RiemannianLaplaceConfig with method in METHODS, rtol in
+        [100 eps, 1) and atol in [0, inf).
+    RuntimeError
+        If ``solve_ivp`` stops before t = 1 (its step size underflows).
+    """
+    c = _check_cfg(cfg)
+    _check_vector(theta_map, "theta_map")
+    _check_vector(v, "v", theta_map.shape[0])
+    _check_callable(grad_fn, "grad_fn")
+    _check_callable(hvp_fn, "hvp_fn")
+    info = _solve(theta_map, v, grad_fn, hvp_fn, c)
+    return info.c, info
+
+
+def velocities(theta_map, Theta):
+    """Form the printed initial velocities v_s = theta_map - theta_s of draws theta_s.
+
+    (riemannian_laplace.10)  With theta_s ~ N(theta_map, H^{-1}) the v_s are N(0, H^{-1}); the
+    official code draws v_s = +H^{-1/2} eps_s directly, the opposite sign for the same eps
+    (riemannian_laplace.md, Conventions).
+
+    Parameters
+    ----------
+    theta_map : numpy.ndarray of shape (D,)
+        The MAP estimate, float64.
+    Theta : numpy.ndarray of shape (D, S)
+        Draws theta_s, one per column, float64.
+
+    Returns
+    -------
+    numpy.ndarray of shape (D, S)
+        The velocities V, column s = theta_map - theta_s.
+
+    Raises
+    ------
+    ValueError
+        If theta_map is not a finite float64 NumPy (D,) array or Theta not a finite float64
+        NumPy (D, S) array with S >= 1.
+    """
+    _check_vector(theta_map, "theta_map")
+    D = theta_map.shape[0]
+    _check_columns(Theta, "Theta", D)
+    return theta_map[:, None] - Theta  # (riemannian_laplace.10)
+
+
+def _check_columns(V, name: str, D: int):
+    check_array(V, name, ndim=2)
+    if xp_of(V) is not np:
+        raise ValueError(f"{name}: expected a NumPy array (the ODE is solved by scipy on the "
+                         f"host), got {type(V).__module__}.{type(V).__name__}")
+    if V.shape[0] != D or V.shape[1] < 1:
+        raise ValueError(f"{name}: expected shape ({D}, S) with S >= 1, got {tuple(V.shape)}")
+    if V.dtype != np.float64:
+        raise ValueError(f"{name}: expected dtype float64 (the ODE is solved in float64), "
+                         f"got {V.dtype}")
+    return V
+
+
+def sample(theta_map, V, grad_fn, hvp_fn, cfg: RiemannianLaplaceConfig):
+    """Map velocities to Riemannian Laplace samples, column s -> Exp_{theta_map}(V[:, s]).
+
+    (riemannian_laplace.9), (riemannian_laplace.12): one ``exp_map`` per column, in order.
+    With V from ``velocities`` (or V = H^{-1/2} eps, the official code's sign) the columns of
+    the result are the paper's samples.
+
+    Parameters
+    ----------
+    theta_map : numpy.ndarray of shape (D,)
+        Base point (the MAP estimate), float64.
+    V : numpy.ndarray of shape (D, S)
+        Initial velocities, one per column, float64, S >= 1.
+    grad_fn : callable
+        The gradient: grad_fn(theta) -> grad L(theta), a NumPy float64 array of shape (D,).
+    hvp_fn : callable
+        The Hessian-vector product: hvp_fn(theta, u) -> H[L](theta) u, a NumPy float64
+        array of shape (D,).
+    cfg : RiemannianLaplaceConfig
+        Solver settings (method, rtol, atol).
+
+    Returns
+    -------
+    Theta : numpy.ndarray of shape (D, S)
+        The samples, column s = Exp_{theta_map}(V[:, s]).
+    info : SampleInfo
+        End velocities and the solver's counters, per column.
+
+    Raises
+    ------
+    ValueError
+        If theta_map is not a finite float64 NumPy (D,) array, V not a finite float64 NumPy
+        (D, S) array with S >= 1; if grad_fn or hvp_fn is not callable or returns anything but
+        a finite float64 (D,) NumPy array; if cfg is not a RiemannianLaplaceConfig with method
+        in METHODS, rtol in [100 eps, 1) and atol in [0, inf).
+    RuntimeError
+        If ``solve_ivp`` stops before t = 1 for a column.
+    """
+    c = _check_cfg(cfg)
+    _check_vector(theta_map, "theta_map")
+    D = theta_map.shape[0]
+    _check_columns(V, "V", D)
+    _check_callable(grad_fn, "grad_fn")
+    _check_callable(hvp_fn, "hvp_fn")
+    infos = [_solve(theta_map, np.ascontiguousarray(V[:, s]), grad_fn, hvp_fn, c)
+             for s in range(V.shape[1])]  # (riemannian_laplace.12)
+    Theta = np.stack([i.c for i in infos], axis=1)
+    return Theta, SampleInfo(np.stack([i.cdot for i in infos], axis=1),
+                             np.array([i.status for i in infos]),
+                             np.array([i.nfev for i in infos]),
+                             np.array([i.n_steps for i in infos]))
