@@ -1,0 +1,227 @@
+"""The Laplace approximation (refbayes.methods.laplace) and the geodesic of the Riemannian Laplace
+approximation (refbayes.methods.riemannian_laplace) on the regression net of the RLA paper: an MLP
+with one hidden layer of 15 tanh units, 1-D input and output (D = 15 + 15 + 15 + 1 = 46).
+
+Inputs: a 1-D toy regression, x ~ U(-3, 3), y = sin(2 x) + N(0, 0.2^2), the Gaussian likelihood
+with noise_precision = 25 (the data's); theta0 from the model's initializer (seed 0), not a MAP:
+the cost of ``fit`` and ``glm_predictive`` does not depend on theta, and a MAP of this net is
+slow to reach (L-BFGS: ~0.3-0.8 s, ~600-1500 iterations) and makes the geodesics much longer
+(see ExpMap). Both modules are NumPy-only (the Hessian and the HVP are autograd's, the ODE is
+scipy's): the backend parameter's "cupy" is skipped (setup raises NotImplementedError).
+
+- LaplaceFit: ``laplace.fit`` for every structure x curvature, N training rows. The Hessian at
+  theta0 is indefinite (its smallest eigenvalue is about -2e3 at N = 100), so ``fit`` would raise
+  for curvature "hessian": every case uses the prior precision delta(N) = 1 + max(0,
+  -lambda_min(H(theta0))) + 1, which makes H + delta I (and diag(H) + delta, as
+  lambda_min <= min diag H) positive definite, the same delta for all six cases of one N (the
+  GGN / EF costs do not depend on delta): delta = 2.1e3, 2.0e4, 2.0e5 at N = 1e2, 1e3, 1e4.
+- GLMPredictive: ``laplace.glm_predictive`` (full and diag GGN states, N = 100, prior 1) at M
+  test points on a grid of [-4, 4].
+- ExpMap: one ``riemannian_laplace.exp_map`` from theta0 with L = sum_i l_i + |theta|^2 / 2
+  (prior precision 1), v a draw from the GGN Laplace posterior at theta0, N(0, (GGN + I)^{-1});
+  hvp_fn either model.hvp (autograd, no D x D matrix: the "hvp" path) or model.hessian(c) @ u
+  (the dense D x D autograd Hessian at every right-hand-side evaluation: "dense"), each plus the
+  prior term, as tests/methods/test_riemannian_laplace.py builds them. Solver at the config
+  defaults (RK45, rtol 1e-6, atol 1e-3, the official code's) and at a tight tolerance (DOP853,
+  rtol = atol = 1e-10). ``track_nfev`` is the solver's right-hand-side evaluations (one grad_fn
+  and one hvp_fn call each), which is the same for both paths up to rounding. From theta0 a
+  geodesic takes 80 / 62 evaluations at the defaults and 494 / 398 tight (N = 20 / 100); from an
+  L-BFGS MAP of this net, with v drawn the same way there (measured once on the dev machine),
+  482 / 1496 at the defaults and 1646 at N = 20 tight (at N = 100 the tight solve left the
+  region where the loss is finite): time per evaluation is the figure, nfev the multiplier.
+
+asv times whatever BLAS threading the process starts with; for one-core figures:
+
+    OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 MKL_NUM_THREADS=1 \
+        asv run --python=same -b bench_laplace
+
+``python -m benchmarks.bench_laplace`` (from asv_benchmarks/) prints the median time of every
+case with timeit, in one process.
+"""
+import functools
+
+import numpy as np
+
+from refbayes.methods import laplace
+from refbayes.methods import riemannian_laplace as rl
+from refbayes.models import MLP
+
+from .common import BACKENDS
+
+NOISE_PRECISION = 25.0   # y = sin(2 x) + N(0, 0.2^2)
+PRIOR = 1.0              # prior precision of the GLM predictive and the geodesic's L
+NS_FIT = [100, 1000, 10000]
+NS_GEODESIC = [20, 100]
+MS = [100, 1000]
+N_PRED = 100             # training rows of the GLM predictive's state
+TOLS = {"default": rl.RiemannianLaplaceConfig(),
+        "tight": rl.RiemannianLaplaceConfig("DOP853", rtol=1e-10, atol=1e-10)}
+
+
+def model():
+    return MLP([1, 15, 1], "tanh", "gaussian", noise_precision=NOISE_PRECISION)
+
+
+@functools.cache
+def theta0():
+    return model().init_theta(np.random.default_rng(0))
+
+
+@functools.cache
+def data(N, seed=0):
+    """(X (N, 1), y (N,)): x ~ U(-3, 3), y = sin(2 x) + 0.2 eps, float64."""
+    rng = np.random.default_rng(seed)
+    X = rng.uniform(-3.0, 3.0, (N, 1))
+    y = np.sin(2.0 * X[:, 0]) + rng.standard_normal(N) / np.sqrt(NOISE_PRECISION)
+    return X, y
+
+
+@functools.cache
+def fit_prior_precision(N):
+    """delta(N) = 1 + max(0, -lambda_min(H(theta0))) + 1: H + delta I is positive definite."""
+    H = model().hessian(theta0(), *data(N))
+    return 2.0 + max(0.0, -float(np.linalg.eigvalsh(H)[0]))
+
+
+def _numpy_only(name):
+    """NotImplementedError (asv: skip) for any backend but NumPy."""
+    if name != "numpy":
+        raise NotImplementedError(f"backend {name!r}: the Laplace Hessian / HVP (autograd) and the "
+                                  "geodesic ODE (scipy) are NumPy-only")
+
+
+class LaplaceFit:
+    """laplace.fit: the curvature of the summed loss over N rows (D = 46) plus the prior; "full"
+    adds a Cholesky check of the 46 x 46 precision. "hessian" is the dense autograd Hessian."""
+    params = (BACKENDS, laplace.STRUCTURES, laplace.CURVATURES, NS_FIT)
+    param_names = ["backend", "structure", "curvature", "N"]
+    timeout = 180.0
+
+    def setup(self, name, structure, curvature, N):
+        _numpy_only(name)
+        self.net = model()
+        self.X, self.y = data(N)
+        self.theta = theta0()
+        self.cfg = laplace.LaplaceConfig(fit_prior_precision(N), structure, curvature)
+        self.run()  # warm-up: numba compilation or cache load (per-example gradients)
+
+    def run(self):
+        return laplace.fit(self.net, self.theta, self.X, self.y, self.cfg)
+
+    def time_fit(self, name, structure, curvature, N):
+        self.run()
+
+
+class GLMPredictive:
+    """laplace.glm_predictive at M test points: the Jacobian (M, 1, 46), then a triangular solve
+    with the Cholesky factor ("full") or a scaling ("diag")."""
+    params = (BACKENDS, laplace.STRUCTURES, MS)
+    param_names = ["backend", "structure", "M"]
+
+    def setup(self, name, structure, M):
+        _numpy_only(name)
+        self.net = model()
+        cfg = laplace.LaplaceConfig(PRIOR, structure, "ggn")
+        self.state = laplace.fit(self.net, theta0(), *data(N_PRED), cfg)
+        self.X_star = np.linspace(-4.0, 4.0, M)[:, None]
+        self.run()
+
+    def run(self):
+        return laplace.glm_predictive(self.net, self.state, self.X_star)
+
+    def time_glm_predictive(self, name, structure, M):
+        self.run()
+
+
+@functools.cache
+def _velocity(N):
+    """v = theta_s - theta0, theta_s drawn from the GGN Laplace posterior at theta0 (prior 1)."""
+    state = laplace.fit(model(), theta0(), *data(N), laplace.LaplaceConfig(PRIOR, "full", "ggn"))
+    eps = np.random.default_rng(1).standard_normal((model().D, 1))
+    return laplace.sample(state, eps)[:, 0] - theta0()
+
+
+def geodesic_case(path, tol, N):
+    """A zero-argument callable running one exp_map (inputs built once)."""
+    net = model()
+    X, y = data(N)
+    eye = np.eye(net.D)
+
+    def grad_fn(theta):
+        return net.grad(theta, X, y) + PRIOR * theta
+
+    if path == "hvp":
+        def hvp_fn(theta, u):
+            return net.hvp(theta, u, X, y) + PRIOR * u
+    elif path == "dense":
+        def hvp_fn(theta, u):
+            return (net.hessian(theta, X, y) + PRIOR * eye) @ u
+    else:
+        raise ValueError(f"path: expected 'hvp' or 'dense', got {path!r}")
+    theta, v, cfg = theta0(), _velocity(N), TOLS[tol]
+    return lambda: rl.exp_map(theta, v, grad_fn, hvp_fn, cfg)[1]
+
+
+class ExpMap:
+    """One geodesic Exp_theta0(v): HVP path vs the dense-Hessian path, default vs tight solver.
+
+    Seconds per geodesic: the dense path at the tight tolerance runs ~20 s (one sample)."""
+    params = (BACKENDS, ["hvp", "dense"], list(TOLS), NS_GEODESIC)
+    param_names = ["backend", "path", "tol", "N"]
+    number = 1
+    repeat = (1, 5, 30.0)
+    warmup_time = 0.0
+    timeout = 300.0
+
+    def setup(self, name, path, tol, N):
+        _numpy_only(name)
+        self.run = geodesic_case(path, tol, N)  # no warm-up: nothing is compiled
+
+    def time_exp_map(self, name, path, tol, N):
+        self.run()
+
+    def track_nfev(self, name, path, tol, N):
+        return self.run().nfev
+
+    track_nfev.unit = "rhs evaluations"
+
+
+# ----------------------------------------------------------------------------- without asv
+
+def _median_ms(fn, min_time=0.3, repeat=5):
+    import timeit
+    timer = timeit.Timer(fn)
+    first = timer.timeit(1)
+    number = max(1, int(min_time / repeat / max(first, 1e-9)))
+    if first * repeat > 20.0:  # a long geodesic: the first call is the sample
+        return 1e3 * first
+    return 1e3 * float(np.median(timer.repeat(repeat=repeat, number=number))) / number
+
+
+def main():
+    """Median ms of every case, in one process (BLAS threads from the environment)."""
+    print(f"{'case':<40} {'ms':>10}")
+    for s in laplace.STRUCTURES:
+        for c in laplace.CURVATURES:
+            for N in NS_FIT:
+                b = LaplaceFit()
+                b.setup("numpy", s, c, N)
+                print(f"{'fit ' + s + ' ' + c + ' N=' + str(N):<40} {_median_ms(b.run):10.3f}",
+                      flush=True)
+    for s in laplace.STRUCTURES:
+        for M in MS:
+            b = GLMPredictive()
+            b.setup("numpy", s, M)
+            print(f"{'glm_predictive ' + s + ' M=' + str(M):<40} {_median_ms(b.run):10.3f}",
+                  flush=True)
+    for N in NS_GEODESIC:
+        for tol in TOLS:
+            for path in ["hvp", "dense"]:
+                fn = geodesic_case(path, tol, N)
+                nfev = fn().nfev
+                label = f"exp_map {path} {tol} N={N} (nfev {nfev})"
+                print(f"{label:<40} {_median_ms(fn):10.3f}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
