@@ -1,5 +1,6 @@
-"""The README claims only what exists: every path it names is in the tree, and the methods it
-lists as implemented are exactly those whose module exists (the others are on the roadmap line)."""
+"""The README claims only what exists: every path it names is in the tree, and the methods its
+opening lists as implemented are exactly those whose module exists (the others are in its Roadmap
+section)."""
 import re
 from pathlib import Path
 
@@ -19,10 +20,11 @@ PLANNED_OR_DONE = {
 
 
 def _paragraphs():
-    intro = README.split("## ")[0]
-    implemented, _, roadmap = intro.partition("Roadmap")
-    assert roadmap, "README: the first section must have a 'Roadmap' line for what is planned"
-    return implemented, roadmap
+    """(the opening, before the first heading; the "## Roadmap" section)."""
+    implemented = README.split("\n## ")[0]
+    _, found, rest = README.partition("\n## Roadmap\n")
+    assert found, "README: what is planned belongs in a '## Roadmap' section"
+    return implemented, rest.split("\n## ")[0]
 
 
 def _mentions(text: str, name: str, *, partial_ok: bool = False) -> bool:

@@ -35,8 +35,6 @@ __all__ = ["Progress", "ResultFileError", "atomic_write_text", "format_table", "
            "sha256_arrays", "writable_error", "write_json"]
 
 FRESH_HINT = "use --fresh to recompute it or another --out"
-
-
 RECOMPUTE_HINT = "rerun with --fresh to recompute this run (or delete the file)"
 
 
@@ -188,7 +186,7 @@ def provenance(data_sha256: dict) -> dict:
             "git_commit": git_commit()}
 
 
-def _refusal(path, saved, settings, current):
+def _refusal(saved, settings, current):
     """Why ``saved`` may not stand for a run with ``settings`` and provenance ``current``, or None."""
     if saved.get("settings") != settings:
         old = saved.get("settings") if isinstance(saved.get("settings"), dict) else {}
@@ -219,7 +217,7 @@ def reusable(path: Path, saved: dict, settings: dict, current: dict, fresh: bool
     docstring). Otherwise False with ``fresh`` (recompute it), else ValueError naming the file,
     what differs and the --fresh remedy.
     """
-    why = _refusal(path, saved, settings, current)
+    why = _refusal(saved, settings, current)
     if why is None:
         return True
     if fresh:

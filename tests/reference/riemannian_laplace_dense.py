@@ -62,7 +62,8 @@ def posterior_loss(spec, X, Y, delta):
     from tests.reference.per_example import naive_output
     X, Y = np.asarray(X, np.float64), np.asarray(Y, np.float64)
     if spec.likelihood not in ("gaussian", "bernoulli"):
-        raise NotImplementedError(spec.likelihood)
+        raise ValueError("spec.likelihood: expected 'gaussian' or 'bernoulli', got "
+                         f"{spec.likelihood!r}")
 
     def L(theta):
         f = naive_output(spec, theta, X)                        # (N, K)
