@@ -467,6 +467,21 @@ def log_marginal_likelihood(model, state: LaplaceState, X, y, cfg: LaplaceConfig
 
 # ----------------------------------------------------------------------------- predictive
 
+def _functional_covariance(state, J):
+    """J Sigma J^T per test point, for J (M, K, D) the output Jacobians at mu.  (laplace.7)
+
+    Full: V = L^{-1} J^T (L L^T = Sigma_inv), J Sigma J^T = V^T V; diag: J diag(1/prec_diag) J^T.
+    """
+    xp = xp_of(state.mu)
+    M, K, D = J.shape
+    if _structure(state) == "full":
+        L = _chol(state)
+        V = linalg_of(xp).solve_triangular(L, J.reshape(M * K, D).T, lower=True)  # L^{-1} J^T
+        V = V.reshape(D, M, K)
+        return xp.einsum("dmk,dml->mkl", V, V)  # (laplace.7)
+    return xp.einsum("mkd,mld->mkl", J / state.prec_diag, J)  # (laplace.7)
+
+
 def glm_predictive(model, state: LaplaceState, X_star) -> GLMPredictive:
     """Compute the linearized (GLM) predictive of a Gaussian-likelihood model in closed form.
 
@@ -506,14 +521,8 @@ def glm_predictive(model, state: LaplaceState, X_star) -> GLMPredictive:
     check_same_dtype({"state.mu": state.mu, "X_star": X_star})
     f_mean = model.forward(state.mu, X_star)  # (laplace.7)
     J = model.jacobian(state.mu, X_star)  # (M, K, D)
-    M, K, _ = J.shape
-    if _structure(state) == "full":
-        L = _chol(state)
-        V = linalg_of(xp).solve_triangular(L, J.reshape(M * K, D).T, lower=True)  # L^{-1} J^T
-        V = V.reshape(D, M, K)
-        f_var = xp.einsum("dmk,dml->mkl", V, V)  # (laplace.7)
-    else:
-        f_var = xp.einsum("mkd,mld->mkl", J / state.prec_diag, J)  # (laplace.7)
+    f_var = _functional_covariance(state, J)  # (laplace.7)
+    K = J.shape[1]
     eye = xp.eye(K, dtype=f_var.dtype) / model.likelihood.noise_precision
     y_var = f_var + eye[None]  # (laplace.7)
     return GLMPredictive(f_mean, f_var, y_var)
