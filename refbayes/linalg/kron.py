@@ -28,8 +28,8 @@ from refbayes._checks import (
 )
 from refbayes.backend import linalg_of, xp_of
 
-__all__ = ["dense", "kron_matvec", "solve", "logdet", "factored_damping_pi", "solve_factored",
-           "sample", "sample_cov"]
+__all__ = ["dense", "kron_matvec", "solve", "logdet", "damped_eigh", "factored_damping_pi",
+           "solve_factored", "sample", "sample_cov"]
 
 
 # ----------------------------------------------------------------------------- validation
@@ -290,6 +290,43 @@ def logdet(A, S, damping=0.0):
         return n_out * ld_A + n_in * ld_S  # (kron.6)
     _, _, lam = _damped_eig(A, S, damping)
     return xp.sum(xp.log(lam))  # (kron.6)
+
+
+def damped_eigh(A, S, damping=0.0):
+    """Eigendecompose A kron S + damping I through the factors.
+
+    A = Q_A diag(lam_A) Q_A^T, S = Q_S diag(lam_S) Q_S^T, so A kron S + damping I =
+    (Q_A kron Q_S) diag(vec Lam) (Q_A kron Q_S)^T with Lam[i, j] = lam_A[i] lam_S[j] + damping,
+    the eigenvalue of the eigenvector q_A,i kron q_S,j.  (kron.4)
+
+    Parameters
+    ----------
+    A : array of shape (n_in, n_in)
+        Input-side factor, symmetric.
+    S : array of shape (n_out, n_out)
+        Output-side factor, symmetric, same dtype as A.
+    damping : float, default 0.0
+        Finite damping >= 0 added to the diagonal.
+
+    Returns
+    -------
+    Q_A : array of shape (n_in, n_in)
+        Orthonormal eigenvectors of A.
+    Q_S : array of shape (n_out, n_out)
+        Orthonormal eigenvectors of S.
+    Lam : array of shape (n_in, n_out)
+        The eigenvalues lam_A[i] lam_S[j] + damping, all > 0.
+
+    Raises
+    ------
+    ValueError
+        If A or S is not a finite, float, non-empty square matrix, symmetric to 100 roundoffs
+        of its largest entry, if their dtypes differ, or if the arrays mix NumPy and CuPy;
+        if damping is not a real number >= 0; or if some Lam[i, j] <= 0.
+    """
+    _check_pair(A, S)
+    damping = check_in_range(damping, "damping", 0.0, math.inf, high_open=True)
+    return _damped_eig(A, S, damping)  # (kron.4)
 
 
 def factored_damping_pi(A, S):

@@ -42,6 +42,7 @@ from refbayes._checks import (
     check_symmetric,
 )
 from refbayes.backend import linalg_of, xp_of
+from refbayes.linalg import kron
 from refbayes.methods._estimates import check_model
 from refbayes.models.base import FlatModel
 from refbayes.models.likelihoods import Gaussian
@@ -49,7 +50,9 @@ from refbayes.models.likelihoods import Gaussian
 __all__ = [
     "CURVATURES",
     "STRUCTURES",
+    "SUBSETS",
     "GLMPredictive",
+    "KronBlock",
     "LaplaceConfig",
     "LaplaceState",
     "dense_covariance",
@@ -59,20 +62,32 @@ __all__ = [
     "glm_predictive",
     "log_marginal_likelihood",
     "sample",
+    # evidence optimisation and classification / sampling predictives (laplace.10)-(laplace.17)
+    "LINKS",
+    "PRIOR_STRUCTURES",
+    "TUNING_METHODS",
+    "ClassPredictive",
+    "MCPredictive",
+    "MarglikGrad",
+    "PriorOptInfo",
+    "glm_class_predictive",
+    "log_marginal_likelihood_grad",
+    "mc_predictive",
+    "optimize_prior_precision",
 ]
 
 Array = Any
 
 CURVATURES = ("hessian", "ggn", "ef")
-STRUCTURES = ("full", "diag")
+STRUCTURES = ("full", "diag", "kron")
+SUBSETS = ("all", "last_layer")
 
 
 class LaplaceConfig(NamedTuple):
     """Laplace approximation hyperparameters.
 
-    Defaults follow laplace-torch: prior_precision = 1.0 and the GGN curvature (its default
-    backend for full and diagonal structures); structure defaults to "full" (laplace-torch's
-    default "kron" is not implemented here).
+    Defaults follow laplace-torch's prior_precision = 1.0, its GGN curvature and its default
+    subset of weights "all"; structure defaults to "full" (laplace-torch's default is "kron").
 
     Attributes
     ----------
@@ -80,39 +95,69 @@ class LaplaceConfig(NamedTuple):
         Prior precision delta > 0 of p(theta) = N(0, diag(delta)^{-1}): a scalar, or one entry
         per parameter (``expand_prior_precision`` builds it from per-tensor values).
         (laplace.1), (laplace.3)
-    structure : {"full", "diag"}
-        Dense precision Sigma_inv (D, D) or its diagonal prec_diag (D,).  (laplace.3)
+        With subset "last_layer" an array has shape (D_q,), D_q the last layer's parameter
+        count; with structure "kron" delta must be constant on each layer's block [W_l, b_l].
+    structure : {"full", "diag", "kron"}
+        Dense precision Sigma_inv (D_q, D_q), its diagonal prec_diag (D_q,), or one K-FAC
+        block A_l kron B_l + delta_l I per layer.  (laplace.3), (laplace.20)
     curvature : {"hessian", "ggn", "ef"}
         The curvature H of the summed negative log-likelihood at the MAP: the Hessian, the
-        generalized Gauss-Newton sum_i J_i^T H_i J_i, or the empirical Fisher sum_i g_i g_i^T.
-        (laplace.2)
+        generalized Gauss-Newton sum_i J_i^T H_i J_i, or the empirical Fisher sum_i g_i g_i^T
+        ("kron" factors the GGN or the EF, not the Hessian).  (laplace.2)
+    subset : {"all", "last_layer"}
+        Which parameters are random: all D, or only the last layer's D_q (the rest fixed at
+        the MAP).  (laplace.25)
     """
-    prior_precision: Any = 1.0   # delta: float > 0 or (D,) array > 0 (laplace.1), (laplace.3)
-    structure: str = "full"      # "full" Sigma_inv (D, D) or "diag" prec_diag (D,) (laplace.3)
+    prior_precision: Any = 1.0   # delta: float > 0 or (D_q,) array > 0 (laplace.1), (laplace.3)
+    structure: str = "full"      # "full" (D_q, D_q), "diag" (D_q,) or "kron" (laplace.3), (laplace.20)
     curvature: str = "ggn"       # "hessian", "ggn" or "ef" (laplace.2)
+    subset: str = "all"          # "all" or "last_layer" (laplace.25)
+
+
+class KronBlock(NamedTuple):
+    """The K-FAC factors of one layer's curvature block, H_l ~ A kron B (peg.18).
+
+    Attributes
+    ----------
+    A : array of shape (n_in + 1, n_in + 1) or (n_in, n_in)
+        (1/N) sum_i a~_i a~_i^T, a~_i the layer input with a 1 appended for the bias.
+    B : array of shape (n_out, n_out)
+        sum_i B_i, the pre-activation GGN (or EF) summed over the N rows.
+    """
+    A: Array  # (1/N) sum_i a~_i a~_i^T, (n_in~, n_in~) (peg.18), (laplace.20)
+    B: Array  # sum_i B_i, (n_out, n_out) (peg.18), (laplace.20)
 
 
 class LaplaceState(NamedTuple):
-    """The Laplace posterior q(theta) = N(mu, precision^{-1}).
+    """The Laplace posterior q(theta) = N(mu, precision^{-1}) over theta[n_fixed:].
 
-    Exactly one of Sigma_inv (structure "full") and prec_diag (structure "diag") is an array;
-    the other is None.
+    Exactly one of Sigma_inv (structure "full"), prec_diag ("diag") and kron ("kron") is set;
+    the others are None.  The random parameters are the last D_q = D - n_fixed entries of
+    theta (all of them for subset "all", n_fixed = 0; the last layer's for "last_layer"); the
+    first n_fixed stay at mu.
 
     Attributes
     ----------
     mu : array of shape (D,)
         Mean, the MAP estimate theta*.  (laplace.1)
-    Sigma_inv : array of shape (D, D) or None
+    Sigma_inv : array of shape (D_q, D_q) or None
         Dense precision H + diag(delta) (structure "full"), else None.  (laplace.3)
-    prec_diag : array of shape (D,) or None
+    prec_diag : array of shape (D_q,) or None
         Diagonal precision diag(H) + delta (structure "diag"), else None.  (laplace.3)
-    prior_prec : array of shape (D,)
-        The prior precision delta inside the precision, per parameter.  (laplace.1)
+    prior_prec : array of shape (D_q,)
+        The prior precision delta inside the precision, per random parameter.  (laplace.1)
+    kron : tuple of KronBlock or None
+        One K-FAC block per layer in theta order (structure "kron"), the precision
+        blockdiag_l(A_l kron B_l + delta_l I), else None.  (laplace.20)
+    n_fixed : int
+        Number of leading entries of theta held at mu (0 for subset "all").  (laplace.25)
     """
     mu: Array          # theta*, (D,) (laplace.1)
-    Sigma_inv: Array   # H + diag(delta), (D, D), or None for "diag" (laplace.3)
-    prec_diag: Array   # diag(H) + delta, (D,), or None for "full" (laplace.3)
-    prior_prec: Array  # delta, (D,) (laplace.1)
+    Sigma_inv: Array   # H + diag(delta), (D_q, D_q), or None (laplace.3)
+    prec_diag: Array   # diag(H) + delta, (D_q,), or None (laplace.3)
+    prior_prec: Array  # delta, (D_q,) (laplace.1)
+    kron: Any = None   # (KronBlock(A_l, B_l), ...) for "kron", or None (laplace.20)
+    n_fixed: int = 0   # leading entries of theta fixed at mu (laplace.25)
 
 
 class GLMPredictive(NamedTuple):
@@ -157,37 +202,108 @@ def _check_cfg(cfg, D: int, dtype, xp):
         raise ValueError(f"cfg.structure: expected one of {STRUCTURES}, got {cfg.structure!r}")
     if cfg.curvature not in CURVATURES:
         raise ValueError(f"cfg.curvature: expected one of {CURVATURES}, got {cfg.curvature!r}")
+    if cfg.structure == "kron" and cfg.curvature == "hessian":
+        raise ValueError("cfg.curvature: structure 'kron' factors the GGN or the EF "
+                         "(curvature 'ggn' or 'ef'), got 'hessian'")
+    if cfg.subset not in SUBSETS:
+        raise ValueError(f"cfg.subset: expected one of {SUBSETS}, got {cfg.subset!r}")
     return cfg.structure, cfg.curvature, delta
 
 
 def _check_state(state):
-    """A LaplaceState of finite float arrays of one dtype and one structure; returns (D, xp)."""
+    """A LaplaceState of finite float arrays of one dtype and one structure; returns (D, xp),
+    D = len(mu) (the random block is the last D_q = D - n_fixed entries, ``_n_random``)."""
     if not isinstance(state, LaplaceState):
         raise ValueError(f"state: expected a LaplaceState, got {type(state).__name__}")
     check_array(state.mu, "state.mu", ndim=1)
     check_float(state.mu, "state.mu")
     D = state.mu.shape[0]
-    if (state.Sigma_inv is None) == (state.prec_diag is None):
-        raise ValueError("state.Sigma_inv, state.prec_diag: expected exactly one of them to be an "
-                         "array (structure 'full' or 'diag'), got "
-                         f"{'both' if state.Sigma_inv is not None else 'neither'}")
-    check_array(state.prior_prec, "state.prior_prec", shape=(D,))
+    set_fields = [n for n in ("Sigma_inv", "prec_diag", "kron") if getattr(state, n) is not None]
+    if len(set_fields) != 1:
+        raise ValueError("state.Sigma_inv, state.prec_diag, state.kron: expected exactly one of "
+                         "them to be set (structure 'full', 'diag' or 'kron'), got "
+                         f"{set_fields or 'none'}")
+    if isinstance(state.n_fixed, bool) or not isinstance(state.n_fixed, numbers.Integral) \
+            or not 0 <= state.n_fixed < D:
+        raise ValueError(f"state.n_fixed: expected an int in [0, {D}), got {state.n_fixed!r}")
+    Dq = D - int(state.n_fixed)
+    check_array(state.prior_prec, "state.prior_prec", shape=(Dq,))
     check_positive(state.prior_prec, "state.prior_prec")
     arrays = {"state.mu": state.mu, "state.prior_prec": state.prior_prec}
     if state.Sigma_inv is not None:
-        check_array(state.Sigma_inv, "state.Sigma_inv", shape=(D, D))
+        check_array(state.Sigma_inv, "state.Sigma_inv", shape=(Dq, Dq))
         check_symmetric(state.Sigma_inv, "state.Sigma_inv")
         arrays["state.Sigma_inv"] = state.Sigma_inv
-    else:
-        check_array(state.prec_diag, "state.prec_diag", shape=(D,))
+    elif state.prec_diag is not None:
+        check_array(state.prec_diag, "state.prec_diag", shape=(Dq,))
         check_invertible_positive(state.prec_diag, "state.prec_diag")
         arrays["state.prec_diag"] = state.prec_diag
+    else:
+        arrays.update(_check_kron(state.kron, state.prior_prec))
     check_same_dtype(arrays)
     return D, xp_of(*arrays.values())
 
 
+def _check_kron(blocks, delta):
+    """K-FAC blocks that tile delta's D_q entries, each with a constant delta on its block;
+    returns {name: array} for the dtype check.  (laplace.20)"""
+    if not isinstance(blocks, tuple) or not blocks \
+            or not all(isinstance(b, KronBlock) for b in blocks):
+        raise ValueError("state.kron: expected a non-empty tuple of KronBlock, got "
+                         f"{type(blocks).__name__}")
+    arrays, stop = {}, 0
+    for l, (A, B) in enumerate(blocks):
+        for name, F in ((f"state.kron[{l}].A", A), (f"state.kron[{l}].B", B)):
+            check_array(F, name, ndim=2)
+            check_float(F, name)
+            if F.shape[0] != F.shape[1]:
+                raise ValueError(f"{name}: expected a square matrix, got shape {tuple(F.shape)}")
+            check_symmetric(F, name)
+            arrays[name] = F
+        start, stop = stop, stop + A.shape[0] * B.shape[0]
+        if stop > delta.shape[0]:
+            break
+        _block_delta(delta, start, stop, f"state.prior_prec[{start}:{stop}]")
+    if stop != delta.shape[0]:
+        raise ValueError(f"state.kron: expected blocks of sum_l n_in~ n_out = {delta.shape[0]} "
+                         f"parameters (len(state.prior_prec)), got {stop}"
+                         + (" or more" if stop > delta.shape[0] else ""))
+    return arrays
+
+
+def _block_delta(delta, start, stop, name):
+    """The one prior precision of a K-FAC block: delta[start:stop] must be constant."""
+    xp = xp_of(delta)
+    d = delta[start:stop]
+    if not bool(xp.all(d == d[0])):
+        raise ValueError(f"{name}: expected one prior precision per layer block [W_l, b_l] for "
+                         f"structure 'kron', got values from {float(xp.min(d))!r} to "
+                         f"{float(xp.max(d))!r}")
+    return d[0]
+
+
 def _structure(state) -> str:
+    if state.kron is not None:
+        return "kron"
     return "full" if state.Sigma_inv is not None else "diag"
+
+
+def _n_random(state) -> int:
+    """D_q, the number of random parameters theta[n_fixed:].  (laplace.25)"""
+    return state.mu.shape[0] - int(state.n_fixed)
+
+
+def _kron_eigh(state):
+    """Per K-FAC block: (start, stop, Q_A, Q_B, Lam) with A kron B + delta_l I =
+    (Q_A kron Q_B) diag(vec Lam) (Q_A kron Q_B)^T, offsets into the D_q random entries.
+    (laplace.21)"""
+    out, stop = [], 0
+    for A, B in state.kron:
+        start, stop = stop, stop + A.shape[0] * B.shape[0]
+        delta_l = float(state.prior_prec[start])
+        Q_A, Q_B, Lam = kron.damped_eigh(A, B, delta_l)  # (laplace.21)
+        out.append((start, stop, Q_A, Q_B, Lam))
+    return out
 
 
 def _chol(state):
@@ -241,6 +357,9 @@ def expand_prior_precision(model, values):
 def _curvature(model, theta, X, y, structure: str, curvature: str):
     """H or diag(H) of sum_i l_i at theta.  (laplace.2)"""
     xp = xp_of(theta)
+    if structure == "kron":
+        return tuple(KronBlock(A, B)
+                     for A, B in model.kfac_curvature(theta, X, y, curvature))  # (laplace.20)
     if curvature == "ggn":
         if structure == "full":
             return model.ggn(theta, X, y)  # (laplace.2)
@@ -252,6 +371,18 @@ def _curvature(model, theta, X, y, structure: str, curvature: str):
         return model.diag_ef(theta, X, y)  # (laplace.2)
     H = model.hessian(theta, X, y)  # (laplace.2)
     return H if structure == "full" else xp.diagonal(H).copy()  # (laplace.2)
+
+
+def _random_part(model, theta_map, X, cfg):
+    """(model_q, theta_q, X_q, n_fixed): the model of the random parameters, their MAP values,
+    its inputs and the count of fixed leading entries.  For subset "last_layer" the head on
+    the features phi(X) (peg.19), whose curvature is the exact last-layer block of the whole
+    network's (laplace.25); for "all" the model itself.  cfg is validated later."""
+    if isinstance(cfg, LaplaceConfig) and cfg.subset == "last_layer":
+        head, phi = model.last_layer(theta_map, X)  # (laplace.25)
+        n_fixed = model.D - head.D
+        return head, theta_map[n_fixed:], phi, n_fixed
+    return model, theta_map, X, 0
 
 
 def fit(model, theta_map, X, y, cfg: LaplaceConfig) -> LaplaceState:
@@ -295,17 +426,23 @@ def fit(model, theta_map, X, y, cfg: LaplaceConfig) -> LaplaceState:
     check_float(theta_map, "theta_map")
     D = theta_map.shape[0]
     xp = xp_of(theta_map)
-    structure, curvature, delta = _check_cfg(cfg, D, theta_map.dtype, xp)
     check_model(model, D)
-    H = _curvature(model, theta_map, X, y, structure, curvature)  # (laplace.2)
+    model_q, theta_q, X_q, n_fixed = _random_part(model, theta_map, X, cfg)  # (laplace.25)
+    structure, curvature, delta = _check_cfg(cfg, D - n_fixed, theta_map.dtype, xp)
+    H = _curvature(model_q, theta_q, X_q, y, structure, curvature)  # (laplace.2)
     if structure == "full":
         Sigma_inv = H + xp.diag(delta)  # (laplace.3)
         Sigma_inv = 0.5 * (Sigma_inv + Sigma_inv.T)  # exact symmetry for the Cholesky routines
         check_spd(Sigma_inv, "Sigma_inv")
-        return LaplaceState(theta_map, Sigma_inv, None, delta)
+        return LaplaceState(theta_map, Sigma_inv, None, delta, None, n_fixed)
+    if structure == "kron":
+        state = LaplaceState(theta_map, None, None, delta, H, n_fixed)
+        _check_state(state)  # delta constant on each block
+        _kron_eigh(state)  # every A_l kron B_l + delta_l I positive definite (laplace.21)
+        return state
     prec_diag = H + delta  # (laplace.3)
     check_invertible_positive(prec_diag, "prec_diag")
-    return LaplaceState(theta_map, None, prec_diag, delta)
+    return LaplaceState(theta_map, None, prec_diag, delta, None, n_fixed)
 
 
 # ----------------------------------------------------------------------------- the Gaussian
@@ -335,16 +472,34 @@ def sample(state: LaplaceState, eps):
         Sigma_inv (D, D) symmetric positive definite and prec_diag (D,) > 0, prior_prec (D,)
         > 0), or eps is not a finite (D, S) array of the state's dtype.
     """
-    D, xp = _check_state(state)
-    check_array(eps, "eps", shape=(D, None))
+    _, xp = _check_state(state)
+    Dq = _n_random(state)
+    check_array(eps, "eps", shape=(Dq, None))
     check_same_dtype({"state.mu": state.mu, "eps": eps})
     if xp_of(eps) is not xp:
         raise ValueError("eps: expected an array on the state's backend, got NumPy and CuPy mixed")
-    if _structure(state) == "full":
+    Theta = xp.repeat(state.mu[:, None], eps.shape[1], axis=1)  # fixed entries stay at mu
+    Theta[state.n_fixed:] += _sqrt_cov_times(state, eps)  # (laplace.4), (laplace.22), (laplace.25)
+    return Theta
+
+
+def _sqrt_cov_times(state, eps):
+    """R eps with R R^T = Sigma (D_q, D_q): L^{-T} eps (full), eps / sqrt(prec_diag) (diag), or
+    per K-FAC block Q_A (E_l / sqrt(Lam)) Q_B^T (kron).  (laplace.4), (laplace.22)"""
+    xp = xp_of(state.mu)
+    structure = _structure(state)
+    if structure == "full":
         L = _chol(state)
-        sla = linalg_of(xp)
-        return state.mu[:, None] + sla.solve_triangular(L.T, eps, lower=False)  # (laplace.4)
-    return state.mu[:, None] + eps / xp.sqrt(state.prec_diag)[:, None]  # (laplace.4)
+        return linalg_of(xp).solve_triangular(L.T, eps, lower=False)  # (laplace.4)
+    if structure == "diag":
+        return eps / xp.sqrt(state.prec_diag)[:, None]  # (laplace.4)
+    out = xp.empty_like(eps)
+    S = eps.shape[1]
+    for start, stop, Q_A, Q_B, Lam in _kron_eigh(state):
+        E = eps[start:stop].reshape(Q_A.shape[0], Q_B.shape[0], S).transpose(2, 0, 1)
+        Z = Q_A @ (E / xp.sqrt(Lam)) @ Q_B.T  # (laplace.22)
+        out[start:stop] = Z.transpose(1, 2, 0).reshape(stop - start, S)
+    return out
 
 
 def dense_precision(state: LaplaceState):
@@ -368,9 +523,18 @@ def dense_precision(state: LaplaceState):
         If state is not a valid LaplaceState (see ``sample``).
     """
     _, xp = _check_state(state)
-    if _structure(state) == "full":
+    structure = _structure(state)
+    if structure == "full":
         return state.Sigma_inv.copy()
-    return xp.diag(state.prec_diag)
+    if structure == "diag":
+        return xp.diag(state.prec_diag)
+    P = xp.zeros((_n_random(state),) * 2, dtype=state.mu.dtype)
+    stop = 0
+    for A, B in state.kron:
+        start, stop = stop, stop + A.shape[0] * B.shape[0]
+        P[start:stop, start:stop] = kron.dense(A, B) \
+            + state.prior_prec[start] * xp.eye(stop - start, dtype=P.dtype)  # (laplace.20)
+    return P
 
 
 def dense_covariance(state: LaplaceState):
@@ -393,20 +557,28 @@ def dense_covariance(state: LaplaceState):
     ValueError
         If state is not a valid LaplaceState (see ``sample``).
     """
-    D, xp = _check_state(state)
-    if _structure(state) == "full":
+    _, xp = _check_state(state)
+    Dq = _n_random(state)
+    structure = _structure(state)
+    if structure == "full":
         L = _chol(state)
-        L_inv = linalg_of(xp).solve_triangular(L, xp.eye(D, dtype=L.dtype), lower=True)
+        L_inv = linalg_of(xp).solve_triangular(L, xp.eye(Dq, dtype=L.dtype), lower=True)
         return L_inv.T @ L_inv  # (laplace.3)
-    return xp.diag(1.0 / state.prec_diag)  # (laplace.3)
+    if structure == "diag":
+        return xp.diag(1.0 / state.prec_diag)  # (laplace.3)
+    R = _sqrt_cov_times(state, xp.eye(Dq, dtype=state.mu.dtype))
+    return R @ R.T  # (laplace.21), (laplace.22)
 
 
 def _logdet_precision(state):
-    """log det of the precision: 2 sum log diag(L), or sum log prec_diag."""
+    """log det of the precision: 2 sum log diag(L), sum log prec_diag, or sum_l sum log Lam_l."""
     xp = xp_of(state.mu)
-    if _structure(state) == "full":
+    structure = _structure(state)
+    if structure == "full":
         return 2.0 * xp.sum(xp.log(xp.diagonal(_chol(state))))
-    return xp.sum(xp.log(state.prec_diag))
+    if structure == "diag":
+        return xp.sum(xp.log(state.prec_diag))
+    return sum(xp.sum(xp.log(Lam)) for *_, Lam in _kron_eigh(state))  # (laplace.21)
 
 
 # ----------------------------------------------------------------------------- evidence
@@ -448,7 +620,9 @@ def log_marginal_likelihood(model, state: LaplaceState, X, y, cfg: LaplaceConfig
         X, y do not fit the model.
     """
     D, xp = _check_state(state)
-    structure, _, delta = _check_cfg(cfg, D, state.mu.dtype, xp)
+    structure, _, delta = _check_cfg(cfg, _n_random(state), state.mu.dtype, xp)
+    if cfg.subset != ("last_layer" if state.n_fixed else "all"):
+        raise ValueError(f"cfg.subset: expected the state's subset, got {cfg.subset!r}")
     if structure != _structure(state):
         raise ValueError(f"cfg.structure: expected {_structure(state)!r} (the state's), "
                          f"got {structure!r}")
@@ -456,13 +630,431 @@ def log_marginal_likelihood(model, state: LaplaceState, X, y, cfg: LaplaceConfig
         raise ValueError("cfg.prior_precision: expected the prior precision the state was fit "
                          "with (state.prior_prec); refit to evaluate another one")
     check_model(model, D)
-    mu = state.mu
-    log_lik = -model.loss(mu, X, y)  # (laplace.5)
-    log_prior = 0.5 * (xp.sum(xp.log(delta)) - D * math.log(2.0 * math.pi)
+    log_lik = -model.loss(state.mu, X, y)  # (laplace.5)
+    mu, Dq = state.mu[state.n_fixed:], _n_random(state)  # the random block (laplace.25)
+    log_prior = 0.5 * (xp.sum(xp.log(delta)) - Dq * math.log(2.0 * math.pi)
                        - xp.sum(delta * mu * mu))  # (laplace.1)
     logdet = _logdet_precision(state)
-    lml = log_lik + log_prior + 0.5 * D * math.log(2.0 * math.pi) - 0.5 * logdet  # (laplace.5)
+    lml = log_lik + log_prior + 0.5 * Dq * math.log(2.0 * math.pi) - 0.5 * logdet  # (laplace.5)
     return float(lml)
+
+
+PRIOR_STRUCTURES = ("scalar", "layerwise", "diag")
+TUNING_METHODS = ("lbfgs", "adam", "grid")
+
+
+class MarglikGrad(NamedTuple):
+    """The Laplace evidence at a prior precision (and noise precision), with its gradient.
+
+    Attributes
+    ----------
+    log_marglik : float
+        log Z at (delta, tau), mu and the curvature H held fixed.  (laplace.6), (laplace.12)
+    grad_log_prior_prec : array of shape (D_q,)
+        d log Z / d log delta_j, one entry per random parameter.  (laplace.11)
+    grad_log_noise_prec : float or None
+        d log Z / d log tau, or None when no noise precision was given.  (laplace.13)
+    """
+    log_marglik: float          # log Z at (delta, tau) (laplace.6), (laplace.12)
+    grad_log_prior_prec: Array  # d log Z / d log delta_j, (D_q,) (laplace.11)
+    grad_log_noise_prec: Any    # d log Z / d log tau, float, or None (laplace.13)
+
+
+class PriorOptInfo(NamedTuple):
+    """The result and trace of ``optimize_prior_precision``.
+
+    Attributes
+    ----------
+    prior_precision : float or numpy.ndarray of shape (G,)
+        The optimised prior precision in its structure: a float ("scalar"), one value per
+        parameter tensor ("layerwise", G = T) or per random parameter ("diag", G = D_q).
+        (laplace.17)
+    noise_precision : float or None
+        The optimised noise precision tau, or None when it was held fixed.  (laplace.12)
+    log_marglik : float
+        log Z at the result.  (laplace.6), (laplace.12)
+    trace_log_hyper : numpy.ndarray of shape (n, G) or (n, G + 1)
+        Every point at which the evidence was evaluated, as log delta_g (and log tau last).
+        (laplace.17)
+    trace_log_marglik : numpy.ndarray of shape (n,)
+        log Z at those points (-inf where the precision was not positive definite, grid
+        only).  (laplace.17)
+    converged : bool
+        "lbfgs": scipy's success flag; "adam": False (a fixed number of steps, as
+        laplace-torch); "grid": True.
+    """
+    prior_precision: Any     # delta_g in prior_structure: float, (T,) or (D_q,) (laplace.17)
+    noise_precision: Any     # tau, float, or None when held fixed (laplace.12)
+    log_marglik: float       # log Z at the result (laplace.6), (laplace.12)
+    trace_log_hyper: Any     # (n, G[+1]) log delta_g [, log tau] evaluated (laplace.17)
+    trace_log_marglik: Any   # (n,) log Z at each (laplace.17)
+    converged: bool          # lbfgs: scipy's success; adam: False; grid: True
+
+
+def _diag_covariance(state):
+    """diag(Sigma) (D_q,): column sums of squares of L^{-1} (full, Sigma = L^{-T} L^{-1}),
+    1 / prec_diag (diag), or row sums of squares of the square root R (kron, Sigma = R R^T).
+    (laplace.11)"""
+    xp = xp_of(state.mu)
+    structure = _structure(state)
+    Dq = _n_random(state)
+    if structure == "full":
+        L = _chol(state)
+        L_inv = linalg_of(xp).solve_triangular(L, xp.eye(Dq, dtype=L.dtype), lower=True)
+        return xp.sum(L_inv * L_inv, axis=0)  # Sigma_jj = sum_i (L^{-1})_ij^2 (laplace.11)
+    if structure == "diag":
+        return 1.0 / state.prec_diag  # (laplace.11)
+    R = _sqrt_cov_times(state, xp.eye(Dq, dtype=state.mu.dtype))
+    return xp.sum(R * R, axis=1)  # (laplace.11)
+
+
+def _with_prior_precision(state, delta):
+    """The state with prior precision delta (D_q,) in place of state.prior_prec: H does not
+    depend on delta, so P(delta) = P - diag(delta_old) + diag(delta), no refit.  (laplace.10)
+
+    K-FAC states keep delta outside their factors (A_l kron B_l + delta_l I), so only
+    prior_prec changes there (delta must stay constant on each block: ``_check_state``)."""
+    xp = xp_of(state.mu)
+    structure = _structure(state)
+    if structure == "full":
+        idx = xp.arange(delta.shape[0])
+        Sigma_inv = state.Sigma_inv.copy()
+        Sigma_inv[idx, idx] += delta - state.prior_prec  # (laplace.10)
+        return state._replace(Sigma_inv=Sigma_inv, prior_prec=delta)
+    if structure == "diag":
+        prec_diag = state.prec_diag + (delta - state.prior_prec)  # (laplace.10)
+        return state._replace(prec_diag=prec_diag, prior_prec=delta)
+    new = state._replace(prior_prec=delta)  # (laplace.10)
+    _check_state(new)  # delta constant on each K-FAC block
+    return new
+
+
+def _with_curvature_scale(state, c: float):
+    """The state with H -> c H inside the precision: P -> c (P - diag(delta)) + diag(delta).
+    (laplace.12)  For K-FAC, c scales each B_l (A_l kron c B_l = c A_l kron B_l)."""
+    xp = xp_of(state.mu)
+    structure = _structure(state)
+    delta = state.prior_prec
+    if structure == "full":
+        idx = xp.arange(delta.shape[0])
+        Sigma_inv = c * state.Sigma_inv
+        Sigma_inv[idx, idx] += (1.0 - c) * delta  # (laplace.12)
+        return state._replace(Sigma_inv=Sigma_inv)
+    if structure == "diag":
+        return state._replace(prec_diag=c * state.prec_diag + (1.0 - c) * delta)  # (laplace.12)
+    return state._replace(kron=tuple(KronBlock(A, c * B) for A, B in state.kron))  # (laplace.12)
+
+
+def _check_evidence_args(model, state, X, y, cfg):
+    """The checks of ``log_marginal_likelihood``: returns (D, xp, curvature)."""
+    D, xp = _check_state(state)
+    structure, curvature, delta = _check_cfg(cfg, _n_random(state), state.mu.dtype, xp)
+    if cfg.subset != ("last_layer" if state.n_fixed else "all"):
+        raise ValueError(f"cfg.subset: expected the state's subset, got {cfg.subset!r}")
+    if structure != _structure(state):
+        raise ValueError(f"cfg.structure: expected {_structure(state)!r} (the state's), "
+                         f"got {structure!r}")
+    if not bool(xp.all(delta == state.prior_prec)):
+        raise ValueError("cfg.prior_precision: expected the prior precision the state was fit "
+                         "with (state.prior_prec)")
+    check_model(model, D)
+    return D, xp, curvature
+
+
+def _as_delta(value, name, Dq, dtype, xp):
+    """A prior precision given as a real > 0 or a finite (D_q,) array > 0 in dtype -> (D_q,)."""
+    if isinstance(value, numbers.Real):
+        v = check_in_range(value, name, 0.0, math.inf, low_open=True, high_open=True)
+        return xp.full(Dq, v, dtype=dtype)
+    check_array(value, name, shape=(Dq,))
+    check_float(value, name)
+    if value.dtype != dtype:
+        raise ValueError(f"{name}: expected dtype {dtype} (the state's), got {value.dtype}")
+    check_positive(value, name)
+    if xp_of(value) is not xp:
+        raise ValueError(f"{name}: expected an array on the state's backend, got NumPy and "
+                         "CuPy mixed")
+    return value
+
+
+def _noise_power(curvature: str) -> int:
+    """p with H(tau) = (tau / tau_0)^p H(tau_0): 1 for the Hessian and GGN, 2 for the EF."""
+    return 2 if curvature == "ef" else 1  # (laplace.12)
+
+
+def _gaussian_residual_energy(model, state, X, y):
+    """(E, N K): E = (1/2) sum_i ||y_i - f(x_i, mu)||^2, the tau-free part of sum_i l_i."""
+    f = model.forward(state.mu, X)
+    N, K = f.shape
+    t = model.likelihood.check_targets(y, N, K, f.dtype)
+    r = t - f
+    return 0.5 * xp_of(f).sum(r * r), N * K
+
+
+def _evidence_and_grad(model, state, X, y, curvature, delta, tau):
+    """(log Z, d/d log delta (D_q,), d/d log tau or None) at (delta, tau), mu and H fixed.
+    Inputs validated by the caller.  (laplace.10)-(laplace.13)"""
+    xp = xp_of(state.mu)
+    st = _with_prior_precision(state, delta)  # (laplace.10)
+    if tau is None:
+        log_lik = -model.loss(state.mu, X, y)  # (laplace.5)
+    else:
+        tau0 = model.likelihood.noise_precision
+        p = _noise_power(curvature)
+        st = _with_curvature_scale(st, (tau / tau0) ** p)  # (laplace.12)
+        E, NK = _gaussian_residual_energy(model, state, X, y)
+        log_lik = -(tau * E + 0.5 * NK * math.log(2.0 * math.pi / tau))  # (laplace.12)
+    mu = state.mu[state.n_fixed:]
+    Dq = mu.shape[0]
+    lml = log_lik - 0.5 * (_logdet_precision(st) - xp.sum(xp.log(delta))
+                           + xp.sum(delta * mu * mu))  # (laplace.6)
+    s = _diag_covariance(st)
+    g_delta = 0.5 * (1.0 - delta * (mu * mu + s))  # (laplace.11)
+    g_tau = None
+    if tau is not None:
+        g_tau = float(-tau * E + 0.5 * NK - 0.5 * p * (Dq - xp.sum(delta * s)))  # (laplace.13)
+    return float(lml), g_delta, g_tau, st
+
+
+def log_marginal_likelihood_grad(model, state: LaplaceState, X, y, cfg: LaplaceConfig,
+                                 prior_precision=None, noise_precision=None) -> MarglikGrad:
+    """Compute the Laplace evidence and its gradient at another prior (and noise) precision.
+
+    The MAP mu and the curvature H stay those of the fit (laplace-torch's post-hoc
+    ``log_marginal_likelihood(prior_precision, sigma_noise)``): H does not depend on delta, so
+    P(delta) = P - diag(delta_fit) + diag(delta) (laplace.10), and for the Gaussian likelihood
+    H(tau) = (tau / tau_fit)^p H with p = 1 ("hessian", "ggn") or p = 2 ("ef") (laplace.12).
+    log Z is (laplace.6) there; its gradients are (laplace.11) and (laplace.13):
+
+        d log Z / d log delta_j = (1 - delta_j (mu_j^2 + Sigma_jj)) / 2,
+        d log Z / d log tau     = -tau E + N K / 2 - (p / 2)(D_q - sum_j delta_j Sigma_jj),
+
+    E = (1/2) sum_i ||y_i - f(x_i, mu)||^2, Sigma = P(delta, tau)^{-1}.  With the fit's own
+    values this is ``log_marginal_likelihood`` (laplace.5).
+
+    Parameters
+    ----------
+    model : FlatModel
+        The model the state was fit with (its likelihood's noise precision is tau_fit).
+    state : LaplaceState
+        The Laplace posterior from ``fit``.
+    X : array of shape (N, n_in)
+        The training inputs the state was fit on.
+    y : array of shape (N,) or (N, n_out)
+        The training targets.
+    cfg : LaplaceConfig
+        The config the state was fit with (its curvature fixes p).
+    prior_precision : float or array of shape (D_q,), optional
+        The prior precision delta > 0 at which to evaluate; default the state's.
+    noise_precision : float, optional
+        The Gaussian noise precision tau > 0 at which to evaluate (Gaussian likelihood only);
+        default None: the model's, and no noise gradient.
+
+    Returns
+    -------
+    MarglikGrad
+        log Z, d log Z / d log delta (D_q,), and d log Z / d log tau (or None).
+
+    Raises
+    ------
+    ValueError
+        If the arguments fail the checks of ``log_marginal_likelihood``; if prior_precision is
+        not a real > 0 or a finite (D_q,) array > 0 in the state's dtype; if noise_precision is
+        given for a likelihood that is not Gaussian or is not a finite real > 0; or if the
+        precision at (delta, tau) is not positive definite.
+    """
+    D, xp, curvature = _check_evidence_args(model, state, X, y, cfg)
+    Dq = _n_random(state)
+    delta = state.prior_prec if prior_precision is None else \
+        _as_delta(prior_precision, "prior_precision", Dq, state.mu.dtype, xp)
+    tau = None
+    if noise_precision is not None:
+        if not isinstance(model.likelihood, Gaussian):
+            raise ValueError("noise_precision: expected None for a "
+                             f"{model.likelihood.name!r} likelihood (Gaussian only)")
+        tau = check_in_range(noise_precision, "noise_precision", 0.0, math.inf,
+                             low_open=True, high_open=True)
+    lml, g_delta, g_tau, _ = _evidence_and_grad(model, state, X, y, curvature, delta, tau)
+    return MarglikGrad(lml, g_delta, g_tau)
+
+
+def _prior_groups(model, state, prior_structure):
+    """(G, group id per random parameter (D_q,) int): one group ("scalar"), one per parameter
+    tensor of the random block ("layerwise"), or one per parameter ("diag").  (laplace.17)"""
+    import numpy as np
+
+    Dq = _n_random(state)
+    if prior_structure == "scalar":
+        return 1, np.zeros(Dq, dtype=np.int64)
+    if prior_structure == "diag":
+        return Dq, np.arange(Dq)
+    sizes = []
+    for n_in, n_out in zip(model.sizes[:-1], model.sizes[1:]):
+        sizes.append(n_in * n_out)
+        if model.bias:
+            sizes.append(n_out)
+    ids = np.repeat(np.arange(len(sizes)), sizes)[state.n_fixed:]  # the random tensors
+    ids = ids - ids[0]
+    return int(ids[-1]) + 1, ids
+
+
+def optimize_prior_precision(model, state: LaplaceState, X, y, cfg: LaplaceConfig,
+                             method: str = "lbfgs", prior_structure: str = "scalar",
+                             optimize_noise: bool = False, init_prior_prec: float = 1.0,
+                             grid=None, n_steps: int = 100, lr: float = 0.1,
+                             gtol: float = 1e-10):
+    """Maximise the Laplace evidence over the prior precision (and the Gaussian noise).
+
+    laplace-torch's ``optimize_prior_precision`` on the post-hoc evidence: mu and H stay those
+    of the fit, delta = expand(exp(x_g)) for the log prior precisions x_g of the structure,
+    and log Z is (laplace.6) at P(delta, tau) (laplace.10), (laplace.12), with the gradient
+    d log Z / d x_g = sum_{j in g} (laplace.11) and d / d log tau (laplace.13) (laplace.17).
+    Methods: "lbfgs" (scipy L-BFGS-B on -log Z, run to gtol), "adam" (laplace-torch's
+    ``method="marglik"``: n_steps Adam steps of size lr on -log Z from init_prior_prec and the
+    model's tau), "grid" (a scalar delta over ``grid``, laplace-torch's ``"gridsearch"``
+    interval logspace(-4, 4, 100) by default, scored by the evidence where laplace-torch
+    scores a validation loss).  The optimiser runs on the host in float64.
+
+    Parameters
+    ----------
+    model : FlatModel
+        The model the state was fit with.
+    state : LaplaceState
+        The Laplace posterior from ``fit``.
+    X : array of shape (N, n_in)
+        The training inputs the state was fit on.
+    y : array of shape (N,) or (N, n_out)
+        The training targets.
+    cfg : LaplaceConfig
+        The config the state was fit with.
+    method : {"lbfgs", "adam", "grid"}, default "lbfgs"
+        How to maximise (TUNING_METHODS).
+    prior_structure : {"scalar", "layerwise", "diag"}, default "scalar"
+        One delta for all random parameters, one per parameter tensor (W_l, b_l, in theta
+        order, as ``expand_prior_precision``), or one per random parameter
+        (PRIOR_STRUCTURES; "grid" takes "scalar" only).
+    optimize_noise : bool, default False
+        Also maximise over the Gaussian noise precision tau (Gaussian likelihood; not "grid").
+    init_prior_prec : float, default 1.0
+        Starting delta of every group for "lbfgs" and "adam" (laplace-torch's default).
+    grid : array of shape (n,), optional
+        Scalar prior precisions > 0 for "grid"; default 10 ** linspace(-4, 4, 100).
+    n_steps : int, default 100
+        Adam steps ("adam"), or the iteration limit of L-BFGS-B ("lbfgs").
+    lr : float, default 0.1
+        Adam's step size ("adam").
+    gtol : float, default 1e-10
+        L-BFGS-B's projected-gradient tolerance ("lbfgs").
+
+    Returns
+    -------
+    state : LaplaceState
+        The state at the optimum: P(delta*, tau*), same mu (use it with a model of noise
+        precision tau* when the noise was optimised).
+    info : PriorOptInfo
+        The optimum in its structure, log Z there, and every evaluated point.
+
+    Raises
+    ------
+    ValueError
+        If the arguments fail the checks of ``log_marginal_likelihood``; if method,
+        prior_structure are not among TUNING_METHODS, PRIOR_STRUCTURES; if optimize_noise is
+        not a bool or is True for a likelihood that is not Gaussian or with "grid"; if "grid"
+        is asked with a structure other than "scalar" or grid is not a finite (n,) array > 0
+        (n >= 1); if init_prior_prec, lr or gtol is not a finite real > 0 or n_steps an int
+        >= 1; or if the precision at an iterate of "lbfgs" or "adam" is not positive definite.
+    """
+    import numpy as np
+
+    from refbayes.backend import to_numpy
+    from refbayes.methods.adam import AdamConfig, adam_init, adam_update
+
+    D, xp, curvature = _check_evidence_args(model, state, X, y, cfg)
+    if method not in TUNING_METHODS:
+        raise ValueError(f"method: expected one of {TUNING_METHODS}, got {method!r}")
+    if prior_structure not in PRIOR_STRUCTURES:
+        raise ValueError(f"prior_structure: expected one of {PRIOR_STRUCTURES}, "
+                         f"got {prior_structure!r}")
+    if not isinstance(optimize_noise, bool):
+        raise ValueError(f"optimize_noise: expected a bool, got {optimize_noise!r}")
+    if optimize_noise and not isinstance(model.likelihood, Gaussian):
+        raise ValueError("optimize_noise: expected False for a "
+                         f"{model.likelihood.name!r} likelihood (Gaussian only)")
+    init = check_in_range(init_prior_prec, "init_prior_prec", 0.0, math.inf, low_open=True,
+                          high_open=True)
+    check_in_range(lr, "lr", 0.0, math.inf, low_open=True, high_open=True)
+    check_in_range(gtol, "gtol", 0.0, math.inf, low_open=True, high_open=True)
+    if isinstance(n_steps, bool) or not isinstance(n_steps, numbers.Integral) or n_steps < 1:
+        raise ValueError(f"n_steps: expected an int >= 1, got {n_steps!r}")
+    if method == "grid":
+        if prior_structure != "scalar":
+            raise ValueError("prior_structure: expected 'scalar' for method 'grid', got "
+                             f"{prior_structure!r}")
+        if optimize_noise:
+            raise ValueError("optimize_noise: expected False for method 'grid' (it scans the "
+                             "prior precision only)")
+        grid = 10.0 ** np.linspace(-4.0, 4.0, 100) if grid is None else grid
+        check_array(grid, "grid", ndim=1)
+        if grid.shape[0] < 1:
+            raise ValueError("grid: expected at least one value, got shape (0,)")
+        check_positive(grid, "grid")
+        grid = to_numpy(grid).astype(np.float64)
+    elif grid is not None:
+        raise ValueError(f"grid: expected None for method {method!r}")
+
+    if _structure(state) == "kron" and prior_structure != "scalar":
+        raise ValueError("prior_structure: expected 'scalar' for a 'kron' state (one delta per "
+                         f"layer block [W_l, b_l]), got {prior_structure!r}")
+    G, ids = _prior_groups(model, state, prior_structure)
+    ids_xp = xp.asarray(ids)
+    dtype = state.mu.dtype
+    tau0 = model.likelihood.noise_precision if optimize_noise else None
+    trace_x, trace_f = [], []
+
+    def evaluate(x):
+        """log Z and its gradient in x = [log delta_g, (log tau)] (host float64)."""
+        delta = xp.exp(xp.asarray(x[:G], dtype=dtype))[ids_xp]  # (laplace.17)
+        tau = float(np.exp(x[G])) if optimize_noise else None
+        lml, g_delta, g_tau, st = _evidence_and_grad(model, state, X, y, curvature, delta, tau)
+        g = np.bincount(ids, weights=to_numpy(g_delta).astype(np.float64), minlength=G)
+        if optimize_noise:
+            g = np.append(g, g_tau)  # (laplace.13)
+        trace_x.append(np.array(x, dtype=np.float64))
+        trace_f.append(lml)
+        return lml, g, st  # (laplace.17)
+
+    x0 = np.full(G, math.log(init))
+    if optimize_noise:
+        x0 = np.append(x0, math.log(tau0))
+    converged = True
+    if method == "lbfgs":
+        from scipy.optimize import minimize
+
+        res = minimize(lambda x: tuple(-v for v in evaluate(x)[:2]), x0, jac=True,
+                       method="L-BFGS-B", options={"gtol": gtol, "ftol": 0.0, "maxiter": n_steps})
+        x_best, converged = res.x, bool(res.success)
+    elif method == "adam":
+        acfg, a_state, x = AdamConfig(alpha=lr), adam_init(x0.shape[0]), x0.copy()
+        for _ in range(n_steps):
+            step, a_state = adam_update(-evaluate(x)[1], a_state, acfg)  # minimise -log Z
+            x = x + step
+        x_best, converged = x, False
+    else:
+        scores = []
+        for d in grid:
+            try:
+                scores.append(evaluate(np.array([math.log(d)]))[0])
+            except ValueError:  # P not positive definite there: laplace-torch scores inf loss
+                trace_x.append(np.array([math.log(d)]))
+                trace_f.append(-math.inf)
+                scores.append(-math.inf)
+        x_best = np.array([math.log(grid[int(np.argmax(scores))])])
+    lml, _, st = evaluate(x_best)
+    values = np.exp(x_best[:G])
+    info = PriorOptInfo(float(values[0]) if prior_structure == "scalar" else values,
+                        float(np.exp(x_best[G])) if optimize_noise else None, lml,
+                        np.stack(trace_x), np.array(trace_f), converged)
+    return st, info
 
 
 # ----------------------------------------------------------------------------- predictive
@@ -473,13 +1065,22 @@ def _functional_covariance(state, J):
     Full: V = L^{-1} J^T (L L^T = Sigma_inv), J Sigma J^T = V^T V; diag: J diag(1/prec_diag) J^T.
     """
     xp = xp_of(state.mu)
+    J = J[:, :, state.n_fixed:]  # the random block's columns (laplace.25)
     M, K, D = J.shape
-    if _structure(state) == "full":
+    structure = _structure(state)
+    if structure == "full":
         L = _chol(state)
         V = linalg_of(xp).solve_triangular(L, J.reshape(M * K, D).T, lower=True)  # L^{-1} J^T
         V = V.reshape(D, M, K)
         return xp.einsum("dmk,dml->mkl", V, V)  # (laplace.7)
-    return xp.einsum("mkd,mld->mkl", J / state.prec_diag, J)  # (laplace.7)
+    if structure == "diag":
+        return xp.einsum("mkd,mld->mkl", J / state.prec_diag, J)  # (laplace.7)
+    f_var = xp.zeros((M, K, K), dtype=J.dtype)
+    for start, stop, Q_A, Q_B, Lam in _kron_eigh(state):
+        R = J[:, :, start:stop].reshape(M, K, Q_A.shape[0], Q_B.shape[0])
+        V = (Q_A.T @ R @ Q_B) / xp.sqrt(Lam)  # coordinates in the eigenbasis (laplace.23)
+        f_var += xp.einsum("mkab,mlab->mkl", V, V)  # (laplace.23)
+    return f_var
 
 
 def glm_predictive(model, state: LaplaceState, X_star) -> GLMPredictive:
@@ -526,3 +1127,199 @@ def glm_predictive(model, state: LaplaceState, X_star) -> GLMPredictive:
     eye = xp.eye(K, dtype=f_var.dtype) / model.likelihood.noise_precision
     y_var = f_var + eye[None]  # (laplace.7)
     return GLMPredictive(f_mean, f_var, y_var)
+
+
+LINKS = ("probit", "mc")
+
+
+class ClassPredictive(NamedTuple):
+    """The linearized (GLM) predictive of a classifier at M test inputs.
+
+    Attributes
+    ----------
+    probs : array of shape (M,) or (M, K)
+        Bernoulli: p(y* = 1) (M,), the shape of ``Bernoulli.mean``; categorical: the class
+        probabilities (M, K).  (laplace.14), (laplace.15)
+    f_mean : array of shape (M, K)
+        Mean of the linearized logits, f(x*, mu).  (laplace.7)
+    f_var : array of shape (M, K, K)
+        Covariance of the linearized logits, J(x*) Sigma J(x*)^T.  (laplace.7)
+    """
+    probs: Array   # (M,) p(y = 1) or (M, K) class probabilities (laplace.14), (laplace.15)
+    f_mean: Array  # f(x*, mu), (M, K) (laplace.7)
+    f_var: Array   # J Sigma J^T, (M, K, K) (laplace.7)
+
+
+class MCPredictive(NamedTuple):
+    """The sampling ("nn") predictive at M test inputs from S parameter draws.
+
+    Attributes
+    ----------
+    y_mean : array of shape (M,) or (M, K)
+        (1/S) sum_s E[y* | x*, theta_s]: the Gaussian mean (M, K), Bernoulli p(y* = 1) (M,),
+        categorical class probabilities (M, K).  (laplace.16)
+    y_var : array of shape (M, K, K) or None
+        Gaussian: the mixture covariance (1/S) sum_s (f_s - y_mean)(f_s - y_mean)^T
+        + I_K / noise_precision; None for classification.  (laplace.16)
+    f_samples : array of shape (S, M, K)
+        The network outputs f(x*, theta_s).  (laplace.16)
+    """
+    y_mean: Array     # (1/S) sum_s E[y | x*, theta_s], (M,) or (M, K) (laplace.16)
+    y_var: Array      # mixture covariance (M, K, K), Gaussian only, else None (laplace.16)
+    f_samples: Array  # f(x*, theta_s), (S, M, K) (laplace.16)
+
+
+def _check_X_star(model, state, X_star):
+    check_array(X_star, "X_star", shape=(None, model.sizes[0]))
+    if X_star.shape[0] < 1:
+        raise ValueError(f"X_star: expected at least one row, got shape {tuple(X_star.shape)}")
+    check_same_dtype({"state.mu": state.mu, "X_star": X_star})
+
+
+def _check_eps(eps, rows: int, xp, state, what: str):
+    if eps is None:
+        raise ValueError(f"eps: expected a ({rows}, S) array of standard-normal draws ({what}), "
+                         "got None")
+    check_array(eps, "eps", shape=(rows, None))
+    if eps.shape[1] < 1:
+        raise ValueError(f"eps: expected at least one column (S >= 1), got shape "
+                         f"{tuple(eps.shape)}")
+    check_same_dtype({"state.mu": state.mu, "eps": eps})
+    if xp_of(eps) is not xp:
+        raise ValueError("eps: expected an array on the state's backend, got NumPy and CuPy mixed")
+
+
+def glm_class_predictive(model, state: LaplaceState, X_star, link: str = "probit",
+                         eps=None) -> ClassPredictive:
+    """Compute the linearized (GLM) predictive of a Bernoulli or categorical model.
+
+    The logits are f* ~ N(f(x*, mu), J Sigma J^T) under the linearization (laplace.7); the
+    probabilities E[sigma(f*)] / E[softmax(f*)] are approximated by the probit approximation
+    (laplace.14), in laplace-torch's form (for categorical: the softmax of the logits each
+    scaled by its own variance, f_k / sqrt(1 + pi/8 var_kk); Bernoulli: sigma(f / sqrt(1 +
+    pi/8 var)), MacKay 1992), or by Monte Carlo over the linearized logits (laplace.15),
+    f_s = f(x*, mu) + C eps_s with C C^T = J Sigma J^T (lower Cholesky, per test point) and
+    the caller's eps (K, S) shared by all test points (laplace-torch's ``normal_samples``),
+    probs = (1/S) sum_s E[y | f_s].
+
+    Parameters
+    ----------
+    model : FlatModel
+        A model with a Bernoulli (one logit) or categorical likelihood and D parameters.
+    state : LaplaceState
+        The Laplace posterior.
+    X_star : array of shape (M, n_in)
+        Test inputs, in the state's dtype.
+    link : {"probit", "mc"}, default "probit"
+        The link approximation (LINKS).
+    eps : array of shape (K, S), optional
+        Standard-normal draws in the state's dtype, S >= 1; required for "mc", None for
+        "probit".
+
+    Returns
+    -------
+    ClassPredictive
+        The probabilities (M,) (Bernoulli, p(y* = 1)) or (M, K) (categorical), and the
+        linearized logits' mean (M, K) and covariance (M, K, K).
+
+    Raises
+    ------
+    ValueError
+        If state is not a valid LaplaceState (see ``sample``); if model is not a FlatModel
+        with D parameters and a Bernoulli or categorical likelihood; if X_star is not a
+        finite float (M, n_in) array with M >= 1 in the state's dtype; if link is not in
+        LINKS; if eps is not None with "probit", or not a finite (K, S) array (S >= 1) of the
+        state's dtype and backend with "mc"; or if J Sigma J^T is not positive definite at a
+        test point ("mc").
+    """
+    D, xp = _check_state(state)
+    check_model(model, D)
+    if isinstance(model.likelihood, Gaussian):
+        raise ValueError("model: expected a bernoulli or categorical likelihood, got "
+                         "'gaussian' (use glm_predictive)")
+    _check_X_star(model, state, X_star)
+    if link not in LINKS:
+        raise ValueError(f"link: expected one of {LINKS}, got {link!r}")
+    K = model.sizes[-1]
+    if link == "probit":
+        if eps is not None:
+            raise ValueError("eps: expected None for link 'probit' (no sampling), got an array")
+    else:
+        _check_eps(eps, K, xp, state, "one row per output")
+    f_mean = model.forward(state.mu, X_star)  # (laplace.7)
+    J = model.jacobian(state.mu, X_star)  # (M, K, D)
+    f_var = _functional_covariance(state, J)  # (laplace.7)
+    lik = model.likelihood
+    if link == "probit":
+        var = xp.diagonal(f_var, axis1=1, axis2=2)  # (M, K)
+        kappa = 1.0 / xp.sqrt(1.0 + (math.pi / 8.0) * var)  # (laplace.14)
+        return ClassPredictive(lik.mean(kappa * f_mean), f_mean, f_var)  # (laplace.14)
+    import numpy as np
+
+    from refbayes.backend import cholesky
+    try:
+        C = cholesky(f_var)  # C C^T = f_var per test point
+    except np.linalg.LinAlgError:
+        C = None
+    if C is None or not bool(xp.all(xp.isfinite(C))) \
+            or not bool(xp.all(xp.diagonal(C, axis1=1, axis2=2) > 0)):
+        raise ValueError("f_var: expected J Sigma J^T positive definite at every test point "
+                         "for link 'mc' (its Cholesky factorization fails)")
+    S, M = eps.shape[1], f_mean.shape[0]
+    f_s = f_mean[None] + xp.einsum("mkl,ls->smk", C, eps)  # (laplace.15)
+    p_s = lik.mean(f_s.reshape(S * M, K))  # E[y | f_s] (laplace.15)
+    probs = xp.mean(p_s.reshape((S, M) + p_s.shape[1:]), axis=0)  # (laplace.15)
+    return ClassPredictive(probs, f_mean, f_var)
+
+
+def mc_predictive(model, state: LaplaceState, X_star, eps) -> MCPredictive:
+    """Compute the sampling ("nn") predictive: average the likelihood's mean over theta_s ~ q.
+
+    theta_s = ``sample(state, eps)`` (laplace.4), f_s = f(x*, theta_s) by the network itself
+    (not linearized), y_mean = (1/S) sum_s E[y | f_s]; for the Gaussian likelihood also the
+    covariance of the mixture (1/S) sum_s N(f_s, I / noise_precision),
+    (1/S) sum_s f_s f_s^T - y_mean y_mean^T + I / noise_precision (laplace.16), computed from
+    the centred draws.
+
+    Parameters
+    ----------
+    model : FlatModel
+        A model with D parameters (any likelihood).
+    state : LaplaceState
+        The Laplace posterior.
+    X_star : array of shape (M, n_in)
+        Test inputs, in the state's dtype.
+    eps : array of shape (D_q, S)
+        Standard-normal draws for ``sample``, S >= 1, in the state's dtype.
+
+    Returns
+    -------
+    MCPredictive
+        y_mean (M, K) (Gaussian, categorical) or (M,) (Bernoulli), y_var (M, K, K) or None,
+        and the draws f_samples (S, M, K).
+
+    Raises
+    ------
+    ValueError
+        If state is not a valid LaplaceState (see ``sample``); if model is not a FlatModel
+        with D parameters; if X_star is not a finite float (M, n_in) array with M >= 1 in the
+        state's dtype; or if eps is not a finite (D_q, S) array (S >= 1) of the state's dtype
+        and backend.
+    """
+    D, xp = _check_state(state)
+    check_model(model, D)
+    _check_X_star(model, state, X_star)
+    _check_eps(eps, _n_random(state), xp, state, "one row per random parameter")
+    thetas = sample(state, eps)  # (laplace.4)
+    S = eps.shape[1]
+    f_s = xp.stack([model.forward(thetas[:, s], X_star) for s in range(S)])  # (laplace.16)
+    M, K = f_s.shape[1:]
+    lik = model.likelihood
+    p_s = lik.mean(f_s.reshape(S * M, K))
+    y_mean = xp.mean(p_s.reshape((S, M) + p_s.shape[1:]), axis=0)  # (laplace.16)
+    if not isinstance(lik, Gaussian):
+        return MCPredictive(y_mean, None, f_s)
+    R = f_s - y_mean[None]
+    eye = xp.eye(K, dtype=f_s.dtype) / lik.noise_precision
+    y_var = xp.einsum("smk,sml->mkl", R, R) / S + eye[None]  # (laplace.16)
+    return MCPredictive(y_mean, y_var, f_s)

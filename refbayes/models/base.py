@@ -767,6 +767,97 @@ class FlatModel:
         acts, deltas = self._residual_pass(xp, theta, X, y)
         return [KFACLayer(a, d) for a, d in zip(acts, deltas)]  # (peg.12)
 
+    def kfac_curvature(self, theta, X, y, curvature="ggn"):
+        """Compute the K-FAC factors (A_l, B_l) of the GGN or empirical Fisher of sum_i l_i.
+
+        Per layer l, with a~_i = [a_{l-1,i}, 1] (the layer input, a 1 appended when the layer
+        has a bias) and the layer's parameters [W_l; b_l^T] flattened row-major, the exact
+        curvature block is sum_i (a~_i a~_i^T) kron B_i, with B_i = sum_r c_{l,i,r} c_{l,i,r}^T
+        (GGN: c_{l,i,r} the column r of C_i, H_i = C_i C_i^T, backpropagated to the
+        pre-activation z_l) or B_i = g_{l,i} g_{l,i}^T (EF: g_{l,i} = dl_i/dz_l).  K-FAC
+        replaces the sum of products by the product of sums over the M rows:
+
+            A_l = (1/M) sum_i a~_i a~_i^T,   B_l = sum_i B_i,   block ~ A_l kron B_l   (peg.18)
+
+        (exact when M = 1, or when every B_i is the same matrix).
+
+        Parameters
+        ----------
+        theta : array of shape (D,)
+            Flat parameter vector (float64 or float32).
+        X : array of shape (M, n_in)
+            Inputs, M >= 1, same dtype as theta.
+        y : array of shape (M,) or (M, n_out)
+            Targets: labels (M,) for classification; reals (M,) or (M, n_out) for the gaussian
+            likelihood.
+        curvature : {"ggn", "ef"}, default "ggn"
+            The curvature whose blocks are factored.
+
+        Returns
+        -------
+        list of tuple
+            [(A_l (n_{l-1} + bias, n_{l-1} + bias), B_l (n_l, n_l))] for l = 1..L.
+
+        Raises
+        ------
+        ValueError
+            If curvature is not "ggn" or "ef"; if theta is not a finite float (D,) array, X is
+            not a finite float (M, n_in) array with M >= 1 in theta's dtype, or the arrays mix
+            NumPy and CuPy; if y is None or does not fit the likelihood (see its
+            ``check_targets``).
+        """
+        if curvature not in ("ggn", "ef"):
+            raise ValueError(f"curvature: expected 'ggn' or 'ef', got {curvature!r}")
+        xp, theta, X, y = self._inputs(theta, X, y)
+        params, acts, f = self._forward(xp, theta, X)
+        if curvature == "ef":
+            r = self.likelihood._grad_f(f, y)  # (peg.2)
+            deltas = [d[:, None, :] for d in _layers.backward(params, acts, r, self.activation)]
+        else:
+            C = self.likelihood._hess_factor(f, y)  # H_i = C_i C_i^T, (M, K, R)
+            deltas = _layers.backward(params, acts, xp.swapaxes(C, 1, 2), self.activation)
+        M = X.shape[0]
+        out = []
+        for a, d in zip(acts, deltas):
+            if self.bias:
+                a = xp.concatenate([a, xp.ones((M, 1), dtype=a.dtype)], axis=1)
+            A = (a.T @ a) / M  # (peg.18)
+            B = xp.einsum("mrk,mrl->kl", d, d)  # (peg.18)
+            out.append((A, B))
+        return out
+
+    def last_layer(self, theta, X):
+        """Split the network into its features and its last layer: f(x) = head(phi(x)).
+
+        phi(x) = a_{L-1} is the input of the last layer (x itself for a one-layer model) and
+        the head is the one-layer model of W_L, b_L with this model's likelihood; its
+        parameters are theta[D - head.D:], the last entries of the layout.  (peg.19)
+
+        Parameters
+        ----------
+        theta : array of shape (D,)
+            Flat parameter vector (float64 or float32).
+        X : array of shape (M, n_in)
+            Inputs, M >= 1, same dtype as theta.
+
+        Returns
+        -------
+        head : FlatModel
+            The last layer as a model, sizes [n_{L-1}, n_out], same likelihood and bias.
+        phi : array of shape (M, n_{L-1})
+            The features a_{L-1} at theta.
+
+        Raises
+        ------
+        ValueError
+            If theta is not a finite float (D,) array, X is not a finite float (M, n_in) array
+            with M >= 1 in theta's dtype, or the arrays mix NumPy and CuPy.
+        """
+        xp, theta, X, _ = self._inputs(theta, X, need_y=False)
+        acts = self._forward(xp, theta, X)[1]
+        head = FlatModel(self.sizes[-2:], self.activation, self.likelihood, self.bias)
+        return head, acts[-1]  # (peg.19)
+
 
 def _check_sizes(sizes, likelihood_name):
     """sizes = [n_in, hidden..., n_out] of positive ints, n_out matching the likelihood."""

@@ -44,3 +44,36 @@ def laplace_torch_lml(log_likelihood, P, delta, mu):
     log_det_ratio = np.linalg.slogdet(P)[1] - np.sum(np.log(delta))
     scatter = (mu * delta) @ mu
     return log_likelihood - 0.5 * (log_det_ratio + scatter)
+
+
+def kfac_reference(model, theta, X, y, curvature):
+    """K-FAC factors per layer from independent pieces (peg.18): a~_i by a plain forward pass
+    written out here, B_i as the bias-bias sub-block of the exact per-example GGN
+    J_i^T H_i J_i (model.jacobian and the likelihood's H_i) or of g_i g_i^T (per-example
+    autograd gradients), whose (bias, bias) block is 1 * B_i since a~_i ends in 1.  Returns
+    [(A_l, B_l, exact_block_l)] with the exact layer block sum_i of the per-example blocks."""
+    params = model.unflatten(theta)
+    acts, a = [], X
+    for l, (W, b) in enumerate(params):
+        acts.append(a)
+        z = a @ W + b
+        a = np.tanh(z) if model.activation == "tanh" else z * (z > 0)
+    if curvature == "ggn":
+        J = model.jacobian(theta, X)
+        f = model.forward(theta, X)
+        Hf = model.likelihood.hess_f(f, y)
+        blocks_i = np.einsum("mkd,mkl,mle->mde", J, Hf, J)
+    else:
+        G = model.per_example_grads(theta, X, y, impl="autograd")
+        blocks_i = np.einsum("md,me->mde", G, G)
+    out, off = [], 0
+    for a_in, (W, b) in zip(acts, params):
+        n_in, n_out = W.shape
+        size = (n_in + 1) * n_out
+        blk = blocks_i[:, off:off + size, off:off + size]
+        B = blk[:, n_in * n_out:, n_in * n_out:].sum(axis=0)  # bias-bias: a~ = 1 there
+        at = np.concatenate([a_in, np.ones((X.shape[0], 1))], axis=1)
+        A = at.T @ at / X.shape[0]
+        out.append((A, B, blk.sum(axis=0)))
+        off += size
+    return out
