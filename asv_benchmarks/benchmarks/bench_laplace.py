@@ -15,6 +15,7 @@ scipy's): the backend parameter's "cupy" is skipped (setup raises NotImplemented
   -lambda_min(H(theta0))) + 1, which makes H + delta I (and diag(H) + delta, as
   lambda_min <= min diag H) positive definite, the same delta for all six cases of one N (the
   GGN / EF costs do not depend on delta): delta = 2.1e3, 2.0e4, 2.0e5 at N = 1e2, 1e3, 1e4.
+- Subset: ``laplace.fit`` (GGN) of a wider net, all parameters vs the last layer, per structure.
 - GLMPredictive: ``laplace.glm_predictive`` (full and diag GGN states, N = 100, prior 1) at M
   test points on a grid of [-4, 4].
 - ExpMap: one ``riemannian_laplace.exp_map`` from theta0 with L = sum_i l_i + |theta|^2 / 2
@@ -99,6 +100,8 @@ class LaplaceFit:
 
     def setup(self, name, structure, curvature, N):
         _numpy_only(name)
+        if structure == "kron" and curvature == "hessian":
+            raise NotImplementedError("structure 'kron' factors the GGN or the EF, not the Hessian")
         self.net = model()
         self.X, self.y = data(N)
         self.theta = theta0()
@@ -130,6 +133,29 @@ class GLMPredictive:
         return laplace.glm_predictive(self.net, self.state, self.X_star)
 
     def time_glm_predictive(self, name, structure, M):
+        self.run()
+
+
+class Subset:
+    """laplace.fit with the GGN on a wider net, MLP [1, 50, 50, 1] (D = 2701; the last layer has
+    51 parameters), N = 1000: all parameters vs the last layer, for each structure. "full" over
+    all parameters forms and factors the 2701 x 2701 precision; the last layer's is 51 x 51."""
+    params = (BACKENDS, laplace.STRUCTURES, list(laplace.SUBSETS))
+    param_names = ["backend", "structure", "subset"]
+    timeout = 180.0
+
+    def setup(self, name, structure, subset):
+        _numpy_only(name)
+        self.net = MLP([1, 50, 50, 1], "tanh", "gaussian", noise_precision=NOISE_PRECISION)
+        self.theta = self.net.init_theta(np.random.default_rng(0))
+        self.X, self.y = data(1000)
+        self.cfg = laplace.LaplaceConfig(PRIOR, structure, "ggn", subset)
+        self.run()
+
+    def run(self):
+        return laplace.fit(self.net, self.theta, self.X, self.y, self.cfg)
+
+    def time_fit(self, name, structure, subset):
         self.run()
 
 
@@ -203,6 +229,8 @@ def main():
     print(f"{'case':<40} {'ms':>10}")
     for s in laplace.STRUCTURES:
         for c in laplace.CURVATURES:
+            if s == "kron" and c == "hessian":
+                continue
             for N in NS_FIT:
                 b = LaplaceFit()
                 b.setup("numpy", s, c, N)
@@ -214,6 +242,11 @@ def main():
             b.setup("numpy", s, M)
             print(f"{'glm_predictive ' + s + ' M=' + str(M):<40} {_median_ms(b.run):10.3f}",
                   flush=True)
+    for s in laplace.STRUCTURES:
+        for subset in laplace.SUBSETS:
+            b = Subset()
+            b.setup("numpy", s, subset)
+            print(f"{'fit D=2701 ' + s + ' ' + subset:<40} {_median_ms(b.run):10.3f}", flush=True)
     for N in NS_GEODESIC:
         for tol in TOLS:
             for path in ["hvp", "dense"]:

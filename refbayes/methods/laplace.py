@@ -9,8 +9,11 @@ a scalar, a (D,) array, or per parameter tensor through ``expand_prior_precision
 curvature of the SUMMED negative log-likelihood sum_i l_i at mu ("hessian", "ggn" = sum_i
 J_i^T H_i J_i, "ef" = sum_i g_i g_i^T); Sigma_inv (D, D) the dense posterior precision
 H + diag(delta) (structure "full"); prec_diag (D,) its diagonal counterpart diag(H) + delta
-(structure "diag"); J(x) (K, D) the output Jacobian at mu; noise_precision the Gaussian
-likelihood's 1 / sigma_noise^2.
+(structure "diag"); per layer l the K-FAC factors A_l = (1/N) sum_i a~_i a~_i^T and
+B_l = sum_i B_i (structure "kron": blockdiag_l(A_l kron B_l + delta_l I), (laplace.20)-(laplace.23));
+D_q the number of random parameters theta[n_fixed:] (D, or the last layer's with subset
+"last_layer", (laplace.25)); J(x) (K, D) the output Jacobian at mu; noise_precision the
+Gaussian likelihood's 1 / sigma_noise^2.
 
 Scaling: the curvature is of the summed loss over all N rows passed to ``fit`` (no N / M factor:
 the Laplace approximation uses the full training set); delta enters unscaled. No tempering
@@ -23,7 +26,7 @@ q(theta) = N(mu, Sigma_inv^{-1}) or N(mu, diag(1 / prec_diag)) (laplace.3), (lap
     f(x*)     ~ N(f(x*, mu), J Sigma J^T);  y* ~ N(f(x*, mu), J Sigma J^T + I / noise_precision)
                                                                               (laplace.7)
 
-Randomness: nothing is drawn here; eps (D, S) comes from the caller.
+Randomness: nothing is drawn here; eps (D_q, S) comes from the caller.
 """
 from __future__ import annotations
 
@@ -390,9 +393,11 @@ def fit(model, theta_map, X, y, cfg: LaplaceConfig) -> LaplaceState:
 
     H is the curvature of the summed negative log-likelihood sum_i l_i over all rows of (X, y) at
     theta_map (laplace.2), delta the prior precision (laplace.1); Sigma_inv = H + diag(delta) for
-    structure "full", prec_diag = diag(H) + delta for "diag" (laplace.3).  theta_map is taken as
-    given: the approximation is a Laplace approximation only where theta_map minimises
-    sum_i l_i + (1/2) theta^T diag(delta) theta (no check is made).
+    structure "full", prec_diag = diag(H) + delta for "diag" (laplace.3), and one K-FAC block
+    A_l kron B_l + delta_l I per layer for "kron" (laplace.20).  With cfg.subset "last_layer"
+    only the last layer's D_q parameters are random and H is their exact block (laplace.25).
+    theta_map is taken as given: the approximation is a Laplace approximation only where
+    theta_map minimises sum_i l_i + (1/2) theta^T diag(delta) theta (no check is made).
 
     Parameters
     ----------
@@ -405,22 +410,24 @@ def fit(model, theta_map, X, y, cfg: LaplaceConfig) -> LaplaceState:
     y : array of shape (N,) or (N, n_out)
         All training targets.
     cfg : LaplaceConfig
-        Prior precision, structure and curvature.
+        Prior precision, structure, curvature and subset.
 
     Returns
     -------
     LaplaceState
-        The state (theta_map, Sigma_inv or None, prec_diag or None, delta).
+        The state (theta_map, Sigma_inv, prec_diag or kron (one set, the others None), delta,
+        n_fixed).
 
     Raises
     ------
     ValueError
         If theta_map is not a finite float (D,) array; if model is not a FlatModel with D
         parameters; if cfg is not a LaplaceConfig with prior_precision a finite float > 0 or a
-        finite (D,) array > 0 in theta_map's dtype, structure in STRUCTURES and curvature in
-        CURVATURES; if X, y do not fit the model (see ``FlatModel.ggn``); or if the precision
-        is not positive definite (an indefinite Hessian away from a minimum; for "diag", an
-        entry below the smallest normal float).
+        finite (D_q,) array > 0 in theta_map's dtype (constant on each layer block for
+        "kron"), structure in STRUCTURES, curvature in CURVATURES ("ggn" or "ef" for "kron")
+        and subset in SUBSETS; if X, y do not fit the model (see ``FlatModel.ggn``); or if
+        the precision is not positive definite (an indefinite Hessian away from a minimum;
+        for "diag", an entry below the smallest normal float).
     """
     check_array(theta_map, "theta_map", ndim=1)
     check_float(theta_map, "theta_map")

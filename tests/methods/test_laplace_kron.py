@@ -73,6 +73,26 @@ def test_kfac_is_not_exact_for_many_rows():
     assert err > 1e-3, err
 
 
+@pytest.mark.parametrize("curvature", ["ggn", "ef"])
+def test_kron_bias_block_is_exact(curvature):
+    """(laplace.24): A_l's last diagonal entry is 1, so the bias block of A_l kron B_l is
+    sum_i B_i, the exact bias block of the GGN / EF; the W block is A~ kron B_l with
+    A~ = (1/N) sum a a^T (laplace-torch's weight factor); only the W-b cross block is K-FAC's."""
+    X, y, model, theta = _mlp("categorical")
+    H = model.ggn(theta, X, y) if curvature == "ggn" else ref.ef_outer_loop(model, theta, X, y)
+    off = 0
+    for (A, B), (_, _, exact) in zip(model.kfac_curvature(theta, X, y, curvature),
+                                     ref.kfac_reference(model, theta, X, y, curvature)):
+        n_w = (A.shape[0] - 1) * B.shape[0]
+        size = n_w + B.shape[0]
+        assert A[-1, -1] == 1.0
+        assert_close(kron.dense(A, B)[n_w:, n_w:], H[off + n_w:off + size, off + n_w:off + size],
+                     EXACT_F64, "bias block")
+        assert_close(kron.dense(A, B)[n_w:, n_w:], exact[n_w:, n_w:], EXACT_F64, "bias block (ref)")
+        assert_close(kron.dense(A, B)[:n_w, :n_w], kron.dense(A[:-1, :-1], B), EXACT_F64, "W block")
+        off += size
+
+
 # ----------------------------------------------------------------------------- BLR: exact
 
 def test_kron_blr_is_the_exact_posterior_and_evidence():
@@ -236,3 +256,11 @@ def test_bad_state_raises():
         laplace.log_marginal_likelihood(model, state, X, y, cfg._replace(subset="last_layer"))
     with pytest.raises(ValueError, match=r"eps: expected shape \(31, \*\)"):
         laplace.sample(state, np.ones((30, 2)))
+
+
+def test_model_helpers_reject_bad_input():
+    X, y, model, theta = _mlp("categorical")
+    with pytest.raises(ValueError, match=r"curvature: expected 'ggn' or 'ef', got 'hessian'"):
+        model.kfac_curvature(theta, X, y, "hessian")
+    with pytest.raises(ValueError, match=r"X: expected shape"):
+        model.last_layer(theta, X[:, :2])
