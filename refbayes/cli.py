@@ -137,9 +137,13 @@ def _add_data(sub) -> None:
 def _add_trace(sub, load: bool) -> None:
     p = sub.add_parser("trace", help="one step of a method, every intermediate by its equation tag",
                        description="One step of METHOD (slang, ngvi-full, ngvi-meanfield) on a "
-                                   "small shipped logistic-regression problem; prints the problem, "
-                                   "the draws and every named intermediate under its Algorithm 1 "
-                                   "line and equation tag.")
+                                   "small shipped logistic-regression problem, or the Laplace fit "
+                                   "(laplace) and its geodesic samples (riemannian-laplace) at a "
+                                   "deterministic MAP of a small shipped tanh-MLP regression; "
+                                   "prints the problem, the MAP, the draws and every named "
+                                   "intermediate under its Algorithm 1 line and equation tag. "
+                                   "--json writes them all exactly, to feed another "
+                                   "implementation (laplace-torch, the official RLA code).")
     if not load:  # only `refbayes trace ...` pays for importing the methods
         return
     from refbayes import trace

@@ -1,9 +1,12 @@
-"""``refbayes trace METHOD``: one step on a small shipped problem, every named intermediate printed
-under its Algorithm 1 line and equation tag.
+"""``refbayes trace METHOD``: one step (or one fit) on a small shipped problem, every named
+intermediate printed under its Algorithm 1 line and equation tag.
 
-The point is verification: another implementation (PyTorch, JAX, ...) is fed the same problem,
-state and draws, takes one step, and compares its intermediates with these, one equation at a
-time. So everything a step consumes is printed (and, with ``--json``, written exactly):
+The point is verification: another implementation (PyTorch, JAX, laplace-torch, the official RLA
+code, ...) is fed the same problem, state and draws, takes one step, and compares its
+intermediates with these, one equation at a time. So everything a step consumes is printed (and,
+with ``--json``, written exactly).
+
+The step methods (slang, ngvi-full, ngvi-meanfield):
 
 - the problem: ``make_logistic_regression(n=50, p=5, seed=0)`` (X (50, 5), y (50,)), the model
   ``LogisticRegression(5)`` with its intercept as the last parameter, D = 6, N = 50, prior
@@ -19,30 +22,68 @@ time. So everything a step consumes is printed (and, with ``--json``, written ex
 - the step's Info fields, in order, each as ``[line N (tag)] name shape`` and its values (in full
   up to SHOW_ALL entries, else the first SHOW_FIRST and the norm; inputs always in full).
 
+The Laplace methods (laplace, riemannian-laplace), refbayes.methods.laplace and
+refbayes.methods.riemannian_laplace at one MAP:
+
+- the problem, a 1-d nonlinear regression drawn by a fixed recipe (no file needed):
+  ``prng = numpy.random.default_rng(0)``, ``X = prng.uniform(-3.0, 3.0, (30, 1))``, then
+  ``y = sin(X[:, 0]) + prng.standard_normal(30) / 4`` (noise precision 16), and the model
+  ``MLP([1, 4, 1], activation="tanh", likelihood="gaussian", noise_precision=16.0)``, D = 13,
+  N = 30 (a network fitting a curve, so the four hidden units differ, and the GGN, the Hessian
+  and the empirical Fisher differ; D small enough that every D x D matrix is printed in full);
+  the test inputs of the GLM predictive ``X_star = numpy.linspace(-3.0, 3.0, 5)[:, None]``;
+  prior p(theta) = N(0, I / prior_precision) (``--prior-precision``, default 1); structures
+  "full" and "diag" of the whole network (not "kron", not the last layer);
+- the MAP, deterministic and independent of the seed (``find_map``): the minimiser of the
+  negative log joint L(theta) = sum_i l_i(theta) + (1/2) theta^T diag(delta) theta, from
+  ``theta0 = model.init_theta(numpy.random.default_rng(0))`` by ``scipy.optimize.minimize``
+  (L-BFGS-B, jac = grad L, gtol = 1e-12, ftol = 0, maxcor = 20, maxiter = 10000), then up to
+  MAX_NEWTON Newton steps theta <- theta - (model.hessian + diag(delta))^{-1} grad L, stopping
+  at the first step that does not reduce |grad L|_2 (that step is discarded). The result is
+  printed in full, with |grad L(theta_map)|_2, which must be below MAP_GTOL (else an error);
+- the draws: ``eps = numpy.random.default_rng(seed).standard_normal((D, S))``, the only draws;
+- laplace: ``LaplaceInfo``: H (laplace.2), the precision (laplace.3), the samples
+  theta_s = laplace.sample(state, eps) (laplace.4), the evidence terms (laplace.5), laplace-torch's
+  log_det_ratio and scatter (laplace.6), and the GLM predictive at X_star (laplace.7);
+- riemannian-laplace: ``RiemannianLaplaceInfo``: the same precision and theta_s, the printed
+  velocities v_s = theta_map - theta_s (riemannian_laplace.10), g = grad L(theta_map), and per
+  velocity the exponential map's end point c(1), end velocity c'(1), solver counters and the
+  conserved squared speed c'^T M(c) c' at t = 0 and t = 1 (riemannian_laplace.2),
+  (riemannian_laplace.11); L is the negative log joint above (grad_fn = model.grad + delta theta,
+  hvp_fn = model.hvp + delta u); solver settings from ``--ode-method``, ``--rtol``, ``--atol``
+  (default the official code's RK45, 1e-6, 1e-3). For the official code's velocity sign use -V.
+
 ``TAGS`` maps every Info field to the Algorithm 1 line and equation tag written in the trailing
 comment of its NamedTuple field (tests/test_trace.py checks that the two agree).
 """
 from __future__ import annotations
 
+import functools
 import json
+import math
 from pathlib import Path
 from typing import Any, NamedTuple
 
 import numpy as np
+from scipy.optimize import minimize
 
-from refbayes._checks import check_int
+from refbayes._checks import check_in_range, check_int
 from refbayes.datasets import make_logistic_regression
 from refbayes.experiments._io import atomic_write_text
 from refbayes.linalg import lowrank
-from refbayes.methods import ngvi, slang
+from refbayes.methods import laplace, ngvi, riemannian_laplace, slang
 from refbayes.methods._estimates import Batch, check_curvature
 from refbayes.methods.driver import epoch_batches
-from refbayes.models import LogisticRegression
+from refbayes.models import MLP, LogisticRegression
 
-__all__ = ["METHODS", "TAGS", "TraceInputs", "add_arguments", "format_trace", "format_values",
-           "make_inputs", "run", "step", "tag_label", "to_json"]
+__all__ = ["LAPLACE_METHODS", "METHODS", "STEP_METHODS", "TAGS", "LaplaceInfo",
+           "LaplaceTraceInputs", "MAPResult", "RiemannianLaplaceInfo", "TraceInputs",
+           "add_arguments", "find_map", "format_trace", "format_values", "make_inputs",
+           "make_laplace_inputs", "run", "step", "tag_label", "to_json", "trace_laplace"]
 
-METHODS = ("slang", "ngvi-full", "ngvi-meanfield")
+STEP_METHODS = ("slang", "ngvi-full", "ngvi-meanfield")
+LAPLACE_METHODS = ("laplace", "riemannian-laplace")
+METHODS = STEP_METHODS + LAPLACE_METHODS
 
 # The shipped problem.
 N_ROWS = 50
@@ -50,6 +91,23 @@ N_FEATURES = 5
 PROBLEM_SEED = 0
 SHOW_ALL = 200      # arrays up to this many entries are printed in full
 SHOW_FIRST = 10     # entries shown of a larger array, with its norm
+
+# The shipped problem of the Laplace methods (module docstring).
+LA_ROWS = 30
+LA_HIDDEN = 4
+LA_NOISE_PRECISION = 16.0
+LA_PROBLEM_SEED = 0
+LA_TEST_INPUTS = 5  # X_star = numpy.linspace(-3.0, 3.0, LA_TEST_INPUTS)[:, None]
+LA_STRUCTURES = ("full", "diag")
+MAP_INIT_SEED = 0   # theta0 = model.init_theta(numpy.random.default_rng(MAP_INIT_SEED))
+MAP_LBFGS = {"gtol": 1e-12, "ftol": 0.0, "maxcor": 20, "maxiter": 10000}
+MAX_NEWTON = 10
+# |grad L(theta_map)|_2 the MAP recipe must reach: L-BFGS-B alone stops near 1e-7 on this
+# problem, the Newton steps bring it to 1e-14..1e-15 (roundoff of a gradient of size ~10);
+# 1e-10 leaves four orders of headroom and still makes grad L = 0 hold to the digits printed.
+MAP_GTOL = 1e-10
+# The smallest rtol riemannian_laplace accepts (below it solve_ivp raises rtol silently).
+RTOL_MIN = 100 * float(np.finfo(np.float64).eps)
 
 # Info field -> (Algorithm 1 line or None, equation tag), in the Info field order: the trailing
 # comments of SLANGInfo, ngvi.FullInfo and ngvi.MeanFieldInfo, transcribed.
@@ -94,13 +152,150 @@ TAGS: dict[str, dict[str, tuple[str | None, str]]] = {
         "Delta_mu": (None, "(ngvi.16)"),
         "mu": (None, "(ngvi.16)"),
     },
+    # the trailing comments of LaplaceInfo and RiemannianLaplaceInfo below (no Algorithm lines)
+    "laplace": {
+        "H": (None, "(laplace.2)"),
+        "precision": (None, "(laplace.3)"),
+        "theta_s": (None, "(laplace.4)"),
+        "log_lik": (None, "(laplace.5)"),
+        "log_prior": (None, "(laplace.5)"),
+        "log_det": (None, "(laplace.5)"),
+        "log_Z": (None, "(laplace.5)"),
+        "log_det_ratio": (None, "(laplace.6)"),
+        "scatter": (None, "(laplace.6)"),
+        "f_mean": (None, "(laplace.7)"),
+        "f_var": (None, "(laplace.7)"),
+        "y_var": (None, "(laplace.7)"),
+    },
+    "riemannian-laplace": {
+        "precision": (None, "(laplace.3)"),
+        "theta_s": (None, "(laplace.4)"),
+        "V": (None, "(riemannian_laplace.10)"),
+        "g": (None, "(riemannian_laplace.1)"),
+        "c": (None, "(riemannian_laplace.9)"),
+        "cdot": (None, "(riemannian_laplace.8)"),
+        "nfev": (None, "(riemannian_laplace.8)"),
+        "n_steps": (None, "(riemannian_laplace.8)"),
+        "speed_0": (None, "(riemannian_laplace.2)"),
+        "speed_1": (None, "(riemannian_laplace.11)"),
+    },
 }
 
 STEPS = {"slang": slang.step, "ngvi-full": ngvi.step_full, "ngvi-meanfield": ngvi.step_meanfield}
 
 
+class LaplaceInfo(NamedTuple):
+    """The named intermediates of ``refbayes trace laplace``, in the printed order.
+
+    Attributes
+    ----------
+    H : array of shape (D, D), or (D,) for structure "diag"
+        Curvature of sum_i l_i at theta_map (the configured GGN, Hessian or EF), or its
+        diagonal.  (laplace.2)
+    precision : array of shape (D, D), or (D,) for structure "diag"
+        The state's Sigma_inv = H + diag(delta) (symmetrised), or prec_diag = diag(H) + delta.
+        (laplace.3)
+    theta_s : array of shape (D, S)
+        Samples ``laplace.sample(state, eps)``.  (laplace.4)
+    log_lik : float
+        log p(D | theta_map) = -sum_i l_i(theta_map).  (laplace.5)
+    log_prior : float
+        log p(theta_map) under N(0, diag(delta)^{-1}).  (laplace.5)
+    log_det : float
+        log det of the precision (Cholesky for "full").  (laplace.5)
+    log_Z : float
+        ``laplace.log_marginal_likelihood``.  (laplace.5)
+    log_det_ratio : float
+        laplace-torch's log det precision - sum_j log delta_j.  (laplace.6)
+    scatter : float
+        laplace-torch's theta_map^T diag(delta) theta_map.  (laplace.6)
+    f_mean : array of shape (M*, K)
+        GLM predictive mean at X_star.  (laplace.7)
+    f_var : array of shape (M*, K, K)
+        J Sigma J^T at X_star.  (laplace.7)
+    y_var : array of shape (M*, K, K)
+        f_var + I / noise_precision.  (laplace.7)
+    """
+    H: Any              # curvature of sum_i l_i at theta*, (D, D) or (D,)  (laplace.2)
+    precision: Any      # Sigma_inv (D, D) or prec_diag (D,)  (laplace.3)
+    theta_s: Any        # mu + L^{-T} eps_s or mu + eps_s / sqrt(prec_diag), (D, S)  (laplace.4)
+    log_lik: Any        # log p(D | theta*) = -sum_i l_i(theta*), ()  (laplace.5)
+    log_prior: Any      # log p(theta*), ()  (laplace.5)
+    log_det: Any        # log det of the precision, ()  (laplace.5)
+    log_Z: Any          # log marginal likelihood, ()  (laplace.5)
+    log_det_ratio: Any  # log det precision - sum_j log delta_j, ()  (laplace.6)
+    scatter: Any        # theta*^T diag(delta) theta*, ()  (laplace.6)
+    f_mean: Any         # f(x*, theta*), (M*, K)  (laplace.7)
+    f_var: Any          # J Sigma J^T, (M*, K, K)  (laplace.7)
+    y_var: Any          # f_var + I / noise_precision, (M*, K, K)  (laplace.7)
+
+
+class RiemannianLaplaceInfo(NamedTuple):
+    """The named intermediates of ``refbayes trace riemannian-laplace``, in the printed order.
+
+    Attributes
+    ----------
+    precision : array of shape (D, D), or (D,) for structure "diag"
+        The Laplace precision at theta_map.  (laplace.3)
+    theta_s : array of shape (D, S)
+        Laplace samples ``laplace.sample(state, eps)``.  (laplace.4)
+    V : array of shape (D, S)
+        Velocities v_s = theta_map - theta_s.  (riemannian_laplace.10)
+    g : array of shape (D,)
+        grad L(theta_map), L the negative log joint (zero up to MAP_GTOL).
+        (riemannian_laplace.1)
+    c : array of shape (D, S)
+        End points c_s(1) = Exp_{theta_map}(v_s).  (riemannian_laplace.9)
+    cdot : array of shape (D, S)
+        End velocities c_s'(1).  (riemannian_laplace.8)
+    nfev : array of shape (S,)
+        Right-hand-side evaluations of each solve.  (riemannian_laplace.8)
+    n_steps : array of shape (S,)
+        Accepted steps of each solve.  (riemannian_laplace.8)
+    speed_0 : array of shape (S,)
+        v_s^T M(theta_map) v_s.  (riemannian_laplace.2)
+    speed_1 : array of shape (S,)
+        c_s'(1)^T M(c_s(1)) c_s'(1), equal to speed_0 up to the solver's error.
+        (riemannian_laplace.11)
+    """
+    precision: Any  # Sigma_inv (D, D) or prec_diag (D,)  (laplace.3)
+    theta_s: Any    # Laplace samples, (D, S)  (laplace.4)
+    V: Any          # v_s = theta_map - theta_s, (D, S)  (riemannian_laplace.10)
+    g: Any          # grad L(theta_map), (D,)  (riemannian_laplace.1)
+    c: Any          # c_s(1) = Exp_{theta_map}(v_s), (D, S)  (riemannian_laplace.9)
+    cdot: Any       # c_s'(1), (D, S)  (riemannian_laplace.8)
+    nfev: Any       # solve_ivp right-hand-side evaluations, (S,)  (riemannian_laplace.8)
+    n_steps: Any    # solve_ivp accepted steps, (S,)  (riemannian_laplace.8)
+    speed_0: Any    # v_s^T M(theta_map) v_s, (S,)  (riemannian_laplace.2)
+    speed_1: Any    # c'^T M(c) c' at t = 1, (S,)  (riemannian_laplace.11)
+
+
 class TraceInputs(NamedTuple):
-    """Everything one traced step consumes, and how it was drawn."""
+    """Everything one traced step consumes, and how it was drawn.
+
+    Attributes
+    ----------
+    method : str
+        One of STEP_METHODS.
+    seed : int
+        Seed of numpy.random.default_rng, the only source of the draws.
+    L : int
+        Columns of the drawn U (SLANG's rank; the low-rank part of the ngvi start).
+    model : LogisticRegression
+        ``LogisticRegression(N_FEATURES)``, D = N_FEATURES + 1.
+    X : numpy.ndarray of shape (N, N_FEATURES)
+        The shipped training set.
+    y : numpy.ndarray of shape (N,)
+        Labels in {0, 1}.
+    idx : numpy.ndarray of shape (M,)
+        Minibatch rows, rng.permutation(N)[:M].
+    eps : numpy.ndarray of shape (D, S) or None
+        Standard-normal draws, or None for curvature "exact".
+    state : SLANGState or FullState or MeanFieldState
+        The starting state.
+    cfg : SLANGConfig or NGVIConfig
+        The step's config.
+    """
     method: str     # one of METHODS
     seed: int       # of numpy.random.default_rng, the only source of the draws
     L: int          # columns of the drawn U (SLANG's rank; the low-rank part of the ngvi start)
@@ -125,12 +320,43 @@ def _check_method(method) -> str:
 
 def make_inputs(method: str, *, seed: int = 0, M: int = 8, S: int = 1, L: int = 2,
                 curvature: str | None = None, momentum: float = 0.0, t: int = 0) -> TraceInputs:
-    """The problem, the starting state and the draws of one traced step (module docstring order).
+    """Build the problem, the starting state and the draws of one traced step.
 
-    curvature: "ef" (default), "hess" or "exact" for the ngvi methods; SLANG is "ef" only.
-    momentum: b of (ngvi.13); t: steps already taken (sets alpha_t, beta_t and the bias correction).
+    The draws are made in the module docstring's order.
+
+    Parameters
+    ----------
+    method : {"slang", "ngvi-full", "ngvi-meanfield"}
+        The traced step.
+    seed : int, default 0
+        Seed of ``numpy.random.default_rng``.
+    M : int, default 8
+        Minibatch rows, in [1, N].
+    S : int, default 1
+        Monte Carlo draws, >= 1.
+    L : int, default 2
+        Columns of the drawn U, in [1, D].
+    curvature : {"ef", "hess", "exact"} or None, default None
+        Curvature of the ngvi methods (None: "ef"); SLANG is "ef" only.
+    momentum : float, default 0.0
+        The momentum b of (ngvi.13).
+    t : int, default 0
+        Steps already taken (sets alpha_t, beta_t and the bias correction).
+
+    Returns
+    -------
+    TraceInputs
+        The problem, state, config and draws.
+
+    Raises
+    ------
+    ValueError
+        If method is not a step method or an option is outside its range.
     """
     method = _check_method(method)
+    if method not in STEP_METHODS:
+        raise ValueError(f"method: make_inputs traces {', '.join(STEP_METHODS)}; "
+                         f"use make_laplace_inputs for {method!r}")
     seed = check_int(seed, "seed", low=0)
     N, D = N_ROWS, N_FEATURES + 1
     M = check_int(M, "M", low=1, high=N)
@@ -167,14 +393,354 @@ def make_inputs(method: str, *, seed: int = 0, M: int = 8, S: int = 1, L: int = 
 
 
 def step(inputs: TraceInputs):
-    """(new state, Info) of the method's step on these inputs: a direct, deterministic call."""
+    """Take the method's step on these inputs: a direct, deterministic call.
+
+    Parameters
+    ----------
+    inputs : TraceInputs
+        From ``make_inputs``.
+
+    Returns
+    -------
+    state : NamedTuple
+        The new state.
+    info : NamedTuple
+        The step's Info, the traced intermediates.
+    """
     return STEPS[inputs.method](inputs.state, inputs.batch, inputs.eps, inputs.cfg, inputs.model)
+
+
+# ----------------------------------------------------------------------------- Laplace methods
+
+class MAPResult(NamedTuple):
+    """The deterministic MAP of the Laplace traces and how it was reached.
+
+    Attributes
+    ----------
+    theta_map : numpy.ndarray of shape (D,)
+        The MAP estimate theta*.
+    theta0 : numpy.ndarray of shape (D,)
+        The starting point of L-BFGS-B.
+    lbfgs_nit : int
+        L-BFGS-B iterations.
+    newton_steps : int
+        Newton steps kept after L-BFGS-B.
+    grad_norm : float
+        |grad L(theta_map)|_2, L the negative log joint.
+    """
+    theta_map: Any     # (D,)
+    theta0: Any        # (D,)
+    lbfgs_nit: int
+    newton_steps: int
+    grad_norm: float
+
+
+class LaplaceTraceInputs(NamedTuple):
+    """Everything one Laplace (or Riemannian Laplace) trace consumes, and how it was drawn.
+
+    Attributes
+    ----------
+    method : str
+        "laplace" or "riemannian-laplace".
+    seed : int
+        Seed of numpy.random.default_rng, the only source of eps.
+    model : MLP
+        ``MLP([1, 4, 1], activation="tanh", likelihood="gaussian", noise_precision=4.0)``.
+    X : numpy.ndarray of shape (N, 1)
+        The shipped training inputs.
+    y : numpy.ndarray of shape (N,)
+        The shipped training targets.
+    X_star : numpy.ndarray of shape (M*, 1)
+        Test inputs of the GLM predictive.
+    map : MAPResult
+        The MAP and its report.
+    eps : numpy.ndarray of shape (D, S)
+        Standard-normal draws.
+    cfg : LaplaceConfig
+        Prior precision, structure and curvature.
+    ode : RiemannianLaplaceConfig or None
+        Solver settings (riemannian-laplace), else None.
+    """
+    method: str
+    seed: int
+    model: Any
+    X: np.ndarray
+    y: np.ndarray
+    X_star: np.ndarray
+    map: MAPResult
+    eps: np.ndarray
+    cfg: Any
+    ode: Any
+
+    @property
+    def delta(self) -> np.ndarray:
+        """The prior precision per parameter, (D,)."""
+        return np.full(self.model.D, float(self.cfg.prior_precision))
+
+
+def _neg_log_joint(model, X, y, delta):
+    """(L, grad L) and theta -> H[L] of L = sum_i l_i + (1/2) theta^T diag(delta) theta."""
+    def fun(theta):
+        return (model.loss(theta, X, y) + 0.5 * np.sum(delta * theta * theta),
+                model.grad(theta, X, y) + delta * theta)
+
+    def hess(theta):
+        return model.hessian(theta, X, y) + np.diag(delta)
+    return fun, hess
+
+
+def find_map(model, X, y, delta) -> MAPResult:
+    """Find the MAP of the Laplace traces by the recipe of the module docstring.
+
+    L-BFGS-B on L(theta) = sum_i l_i(theta) + (1/2) theta^T diag(delta) theta from
+    ``model.init_theta(numpy.random.default_rng(MAP_INIT_SEED))`` with the options MAP_LBFGS,
+    then at most MAX_NEWTON Newton steps with the dense Hessian of L, each kept only if it
+    reduces |grad L|_2.  (laplace.1)
+
+    Parameters
+    ----------
+    model : FlatModel
+        A NumPy model (the Newton steps use its autograd Hessian).
+    X : numpy.ndarray of shape (N, n_in)
+        Training inputs, float64.
+    y : numpy.ndarray of shape (N,) or (N, n_out)
+        Training targets.
+    delta : numpy.ndarray of shape (D,)
+        Prior precision per parameter, > 0.
+
+    Returns
+    -------
+    MAPResult
+        The MAP theta_map, the start theta0, the iteration counts and |grad L(theta_map)|_2.
+
+    Raises
+    ------
+    ValueError
+        If the recipe ends with |grad L|_2 >= MAP_GTOL (not a stationary point to the digits
+        the trace prints).
+    """
+    fun, hess = _neg_log_joint(model, X, y, delta)
+    theta0 = model.init_theta(np.random.default_rng(MAP_INIT_SEED), dtype=np.float64)
+    res = minimize(fun, theta0, jac=True, method="L-BFGS-B", options=dict(MAP_LBFGS))
+    theta = np.asarray(res.x, dtype=np.float64)
+    gnorm = float(np.linalg.norm(fun(theta)[1]))
+    steps = 0
+    for _ in range(MAX_NEWTON):
+        candidate = theta - np.linalg.solve(hess(theta), fun(theta)[1])
+        cnorm = float(np.linalg.norm(fun(candidate)[1]))
+        if not cnorm < gnorm:
+            break
+        theta, gnorm, steps = candidate, cnorm, steps + 1
+    if not gnorm < MAP_GTOL:
+        raise ValueError(f"MAP: the recipe stopped at |grad L|_2 = {gnorm:.3e}, expected below "
+                         f"MAP_GTOL = {MAP_GTOL:g} (L-BFGS-B: {res.message})")
+    return MAPResult(theta, theta0, int(res.nit), steps, gnorm)
+
+
+def _problem():
+    """(model, X, y, X_star) of the Laplace traces, by the module docstring's recipe."""
+    prng = np.random.default_rng(LA_PROBLEM_SEED)
+    X = prng.uniform(-3.0, 3.0, (LA_ROWS, 1))
+    y = np.sin(X[:, 0]) + prng.standard_normal(LA_ROWS) / math.sqrt(LA_NOISE_PRECISION)
+    model = MLP([1, LA_HIDDEN, 1], activation="tanh", likelihood="gaussian",
+                noise_precision=LA_NOISE_PRECISION)
+    X_star = np.linspace(-3.0, 3.0, LA_TEST_INPUTS)[:, None]
+    return model, X, y, X_star
+
+
+@functools.lru_cache(maxsize=8)
+def _cached_map(prior_precision: float) -> MAPResult:
+    model, X, y, _ = _problem()
+    return find_map(model, X, y, np.full(model.D, prior_precision))
+
+
+def _shipped_map(prior_precision: float) -> MAPResult:
+    """find_map on the shipped problem (deterministic, so cached), as fresh arrays."""
+    found = _cached_map(prior_precision)
+    return found._replace(theta_map=found.theta_map.copy(), theta0=found.theta0.copy())
+
+
+def _one_of(value, name: str, allowed, method: str):
+    if value not in allowed:
+        raise ValueError(f"{name}: expected one of {', '.join(allowed)} for {method}, "
+                         f"got {value!r}")
+    return value
+
+
+def make_laplace_inputs(method: str, *, seed: int = 0, S: int = 2, prior_precision: float = 1.0,
+                        structure: str = "full", curvature: str = "ggn", ode_method: str = "RK45",
+                        rtol: float = 1e-6, atol: float = 1e-3) -> LaplaceTraceInputs:
+    """Build the problem, the MAP, the config and the draws of a Laplace trace.
+
+    The order and recipes are those of the module docstring; the MAP depends on prior_precision
+    only, never on seed.
+
+    Parameters
+    ----------
+    method : {"laplace", "riemannian-laplace"}
+        The traced method.
+    seed : int, default 0
+        Seed of ``numpy.random.default_rng``; eps = rng.standard_normal((D, S)).
+    S : int, default 2
+        Number of draws (samples, velocities), >= 1.
+    prior_precision : float, default 1.0
+        The prior precision delta > 0, the same for every parameter.
+    structure : {"full", "diag"}, default "full"
+        Precision structure of the Laplace approximation.
+    curvature : {"ggn", "hessian", "ef"}, default "ggn"
+        Curvature H of the Laplace precision (laplace-torch's default GGN).
+    ode_method : {"RK45", "RK23", "DOP853"}, default "RK45"
+        ``solve_ivp`` method (riemannian-laplace only).
+    rtol : float, default 1e-6
+        Relative tolerance of the solve (riemannian-laplace only).
+    atol : float, default 1e-3
+        Absolute tolerance of the solve (riemannian-laplace only).
+
+    Returns
+    -------
+    LaplaceTraceInputs
+        The problem, test inputs, MAP, draws and configs.
+
+    Raises
+    ------
+    ValueError
+        If method is not a Laplace method, seed < 0, S < 1, prior_precision not a finite
+        value > 0, structure, curvature or ode_method not one of the names above, rtol not in
+        [100 eps, 1) or atol not in [0, inf), or the MAP recipe does not reach MAP_GTOL.
+    """
+    method = _check_method(method)
+    if method not in LAPLACE_METHODS:
+        raise ValueError(f"method: make_laplace_inputs traces {', '.join(LAPLACE_METHODS)}; "
+                         f"use make_inputs for {method!r}")
+    seed = check_int(seed, "seed", low=0)
+    S = check_int(S, "S", low=1)
+    prior_precision = check_in_range(prior_precision, "prior_precision", 0.0, math.inf,
+                                     low_open=True, high_open=True)
+    structure = _one_of(structure, "structure", LA_STRUCTURES, method)
+    curvature = _one_of(curvature, "curvature", ("ggn", "hessian", "ef"), method)
+    cfg = laplace.LaplaceConfig(prior_precision=prior_precision, structure=structure,
+                                curvature=curvature)
+    ode = None
+    if method == "riemannian-laplace":
+        ode_method = _one_of(ode_method, "ode_method", riemannian_laplace.METHODS, method)
+        rtol = check_in_range(rtol, "rtol", RTOL_MIN, 1.0, high_open=True)
+        atol = check_in_range(atol, "atol", 0.0, math.inf, high_open=True)
+        ode = riemannian_laplace.RiemannianLaplaceConfig(ode_method, rtol, atol)
+    model, X, y, X_star = _problem()
+    found = _shipped_map(prior_precision)
+    eps = np.random.default_rng(seed).standard_normal((model.D, S))
+    return LaplaceTraceInputs(method, seed, model, X, y, X_star, found, eps, cfg, ode)
+
+
+def _curvature(model, theta, X, y, structure: str, curvature: str):
+    """H of (laplace.2) by the model's public methods (what laplace.fit adds diag(delta) to)."""
+    if curvature == "ggn":
+        return model.ggn(theta, X, y) if structure == "full" else model.diag_ggn(theta, X, y)
+    if curvature == "ef":
+        if structure == "full":
+            G = model.per_example_grads(theta, X, y)
+            return G.T @ G
+        return model.diag_ef(theta, X, y)
+    H = model.hessian(theta, X, y)
+    return H if structure == "full" else np.diagonal(H).copy()
+
+
+def _precision(state):
+    return state.Sigma_inv if state.Sigma_inv is not None else state.prec_diag
+
+
+def _log_det(precision) -> float:
+    if precision.ndim == 2:
+        return float(2.0 * np.sum(np.log(np.diagonal(np.linalg.cholesky(precision)))))
+    return float(np.sum(np.log(precision)))
+
+
+def trace_laplace(inputs: LaplaceTraceInputs):
+    """Compute every named intermediate of a Laplace trace by direct library calls.
+
+    laplace: ``laplace.fit``, ``sample``, ``log_marginal_likelihood``, ``glm_predictive``;
+    riemannian-laplace: the same fit and samples, then ``riemannian_laplace.velocities``,
+    ``sample`` and ``squared_speed`` with L the negative log joint.
+
+    Parameters
+    ----------
+    inputs : LaplaceTraceInputs
+        From ``make_laplace_inputs``.
+
+    Returns
+    -------
+    LaplaceInfo or RiemannianLaplaceInfo
+        The intermediates, in the printed order.
+
+    Raises
+    ------
+    ValueError
+        If the library rejects the inputs (e.g. an indefinite precision).
+    RuntimeError
+        If a geodesic solve stops before t = 1.
+    """
+    model, X, y, cfg = inputs.model, inputs.X, inputs.y, inputs.cfg
+    theta_map, delta = inputs.map.theta_map, inputs.delta
+    state = laplace.fit(model, theta_map, X, y, cfg)  # (laplace.2), (laplace.3)
+    precision = _precision(state)
+    theta_s = laplace.sample(state, inputs.eps)  # (laplace.4)
+    if inputs.method == "laplace":
+        H = _curvature(model, theta_map, X, y, cfg.structure, cfg.curvature)  # (laplace.2)
+        log_lik = -float(model.loss(theta_map, X, y))  # (laplace.5)
+        D = theta_map.shape[0]
+        log_prior = float(0.5 * (np.sum(np.log(delta)) - D * math.log(2.0 * math.pi)
+                                 - np.sum(delta * theta_map * theta_map)))  # (laplace.5)
+        log_det = _log_det(precision)  # (laplace.5)
+        log_Z = laplace.log_marginal_likelihood(model, state, X, y, cfg)  # (laplace.5)
+        log_det_ratio = log_det - float(np.sum(np.log(delta)))  # (laplace.6)
+        scatter = float(np.sum(delta * theta_map * theta_map))  # (laplace.6)
+        pred = laplace.glm_predictive(model, state, inputs.X_star)  # (laplace.7)
+        return LaplaceInfo(H, precision, theta_s, log_lik, log_prior, log_det, log_Z,
+                           log_det_ratio, scatter, pred.f_mean, pred.f_var, pred.y_var)
+
+    def grad_fn(theta):
+        return model.grad(theta, X, y) + delta * theta
+
+    def hvp_fn(theta, u):
+        return model.hvp(theta, u, X, y) + delta * u
+
+    V = riemannian_laplace.velocities(theta_map, theta_s)  # (riemannian_laplace.10)
+    g = grad_fn(theta_map)  # (riemannian_laplace.1)
+    C, rep = riemannian_laplace.sample(theta_map, V, grad_fn, hvp_fn, inputs.ode)
+    S = V.shape[1]
+    speed_0 = np.array([riemannian_laplace.squared_speed(grad_fn, theta_map, V[:, s].copy())
+                        for s in range(S)])  # (riemannian_laplace.2)
+    speed_1 = np.array([riemannian_laplace.squared_speed(grad_fn, C[:, s].copy(),
+                                                         rep.cdot[:, s].copy())
+                        for s in range(S)])  # (riemannian_laplace.11)
+    return RiemannianLaplaceInfo(precision, theta_s, V, g, C, rep.cdot, rep.nfev, rep.n_steps,
+                                 speed_0, speed_1)
+
+
+def _info(inputs):
+    """The Info of a trace's inputs: the step's Info, or the Laplace intermediates."""
+    if isinstance(inputs, LaplaceTraceInputs):
+        return trace_laplace(inputs)
+    return step(inputs)[1]
 
 
 # ----------------------------------------------------------------------------- printing
 
 def tag_label(method: str, field: str) -> str:
-    """'line 7 (slang.4)', 'lines 7, 9 (slang.4)' or '(ngvi.12)'."""
+    """Label a field by its Algorithm 1 line and equation tag, as printed.
+
+    Parameters
+    ----------
+    method : str
+        One of METHODS.
+    field : str
+        A field of the method's Info.
+
+    Returns
+    -------
+    str
+        E.g. 'line 7 (slang.4)', 'lines 7, 9 (slang.4)' or '(ngvi.12)'.
+    """
     line, tag = TAGS[method][field]
     if line is None:
         return tag
@@ -186,8 +752,25 @@ def _format_float(precision):
 
 
 def format_values(a, precision: int, full: bool = False) -> str:
-    """The values of a scalar or array: every entry when ``full`` or up to SHOW_ALL of them, else
-    the first SHOW_FIRST (C order) and the Frobenius norm."""
+    """Format the values of a scalar or array as printed in a trace block.
+
+    Every entry when ``full`` or up to SHOW_ALL of them, else the first SHOW_FIRST (C order) and
+    the Frobenius norm.
+
+    Parameters
+    ----------
+    a : array_like
+        A scalar or an array.
+    precision : int
+        Digits after the point (e-format); 16 round-trips float64.
+    full : bool, default False
+        Print every entry whatever the size.
+
+    Returns
+    -------
+    str
+        The text, possibly over several lines.
+    """
     a = np.asarray(a)
     fmt = {"float_kind": _format_float(precision)}
     if a.ndim == 0:
@@ -246,8 +829,70 @@ def _inputs(inputs: TraceInputs) -> list[tuple[str, Any]]:
     return rows
 
 
-def format_trace(inputs: TraceInputs, info, precision: int = 8) -> str:
-    """The printed trace: header, inputs and draws, then one block per Info field, in order."""
+def _map_line(found: MAPResult) -> str:
+    lbfgs = ", ".join(f"{k}={v!r}" for k, v in MAP_LBFGS.items())
+    return (f"theta0 = model.init_theta(numpy.random.default_rng({MAP_INIT_SEED})); "
+            f"scipy.optimize.minimize(L-BFGS-B, jac=grad L, {lbfgs}): nit = {found.lbfgs_nit}; "
+            f"then {found.newton_steps} Newton steps (model.hessian + diag(delta), at most "
+            f"{MAX_NEWTON}, each kept only if it reduces |grad L|_2); "
+            f"|grad L(theta_map)|_2 = {found.grad_norm!r} (MAP_GTOL = {MAP_GTOL:g})")
+
+
+def _format_laplace_trace(inputs: LaplaceTraceInputs, info, precision: int) -> str:
+    method, model, D = inputs.method, inputs.model, inputs.model.D
+    if method == "laplace":
+        what = ("laplace.fit, sample, log_marginal_likelihood and glm_predictive of "
+                "refbayes.methods.laplace at the MAP")
+    else:
+        what = ("laplace.fit and sample, then riemannian_laplace.velocities, sample and "
+                "squared_speed of refbayes.methods.riemannian_laplace at the MAP")
+    lines = [
+        f"refbayes trace {method}: {what}",
+        (f"problem: prng = numpy.random.default_rng({LA_PROBLEM_SEED}); X = prng.uniform(-3.0, "
+         f"3.0, ({LA_ROWS}, 1)); y = sin(X[:, 0]) + prng.standard_normal({LA_ROWS}) / "
+         f"sqrt({LA_NOISE_PRECISION!r}); {model!r}; D = {D}, N = {inputs.X.shape[0]}; "
+         f"test inputs X_star = numpy.linspace(-3.0, 3.0, {LA_TEST_INPUTS})[:, None]"),
+        (f"objective: L(theta) = sum_i l_i(theta) + (1/2) theta^T diag(delta) theta, "
+         f"delta = prior_precision = {inputs.cfg.prior_precision!r} on every parameter"),
+        f"config: {inputs.cfg!r}",
+    ]
+    if inputs.ode is not None:
+        lines.append(f"ode: {inputs.ode!r}; grad_fn(theta) = model.grad(theta, X, y) + delta "
+                     "theta, hvp_fn(theta, u) = model.hvp(theta, u, X, y) + delta u")
+    lines += [
+        f"map: {_map_line(inputs.map)}",
+        (f"draws: rng = numpy.random.default_rng({inputs.seed}), in order: "
+         f"eps = rng.standard_normal({inputs.eps.shape})"),
+        "",
+    ]
+    for name, value in [("X", inputs.X), ("y", inputs.y), ("X_star", inputs.X_star),
+                        ("theta_map", inputs.map.theta_map), ("eps", inputs.eps)]:
+        lines += [_block("input", name, value, precision, full=True), ""]
+    lines.append(f"{type(info).__name__}, in order:")
+    for field, value in info._asdict().items():
+        lines += [_block(tag_label(method, field), field, value, precision), ""]
+    return "\n".join(lines).rstrip() + "\n"
+
+
+def format_trace(inputs, info, precision: int = 8) -> str:
+    """Format the printed trace: header, inputs and draws, then one block per Info field.
+
+    Parameters
+    ----------
+    inputs : TraceInputs or LaplaceTraceInputs
+        From ``make_inputs`` or ``make_laplace_inputs``.
+    info : NamedTuple
+        The matching Info (``step(inputs)[1]`` or ``trace_laplace(inputs)``).
+    precision : int, default 8
+        Digits after the point; 16 round-trips float64.
+
+    Returns
+    -------
+    str
+        The trace, ending with a newline.
+    """
+    if isinstance(inputs, LaplaceTraceInputs):
+        return _format_laplace_trace(inputs, info, precision)
     method, state = inputs.method, inputs.state
     fn = STEPS[method]
     lines = [
@@ -280,8 +925,60 @@ def _jsonable(v):
     return v
 
 
-def to_json(inputs: TraceInputs, info) -> dict:
-    """Inputs, draws and every Info field as nested lists (floats round-trip exactly)."""
+def _info_json(method: str, info) -> dict:
+    return {field: {"line": TAGS[method][field][0], "tag": TAGS[method][field][1],
+                    "shape": list(np.shape(value)), "value": _jsonable(value)}
+            for field, value in info._asdict().items()}
+
+
+def _laplace_json(inputs: LaplaceTraceInputs, info) -> dict:
+    found = inputs.map
+    return {
+        "method": inputs.method,
+        "seed": inputs.seed,
+        "problem": {"recipe": ("prng = numpy.random.default_rng(seed); X = prng.uniform(-3.0, "
+                               "3.0, (n, 1)); y = sin(X[:, 0]) + prng.standard_normal(n) / "
+                               "sqrt(noise_precision)"),
+                    "n": LA_ROWS, "seed": LA_PROBLEM_SEED,
+                    "noise_precision": LA_NOISE_PRECISION,
+                    "model": {"class": "refbayes.models.MLP",
+                              "sizes": list(inputs.model.sizes), "activation": "tanh",
+                              "likelihood": "gaussian",
+                              "noise_precision": LA_NOISE_PRECISION},
+                    "X": inputs.X.tolist(), "y": inputs.y.tolist(),
+                    "X_star": inputs.X_star.tolist()},
+        "config": {k: _jsonable(v) for k, v in inputs.cfg._asdict().items()},
+        "ode": None if inputs.ode is None else dict(inputs.ode._asdict()),
+        "map": {"theta_map": found.theta_map.tolist(), "theta0": found.theta0.tolist(),
+                "init_seed": MAP_INIT_SEED, "lbfgs": dict(MAP_LBFGS),
+                "lbfgs_nit": found.lbfgs_nit, "newton_steps": found.newton_steps,
+                "max_newton": MAX_NEWTON, "grad_norm": found.grad_norm, "gtol": MAP_GTOL},
+        "draws": {"eps": inputs.eps.tolist()},
+        "info": _info_json(inputs.method, info),
+    }
+
+
+def to_json(inputs, info) -> dict:
+    """Collect the inputs, draws and every Info field as JSON-ready data.
+
+    Arrays become nested lists; Python floats are written by ``json`` with repr, so they
+    round-trip exactly.
+
+    Parameters
+    ----------
+    inputs : TraceInputs or LaplaceTraceInputs
+        From ``make_inputs`` or ``make_laplace_inputs``.
+    info : NamedTuple
+        The matching Info.
+
+    Returns
+    -------
+    dict
+        Keys method, seed, problem, config, draws, info (and state for the step methods;
+        ode and map for the Laplace methods).
+    """
+    if isinstance(inputs, LaplaceTraceInputs):
+        return _laplace_json(inputs, info)
     cfg = {k: _jsonable(v) for k, v in inputs.cfg._asdict().items()}
     return {
         "method": inputs.method,
@@ -293,33 +990,89 @@ def to_json(inputs: TraceInputs, info) -> dict:
         "draws": {"idx": inputs.idx.tolist(),
                   "eps": None if inputs.eps is None else inputs.eps.tolist()},
         "state": {k: _jsonable(v) for k, v in inputs.state._asdict().items()},
-        "info": {field: {"line": TAGS[inputs.method][field][0],
-                         "tag": TAGS[inputs.method][field][1],
-                         "shape": list(np.shape(value)),
-                         "value": _jsonable(value)}
-                 for field, value in info._asdict().items()},
+        "info": _info_json(inputs.method, info),
     }
 
 
 # ----------------------------------------------------------------------------- command line
 
+# option dest -> (the methods it applies to, its default there); None in the parser means "not
+# given", so an option given for a method it does not apply to is an error, not ignored.
+OPTIONS: dict[str, tuple[tuple[str, ...], Any]] = {
+    "M": (STEP_METHODS, 8),
+    "L": (STEP_METHODS, 2),
+    "momentum": (STEP_METHODS, 0.0),
+    "t": (STEP_METHODS, 0),
+    "prior_precision": (LAPLACE_METHODS, 1.0),
+    "structure": (LAPLACE_METHODS, "full"),
+    "ode_method": (("riemannian-laplace",), "RK45"),
+    "rtol": (("riemannian-laplace",), 1e-6),
+    "atol": (("riemannian-laplace",), 1e-3),
+}
+
+
 def add_arguments(parser) -> None:
+    """Add the ``refbayes trace`` arguments to an argparse parser.
+
+    Parameters
+    ----------
+    parser : argparse.ArgumentParser
+        The ``trace`` subcommand's parser.
+    """
     parser.add_argument("method", metavar="METHOD", help=f"one of {', '.join(METHODS)}")
     parser.add_argument("--seed", type=int, default=0, help="seed of the draws (default 0)")
-    parser.add_argument("--M", type=int, default=8, help="minibatch rows (default 8)")
-    parser.add_argument("--S", type=int, default=1, help="Monte Carlo draws (default 1)")
-    parser.add_argument("--L", type=int, default=2,
-                        help="rank of U: SLANG's rank, and the low-rank part of the starting "
-                             "precision for ngvi (default 2)")
+    parser.add_argument("--S", type=int, default=None,
+                        help="Monte Carlo draws: samples, and velocities for riemannian-laplace "
+                             "(default 1; laplace, riemannian-laplace: 2)")
     parser.add_argument("--curvature", default=None,
-                        help="ngvi curvature: ef (default), hess or exact")
-    parser.add_argument("--momentum", type=float, default=0.0, help="b of (ngvi.13) (default 0)")
-    parser.add_argument("--t", type=int, default=0,
-                        help="steps already taken (default 0; momentum shows from t > 0)")
+                        help="ngvi: ef (default), hess or exact; slang: ef; laplace, "
+                             "riemannian-laplace: ggn (default), hessian or ef")
     parser.add_argument("--precision", type=int, default=8,
                         help="digits after the point (default 8; 16 round-trips float64)")
     parser.add_argument("--json", metavar="PATH", default=None,
                         help="also write the inputs, draws and every intermediate as JSON")
+    step_group = parser.add_argument_group(f"step methods ({', '.join(STEP_METHODS)})")
+    step_group.add_argument("--M", type=int, default=None, help="minibatch rows (default 8)")
+    step_group.add_argument("--L", type=int, default=None,
+                            help="rank of U: SLANG's rank, and the low-rank part of the starting "
+                                 "precision for ngvi (default 2)")
+    step_group.add_argument("--momentum", type=float, default=None,
+                            help="b of (ngvi.13) (default 0)")
+    step_group.add_argument("--t", type=int, default=None,
+                            help="steps already taken (default 0; momentum shows from t > 0)")
+    la_group = parser.add_argument_group(
+        f"Laplace methods ({', '.join(LAPLACE_METHODS)})",
+        "The problem and the MAP recipe are printed, and described in the refbayes.trace "
+        "module docstring.")
+    la_group.add_argument("--prior-precision", dest="prior_precision", type=float, default=None,
+                          help="delta > 0 on every parameter; the MAP is refound for it "
+                               "(default 1)")
+    la_group.add_argument("--structure", default=None,
+                          help="precision structure: full (default) or diag")
+    la_group.add_argument("--ode-method", dest="ode_method", default=None,
+                          help="riemannian-laplace: solve_ivp method RK45 (default, the official "
+                               "code's), RK23 or DOP853")
+    la_group.add_argument("--rtol", type=float, default=None,
+                          help="riemannian-laplace: solve_ivp rtol (default 1e-6, the official "
+                               "code's)")
+    la_group.add_argument("--atol", type=float, default=None,
+                          help="riemannian-laplace: solve_ivp atol (default 1e-3, the official "
+                               "code's)")
+
+
+def _resolve(args) -> dict:
+    """The options that apply to args.method, defaults filled in; ValueError for one given to a
+    method it does not apply to."""
+    method = _check_method(args.method)
+    out = {}
+    for dest, (methods, default) in OPTIONS.items():
+        value = getattr(args, dest, None)
+        if method in methods:
+            out[dest] = default if value is None else value
+        elif value is not None:
+            flag = "--" + dest.replace("_", "-")
+            raise ValueError(f"{flag}: applies to {', '.join(methods)} only, not {method}")
+    return out
 
 
 def _json_folder(path: Path) -> None:
@@ -341,13 +1094,37 @@ def _json_folder(path: Path) -> None:
 
 
 def run(args) -> int:
-    """The ``refbayes trace`` handler: print the trace to stdout, optionally write the JSON."""
+    """Run the ``refbayes trace`` handler: print the trace to stdout, optionally write the JSON.
+
+    Parameters
+    ----------
+    args : argparse.Namespace
+        The parsed arguments of ``add_arguments``.
+
+    Returns
+    -------
+    int
+        The exit status, 0.
+
+    Raises
+    ------
+    ValueError
+        For an unknown method, an option outside its range or given to a method it does not
+        apply to, or a --json path whose folder cannot be made.
+    """
     precision = check_int(args.precision, "precision", low=0, high=17)
     if args.json is not None:
         _json_folder(Path(args.json))
-    inputs = make_inputs(args.method, seed=args.seed, M=args.M, S=args.S, L=args.L,
-                         curvature=args.curvature, momentum=args.momentum, t=args.t)
-    _, info = step(inputs)
+    opts = _resolve(args)
+    if args.method in STEP_METHODS:
+        inputs = make_inputs(args.method, seed=args.seed, S=1 if args.S is None else args.S,
+                             curvature=args.curvature, **opts)
+    else:
+        inputs = make_laplace_inputs(args.method, seed=args.seed,
+                                     S=2 if args.S is None else args.S,
+                                     curvature="ggn" if args.curvature is None else args.curvature,
+                                     **opts)
+    info = _info(inputs)
     print(format_trace(inputs, info, precision), end="")
     if args.json is not None:
         path = atomic_write_text(args.json, json.dumps(to_json(inputs, info), indent=1) + "\n")

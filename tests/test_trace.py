@@ -15,12 +15,13 @@ import pytest
 from refbayes import trace
 from refbayes.cli import main
 from refbayes.datasets import make_logistic_regression
-from refbayes.methods import ngvi, slang
+from refbayes.methods import laplace, ngvi, riemannian_laplace, slang
 from refbayes.methods._estimates import Batch
-from refbayes.models import LogisticRegression
-from tests.tolerances import EXACT_F64, assert_close
+from refbayes.models import MLP, LogisticRegression
+from tests.tolerances import EXACT_F64, ODE_F64, assert_close
 
-INFO = {"slang": slang.SLANGInfo, "ngvi-full": ngvi.FullInfo, "ngvi-meanfield": ngvi.MeanFieldInfo}
+INFO = {"slang": slang.SLANGInfo, "ngvi-full": ngvi.FullInfo, "ngvi-meanfield": ngvi.MeanFieldInfo,
+        "laplace": trace.LaplaceInfo, "riemannian-laplace": trace.RiemannianLaplaceInfo}
 STATE = {"slang": slang.SLANGState, "ngvi-full": ngvi.FullState,
          "ngvi-meanfield": ngvi.MeanFieldState}
 
@@ -60,6 +61,30 @@ def _mismatches(cls, table: dict) -> list:
 def test_tag_table_agrees_with_the_info_comments(method):
     assert list(INFO[method]._fields) == list(trace.TAGS[method])
     assert _mismatches(INFO[method], trace.TAGS[method]) == []
+
+
+# Trace fields of the Laplace methods that are also fields of a library NamedTuple: the trace's
+# tag must be one of the tags the library's own trailing comment gives that field.
+LIBRARY_FIELDS = {
+    ("laplace", "precision"): [(laplace.LaplaceState, "Sigma_inv"),
+                               (laplace.LaplaceState, "prec_diag")],
+    ("laplace", "f_mean"): [(laplace.GLMPredictive, "f_mean")],
+    ("laplace", "f_var"): [(laplace.GLMPredictive, "f_var")],
+    ("laplace", "y_var"): [(laplace.GLMPredictive, "y_var")],
+    ("riemannian-laplace", "precision"): [(laplace.LaplaceState, "Sigma_inv"),
+                                          (laplace.LaplaceState, "prec_diag")],
+    ("riemannian-laplace", "c"): [(riemannian_laplace.ExpMapInfo, "c")],
+    ("riemannian-laplace", "cdot"): [(riemannian_laplace.ExpMapInfo, "cdot"),
+                                     (riemannian_laplace.SampleInfo, "cdot")],
+}
+
+
+@pytest.mark.parametrize("method, field", sorted(LIBRARY_FIELDS))
+def test_laplace_tags_agree_with_the_library_comments(method, field):
+    tag = trace.TAGS[method][field][1]
+    for cls, name in LIBRARY_FIELDS[(method, field)]:
+        library_tags = TAG_EXPR.findall(_field_comments(cls)[name])
+        assert tag in library_tags, (cls.__name__, name, library_tags, tag)
 
 
 class _DriftedInfo(NamedTuple):
@@ -123,8 +148,7 @@ def test_every_field_is_printed_with_its_tag(capsys, method):
         label = blocks[field][0]
         assert label.endswith(tag) and (line is None or f"line {line} " in label
                                         or f"lines {line} " in label), (field, label)
-    info_fields = [name for name in blocks if not name.startswith(("state.", "batch.", "cfg."))
-                   and name not in ("idx", "eps")]
+    info_fields = [name for name, block in blocks.items() if block[0] != "input"]
     assert info_fields == list(INFO[method]._fields)  # every field, in order
 
 
@@ -242,13 +266,35 @@ def test_same_seed_same_trace_other_seed_other_draws(capsys):
 
 
 @pytest.mark.parametrize("argv, message", [
-    (["nosuch"], "method: expected one of slang, ngvi-full, ngvi-meanfield, got 'nosuch'"),
+    (["nosuch"], "method: expected one of slang, ngvi-full, ngvi-meanfield, laplace, "
+                 "riemannian-laplace, got 'nosuch'"),
     (["slang", "--M", "0"], "M: expected an integer in [1, 50], got 0"),
     (["slang", "--L", "7"], "L: expected an integer in [1, 6], got 7"),
     (["slang", "--curvature", "hess"], "curvature: SLANG uses the empirical Fisher only"),
     (["ngvi-full", "--curvature", "fisher"], "curvature: expected one of"),
     (["ngvi-full", "--momentum", "1.0"], "cfg.momentum: expected a value in [0.0, 1.0), got 1.0"),
     (["slang", "--precision", "30"], "precision: expected an integer in [0, 17], got 30"),
+    (["laplace", "--curvature", "hess"],
+     "curvature: expected one of ggn, hessian, ef for laplace, got 'hess'"),
+    (["riemannian-laplace", "--structure", "kron"],
+     "structure: expected one of full, diag for riemannian-laplace, got 'kron'"),
+    (["laplace", "--prior-precision", "0"],
+     "prior_precision: expected a value in (0.0, inf), got 0.0"),
+    (["laplace", "--prior-precision", "inf"], "prior_precision: expected a finite real number"),
+    (["laplace", "--S", "0"], "S: expected an integer in [1, None], got 0"),
+    (["laplace", "--seed", "-1"], "seed: expected an integer in [0, None], got -1"),
+    (["riemannian-laplace", "--ode-method", "Euler"],
+     "ode_method: expected one of RK45, RK23, DOP853 for riemannian-laplace, got 'Euler'"),
+    (["riemannian-laplace", "--rtol", "1e-20"], "rtol: expected a value in [2.22"),
+    (["riemannian-laplace", "--atol", "-1"], "atol: expected a value in [0.0, inf), got -1.0"),
+    (["laplace", "--rtol", "1e-3"], "--rtol: applies to riemannian-laplace only, not laplace"),
+    (["laplace", "--M", "4"], "--M: applies to slang, ngvi-full, ngvi-meanfield only, not laplace"),
+    (["riemannian-laplace", "--momentum", "0.5"], "--momentum: applies to slang, ngvi-full, "
+                                                  "ngvi-meanfield only, not riemannian-laplace"),
+    (["slang", "--prior-precision", "2"],
+     "--prior-precision: applies to laplace, riemannian-laplace only, not slang"),
+    (["ngvi-full", "--ode-method", "RK23"],
+     "--ode-method: applies to riemannian-laplace only, not ngvi-full"),
 ])
 def test_bad_arguments_exit_2_with_one_line(capsys, argv, message):
     assert main(["trace", *argv]) == 2
@@ -263,6 +309,9 @@ def test_help_lists_trace(capsys):
     assert main(["trace", "--help"]) == 0
     out = capsys.readouterr().out
     assert "METHOD" in out and "--json" in out and "--precision" in out
+    for option in ("--prior-precision", "--structure", "--ode-method", "--rtol", "--atol"):
+        assert option in out, option
+    assert "laplace" in out and "riemannian-laplace" in out
 
 
 def test_json_creates_only_its_own_folder(capsys, tmp_path):
@@ -281,3 +330,194 @@ def test_json_creates_only_its_own_folder(capsys, tmp_path):
     (tmp_path / "afile").write_text("x")
     assert main(["trace", "slang", "--json", str(tmp_path / "afile" / "t.json")]) == 2
     assert "is not a folder" in capsys.readouterr().err
+
+
+# ----------------------------------------------------------------------------- the Laplace traces
+
+def _shipped_problem():
+    """The module docstring's recipe, re-drawn here (not by calling trace)."""
+    prng = np.random.default_rng(0)
+    X = prng.uniform(-3.0, 3.0, (30, 1))
+    y = np.sin(X[:, 0]) + prng.standard_normal(30) / 4.0
+    model = MLP([1, 4, 1], activation="tanh", likelihood="gaussian", noise_precision=16.0)
+    return model, X, y
+
+
+GRAD_NORM = re.compile(r"\|grad L\(theta_map\)\|_2 = (\S+) \(MAP_GTOL")
+
+
+def test_laplace_trace_prints_the_problem_inputs_and_tags(capsys):
+    out = _trace(capsys, "laplace")
+    assert out.startswith("refbayes trace laplace: ")
+    for text in ["X = prng.uniform(-3.0, 3.0, (30, 1))", "D = 13, N = 30",
+                 "MLP([1, 4, 1], activation='tanh', likelihood='gaussian', noise_precision=16.0)",
+                 "X_star = numpy.linspace(-3.0, 3.0, 5)[:, None]",
+                 "structure='full', curvature='ggn'",
+                 "map: theta0 = model.init_theta(numpy.random.default_rng(0)); "
+                 "scipy.optimize.minimize(L-BFGS-B",
+                 "draws: rng = numpy.random.default_rng(0), in order: "
+                 "eps = rng.standard_normal((13, 2))"]:
+        assert text in out, text
+    for header in ["[input] X (30, 1)", "[input] y (30,)", "[input] X_star (5, 1)",
+                   "[input] theta_map (13,)", "[input] eps (13, 2)",
+                   "[(laplace.2)] H (13, 13)", "[(laplace.3)] precision (13, 13)",
+                   "[(laplace.4)] theta_s (13, 2)", "[(laplace.5)] log_Z ()",
+                   "[(laplace.6)] log_det_ratio ()", "[(laplace.6)] scatter ()",
+                   "[(laplace.7)] f_mean (5, 1)", "[(laplace.7)] y_var (5, 1, 1)"]:
+        assert f"\n{header}\n" in out, header
+    out = _trace(capsys, "laplace", "--structure", "diag", "--S", "3")
+    assert "[(laplace.2)] H (13,)" in out and "[(laplace.3)] precision (13,)" in out
+    assert "[(laplace.4)] theta_s (13, 3)" in out
+
+
+LA_CASES = [
+    ("laplace", {}),
+    ("laplace", {"structure": "diag", "curvature": "hessian", "seed": 3, "S": 3}),
+    ("laplace", {"curvature": "ef", "prior-precision": 2.5}),
+    ("riemannian-laplace", {}),
+    # ODE_F64's setting (DOP853, rtol = atol = 1e-12); a stronger prior keeps v, and nfev, small
+    ("riemannian-laplace", {"structure": "diag", "curvature": "hessian", "ode-method": "DOP853",
+                            "rtol": 1e-12, "atol": 1e-12, "S": 1, "seed": 5,
+                            "prior-precision": 2.5}),
+]
+
+
+def _direct_laplace(method, data):
+    """Every intermediate, from the recorded inputs, by direct calls of the library (and of the
+    model for H and the evidence terms, by their definitions)."""
+    model, X, y = _shipped_problem()
+    theta_map = np.array(data["map"]["theta_map"])
+    eps = np.array(data["draws"]["eps"])
+    X_star = np.array(data["problem"]["X_star"])
+    c = data["config"]
+    delta = np.full(13, c["prior_precision"])
+    cfg = laplace.LaplaceConfig(prior_precision=c["prior_precision"], structure=c["structure"],
+                                curvature=c["curvature"])
+    state = laplace.fit(model, theta_map, X, y, cfg)
+    precision = state.Sigma_inv if c["structure"] == "full" else state.prec_diag
+    theta_s = laplace.sample(state, eps)
+    if method == "laplace":
+        H = {"ggn": lambda: model.ggn(theta_map, X, y),
+             "hessian": lambda: model.hessian(theta_map, X, y),
+             "ef": lambda: (lambda G: G.T @ G)(model.per_example_grads(theta_map, X, y))}
+        H = H[c["curvature"]]()
+        if c["structure"] == "diag":
+            H = np.diagonal(H).copy()
+            assert_close(precision, H + delta, EXACT_F64, "prec_diag = diag(H) + delta")
+        else:
+            assert_close(precision, H + np.diag(delta), EXACT_F64, "Sigma_inv = H + diag(delta)")
+        log_det = np.linalg.slogdet(np.diag(precision) if precision.ndim == 1 else precision)[1]
+        pred = laplace.glm_predictive(model, state, X_star)
+        scatter = theta_map @ (delta * theta_map)
+        return {"H": H, "precision": precision, "theta_s": theta_s,
+                "log_lik": -model.loss(theta_map, X, y),
+                "log_prior": (np.sum(np.log(delta)) - 13 * np.log(2 * np.pi) - scatter) / 2,
+                "log_det": log_det,
+                "log_Z": laplace.log_marginal_likelihood(model, state, X, y, cfg),
+                "log_det_ratio": log_det - np.sum(np.log(delta)), "scatter": scatter,
+                "f_mean": pred.f_mean, "f_var": pred.f_var, "y_var": pred.y_var}
+    ode = riemannian_laplace.RiemannianLaplaceConfig(**data["ode"])
+
+    def grad_fn(theta):
+        return model.grad(theta, X, y) + delta * theta
+
+    def hvp_fn(theta, u):
+        return model.hvp(theta, u, X, y) + delta * u
+
+    V = theta_map[:, None] - theta_s
+    ends = [riemannian_laplace.exp_map(theta_map, V[:, s].copy(), grad_fn, hvp_fn, ode)[1]
+            for s in range(V.shape[1])]
+    return {"precision": precision, "theta_s": theta_s, "V": V, "g": grad_fn(theta_map),
+            "c": np.stack([e.c for e in ends], axis=1),
+            "cdot": np.stack([e.cdot for e in ends], axis=1),
+            "nfev": np.array([e.nfev for e in ends]),
+            "n_steps": np.array([e.n_steps for e in ends]),
+            "speed_0": np.array([v @ v + (grad_fn(theta_map) @ v) ** 2 for v in V.T]),
+            "speed_1": np.array([riemannian_laplace.squared_speed(grad_fn, e.c, e.cdot)
+                                 for e in ends])}
+
+
+@pytest.mark.parametrize("method, opts", LA_CASES,
+                         ids=[f"{m}-{i}" for i, (m, _) in enumerate(LA_CASES)])
+def test_laplace_json_equals_direct_library_calls(capsys, tmp_path, method, opts):
+    path = tmp_path / "out" / "trace.json"
+    out = _trace(capsys, *_argv(method, opts, path))
+    assert out.rstrip().endswith(f"json: {path}")
+    blocks = _blocks(out)
+    data = json.loads(path.read_text())
+    assert data["method"] == method and data["seed"] == opts.get("seed", 0)
+    # the recorded problem is the documented recipe, and the printed inputs are the recorded ones
+    model, X, y = _shipped_problem()
+    np.testing.assert_array_equal(data["problem"]["X"], X)
+    np.testing.assert_array_equal(data["problem"]["y"], y)
+    np.testing.assert_array_equal(data["problem"]["X_star"], np.linspace(-3, 3, 5)[:, None])
+    for name, recorded in [("X", data["problem"]["X"]), ("y", data["problem"]["y"]),
+                           ("theta_map", data["map"]["theta_map"]), ("eps", data["draws"]["eps"])]:
+        np.testing.assert_array_equal(_values(blocks[name]), recorded)
+    eps = np.random.default_rng(opts.get("seed", 0)).standard_normal((13, opts.get("S", 2)))
+    np.testing.assert_array_equal(data["draws"]["eps"], eps)  # the documented draw
+    assert data["config"]["prior_precision"] == opts.get("prior-precision", 1.0)
+    assert data["config"]["structure"] == opts.get("structure", "full")
+    assert data["config"]["curvature"] == opts.get("curvature", "ggn")
+    if method == "riemannian-laplace":
+        assert data["ode"] == {"method": opts.get("ode-method", "RK45"),
+                               "rtol": opts.get("rtol", 1e-6), "atol": opts.get("atol", 1e-3)}
+    direct = _direct_laplace(method, data)
+    assert list(data["info"]) == list(trace.TAGS[method]) == list(direct)
+    for field, value in direct.items():
+        entry = data["info"][field]
+        assert (entry["line"], entry["tag"]) == trace.TAGS[method][field]
+        assert entry["shape"] == list(np.shape(value)), field
+        saved = np.asarray(entry["value"], dtype=float).reshape(np.shape(value))
+        assert_close(saved, np.asarray(value, dtype=float), EXACT_F64, f"{method} {field}")
+        if np.size(value) <= trace.SHOW_ALL:  # printed in full: the print is the saved value
+            np.testing.assert_array_equal(_values(blocks[field]), saved)
+    info = data["info"]
+    if method == "laplace":  # the evidence two ways: (laplace.5) and laplace-torch's (laplace.6)
+        v = {k: info[k]["value"] for k in info}
+        assert_close(v["log_lik"] + v["log_prior"] + 6.5 * np.log(2 * np.pi) - v["log_det"] / 2,
+                     v["log_Z"], EXACT_F64, "(laplace.5)")
+        assert_close(v["log_lik"] - (v["log_det_ratio"] + v["scatter"]) / 2, v["log_Z"],
+                     EXACT_F64, "(laplace.6)")
+    else:
+        assert np.linalg.norm(info["g"]["value"]) < trace.MAP_GTOL  # g = grad L(theta_map) ~ 0
+        if data["ode"]["rtol"] == 1e-12:  # ODE_F64's solve conserves (riemannian_laplace.11)
+            assert_close(info["speed_1"]["value"], info["speed_0"]["value"], ODE_F64, "speed")
+
+
+def test_the_printed_map_is_stationary(capsys, tmp_path):
+    """The printed |grad L(theta_map)|_2 is below MAP_GTOL, and so is the gradient recomputed
+    from the printed theta_map (riemannian-laplace's g is checked in the JSON test)."""
+    path = tmp_path / "t.json"
+    out = _trace(capsys, "laplace", "--precision", "16", "--json", str(path))
+    printed = float(GRAD_NORM.search(out).group(1))
+    data = json.loads(path.read_text())
+    assert printed == data["map"]["grad_norm"] < trace.MAP_GTOL == data["map"]["gtol"]
+    model, X, y = _shipped_problem()
+    theta = _values(_blocks(out)["theta_map"])
+    grad = model.grad(theta, X, y) + theta  # prior precision 1
+    assert np.linalg.norm(grad) < trace.MAP_GTOL
+    # a minimum, not a saddle: the Hessian of the negative log joint is positive definite
+    assert np.linalg.eigvalsh(model.hessian(theta, X, y) + np.eye(13)).min() > 0
+
+
+def test_laplace_same_seed_same_trace_other_seed_other_draws(capsys):
+    a, b, c = (_trace(capsys, "laplace", "--seed", s) for s in ("3", "3", "4"))
+    assert a == b
+    A, C = _blocks(a), _blocks(c)
+    assert A["eps"] != C["eps"] and A["theta_s"] != C["theta_s"]
+    for same in ("theta_map", "H", "precision", "log_Z", "f_var"):  # the MAP ignores the seed
+        assert A[same] == C[same], same
+    other = _blocks(_trace(capsys, "laplace", "--seed", "3", "--prior-precision", "2"))
+    assert other["theta_map"] != A["theta_map"]  # the MAP is refound for the prior
+
+
+def test_official_tolerances_drift_from_the_conserved_speed(capsys, tmp_path):
+    """The solver options reach the solve: at the official defaults (atol = 1e-3) the conserved
+    speed (riemannian_laplace.11) drifts far beyond ODE_F64, which a tight solve meets (above)."""
+    path = tmp_path / "t.json"
+    _trace(capsys, "riemannian-laplace", "--S", "1", "--structure", "diag", "--curvature",
+           "hessian", "--seed", "5", "--prior-precision", "2.5", "--precision", "16",
+           "--json", str(path))
+    info = json.loads(path.read_text())["info"]
+    assert abs(info["speed_1"]["value"][0] / info["speed_0"]["value"][0] - 1) > 1e3 * ODE_F64
