@@ -524,7 +524,8 @@ class FlatModel:
         J = self._seeded_rows(xp, params, acts,
                               xp.broadcast_to(xp.eye(K, dtype=theta.dtype), (M, K, K)))  # (peg.7)
         HJ = xp.einsum("mkl,mld->mkd", self.likelihood._hess_f(f, y), J)
-        return xp.einsum("mkd,mke->de", J, HJ)  # (peg.8)
+        M_K = M * K  # sum over (m, k) as one matrix product: BLAS, not einsum's loop
+        return J.reshape(M_K, -1).T @ HJ.reshape(M_K, -1)  # (peg.8)
 
     def hessian(self, theta, X, y):
         """Form the dense Hessian of sum_i l_i, by autograd (NumPy only).
