@@ -5,8 +5,8 @@ Relative errors are ``max|a - b| / max|b|``: a fraction of the reference's scale
 """
 import numpy as np
 
-__all__ = ["EXACT_F64", "EXACT_F32", "CONVERGED", "QUADRATURE", "QUADRATURE_WIDE", "ODE_F64", "exact", "kl_zero",
-           "rel_err"]
+__all__ = ["EXACT_F64", "EXACT_F32", "CONVERGED", "QUADRATURE", "QUADRATURE_WIDE", "ODE_F64",
+           "MC_SIGMAS", "EVIDENCE_OPTIMUM", "exact", "kl_zero", "rel_err"]
 
 # Exact identities evaluated two ways in float64 (Woodbury vs a dense inverse, a closed-form
 # gradient vs autograd): both sides round at ~1e-16 per operation; the condition numbers of the
@@ -44,6 +44,27 @@ QUADRATURE_WIDE = 1e-11
 # defaults' atol = 1e-3 solve) sit 1e-3 to 1e-1 away.
 ODE_F64 = 1e-8
 
+
+# Monte Carlo estimates against their exact expectation (laplace: the MC link of the GLM
+# predictive vs adaptive quadrature of E[sigmoid(f)], the sampling predictive of Bayesian linear
+# regression vs its closed form): |estimate - exact| <= MC_SIGMAS * sd / sqrt(S), sd the
+# estimator's standard deviation per draw (computed in closed form or by quadrature, not from the
+# draws). The draws come from a fixed seed; for a correct estimator a 5-sigma excursion has
+# probability 6e-7 per comparison (CLT), while the errors the tests must catch (a wrong square
+# root, a missing noise term, the probit approximation in place of the expectation) are 10-1000
+# sigma away at the sample sizes used.
+MC_SIGMAS = 5.0
+
+# The location of an evidence maximum found two ways (laplace: alternating MAP refits with the
+# post-hoc optimiser of the Laplace evidence vs scipy's Nelder-Mead on the closed-form Bayesian
+# linear regression evidence, xatol = 1e-12), relative in the hyperparameters. Both stop on
+# tolerances near the maximum, where log Z is flat to second order: a stopping error eps in the
+# function moves the argument by ~sqrt(eps / curvature). Measured agreement 6.5e-8 (one delta
+# and tau) and 1.3e-7 (delta per tensor and tau), set by Nelder-Mead's stopping (unchanged with
+# 2.5 times more alternations), so 1e-6 leaves a factor 7 or more, while a wrong gradient (a
+# missing factor p of the EF, a missing trace term) or the fixed-MAP optimum without refits lands
+# 1e-4..1e-1 away (the test checks the latter is more than 1e-4 away).
+EVIDENCE_OPTIMUM = 1e-6
 
 def exact(dtype) -> float:
     """The exact-identity tolerance for ``dtype``."""

@@ -18,6 +18,12 @@ scipy's): the backend parameter's "cupy" is skipped (setup raises NotImplemented
 - Subset: ``laplace.fit`` (GGN) of a wider net, all parameters vs the last layer, per structure.
 - GLMPredictive: ``laplace.glm_predictive`` (full and diag GGN states, N = 100, prior 1) at M
   test points on a grid of [-4, 4].
+- GLMClassPredictive: ``laplace.glm_class_predictive`` on the same net with two logits and the
+  categorical likelihood (labels sin(2 x) + noise > 0; theta0 from seed 0, prior 1, N = 100),
+  probit vs Monte Carlo (S = 100 fixed draws) links, full and diag, M test points.
+- OptimizePriorPrecision: ``laplace.optimize_prior_precision`` on the GLM-predictive state
+  (full GGN, N = 100): "lbfgs" and "adam" over one delta and the noise precision, "grid" over
+  laplace-torch's 100 values; ``track_evaluations`` counts evidence evaluations.
 - ExpMap: one ``riemannian_laplace.exp_map`` from theta0 with L = sum_i l_i + |theta|^2 / 2
   (prior precision 1), v a draw from the GGN Laplace posterior at theta0, N(0, (GGN + I)^{-1});
   hvp_fn either model.hvp (autograd, no D x D matrix: the "hvp" path) or model.hessian(c) @ u
@@ -212,6 +218,75 @@ class ExpMap:
     track_nfev.unit = "rhs evaluations"
 
 
+
+def class_model():
+    """The same net with two logits and the categorical likelihood (D = 15 + 15 + 30 + 2 = 62)."""
+    return MLP([1, 15, 2], "tanh", "categorical")
+
+
+@functools.cache
+def class_data(N, seed=0):
+    """(X (N, 1), y (N,)): x ~ U(-3, 3), y = 1 where sin(2 x) + 0.2 eps > 0, else 0."""
+    X, y = data(N, seed)
+    return X, (y > 0).astype(np.int64)
+
+
+class GLMClassPredictive:
+    """laplace.glm_class_predictive at M test points (categorical, K = 2): the Jacobian
+    (M, 2, 62) and J Sigma J^T, then the probit link or S = 100 Monte Carlo draws through a
+    batched 2 x 2 Cholesky (eps fixed, seed 2)."""
+    params = (BACKENDS, laplace.STRUCTURES[:2], laplace.LINKS, MS)
+    param_names = ["backend", "structure", "link", "M"]
+
+    def setup(self, name, structure, link, M):
+        _numpy_only(name)
+        self.net = class_model()
+        theta = self.net.init_theta(np.random.default_rng(0))
+        cfg = laplace.LaplaceConfig(PRIOR, structure, "ggn")
+        self.state = laplace.fit(self.net, theta, *class_data(N_PRED), cfg)
+        self.X_star = np.linspace(-4.0, 4.0, M)[:, None]
+        self.link = link
+        self.eps = np.random.default_rng(2).standard_normal((2, 100)) if link == "mc" else None
+        self.run()
+
+    def run(self):
+        return laplace.glm_class_predictive(self.net, self.state, self.X_star, self.link,
+                                            self.eps)
+
+    def time_glm_class_predictive(self, name, structure, link, M):
+        self.run()
+
+
+class OptimizePriorPrecision:
+    """laplace.optimize_prior_precision on the regression net (full GGN state, N = 100):
+    "lbfgs" and "adam" (100 steps) for one delta and the noise precision, "grid" over
+    laplace-torch's 100 values. Each evidence evaluation is one Cholesky of the 46 x 46
+    precision and one triangular inverse (diag(Sigma)); ``track_evaluations`` counts them."""
+    params = (BACKENDS, list(laplace.TUNING_METHODS))
+    param_names = ["backend", "method"]
+
+    def setup(self, name, method):
+        _numpy_only(name)
+        self.net = model()
+        self.X, self.y = data(N_PRED)
+        self.cfg = laplace.LaplaceConfig(PRIOR, "full", "ggn")
+        self.state = laplace.fit(self.net, theta0(), self.X, self.y, self.cfg)
+        self.method = method
+        self.run()
+
+    def run(self):
+        return laplace.optimize_prior_precision(self.net, self.state, self.X, self.y, self.cfg,
+                                                self.method,
+                                                optimize_noise=self.method != "grid")[1]
+
+    def time_optimize_prior_precision(self, name, method):
+        self.run()
+
+    def track_evaluations(self, name, method):
+        return len(self.run().trace_log_marglik)
+
+    track_evaluations.unit = "evidence evaluations"
+
 # ----------------------------------------------------------------------------- without asv
 
 def _median_ms(fn, min_time=0.3, repeat=5):
@@ -247,6 +322,18 @@ def main():
             b = Subset()
             b.setup("numpy", s, subset)
             print(f"{'fit D=2701 ' + s + ' ' + subset:<40} {_median_ms(b.run):10.3f}", flush=True)
+    for s in laplace.STRUCTURES[:2]:
+        for link in laplace.LINKS:
+            for M in MS:
+                b = GLMClassPredictive()
+                b.setup("numpy", s, link, M)
+                label = f"glm_class_predictive {s} {link} M={M}"
+                print(f"{label:<40} {_median_ms(b.run):10.3f}", flush=True)
+    for method in laplace.TUNING_METHODS:
+        b = OptimizePriorPrecision()
+        b.setup("numpy", method)
+        label = f"optimize_prior_precision {method}"
+        print(f"{label:<40} {_median_ms(b.run):10.3f}", flush=True)
     for N in NS_GEODESIC:
         for tol in TOLS:
             for path in ["hvp", "dense"]:

@@ -26,7 +26,13 @@ q(theta) = N(mu, Sigma_inv^{-1}) or N(mu, diag(1 / prec_diag)) (laplace.3), (lap
     f(x*)     ~ N(f(x*, mu), J Sigma J^T);  y* ~ N(f(x*, mu), J Sigma J^T + I / noise_precision)
                                                                               (laplace.7)
 
-Randomness: nothing is drawn here; eps (D_q, S) comes from the caller.
+Evidence optimisation and classification / sampling predictives, (laplace.10)-(laplace.17):
+``log_marginal_likelihood_grad`` (log Z and its gradient in log delta and log tau with mu and H
+held fixed), ``optimize_prior_precision`` (laplace-torch's post-hoc tuning),
+``glm_class_predictive`` (probit or Monte Carlo link over the linearized logits),
+``mc_predictive`` (sampling predictive).
+
+Randomness: nothing is drawn here; eps (D_q, S) comes from the caller. The MC link's eps is (K, S).
 """
 from __future__ import annotations
 
@@ -674,8 +680,8 @@ class PriorOptInfo(NamedTuple):
     ----------
     prior_precision : float or numpy.ndarray of shape (G,)
         The optimised prior precision in its structure: a float ("scalar"), one value per
-        parameter tensor ("layerwise", G = T) or per random parameter ("diag", G = D_q).
-        (laplace.17)
+        parameter tensor ("layerwise", G = T; for a "kron" state one per layer block
+        [W_l, b_l]) or per random parameter ("diag", G = D_q).  (laplace.17)
     noise_precision : float or None
         The optimised noise precision tau, or None when it was held fixed.  (laplace.12)
     log_marglik : float
@@ -860,7 +866,7 @@ def log_marginal_likelihood_grad(model, state: LaplaceState, X, y, cfg: LaplaceC
     Returns
     -------
     MarglikGrad
-        log Z, d log Z / d log delta (D_q,), and d log Z / d log tau (or None).
+        The evidence log Z, d log Z / d log delta (D_q,), and d log Z / d log tau (or None).
 
     Raises
     ------
@@ -887,12 +893,19 @@ def log_marginal_likelihood_grad(model, state: LaplaceState, X, y, cfg: LaplaceC
 
 def _prior_groups(model, state, prior_structure):
     """(G, group id per random parameter (D_q,) int): one group ("scalar"), one per parameter
-    tensor of the random block ("layerwise"), or one per parameter ("diag").  (laplace.17)"""
+    tensor of the random block ("layerwise"; per K-FAC block for "kron"), or one per parameter
+    ("diag").  (laplace.17)"""
     import numpy as np
 
     Dq = _n_random(state)
     if prior_structure == "scalar":
         return 1, np.zeros(Dq, dtype=np.int64)
+    if _structure(state) == "kron":  # one delta per K-FAC block [W_l, b_l] (laplace.20)
+        if prior_structure == "diag":
+            raise ValueError("prior_structure: expected 'scalar' or 'layerwise' for a 'kron' "
+                             "state (one prior precision per layer block), got 'diag'")
+        sizes = [A.shape[0] * B.shape[0] for A, B in state.kron]
+        return len(sizes), np.repeat(np.arange(len(sizes)), sizes)
     if prior_structure == "diag":
         return Dq, np.arange(Dq)
     sizes = []
@@ -938,8 +951,9 @@ def optimize_prior_precision(model, state: LaplaceState, X, y, cfg: LaplaceConfi
         How to maximise (TUNING_METHODS).
     prior_structure : {"scalar", "layerwise", "diag"}, default "scalar"
         One delta for all random parameters, one per parameter tensor (W_l, b_l, in theta
-        order, as ``expand_prior_precision``), or one per random parameter
-        (PRIOR_STRUCTURES; "grid" takes "scalar" only).
+        order, as ``expand_prior_precision``; for a "kron" state one per layer block
+        [W_l, b_l], which K-FAC requires), or one per random parameter (PRIOR_STRUCTURES;
+        "grid" takes "scalar" only; "kron" refuses "diag").
     optimize_noise : bool, default False
         Also maximise over the Gaussian noise precision tau (Gaussian likelihood; not "grid").
     init_prior_prec : float, default 1.0
@@ -1009,18 +1023,17 @@ def optimize_prior_precision(model, state: LaplaceState, X, y, cfg: LaplaceConfi
     elif grid is not None:
         raise ValueError(f"grid: expected None for method {method!r}")
 
-    if _structure(state) == "kron" and prior_structure != "scalar":
-        raise ValueError("prior_structure: expected 'scalar' for a 'kron' state (one delta per "
-                         f"layer block [W_l, b_l]), got {prior_structure!r}")
     G, ids = _prior_groups(model, state, prior_structure)
     ids_xp = xp.asarray(ids)
     dtype = state.mu.dtype
     tau0 = model.likelihood.noise_precision if optimize_noise else None
     trace_x, trace_f = [], []
 
-    def evaluate(x):
-        """log Z and its gradient in x = [log delta_g, (log tau)] (host float64)."""
-        delta = xp.exp(xp.asarray(x[:G], dtype=dtype))[ids_xp]  # (laplace.17)
+    def evaluate(x, values=None):
+        """log Z and its gradient in x = [log delta_g, (log tau)] (host float64); values, if
+        given, are the delta_g themselves (the grid's, exactly)."""
+        values = np.exp(x[:G]) if values is None else values
+        delta = xp.asarray(values, dtype=dtype)[ids_xp]  # (laplace.17)
         tau = float(np.exp(x[G])) if optimize_noise else None
         lml, g_delta, g_tau, st = _evidence_and_grad(model, state, X, y, curvature, delta, tau)
         g = np.bincount(ids, weights=to_numpy(g_delta).astype(np.float64), minlength=G)
@@ -1050,14 +1063,14 @@ def optimize_prior_precision(model, state: LaplaceState, X, y, cfg: LaplaceConfi
         scores = []
         for d in grid:
             try:
-                scores.append(evaluate(np.array([math.log(d)]))[0])
+                scores.append(evaluate(np.array([math.log(d)]), np.array([d]))[0])
             except ValueError:  # P not positive definite there: laplace-torch scores inf loss
                 trace_x.append(np.array([math.log(d)]))
                 trace_f.append(-math.inf)
                 scores.append(-math.inf)
         x_best = np.array([math.log(grid[int(np.argmax(scores))])])
-    lml, _, st = evaluate(x_best)
-    values = np.exp(x_best[:G])
+    values = grid[[int(np.argmax(scores))]] if method == "grid" else np.exp(x_best[:G])
+    lml, _, st = evaluate(x_best, values)
     info = PriorOptInfo(float(values[0]) if prior_structure == "scalar" else values,
                         float(np.exp(x_best[G])) if optimize_noise else None, lml,
                         np.stack(trace_x), np.array(trace_f), converged)
@@ -1302,8 +1315,8 @@ def mc_predictive(model, state: LaplaceState, X_star, eps) -> MCPredictive:
     Returns
     -------
     MCPredictive
-        y_mean (M, K) (Gaussian, categorical) or (M,) (Bernoulli), y_var (M, K, K) or None,
-        and the draws f_samples (S, M, K).
+        The mean y_mean (M, K) (Gaussian, categorical) or (M,) (Bernoulli), the covariance
+        y_var (M, K, K) or None, and the draws f_samples (S, M, K).
 
     Raises
     ------
