@@ -1,7 +1,7 @@
 """Riemannian Laplace approximation, the geodesic core (Bergamin et al. 2023, NeurIPS,
 "Riemannian Laplace approximations for Bayesian neural networks").
 
-Implements (riemannian_laplace.1)-(riemannian_laplace.13) of derivations/riemannian_laplace.md.
+Implements (riemannian_laplace.1)-(riemannian_laplace.21) of derivations/riemannian_laplace.md.
 
 Symbols (derivations/notation.md, riemannian_laplace.md): L the full-batch negative log
 posterior (summed loss plus the prior term), g = grad L (D,), H[L] its Hessian (D, D), never
@@ -9,11 +9,13 @@ formed here (only H[L] u through ``hvp_fn``); M(theta) = I_D + g g^T the metric 
 immersion theta -> [theta, L(theta)] (riemannian_laplace.1); c(t) (D,) a geodesic, cdot = c'(t)
 (D,) its velocity; theta_map (D,) the base point; v (D,) an initial velocity; V (D, S) S of them.
 
-Where N, M, S, tau, rho enter: nowhere in this module. L is whatever the caller's ``grad_fn`` and
-``hvp_fn`` differentiate, e.g. grad_fn(theta) = model.grad(theta, X, y) + delta * theta and
-hvp_fn(theta, u) = model.hvp(theta, u, X, y) + delta * u for the summed loss over the N training
-rows and the prior N(0, delta^{-1} I). A minibatch or tempered L is the caller's choice, made by
-building those two callables; S is the number of columns of V.
+Where N, M, S, tau, rho enter: the geodesic functions (``exp_map``, ``sample``) take L only
+through the caller's ``grad_fn`` and ``hvp_fn``; S is the number of columns of V. ``loss_fns``
+builds that pair for a FlatModel: L(theta) = (N / M) sum_{i in B} l_i(theta)
++ (1/2) theta^T diag(delta) theta, the summed loss over the N rows of X (B = all rows, M = N) or
+over the M rows ``rows`` scaled by N / M (the prior is not scaled), optionally of the model
+linearized at theta_map, f_lin = f(theta_map) + J (theta - theta_map) (riemannian_laplace.14)-
+(riemannian_laplace.20). Tempering (tau) and data augmentation (rho) do not enter.
 
 The geodesic equation as solved (riemannian_laplace.7), (riemannian_laplace.8):
     c'' = -g(c) (c'^T H[L](c) c') / (1 + g(c)^T g(c)),    c(0) = theta_map, c'(0) = v,
@@ -23,19 +25,22 @@ t in [0, 1] (explicit Runge-Kutta; the config defaults are the official code's).
 Backend: NumPy float64 only; the ODE is solved by scipy on the host (no CuPy path), so the
 inputs must be NumPy float64 arrays and the callables must return them.
 
-Randomness: nothing is drawn here; the velocities V come from the caller (``velocities`` forms
-the printed v_s = theta_map - theta_s from draws theta_s ~ N(theta_map, H^{-1})).
+Randomness: nothing is drawn here; the velocities V and the minibatch rows come from the caller
+(``velocities`` forms the printed v_s = theta_map - theta_s from draws
+theta_s ~ N(theta_map, H^{-1}); the sign is a convention, riemannian_laplace.md, Conventions).
 """
 from __future__ import annotations
 
 import math
+import numbers
 from typing import Any, NamedTuple
 
 import numpy as np
 from scipy.integrate import solve_ivp
 
-from refbayes._checks import check_array, check_in_range
+from refbayes._checks import check_array, check_in_range, check_positive
 from refbayes.backend import xp_of
+from refbayes.models.base import FlatModel
 
 __all__ = [
     "ExpMapInfo",
@@ -44,6 +49,7 @@ __all__ = [
     "SampleInfo",
     "exp_map",
     "geodesic_acceleration",
+    "loss_fns",
     "sample",
     "squared_speed",
     "velocities",
@@ -324,8 +330,12 @@ def velocities(theta_map, Theta):
     """Form the printed initial velocities v_s = theta_map - theta_s of draws theta_s.
 
     (riemannian_laplace.10)  With theta_s ~ N(theta_map, H^{-1}) the v_s are N(0, H^{-1}); the
-    official code draws v_s = +H^{-1/2} eps_s directly, the opposite sign for the same eps
-    (riemannian_laplace.md, Conventions).
+    official code draws v_s = +H^{-1/2} eps_s directly, the opposite sign for the same eps.
+    The printed sign is kept (riemannian_laplace.md, Conventions): N(0, H^{-1}) is symmetric, so
+    both signs give one distribution of velocities and of samples Exp(v_s); per draw they differ,
+    Exp(-v) != Exp(v) in general, and Exp(-v) = 2 theta_map - Exp(v) for a loss even about theta_map
+    (riemannian_laplace.21).  To reproduce the official code draw by draw, pass
+    V = H^{-1/2} eps (= -velocities(theta_map, theta_map + H^{-1/2} eps)) to ``sample``.
 
     Parameters
     ----------
@@ -415,3 +425,160 @@ def sample(theta_map, V, grad_fn, hvp_fn, cfg: RiemannianLaplaceConfig):
                              np.array([i.status for i in infos]),
                              np.array([i.nfev for i in infos]),
                              np.array([i.n_steps for i in infos]))
+
+
+# ----------------------------------------------------------------------------- the loss L
+
+def _check_model(model):
+    if not isinstance(model, FlatModel):
+        raise ValueError(f"model: expected a refbayes.models model (a FlatModel), got "
+                         f"{type(model).__name__}")
+    return model
+
+
+def _check_data(model, X, y):
+    """X a finite NumPy float64 (N, n_in) array, N >= 1; y the likelihood's targets for N rows."""
+    check_array(X, "X", ndim=2)
+    if xp_of(X) is not np:
+        raise ValueError(f"X: expected a NumPy array (the ODE is solved by scipy on the host), "
+                         f"got {type(X).__module__}.{type(X).__name__}")
+    if X.shape[1] != model.sizes[0] or X.shape[0] < 1:
+        raise ValueError(f"X: expected shape (N, {model.sizes[0]}) with N >= 1, got "
+                         f"{tuple(X.shape)}")
+    if X.dtype != np.float64:
+        raise ValueError(f"X: expected dtype float64 (the ODE is solved in float64), "
+                         f"got {X.dtype}")
+    check_array(y, "y", ndim=(1, 2))
+    if xp_of(y) is not np:
+        raise ValueError(f"y: expected a NumPy array, got {type(y).__module__}.{type(y).__name__}")
+    model.likelihood.check_targets(y, X.shape[0], model.sizes[-1], np.float64)
+    return X, y
+
+
+def _check_prior(delta, D: int):
+    """delta >= 0, finite: a real number (NumPy scalars included), or a NumPy float64 (D,) array."""
+    if isinstance(delta, numbers.Real):
+        return check_in_range(delta, "prior_precision", 0.0, math.inf, high_open=True)
+    _check_vector(delta, "prior_precision", D)
+    check_positive(delta, "prior_precision", strict=False)
+    return delta
+
+
+def _check_rows(rows, N: int):
+    """A NumPy integer (M,) array of row indices in [0, N), M >= 1 (repeats allowed)."""
+    check_array(rows, "rows", ndim=1)
+    if xp_of(rows) is not np:
+        raise ValueError(f"rows: expected a NumPy array, got {type(rows).__module__}."
+                         f"{type(rows).__name__}")
+    if rows.dtype.kind not in "iu":
+        raise ValueError(f"rows: expected an integer array of row indices, got dtype {rows.dtype}")
+    if rows.shape[0] < 1:
+        raise ValueError("rows: expected at least one row index, got shape (0,)")
+    if int(rows.min()) < 0 or int(rows.max()) >= N:
+        raise ValueError(f"rows: expected indices in [0, {N}) (the rows of X), got values in "
+                         f"[{int(rows.min())}, {int(rows.max())}]")
+    return rows
+
+
+def loss_fns(model, X, y, prior_precision, *, linearize_at=None, rows=None):
+    """Build the (grad_fn, hvp_fn) pair of the negative log posterior L of a FlatModel.
+
+    L(theta) = (N / M) sum_{i in B} l(y_i, f(x_i, theta)) + (1/2) theta^T diag(delta) theta
+    (riemannian_laplace.14), with l_i = -log p(y_i | f_i) summed over the rows B of X (all N of
+    them, M = N, by default; the M rows ``rows``, scaled by N / M, otherwise; the prior term is
+    not scaled), delta = ``prior_precision``.  The callables are what ``exp_map`` and ``sample``
+    take: grad_fn(theta) = grad L(theta) and hvp_fn(theta, u) = H[L](theta) u.
+
+    - ``linearize_at`` None: the network itself, grad L = (N / M) model.grad + delta theta,
+      H[L] u = (N / M) model.hvp + delta u, the exact Hessian (riemannian_laplace.15).
+    - ``linearize_at`` = theta_lin: the model linearized there,
+      f_lin(x, theta) = f(x, theta_lin) + J(x) (theta - theta_lin) with J = model.jacobian at
+      theta_lin, formed once for the rows B (riemannian_laplace.16); L_lin is L with f_lin for f
+      (riemannian_laplace.17); grad L_lin = (N / M) sum_i J_i^T r_i + delta theta with
+      r_i = dl/df at f_lin(x_i, theta) (riemannian_laplace.18); H[L_lin] u =
+      (N / M) sum_i J_i^T H_i J_i u + delta u with H_i = d^2 l / df^2 at f_lin(x_i, theta), the
+      exact Hessian of L_lin, a GGN evaluated at f_lin (riemannian_laplace.19).
+
+    Parameters
+    ----------
+    model : FlatModel
+        The network and likelihood (``MLP``, ``LogisticRegression``, ``SoftmaxRegression``).
+    X : numpy.ndarray of shape (N, n_in)
+        All N training inputs, float64, as the model takes them (no ones column: a linear
+        model's intercept is its bias).
+    y : numpy.ndarray of shape (N,) or (N, n_out)
+        The targets, in the form the model's likelihood takes.
+    prior_precision : float or numpy.ndarray of shape (D,)
+        The prior precision delta >= 0, finite: the prior N(0, diag(delta)^{-1}) (a float is
+        delta I); 0 drops the prior term.
+    linearize_at : numpy.ndarray of shape (D,), optional
+        The point theta_lin, float64, usually theta_map: differentiate the loss of the model
+        linearized there.  None (the default): the loss of the network.
+    rows : numpy.ndarray of shape (M,), optional
+        Integer indices into the rows of X (repeats allowed; drawn by the caller, once per
+        geodesic in the official code): L uses these M rows, scaled by N / M.  None (the
+        default): all N rows, no scaling.
+
+    Returns
+    -------
+    grad_fn : callable
+        The gradient, grad_fn(theta) -> grad L(theta), a NumPy float64 array of shape (D,).
+    hvp_fn : callable
+        The Hessian-vector product, hvp_fn(theta, u) -> H[L](theta) u, a NumPy float64 array
+        of shape (D,).
+
+    Raises
+    ------
+    ValueError
+        If model is not a FlatModel; X is not a finite NumPy float64 (N, n_in) array with
+        N >= 1; y does not fit the likelihood for N rows; prior_precision is not a finite real
+        >= 0 or a finite NumPy float64 (D,) array >= 0; linearize_at is not a finite NumPy
+        float64 (D,) array; rows is not a NumPy integer (M,) array, M >= 1, of indices in
+        [0, N).  The returned callables raise ValueError if theta or u is not a finite NumPy
+        float64 (D,) array.
+    """
+    _check_model(model)
+    D = model.D
+    X, y = _check_data(model, X, y)
+    delta = _check_prior(prior_precision, D)
+    N = X.shape[0]
+    if rows is None:
+        Xb, yb, scale = X.copy(), y.copy(), 1.0  # copies: later edits of X, y do not leak in
+    else:
+        _check_rows(rows, N)
+        Xb, yb = X[rows], y[rows]   # the rows B
+        scale = N / rows.shape[0]  # N / M (riemannian_laplace.14)
+    if linearize_at is None:
+        def grad_fn(theta):
+            _check_vector(theta, "theta", D)
+            return scale * model.grad(theta, Xb, yb) + delta * theta  # (riemannian_laplace.15)
+
+        def hvp_fn(theta, u):
+            _check_vector(theta, "theta", D)
+            _check_vector(u, "u", D)
+            return scale * model.hvp(theta, u, Xb, yb) + delta * u  # (riemannian_laplace.15)
+
+        return grad_fn, hvp_fn
+
+    theta_lin = _check_vector(linearize_at, "linearize_at", D).copy()
+    lik = model.likelihood
+    M, K = Xb.shape[0], model.sizes[-1]
+    f0 = model.forward(theta_lin, Xb)  # f(x_i, theta_lin), (M, K)
+    J = model.jacobian(theta_lin, Xb).reshape(M * K, D)  # J_i stacked (riemannian_laplace.16)
+
+    def f_lin(theta):
+        return f0 + (J @ (theta - theta_lin)).reshape(M, K)  # (riemannian_laplace.16)
+
+    def grad_fn(theta):
+        _check_vector(theta, "theta", D)
+        r = lik.grad_f(f_lin(theta), yb)                  # r_i at f_lin, (M, K)
+        return scale * (J.T @ r.reshape(M * K)) + delta * theta  # (riemannian_laplace.18)
+
+    def hvp_fn(theta, u):
+        _check_vector(theta, "theta", D)
+        _check_vector(u, "u", D)
+        H = lik.hess_f(f_lin(theta), yb)                  # H_i at f_lin, (M, K, K)
+        HJu = (H @ (J @ u).reshape(M, K, 1)).reshape(M * K)
+        return scale * (J.T @ HJu) + delta * u            # (riemannian_laplace.19)
+
+    return grad_fn, hvp_fn

@@ -2,7 +2,10 @@
 against the printed general Christoffel form of the geodesic equation with dM/dc from autograd
 (tests/reference/riemannian_laplace_dense.py), the invariants of a geodesic (conserved metric
 speed, Exp(t v) = c(t), straight lines under a constant metric, Exp(0) = base point), the dense
-Hessian path, and its input validation."""
+Hessian path; the loss callables of ``loss_fns`` (network, linearized network, minibatch rows)
+against autograd on the dense losses of the reference, and what the linearization does and does
+not change; the sign convention of the velocities; and the input validation."""
+import autograd
 import numpy as np
 import pytest
 
@@ -212,6 +215,179 @@ def test_sample_maps_each_column_by_exp_map():
     assert not np.allclose(Theta[:, 0], Theta[:, 1])
 
 
+# ----------------------------------------------------------------------------- the loss (loss_fns)
+
+def _data(name, seed=6, n=12):
+    """(model, X, y) of a gaussian or bernoulli tanh MLP, or of logistic regression, on n rows."""
+    rng = np.random.default_rng(seed)
+    X = rng.standard_normal((n, 2))
+    if name == "mlp":
+        return MLP([2, 3, 1], "tanh", "gaussian", noise_precision=4.0), X, np.sin(X.sum(axis=1))
+    y = (X @ np.array([1.5, -1.0]) + rng.standard_normal(n) > 0).astype(float)
+    if name == "mlp_bernoulli":
+        return MLP([2, 3, 1], "tanh", "bernoulli"), X, y
+    return LogisticRegression(2), X, y
+
+
+@pytest.mark.parametrize("linearized", [False, True], ids=["network", "linearized"])
+@pytest.mark.parametrize("name, batch, prior", [
+    ("mlp", "all rows", "scalar"), ("mlp", "rows", "per-parameter"),
+    ("mlp_bernoulli", "all rows", "per-parameter"), ("mlp_bernoulli", "rows", "scalar"),
+    ("logistic", "rows", "per-parameter")])
+def test_loss_fns_equal_autograd_of_the_dense_loss(name, batch, prior, linearized):
+    """(riemannian_laplace.14)-(riemannian_laplace.19): grad_fn and hvp_fn equal autograd's
+    gradient and dense Hessian times u of L written out in the reference (the network, or its
+    linearization f(theta_lin) + J (theta - theta_lin) with J by autograd), on all rows or on 5
+    of the 12 rows scaled by 12 / 5, with a scalar or per-parameter prior, at points away from
+    theta_lin; to 1e-10."""
+    model, X, y = _data(name)
+    rng = np.random.default_rng(7)
+    D = model.D
+    delta = 1.3 if prior == "scalar" else rng.uniform(0.5, 2.0, D)
+    rows = None if batch == "all rows" else rng.choice(X.shape[0], 5, replace=False)
+    theta_lin = 0.5 * rng.standard_normal(D)
+    spec = spec_of(model)
+    if linearized:
+        L = ref.linearized_posterior_loss(spec, X, y, delta, theta_lin, rows)
+    else:
+        L = ref.posterior_loss(spec, X, y, delta, rows)
+    grad_fn, hvp_fn = rl.loss_fns(model, X, y, delta, rows=rows,
+                                  linearize_at=theta_lin if linearized else None)
+    for _ in range(2):
+        theta, u = theta_lin + 0.8 * rng.standard_normal(D), rng.standard_normal(D)
+        assert_close(grad_fn(theta), autograd.grad(L)(theta), EXACT_F64, "grad L")
+        assert_close(hvp_fn(theta, u), autograd.hessian(L)(theta) @ u, EXACT_F64, "H[L] u")
+
+
+@pytest.mark.parametrize("name", ["logistic", "mlp"])
+def test_linearization_point_gradients_coincide_and_hvp_is_the_ggn(name):
+    """(riemannian_laplace.20): at theta_lin, f_lin = f, so grad L_lin = grad L (to 1e-10, at a
+    point where g != 0; theta_MAP is the case g = 0) and H[L_lin] u = (GGN + delta I) u, which
+    for the tanh MLP is not H[L] u and for logistic regression (linear in theta) is.  The
+    network callables are the Problem's grad / hvp, bit for bit."""
+    p = problem(name)
+    theta, u = _points(p)[0]
+    g, h = rl.loss_fns(p.model, p.X, p.y, DELTA)
+    g_lin, h_lin = rl.loss_fns(p.model, p.X, p.y, DELTA, linearize_at=theta)
+    assert np.array_equal(g(theta), p.grad(theta)) and np.array_equal(h(theta, u), p.hvp(theta, u))
+    assert_close(g_lin(theta), g(theta), EXACT_F64, "grad L_lin vs grad L at theta_lin")
+    assert np.max(np.abs(g(theta))) > 1e-1
+    ggn_u = p.model.ggn(theta, p.X, p.y) @ u + DELTA * u
+    assert_close(h_lin(theta, u), ggn_u, EXACT_F64, "H[L_lin] u vs (GGN + delta I) u")
+    if name == "mlp":
+        assert rel_err(h_lin(theta, u), h(theta, u)) > 1e-3
+    else:
+        assert_close(h_lin(theta, u), h(theta, u), EXACT_F64, "GGN = Hessian, linear model")
+    g_map, _ = rl.loss_fns(p.model, p.X, p.y, DELTA, linearize_at=p.theta_map)
+    assert np.max(np.abs(g_map(p.theta_map))) < 1e-10  # the MAP stays a critical point
+
+
+def test_linear_in_theta_model_has_the_same_linearized_and_network_geodesic():
+    """(riemannian_laplace.20): logistic regression's output is linear in theta, so L_lin = L
+    and the two geodesics from theta_MAP coincide (one solver, DOP853 at 1e-12: to ODE_F64);
+    for the tanh MLP they differ by more than 1e-3."""
+    for name in ("logistic", "mlp"):
+        p = problem(name)
+        v = p.velocity()
+        c, _ = rl.exp_map(p.theta_map, v, *rl.loss_fns(p.model, p.X, p.y, DELTA), TIGHT)
+        c_lin, _ = rl.exp_map(p.theta_map, v, *rl.loss_fns(p.model, p.X, p.y, DELTA,
+                                                             linearize_at=p.theta_map), TIGHT)
+        if name == "logistic":
+            assert_close(c_lin, c, ODE_F64, "linearized vs network geodesic, linear model")
+        else:
+            assert rel_err(c_lin, c) > 1e-3
+        assert rel_err(p.theta_map + v, c) > 1e-3  # the geodesic bends
+
+
+def test_gaussian_linearized_loss_is_quadratic():
+    """(riemannian_laplace.20): with a gaussian likelihood L_lin is quadratic: H[L_lin] u is the
+    same at far-apart points and equals (tau sum_i J_i^T J_i + delta I) u, and
+    grad L_lin(theta_1) - grad L_lin(theta_0) = H[L_lin] (theta_1 - theta_0) (to 1e-10); the
+    network's Hessian is not constant.  For MLP [2, 1] (linear in theta) the network's L is
+    that quadratic itself."""
+    p = problem("mlp")
+    g_lin, h_lin = rl.loss_fns(p.model, p.X, p.y, DELTA, linearize_at=p.theta_map)
+    _, h = rl.loss_fns(p.model, p.X, p.y, DELTA)
+    rng = np.random.default_rng(8)
+    t0, t1, u = (p.theta_map + 2.0 * rng.standard_normal(p.D) for _ in range(3))
+    J = p.model.jacobian(p.theta_map, p.X)[:, 0, :]
+    Hu = p.model.likelihood.noise_precision * J.T @ (J @ u) + DELTA * u
+    assert_close(h_lin(t0, u), Hu, EXACT_F64, "H[L_lin] u at t0")
+    assert_close(h_lin(t1, u), Hu, EXACT_F64, "H[L_lin] u at t1")
+    assert_close(g_lin(t1) - g_lin(t0), h_lin(t0, t1 - t0), EXACT_F64, "affine gradient")
+    assert rel_err(h(t1, u), h(t0, u)) > 1e-3
+    model = MLP([2, 1], "tanh", "gaussian", noise_precision=4.0)
+    g, h = rl.loss_fns(model, p.X, p.y, DELTA)
+    g_lin, h_lin = rl.loss_fns(model, p.X, p.y, DELTA, linearize_at=rng.standard_normal(3))
+    t0, u = rng.standard_normal(3), rng.standard_normal(3)
+    assert_close(g_lin(t0), g(t0), EXACT_F64, "linear model: grad")
+    assert_close(h_lin(t0, u), h(t0, u), EXACT_F64, "linear model: hvp")
+
+
+@pytest.mark.parametrize("linearized", [False, True], ids=["network", "linearized"])
+def test_every_row_twice_is_the_full_batch(linearized):
+    """(riemannian_laplace.14): rows = each of the N rows twice is M = 2 N rows scaled by
+    N / M = 1/2, the full-batch L (to 1e-10); rows = the first half alone is not."""
+    p = problem("mlp")
+    N = p.X.shape[0]
+    at = p.theta_map if linearized else None
+    theta, u = _points(p)[1]
+    g, h = rl.loss_fns(p.model, p.X, p.y, DELTA, linearize_at=at)
+    g2, h2 = rl.loss_fns(p.model, p.X, p.y, DELTA, linearize_at=at,
+                         rows=np.concatenate([np.arange(N), np.arange(N)[::-1]]))
+    assert_close(g2(theta), g(theta), EXACT_F64, "grad")
+    assert_close(h2(theta, u), h(theta, u), EXACT_F64, "hvp")
+    g_half, _ = rl.loss_fns(p.model, p.X, p.y, DELTA, linearize_at=at, rows=np.arange(N // 2))
+    assert rel_err(g_half(theta), g(theta)) > 1e-3
+
+
+# ----------------------------------------------------------------------------- velocity sign
+
+def test_velocity_sign_changes_each_draw_not_the_distribution():
+    """(riemannian_laplace.10), Conventions: fed the identity as eps, the printed velocities
+    theta_map - (theta_map + C eps) and the official C eps (C C^T = H^{-1}) are negatives of
+    each other with one covariance H^{-1} (to 1e-10): one distribution.  Per draw the samples
+    differ: Exp(v) != Exp(-v), and Exp(-v) is not the reflection 2 theta_map - Exp(v) of a loss
+    that is not even; Exp of the printed v for eps equals Exp of the official v for -eps."""
+    p = problem("logistic")
+    C = np.linalg.cholesky(np.linalg.inv(p.hessian(p.theta_map)))
+    E = np.eye(p.D)
+    V = rl.velocities(p.theta_map, p.theta_map[:, None] + C @ E)
+    V_official = C @ E
+    assert_close(V, -V_official, EXACT_F64, "printed = -official")
+    assert_close(V @ V.T, np.linalg.inv(p.hessian(p.theta_map)), EXACT_F64, "printed covariance")
+    assert_close(V_official @ V_official.T, V @ V.T, EXACT_F64, "one covariance")
+    v = 2.0 * V[:, 0]  # stretched so the geodesic bends
+    c_plus, _ = rl.exp_map(p.theta_map, v, p.grad, p.hvp, TIGHT)
+    c_minus, _ = rl.exp_map(p.theta_map, -v, p.grad, p.hvp, TIGHT)
+    assert rel_err(c_minus, c_plus) > 1e-2
+    assert rel_err(c_minus, 2.0 * p.theta_map - c_plus) > 1e-3
+    c_off, _ = rl.exp_map(p.theta_map, -2.0 * V_official[:, 0], p.grad, p.hvp, TIGHT)
+    assert_close(c_off, c_plus, ODE_F64, "printed v(eps) vs official v(-eps)")
+
+
+def test_exp_of_minus_v_is_the_reflection_for_an_even_loss():
+    """(riemannian_laplace.21): for L_e(theta) = L(theta) + L(2 theta_0 - theta), even about
+    theta_0 (the logistic regression's L, theta_0 a point with grad L != 0), Exp_{theta_0}(-v) =
+    2 theta_0 - Exp_{theta_0}(v) to ODE_F64 while Exp(-v) != Exp(v)."""
+    p = problem("logistic")
+    theta0 = _points(p)[0][0]
+
+    def grad_e(theta):
+        return p.grad(theta) - p.grad(2.0 * theta0 - theta)
+
+    def hvp_e(theta, u):
+        return p.hvp(theta, u) + p.hvp(2.0 * theta0 - theta, u)
+
+    assert np.array_equal(grad_e(theta0), np.zeros(p.D))
+    v = 2.0 * p.velocity(seed=4)
+    c_plus, _ = rl.exp_map(theta0, v, grad_e, hvp_e, TIGHT)
+    c_minus, _ = rl.exp_map(theta0, -v, grad_e, hvp_e, TIGHT)
+    assert_close(c_minus, 2.0 * theta0 - c_plus, ODE_F64, "Exp(-v) vs reflection")
+    assert rel_err(c_minus, c_plus) > 1e-2
+    assert rel_err(theta0 + v, c_plus) > 1e-3  # the geodesic bends
+
+
 # ----------------------------------------------------------------------------- bad input
 
 _D = 3
@@ -219,6 +395,10 @@ _TH = np.zeros(_D)
 _G = lambda th: th + 1.0  # noqa: E731
 _H = lambda th, u: 2.0 * u  # noqa: E731
 _CFG = rl.RiemannianLaplaceConfig()
+_LM = LogisticRegression(2)  # D = 3
+_X = np.array([[0.5, -1.0], [1.0, 2.0], [-0.3, 0.2], [2.0, 0.1]])
+_Y = np.array([0.0, 1.0, 1.0, 0.0])
+_R = np.array([0, 2])
 
 
 @pytest.mark.parametrize("call, match", [
@@ -258,6 +438,36 @@ _CFG = rl.RiemannianLaplaceConfig()
      r"^hvp_L: expected it to return"),
     (lambda: rl.geodesic_acceleration(_G, 2.0, _TH, np.ones(_D)), r"^hvp_L: expected a callable"),
     (lambda: rl.squared_speed(lambda th: np.ones(2), _TH, np.ones(_D)), r"^grad_fn: expected it to return"),
+    (lambda: rl.loss_fns("logistic", _X, _Y, 1.0), r"^model: expected a refbayes.models model"),
+    (lambda: rl.loss_fns(_LM, _X[:, :1], _Y, 1.0), r"^X: expected shape \(N, 2\)"),
+    (lambda: rl.loss_fns(_LM, _X[:0], _Y[:0], 1.0), r"^X: expected shape \(N, 2\) with N >= 1"),
+    (lambda: rl.loss_fns(_LM, _X.ravel(), _Y, 1.0), r"^X: expected 2 dim"),
+    (lambda: rl.loss_fns(_LM, _X.astype(np.float32), _Y, 1.0), r"^X: expected dtype float64"),
+    (lambda: rl.loss_fns(_LM, np.full((4, 2), np.nan), _Y, 1.0), r"^X: expected finite"),
+    (lambda: rl.loss_fns(_LM, _X, _Y[:3], 1.0), r"^y: expected shape \(4\)"),
+    (lambda: rl.loss_fns(_LM, _X, _Y + 1.0, 1.0), r"^y: expected labels in"),
+    (lambda: rl.loss_fns(_LM, _X, _Y, -1.0), r"^prior_precision: expected a value in"),
+    (lambda: rl.loss_fns(_LM, _X, _Y, np.inf), r"^prior_precision: expected"),
+    (lambda: rl.loss_fns(_LM, _X, _Y, "1.0"), r"^prior_precision: expected an array"),
+    (lambda: rl.loss_fns(_LM, _X, _Y, np.array(1.0)), r"^prior_precision: expected 1 dim"),
+    (lambda: rl.loss_fns(_LM, _X, _Y, np.ones(4)), r"^prior_precision: expected shape \(3,\)"),
+    (lambda: rl.loss_fns(_LM, _X, _Y, np.array([1.0, -1.0, 1.0])), r"^prior_precision: expected >= 0"),
+    (lambda: rl.loss_fns(_LM, _X, _Y, np.ones(3, np.float32)), r"^prior_precision: expected dtype float64"),
+    (lambda: rl.loss_fns(_LM, _X, _Y, 1.0, linearize_at=np.zeros(4)), r"^linearize_at: expected shape \(3,\)"),
+    (lambda: rl.loss_fns(_LM, _X, _Y, 1.0, linearize_at=np.zeros(3, np.float32)),
+     r"^linearize_at: expected dtype float64"),
+    (lambda: rl.loss_fns(_LM, _X, _Y, 1.0, rows=np.array([0.0, 1.0])), r"^rows: expected an integer array"),
+    (lambda: rl.loss_fns(_LM, _X, _Y, 1.0, rows=np.array([0, 4])), r"^rows: expected indices in \[0, 4\)"),
+    (lambda: rl.loss_fns(_LM, _X, _Y, 1.0, rows=np.array([-1, 2])), r"^rows: expected indices in"),
+    (lambda: rl.loss_fns(_LM, _X, _Y, 1.0, rows=np.zeros(0, int)), r"^rows: expected at least one"),
+    (lambda: rl.loss_fns(_LM, _X, _Y, 1.0, rows=np.zeros((2, 1), int)), r"^rows: expected 1 dim"),
+    (lambda: rl.loss_fns(_LM, _X, _Y, 1.0, rows=[0, 1]), r"^rows: expected an array"),
+    (lambda: rl.loss_fns(_LM, _X, _Y, 1.0)[0](np.zeros(4)), r"^theta: expected shape \(3,\)"),
+    (lambda: rl.loss_fns(_LM, _X, _Y, 1.0)[1](np.zeros(3), np.zeros(2)), r"^u: expected shape \(3,\)"),
+    (lambda: rl.loss_fns(_LM, _X, _Y, 1.0, linearize_at=np.zeros(3))[0](np.zeros(3, np.float32)),
+     r"^theta: expected dtype float64"),
+    (lambda: rl.loss_fns(_LM, _X, _Y, 1.0, linearize_at=np.zeros(3))[1](np.zeros(3), np.full(3, np.nan)),
+     r"^u: expected finite"),
 ], ids=lambda x: None if callable(x) else x)
 def test_bad_input_raises(call, match):
     with pytest.raises(ValueError, match=match):
@@ -270,6 +480,10 @@ def test_valid_input_of_the_bad_input_table_runs():
     assert info.status == 0 and np.all(np.isfinite(c1))
     Theta, _ = rl.sample(_TH, np.ones((_D, 2)), _G, _H, _CFG)
     assert Theta.shape == (_D, 2)
+    for at in (None, np.zeros(3)):
+        for delta in (1.0, 0.0, np.float64(2.0), 3, np.ones(3)):
+            grad_fn, hvp_fn = rl.loss_fns(_LM, _X, _Y, delta, linearize_at=at, rows=_R)
+            assert grad_fn(np.ones(3)).shape == hvp_fn(np.ones(3), np.ones(3)).shape == (3,)
 
 
 def test_solver_failure_raises():
