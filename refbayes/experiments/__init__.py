@@ -14,6 +14,7 @@ __all__ = ["EXPERIMENTS", "get_experiment"]
 EXPERIMENTS: dict[str, str] = {
     "selfcheck": "refbayes.experiments.selfcheck",
     "slang-logreg": "refbayes.experiments.slang_logreg",
+    "riemannian-laplace": "refbayes.experiments.riemannian_laplace",
 }
 
 

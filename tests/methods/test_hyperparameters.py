@@ -264,6 +264,17 @@ FLOAT_ARGS = {
         lambda v: kron.logdet(np.eye(2), np.eye(3), damping=v),
     ("refbayes.linalg.kron", "solve_factored", "gamma"):
         lambda v: kron.solve_factored(np.eye(2), np.eye(3), np.ones((2, 3)), v),
+    ("refbayes.linalg.kron", "damped_eigh", "damping"):
+        lambda v: kron.damped_eigh(np.eye(2), np.eye(3), damping=v),
+    ("refbayes.methods.laplace", "optimize_prior_precision", "gtol"):
+        lambda v: laplace.optimize_prior_precision(MODEL, _LAP0, X, Y, laplace.LaplaceConfig(1.0),
+                                                   gtol=v),
+    ("refbayes.methods.laplace", "optimize_prior_precision", "init_prior_prec"):
+        lambda v: laplace.optimize_prior_precision(MODEL, _LAP0, X, Y, laplace.LaplaceConfig(1.0),
+                                                   method="adam", n_steps=1, init_prior_prec=v),
+    ("refbayes.methods.laplace", "optimize_prior_precision", "lr"):
+        lambda v: laplace.optimize_prior_precision(MODEL, _LAP0, X, Y, laplace.LaplaceConfig(1.0),
+                                                   method="adam", n_steps=1, lr=v),
     ("refbayes.models.likelihoods", "Gaussian", "noise_precision"): lambda v: Gaussian(v),
     ("refbayes.models.likelihoods", "make_likelihood", "noise_precision"):
         lambda v: make_likelihood("gaussian", v),
@@ -322,7 +333,8 @@ def test_non_finite_float_argument_is_rejected(key, value):
 def test_float_argument_baseline_is_valid(key):
     """A valid value passes (so the rejections above come from the value)."""
     good = {"p": 0.1, "tol": 1e-6, "v_max": 1.0, "damping": 0.5, "gamma": 0.5, "scale": 1.25,
-            "alpha": 1e-3, "beta2": 0.9, "noise_precision": 2.0}[key[2]]
+            "alpha": 1e-3, "beta2": 0.9, "noise_precision": 2.0, "gtol": 1e-8,
+            "init_prior_prec": 1.0, "lr": 0.1}[key[2]]
     FLOAT_ARGS[key](good)
 
 
