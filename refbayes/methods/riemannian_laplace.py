@@ -98,12 +98,16 @@ class ExpMapInfo(NamedTuple):
         Number of right-hand-side evaluations (each one grad_fn call and one hvp_fn call).
     n_steps : int
         Number of accepted steps.
+    n_nonfinite : int
+        Evaluations at trial points where grad_fn or hvp_fn returned NaN or inf: each made
+        the solver reject its step and retry a shorter one (riemannian_laplace.22).
     """
-    c: Array      # c(1) = Exp_{theta_map}(v), (D,) (riemannian_laplace.9)
-    cdot: Array   # c'(1), (D,) (riemannian_laplace.8)
-    status: int   # solve_ivp status, 0 = reached t = 1
-    nfev: int     # right-hand-side evaluations
-    n_steps: int  # accepted steps
+    c: Array          # c(1) = Exp_{theta_map}(v), (D,) (riemannian_laplace.9)
+    cdot: Array       # c'(1), (D,) (riemannian_laplace.8)
+    status: int       # solve_ivp status, 0 = reached t = 1
+    nfev: int         # right-hand-side evaluations
+    n_steps: int      # accepted steps
+    n_nonfinite: int  # non-finite trial evaluations, rejected (riemannian_laplace.22)
 
 
 class SampleInfo(NamedTuple):
@@ -119,11 +123,14 @@ class SampleInfo(NamedTuple):
         Right-hand-side evaluations per solve.
     n_steps : array of shape (S,)
         Accepted steps per solve.
+    n_nonfinite : array of shape (S,)
+        Non-finite trial evaluations per solve, each a rejected step (riemannian_laplace.22).
     """
-    cdot: Array     # c_s'(1), (D, S) (riemannian_laplace.8)
-    status: Array   # (S,) int, 0 = reached t = 1
-    nfev: Array     # (S,) int
-    n_steps: Array  # (S,) int
+    cdot: Array         # c_s'(1), (D, S) (riemannian_laplace.8)
+    status: Array       # (S,) int, 0 = reached t = 1
+    nfev: Array         # (S,) int
+    n_steps: Array      # (S,) int
+    n_nonfinite: Array  # (S,) int (riemannian_laplace.22)
 
 
 # ----------------------------------------------------------------------------- checks
@@ -161,8 +168,9 @@ def _check_cfg(cfg) -> RiemannianLaplaceConfig:
     return RiemannianLaplaceConfig(cfg.method, rtol, atol)
 
 
-def _call(f, name: str, D: int, *args):
-    """f(*args), checked to be a finite NumPy float64 (D,) array (the callable's contract)."""
+def _call(f, name: str, D: int, *args, finite: bool = True):
+    """f(*args), checked to be a NumPy float64 (D,) array (the callable's contract), and finite
+    unless ``finite`` is False (trial points inside the ODE solve, riemannian_laplace.22)."""
     out = f(*args)
     if not (hasattr(out, "shape") and hasattr(out, "dtype")):
         raise ValueError(f"{name}: expected it to return an array of shape ({D},), got "
@@ -171,16 +179,16 @@ def _call(f, name: str, D: int, *args):
         raise ValueError(f"{name}: expected it to return a NumPy float64 array of shape ({D},), "
                          f"got {type(out).__name__} of shape {tuple(out.shape)} and dtype "
                          f"{out.dtype}")
-    if not bool(np.all(np.isfinite(out))):
+    if finite and not bool(np.all(np.isfinite(out))):
         raise ValueError(f"{name}: returned NaN or inf at the point given")
     return out
 
 
 # ----------------------------------------------------------------------------- the metric
 
-def _acceleration(grad_L, hvp_L, c, cdot, D: int, names=("grad_L", "hvp_L")):
-    g = _call(grad_L, names[0], D, c)          # g = grad L(c) (riemannian_laplace.1)
-    Hu = _call(hvp_L, names[1], D, c, cdot)    # H[L](c) c'
+def _acceleration(grad_L, hvp_L, c, cdot, D: int, names=("grad_L", "hvp_L"), finite=True):
+    g = _call(grad_L, names[0], D, c, finite=finite)        # g = grad L(c) (riemannian_laplace.1)
+    Hu = _call(hvp_L, names[1], D, c, cdot, finite=finite)  # H[L](c) c'
     return -(g / (1.0 + g @ g)) * (cdot @ Hu)  # (riemannian_laplace.7)
 
 
@@ -261,21 +269,37 @@ def geodesic_acceleration(grad_L, hvp_L, c, cdot):
 def _solve(theta_map, v, grad_fn, hvp_fn, cfg: RiemannianLaplaceConfig):
     """Integrate (riemannian_laplace.8) on [0, 1]; the end state and the solver's counters."""
     D = theta_map.shape[0]
+    names = ("grad_fn", "hvp_fn")
+    y0 = np.concatenate([theta_map, v])       # [theta_map; v] (riemannian_laplace.8)
+    n_nonfinite = 0
 
     def rhs(t, y):
+        nonlocal n_nonfinite
         c, cdot = y[:D], y[D:]
-        cddot = _acceleration(grad_fn, hvp_fn, c, cdot, D, ("grad_fn", "hvp_fn"))
+        if t == 0.0 and np.array_equal(y, y0):  # the base point: finite, or ValueError
+            return np.concatenate([cdot, _acceleration(grad_fn, hvp_fn, c, cdot, D, names)])
+        if not bool(np.all(np.isfinite(y))):  # a stage built from an earlier non-finite one
+            n_nonfinite += 1
+            return np.full(2 * D, np.nan)  # (riemannian_laplace.22)
+        with np.errstate(all="ignore"):  # a trial point may overflow the callables
+            cddot = _acceleration(grad_fn, hvp_fn, c, cdot, D, names, finite=False)
+        if not bool(np.all(np.isfinite(cddot))):
+            n_nonfinite += 1
+            cddot = np.full(D, np.nan)  # a NaN error estimate rejects the step (riemannian_laplace.22)
         return np.concatenate([cdot, cddot])  # [c', c''] (riemannian_laplace.8)
 
-    y0 = np.concatenate([theta_map, v])       # [theta_map; v] (riemannian_laplace.8)
     sol = solve_ivp(rhs, (0.0, 1.0), y0, method=cfg.method, rtol=cfg.rtol, atol=cfg.atol)
     if sol.status != 0:
         raise RuntimeError(f"exp_map: solve_ivp ({cfg.method}, rtol {cfg.rtol}, atol {cfg.atol}) "
                            f"stopped at t = {float(sol.t[-1])!r} with status {sol.status}: "
                            f"{sol.message}")
     y1 = sol.y[:, -1]
+    if not bool(np.all(np.isfinite(y1))):
+        raise RuntimeError(f"exp_map: solve_ivp ({cfg.method}, rtol {cfg.rtol}, atol {cfg.atol}) "
+                           "ended at a non-finite state")
     c1 = y1[:D].copy()  # Exp_{theta_map}(v) (riemannian_laplace.9)
-    return ExpMapInfo(c1, y1[D:].copy(), int(sol.status), int(sol.nfev), int(sol.t.shape[0] - 1))
+    return ExpMapInfo(c1, y1[D:].copy(), int(sol.status), int(sol.nfev), int(sol.t.shape[0] - 1),
+                      n_nonfinite)
 
 
 def exp_map(theta_map, v, grad_fn, hvp_fn, cfg: RiemannianLaplaceConfig):
@@ -311,11 +335,14 @@ def exp_map(theta_map, v, grad_fn, hvp_fn, cfg: RiemannianLaplaceConfig):
     ------
     ValueError
         If theta_map, v are not finite float64 NumPy arrays of one shape (D,), D >= 1; if
-        grad_fn or hvp_fn is not callable or returns anything but a finite float64 (D,) NumPy
-        array; if cfg is not a RiemannianLaplaceConfig with method in METHODS, rtol in
-        [100 eps, 1) and atol in [0, inf).
+        grad_fn or hvp_fn is not callable or returns anything but a float64 (D,) NumPy array,
+        or returns NaN or inf at the base point (at a trial point inside the solve a
+        non-finite value rejects the step instead, riemannian_laplace.22); if cfg is not a
+        RiemannianLaplaceConfig with method in METHODS, rtol in [100 eps, 1) and atol in
+        [0, inf).
     RuntimeError
-        If ``solve_ivp`` stops before t = 1 (its step size underflows).
+        If ``solve_ivp`` stops before t = 1 (its step size underflows, e.g. no shorter step
+        avoids non-finite values).
     """
     c = _check_cfg(cfg)
     _check_vector(theta_map, "theta_map")
@@ -407,8 +434,9 @@ def sample(theta_map, V, grad_fn, hvp_fn, cfg: RiemannianLaplaceConfig):
     ValueError
         If theta_map is not a finite float64 NumPy (D,) array, V not a finite float64 NumPy
         (D, S) array with S >= 1; if grad_fn or hvp_fn is not callable or returns anything but
-        a finite float64 (D,) NumPy array; if cfg is not a RiemannianLaplaceConfig with method
-        in METHODS, rtol in [100 eps, 1) and atol in [0, inf).
+        a float64 (D,) NumPy array, or NaN or inf at the base point (see ``exp_map``); if cfg
+        is not a RiemannianLaplaceConfig with method in METHODS, rtol in [100 eps, 1) and atol
+        in [0, inf).
     RuntimeError
         If ``solve_ivp`` stops before t = 1 for a column.
     """
@@ -424,7 +452,8 @@ def sample(theta_map, V, grad_fn, hvp_fn, cfg: RiemannianLaplaceConfig):
     return Theta, SampleInfo(np.stack([i.cdot for i in infos], axis=1),
                              np.array([i.status for i in infos]),
                              np.array([i.nfev for i in infos]),
-                             np.array([i.n_steps for i in infos]))
+                             np.array([i.n_steps for i in infos]),
+                             np.array([i.n_nonfinite for i in infos]))
 
 
 # ----------------------------------------------------------------------------- the loss L

@@ -492,3 +492,41 @@ def test_solver_failure_raises():
     with pytest.raises(RuntimeError, match=r"exp_map: solve_ivp \(RK45.*status -1"):
         rl.exp_map(np.zeros(1), np.array([-3.0]), lambda th: np.ones(1),
                    lambda th, u: u * (1.0 + th ** 2) ** 2, _CFG)
+
+
+# ----------------------------------------------------------------------------- non-finite trial points
+
+def _flaky(f, bad_calls, value):
+    """f, except that its calls numbered in bad_calls (1-based) return ``value(out)``."""
+    count = [0]
+
+    def wrapped(*args):
+        count[0] += 1
+        out = f(*args)
+        return value(out) if count[0] in bad_calls else out
+    return wrapped
+
+
+@pytest.mark.parametrize("kind", ["nan", "overflow"])
+def test_a_nonfinite_trial_evaluation_is_a_rejected_step(kind):
+    """(riemannian_laplace.22): grad_fn giving NaN, or overflowing to inf with numpy's warning,
+    at one trial point of the solve (its 100th call) makes the solver reject that step and retry a
+    shorter one: the end point equals the clean solve to the ODE tolerance, the info counts it,
+    and no warning escapes (pytest turns RuntimeWarnings into errors here)."""
+    p = problem("mlp-gaussian")
+    v = p.velocity()
+    clean = rl.exp_map(p.theta_map, v, p.grad, p.hvp, TIGHT)[1]
+    bad = {"nan": lambda out: np.full_like(out, np.nan),
+           "overflow": lambda out: out * np.exp(np.full_like(out, 1e3))}[kind]
+    c, info = rl.exp_map(p.theta_map, v, _flaky(p.grad, {100}, bad), p.hvp, TIGHT)
+    assert clean.n_nonfinite == 0 and info.n_nonfinite >= 1
+    assert_close(c, clean.c, ODE_F64, "end point")
+
+
+def test_nonfinite_everywhere_but_the_base_point_raises():
+    """No finite trial point at any step size: the step underflows and exp_map raises; a
+    non-finite value at the base point itself is bad input (ValueError, the table above)."""
+    p = problem("mlp-gaussian")
+    always = _flaky(p.grad, set(range(2, 10 ** 6)), lambda out: np.full_like(out, np.nan))
+    with pytest.raises(RuntimeError, match=r"exp_map: solve_ivp \(DOP853.*status -1"):
+        rl.exp_map(p.theta_map, p.velocity(), always, p.hvp, TIGHT)
