@@ -5,7 +5,7 @@ Relative errors are measured as ``max|a - b| / max(max|b|, tiny)`` (see ``assert
 tolerance is a fraction of the reference's scale, not of each entry.
 """
 
-from refbayes._tolerances import CONVERGED, EVIDENCE_OPTIMUM, EXACT_F32, EXACT_F64, MC_SIGMAS, ODE_F64, QUADRATURE, QUADRATURE_WIDE, exact, kl_zero, rel_err  # noqa: F401  (reasons there)
+from refbayes._tolerances import CONVERGED, EVIDENCE_OPTIMUM, EVIDENCE_STATIONARY, EXACT_F32, EXACT_F64, MC_SIGMAS, ODE_F64, QUADRATURE, QUADRATURE_WIDE, exact, kl_zero, rel_err  # noqa: F401  (reasons there)
 
 
 def assert_close(a, b, tol, what=""):
