@@ -71,7 +71,7 @@ EVIDENCE_OPTIMUM = 1e-6
 # float64 log Z (|log Z| ~ 36-38 on the test problem) no longer decreases along its line search,
 # so the gradient left is set by that rounding, not by gtol. Measured max |g| (prior groups and
 # log tau): 5e-9 (scalar prior), 2e-9 (per tensor), 6e-8 (per parameter, 31 groups); 1e-6
-# absolute leaves a factor 15 over the worst.
+# absolute leaves a factor 16 over the worst.
 EVIDENCE_STATIONARY = 1e-6
 
 def exact(dtype) -> float:
