@@ -24,6 +24,7 @@ scipy's): the backend parameter's "cupy" is skipped (setup raises NotImplemented
 - OptimizePriorPrecision: ``laplace.optimize_prior_precision`` on the GLM-predictive state
   (full GGN, N = 100): "lbfgs" and "adam" over one delta and the noise precision, "grid" over
   laplace-torch's 100 values; ``track_evaluations`` counts evidence evaluations.
+- ExpMapWidth: one geodesic at the official tolerances vs the hidden width (D = 16 .. 451).
 - ExpMap: one ``riemannian_laplace.exp_map`` from theta0 with L = sum_i l_i + |theta|^2 / 2
   (prior precision 1), v a draw from the GGN Laplace posterior at theta0, N(0, (GGN + I)^{-1});
   hvp_fn either model.hvp (autograd, no D x D matrix: the "hvp" path) or model.hessian(c) @ u
@@ -287,6 +288,37 @@ class OptimizePriorPrecision:
 
     track_evaluations.unit = "evidence evaluations"
 
+class ExpMapWidth:
+    """One geodesic (HVP path, official tolerances) vs the hidden width of the 1-H-1 tanh net,
+    D = 3 H + 1, N = 100, from theta0 with v drawn as in ExpMap: the time per geodesic against D
+    (the HVP cost grows with D, the number of evaluations with the geodesic's curvature)."""
+    params = (BACKENDS, [5, 15, 50, 150])
+    param_names = ["backend", "width"]
+    number = 1
+    repeat = (1, 5, 30.0)
+    warmup_time = 0.0
+    timeout = 300.0
+
+    def setup(self, name, width):
+        _numpy_only(name)
+        net = MLP([1, width, 1], "tanh", "gaussian", noise_precision=NOISE_PRECISION)
+        X, y = data(100)
+        theta = net.init_theta(np.random.default_rng(0))
+        state = laplace.fit(net, theta, X, y, laplace.LaplaceConfig(PRIOR, "full", "ggn"))
+        v = laplace.sample(state, np.random.default_rng(1).standard_normal((net.D, 1)))[:, 0] - theta
+        grad_fn, hvp_fn = rl.loss_fns(net, X, y, PRIOR)
+        cfg = TOLS["default"]
+        self.run = lambda: rl.exp_map(theta, v, grad_fn, hvp_fn, cfg)[1]
+
+    def time_exp_map(self, name, width):
+        self.run()
+
+    def track_nfev(self, name, width):
+        return self.run().nfev
+
+    track_nfev.unit = "rhs evaluations"
+
+
 # ----------------------------------------------------------------------------- without asv
 
 def _median_ms(fn, min_time=0.3, repeat=5):
@@ -333,6 +365,12 @@ def main():
         b = OptimizePriorPrecision()
         b.setup("numpy", method)
         label = f"optimize_prior_precision {method}"
+        print(f"{label:<40} {_median_ms(b.run):10.3f}", flush=True)
+    for width in ExpMapWidth.params[1]:
+        b = ExpMapWidth()
+        b.setup("numpy", width)
+        nfev = b.run().nfev
+        label = f"exp_map width={width} (nfev {nfev})"
         print(f"{label:<40} {_median_ms(b.run):10.3f}", flush=True)
     for N in NS_GEODESIC:
         for tol in TOLS:
