@@ -33,7 +33,9 @@ refbayes.methods.riemannian_laplace at one MAP:
   and the empirical Fisher differ; D small enough that every D x D matrix is printed in full);
   the test inputs of the GLM predictive ``X_star = numpy.linspace(-3.0, 3.0, 5)[:, None]``;
   prior p(theta) = N(0, I / prior_precision) (``--prior-precision``, default 1); structures
-  "full" and "diag" of the whole network (not "kron", not the last layer);
+  "full", "diag" and "kron" (K-FAC of the GGN or EF; H and the precision printed as the dense
+  block-diagonal blockdiag_l(A_l kron B_l) and its sum with delta I) of the whole network (not
+  the last layer);
 - the MAP, deterministic and independent of the seed (``find_map``): the minimiser of the
   negative log joint L(theta) = sum_i l_i(theta) + (1/2) theta^T diag(delta) theta, from
   ``theta0 = model.init_theta(numpy.random.default_rng(0))`` by ``scipy.optimize.minimize``
@@ -65,12 +67,13 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 import numpy as np
+import scipy.linalg
 from scipy.optimize import minimize
 
 from refbayes._checks import check_in_range, check_int
 from refbayes.datasets import make_logistic_regression
 from refbayes.experiments._io import atomic_write_text
-from refbayes.linalg import lowrank
+from refbayes.linalg import kron, lowrank
 from refbayes.methods import laplace, ngvi, riemannian_laplace, slang
 from refbayes.methods._estimates import Batch, check_curvature
 from refbayes.methods.driver import epoch_batches
@@ -98,7 +101,7 @@ LA_HIDDEN = 4
 LA_NOISE_PRECISION = 16.0
 LA_PROBLEM_SEED = 0
 LA_TEST_INPUTS = 5  # X_star = numpy.linspace(-3.0, 3.0, LA_TEST_INPUTS)[:, None]
-LA_STRUCTURES = ("full", "diag")
+LA_STRUCTURES = ("full", "diag", "kron")
 MAP_INIT_SEED = 0   # theta0 = model.init_theta(numpy.random.default_rng(MAP_INIT_SEED))
 MAP_LBFGS = {"gtol": 1e-12, "ftol": 0.0, "maxcor": 20, "maxiter": 10000}
 MAX_NEWTON = 10
@@ -190,11 +193,11 @@ class LaplaceInfo(NamedTuple):
     Attributes
     ----------
     H : array of shape (D, D), or (D,) for structure "diag"
-        Curvature of sum_i l_i at theta_map (the configured GGN, Hessian or EF), or its
-        diagonal.  (laplace.2)
+        Curvature of sum_i l_i at theta_map (the configured GGN, Hessian or EF), its
+        diagonal, or for "kron" the dense blockdiag_l(A_l kron B_l).  (laplace.2), (laplace.20)
     precision : array of shape (D, D), or (D,) for structure "diag"
-        The state's Sigma_inv = H + diag(delta) (symmetrised), or prec_diag = diag(H) + delta.
-        (laplace.3)
+        The state's Sigma_inv = H + diag(delta) (symmetrised), prec_diag = diag(H) + delta,
+        or the dense K-FAC precision.  (laplace.3), (laplace.20)
     theta_s : array of shape (D, S)
         Samples ``laplace.sample(state, eps)``.  (laplace.4)
     log_lik : float
@@ -585,7 +588,7 @@ def make_laplace_inputs(method: str, *, seed: int = 0, S: int = 2, prior_precisi
         Number of draws (samples, velocities), >= 1.
     prior_precision : float, default 1.0
         The prior precision delta > 0, the same for every parameter.
-    structure : {"full", "diag"}, default "full"
+    structure : {"full", "diag", "kron"}, default "full"
         Precision structure of the Laplace approximation.
     curvature : {"ggn", "hessian", "ef"}, default "ggn"
         Curvature H of the Laplace precision (laplace-torch's default GGN).
@@ -632,20 +635,17 @@ def make_laplace_inputs(method: str, *, seed: int = 0, S: int = 2, prior_precisi
     return LaplaceTraceInputs(method, seed, model, X, y, X_star, found, eps, cfg, ode)
 
 
-def _curvature(model, theta, X, y, structure: str, curvature: str):
-    """H of (laplace.2) by the model's public methods (what laplace.fit adds diag(delta) to)."""
-    if curvature == "ggn":
-        return model.ggn(theta, X, y) if structure == "full" else model.diag_ggn(theta, X, y)
-    if curvature == "ef":
-        if structure == "full":
-            G = model.per_example_grads(theta, X, y)
-            return G.T @ G
-        return model.diag_ef(theta, X, y)
-    H = model.hessian(theta, X, y)
-    return H if structure == "full" else np.diagonal(H).copy()
+def _dense_curvature(H):
+    """H as printed: the array laplace.curvature returns, or for "kron" the dense block-diagonal
+    blockdiag_l(A_l kron B_l) (laplace.20)."""
+    if not isinstance(H, tuple):
+        return H
+    return scipy.linalg.block_diag(*[kron.dense(A, B) for A, B in H])
 
 
 def _precision(state):
+    if state.kron is not None:
+        return laplace.dense_precision(state)  # (laplace.20)
     return state.Sigma_inv if state.Sigma_inv is not None else state.prec_diag
 
 
@@ -685,7 +685,7 @@ def trace_laplace(inputs: LaplaceTraceInputs):
     precision = _precision(state)
     theta_s = laplace.sample(state, inputs.eps)  # (laplace.4)
     if inputs.method == "laplace":
-        H = _curvature(model, theta_map, X, y, cfg.structure, cfg.curvature)  # (laplace.2)
+        H = _dense_curvature(laplace.curvature(model, theta_map, X, y, cfg))  # (laplace.2)
         log_lik = -float(model.loss(theta_map, X, y))  # (laplace.5)
         D = theta_map.shape[0]
         log_prior = float(0.5 * (np.sum(np.log(delta)) - D * math.log(2.0 * math.pi)
@@ -1048,7 +1048,7 @@ def add_arguments(parser) -> None:
                           help="delta > 0 on every parameter; the MAP is refound for it "
                                "(default 1)")
     la_group.add_argument("--structure", default=None,
-                          help="precision structure: full (default) or diag")
+                          help="precision structure: full (default), diag or kron")
     la_group.add_argument("--ode-method", dest="ode_method", default=None,
                           help="riemannian-laplace: solve_ivp method RK45 (default, the official "
                                "code's), RK23 or DOP853")

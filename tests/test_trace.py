@@ -11,6 +11,7 @@ from typing import NamedTuple
 
 import numpy as np
 import pytest
+import scipy.linalg
 
 from refbayes import trace
 from refbayes.cli import main
@@ -276,8 +277,11 @@ def test_same_seed_same_trace_other_seed_other_draws(capsys):
     (["slang", "--precision", "30"], "precision: expected an integer in [0, 17], got 30"),
     (["laplace", "--curvature", "hess"],
      "curvature: expected one of ggn, hessian, ef for laplace, got 'hess'"),
-    (["riemannian-laplace", "--structure", "kron"],
-     "structure: expected one of full, diag for riemannian-laplace, got 'kron'"),
+    (["riemannian-laplace", "--structure", "lowrank"],
+     "structure: expected one of full, diag, kron for riemannian-laplace, got 'lowrank'"),
+    (["laplace", "--structure", "kron", "--curvature", "hessian"],
+     "cfg.curvature: structure 'kron' factors the GGN or the EF (curvature 'ggn' or 'ef'), "
+     "got 'hessian'"),
     (["laplace", "--prior-precision", "0"],
      "prior_precision: expected a value in (0.0, inf), got 0.0"),
     (["laplace", "--prior-precision", "inf"], "prior_precision: expected a finite real number"),
@@ -374,6 +378,7 @@ LA_CASES = [
     ("laplace", {}),
     ("laplace", {"structure": "diag", "curvature": "hessian", "seed": 3, "S": 3}),
     ("laplace", {"curvature": "ef", "prior-precision": 2.5}),
+    ("laplace", {"structure": "kron", "curvature": "ef", "prior-precision": 2.5}),
     ("riemannian-laplace", {}),
     # ODE_F64's setting (DOP853, rtol = atol = 1e-12); a stronger prior keeps v, and nfev, small
     ("riemannian-laplace", {"structure": "diag", "curvature": "hessian", "ode-method": "DOP853",
@@ -394,14 +399,19 @@ def _direct_laplace(method, data):
     cfg = laplace.LaplaceConfig(prior_precision=c["prior_precision"], structure=c["structure"],
                                 curvature=c["curvature"])
     state = laplace.fit(model, theta_map, X, y, cfg)
-    precision = state.Sigma_inv if c["structure"] == "full" else state.prec_diag
+    precision = {"full": state.Sigma_inv, "diag": state.prec_diag,
+                 "kron": laplace.dense_precision(state)}[c["structure"]]
     theta_s = laplace.sample(state, eps)
     if method == "laplace":
         H = {"ggn": lambda: model.ggn(theta_map, X, y),
              "hessian": lambda: model.hessian(theta_map, X, y),
              "ef": lambda: (lambda G: G.T @ G)(model.per_example_grads(theta_map, X, y))}
         H = H[c["curvature"]]()
-        if c["structure"] == "diag":
+        if c["structure"] == "kron":  # (laplace.20): blockdiag(A_l kron B_l) from the model
+            H = scipy.linalg.block_diag(*[np.kron(A, B) for A, B in model.kfac_curvature(
+                theta_map, X, y, c["curvature"])])
+            assert_close(precision, H + np.diag(delta), EXACT_F64, "P = K-FAC + diag(delta)")
+        elif c["structure"] == "diag":
             H = np.diagonal(H).copy()
             assert_close(precision, H + delta, EXACT_F64, "prec_diag = diag(H) + delta")
         else:

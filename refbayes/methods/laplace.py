@@ -64,6 +64,7 @@ __all__ = [
     "KronBlock",
     "LaplaceConfig",
     "LaplaceState",
+    "curvature",
     "dense_covariance",
     "dense_precision",
     "expand_prior_precision",
@@ -394,6 +395,46 @@ def _random_part(model, theta_map, X, cfg):
     return model, theta_map, X, 0
 
 
+def curvature(model, theta_map, X, y, cfg: LaplaceConfig):
+    """Compute the curvature H that ``fit`` adds the prior precision to.
+
+    H of the summed negative log-likelihood at theta_map for cfg's curvature, structure and
+    subset (laplace.2), (laplace.20), (laplace.25): for the random parameters theta[n_fixed:]
+    only, so that ``fit`` forms H + diag(delta), diag(H) + delta or A_l kron B_l + delta_l I.
+
+    Parameters
+    ----------
+    model : FlatModel
+        A refbayes.models model with D parameters.
+    theta_map : array of shape (D,)
+        The MAP estimate theta*, float64 or float32.
+    X : array of shape (N, n_in)
+        All training inputs, in theta_map's dtype.
+    y : array of shape (N,) or (N, n_out)
+        All training targets.
+    cfg : LaplaceConfig
+        Structure, curvature and subset (its prior precision is validated, not used).
+
+    Returns
+    -------
+    array of shape (D_q, D_q) or (D_q,), or tuple of KronBlock
+        The dense curvature ("full"), its diagonal ("diag") or one K-FAC block per layer
+        ("kron").
+
+    Raises
+    ------
+    ValueError
+        As ``fit``, except for the positive definiteness of the precision.
+    """
+    check_array(theta_map, "theta_map", ndim=1)
+    check_float(theta_map, "theta_map")
+    D = theta_map.shape[0]
+    check_model(model, D)
+    model_q, theta_q, X_q, n_fixed = _random_part(model, theta_map, X, cfg)  # (laplace.25)
+    structure, curv, _ = _check_cfg(cfg, D - n_fixed, theta_map.dtype, xp_of(theta_map))
+    return _curvature(model_q, theta_q, X_q, y, structure, curv)  # (laplace.2)
+
+
 def fit(model, theta_map, X, y, cfg: LaplaceConfig) -> LaplaceState:
     """Fit the Laplace approximation N(theta_map, (H + diag(delta))^{-1}) at a MAP estimate.
 
@@ -441,8 +482,8 @@ def fit(model, theta_map, X, y, cfg: LaplaceConfig) -> LaplaceState:
     xp = xp_of(theta_map)
     check_model(model, D)
     model_q, theta_q, X_q, n_fixed = _random_part(model, theta_map, X, cfg)  # (laplace.25)
-    structure, curvature, delta = _check_cfg(cfg, D - n_fixed, theta_map.dtype, xp)
-    H = _curvature(model_q, theta_q, X_q, y, structure, curvature)  # (laplace.2)
+    structure, curv, delta = _check_cfg(cfg, D - n_fixed, theta_map.dtype, xp)
+    H = _curvature(model_q, theta_q, X_q, y, structure, curv)  # (laplace.2)
     if structure == "full":
         Sigma_inv = H + xp.diag(delta)  # (laplace.3)
         Sigma_inv = 0.5 * (Sigma_inv + Sigma_inv.T)  # exact symmetry for the Cholesky routines

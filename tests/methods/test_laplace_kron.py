@@ -307,3 +307,20 @@ def test_kron_layerwise_prior_optimum_is_stationary():
         assert abs(fd) < 1e-6, (l, fd)  # central difference error ~h^2 |f'''| << 1e-6
     with pytest.raises(ValueError, match=r"prior_structure: expected 'scalar' or 'layerwise'"):
         laplace.optimize_prior_precision(model, state, X, y, cfg, prior_structure="diag")
+
+
+def test_curvature_is_what_fit_adds_the_prior_to():
+    """laplace.curvature returns H of (laplace.2) / (laplace.20) / (laplace.25): the GGN, its
+    last-layer block, and the K-FAC blocks, so that fit's precision is H + delta."""
+    X, y, model, theta = _mlp("categorical")
+    G = model.ggn(theta, X, y)
+    full = laplace.curvature(model, theta, X, y, laplace.LaplaceConfig(1.0, "full", "ggn"))
+    assert_close(full, G, EXACT_F64, "full")
+    ll = laplace.curvature(model, theta, X, y,
+                           laplace.LaplaceConfig(1.0, "diag", "ggn", "last_layer"))
+    assert_close(ll, np.diag(G)[16:], EXACT_F64, "last-layer diagonal")
+    blocks = laplace.curvature(model, theta, X, y, laplace.LaplaceConfig(1.0, "kron", "ggn"))
+    for (A, B), (A_m, B_m) in zip(blocks, model.kfac_curvature(theta, X, y, "ggn")):
+        assert np.array_equal(A, A_m) and np.array_equal(B, B_m)
+    with pytest.raises(ValueError, match=r"cfg\.curvature: structure 'kron'"):
+        laplace.curvature(model, theta, X, y, laplace.LaplaceConfig(1.0, "kron", "hessian"))
