@@ -51,8 +51,9 @@ refbayes.methods.riemannian_laplace at one MAP:
   velocities v_s = theta_map - theta_s (riemannian_laplace.10), g = grad L(theta_map), and per
   velocity the exponential map's end point c(1), end velocity c'(1), solver counters and the
   conserved squared speed c'^T M(c) c' at t = 0 and t = 1 (riemannian_laplace.2),
-  (riemannian_laplace.11); L is the negative log joint above (grad_fn = model.grad + delta theta,
-  hvp_fn = model.hvp + delta u); solver settings from ``--ode-method``, ``--rtol``, ``--atol``
+  (riemannian_laplace.11); L is the negative log joint above (``riemannian_laplace.loss_fns``:
+  grad_fn = model.grad + delta theta, hvp_fn = model.hvp + delta u); solver settings from
+  ``--ode-method``, ``--rtol``, ``--atol``
   (default the official code's RK45, 1e-6, 1e-3). For the official code's velocity sign use -V.
 
 ``TAGS`` maps every Info field to the Algorithm 1 line and equation tag written in the trailing
@@ -698,11 +699,8 @@ def trace_laplace(inputs: LaplaceTraceInputs):
         return LaplaceInfo(H, precision, theta_s, log_lik, log_prior, log_det, log_Z,
                            log_det_ratio, scatter, pred.f_mean, pred.f_var, pred.y_var)
 
-    def grad_fn(theta):
-        return model.grad(theta, X, y) + delta * theta
-
-    def hvp_fn(theta, u):
-        return model.hvp(theta, u, X, y) + delta * u
+    # L = sum_i l_i + (1/2) theta^T diag(delta) theta  (riemannian_laplace.14)
+    grad_fn, hvp_fn = riemannian_laplace.loss_fns(model, X, y, delta)
 
     V = riemannian_laplace.velocities(theta_map, theta_s)  # (riemannian_laplace.10)
     g = grad_fn(theta_map)  # (riemannian_laplace.1)
@@ -857,8 +855,9 @@ def _format_laplace_trace(inputs: LaplaceTraceInputs, info, precision: int) -> s
         f"config: {inputs.cfg!r}",
     ]
     if inputs.ode is not None:
-        lines.append(f"ode: {inputs.ode!r}; grad_fn(theta) = model.grad(theta, X, y) + delta "
-                     "theta, hvp_fn(theta, u) = model.hvp(theta, u, X, y) + delta u")
+        lines.append(f"ode: {inputs.ode!r}; grad_fn, hvp_fn = riemannian_laplace.loss_fns(model, "
+                     "X, y, delta): model.grad(theta, X, y) + delta theta, "
+                     "model.hvp(theta, u, X, y) + delta u")
     lines += [
         f"map: {_map_line(inputs.map)}",
         (f"draws: rng = numpy.random.default_rng({inputs.seed}), in order: "

@@ -10,7 +10,8 @@ curvature of the SUMMED negative log-likelihood sum_i l_i at mu ("hessian", "ggn
 J_i^T H_i J_i, "ef" = sum_i g_i g_i^T); Sigma_inv (D, D) the dense posterior precision
 H + diag(delta) (structure "full"); prec_diag (D,) its diagonal counterpart diag(H) + delta
 (structure "diag"); per layer l the K-FAC factors A_l = (1/N) sum_i a~_i a~_i^T and
-B_l = sum_i B_i (structure "kron": blockdiag_l(A_l kron B_l + delta_l I), (laplace.20)-(laplace.23));
+B_l = sum_i B_i (structure "kron": blockdiag_l(A_l kron B_l + delta_l I),
+(laplace.20)-(laplace.23));
 D_q the number of random parameters theta[n_fixed:] (D, or the last layer's with subset
 "last_layer", (laplace.25)); J(x) (K, D) the output Jacobian at mu; noise_precision the
 Gaussian likelihood's 1 / sigma_noise^2.
@@ -119,7 +120,7 @@ class LaplaceConfig(NamedTuple):
         the MAP).  (laplace.25)
     """
     prior_precision: Any = 1.0   # delta: float > 0 or (D_q,) array > 0 (laplace.1), (laplace.3)
-    structure: str = "full"      # "full" (D_q, D_q), "diag" (D_q,) or "kron" (laplace.3), (laplace.20)
+    structure: str = "full"      # "full", "diag" or "kron" (laplace.3), (laplace.20)
     curvature: str = "ggn"       # "hessian", "ggn" or "ef" (laplace.2)
     subset: str = "all"          # "all" or "last_layer" (laplace.25)
 

@@ -285,7 +285,7 @@ def _solve(theta_map, v, grad_fn, hvp_fn, cfg: RiemannianLaplaceConfig):
             cddot = _acceleration(grad_fn, hvp_fn, c, cdot, D, names, finite=False)
         if not bool(np.all(np.isfinite(cddot))):
             n_nonfinite += 1
-            cddot = np.full(D, np.nan)  # a NaN error estimate rejects the step (riemannian_laplace.22)
+            cddot = np.full(D, np.nan)  # NaN error estimate: step rejected (riemannian_laplace.22)
         return np.concatenate([cdot, cddot])  # [c', c''] (riemannian_laplace.8)
 
     sol = solve_ivp(rhs, (0.0, 1.0), y0, method=cfg.method, rtol=cfg.rtol, atol=cfg.atol)
