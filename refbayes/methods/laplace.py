@@ -1,7 +1,7 @@
 """Laplace approximation at a MAP estimate (MacKay 1992; Daxberger et al. 2021, "Laplace Redux",
 with the conventions of the laplace-torch library).
 
-Implements (laplace.1)-(laplace.9) of derivations/laplace.md.
+Implements (laplace.1)-(laplace.25) of derivations/laplace.md.
 
 Symbols (derivations/notation.md): theta (D,) flat parameters; mu = theta* the MAP estimate,
 the mean of q; delta (D,) prior precision, p(theta) = N(0, diag(delta)^{-1}) (``prior_precision``:
@@ -41,6 +41,9 @@ import math
 import numbers
 from typing import Any, NamedTuple
 
+import numpy as np
+from scipy.optimize import minimize
+
 from refbayes._checks import (
     check_array,
     check_float,
@@ -51,9 +54,10 @@ from refbayes._checks import (
     check_spd,
     check_symmetric,
 )
-from refbayes.backend import linalg_of, xp_of
+from refbayes.backend import cholesky, linalg_of, to_numpy, xp_of
 from refbayes.linalg import kron
 from refbayes.methods._estimates import check_model
+from refbayes.methods.adam import AdamConfig, adam_init, adam_update
 from refbayes.models.base import FlatModel
 from refbayes.models.likelihoods import Gaussian
 
@@ -937,8 +941,6 @@ def _prior_groups(model, state, prior_structure):
     """(G, group id per random parameter (D_q,) int): one group ("scalar"), one per parameter
     tensor of the random block ("layerwise"; per K-FAC block for "kron"), or one per parameter
     ("diag").  (laplace.17)"""
-    import numpy as np
-
     Dq = _n_random(state)
     if prior_structure == "scalar":
         return 1, np.zeros(Dq, dtype=np.int64)
@@ -1027,10 +1029,6 @@ def optimize_prior_precision(model, state: LaplaceState, X, y, cfg: LaplaceConfi
         (n >= 1); if init_prior_prec, lr or gtol is not a finite real > 0 or n_steps an int
         >= 1; or if the precision at an iterate of "lbfgs" or "adam" is not positive definite.
     """
-    import numpy as np
-
-    from refbayes.backend import to_numpy
-    from refbayes.methods.adam import AdamConfig, adam_init, adam_update
 
     D, xp, curvature = _check_evidence_args(model, state, X, y, cfg)
     if method not in TUNING_METHODS:
@@ -1090,7 +1088,6 @@ def optimize_prior_precision(model, state: LaplaceState, X, y, cfg: LaplaceConfi
         x0 = np.append(x0, math.log(tau0))
     converged = True
     if method == "lbfgs":
-        from scipy.optimize import minimize
 
         res = minimize(lambda x: tuple(-v for v in evaluate(x)[:2]), x0, jac=True,
                        method="L-BFGS-B", options={"gtol": gtol, "ftol": 0.0, "maxiter": n_steps})
@@ -1316,9 +1313,6 @@ def glm_class_predictive(model, state: LaplaceState, X_star, link: str = "probit
         var = xp.diagonal(f_var, axis1=1, axis2=2)  # (M, K)
         kappa = 1.0 / xp.sqrt(1.0 + (math.pi / 8.0) * var)  # (laplace.14)
         return ClassPredictive(lik.mean(kappa * f_mean), f_mean, f_var)  # (laplace.14)
-    import numpy as np
-
-    from refbayes.backend import cholesky
     try:
         C = cholesky(f_var)  # C C^T = f_var per test point
     except np.linalg.LinAlgError:
