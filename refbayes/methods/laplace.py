@@ -678,17 +678,8 @@ def log_marginal_likelihood(model, state: LaplaceState, X, y, cfg: LaplaceConfig
         precision from state.prior_prec; if model is not a FlatModel with D parameters; or if
         X, y do not fit the model.
     """
-    D, xp = _check_state(state)
-    structure, _, delta = _check_cfg(cfg, _n_random(state), state.mu.dtype, xp)
-    if cfg.subset != ("last_layer" if state.n_fixed else "all"):
-        raise ValueError(f"cfg.subset: expected the state's subset, got {cfg.subset!r}")
-    if structure != _structure(state):
-        raise ValueError(f"cfg.structure: expected {_structure(state)!r} (the state's), "
-                         f"got {structure!r}")
-    if not bool(xp.all(delta == state.prior_prec)):
-        raise ValueError("cfg.prior_precision: expected the prior precision the state was fit "
-                         "with (state.prior_prec); refit to evaluate another one")
-    check_model(model, D)
+    _, xp, _ = _check_evidence_args(model, state, X, y, cfg)
+    delta = state.prior_prec
     log_lik = -model.loss(state.mu, X, y)  # (laplace.5)
     mu, Dq = state.mu[state.n_fixed:], _n_random(state)  # the random block (laplace.25)
     log_prior = 0.5 * (xp.sum(xp.log(delta)) - Dq * math.log(2.0 * math.pi)
@@ -815,7 +806,8 @@ def _check_evidence_args(model, state, X, y, cfg):
                          f"got {structure!r}")
     if not bool(xp.all(delta == state.prior_prec)):
         raise ValueError("cfg.prior_precision: expected the prior precision the state was fit "
-                         "with (state.prior_prec)")
+                         "with (state.prior_prec); refit, or pass another one to "
+                         "log_marginal_likelihood_grad")
     check_model(model, D)
     return D, xp, curvature
 
