@@ -136,6 +136,30 @@ def regression_rows(rows):
                       float(la.log_marginal_likelihood().detach()))))
 
 
+def last_layer_rows(rows):
+    """laplace-torch's last-layer Laplace (full GGN) against subset "last_layer" (laplace.25)."""
+    model, X, y, X_star = trace._problem()
+    delta = 1.0
+    theta = trace.find_map(model, X, y, np.full(model.D, delta)).theta_map
+    tau = model.likelihood.noise_precision
+    net = torch_net(model, theta)
+    la = Laplace(net, "regression", subset_of_weights="last_layer", hessian_structure="full",
+                 backend=BackPackGGN, prior_precision=delta, sigma_noise=1.0 / math.sqrt(tau))
+    la.fit(_loader(X, y, False))
+    cfg = rb.LaplaceConfig(delta, "full", "ggn", "last_layer")
+    st = rb.fit(model, theta, X, y, cfg)
+    head = model.sizes[-2:]
+    Dq = (head[0] + 1) * head[1]
+    perm = torch_order(MLP(list(head), "tanh", "gaussian"))  # the head's own order
+    rows.append(("regression last layer, GGN full: posterior precision",
+                 _rel(rb.dense_precision(st)[np.ix_(perm, perm)],
+                      la.posterior_precision.detach().numpy())))
+    rows.append(("regression last layer: log marginal likelihood",
+                 _rel(rb.log_marginal_likelihood(model, st, X, y, cfg),
+                      float(la.log_marginal_likelihood().detach()))))
+    assert st.n_fixed == model.D - Dq
+
+
 def classification_rows(rows):
     rng = np.random.default_rng(0)
     X = rng.standard_normal((40, 2))
@@ -160,6 +184,7 @@ def classification_rows(rows):
 def main() -> int:
     rows: list[tuple[str, float]] = []
     regression_rows(rows)
+    last_layer_rows(rows)
     classification_rows(rows)
     from importlib.metadata import version
     print(f"laplace-torch {version('laplace-torch')}, torch {torch.__version__}; "
