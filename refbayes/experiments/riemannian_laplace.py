@@ -39,9 +39,9 @@ finishes (atomic; settings, provenance, results), ``c_classification.csv``, and 
 ``c_classification.png``. A part whose saved settings, data checksums and refbayes version match
 is loaded, not recomputed; otherwise the run stops naming the file, unless --fresh.
 
-Run times (MEASURED_SECONDS, 2-core machine under load, all parts): default ~3.5 minutes
-(a 4.5 s, b 133 s, c 74 s; a geodesic costs ~2,000-4,000 right-hand-side evaluations, 1-11 s),
---quick ~30 s.
+Run times (MEASURED_SECONDS, 2-core AMD EPYC VM, nothing else running, all parts): default
+124 s (a 4.2 s, b 68 s, c 50 s; a geodesic costs ~1,900-5,300 right-hand-side evaluations,
+0.7-8 s), --quick 18 s; under a load of 2-4 from other jobs the default took 213 s.
 """
 from __future__ import annotations
 
@@ -109,7 +109,7 @@ B_METHODS = ("map", "la", "la-lin", "rla")
 # Wall-clock seconds measured on the 2-core development VM (OpenBLAS default threads) while other
 # jobs kept the load average at ~2-4, so an idle machine is faster: the default run of all parts
 # (a 4.5 s, b 133 s, c 74 s) and --quick. Remeasure when the budgets change.
-MEASURED_SECONDS = {"default": 213, "quick": 30}
+MEASURED_SECONDS = {"default": 124, "quick": 18}
 MEASURED_ON = "2 cores"
 
 
