@@ -379,8 +379,8 @@ def _part_c(rng, budget, progress):
         if method == "rla":
             return np.mean([_softmax(model.forward(T_rla[:, s], Xs)) for s in range(S)], axis=0)
         # rla-lin: the linearized network at the geodesic end points (the paper's code)
-        F0, J = model.forward(theta, Xs), model.jacobian(theta, Xs)
-        return np.mean([_softmax(F0 + J @ (T_rlin[:, s] - theta)) for s in range(S)], axis=0)
+        F = laplace.linearized_outputs(model, theta, T_rlin, Xs)  # (S, M, 2)
+        return np.mean([_softmax(F[s]) for s in range(S)], axis=0)
 
     scores, conf = {}, {}
     for method in C_METHODS:

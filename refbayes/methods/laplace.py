@@ -75,6 +75,7 @@ __all__ = [
     "expand_prior_precision",
     "fit",
     "glm_predictive",
+    "linearized_outputs",
     "log_marginal_likelihood",
     "sample",
     # evidence optimisation and classification / sampling predictives (laplace.10)-(laplace.17)
@@ -1371,3 +1372,53 @@ def mc_predictive(model, state: LaplaceState, X_star, eps) -> MCPredictive:
     eye = xp.eye(K, dtype=f_s.dtype) / lik.noise_precision
     y_var = xp.einsum("smk,sml->mkl", R, R) / S + eye[None]  # (laplace.16)
     return MCPredictive(y_mean, y_var, f_s)
+
+
+def linearized_outputs(model, theta_map, Theta, X_star):
+    """Evaluate the linearized network f_lin(x*, theta_s) at given parameter samples.
+
+    f_lin(x*, theta) = f(x*, theta_map) + J(x*) (theta - theta_map), J the output Jacobian at
+    theta_map (laplace.7): the outputs the GLM predictive integrates, at any S samples (Laplace
+    draws from ``sample``, or Riemannian Laplace end points, which the RLA paper's code predicts
+    with through the linearized network).
+
+    Parameters
+    ----------
+    model : FlatModel
+        A model with D parameters.
+    theta_map : array of shape (D,)
+        The linearization point, float64 or float32.
+    Theta : array of shape (D, S)
+        Parameter samples, one per column, S >= 1, in theta_map's dtype.
+    X_star : array of shape (M, n_in)
+        Test inputs, M >= 1, in theta_map's dtype.
+
+    Returns
+    -------
+    array of shape (S, M, K)
+        The outputs f_lin(x*_m, theta_s), for every sample s and input m.
+
+    Raises
+    ------
+    ValueError
+        If theta_map is not a finite float (D,) array; if model is not a FlatModel with D
+        parameters; if Theta is not a finite (D, S) array with S >= 1 of theta_map's dtype
+        and backend; or if X_star is not a finite float (M, n_in) array with M >= 1 in
+        theta_map's dtype.
+    """
+    check_array(theta_map, "theta_map", ndim=1)
+    check_float(theta_map, "theta_map")
+    D = theta_map.shape[0]
+    check_model(model, D)
+    check_array(Theta, "Theta", shape=(D, None))
+    if Theta.shape[1] < 1:
+        raise ValueError(f"Theta: expected at least one column (S >= 1), got shape "
+                         f"{tuple(Theta.shape)}")
+    check_same_dtype({"theta_map": theta_map, "Theta": Theta})
+    if xp_of(Theta) is not xp_of(theta_map):
+        raise ValueError("Theta: expected an array on theta_map's backend, got NumPy and CuPy "
+                         "mixed")
+    f0 = model.forward(theta_map, X_star)  # f(x*, theta_map), (M, K), validates X_star
+    J = model.jacobian(theta_map, X_star)  # (M, K, D)
+    xp = xp_of(theta_map)
+    return f0[None] + xp.einsum("mkd,ds->smk", J, Theta - theta_map[:, None])  # (laplace.7)

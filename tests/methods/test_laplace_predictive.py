@@ -270,3 +270,29 @@ def test_mc_predictive_bad_input_raises():
     for eps, Xs, match in cases:
         with pytest.raises(ValueError, match=match):
             laplace.mc_predictive(model, state, Xs, eps)
+
+
+def test_linearized_outputs_are_f_plus_j_dtheta():
+    """(laplace.7) at given samples: f(x*, theta*) + J (theta_s - theta*) against a per-sample
+    dense product; for a model linear in theta (logistic regression) the network itself; and
+    the samples enter only through theta_s - theta*."""
+    rng = np.random.default_rng(4)
+    X_star = rng.standard_normal((5, 3))
+    model = MLP([3, 4, 3], activation="tanh", likelihood="categorical")
+    theta = 0.5 * model.init_theta(np.random.default_rng(1))
+    Theta = theta[:, None] + 0.3 * rng.standard_normal((model.D, 4))
+    F = laplace.linearized_outputs(model, theta, Theta, X_star)
+    J, f0 = model.jacobian(theta, X_star), model.forward(theta, X_star)
+    for s in range(4):
+        assert_close(F[s], f0 + J @ (Theta[:, s] - theta), EXACT_F64, f"sample {s}")
+    assert np.max(np.abs(F[0] - model.forward(Theta[:, 0], X_star))) > 1e-3  # a real network
+    lin = LogisticRegression(3)
+    th = rng.standard_normal(lin.D)
+    Th = th[:, None] + rng.standard_normal((lin.D, 3))
+    F_lin = laplace.linearized_outputs(lin, th, Th, X_star)
+    for s in range(3):
+        assert_close(F_lin[s], lin.forward(Th[:, s], X_star), EXACT_F64, "linear model")
+    with pytest.raises(ValueError, match=r"Theta: expected shape \(31, \*\)"):
+        laplace.linearized_outputs(model, theta, Theta[:5], X_star)
+    with pytest.raises(ValueError, match=r"Theta: expected at least one column"):
+        laplace.linearized_outputs(model, theta, Theta[:, :0], X_star)
