@@ -34,8 +34,9 @@ refbayes.methods.riemannian_laplace at one MAP:
   the test inputs of the GLM predictive ``X_star = numpy.linspace(-3.0, 3.0, 5)[:, None]``;
   prior p(theta) = N(0, I / prior_precision) (``--prior-precision``, default 1); structures
   "full", "diag" and "kron" (K-FAC of the GGN or EF; H and the precision printed as the dense
-  block-diagonal blockdiag_l(A_l kron B_l) and its sum with delta I) of the whole network (not
-  the last layer);
+  block-diagonal blockdiag_l(A_l kron B_l) and its sum with delta I), over the whole network or
+  its last layer (``--subset last_layer``, D_q = 5: H, the precision and the evidence terms are
+  the last layer's, the MAP and the RLA's L keep the prior on all 13 parameters);
 - the MAP, deterministic and independent of the seed (``find_map``): the minimiser of the
   negative log joint L(theta) = sum_i l_i(theta) + (1/2) theta^T diag(delta) theta, from
   ``theta0 = model.init_theta(numpy.random.default_rng(0))`` by ``scipy.optimize.minimize``
@@ -43,7 +44,8 @@ refbayes.methods.riemannian_laplace at one MAP:
   MAX_NEWTON Newton steps theta <- theta - (model.hessian + diag(delta))^{-1} grad L, stopping
   at the first step that does not reduce |grad L|_2 (that step is discarded). The result is
   printed in full, with |grad L(theta_map)|_2, which must be below MAP_GTOL (else an error);
-- the draws: ``eps = numpy.random.default_rng(seed).standard_normal((D, S))``, the only draws;
+- the draws: ``eps = numpy.random.default_rng(seed).standard_normal((D_q, S))`` (D_q = D = 13,
+  or 5 for the last layer), the only draws;
 - laplace: ``LaplaceInfo``: H (laplace.2), the precision (laplace.3), the samples
   theta_s = laplace.sample(state, eps) (laplace.4), the evidence terms (laplace.5), laplace-torch's
   log_det_ratio and scatter (laplace.6), and the GLM predictive at X_star (laplace.7);
@@ -458,8 +460,8 @@ class LaplaceTraceInputs(NamedTuple):
         Test inputs of the GLM predictive.
     map : MAPResult
         The MAP and its report.
-    eps : numpy.ndarray of shape (D, S)
-        Standard-normal draws.
+    eps : numpy.ndarray of shape (D_q, S)
+        Standard-normal draws, one row per random parameter (D_q = D for subset "all").
     cfg : LaplaceConfig
         Prior precision, structure and curvature.
     ode : RiemannianLaplaceConfig or None
@@ -478,7 +480,7 @@ class LaplaceTraceInputs(NamedTuple):
 
     @property
     def delta(self) -> np.ndarray:
-        """The prior precision per parameter, (D,)."""
+        """The prior precision per parameter, (D,): the MAP's and L's prior on all of theta."""
         return np.full(self.model.D, float(self.cfg.prior_precision))
 
 
@@ -573,7 +575,8 @@ def _one_of(value, name: str, allowed, method: str):
 
 def make_laplace_inputs(method: str, *, seed: int = 0, S: int = 2, prior_precision: float = 1.0,
                         structure: str = "full", curvature: str = "ggn", ode_method: str = "RK45",
-                        rtol: float = 1e-6, atol: float = 1e-3) -> LaplaceTraceInputs:
+                        rtol: float = 1e-6, atol: float = 1e-3,
+                        subset: str = "all") -> LaplaceTraceInputs:
     """Build the problem, the MAP, the config and the draws of a Laplace trace.
 
     The order and recipes are those of the module docstring; the MAP depends on prior_precision
@@ -599,6 +602,8 @@ def make_laplace_inputs(method: str, *, seed: int = 0, S: int = 2, prior_precisi
         Relative tolerance of the solve (riemannian-laplace only).
     atol : float, default 1e-3
         Absolute tolerance of the solve (riemannian-laplace only).
+    subset : {"all", "last_layer"}, default "all"
+        The random parameters: all D, or the last layer's D_q (laplace.25).
 
     Returns
     -------
@@ -609,7 +614,7 @@ def make_laplace_inputs(method: str, *, seed: int = 0, S: int = 2, prior_precisi
     ------
     ValueError
         If method is not a Laplace method, seed < 0, S < 1, prior_precision not a finite
-        value > 0, structure, curvature or ode_method not one of the names above, rtol not in
+        value > 0, structure, curvature, subset or ode_method not one of the names above, rtol not in
         [100 eps, 1) or atol not in [0, inf), or the MAP recipe does not reach MAP_GTOL.
     """
     method = _check_method(method)
@@ -622,8 +627,9 @@ def make_laplace_inputs(method: str, *, seed: int = 0, S: int = 2, prior_precisi
                                      low_open=True, high_open=True)
     structure = _one_of(structure, "structure", LA_STRUCTURES, method)
     curvature = _one_of(curvature, "curvature", ("ggn", "hessian", "ef"), method)
+    subset = _one_of(subset, "subset", laplace.SUBSETS, method)
     cfg = laplace.LaplaceConfig(prior_precision=prior_precision, structure=structure,
-                                curvature=curvature)
+                                curvature=curvature, subset=subset)
     ode = None
     if method == "riemannian-laplace":
         ode_method = _one_of(ode_method, "ode_method", riemannian_laplace.METHODS, method)
@@ -632,7 +638,8 @@ def make_laplace_inputs(method: str, *, seed: int = 0, S: int = 2, prior_precisi
         ode = riemannian_laplace.RiemannianLaplaceConfig(ode_method, rtol, atol)
     model, X, y, X_star = _problem()
     found = _shipped_map(prior_precision)
-    eps = np.random.default_rng(seed).standard_normal((model.D, S))
+    D_q = model.last_layer(found.theta_map, X)[0].D if subset == "last_layer" else model.D
+    eps = np.random.default_rng(seed).standard_normal((D_q, S))
     return LaplaceTraceInputs(method, seed, model, X, y, X_star, found, eps, cfg, ode)
 
 
@@ -688,13 +695,15 @@ def trace_laplace(inputs: LaplaceTraceInputs):
     if inputs.method == "laplace":
         H = _dense_curvature(laplace.curvature(model, theta_map, X, y, cfg))  # (laplace.2)
         log_lik = -float(model.loss(theta_map, X, y))  # (laplace.5)
-        D = theta_map.shape[0]
-        log_prior = float(0.5 * (np.sum(np.log(delta)) - D * math.log(2.0 * math.pi)
-                                 - np.sum(delta * theta_map * theta_map)))  # (laplace.5)
+        # the random block theta[n_fixed:] and its prior (all of theta for subset "all")
+        mu_q, delta_q = theta_map[state.n_fixed:], delta[state.n_fixed:]  # (laplace.25)
+        D_q = mu_q.shape[0]
+        log_prior = float(0.5 * (np.sum(np.log(delta_q)) - D_q * math.log(2.0 * math.pi)
+                                 - np.sum(delta_q * mu_q * mu_q)))  # (laplace.5)
         log_det = _log_det(precision)  # (laplace.5)
         log_Z = laplace.log_marginal_likelihood(model, state, X, y, cfg)  # (laplace.5)
-        log_det_ratio = log_det - float(np.sum(np.log(delta)))  # (laplace.6)
-        scatter = float(np.sum(delta * theta_map * theta_map))  # (laplace.6)
+        log_det_ratio = log_det - float(np.sum(np.log(delta_q)))  # (laplace.6)
+        scatter = float(np.sum(delta_q * mu_q * mu_q))  # (laplace.6)
         pred = laplace.glm_predictive(model, state, inputs.X_star)  # (laplace.7)
         return LaplaceInfo(H, precision, theta_s, log_lik, log_prior, log_det, log_Z,
                            log_det_ratio, scatter, pred.f_mean, pred.f_var, pred.y_var)
@@ -1004,6 +1013,7 @@ OPTIONS: dict[str, tuple[tuple[str, ...], Any]] = {
     "t": (STEP_METHODS, 0),
     "prior_precision": (LAPLACE_METHODS, 1.0),
     "structure": (LAPLACE_METHODS, "full"),
+    "subset": (LAPLACE_METHODS, "all"),
     "ode_method": (("riemannian-laplace",), "RK45"),
     "rtol": (("riemannian-laplace",), 1e-6),
     "atol": (("riemannian-laplace",), 1e-3),
@@ -1048,6 +1058,9 @@ def add_arguments(parser) -> None:
                                "(default 1)")
     la_group.add_argument("--structure", default=None,
                           help="precision structure: full (default), diag or kron")
+    la_group.add_argument("--subset", default=None,
+                          help="random parameters: all (default) or last_layer (laplace-torch's "
+                               "default subset)")
     la_group.add_argument("--ode-method", dest="ode_method", default=None,
                           help="riemannian-laplace: solve_ivp method RK45 (default, the official "
                                "code's), RK23 or DOP853")

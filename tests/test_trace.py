@@ -277,6 +277,8 @@ def test_same_seed_same_trace_other_seed_other_draws(capsys):
     (["slang", "--precision", "30"], "precision: expected an integer in [0, 17], got 30"),
     (["laplace", "--curvature", "hess"],
      "curvature: expected one of ggn, hessian, ef for laplace, got 'hess'"),
+    (["laplace", "--subset", "first_layer"],
+     "subset: expected one of all, last_layer for laplace, got 'first_layer'"),
     (["riemannian-laplace", "--structure", "lowrank"],
      "structure: expected one of full, diag, kron for riemannian-laplace, got 'lowrank'"),
     (["laplace", "--structure", "kron", "--curvature", "hessian"],
@@ -379,7 +381,11 @@ LA_CASES = [
     ("laplace", {"structure": "diag", "curvature": "hessian", "seed": 3, "S": 3}),
     ("laplace", {"curvature": "ef", "prior-precision": 2.5}),
     ("laplace", {"structure": "kron", "curvature": "ef", "prior-precision": 2.5}),
+    # laplace-torch's default (last layer, K-FAC), and the last layer's exact Hessian
+    ("laplace", {"subset": "last_layer", "structure": "kron", "S": 3}),
+    ("laplace", {"subset": "last_layer", "curvature": "hessian", "prior-precision": 2.5}),
     ("riemannian-laplace", {}),
+    ("riemannian-laplace", {"subset": "last_layer", "structure": "diag"}),
     # ODE_F64's setting (DOP853, rtol = atol = 1e-12); a stronger prior keeps v, and nfev, small
     ("riemannian-laplace", {"structure": "diag", "curvature": "hessian", "ode-method": "DOP853",
                             "rtol": 1e-12, "atol": 1e-12, "S": 1, "seed": 5,
@@ -397,7 +403,8 @@ def _direct_laplace(method, data):
     c = data["config"]
     delta = np.full(13, c["prior_precision"])
     cfg = laplace.LaplaceConfig(prior_precision=c["prior_precision"], structure=c["structure"],
-                                curvature=c["curvature"])
+                                curvature=c["curvature"], subset=c["subset"])
+    off = 0 if c["subset"] == "all" else 8  # MLP([1, 4, 1])'s last layer: W_2 (4, 1), b_2
     state = laplace.fit(model, theta_map, X, y, cfg)
     precision = {"full": state.Sigma_inv, "diag": state.prec_diag,
                  "kron": laplace.dense_precision(state)}[c["structure"]]
@@ -406,10 +413,12 @@ def _direct_laplace(method, data):
         H = {"ggn": lambda: model.ggn(theta_map, X, y),
              "hessian": lambda: model.hessian(theta_map, X, y),
              "ef": lambda: (lambda G: G.T @ G)(model.per_example_grads(theta_map, X, y))}
-        H = H[c["curvature"]]()
+        H = H[c["curvature"]]()[off:, off:]  # the random block (laplace.25)
+        delta, mu = delta[off:], theta_map[off:]
         if c["structure"] == "kron":  # (laplace.20): blockdiag(A_l kron B_l) from the model
-            H = scipy.linalg.block_diag(*[np.kron(A, B) for A, B in model.kfac_curvature(
-                theta_map, X, y, c["curvature"])])
+            head, phi = model.last_layer(theta_map, X) if off else (model, X)
+            H = scipy.linalg.block_diag(*[np.kron(A, B) for A, B in head.kfac_curvature(
+                theta_map[off:], phi, y, c["curvature"])])
             assert_close(precision, H + np.diag(delta), EXACT_F64, "P = K-FAC + diag(delta)")
         elif c["structure"] == "diag":
             H = np.diagonal(H).copy()
@@ -418,10 +427,10 @@ def _direct_laplace(method, data):
             assert_close(precision, H + np.diag(delta), EXACT_F64, "Sigma_inv = H + diag(delta)")
         log_det = np.linalg.slogdet(np.diag(precision) if precision.ndim == 1 else precision)[1]
         pred = laplace.glm_predictive(model, state, X_star)
-        scatter = theta_map @ (delta * theta_map)
+        scatter = mu @ (delta * mu)
         return {"H": H, "precision": precision, "theta_s": theta_s,
                 "log_lik": -model.loss(theta_map, X, y),
-                "log_prior": (np.sum(np.log(delta)) - 13 * np.log(2 * np.pi) - scatter) / 2,
+                "log_prior": (np.sum(np.log(delta)) - (13 - off) * np.log(2 * np.pi) - scatter) / 2,
                 "log_det": log_det,
                 "log_Z": laplace.log_marginal_likelihood(model, state, X, y, cfg),
                 "log_det_ratio": log_det - np.sum(np.log(delta)), "scatter": scatter,
@@ -464,11 +473,13 @@ def test_laplace_json_equals_direct_library_calls(capsys, tmp_path, method, opts
     for name, recorded in [("X", data["problem"]["X"]), ("y", data["problem"]["y"]),
                            ("theta_map", data["map"]["theta_map"]), ("eps", data["draws"]["eps"])]:
         np.testing.assert_array_equal(_values(blocks[name]), recorded)
-    eps = np.random.default_rng(opts.get("seed", 0)).standard_normal((13, opts.get("S", 2)))
+    D_q = 5 if opts.get("subset") == "last_layer" else 13
+    eps = np.random.default_rng(opts.get("seed", 0)).standard_normal((D_q, opts.get("S", 2)))
     np.testing.assert_array_equal(data["draws"]["eps"], eps)  # the documented draw
     assert data["config"]["prior_precision"] == opts.get("prior-precision", 1.0)
     assert data["config"]["structure"] == opts.get("structure", "full")
     assert data["config"]["curvature"] == opts.get("curvature", "ggn")
+    assert data["config"]["subset"] == opts.get("subset", "all")
     if method == "riemannian-laplace":
         assert data["ode"] == {"method": opts.get("ode-method", "RK45"),
                                "rtol": opts.get("rtol", 1e-6), "atol": opts.get("atol", 1e-3)}
@@ -485,7 +496,7 @@ def test_laplace_json_equals_direct_library_calls(capsys, tmp_path, method, opts
     info = data["info"]
     if method == "laplace":  # the evidence two ways: (laplace.5) and laplace-torch's (laplace.6)
         v = {k: info[k]["value"] for k in info}
-        assert_close(v["log_lik"] + v["log_prior"] + 6.5 * np.log(2 * np.pi) - v["log_det"] / 2,
+        assert_close(v["log_lik"] + v["log_prior"] + D_q / 2 * np.log(2 * np.pi) - v["log_det"] / 2,
                      v["log_Z"], EXACT_F64, "(laplace.5)")
         assert_close(v["log_lik"] - (v["log_det_ratio"] + v["scatter"]) / 2, v["log_Z"],
                      EXACT_F64, "(laplace.6)")
