@@ -1130,8 +1130,8 @@ def _functional_covariance(state, J):
     f_var = xp.zeros((M, K, K), dtype=J.dtype)
     for start, stop, Q_A, Q_B, Lam in _kron_eigh(state):
         R = J[:, :, start:stop].reshape(M, K, Q_A.shape[0], Q_B.shape[0])
-        V = (Q_A.T @ R @ Q_B) / xp.sqrt(Lam)  # coordinates in the eigenbasis (laplace.23)
-        f_var += xp.einsum("mkab,mlab->mkl", V, V)  # (laplace.23)
+        V = ((Q_A.T @ R @ Q_B) / xp.sqrt(Lam)).reshape(M, K, -1)  # eigen-coordinates (laplace.23)
+        f_var += V @ V.transpose(0, 2, 1)  # (laplace.23)
     return f_var
 
 

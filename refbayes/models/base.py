@@ -823,7 +823,8 @@ class FlatModel:
             if self.bias:
                 a = xp.concatenate([a, xp.ones((M, 1), dtype=a.dtype)], axis=1)
             A = (a.T @ a) / M  # (peg.18)
-            B = xp.einsum("mrk,mrl->kl", d, d)  # (peg.18)
+            d = d.reshape(-1, d.shape[-1])  # the (M R) seeds' rows, one BLAS product below
+            B = d.T @ d  # (peg.18)
             out.append((A, B))
         return out
 
