@@ -451,7 +451,7 @@ class LaplaceTraceInputs(NamedTuple):
     seed : int
         Seed of numpy.random.default_rng, the only source of eps.
     model : MLP
-        ``MLP([1, 4, 1], activation="tanh", likelihood="gaussian", noise_precision=4.0)``.
+        ``MLP([1, 4, 1], activation="tanh", likelihood="gaussian", noise_precision=16.0)``.
     X : numpy.ndarray of shape (N, 1)
         The shipped training inputs.
     y : numpy.ndarray of shape (N,)

@@ -93,10 +93,11 @@ def check_N(N) -> int:
     return check_int(N, "N", low=1)
 
 
-def check_model(model, D: int):
+def check_model(model, D=None):
+    """A FlatModel, with D parameters unless D is None."""
     if not isinstance(model, FlatModel):
         raise ValueError(f"model: expected a refbayes.models model, got {type(model).__name__}")
-    if model.D != D:
+    if D is not None and model.D != D:
         raise ValueError(f"model: expected a model with D = {D} parameters (the state's), "
                          f"got D = {model.D}")
     return model

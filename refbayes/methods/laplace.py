@@ -199,21 +199,7 @@ def _check_cfg(cfg, D: int, dtype, xp):
     """Validate cfg; return (structure, curvature, delta (D,) in dtype).  (laplace.1)"""
     if not isinstance(cfg, LaplaceConfig):
         raise ValueError(f"cfg: expected a LaplaceConfig, got {type(cfg).__name__}")
-    delta = cfg.prior_precision
-    if not isinstance(delta, numbers.Real):  # an array (a Python or NumPy scalar goes below)
-        check_array(delta, "cfg.prior_precision", shape=(D,))
-        check_float(delta, "cfg.prior_precision")
-        if delta.dtype != dtype:
-            raise ValueError(f"cfg.prior_precision: expected dtype {dtype} (theta's), "
-                             f"got {delta.dtype}")
-        check_positive(delta, "cfg.prior_precision")
-        if xp_of(delta) is not xp:
-            raise ValueError("cfg.prior_precision: expected an array on theta's backend, "
-                             "got NumPy and CuPy mixed")
-    else:
-        value = check_in_range(delta, "cfg.prior_precision", 0.0, math.inf,
-                               low_open=True, high_open=True)
-        delta = xp.full(D, value, dtype=dtype)  # (laplace.1)
+    delta = _as_delta(cfg.prior_precision, "cfg.prior_precision", D, dtype, xp)  # (laplace.1)
     if cfg.structure not in STRUCTURES:
         raise ValueError(f"cfg.structure: expected one of {STRUCTURES}, got {cfg.structure!r}")
     if cfg.curvature not in CURVATURES:
@@ -224,6 +210,23 @@ def _check_cfg(cfg, D: int, dtype, xp):
     if cfg.subset not in SUBSETS:
         raise ValueError(f"cfg.subset: expected one of {SUBSETS}, got {cfg.subset!r}")
     return cfg.structure, cfg.curvature, delta
+
+
+def _as_delta(value, name, Dq, dtype, xp):
+    """A prior precision given as a real > 0 (a Python or NumPy scalar) or a finite (D_q,)
+    array > 0 in dtype on backend xp -> the (D_q,) delta.  (laplace.1)"""
+    if isinstance(value, numbers.Real):
+        v = check_in_range(value, name, 0.0, math.inf, low_open=True, high_open=True)
+        return xp.full(Dq, v, dtype=dtype)
+    check_array(value, name, shape=(Dq,))
+    check_float(value, name)
+    if value.dtype != dtype:
+        raise ValueError(f"{name}: expected dtype {dtype} (theta's), got {value.dtype}")
+    check_positive(value, name)
+    if xp_of(value) is not xp:
+        raise ValueError(f"{name}: expected an array on theta's backend, got NumPy and CuPy "
+                         "mixed")
+    return value
 
 
 def _check_state(state):
@@ -309,13 +312,22 @@ def _n_random(state) -> int:
     return state.mu.shape[0] - int(state.n_fixed)
 
 
+def _kron_offsets(blocks):
+    """Per K-FAC block: (start, stop, A, B), its slice of the D_q random entries (a block holds
+    the layer's [W_l; b_l^T] flattened row-major, A.shape[0] * B.shape[0] entries)."""
+    out, stop = [], 0
+    for A, B in blocks:
+        start, stop = stop, stop + A.shape[0] * B.shape[0]
+        out.append((start, stop, A, B))
+    return out
+
+
 def _kron_eigh(state):
     """Per K-FAC block: (start, stop, Q_A, Q_B, Lam) with A kron B + delta_l I =
     (Q_A kron Q_B) diag(vec Lam) (Q_A kron Q_B)^T, offsets into the D_q random entries.
     (laplace.21)"""
-    out, stop = [], 0
-    for A, B in state.kron:
-        start, stop = stop, stop + A.shape[0] * B.shape[0]
+    out = []
+    for start, stop, A, B in _kron_offsets(state.kron):
         delta_l = float(state.prior_prec[start])
         Q_A, Q_B, Lam = kron.damped_eigh(A, B, delta_l)  # (laplace.21)
         out.append((start, stop, Q_A, Q_B, Lam))
@@ -328,6 +340,17 @@ def _chol(state):
 
 
 # ----------------------------------------------------------------------------- prior
+
+def _tensor_sizes(model) -> list:
+    """Entries of each parameter tensor in theta order: W_1, b_1, ..., W_L, b_L (no b_l
+    without a bias).  (laplace.9)"""
+    sizes = []
+    for n_in, n_out in zip(model.sizes[:-1], model.sizes[1:]):
+        sizes.append(n_in * n_out)
+        if model.bias:
+            sizes.append(n_out)
+    return sizes
+
 
 def expand_prior_precision(model, values):
     """Expand one prior precision per parameter tensor to one per parameter.
@@ -357,11 +380,7 @@ def expand_prior_precision(model, values):
     """
     if not isinstance(model, FlatModel):
         raise ValueError(f"model: expected a refbayes.models model, got {type(model).__name__}")
-    sizes = []
-    for n_in, n_out in zip(model.sizes[:-1], model.sizes[1:]):
-        sizes.append(n_in * n_out)
-        if model.bias:
-            sizes.append(n_out)
+    sizes = _tensor_sizes(model)
     check_array(values, "values", shape=(len(sizes),))
     check_float(values, "values")
     check_positive(values, "values")
@@ -589,9 +608,7 @@ def dense_precision(state: LaplaceState):
     if structure == "diag":
         return xp.diag(state.prec_diag)
     P = xp.zeros((_n_random(state),) * 2, dtype=state.mu.dtype)
-    stop = 0
-    for A, B in state.kron:
-        start, stop = stop, stop + A.shape[0] * B.shape[0]
+    for start, stop, A, B in _kron_offsets(state.kron):
         P[start:stop, start:stop] = kron.dense(A, B) \
             + state.prior_prec[start] * xp.eye(stop - start, dtype=P.dtype)  # (laplace.20)
     return P
@@ -813,22 +830,6 @@ def _check_evidence_args(model, state, X, y, cfg):
     return D, xp, curvature
 
 
-def _as_delta(value, name, Dq, dtype, xp):
-    """A prior precision given as a real > 0 or a finite (D_q,) array > 0 in dtype -> (D_q,)."""
-    if isinstance(value, numbers.Real):
-        v = check_in_range(value, name, 0.0, math.inf, low_open=True, high_open=True)
-        return xp.full(Dq, v, dtype=dtype)
-    check_array(value, name, shape=(Dq,))
-    check_float(value, name)
-    if value.dtype != dtype:
-        raise ValueError(f"{name}: expected dtype {dtype} (the state's), got {value.dtype}")
-    check_positive(value, name)
-    if xp_of(value) is not xp:
-        raise ValueError(f"{name}: expected an array on the state's backend, got NumPy and "
-                         "CuPy mixed")
-    return value
-
-
 def _noise_power(curvature: str) -> int:
     """p with H(tau) = (tau / tau_0)^p H(tau_0): 1 for the Hessian and GGN, 2 for the EF."""
     return 2 if curvature == "ef" else 1  # (laplace.12)
@@ -941,15 +942,11 @@ def _prior_groups(model, state, prior_structure):
         if prior_structure == "diag":
             raise ValueError("prior_structure: expected 'scalar' or 'layerwise' for a 'kron' "
                              "state (one prior precision per layer block), got 'diag'")
-        sizes = [A.shape[0] * B.shape[0] for A, B in state.kron]
+        sizes = [stop - start for start, stop, _, _ in _kron_offsets(state.kron)]
         return len(sizes), np.repeat(np.arange(len(sizes)), sizes)
     if prior_structure == "diag":
         return Dq, np.arange(Dq)
-    sizes = []
-    for n_in, n_out in zip(model.sizes[:-1], model.sizes[1:]):
-        sizes.append(n_in * n_out)
-        if model.bias:
-            sizes.append(n_out)
+    sizes = _tensor_sizes(model)
     ids = np.repeat(np.arange(len(sizes)), sizes)[state.n_fixed:]  # the random tensors
     ids = ids - ids[0]
     return int(ids[-1]) + 1, ids

@@ -40,7 +40,7 @@ from scipy.integrate import solve_ivp
 
 from refbayes._checks import check_array, check_in_range, check_positive
 from refbayes.backend import xp_of
-from refbayes.models.base import FlatModel
+from refbayes.methods._estimates import check_model
 
 __all__ = [
     "ExpMapInfo",
@@ -458,13 +458,6 @@ def sample(theta_map, V, grad_fn, hvp_fn, cfg: RiemannianLaplaceConfig):
 
 # ----------------------------------------------------------------------------- the loss L
 
-def _check_model(model):
-    if not isinstance(model, FlatModel):
-        raise ValueError(f"model: expected a refbayes.models model (a FlatModel), got "
-                         f"{type(model).__name__}")
-    return model
-
-
 def _check_data(model, X, y):
     """X a finite NumPy float64 (N, n_in) array, N >= 1; y the likelihood's targets for N rows."""
     check_array(X, "X", ndim=2)
@@ -566,7 +559,7 @@ def loss_fns(model, X, y, prior_precision, *, linearize_at=None, rows=None):
         [0, N).  The returned callables raise ValueError if theta or u is not a finite NumPy
         float64 (D,) array.
     """
-    _check_model(model)
+    check_model(model)
     D = model.D
     X, y = _check_data(model, X, y)
     delta = _check_prior(prior_precision, D)
