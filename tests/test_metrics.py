@@ -1,8 +1,11 @@
-"""refbayes.metrics against hand computations."""
+"""refbayes.metrics against hand computations and, where it has the metric, scikit-learn (a test-only
+dependency, skipped without it)."""
 import math
 
 import numpy as np
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from refbayes import metrics
 
@@ -67,3 +70,190 @@ def test_bad_bins_and_variances():
         metrics.gaussian_nll(np.zeros(2), np.array([1.0, 0.0]), np.zeros(2))
     with pytest.raises(ValueError, match="noise_var"):
         metrics.mixture_gaussian_nll(np.zeros((1, 2)), 0.0, np.zeros(2))
+
+
+# --- predictive entropy, AUROC, reliability curve -------------------------------------------
+
+def test_predictive_entropy_by_hand():
+    probs = np.array([[1.0, 0.0, 0.0], [0.5, 0.5, 0.0], [0.25, 0.25, 0.5], [1 / 3, 1 / 3, 1 / 3]])
+    H = metrics.predictive_entropy(probs)
+    assert H.shape == (4,) and H.dtype == np.float64
+    # one-hot: 1 log 1 + 0 log 0 + 0 log 0 = 0 exactly (0 log 0 = 0, no epsilon, no warning:
+    # pyproject turns RuntimeWarnings such as log(0) into errors)
+    assert H[0] == 0.0
+    # -(2 * 0.5 log 0.5) = log 2; -(2 * 0.25 log 0.25 + 0.5 log 0.5) = 0.5 * 2 log 2 + 0.5 log 2
+    # = 1.5 log 2; the uniform row: log 3
+    np.testing.assert_allclose(H[1:], [math.log(2), 1.5 * math.log(2), math.log(3)], rtol=1e-14)
+
+
+def test_auroc_by_hand():
+    # positives score 0.35, 0.8; negatives 0.1, 0.4. Pairs (pos > neg): 0.35 > 0.1 yes,
+    # 0.35 > 0.4 no, 0.8 > 0.1 yes, 0.8 > 0.4 yes: 3 of 4
+    assert metrics.auroc([0.1, 0.4, 0.35, 0.8], [0, 0, 1, 1]) == 0.75
+    # with a tie: positives 0.5, 0.9; negatives 0.5, 0.2. Pairs: (0.5, 0.5) tie 1/2,
+    # (0.5, 0.2) 1, (0.9, 0.5) 1, (0.9, 0.2) 1: 3.5 / 4
+    scores, labels = np.array([0.5, 0.5, 0.2, 0.9]), np.array([1, 0, 0, 1])
+    assert metrics.auroc(scores, labels) == 0.875
+    # swapping the classes (or negating the scores) gives 1 - AUROC; bool labels work too
+    assert metrics.auroc(scores, 1 - labels) == 0.125
+    assert metrics.auroc(-scores, labels.astype(bool)) == 0.125
+    # perfect separation, and all scores tied (every pair 1/2); integer scores are ranked as is
+    assert metrics.auroc([0, 1, 2, 3], [0, 0, 1, 1]) == 1.0
+    assert metrics.auroc(np.ones(5), [0, 1, 0, 1, 1]) == 0.5
+
+
+def test_misclassification_auroc_by_hand():
+    # rows 0-2 are correct (argmax = y) with confidences 0.9, 0.7, 0.6; rows 3-4 are wrong with
+    # confidences 0.7, 0.55. The binary entropy falls as the confidence rises, so the score -H
+    # ranks rows like their confidence; rows 1 and 3 hold the same two numbers, so their entropies
+    # are equal. Pairs (correct, wrong) with the correct one more confident: (0.9, 0.7) 1,
+    # (0.9, 0.55) 1, (0.7, 0.7) tie 1/2, (0.7, 0.55) 1, (0.6, 0.7) 0, (0.6, 0.55) 1: 4.5 / 6
+    probs = np.array([[0.9, 0.1], [0.3, 0.7], [0.6, 0.4], [0.7, 0.3], [0.45, 0.55]])
+    y = np.array([0, 1, 0, 1, 0])
+    assert metrics.misclassification_auroc(probs, y) == 0.75
+    # P, Y: correct rows have confidences 0.9, 0.8, wrong ones 0.7, 0.6: perfectly separated
+    assert metrics.misclassification_auroc(P, Y) == 1.0
+
+
+def test_ood_auroc_by_hand():
+    # entropies: in-distribution 0 (one-hot) and log 2 (uniform); out-of-distribution log 2 and
+    # H(0.8, 0.2) = 0.500 < log 2 = 0.693. Pairs (out > in): (log 2, 0) 1, (log 2, log 2) tie 1/2,
+    # (H(0.8), 0) 1, (H(0.8), log 2) 0: 2.5 / 4
+    probs_in = np.array([[1.0, 0.0], [0.5, 0.5]])
+    probs_out = np.array([[0.5, 0.5], [0.8, 0.2]])
+    assert metrics.ood_auroc(probs_in, probs_out) == 0.625
+    # the arguments swapped: the complement
+    assert metrics.ood_auroc(probs_out, probs_in) == 0.375
+
+
+def test_reliability_curve_by_hand():
+    # four bins [0, .25), [.25, .5), [.5, .75), [.75, 1]: confidences 0.7, 0.6 (both wrong) in
+    # bin 2, 0.9, 0.8 (both right) in bin 3; bins 0 and 1 are empty
+    curve = metrics.reliability_curve(P, Y, n_bins=4)
+    np.testing.assert_array_equal(curve["count"], [0, 0, 2, 2])
+    assert np.issubdtype(curve["count"].dtype, np.integer)
+    np.testing.assert_allclose(curve["confidence"], [np.nan, np.nan, 0.65, 0.85], rtol=1e-14)
+    np.testing.assert_array_equal(curve["accuracy"], [np.nan, np.nan, 0.0, 1.0])
+    np.testing.assert_array_equal(curve["edges"], np.linspace(0, 1, 5))
+    # ECE = (2/4) |0 - 0.65| + (2/4) |1 - 0.85| = 0.325 + 0.075
+    assert metrics.ece(P, Y, n_bins=4) == pytest.approx(0.4, rel=1e-12)
+    # confidence exactly 1 lands in the last bin, 0.5 starts bin 1 of 2 (as in calibration_errors)
+    curve = metrics.reliability_curve(np.array([[1.0, 0.0], [0.5, 0.5]]), np.array([0, 1]), 2)
+    np.testing.assert_array_equal(curve["count"], [0, 2])
+    np.testing.assert_array_equal(curve["confidence"], [np.nan, 0.75])
+    np.testing.assert_array_equal(curve["accuracy"], [np.nan, 0.5])
+    # the default is 15 bins (ece keeps its default of 10)
+    assert metrics.reliability_curve(P, Y)["count"].shape == (15,)
+    assert metrics.reliability_curve(P, Y)["edges"].shape == (16,)
+
+
+def _random_probs(rng, m, c):
+    """Probabilities with ties and zeros (multinomial counts over a small total, so confidences
+    fall on bin edges such as 1/2, 3/4 and 1) mixed with continuous Dirichlet rows."""
+    k = int(rng.integers(1, 9))
+    probs = rng.multinomial(k, np.full(c, 1.0 / c), size=m) / k
+    cont = rng.random(m) < 0.5
+    probs[cont] = rng.dirichlet(np.full(c, 0.5), size=int(cont.sum()))
+    return probs
+
+
+@given(seed=st.integers(0, 2**32 - 1), m=st.integers(1, 80), c=st.integers(2, 6),
+       n_bins=st.integers(1, 25))
+def test_ece_from_the_reliability_curve(seed, m, c, n_bins):
+    rng = np.random.default_rng(seed)
+    probs = _random_probs(rng, m, c)
+    y = rng.integers(0, c, size=m)
+    curve = metrics.reliability_curve(probs, y, n_bins)
+    full = curve["count"] > 0
+    assert curve["count"].sum() == m
+    assert np.all(np.isnan(curve["confidence"][~full]) & np.isnan(curve["accuracy"][~full]))
+    gaps = np.abs(curve["accuracy"][full] - curve["confidence"][full])
+    # the same sums divided in another order: a few roundings of O(1) numbers apart
+    assert np.sum(curve["count"][full] / m * gaps) == pytest.approx(
+        metrics.ece(probs, y, n_bins), rel=0, abs=1e-12)
+    assert gaps.max() == pytest.approx(metrics.mce(probs, y, n_bins), rel=0, abs=1e-12)
+
+
+@given(seed=st.integers(0, 2**32 - 1), m=st.integers(2, 60), decimals=st.integers(0, 2),
+       as_bool=st.booleans())
+def test_auroc_matches_sklearn(seed, m, decimals, as_bool):
+    skm = pytest.importorskip("sklearn.metrics")
+    rng = np.random.default_rng(seed)
+    scores = np.round(rng.normal(size=m), decimals)  # rounding makes ties (many at decimals=0)
+    labels = rng.integers(0, 2, size=m)
+    labels[:2] = [0, 1]  # at least one of each
+    labels = labels.astype(bool) if as_bool else labels
+    # the rank form against sklearn's trapezoidal ROC area: a few roundings of an O(1) number
+    assert metrics.auroc(scores, labels) == pytest.approx(
+        skm.roc_auc_score(labels, scores), rel=0, abs=1e-12)
+
+
+@given(seed=st.integers(0, 2**32 - 1), m=st.integers(2, 60), c=st.integers(2, 5))
+def test_detection_aurocs_match_sklearn(seed, m, c):
+    skm = pytest.importorskip("sklearn.metrics")
+    rng = np.random.default_rng(seed)
+    probs = _random_probs(rng, m, c)  # repeated rows: tied entropies; zeros: 0 log 0
+    pred = np.argmax(probs, axis=1)
+    y = rng.integers(0, c, size=m)
+    y[0], y[1] = pred[0], (pred[1] + 1) % c  # at least one right and one wrong
+    H = metrics.predictive_entropy(probs)
+    assert metrics.misclassification_auroc(probs, y) == pytest.approx(
+        skm.roc_auc_score(pred == y, -H), rel=0, abs=1e-12)
+    probs_out = _random_probs(rng, m + 3, c)
+    labels = np.r_[np.zeros(m), np.ones(m + 3)]
+    assert metrics.ood_auroc(probs, probs_out) == pytest.approx(
+        skm.roc_auc_score(labels, np.r_[H, metrics.predictive_entropy(probs_out)]),
+        rel=0, abs=1e-12)
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_brier_nll_accuracy_match_sklearn(seed):
+    skm = pytest.importorskip("sklearn.metrics")
+    rng = np.random.default_rng(seed)
+    m, c = 50, 4
+    # probabilities >= 0.05 / 1.2: away from 0, so log_loss's clipping never applies
+    probs = (rng.dirichlet(np.ones(c), size=m) + 0.05) / (1 + 0.05 * c)
+    y = rng.integers(0, c, size=m)
+    assert metrics.nll(probs, y) == pytest.approx(
+        skm.log_loss(y, probs, labels=np.arange(c)), rel=1e-12)
+    assert metrics.accuracy(probs, y) == skm.accuracy_score(y, np.argmax(probs, axis=1))
+    # binary: sum_k (p_ik - 1[y_i = k])^2 = (p_i1 - y_i)^2 + ((1 - p_i1) - (1 - y_i))^2
+    # = 2 (p_i1 - y_i)^2, i.e. twice sklearn's (binary) Brier score of the class-1 probability
+    p1 = rng.random(m)
+    y2 = rng.integers(0, 2, size=m)
+    assert metrics.brier(np.c_[1 - p1, p1], y2) == pytest.approx(
+        2 * skm.brier_score_loss(y2, p1), rel=1e-12)
+
+
+@pytest.mark.parametrize("call, match", [
+    (lambda: metrics.predictive_entropy(np.array([0.5, 0.5])), "probs: expected shape \\(M, C\\)"),
+    (lambda: metrics.predictive_entropy(np.array([[0.5, 0.6]])), "probs: .*summing to 1"),
+    (lambda: metrics.predictive_entropy(np.array([[np.nan, 1.0]])), "probs: expected finite"),
+    (lambda: metrics.auroc([0.1, 0.2], [0, 0]), "labels: .*at least one positive .*0 positives"),
+    (lambda: metrics.auroc([0.1, 0.2], [1, 1]), "labels: .*at least one .*negative .*0 negatives"),
+    (lambda: metrics.auroc([0.1, np.nan], [0, 1]), "scores: expected finite"),
+    (lambda: metrics.auroc([0.1, np.inf], [0, 1]), "scores: expected finite"),
+    (lambda: metrics.auroc([0.1, 0.2, 0.3], [0, 1]), "labels: expected the shape of scores"),
+    (lambda: metrics.auroc(np.zeros((2, 2)), np.zeros((2, 2), int)), "scores: expected a 1-D"),
+    (lambda: metrics.auroc(["a", "b"], [0, 1]), "scores: expected a 1-D array .* real"),
+    (lambda: metrics.auroc([0.1, 0.2], [0, 2]), "labels: expected integer or bool labels in"),
+    (lambda: metrics.auroc([0.1, 0.2], [0.0, 1.0]), "labels: expected integer or bool"),
+    (lambda: metrics.misclassification_auroc(P, np.argmax(P, axis=1)),
+     "both correct and wrong predictions, got 4 correct out of 4"),
+    (lambda: metrics.misclassification_auroc(P, 1 - np.argmax(P, axis=1)),
+     "both correct and wrong predictions, got 0 correct out of 4"),
+    (lambda: metrics.misclassification_auroc(P, Y[:3]), "y: expected shape \\(4,\\)"),
+    (lambda: metrics.ood_auroc(P, np.full((2, 3), 1 / 3)), "probs_out: expected 2 classes"),
+    (lambda: metrics.ood_auroc(P, np.array([[0.5, 0.6]])), "probs_out: .*summing to 1"),
+    (lambda: metrics.ood_auroc(np.zeros((0, 2)), P), "probs_in: expected shape \\(M, C\\)"),
+    (lambda: metrics.reliability_curve(P, Y, n_bins=0), "n_bins: expected an integer >= 1"),
+    (lambda: metrics.reliability_curve(P, Y, n_bins=2.0), "n_bins: expected an integer"),
+    (lambda: metrics.reliability_curve(P, np.array([0, 1, 2, 0])), "y: expected integer labels"),
+], ids=["entropy-shape", "entropy-sum", "entropy-nan", "auroc-no-positive", "auroc-no-negative",
+        "auroc-nan", "auroc-inf", "auroc-shapes", "auroc-2d", "auroc-strings", "auroc-label-2",
+        "auroc-float-labels", "misclass-all-right", "misclass-all-wrong", "misclass-y-shape",
+        "ood-classes", "ood-out-sum", "ood-in-empty", "curve-bins-0", "curve-bins-float",
+        "curve-labels"])
+def test_new_metrics_reject_bad_input(call, match):
+    with pytest.raises(ValueError, match=match):
+        call()

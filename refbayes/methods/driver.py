@@ -12,7 +12,7 @@ caller's ``numpy.random.Generator``, in this order, so another implementation ca
     slang:    eps as above, then, with eig="randomized",
               Omega = rng.standard_normal((L + M S, L + oversample));
     mc_dropout: one mask per layer input, in layer order, masks[k] = rng.random((M, n_k)) >= p;
-    adam (MAP): nothing.
+    adam (MAP), swag's SGD: nothing.
 
 Draws are made in float64 and cast to the state's dtype. A floating-point overflow or invalid
 operation inside a step (NumPy), or non-finite values in the new state, stop the run with a
@@ -28,7 +28,7 @@ import numpy as np
 
 from refbayes._checks import check_array, check_in_range, check_int
 from refbayes.backend import xp_of
-from refbayes.methods import adam, bbb, mc_dropout, ngvi, noisy_adam, slang, vadam, vogn
+from refbayes.methods import adam, bbb, mc_dropout, ngvi, noisy_adam, slang, swag, vadam, vogn
 from refbayes.methods._estimates import Batch
 
 __all__ = ["TrainingError", "draw_masks", "epoch_batches", "run"]
@@ -157,6 +157,7 @@ _METHODS = (
     _Method(bbb.BBBState, bbb.BBBConfig, bbb.step, _gaussian_draws),
     _Method(mc_dropout.MCDropoutState, mc_dropout.MCDropoutConfig, mc_dropout.step, _mask_draws),
     _Method(adam.MAPState, adam.MAPConfig, _map_step, _no_draws),
+    _Method(swag.SGDState, swag.SGDConfig, swag.sgd_step, _no_draws),
 )
 
 
@@ -191,9 +192,10 @@ def run(state, cfg, model, X, y, *, rng: np.random.Generator, epochs: int, M: in
     ----------
     state : NamedTuple
         A method's State: ngvi (full, mean field), slang, vogn, vadam, noisy_adam, bbb,
-        mc_dropout, or adam's MAPState.
+        mc_dropout, adam's MAPState, or swag's SGDState.
     cfg : NamedTuple
-        The matching Config (a MAPConfig for MAPState); cfg.N must equal N.
+        The matching Config (a MAPConfig for MAPState, an SGDConfig for SGDState); cfg.N
+        must equal N.
     model : FlatModel
         A refbayes.models model with the state's D parameters.
     X : array of shape (N, n_in)
@@ -207,8 +209,8 @@ def run(state, cfg, model, X, y, *, rng: np.random.Generator, epochs: int, M: in
     M : int
         Minibatch size, 1 <= M <= N.
     S : int, default 1
-        Monte Carlo draws per step (ignored by ngvi's curvature="exact", mc_dropout and
-        adam); S = 0 runs vogn as OGN and is refused by the other methods.
+        Monte Carlo draws per step (ignored by ngvi's curvature="exact", mc_dropout,
+        adam and SGD); S = 0 runs vogn as OGN and is refused by the other methods.
     oversample : int, default 10
         Oversampling p >= 0 of SLANG's randomized fast_eig.
     callback : callable, optional

@@ -35,6 +35,7 @@ from refbayes.methods import (
     noisy_adam,
     riemannian_laplace,
     slang,
+    swag,
     vadam,
     vogn,
 )
@@ -85,6 +86,8 @@ BASE = {
     adam.MAPConfig: adam.MAPConfig(N, 0.5),
     laplace.LaplaceConfig: laplace.LaplaceConfig(1.0),
     riemannian_laplace.RiemannianLaplaceConfig: riemannian_laplace.RiemannianLaplaceConfig(),
+    swag.SGDConfig: swag.SGDConfig(N, 0.5),
+    swag.SWAGConfig: swag.SWAGConfig(K=2),
 }
 
 _SLANG0 = slang.init(np.zeros(D), np.zeros((D, 1)), np.ones(D))
@@ -98,6 +101,9 @@ _MCD0 = mc_dropout.init(THETA)
 _MAP0 = adam.init(np.zeros(D))
 _RL_GRAD = lambda th: MODEL.grad(th, X, Y) + th  # noqa: E731  (L = summed loss + |theta|^2 / 2)
 _RL_HVP = lambda th, u: MODEL.hvp(th, u, X, Y) + u  # noqa: E731
+_SGD0 = swag.sgd_init(np.zeros(D))
+_SWAG0 = swag.collect(swag.collect(swag.init(X[0], swag.SWAGConfig(K=2)), X[0],
+                                   swag.SWAGConfig(K=2))[0], X[1], swag.SWAGConfig(K=2))[0]
 _LAP0 = laplace.fit(MODEL, np.zeros(D), X, Y, laplace.LaplaceConfig(1.0))
 
 # the public functions that consume each Config (every one must validate it)
@@ -149,6 +155,19 @@ CONSUMERS = {
         "exp_map": lambda c: riemannian_laplace.exp_map(np.zeros(D), EPS[:, 0].copy(), _RL_GRAD,
                                                         _RL_HVP, c),
         "sample": lambda c: riemannian_laplace.sample(np.zeros(D), EPS, _RL_GRAD, _RL_HVP, c),
+    },
+    swag.SGDConfig: {
+        "sgd_step": lambda c: swag.sgd_step(_SGD0, BATCH, None, c, MODEL),
+        "sgd_update": lambda c: swag.sgd_update(_SGD0, np.ones(D), c),
+        "driver.run": lambda c: driver.run(_SGD0, c, MODEL, X, Y, rng=np.random.default_rng(0),
+                                           epochs=1, M=M),
+    },
+    swag.SWAGConfig: {
+        "collect": lambda c: swag.collect(_SWAG0, X[2], c),
+        "diag_variance": lambda c: swag.diag_variance(_SWAG0, c),
+        "sample": lambda c: swag.sample(_SWAG0, np.ones((P, 2)), np.ones((2, 2)), c),
+        "dense_covariance": lambda c: swag.dense_covariance(_SWAG0, c),
+        "log_density": lambda c: swag.log_density(_SWAG0, X[2], c),
     },
 }
 
@@ -275,6 +294,12 @@ FLOAT_ARGS = {
     ("refbayes.methods.laplace", "optimize_prior_precision", "lr"):
         lambda v: laplace.optimize_prior_precision(MODEL, _LAP0, X, Y, laplace.LaplaceConfig(1.0),
                                                    method="adam", n_steps=1, lr=v),
+    ("refbayes.methods.swag", "swa_learning_rate", "alpha_init"):
+        lambda v: swag.swa_learning_rate(3, alpha_init=v, alpha_swa=0.1, swa_start=4),
+    ("refbayes.methods.swag", "swa_learning_rate", "alpha_swa"):
+        lambda v: swag.swa_learning_rate(3, alpha_init=1.0, alpha_swa=v, swa_start=4),
+    ("refbayes.methods.swag", "swa_learning_rate", "swa_start"):
+        lambda v: swag.swa_learning_rate(3, alpha_init=1.0, alpha_swa=0.1, swa_start=v),
     ("refbayes.models.likelihoods", "Gaussian", "noise_precision"): lambda v: Gaussian(v),
     ("refbayes.models.likelihoods", "make_likelihood", "noise_precision"):
         lambda v: make_likelihood("gaussian", v),
@@ -334,7 +359,8 @@ def test_float_argument_baseline_is_valid(key):
     """A valid value passes (so the rejections above come from the value)."""
     good = {"p": 0.1, "tol": 1e-6, "v_max": 1.0, "damping": 0.5, "gamma": 0.5, "scale": 1.25,
             "alpha": 1e-3, "beta2": 0.9, "noise_precision": 2.0, "gtol": 1e-8,
-            "init_prior_prec": 1.0, "lr": 0.1}[key[2]]
+            "init_prior_prec": 1.0, "lr": 0.1, "alpha_init": 1.0, "alpha_swa": 0.1,
+            "swa_start": 4.0}[key[2]]
     FLOAT_ARGS[key](good)
 
 

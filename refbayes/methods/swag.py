@@ -1,0 +1,742 @@
+"""SWA, SWAG-Diagonal and SWAG (Maddox, Garipov, Izmailov, Vetrov and Wilson 2019, "A Simple
+Baseline for Bayesian Uncertainty in Deep Learning", NeurIPS, arXiv:1902.02476), with the SGD
+that produces their iterates.
+
+Implements (swag.1)-(swag.11) of derivations/swag.md.
+Symbols: theta_i (D,) the i-th collected SGD iterate, i = 1..n; theta_bar (D,) the running mean
+(theta_SWA = theta_bar after the last collection); theta2_bar (D,) the running mean of
+theta_i^2; D_hat the deviation matrix, column j the deviation theta_i - theta_bar_i of one of
+the last K' = min(n, K) snapshots, theta_bar_i the running mean AFTER adding theta_i (the
+official code's convention); K the buffer size (the official ``max_num_models``); z1 (D, S) and
+z2 (K', S) standard-normal draws from the caller; scale the official ``scale``: the covariance
+multiplier, 1/2 in the paper's SWAG.
+
+Storage: D_hat is kept as a (K, D) ring buffer of rows (one contiguous row per snapshot, as the
+official ``cov_mat_sqrt``); row (n - 1) mod K holds the newest deviation. ``deviations`` returns
+the paper's (D, K') matrix with its columns oldest first, the official row order.
+
+The Gaussian (swag.6):
+
+    q = N(theta_bar, scale * (Sigma_diag + D_hat D_hat^T / (K' - 1))),
+    Sigma_diag = diag(max(theta2_bar - theta_bar^2, var_clamp)),
+
+sampled as theta_bar + sqrt(scale) (Sigma_diag^{1/2} z1 + D_hat z2 / sqrt(K' - 1)) (swag.7);
+SWAG-Diagonal drops the low-rank term (z2 = None). The official code divides by
+max_num_models - 1 even while n < K; refbayes by the number of stored columns minus one (see the
+conventions table of the note).
+
+SGD (swag.8)-(swag.9) runs on the SUMMED objective sum_i l_i + (lam / 2) |theta|^2 with the
+minibatch sum scaled by N / M and heavy-ball momentum, which is torch.optim.SGD(lr, momentum,
+weight_decay) on the MEAN loss with lr = N alpha and weight_decay = lam / N, iterate for
+iterate. No batch normalisation exists in refbayes' models, so the official ``bn_update`` after
+each sample has no counterpart.
+"""
+from __future__ import annotations
+
+import math
+from typing import Any, NamedTuple
+
+import numpy as np
+
+from refbayes._checks import (
+    check_array,
+    check_float,
+    check_in_range,
+    check_int,
+    check_positive,
+    check_same_dtype,
+)
+from refbayes.backend import xp_of
+from refbayes.methods._estimates import (
+    Batch,
+    check_batch,
+    check_model,
+    check_N,
+    check_t,
+)
+from refbayes.methods.adam import check_lam
+
+__all__ = [
+    "Batch",
+    "SGDConfig",
+    "SGDInfo",
+    "SGDState",
+    "SWAGConfig",
+    "SWAGInfo",
+    "SWAGState",
+    "collect",
+    "dense_covariance",
+    "deviations",
+    "diag_variance",
+    "init",
+    "log_density",
+    "rank",
+    "sample",
+    "sgd_init",
+    "sgd_step",
+    "sgd_update",
+    "swa_learning_rate",
+]
+
+Array = Any
+
+
+# ----------------------------------------------------------------------------- SGD
+
+
+class SGDConfig(NamedTuple):
+    """SGD with momentum on the summed MAP objective, the SWA / SWAG base optimizer.
+
+    torch.optim.SGD(lr, momentum, weight_decay) on the mean loss is alpha = lr / N,
+    lam = N weight_decay (derivations/swag.md, conventions).
+
+    Attributes
+    ----------
+    N : int
+        Training-set size N >= 1; scales minibatch sums by N / M.  (swag.8)
+    lam : float or array of shape (D,)
+        Prior precision lam >= 0 (weight decay times N).  (swag.8)
+    alpha : float
+        Step size alpha > 0 on the summed objective.  (swag.9)
+    momentum : float
+        Heavy-ball momentum mu in [0, 1).  (swag.9)
+    """
+    N: int                 # training-set size, scales minibatch sums by N / M (swag.8)
+    lam: Any = 0.0         # prior precision >= 0, scalar or (D,): weight decay times N (swag.8)
+    alpha: float = 1e-3    # step size on the summed objective: torch lr / N (swag.9)
+    momentum: float = 0.9  # heavy-ball momentum mu in [0, 1) (swag.9)
+
+
+class SGDState(NamedTuple):
+    """SGD state after t steps.
+
+    Attributes
+    ----------
+    theta : array of shape (D,)
+        Parameters theta_t.  (swag.9)
+    v : array of shape (D,)
+        Momentum buffer v_t (torch's buffer times N).  (swag.9)
+    t : int
+        Number of steps taken.
+    """
+    theta: Array  # theta_t, (D,), (swag.9)
+    v: Array      # momentum buffer v_t, (D,); torch's buffer times N (swag.9)
+    t: int        # steps taken
+
+
+class SGDInfo(NamedTuple):
+    """The named intermediates of one SGD step, by equation.
+
+    Attributes
+    ----------
+    g : array of shape (D,)
+        Objective gradient (N / M) sum_{i in B} grad l_i(theta_t) + lam theta_t.  (swag.8)
+    v : array of shape (D,)
+        Momentum buffer v_{t+1} = momentum v_t + g.  (swag.9)
+    theta : array of shape (D,)
+        Parameters theta_{t+1} = theta_t - alpha v_{t+1}.  (swag.9)
+    """
+    g: Array      # (N / M) sum_{i in B} grad l_i(theta_t) + lam theta_t, (D,)  (swag.8)
+    v: Array      # v_{t+1} = momentum v_t + g, (D,)  (swag.9)
+    theta: Array  # theta_{t+1} = theta_t - alpha v_{t+1}, (D,)  (swag.9)
+
+
+def _check_sgd_state(state) -> int:
+    if not isinstance(state, SGDState):
+        raise ValueError(f"state: expected an SGDState, got {type(state).__name__}")
+    check_array(state.theta, "state.theta", ndim=1)
+    check_float(state.theta, "state.theta")
+    D = state.theta.shape[0]
+    check_array(state.v, "state.v", shape=(D,))
+    check_same_dtype({"state.theta": state.theta, "state.v": state.v})
+    check_t(state.t)
+    return D
+
+
+def _check_sgd_config(cfg, D: int, dtype):
+    if not isinstance(cfg, SGDConfig):
+        raise ValueError(f"cfg: expected an SGDConfig, got {type(cfg).__name__}")
+    N = check_N(cfg.N)
+    lam = check_lam(cfg.lam, D, dtype, strict=False, name="cfg.lam")
+    alpha = float(check_positive(cfg.alpha, "cfg.alpha"))
+    momentum = check_in_range(cfg.momentum, "cfg.momentum", 0.0, 1.0, high_open=True)
+    return N, lam, alpha, momentum
+
+
+def sgd_init(theta) -> SGDState:
+    """Create the initial SGDState at theta with a zero momentum buffer and t = 0.
+
+    A zero buffer makes the first step v_1 = g, torch's first-step rule.
+
+    Parameters
+    ----------
+    theta : array of shape (D,)
+        Initial parameters.
+
+    Returns
+    -------
+    SGDState
+        The state (theta, 0, 0).
+
+    Raises
+    ------
+    ValueError
+        If theta is not a finite float 1-d array.
+    """
+    check_array(theta, "theta", ndim=1)
+    check_float(theta, "theta")
+    return SGDState(theta, xp_of(theta).zeros_like(theta), 0)
+
+
+def sgd_update(state: SGDState, g, cfg: SGDConfig) -> tuple[SGDState, SGDInfo]:
+    """Take one momentum-SGD step with a given objective gradient g.
+
+    v_{t+1} = momentum v_t + g, theta_{t+1} = theta_t - alpha v_{t+1}.  (swag.9)
+    ``sgd_step`` forms g from a minibatch; this entry takes any g (a test feeds the gradient
+    of a quadratic plus Gaussian noise to check the stationary covariance).
+
+    Parameters
+    ----------
+    state : SGDState
+        Current state.
+    g : array of shape (D,)
+        Gradient of the objective at state.theta, in theta's dtype.
+    cfg : SGDConfig
+        Step size and momentum (N and lam are checked but not used here).
+
+    Returns
+    -------
+    state : SGDState
+        The state after the step, t + 1.
+    info : SGDInfo
+        The step's intermediates, by equation.
+
+    Raises
+    ------
+    ValueError
+        If state is not an SGDState with theta a finite float (D,) array, v a finite (D,)
+        array of its dtype and t a non-negative integer; if g is not a finite (D,) array of
+        that dtype; if cfg is not an SGDConfig with N >= 1, lam >= 0 finite, alpha > 0 finite
+        and momentum in [0, 1); or if the arrays mix NumPy and CuPy.
+    """
+    D = _check_sgd_state(state)
+    _, _, alpha, momentum = _check_sgd_config(cfg, D, state.theta.dtype)
+    check_array(g, "g", shape=(D,))
+    check_same_dtype({"state.theta": state.theta, "g": g})
+    xp_of(state.theta, g)
+    return _sgd(state, g, alpha, momentum)
+
+
+def _sgd(state, g, alpha, momentum):
+    v = momentum * state.v + g                      # (swag.9)
+    theta = state.theta - alpha * v                 # (swag.9)
+    return SGDState(theta, v, state.t + 1), SGDInfo(g, v, theta)
+
+
+def sgd_step(state: SGDState, batch, noise, cfg: SGDConfig, model) -> tuple[SGDState, SGDInfo]:
+    """Take one momentum-SGD step on the minibatch MAP objective.
+
+    g = (N / M) sum_{i in B} grad l_i(theta_t) + lam theta_t (swag.8), then (swag.9).  The
+    gradient is ``model.grad`` (one summed backprop pass).
+
+    Parameters
+    ----------
+    state : SGDState
+        Current state.
+    batch : Batch
+        The minibatch rows Batch(X_B (M, n_in), y_B (M,)), 1 <= M <= N.
+    noise : None
+        SGD draws nothing; the argument keeps the drivers' step signature.
+    cfg : SGDConfig
+        The problem and step hyperparameters.
+    model : FlatModel
+        A refbayes.models model with D parameters.
+
+    Returns
+    -------
+    state : SGDState
+        The state after the step, t + 1.
+    info : SGDInfo
+        The step's intermediates, by equation.
+
+    Raises
+    ------
+    ValueError
+        If state or cfg is invalid (see ``sgd_update``), noise is not None, model is not a
+        FlatModel with D parameters, or batch is not a pair (X, y) of finite arrays with
+        1 <= M <= N rows in theta's dtype; or if the arrays mix NumPy and CuPy.
+    """
+    D = _check_sgd_state(state)
+    N, lam, alpha, momentum = _check_sgd_config(cfg, D, state.theta.dtype)
+    if noise is not None:
+        raise ValueError(f"noise: SGD draws nothing, expected None, got {type(noise).__name__}")
+    check_model(model, D)
+    X, y, M = check_batch(batch, model, N, state.theta.dtype)
+    xp_of(state.theta, X, y)
+    theta = state.theta
+    g = (N / M) * model.grad(theta, X, y) + lam * theta      # (swag.8)
+    return _sgd(state, g, alpha, momentum)
+
+
+def swa_learning_rate(epoch: int, *, alpha_init: float, alpha_swa: float, swa_start: float) -> float:
+    """The official SWA / SWAG step-size schedule at a 0-based epoch.
+
+    With r = epoch / swa_start: alpha_init for r <= 0.5, then linear down to alpha_swa at
+    r = 0.9, then alpha_swa.  (swag.10)  The official SGD baseline is the same schedule with
+    swa_start = the number of epochs and alpha_swa = 0.01 alpha_init.
+
+    Parameters
+    ----------
+    epoch : int
+        Epoch index, >= 0 (the official loop's ``epoch``, from 0).
+    alpha_init : float
+        Initial step size > 0.
+    alpha_swa : float
+        Constant SWA step size > 0.
+    swa_start : float
+        Epoch count after which snapshots are collected, > 0.
+
+    Returns
+    -------
+    float
+        The step size of that epoch.
+
+    Raises
+    ------
+    ValueError
+        If epoch is not an integer >= 0 or alpha_init, alpha_swa, swa_start are not finite
+        numbers > 0.
+    """
+    epoch = check_int(epoch, "epoch", low=0)
+    alpha_init = float(check_positive(alpha_init, "alpha_init"))
+    alpha_swa = float(check_positive(alpha_swa, "alpha_swa"))
+    swa_start = float(check_positive(swa_start, "swa_start"))
+    r = epoch / swa_start
+    ratio = alpha_swa / alpha_init
+    if r <= 0.5:
+        factor = 1.0
+    elif r <= 0.9:
+        factor = 1.0 - (1.0 - ratio) * (r - 0.5) / 0.4
+    else:
+        factor = ratio
+    return alpha_init * factor                                          # (swag.10)
+
+
+# ----------------------------------------------------------------------------- SWAG moments
+
+
+class SWAGConfig(NamedTuple):
+    """SWAG hyperparameters; the defaults are the official code's and the paper's.
+
+    Attributes
+    ----------
+    K : int
+        Size K >= 1 of the deviation buffer (official ``max_num_models``, 20).  (swag.3)
+    scale : float
+        Covariance multiplier > 0: 1/2 is the paper's SWAG, 1 its SWAG-Diagonal.  (swag.6)
+    var_clamp : float
+        Floor >= 0 of theta2_bar - theta_bar^2 (official ``var_clamp``, 1e-30).  (swag.4)
+    """
+    K: int = 20               # deviation buffer size, official max_num_models (swag.3)
+    scale: float = 0.5        # covariance multiplier: 1/2 SWAG (paper), 1 SWAG-Diagonal (swag.6)
+    var_clamp: float = 1e-30  # floor of theta2_bar - theta_bar^2, official var_clamp (swag.4)
+
+
+class SWAGState(NamedTuple):
+    """SWAG moments after n collected snapshots.
+
+    Attributes
+    ----------
+    theta_bar : array of shape (D,)
+        Running mean of the snapshots; theta_SWA.  (swag.1)
+    theta2_bar : array of shape (D,)
+        Running mean of their squares.  (swag.2)
+    D_hat : array of shape (K, D)
+        Ring buffer of deviations; row (n - 1) mod K is the newest, rows >= n are zero.
+        (swag.3)
+    n : int
+        Number of snapshots collected.
+    """
+    theta_bar: Array   # running mean theta_SWA, (D,), (swag.1)
+    theta2_bar: Array  # running mean of theta_i^2, (D,), (swag.2)
+    D_hat: Array       # (K, D) ring of deviations; row (n - 1) mod K newest; rows >= n zero (swag.3)
+    n: int             # snapshots collected
+
+
+class SWAGInfo(NamedTuple):
+    """The named intermediates of one collection, by equation.
+
+    Attributes
+    ----------
+    theta_bar : array of shape (D,)
+        Updated running mean theta_bar_n.  (swag.1)
+    theta2_bar : array of shape (D,)
+        Updated running second moment.  (swag.2)
+    dev : array of shape (D,)
+        Deviation theta_n - theta_bar_n stored in the buffer.  (swag.3)
+    """
+    theta_bar: Array   # theta_bar_n, (D,), (swag.1)
+    theta2_bar: Array  # running second moment, (D,), (swag.2)
+    dev: Array         # theta_n - theta_bar_n, (D,), (swag.3)
+
+
+def _check_config(cfg) -> tuple[int, float, float]:
+    if not isinstance(cfg, SWAGConfig):
+        raise ValueError(f"cfg: expected a SWAGConfig, got {type(cfg).__name__}")
+    K = check_int(cfg.K, "cfg.K", low=1)
+    scale = float(check_positive(cfg.scale, "cfg.scale"))
+    var_clamp = float(check_positive(cfg.var_clamp, "cfg.var_clamp", strict=False))
+    return K, scale, var_clamp
+
+
+def _check_state(state, K=None) -> int:
+    if not isinstance(state, SWAGState):
+        raise ValueError(f"state: expected a SWAGState, got {type(state).__name__}")
+    check_array(state.theta_bar, "state.theta_bar", ndim=1)
+    check_float(state.theta_bar, "state.theta_bar")
+    D = state.theta_bar.shape[0]
+    check_array(state.theta2_bar, "state.theta2_bar", shape=(D,))
+    check_array(state.D_hat, "state.D_hat", ndim=2)
+    if state.D_hat.shape[1] != D or state.D_hat.shape[0] < 1:
+        raise ValueError(f"state.D_hat: expected shape (K, {D}) with K >= 1, got "
+                         f"{state.D_hat.shape}")
+    if K is not None and state.D_hat.shape[0] != K:
+        raise ValueError(f"state.D_hat: expected {K} rows (cfg.K), got {state.D_hat.shape[0]}")
+    check_same_dtype({"state.theta_bar": state.theta_bar, "state.theta2_bar": state.theta2_bar,
+                      "state.D_hat": state.D_hat})
+    check_int(state.n, "state.n", low=0)
+    xp_of(state.theta_bar, state.theta2_bar, state.D_hat)
+    return D
+
+
+def init(theta, cfg: SWAGConfig) -> SWAGState:
+    """Create an empty SWAGState (n = 0) for parameters shaped like theta.
+
+    Parameters
+    ----------
+    theta : array of shape (D,)
+        Any parameter vector of the model (only its shape, dtype and backend are used).
+    cfg : SWAGConfig
+        The buffer size K.
+
+    Returns
+    -------
+    SWAGState
+        Zero moments, a zero (K, D) buffer and n = 0.
+
+    Raises
+    ------
+    ValueError
+        If theta is not a finite float 1-d array or cfg is not a valid SWAGConfig.
+    """
+    check_array(theta, "theta", ndim=1)
+    check_float(theta, "theta")
+    K, _, _ = _check_config(cfg)
+    xp = xp_of(theta)
+    z = xp.zeros_like(theta)
+    return SWAGState(z, z.copy(), xp.zeros((K, theta.shape[0]), dtype=theta.dtype), 0)
+
+
+def collect(state: SWAGState, theta, cfg: SWAGConfig, *,
+            inplace: bool = False) -> tuple[SWAGState, SWAGInfo]:
+    """Add one snapshot theta_n to the SWAG moments (the official ``collect_model``).
+
+    theta_bar_n = theta_bar (n - 1)/n + theta_n / n (swag.1), the same for the squares (swag.2),
+    and the deviation theta_n - theta_bar_n into the ring buffer, overwriting the oldest row
+    once n > K (swag.3).
+
+    Parameters
+    ----------
+    state : SWAGState
+        The moments of the first n - 1 snapshots.
+    theta : array of shape (D,)
+        The snapshot, in the state's dtype and backend.
+    cfg : SWAGConfig
+        The buffer size K (must match the state's buffer).
+    inplace : bool, default False
+        Write the deviation into state.D_hat itself instead of a copy: O(D) memory traffic
+        instead of O(K D), for large D; the old state then shares (and sees) the new row.
+
+    Returns
+    -------
+    state : SWAGState
+        The moments of n snapshots.
+    info : SWAGInfo
+        The updated moments and the stored deviation.
+
+    Raises
+    ------
+    ValueError
+        If state is not a SWAGState with finite float arrays of matching shapes (K rows of
+        D_hat) and dtype, theta is not a finite (D,) array of that dtype, or cfg is invalid.
+    """
+    K, _, _ = _check_config(cfg)
+    D = _check_state(state, K)
+    check_array(theta, "theta", shape=(D,))
+    check_same_dtype({"state.theta_bar": state.theta_bar, "theta": theta})
+    xp_of(state.theta_bar, theta)
+    n = state.n + 1
+    theta_bar = state.theta_bar * ((n - 1) / n) + theta / n              # (swag.1)
+    theta2_bar = state.theta2_bar * ((n - 1) / n) + theta * theta / n    # (swag.2)
+    dev = theta - theta_bar                                               # (swag.3)
+    D_hat = state.D_hat if inplace else state.D_hat.copy()
+    D_hat[(n - 1) % K] = dev                                              # (swag.3)
+    return SWAGState(theta_bar, theta2_bar, D_hat, n), SWAGInfo(theta_bar, theta2_bar, dev)
+
+
+def rank(state: SWAGState) -> int:
+    """The number K' = min(n, K) of stored deviation columns.
+
+    Parameters
+    ----------
+    state : SWAGState
+        The moments.
+
+    Returns
+    -------
+    int
+        The count min(state.n, K).
+
+    Raises
+    ------
+    ValueError
+        If state is not a valid SWAGState.
+    """
+    _check_state(state)
+    return min(state.n, state.D_hat.shape[0])
+
+
+def _order(state) -> list:
+    # ring rows of the K' stored deviations, oldest first (the official row order)
+    K = state.D_hat.shape[0]
+    Kp = min(state.n, K)
+    return [(state.n - Kp + j) % K for j in range(Kp)]
+
+
+def deviations(state: SWAGState):
+    """The paper's deviation matrix D_hat (D, K'), columns oldest first.
+
+    Parameters
+    ----------
+    state : SWAGState
+        The moments.
+
+    Returns
+    -------
+    array of shape (D, K')
+        Column j is the deviation of snapshot n - K' + 1 + j (swag.3).
+
+    Raises
+    ------
+    ValueError
+        If state is not a valid SWAGState.
+    """
+    _check_state(state)
+    return state.D_hat[_order(state)].T
+
+
+def diag_variance(state: SWAGState, cfg: SWAGConfig):
+    """The diagonal of Sigma_diag: max(theta2_bar - theta_bar^2, var_clamp).
+
+    (swag.4)
+
+    Parameters
+    ----------
+    state : SWAGState
+        The moments, n >= 1.
+    cfg : SWAGConfig
+        The variance floor var_clamp.
+
+    Returns
+    -------
+    array of shape (D,)
+        The clamped variances.
+
+    Raises
+    ------
+    ValueError
+        If state or cfg is invalid or no snapshot was collected.
+    """
+    _, _, var_clamp = _check_config(cfg)
+    _check_state(state)
+    _need(state, 1)
+    return _var(state, var_clamp)
+
+
+def _var(state, var_clamp):
+    xp = xp_of(state.theta_bar)
+    return xp.maximum(state.theta2_bar - state.theta_bar * state.theta_bar, var_clamp)  # (swag.4)
+
+
+def _need(state, n_min: int):
+    if state.n < n_min:
+        raise ValueError(f"state.n: expected at least {n_min} collected snapshot"
+                         f"{'s' if n_min > 1 else ''}, got {state.n}")
+
+
+def _low_rank(state, use_low_rank: bool):
+    """(Kp, order) of the low-rank term, or (0, None) without it."""
+    if not use_low_rank:
+        return 0, None
+    _need(state, 2)  # (swag.5) divides by K' - 1
+    return min(state.n, state.D_hat.shape[0]), _order(state)
+
+
+def _check_z(z, name, rows, S, dtype) -> int:
+    check_array(z, name, ndim=2)
+    if z.shape[0] != rows or z.shape[1] < 1 or (S is not None and z.shape[1] != S):
+        want = f"({rows}, {'S >= 1' if S is None else S})"
+        raise ValueError(f"{name}: expected shape {want}, got {tuple(z.shape)}")
+    if z.dtype != dtype:
+        raise ValueError(f"{name}: expected dtype {dtype} (the state's), got {z.dtype}")
+    return z.shape[1]
+
+
+def sample(state: SWAGState, z1, z2, cfg: SWAGConfig):
+    """Draw theta = theta_bar + sqrt(scale) (Sigma_diag^{1/2} z1 + D_hat z2 / sqrt(K' - 1)).
+
+    (swag.7)  With z2 = None, SWAG-Diagonal: theta_bar + sqrt(scale) Sigma_diag^{1/2} z1.
+    ``scale`` = 0 is not allowed (use theta_bar, which is SWA).
+
+    Parameters
+    ----------
+    state : SWAGState
+        The moments: n >= 1, and n >= 2 when z2 is given.
+    z1 : array of shape (D, S)
+        Standard-normal draws for the diagonal part, one column per sample.
+    z2 : array of shape (K', S) or None
+        Standard-normal draws for the low-rank part, row j for the j-th oldest stored
+        deviation (K' = ``rank(state)``); None for SWAG-Diagonal.
+    cfg : SWAGConfig
+        The scale and var_clamp.
+
+    Returns
+    -------
+    array of shape (D, S)
+        The draws.
+
+    Raises
+    ------
+    ValueError
+        If state or cfg is invalid, too few snapshots were collected, or z1, z2 are not finite
+        arrays of the shapes above in the state's dtype and backend.
+    """
+    K, scale, var_clamp = _check_config(cfg)
+    D = _check_state(state, K)
+    _need(state, 1)
+    S = _check_z(z1, "z1", D, None, state.theta_bar.dtype)
+    Kp, order = _low_rank(state, z2 is not None)
+    if z2 is not None:
+        _check_z(z2, "z2", Kp, S, state.theta_bar.dtype)
+    xp_of(state.theta_bar, z1, *(() if z2 is None else (z2,)))
+    xp = xp_of(state.theta_bar)
+    dz = xp.sqrt(_var(state, var_clamp))[:, None] * z1                         # (swag.7)
+    if z2 is not None:
+        # D_hat z2 from the ring rows in place: D_hat^T is (D, K); the z2 row of ring row r
+        # goes to r, the rows not yet filled get zero weight
+        w = xp.zeros((K, S), dtype=z2.dtype)
+        w[xp.asarray(order)] = z2
+        dz = dz + (state.D_hat.T @ w) / math.sqrt(Kp - 1)                       # (swag.7)
+    return state.theta_bar[:, None] + math.sqrt(scale) * dz                     # (swag.7)
+
+
+def dense_covariance(state: SWAGState, cfg: SWAGConfig, *, low_rank: bool = True):
+    """Form scale (Sigma_diag + D_hat D_hat^T / (K' - 1)) densely, for tests.
+
+    (swag.6)
+
+    Parameters
+    ----------
+    state : SWAGState
+        The moments: n >= 1, and n >= 2 with the low-rank term.
+    cfg : SWAGConfig
+        The scale and var_clamp.
+    low_rank : bool, default True
+        Include the low-rank term (SWAG); False gives SWAG-Diagonal's scale Sigma_diag.
+
+    Returns
+    -------
+    array of shape (D, D)
+        The covariance.
+
+    Raises
+    ------
+    ValueError
+        If state or cfg is invalid or too few snapshots were collected.
+    """
+    K, scale, var_clamp = _check_config(cfg)
+    _check_state(state, K)
+    _need(state, 1)
+    Kp, _ = _low_rank(state, low_rank)
+    xp = xp_of(state.theta_bar)
+    Sigma = xp.diag(_var(state, var_clamp))
+    if Kp:
+        Dh = deviations(state)
+        Sigma = Sigma + Dh @ Dh.T / (Kp - 1)                                    # (swag.5)
+    return scale * Sigma                                                         # (swag.6)
+
+
+def log_density(state: SWAGState, theta, cfg: SWAGConfig, *, low_rank: bool = True):
+    """Evaluate log q(theta) of the SWAG Gaussian by Woodbury and the determinant lemma.
+
+    With Sigma = scale (Lambda + V V^T), Lambda = Sigma_diag, V = D_hat / sqrt(K' - 1) and
+    C = I + V^T Lambda^{-1} V (K' x K', Cholesky R): log det Sigma = D log scale +
+    sum log Lambda + log det C, and r^T Sigma^{-1} r = (r^T Lambda^{-1} r - |R^{-1} V^T
+    Lambda^{-1} r|^2) / scale.  (swag.11)  O(D K'^2) time, O(D K') memory.
+
+    Parameters
+    ----------
+    state : SWAGState
+        The moments: n >= 1, and n >= 2 with the low-rank term.
+    theta : array of shape (D,) or (D, S)
+        Points, one per column.
+    cfg : SWAGConfig
+        The scale and var_clamp (the variance floor must make Lambda > 0: var_clamp > 0).
+    low_rank : bool, default True
+        The SWAG Gaussian (True) or SWAG-Diagonal's (False).
+
+    Returns
+    -------
+    float or array of shape (S,)
+        The log density at each point (a float for a 1-d theta).
+
+    Raises
+    ------
+    ValueError
+        If state or cfg is invalid, cfg.var_clamp is 0, too few snapshots were collected, or
+        theta is not a finite (D,) or (D, S) array of the state's dtype and backend.
+    """
+    K, scale, var_clamp = _check_config(cfg)
+    D = _check_state(state, K)
+    _need(state, 1)
+    if var_clamp == 0:
+        raise ValueError("cfg.var_clamp: expected > 0 for a density (Sigma_diag must be "
+                         "positive definite), got 0")
+    check_array(theta, "theta")
+    if theta.ndim not in (1, 2) or theta.shape[0] != D:
+        raise ValueError(f"theta: expected shape ({D},) or ({D}, S), got {theta.shape}")
+    check_same_dtype({"state.theta_bar": state.theta_bar, "theta": theta})
+    xp = xp_of(state.theta_bar, theta)
+    Kp, _ = _low_rank(state, low_rank)
+    r = (theta if theta.ndim == 2 else theta[:, None]) - state.theta_bar[:, None]
+    lam = _var(state, var_clamp)
+    Lr = r / lam[:, None]
+    quad = xp.sum(r * Lr, axis=0)
+    logdet = D * math.log(scale) + xp.sum(xp.log(lam))
+    if Kp:
+        V = deviations(state) / math.sqrt(Kp - 1)
+        C = xp.eye(Kp, dtype=V.dtype) + V.T @ (V / lam[:, None])
+        R = xp.linalg.cholesky(C)
+        u = _solve_lower(xp, R, V.T @ Lr)
+        quad = quad - xp.sum(u * u, axis=0)
+        logdet = logdet + 2 * xp.sum(xp.log(xp.diag(R)))
+    out = -0.5 * (D * math.log(2 * math.pi) + logdet + quad / scale)          # (swag.11)
+    return float(out[0]) if theta.ndim == 1 else out
+
+
+def _solve_lower(xp, R, B):
+    if xp is np:
+        from scipy.linalg import solve_triangular
+    else:  # pragma: no cover - needs CuPy
+        from cupyx.scipy.linalg import solve_triangular
+    return solve_triangular(R, B, lower=True)
