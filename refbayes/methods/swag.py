@@ -389,14 +389,16 @@ def _check_config(cfg) -> tuple[int, float, float]:
     return K, scale, var_clamp
 
 
-def _check_state(state, K=None) -> int:
+def _check_state(state, K=None, *, buffer_finite: bool = True) -> int:
+    # buffer_finite=False checks D_hat's shape and dtype only: reading all K D entries would
+    # cost more than the collect itself (the consumers of D_hat check their results instead)
     if not isinstance(state, SWAGState):
         raise ValueError(f"state: expected a SWAGState, got {type(state).__name__}")
     check_array(state.theta_bar, "state.theta_bar", ndim=1)
     check_float(state.theta_bar, "state.theta_bar")
     D = state.theta_bar.shape[0]
     check_array(state.theta2_bar, "state.theta2_bar", shape=(D,))
-    check_array(state.D_hat, "state.D_hat", ndim=2)
+    check_array(state.D_hat, "state.D_hat", ndim=2, finite=buffer_finite)
     if state.D_hat.shape[1] != D or state.D_hat.shape[0] < 1:
         raise ValueError(f"state.D_hat: expected shape (K, {D}) with K >= 1, got "
                          f"{state.D_hat.shape}")
@@ -462,7 +464,7 @@ def collect(state: SWAGState, theta, cfg: SWAGConfig, *,
     state : SWAGState
         The moments of n snapshots.
     info : SWAGInfo
-        The updated moments and the stored deviation.
+        The updated moments and the stored deviation (a view of its row of the new buffer).
 
     Raises
     ------
@@ -471,16 +473,22 @@ def collect(state: SWAGState, theta, cfg: SWAGConfig, *,
         D_hat) and dtype, theta is not a finite (D,) array of that dtype, or cfg is invalid.
     """
     K, _, _ = _check_config(cfg)
-    D = _check_state(state, K)
+    D = _check_state(state, K, buffer_finite=False)
     check_array(theta, "theta", shape=(D,))
     check_same_dtype({"state.theta_bar": state.theta_bar, "theta": theta})
-    xp_of(state.theta_bar, theta)
+    xp = xp_of(state.theta_bar, theta)
     n = state.n + 1
-    theta_bar = state.theta_bar * ((n - 1) / n) + theta / n              # (swag.1)
-    theta2_bar = state.theta2_bar * ((n - 1) / n) + theta * theta / n    # (swag.2)
-    dev = theta - theta_bar                                               # (swag.3)
+    # in-place forms of the same operations, in the same order: no D-sized temporaries beyond
+    # theta / n and theta^2 / n
+    theta_bar = state.theta_bar * ((n - 1) / n)
+    theta_bar += theta / n                                                # (swag.1)
+    sq = theta * theta
+    sq /= n
+    theta2_bar = state.theta2_bar * ((n - 1) / n)
+    theta2_bar += sq                                                      # (swag.2)
     D_hat = state.D_hat if inplace else state.D_hat.copy()
-    D_hat[(n - 1) % K] = dev                                              # (swag.3)
+    dev = D_hat[(n - 1) % K]
+    xp.subtract(theta, theta_bar, out=dev)                                # (swag.3)
     return SWAGState(theta_bar, theta2_bar, D_hat, n), SWAGInfo(theta_bar, theta2_bar, dev)
 
 
@@ -582,8 +590,8 @@ def _low_rank(state, use_low_rank: bool):
     return min(state.n, state.D_hat.shape[0]), _order(state)
 
 
-def _check_z(z, name, rows, S, dtype) -> int:
-    check_array(z, name, ndim=2)
+def _check_z(z, name, rows, S, dtype, finite=True) -> int:
+    check_array(z, name, ndim=2, finite=finite)
     if z.shape[0] != rows or z.shape[1] < 1 or (S is not None and z.shape[1] != S):
         want = f"({rows}, {'S >= 1' if S is None else S})"
         raise ValueError(f"{name}: expected shape {want}, got {tuple(z.shape)}")
@@ -622,22 +630,29 @@ def sample(state: SWAGState, z1, z2, cfg: SWAGConfig):
         arrays of the shapes above in the state's dtype and backend.
     """
     K, scale, var_clamp = _check_config(cfg)
-    D = _check_state(state, K)
+    D = _check_state(state, K, buffer_finite=False)
     _need(state, 1)
-    S = _check_z(z1, "z1", D, None, state.theta_bar.dtype)
+    S = _check_z(z1, "z1", D, None, state.theta_bar.dtype, finite=False)
     Kp, order = _low_rank(state, z2 is not None)
     if z2 is not None:
         _check_z(z2, "z2", Kp, S, state.theta_bar.dtype)
-    xp_of(state.theta_bar, z1, *(() if z2 is None else (z2,)))
-    xp = xp_of(state.theta_bar)
-    dz = xp.sqrt(_var(state, var_clamp))[:, None] * z1                         # (swag.7)
+    xp = xp_of(state.theta_bar, z1, *(() if z2 is None else (z2,)))
+    # the scalars go on the small factors; one (D, S) output, updated in place
+    out = (math.sqrt(scale) * xp.sqrt(_var(state, var_clamp)))[:, None] * z1   # (swag.7)
     if z2 is not None:
         # D_hat z2 from the ring rows in place: D_hat^T is (D, K); the z2 row of ring row r
         # goes to r, the rows not yet filled get zero weight
         w = xp.zeros((K, S), dtype=z2.dtype)
-        w[xp.asarray(order)] = z2
-        dz = dz + (state.D_hat.T @ w) / math.sqrt(Kp - 1)                       # (swag.7)
-    return state.theta_bar[:, None] + math.sqrt(scale) * dz                     # (swag.7)
+        w[xp.asarray(order)] = z2 * math.sqrt(scale / (Kp - 1))
+        out += state.D_hat.T @ w                                                # (swag.7)
+    out += state.theta_bar[:, None]                                             # (swag.7)
+    if not bool(xp.all(xp.isfinite(out))):
+        # the large inputs (D_hat, z1) are checked through the result; name the culprit
+        check_array(z1, "z1")
+        check_array(state.D_hat, "state.D_hat")
+        raise ValueError("state: the draws overflowed (non-finite theta); expected moments "
+                         "whose variances fit the dtype")
+    return out
 
 
 def dense_covariance(state: SWAGState, cfg: SWAGConfig, *, low_rank: bool = True):
