@@ -372,6 +372,14 @@ def test_bad_input_is_rejected_with_the_argument_named():
         swag.collect(state, np.ones(5), cfg)
     with pytest.raises(ValueError, match="theta"):
         swag.collect(state, np.array([1.0, np.nan, 0, 0]), cfg)
+    z1_bad = np.ones((4, 2))
+    z1_bad[1, 1] = np.nan
+    with pytest.raises(ValueError, match="z1"):  # checked through the draws (large inputs)
+        swag.sample(state, z1_bad, np.ones((2, 2)), cfg)
+    bad = state._replace(D_hat=state.D_hat.copy())
+    bad.D_hat[0, 2] = np.inf
+    with pytest.raises(ValueError, match="state.D_hat"):
+        swag.sample(bad, np.ones((4, 2)), np.ones((2, 2)), cfg)
     with pytest.raises(ValueError, match="cfg.scale"):
         swag.sample(state, np.ones((4, 1)), None, cfg._replace(scale=0.0))
     with pytest.raises(ValueError, match="cfg.K"):
