@@ -135,7 +135,8 @@ def _add_data(sub) -> None:
 
 
 def _add_trace(sub, load: bool) -> None:
-    p = sub.add_parser("trace", help="one step of a method, every intermediate by its equation tag",
+    p = sub.add_parser("trace", help="one step of a method (a Laplace fit, a SWAG run), every intermediate by its "
+                       "equation tag",
                        description="One step of METHOD (slang, ngvi-full, ngvi-meanfield) on a "
                                    "small shipped logistic-regression problem, or the Laplace fit "
                                    "(laplace) and its geodesic samples (riemannian-laplace) at a "

@@ -1,8 +1,8 @@
-"""``refbayes trace METHOD``: one step (or one fit) on a small shipped problem, every named
-intermediate printed under its Algorithm 1 line and equation tag.
+"""``refbayes trace METHOD``: one step (or one fit, or a short SWAG run) on a small shipped
+problem, every named intermediate printed under its Algorithm 1 line and equation tag.
 
 The point is verification: another implementation (PyTorch, JAX, laplace-torch, the official RLA
-code, ...) is fed the same problem, state and draws, takes one step, and compares its
+or SWAG code, ...) is fed the same problem, state and draws, takes one step, and compares its
 intermediates with these, one equation at a time. So everything a step consumes is printed (and,
 with ``--json``, written exactly).
 
@@ -58,8 +58,37 @@ refbayes.methods.riemannian_laplace at one MAP:
   ``--ode-method``, ``--rtol``, ``--atol``
   (default the official code's RK45, 1e-6, 1e-3). For the official code's velocity sign use -V.
 
+SWAG (swag), refbayes.methods.swag: T momentum-SGD steps from a start, a snapshot collected
+after each, then the SWAG Gaussian, its draws and their log density:
+
+- the problem of the step methods (``make_logistic_regression(n=50, p=5, seed=0)``,
+  ``LogisticRegression(5)``, D = 6, N = 50) and the MAP objective
+  sum_i l_i(theta) + (lam / 2) |theta|^2 with lam = 1 (weight decay lam / N on the mean loss);
+- the draws, all from ``rng = numpy.random.default_rng(seed)`` in this order: the start
+  ``theta0 = 0.5 * rng.standard_normal(D)``; then for each of the T (``--steps``) SGD steps its
+  minibatch ``rng.permutation(N)[:M]`` (a fresh permutation per step; row t of the printed
+  idx (T, M) is the batch of step t + 1); then ``z1 = rng.standard_normal((D, S))`` and
+  ``z2 = rng.standard_normal((K', S))``, K' = min(T, K);
+- the run: ``swag.sgd_init(theta0)`` and ``swag.init(theta0, cfg)``; for each step
+  ``swag.sgd_step`` on its batch with ``SGDConfig(N, lam=1.0, alpha, momentum)`` (defaults
+  alpha = 2e-3, momentum = 0.9: torch.optim.SGD(lr = N alpha = 0.1, momentum = 0.9,
+  weight_decay = lam / N = 0.02) on the mean loss), then ``swag.collect`` of the new iterate with
+  ``SWAGConfig(K, scale)`` (defaults K = 4, scale = 0.5). Collecting after every step makes a
+  short trace exercise the ring buffer: with the defaults T = 6 > K = 4 it wraps, and K' = K,
+  where the official code's divisor max_num_models - 1 equals refbayes' K' - 1. T >= 2 and
+  K >= 2 (the low-rank covariance (swag.5) divides by K' - 1);
+- ``SWAGTraceInfo``: per step (row t of a (T, D) array is step t + 1) SGDInfo's g (swag.8),
+  v and theta (swag.9) and SWAGInfo's theta_bar (swag.1), theta2_bar (swag.2) and dev (swag.3);
+  then ``diag_variance`` (swag.4), ``deviations`` D_hat (D, K'), columns oldest first (swag.3)
+  (the official ``cov_mat_sqrt`` is D_hat^T), ``dense_covariance`` (swag.6),
+  theta_s = ``sample(state, z1, z2, cfg)`` (swag.7) and ``log_density`` at theta_s (swag.11);
+  and SWAG-Diagonal with the same z1: ``sample(state, z1, None, cfg)`` and its log density at
+  scale 1 (the paper's SWAG-Diagonal, N(theta_SWA, Sigma_diag)). theta_SWA is the last row of
+  theta_bar.
+
 ``TAGS`` maps every Info field to the Algorithm 1 line and equation tag written in the trailing
-comment of its NamedTuple field (tests/test_trace.py checks that the two agree).
+comment of its NamedTuple field (tests/test_trace.py checks that the two agree, and that the
+SWAG trace's tags are those of the swag.SGDInfo, swag.SWAGInfo and swag.SWAGState fields).
 """
 from __future__ import annotations
 
@@ -77,19 +106,21 @@ from refbayes._checks import check_in_range, check_int
 from refbayes.datasets import make_logistic_regression
 from refbayes.experiments._io import atomic_write_text
 from refbayes.linalg import kron, lowrank
-from refbayes.methods import laplace, ngvi, riemannian_laplace, slang
+from refbayes.methods import laplace, ngvi, riemannian_laplace, slang, swag
 from refbayes.methods._estimates import Batch, check_curvature
 from refbayes.methods.driver import epoch_batches
 from refbayes.models import MLP, LogisticRegression
 
-__all__ = ["LAPLACE_METHODS", "METHODS", "STEP_METHODS", "TAGS", "LaplaceInfo",
-           "LaplaceTraceInputs", "MAPResult", "RiemannianLaplaceInfo", "TraceInputs",
-           "add_arguments", "find_map", "format_trace", "format_values", "make_inputs",
-           "make_laplace_inputs", "run", "step", "tag_label", "to_json", "trace_laplace"]
+__all__ = ["LAPLACE_METHODS", "METHODS", "STEP_METHODS", "SWAG_METHODS", "TAGS", "LaplaceInfo",
+           "LaplaceTraceInputs", "MAPResult", "RiemannianLaplaceInfo", "SWAGTraceInfo",
+           "SWAGTraceInputs", "TraceInputs", "add_arguments", "find_map", "format_trace",
+           "format_values", "make_inputs", "make_laplace_inputs", "make_swag_inputs", "run",
+           "step", "tag_label", "to_json", "trace_laplace", "trace_swag"]
 
 STEP_METHODS = ("slang", "ngvi-full", "ngvi-meanfield")
 LAPLACE_METHODS = ("laplace", "riemannian-laplace")
-METHODS = STEP_METHODS + LAPLACE_METHODS
+SWAG_METHODS = ("swag",)
+METHODS = STEP_METHODS + LAPLACE_METHODS + SWAG_METHODS
 
 # The shipped problem.
 N_ROWS = 50
@@ -114,6 +145,11 @@ MAX_NEWTON = 10
 MAP_GTOL = 1e-10
 # The smallest rtol riemannian_laplace accepts (below it solve_ivp raises rtol silently).
 RTOL_MIN = 100 * float(np.finfo(np.float64).eps)
+
+# The SWAG trace (module docstring): the step methods' problem, prior precision SWAG_LAM as weight
+# decay, and SWAG-Diagonal at the paper's scale.
+SWAG_LAM = 1.0
+SWAG_DIAG_SCALE = 1.0
 
 # Info field -> (Algorithm 1 line or None, equation tag), in the Info field order: the trailing
 # comments of SLANGInfo, ngvi.FullInfo and ngvi.MeanFieldInfo, transcribed.
@@ -184,6 +220,23 @@ TAGS: dict[str, dict[str, tuple[str | None, str]]] = {
         "n_steps": (None, "(riemannian_laplace.8)"),
         "speed_0": (None, "(riemannian_laplace.2)"),
         "speed_1": (None, "(riemannian_laplace.11)"),
+    },
+    # the trailing comments of SWAGTraceInfo below: those of swag.SGDInfo (g, v, theta),
+    # swag.SWAGInfo (theta_bar, theta2_bar, dev) and swag.SWAGState (D_hat), then the final terms
+    "swag": {
+        "g": (None, "(swag.8)"),
+        "v": (None, "(swag.9)"),
+        "theta": (None, "(swag.9)"),
+        "theta_bar": (None, "(swag.1)"),
+        "theta2_bar": (None, "(swag.2)"),
+        "dev": (None, "(swag.3)"),
+        "Sigma_diag": (None, "(swag.4)"),
+        "D_hat": (None, "(swag.3)"),
+        "Sigma": (None, "(swag.6)"),
+        "theta_s": (None, "(swag.7)"),
+        "log_q": (None, "(swag.11)"),
+        "theta_s_diag": (None, "(swag.7)"),
+        "log_q_diag": (None, "(swag.11)"),
     },
 }
 
@@ -318,6 +371,12 @@ class TraceInputs(NamedTuple):
         return Batch(self.X[self.idx], self.y[self.idx])
 
 
+# method -> the function that builds its inputs
+_BUILDER = {**dict.fromkeys(STEP_METHODS, "make_inputs"),
+            **dict.fromkeys(LAPLACE_METHODS, "make_laplace_inputs"),
+            **dict.fromkeys(SWAG_METHODS, "make_swag_inputs")}
+
+
 def _check_method(method) -> str:
     if method not in METHODS:
         raise ValueError(f"method: expected one of {', '.join(METHODS)}, got {method!r}")
@@ -362,7 +421,7 @@ def make_inputs(method: str, *, seed: int = 0, M: int = 8, S: int = 1, L: int = 
     method = _check_method(method)
     if method not in STEP_METHODS:
         raise ValueError(f"method: make_inputs traces {', '.join(STEP_METHODS)}; "
-                         f"use make_laplace_inputs for {method!r}")
+                         f"use {_BUILDER[method]} for {method!r}")
     seed = check_int(seed, "seed", low=0)
     N, D = N_ROWS, N_FEATURES + 1
     M = check_int(M, "M", low=1, high=N)
@@ -620,7 +679,7 @@ def make_laplace_inputs(method: str, *, seed: int = 0, S: int = 2, prior_precisi
     method = _check_method(method)
     if method not in LAPLACE_METHODS:
         raise ValueError(f"method: make_laplace_inputs traces {', '.join(LAPLACE_METHODS)}; "
-                         f"use make_inputs for {method!r}")
+                         f"use {_BUILDER[method]} for {method!r}")
     seed = check_int(seed, "seed", low=0)
     S = check_int(S, "S", low=1)
     prior_precision = check_in_range(prior_precision, "prior_precision", 0.0, math.inf,
@@ -724,10 +783,222 @@ def trace_laplace(inputs: LaplaceTraceInputs):
                                  speed_0, speed_1)
 
 
+# ----------------------------------------------------------------------------- SWAG
+
+class SWAGTraceInfo(NamedTuple):
+    """The named intermediates of ``refbayes trace swag``, in the printed order.
+
+    The first six are stacked over the T steps: row t belongs to step t + 1 (its SGDInfo and the
+    SWAGInfo of the collection after it).
+
+    Attributes
+    ----------
+    g : array of shape (T, D)
+        Objective gradient (N / M) sum_{i in B} grad l_i(theta_t) + lam theta_t.  (swag.8)
+    v : array of shape (T, D)
+        Momentum buffer v_{t+1} = momentum v_t + g.  (swag.9)
+    theta : array of shape (T, D)
+        Iterates theta_{t+1} = theta_t - alpha v_{t+1}: the snapshots.  (swag.9)
+    theta_bar : array of shape (T, D)
+        Running mean after each collection; the last row is theta_SWA.  (swag.1)
+    theta2_bar : array of shape (T, D)
+        Running second moment after each collection.  (swag.2)
+    dev : array of shape (T, D)
+        Deviation theta_n - theta_bar_n of each snapshot (the first is zero).  (swag.3)
+    Sigma_diag : array of shape (D,)
+        max(theta2_bar - theta_bar^2, var_clamp) at the end, ``swag.diag_variance``.  (swag.4)
+    D_hat : array of shape (D, K')
+        ``swag.deviations``: the last K' deviations as columns, oldest first.  (swag.3)
+    Sigma : array of shape (D, D)
+        scale (diag(Sigma_diag) + D_hat D_hat^T / (K' - 1)), ``swag.dense_covariance``.
+        (swag.6)
+    theta_s : array of shape (D, S)
+        SWAG draws ``swag.sample(state, z1, z2, cfg)``.  (swag.7)
+    log_q : array of shape (S,)
+        ``swag.log_density`` of the SWAG Gaussian at theta_s.  (swag.11)
+    theta_s_diag : array of shape (D, S)
+        SWAG-Diagonal draws ``swag.sample(state, z1, None, cfg)`` at scale SWAG_DIAG_SCALE.
+        (swag.7)
+    log_q_diag : array of shape (S,)
+        ``swag.log_density(low_rank=False)`` of SWAG-Diagonal at theta_s_diag.  (swag.11)
+    """
+    g: Any             # (N / M) sum_{i in B} grad l_i(theta_t) + lam theta_t, (T, D)  (swag.8)
+    v: Any             # v_{t+1} = momentum v_t + g, (T, D)  (swag.9)
+    theta: Any         # theta_{t+1} = theta_t - alpha v_{t+1}, the snapshots, (T, D)  (swag.9)
+    theta_bar: Any     # theta_bar_n after each collection, (T, D)  (swag.1)
+    theta2_bar: Any    # running second moment after each collection, (T, D)  (swag.2)
+    dev: Any           # theta_n - theta_bar_n, (T, D)  (swag.3)
+    Sigma_diag: Any    # max(theta2_bar - theta_bar^2, var_clamp), (D,)  (swag.4)
+    D_hat: Any         # the last K' deviations as columns, oldest first, (D, K')  (swag.3)
+    Sigma: Any         # scale (Sigma_diag + D_hat D_hat^T / (K' - 1)), (D, D)  (swag.6)
+    theta_s: Any       # SWAG draws from z1, z2, (D, S)  (swag.7)
+    log_q: Any         # log q(theta_s), (S,)  (swag.11)
+    theta_s_diag: Any  # SWAG-Diagonal draws from z1 at scale 1, (D, S)  (swag.7)
+    log_q_diag: Any    # SWAG-Diagonal log q(theta_s_diag), (S,)  (swag.11)
+
+
+class SWAGTraceInputs(NamedTuple):
+    """Everything ``refbayes trace swag`` consumes, and how it was drawn.
+
+    Attributes
+    ----------
+    method : str
+        "swag".
+    seed : int
+        Seed of numpy.random.default_rng, the only source of the draws.
+    model : LogisticRegression
+        ``LogisticRegression(N_FEATURES)``, D = N_FEATURES + 1.
+    X : numpy.ndarray of shape (N, N_FEATURES)
+        The shipped training set.
+    y : numpy.ndarray of shape (N,)
+        Labels in {0, 1}.
+    theta0 : numpy.ndarray of shape (D,)
+        The start, 0.5 * rng.standard_normal(D).
+    idx : numpy.ndarray of shape (T, M)
+        Row t: the minibatch rows of step t + 1, rng.permutation(N)[:M].
+    z1 : numpy.ndarray of shape (D, S)
+        Standard-normal draws of the diagonal part.
+    z2 : numpy.ndarray of shape (K', S)
+        Standard-normal draws of the low-rank part, row j for the j-th oldest deviation.
+    sgd : swag.SGDConfig
+        The SGD step's config.
+    cfg : swag.SWAGConfig
+        The SWAG config (K, scale, var_clamp).
+    """
+    method: str          # "swag"
+    seed: int            # of numpy.random.default_rng, the only source of the draws
+    model: Any           # LogisticRegression(N_FEATURES), D = N_FEATURES + 1
+    X: np.ndarray        # (N, N_FEATURES) the shipped training set
+    y: np.ndarray        # (N,) labels in {0, 1}
+    theta0: np.ndarray   # (D,) the start
+    idx: np.ndarray      # (T, M) minibatch rows, row t for step t + 1
+    z1: np.ndarray       # (D, S)
+    z2: np.ndarray       # (K', S)
+    sgd: Any             # swag.SGDConfig
+    cfg: Any             # swag.SWAGConfig
+
+    @property
+    def diag_cfg(self):
+        """The SWAG-Diagonal config: cfg at scale SWAG_DIAG_SCALE."""
+        return self.cfg._replace(scale=SWAG_DIAG_SCALE)
+
+    def batch(self, t: int) -> Batch:
+        """The minibatch of step t + 1 (row t of idx)."""
+        return Batch(self.X[self.idx[t]], self.y[self.idx[t]])
+
+
+def _check_at_least_two(n, name: str) -> int:
+    n = check_int(n, name)
+    if n < 2:
+        raise ValueError(f"{name}: expected an integer in [2, None] (the low-rank covariance "
+                         f"divides by K' - 1, K' = min(steps, K)), got {n}")
+    return n
+
+
+def make_swag_inputs(*, seed: int = 0, steps: int = 6, M: int = 8, S: int = 2, K: int = 4,
+                     scale: float = 0.5, alpha: float = 2e-3,
+                     momentum: float = 0.9) -> SWAGTraceInputs:
+    """Build the problem, the configs and the draws of the SWAG trace.
+
+    The draws are made in the module docstring's order.
+
+    Parameters
+    ----------
+    seed : int, default 0
+        Seed of ``numpy.random.default_rng``.
+    steps : int, default 6
+        SGD steps T, each followed by a collection, >= 2.
+    M : int, default 8
+        Minibatch rows, in [1, N].
+    S : int, default 2
+        Draws of each Gaussian, >= 1.
+    K : int, default 4
+        Deviation buffer size, >= 2.
+    scale : float, default 0.5
+        SWAG's covariance multiplier, > 0 (SWAG-Diagonal uses SWAG_DIAG_SCALE).
+    alpha : float, default 2e-3
+        SGD step size on the summed objective, > 0 (torch lr = N alpha).
+    momentum : float, default 0.9
+        Heavy-ball momentum, in [0, 1).
+
+    Returns
+    -------
+    SWAGTraceInputs
+        The problem, start, minibatches, draws and configs.
+
+    Raises
+    ------
+    ValueError
+        If an option is outside its range.
+    """
+    seed = check_int(seed, "seed", low=0)
+    N, D = N_ROWS, N_FEATURES + 1
+    steps = _check_at_least_two(steps, "steps")
+    M = check_int(M, "M", low=1, high=N)
+    S = check_int(S, "S", low=1)
+    K = _check_at_least_two(K, "K")
+    scale = check_in_range(scale, "scale", 0.0, math.inf, low_open=True, high_open=True)
+    alpha = check_in_range(alpha, "alpha", 0.0, math.inf, low_open=True, high_open=True)
+    momentum = check_in_range(momentum, "momentum", 0.0, 1.0, high_open=True)
+    X, y, _ = make_logistic_regression(N, N_FEATURES, PROBLEM_SEED)
+    model = LogisticRegression(N_FEATURES)
+    sgd = swag.SGDConfig(N=N, lam=SWAG_LAM, alpha=alpha, momentum=momentum)
+    cfg = swag.SWAGConfig(K=K, scale=scale)
+
+    rng = np.random.default_rng(seed)
+    theta0 = 0.5 * rng.standard_normal(D)
+    idx = np.stack([epoch_batches(rng, N, M)[0] for _ in range(steps)])
+    z1 = rng.standard_normal((D, S))
+    z2 = rng.standard_normal((min(steps, K), S))
+    return SWAGTraceInputs("swag", seed, model, X, y, theta0, idx, z1, z2, sgd, cfg)
+
+
+def trace_swag(inputs: SWAGTraceInputs) -> SWAGTraceInfo:
+    """Run the SWAG trace by direct calls of refbayes.methods.swag.
+
+    ``sgd_init`` and ``init`` at theta0; per step ``sgd_step`` then ``collect`` of the new
+    iterate; then ``diag_variance``, ``deviations``, ``dense_covariance``, ``sample`` and
+    ``log_density`` (SWAG, cfg) and ``sample`` and ``log_density`` without the low-rank term
+    (SWAG-Diagonal, ``inputs.diag_cfg``).
+
+    Parameters
+    ----------
+    inputs : SWAGTraceInputs
+        From ``make_swag_inputs``.
+
+    Returns
+    -------
+    SWAGTraceInfo
+        The intermediates, in the printed order.
+    """
+    model, cfg, diag = inputs.model, inputs.cfg, inputs.diag_cfg
+    opt = swag.sgd_init(inputs.theta0.copy())
+    state = swag.init(inputs.theta0, cfg)
+    per_step = {f: [] for f in swag.SGDInfo._fields + swag.SWAGInfo._fields}
+    for t in range(inputs.idx.shape[0]):
+        opt, sgd_info = swag.sgd_step(opt, inputs.batch(t), None, inputs.sgd, model)
+        state, swag_info = swag.collect(state, opt.theta, cfg)
+        for f, value in (sgd_info._asdict() | swag_info._asdict()).items():
+            per_step[f].append(np.array(value))  # a copy: collect's dev is a view of its buffer
+    theta_s = swag.sample(state, inputs.z1, inputs.z2, cfg)
+    theta_s_diag = swag.sample(state, inputs.z1, None, diag)
+    return SWAGTraceInfo(
+        **{f: np.stack(rows) for f, rows in per_step.items()},
+        Sigma_diag=swag.diag_variance(state, cfg),
+        D_hat=swag.deviations(state),
+        Sigma=swag.dense_covariance(state, cfg),
+        theta_s=theta_s,
+        log_q=swag.log_density(state, theta_s, cfg),
+        theta_s_diag=theta_s_diag,
+        log_q_diag=swag.log_density(state, theta_s_diag, diag, low_rank=False))
+
+
 def _info(inputs):
-    """The Info of a trace's inputs: the step's Info, or the Laplace intermediates."""
+    """The Info of a trace's inputs: the step's Info, or the Laplace or SWAG intermediates."""
     if isinstance(inputs, LaplaceTraceInputs):
         return trace_laplace(inputs)
+    if isinstance(inputs, SWAGTraceInputs):
+        return trace_swag(inputs)
     return step(inputs)[1]
 
 
@@ -882,15 +1153,54 @@ def _format_laplace_trace(inputs: LaplaceTraceInputs, info, precision: int) -> s
     return "\n".join(lines).rstrip() + "\n"
 
 
+def _swag_config_lines(inputs: SWAGTraceInputs) -> list[str]:
+    sgd, N = inputs.sgd, inputs.X.shape[0]
+    return [
+        (f"config: {sgd!r}, i.e. torch.optim.SGD(lr={N * sgd.alpha!r}, "
+         f"momentum={sgd.momentum!r}, weight_decay={sgd.lam / N!r}) on the mean loss"),
+        f"config: SWAG {inputs.cfg!r}; SWAG-Diagonal {inputs.diag_cfg!r}",
+    ]
+
+
+def _format_swag_trace(inputs: SWAGTraceInputs, info, precision: int) -> str:
+    (T, M), (D, S), Kp = inputs.idx.shape, inputs.z1.shape, inputs.z2.shape[0]
+    N = inputs.X.shape[0]
+    lines = [
+        (f"refbayes trace swag: {T} steps of refbayes.methods.swag.sgd_step, each followed by "
+         "swag.collect; then diag_variance, deviations, dense_covariance, sample and "
+         "log_density (SWAG), sample and log_density without the low-rank term "
+         "(SWAG-Diagonal, the same z1)"),
+        (f"problem: make_logistic_regression(n={N_ROWS}, p={N_FEATURES}, seed={PROBLEM_SEED}) "
+         f"-> X {inputs.X.shape}, y {inputs.y.shape}; {inputs.model!r} (intercept last); "
+         f"D = {D}, N = {N}; objective sum_i l_i(theta) + (lam / 2) |theta|^2, minibatch sums "
+         f"scaled by N / M = {N} / {M}"),
+        *_swag_config_lines(inputs),
+        (f"start: swag.sgd_init(theta0) (v = 0, t = 0) and swag.init(theta0, cfg) (n = 0); a "
+         f"snapshot collected after every step; K' = min(T, K) = {Kp}"),
+        (f"draws: rng = numpy.random.default_rng({inputs.seed}), in order: "
+         f"theta0 = 0.5 * rng.standard_normal({D}); for each of the {T} steps "
+         f"rng.permutation({N})[:{M}] (row t of idx: step t + 1); "
+         f"z1 = rng.standard_normal({(D, S)}); z2 = rng.standard_normal({(Kp, S)})"),
+        "",
+    ]
+    for name in ("X", "y", "theta0", "idx", "z1", "z2"):
+        lines += [_block("input", name, getattr(inputs, name), precision, full=True), ""]
+    lines.append(f"{type(info).__name__}, in order (per-step fields: row t is step t + 1):")
+    for field, value in info._asdict().items():
+        lines += [_block(tag_label(inputs.method, field), field, value, precision), ""]
+    return "\n".join(lines).rstrip() + "\n"
+
+
 def format_trace(inputs, info, precision: int = 8) -> str:
     """Format the printed trace: header, inputs and draws, then one block per Info field.
 
     Parameters
     ----------
-    inputs : TraceInputs or LaplaceTraceInputs
-        From ``make_inputs`` or ``make_laplace_inputs``.
+    inputs : TraceInputs or LaplaceTraceInputs or SWAGTraceInputs
+        From ``make_inputs``, ``make_laplace_inputs`` or ``make_swag_inputs``.
     info : NamedTuple
-        The matching Info (``step(inputs)[1]`` or ``trace_laplace(inputs)``).
+        The matching Info (``step(inputs)[1]``, ``trace_laplace(inputs)`` or
+        ``trace_swag(inputs)``).
     precision : int, default 8
         Digits after the point; 16 round-trips float64.
 
@@ -901,6 +1211,8 @@ def format_trace(inputs, info, precision: int = 8) -> str:
     """
     if isinstance(inputs, LaplaceTraceInputs):
         return _format_laplace_trace(inputs, info, precision)
+    if isinstance(inputs, SWAGTraceInputs):
+        return _format_swag_trace(inputs, info, precision)
     method, state = inputs.method, inputs.state
     fn = STEPS[method]
     lines = [
@@ -966,6 +1278,23 @@ def _laplace_json(inputs: LaplaceTraceInputs, info) -> dict:
     }
 
 
+def _swag_json(inputs: SWAGTraceInputs, info) -> dict:
+    def config(cfg):
+        return {k: _jsonable(v) for k, v in cfg._asdict().items()}
+    return {
+        "method": inputs.method,
+        "seed": inputs.seed,
+        "problem": {"generator": "refbayes.datasets.make_logistic_regression",
+                    "n": N_ROWS, "p": N_FEATURES, "seed": PROBLEM_SEED, "intercept": "last",
+                    "X": inputs.X.tolist(), "y": inputs.y.tolist()},
+        "config": {"steps": int(inputs.idx.shape[0]), "sgd": config(inputs.sgd),
+                   "swag": config(inputs.cfg), "swag_diagonal": config(inputs.diag_cfg)},
+        "draws": {"theta0": inputs.theta0.tolist(), "idx": inputs.idx.tolist(),
+                  "z1": inputs.z1.tolist(), "z2": inputs.z2.tolist()},
+        "info": _info_json(inputs.method, info),
+    }
+
+
 def to_json(inputs, info) -> dict:
     """Collect the inputs, draws and every Info field as JSON-ready data.
 
@@ -974,8 +1303,8 @@ def to_json(inputs, info) -> dict:
 
     Parameters
     ----------
-    inputs : TraceInputs or LaplaceTraceInputs
-        From ``make_inputs`` or ``make_laplace_inputs``.
+    inputs : TraceInputs or LaplaceTraceInputs or SWAGTraceInputs
+        From ``make_inputs``, ``make_laplace_inputs`` or ``make_swag_inputs``.
     info : NamedTuple
         The matching Info.
 
@@ -983,10 +1312,13 @@ def to_json(inputs, info) -> dict:
     -------
     dict
         Keys method, seed, problem, config, draws, info (and state for the step methods;
-        ode and map for the Laplace methods).
+        ode and map for the Laplace methods). For swag, config holds steps and the sgd, swag
+        and swag_diagonal configs, and draws theta0, idx (T, M), z1 and z2.
     """
     if isinstance(inputs, LaplaceTraceInputs):
         return _laplace_json(inputs, info)
+    if isinstance(inputs, SWAGTraceInputs):
+        return _swag_json(inputs, info)
     cfg = {k: _jsonable(v) for k, v in inputs.cfg._asdict().items()}
     return {
         "method": inputs.method,
@@ -1004,19 +1336,26 @@ def to_json(inputs, info) -> dict:
 
 # ----------------------------------------------------------------------------- command line
 
-# option dest -> (the methods it applies to, its default there); None in the parser means "not
-# given", so an option given for a method it does not apply to is an error, not ignored.
-OPTIONS: dict[str, tuple[tuple[str, ...], Any]] = {
-    "M": (STEP_METHODS, 8),
-    "L": (STEP_METHODS, 2),
-    "momentum": (STEP_METHODS, 0.0),
-    "t": (STEP_METHODS, 0),
-    "prior_precision": (LAPLACE_METHODS, 1.0),
-    "structure": (LAPLACE_METHODS, "full"),
-    "subset": (LAPLACE_METHODS, "all"),
-    "ode_method": (("riemannian-laplace",), "RK45"),
-    "rtol": (("riemannian-laplace",), 1e-6),
-    "atol": (("riemannian-laplace",), 1e-3),
+# option dest -> {method it applies to: its default there}; None in the parser means "not given",
+# so an option given for a method it does not apply to is an error, not ignored.
+OPTIONS: dict[str, dict[str, Any]] = {
+    "S": {**dict.fromkeys(STEP_METHODS, 1), **dict.fromkeys(LAPLACE_METHODS, 2),
+          **dict.fromkeys(SWAG_METHODS, 2)},
+    "curvature": {**dict.fromkeys(STEP_METHODS, "ef"), **dict.fromkeys(LAPLACE_METHODS, "ggn")},
+    "M": dict.fromkeys(STEP_METHODS + SWAG_METHODS, 8),
+    "L": dict.fromkeys(STEP_METHODS, 2),
+    "momentum": {**dict.fromkeys(STEP_METHODS, 0.0), **dict.fromkeys(SWAG_METHODS, 0.9)},
+    "t": dict.fromkeys(STEP_METHODS, 0),
+    "prior_precision": dict.fromkeys(LAPLACE_METHODS, 1.0),
+    "structure": dict.fromkeys(LAPLACE_METHODS, "full"),
+    "subset": dict.fromkeys(LAPLACE_METHODS, "all"),
+    "ode_method": {"riemannian-laplace": "RK45"},
+    "rtol": {"riemannian-laplace": 1e-6},
+    "atol": {"riemannian-laplace": 1e-3},
+    "steps": dict.fromkeys(SWAG_METHODS, 6),
+    "K": dict.fromkeys(SWAG_METHODS, 4),
+    "scale": dict.fromkeys(SWAG_METHODS, 0.5),
+    "alpha": dict.fromkeys(SWAG_METHODS, 2e-3),
 }
 
 
@@ -1032,7 +1371,7 @@ def add_arguments(parser) -> None:
     parser.add_argument("--seed", type=int, default=0, help="seed of the draws (default 0)")
     parser.add_argument("--S", type=int, default=None,
                         help="Monte Carlo draws: samples, and velocities for riemannian-laplace "
-                             "(default 1; laplace, riemannian-laplace: 2)")
+                             "(default 1; laplace, riemannian-laplace, swag: 2)")
     parser.add_argument("--curvature", default=None,
                         help="ngvi: ef (default), hess or exact; slang: ef; laplace, "
                              "riemannian-laplace: ggn (default), hessian or ef")
@@ -1040,13 +1379,15 @@ def add_arguments(parser) -> None:
                         help="digits after the point (default 8; 16 round-trips float64)")
     parser.add_argument("--json", metavar="PATH", default=None,
                         help="also write the inputs, draws and every intermediate as JSON")
-    step_group = parser.add_argument_group(f"step methods ({', '.join(STEP_METHODS)})")
+    step_group = parser.add_argument_group(
+        f"step methods ({', '.join(STEP_METHODS)}); --M and --momentum also swag")
     step_group.add_argument("--M", type=int, default=None, help="minibatch rows (default 8)")
     step_group.add_argument("--L", type=int, default=None,
                             help="rank of U: SLANG's rank, and the low-rank part of the starting "
                                  "precision for ngvi (default 2)")
     step_group.add_argument("--momentum", type=float, default=None,
-                            help="b of (ngvi.13) (default 0)")
+                            help="b of (ngvi.13) (default 0); swag: the SGD's heavy-ball "
+                                 "momentum (swag.9) (default 0.9)")
     step_group.add_argument("--t", type=int, default=None,
                             help="steps already taken (default 0; momentum shows from t > 0)")
     la_group = parser.add_argument_group(
@@ -1070,6 +1411,23 @@ def add_arguments(parser) -> None:
     la_group.add_argument("--atol", type=float, default=None,
                           help="riemannian-laplace: solve_ivp atol (default 1e-3, the official "
                                "code's)")
+    swag_group = parser.add_argument_group(
+        "SWAG (swag)",
+        "T SGD steps from a drawn start, a snapshot collected after each, then the SWAG and "
+        "SWAG-Diagonal Gaussians, their draws and log densities; also --M, --momentum and --S. "
+        "Problem, draws and order are printed, and described in the refbayes.trace module "
+        "docstring.")
+    swag_group.add_argument("--steps", type=int, default=None,
+                            help="SGD steps T, one snapshot after each, >= 2 (default 6)")
+    swag_group.add_argument("--K", type=int, default=None,
+                            help="deviation buffer size (official max_num_models), >= 2 "
+                                 "(default 4: with 6 steps the ring buffer wraps)")
+    swag_group.add_argument("--scale", type=float, default=None,
+                            help="SWAG covariance multiplier (default 0.5, the paper's; "
+                                 "SWAG-Diagonal is traced at 1)")
+    swag_group.add_argument("--alpha", type=float, default=None,
+                            help="SGD step size on the summed objective, torch lr = N alpha "
+                                 "(default 2e-3: lr 0.1 with N = 50)")
 
 
 def _resolve(args) -> dict:
@@ -1077,13 +1435,13 @@ def _resolve(args) -> dict:
     method it does not apply to."""
     method = _check_method(args.method)
     out = {}
-    for dest, (methods, default) in OPTIONS.items():
+    for dest, defaults in OPTIONS.items():
         value = getattr(args, dest, None)
-        if method in methods:
-            out[dest] = default if value is None else value
+        if method in defaults:
+            out[dest] = defaults[method] if value is None else value
         elif value is not None:
             flag = "--" + dest.replace("_", "-")
-            raise ValueError(f"{flag}: applies to {', '.join(methods)} only, not {method}")
+            raise ValueError(f"{flag}: applies to {', '.join(defaults)} only, not {method}")
     return out
 
 
@@ -1129,13 +1487,11 @@ def run(args) -> int:
         _json_folder(Path(args.json))
     opts = _resolve(args)
     if args.method in STEP_METHODS:
-        inputs = make_inputs(args.method, seed=args.seed, S=1 if args.S is None else args.S,
-                             curvature=args.curvature, **opts)
+        inputs = make_inputs(args.method, seed=args.seed, **opts)
+    elif args.method in LAPLACE_METHODS:
+        inputs = make_laplace_inputs(args.method, seed=args.seed, **opts)
     else:
-        inputs = make_laplace_inputs(args.method, seed=args.seed,
-                                     S=2 if args.S is None else args.S,
-                                     curvature="ggn" if args.curvature is None else args.curvature,
-                                     **opts)
+        inputs = make_swag_inputs(seed=args.seed, **opts)
     info = _info(inputs)
     print(format_trace(inputs, info, precision), end="")
     if args.json is not None:

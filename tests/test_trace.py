@@ -12,17 +12,19 @@ from typing import NamedTuple
 import numpy as np
 import pytest
 import scipy.linalg
+from scipy.stats import multivariate_normal
 
 from refbayes import trace
 from refbayes.cli import main
 from refbayes.datasets import make_logistic_regression
-from refbayes.methods import laplace, ngvi, riemannian_laplace, slang
+from refbayes.methods import laplace, ngvi, riemannian_laplace, slang, swag
 from refbayes.methods._estimates import Batch
 from refbayes.models import MLP, LogisticRegression
 from tests.tolerances import EXACT_F64, ODE_F64, assert_close
 
 INFO = {"slang": slang.SLANGInfo, "ngvi-full": ngvi.FullInfo, "ngvi-meanfield": ngvi.MeanFieldInfo,
-        "laplace": trace.LaplaceInfo, "riemannian-laplace": trace.RiemannianLaplaceInfo}
+        "laplace": trace.LaplaceInfo, "riemannian-laplace": trace.RiemannianLaplaceInfo,
+        "swag": trace.SWAGTraceInfo}
 STATE = {"slang": slang.SLANGState, "ngvi-full": ngvi.FullState,
          "ngvi-meanfield": ngvi.MeanFieldState}
 
@@ -64,8 +66,8 @@ def test_tag_table_agrees_with_the_info_comments(method):
     assert _mismatches(INFO[method], trace.TAGS[method]) == []
 
 
-# Trace fields of the Laplace methods that are also fields of a library NamedTuple: the trace's
-# tag must be one of the tags the library's own trailing comment gives that field.
+# Trace fields of the Laplace and SWAG traces that are also fields of a library NamedTuple: the
+# trace's tag must be one of the tags the library's own trailing comment gives that field.
 LIBRARY_FIELDS = {
     ("laplace", "precision"): [(laplace.LaplaceState, "Sigma_inv"),
                                (laplace.LaplaceState, "prec_diag")],
@@ -77,7 +79,17 @@ LIBRARY_FIELDS = {
     ("riemannian-laplace", "c"): [(riemannian_laplace.ExpMapInfo, "c")],
     ("riemannian-laplace", "cdot"): [(riemannian_laplace.ExpMapInfo, "cdot"),
                                      (riemannian_laplace.SampleInfo, "cdot")],
+    **{("swag", f): [(swag.SGDInfo, f)] for f in swag.SGDInfo._fields},
+    **{("swag", f): [(swag.SWAGInfo, f)] for f in swag.SWAGInfo._fields},
+    ("swag", "D_hat"): [(swag.SWAGState, "D_hat")],
 }
+
+
+def test_the_swag_trace_steps_are_the_library_info_fields():
+    """SWAGTraceInfo opens with SGDInfo's fields, then SWAGInfo's, stacked over the steps: a
+    field renamed or added in swag.py shows up here (and in the tag check above)."""
+    per_step = swag.SGDInfo._fields + swag.SWAGInfo._fields
+    assert trace.SWAGTraceInfo._fields[:len(per_step)] == per_step
 
 
 @pytest.mark.parametrize("method, field", sorted(LIBRARY_FIELDS))
@@ -268,7 +280,7 @@ def test_same_seed_same_trace_other_seed_other_draws(capsys):
 
 @pytest.mark.parametrize("argv, message", [
     (["nosuch"], "method: expected one of slang, ngvi-full, ngvi-meanfield, laplace, "
-                 "riemannian-laplace, got 'nosuch'"),
+                 "riemannian-laplace, swag, got 'nosuch'"),
     (["slang", "--M", "0"], "M: expected an integer in [1, 50], got 0"),
     (["slang", "--L", "7"], "L: expected an integer in [1, 6], got 7"),
     (["slang", "--curvature", "hess"], "curvature: SLANG uses the empirical Fisher only"),
@@ -294,13 +306,34 @@ def test_same_seed_same_trace_other_seed_other_draws(capsys):
     (["riemannian-laplace", "--rtol", "1e-20"], "rtol: expected a value in [2.22"),
     (["riemannian-laplace", "--atol", "-1"], "atol: expected a value in [0.0, inf), got -1.0"),
     (["laplace", "--rtol", "1e-3"], "--rtol: applies to riemannian-laplace only, not laplace"),
-    (["laplace", "--M", "4"], "--M: applies to slang, ngvi-full, ngvi-meanfield only, not laplace"),
-    (["riemannian-laplace", "--momentum", "0.5"], "--momentum: applies to slang, ngvi-full, "
-                                                  "ngvi-meanfield only, not riemannian-laplace"),
+    (["laplace", "--M", "4"],
+     "--M: applies to slang, ngvi-full, ngvi-meanfield, swag only, not laplace"),
+    (["riemannian-laplace", "--momentum", "0.5"],
+     "--momentum: applies to slang, ngvi-full, ngvi-meanfield, swag only, not riemannian-laplace"),
     (["slang", "--prior-precision", "2"],
      "--prior-precision: applies to laplace, riemannian-laplace only, not slang"),
     (["ngvi-full", "--ode-method", "RK23"],
      "--ode-method: applies to riemannian-laplace only, not ngvi-full"),
+    (["swag", "--steps", "1"], "steps: expected an integer in [2, None] (the low-rank covariance "
+                               "divides by K' - 1, K' = min(steps, K)), got 1"),
+    (["swag", "--K", "1"], "K: expected an integer in [2, None] (the low-rank covariance"),
+    (["swag", "--scale", "0"], "scale: expected a value in (0.0, inf), got 0.0"),
+    (["swag", "--alpha", "-0.001"], "alpha: expected a value in (0.0, inf), got -0.001"),
+    (["swag", "--alpha", "nan"], "alpha: expected a finite real number in (0.0, inf), got nan"),
+    (["swag", "--momentum", "1"], "momentum: expected a value in [0.0, 1.0), got 1.0"),
+    (["swag", "--M", "51"], "M: expected an integer in [1, 50], got 51"),
+    (["swag", "--S", "0"], "S: expected an integer in [1, None], got 0"),
+    (["swag", "--seed", "-2"], "seed: expected an integer in [0, None], got -2"),
+    (["swag", "--curvature", "ef"], "--curvature: applies to slang, ngvi-full, ngvi-meanfield, "
+                                    "laplace, riemannian-laplace only, not swag"),
+    (["swag", "--L", "2"], "--L: applies to slang, ngvi-full, ngvi-meanfield only, not swag"),
+    (["swag", "--prior-precision", "2"],
+     "--prior-precision: applies to laplace, riemannian-laplace only, not swag"),
+    (["slang", "--steps", "3"], "--steps: applies to swag only, not slang"),
+    (["laplace", "--K", "3"], "--K: applies to swag only, not laplace"),
+    (["ngvi-full", "--scale", "1"], "--scale: applies to swag only, not ngvi-full"),
+    (["riemannian-laplace", "--alpha", "0.1"],
+     "--alpha: applies to swag only, not riemannian-laplace"),
 ])
 def test_bad_arguments_exit_2_with_one_line(capsys, argv, message):
     assert main(["trace", *argv]) == 2
@@ -315,9 +348,10 @@ def test_help_lists_trace(capsys):
     assert main(["trace", "--help"]) == 0
     out = capsys.readouterr().out
     assert "METHOD" in out and "--json" in out and "--precision" in out
-    for option in ("--prior-precision", "--structure", "--ode-method", "--rtol", "--atol"):
+    for option in ("--prior-precision", "--structure", "--ode-method", "--rtol", "--atol",
+                   "--steps", "--K", "--scale", "--alpha"):
         assert option in out, option
-    assert "laplace" in out and "riemannian-laplace" in out
+    assert "laplace" in out and "riemannian-laplace" in out and "swag" in out
 
 
 def test_json_creates_only_its_own_folder(capsys, tmp_path):
@@ -542,3 +576,167 @@ def test_official_tolerances_drift_from_the_conserved_speed(capsys, tmp_path):
            "--json", str(path))
     info = json.loads(path.read_text())["info"]
     assert abs(info["speed_1"]["value"][0] / info["speed_0"]["value"][0] - 1) > 1e3 * ODE_F64
+
+
+# ----------------------------------------------------------------------------- the SWAG trace
+
+def _swag_draws(seed=0, steps=6, M=8, S=2, K=4):
+    """The module docstring's draws, re-drawn here in its order (not by calling trace)."""
+    rng = np.random.default_rng(seed)
+    theta0 = 0.5 * rng.standard_normal(6)
+    idx = np.array([rng.permutation(50)[:M] for _ in range(steps)])
+    z1 = rng.standard_normal((6, S))
+    z2 = rng.standard_normal((min(steps, K), S))
+    return {"theta0": theta0, "idx": idx, "z1": z1, "z2": z2}
+
+
+def _swag_settings(opts):
+    """The options with the documented defaults filled in."""
+    return {"seed": 0, "steps": 6, "M": 8, "S": 2, "K": 4, "scale": 0.5, "alpha": 2e-3,
+            "momentum": 0.9, **opts}
+
+
+def _swag_library(data):
+    """Every intermediate by direct calls of refbayes.methods.swag on the recorded inputs."""
+    X, y, _ = make_logistic_regression(50, 5, 0)
+    model = LogisticRegression(5)
+    d, c = data["draws"], data["config"]
+    sgd_cfg, cfg, diag = (swag.SGDConfig(**c["sgd"]), swag.SWAGConfig(**c["swag"]),
+                          swag.SWAGConfig(**c["swag_diagonal"]))
+    theta0, z1, z2 = (np.array(d[k]) for k in ("theta0", "z1", "z2"))
+    opt, state = swag.sgd_init(theta0.copy()), swag.init(theta0, cfg)
+    rows = []
+    for idx in d["idx"]:
+        opt, s_info = swag.sgd_step(opt, Batch(X[idx], y[idx]), None, sgd_cfg, model)
+        state, c_info = swag.collect(state, opt.theta, cfg)
+        rows.append([np.array(a) for a in (*s_info, *c_info)])
+    out = dict(zip(("g", "v", "theta", "theta_bar", "theta2_bar", "dev"),
+                   (np.stack(col) for col in zip(*rows))))
+    theta_s, theta_s_diag = swag.sample(state, z1, z2, cfg), swag.sample(state, z1, None, diag)
+    return {**out, "Sigma_diag": swag.diag_variance(state, cfg), "D_hat": swag.deviations(state),
+            "Sigma": swag.dense_covariance(state, cfg), "theta_s": theta_s,
+            "log_q": swag.log_density(state, theta_s, cfg), "theta_s_diag": theta_s_diag,
+            "log_q_diag": swag.log_density(state, theta_s_diag, diag, low_rank=False)}
+
+
+def _swag_by_hand(draws, o):
+    """The same intermediates from the equations of derivations/swag.md, written out in NumPy
+    (closed-form logistic gradient, batch moments, a dense Gaussian): no refbayes call."""
+    X, y, _ = make_logistic_regression(50, 5, 0)
+    X1 = np.hstack([X, np.ones((50, 1))])  # intercept last
+    theta, v = draws["theta0"].copy(), np.zeros(6)
+    g, V, thetas = [], [], []
+    for idx in draws["idx"]:
+        Xb, yb = X1[idx], y[idx]
+        g.append(50 / len(idx) * Xb.T @ (1 / (1 + np.exp(-Xb @ theta)) - yb) + theta)  # (swag.8)
+        v = o["momentum"] * v + g[-1]                                                  # (swag.9)
+        theta = theta - o["alpha"] * v                                                 # (swag.9)
+        V.append(v)
+        thetas.append(theta)
+    thetas = np.array(thetas)
+    n = np.arange(1, len(thetas) + 1)[:, None]
+    theta_bar = np.cumsum(thetas, axis=0) / n                      # (swag.1), batch form
+    theta2_bar = np.cumsum(thetas ** 2, axis=0) / n                # (swag.2)
+    dev = thetas - theta_bar                                       # (swag.3)
+    Kp = min(len(thetas), o["K"])
+    D_hat = dev[-Kp:].T                                            # the newest K', oldest first
+    mean, var = theta_bar[-1], np.maximum(theta2_bar[-1] - theta_bar[-1] ** 2, 1e-30)  # (swag.4)
+    Sigma = o["scale"] * (np.diag(var) + D_hat @ D_hat.T / (Kp - 1))                   # (swag.6)
+    theta_s = mean[:, None] + np.sqrt(o["scale"]) * (np.sqrt(var)[:, None] * draws["z1"]
+                                                     + D_hat @ draws["z2"] / np.sqrt(Kp - 1))
+    theta_s_diag = mean[:, None] + np.sqrt(var)[:, None] * draws["z1"]  # scale 1
+    diag = multivariate_normal(mean, np.diag(var))
+    return {"g": np.array(g), "v": np.array(V), "theta": thetas, "theta_bar": theta_bar,
+            "theta2_bar": theta2_bar, "dev": dev, "Sigma_diag": var, "D_hat": D_hat,
+            "Sigma": Sigma, "theta_s": theta_s,
+            "log_q": multivariate_normal(mean, Sigma).logpdf(theta_s.T).reshape(-1),
+            "theta_s_diag": theta_s_diag,
+            "log_q_diag": diag.logpdf(theta_s_diag.T).reshape(-1)}
+
+
+SWAG_CASES = [
+    {},  # T = 6 > K = 4: the ring buffer has wrapped, K' = K
+    {"seed": 3, "steps": 3, "K": 5, "M": 50, "S": 1},  # K' = 3 < K (buffer not full), full batch
+    {"steps": 2, "K": 2, "momentum": 0.0, "alpha": 1e-3, "scale": 1.0, "S": 3},  # the least
+    {"seed": 1, "steps": 9, "K": 3, "M": 1, "scale": 0.25, "alpha": 4e-3},  # wraps three times
+]
+
+
+@pytest.mark.parametrize("opts", SWAG_CASES, ids=[f"swag-{i}" for i in range(len(SWAG_CASES))])
+def test_swag_json_equals_direct_library_calls_and_the_equations(capsys, tmp_path, opts):
+    path = tmp_path / "out" / "trace.json"
+    out = _trace(capsys, *_argv("swag", opts, path))
+    assert out.rstrip().endswith(f"json: {path}")
+    blocks, data = _blocks(out), json.loads(path.read_text())
+    o = _swag_settings(opts)
+    assert data["method"] == "swag" and data["seed"] == o["seed"]
+    X, y, _ = make_logistic_regression(50, 5, 0)
+    np.testing.assert_array_equal(data["problem"]["X"], X)
+    np.testing.assert_array_equal(data["problem"]["y"], y)
+    assert data["config"] == {
+        "steps": o["steps"],
+        "sgd": {"N": 50, "lam": 1.0, "alpha": o["alpha"], "momentum": o["momentum"]},
+        "swag": {"K": o["K"], "scale": o["scale"], "var_clamp": 1e-30},
+        "swag_diagonal": {"K": o["K"], "scale": 1.0, "var_clamp": 1e-30}}
+    # the draws are the documented ones, in the documented order, and the printed ones
+    draws = _swag_draws(o["seed"], o["steps"], o["M"], o["S"], o["K"])
+    assert list(data["draws"]) == list(draws)
+    for name, value in draws.items():
+        np.testing.assert_array_equal(data["draws"][name], value)
+        np.testing.assert_array_equal(_values(blocks[name]), value)
+    for name, value in [("X", X), ("y", y)]:
+        np.testing.assert_array_equal(_values(blocks[name]), value)
+    library, by_hand = _swag_library(data), _swag_by_hand(draws, o)
+    assert list(data["info"]) == list(trace.TAGS["swag"]) == list(library) == list(by_hand)
+    for field, value in library.items():
+        entry = data["info"][field]
+        assert (entry["line"], entry["tag"]) == trace.TAGS["swag"][field]
+        assert entry["shape"] == list(np.shape(value)), field
+        saved = np.asarray(entry["value"], dtype=float).reshape(np.shape(value))
+        np.testing.assert_array_equal(saved, value, err_msg=field)  # the same calls, bit for bit
+        assert_close(saved, by_hand[field], EXACT_F64, f"swag {field} vs the equations")
+        if np.size(value) <= trace.SHOW_ALL:  # printed in full: the print is the saved value
+            np.testing.assert_array_equal(_values(blocks[field]), saved)
+
+
+def test_swag_trace_prints_the_problem_draws_and_tags(capsys):
+    out = _trace(capsys, "swag")
+    assert out.startswith("refbayes trace swag: 6 steps of refbayes.methods.swag.sgd_step")
+    for text in ["make_logistic_regression(n=50, p=5, seed=0)", "D = 6, N = 50",
+                 "SGDConfig(N=50, lam=1.0, alpha=0.002, momentum=0.9), i.e. torch.optim.SGD("
+                 "lr=0.1, momentum=0.9, weight_decay=0.02) on the mean loss",
+                 "SWAGConfig(K=4, scale=0.5, var_clamp=1e-30); SWAG-Diagonal SWAGConfig(K=4, "
+                 "scale=1.0, var_clamp=1e-30)", "K' = min(T, K) = 4",
+                 "draws: rng = numpy.random.default_rng(0), in order: theta0 = 0.5 * "
+                 "rng.standard_normal(6); for each of the 6 steps rng.permutation(50)[:8] (row t "
+                 "of idx: step t + 1); z1 = rng.standard_normal((6, 2)); "
+                 "z2 = rng.standard_normal((4, 2))"]:
+        assert text in out, text
+    for header in ["[input] X (50, 5)", "[input] theta0 (6,)", "[input] idx (6, 8)",
+                   "[input] z1 (6, 2)", "[input] z2 (4, 2)", "[(swag.8)] g (6, 6)",
+                   "[(swag.9)] theta (6, 6)", "[(swag.1)] theta_bar (6, 6)",
+                   "[(swag.3)] dev (6, 6)", "[(swag.4)] Sigma_diag (6,)",
+                   "[(swag.3)] D_hat (6, 4)", "[(swag.6)] Sigma (6, 6)",
+                   "[(swag.7)] theta_s (6, 2)", "[(swag.11)] log_q (2,)",
+                   "[(swag.7)] theta_s_diag (6, 2)", "[(swag.11)] log_q_diag (2,)"]:
+        assert f"\n{header}\n" in out, header
+    # the ring has wrapped: D_hat holds the deviations of snapshots 3..6, the first (zero) is gone
+    blocks = _blocks(out)
+    assert np.all(_values(blocks["dev"])[0] == 0) and np.all(_values(blocks["D_hat"]) != 0)
+
+
+def test_swag_same_seed_same_trace_other_seed_other_draws(capsys):
+    a, b, c = (_trace(capsys, "swag", "--seed", s) for s in ("3", "3", "4"))
+    assert a == b
+    A, C = _blocks(a), _blocks(c)
+    for name in ("theta0", "idx", "z1", "z2", "theta_s"):
+        assert A[name] != C[name], name
+
+
+def test_builders_name_each_other():
+    with pytest.raises(ValueError, match="use make_swag_inputs for 'swag'"):
+        trace.make_inputs("swag")
+    with pytest.raises(ValueError, match="use make_swag_inputs for 'swag'"):
+        trace.make_laplace_inputs("swag")
+    with pytest.raises(ValueError, match="use make_laplace_inputs for 'laplace'"):
+        trace.make_inputs("laplace")

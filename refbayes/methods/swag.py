@@ -464,7 +464,8 @@ def collect(state: SWAGState, theta, cfg: SWAGConfig, *,
     state : SWAGState
         The moments of n snapshots.
     info : SWAGInfo
-        The updated moments and the stored deviation (a view of its row of the new buffer).
+        The updated moments and the stored deviation (with inplace=False a view of its row of
+        the new buffer, with inplace=True a copy).
 
     Raises
     ------
@@ -487,8 +488,10 @@ def collect(state: SWAGState, theta, cfg: SWAGConfig, *,
     theta2_bar = state.theta2_bar * ((n - 1) / n)
     theta2_bar += sq                                                      # (swag.2)
     D_hat = state.D_hat if inplace else state.D_hat.copy()
-    dev = D_hat[(n - 1) % K]
-    xp.subtract(theta, theta_bar, out=dev)                                # (swag.3)
+    row = D_hat[(n - 1) % K]
+    xp.subtract(theta, theta_bar, out=row)                                # (swag.3)
+    # inplace: the row is overwritten K collections later, so the Info gets its own copy
+    dev = row.copy() if inplace else row
     return SWAGState(theta_bar, theta2_bar, D_hat, n), SWAGInfo(theta_bar, theta2_bar, dev)
 
 
@@ -586,8 +589,12 @@ def _low_rank(state, use_low_rank: bool):
     """(Kp, order) of the low-rank term, or (0, None) without it."""
     if not use_low_rank:
         return 0, None
-    _need(state, 2)  # (swag.5) divides by K' - 1
-    return min(state.n, state.D_hat.shape[0]), _order(state)
+    Kp = min(state.n, state.D_hat.shape[0])
+    if Kp < 2:  # (swag.5) divides by K' - 1
+        raise ValueError(f"state.n, cfg.K: the low-rank term needs K' = min(n, K) >= 2 stored "
+                         f"deviations, got n = {state.n}, K = {state.D_hat.shape[0]} (use "
+                         "SWAG-Diagonal, or collect more snapshots / a larger K)")
+    return Kp, _order(state)
 
 
 def _check_z(z, name, rows, S, dtype, finite=True) -> int:

@@ -360,6 +360,13 @@ def test_bad_input_is_rejected_with_the_argument_named():
     state, cfg = _collected(thetas, K=2)
     with pytest.raises(ValueError, match="state.n"):
         swag.sample(_collected(thetas[:1], K=2)[0], np.ones((4, 1)), np.ones((1, 1)), cfg)
+    k1, cfg1 = _collected(thetas, K=1)  # K' = 1: no low-rank term (divides by K' - 1)
+    for call in (lambda: swag.sample(k1, np.ones((4, 1)), np.ones((1, 1)), cfg1),
+                 lambda: swag.dense_covariance(k1, cfg1),
+                 lambda: swag.log_density(k1, thetas[0], cfg1)):
+        with pytest.raises(ValueError, match="cfg.K"):
+            call()
+    assert swag.dense_covariance(k1, cfg1, low_rank=False).shape == (4, 4)
     with pytest.raises(ValueError, match="z1"):
         swag.sample(state, np.ones((3, 1)), None, cfg)
     with pytest.raises(ValueError, match="z2"):
