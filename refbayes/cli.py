@@ -135,10 +135,11 @@ def _add_data(sub) -> None:
 
 
 def _add_trace(sub, load: bool) -> None:
-    p = sub.add_parser("trace", help="one step of a method (a Laplace fit, a SWAG run), every intermediate by its "
-                       "equation tag",
-                       description="One step of METHOD (slang, ngvi-full, ngvi-meanfield) on a "
-                                   "small shipped logistic-regression problem, or the Laplace fit "
+    p = sub.add_parser("trace", help="one step of a method (a Laplace fit, a SWAG run), every "
+                                     "intermediate by its equation tag",
+                       description="One step of METHOD (slang, ngvi-full, ngvi-meanfield) or a "
+                                   "short SWAG run (swag) on a small shipped logistic-regression "
+                                   "problem, or the Laplace fit "
                                    "(laplace) and its geodesic samples (riemannian-laplace) at a "
                                    "deterministic MAP of a small shipped tanh-MLP regression; "
                                    "prints the problem, the MAP, the draws and every named "

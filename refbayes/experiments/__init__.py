@@ -15,6 +15,7 @@ EXPERIMENTS: dict[str, str] = {
     "selfcheck": "refbayes.experiments.selfcheck",
     "slang-logreg": "refbayes.experiments.slang_logreg",
     "riemannian-laplace": "refbayes.experiments.riemannian_laplace",
+    "calibration": "refbayes.experiments.calibration",
 }
 
 
