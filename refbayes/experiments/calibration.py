@@ -1,0 +1,629 @@
+"""One classification benchmark for every method: accuracy, NLL, calibration and OOD detection.
+
+Protocol (derivations/calibration_experiment.md gives the reasons and the measured tables):
+
+- Data: the staged MNIST subset (``load_mnist_subset``: 5000 images of 784 pixels / 255, 500
+  per digit) and the UCI optdigits set (``load_digits``: 1797 images of 64 counts / 16).
+- Split, per dataset and seed: stratified 80 / 20: in each class (in label order), the rows
+  permuted by ``default_rng(SeedSequence([seed, dataset index, 0]))``, the first
+  round(0.2 n_c) to the test split, the rest to the training split (both then sorted by row).
+  MNIST 4000 / 1000, digits 1438 / 359 (class sizes 174-183).
+- Tasks: "main" trains on the training split (10 classes) and scores the test split; "ood"
+  trains on the training rows of digits 0-4 only (a network with 5 outputs), scores the test
+  rows of digits 0-4 (in-distribution) and separates them from the test rows of digits 5-9
+  (out-of-distribution) by predictive entropy.
+- Network: ``MLP([n_in, 200, 200, C], "relu", "categorical")`` for every method (32 hidden
+  units under --quick); theta_0 Glorot (``model.init_theta``), drawn first from the training
+  generator.
+- Prior: N(0, I / lam) with lam = N_train * 5e-4, the SWAG paper's weight decay 5e-4 on the
+  mean loss, the same for every method of a dataset and task (MNIST 2.0, digits 0.7185; the
+  OOD task's N_train is about half).
+- Methods: the registry refbayes.experiments.calibration_methods (map, swa, swag-diag, swag,
+  bbb, mc_dropout, vogn); each trains on the task's training rows with its own optimizer and
+  budget, and predicts the Bayesian model average of the softmax outputs over S = 30
+  posterior draws (--samples; one network for the point estimates map and swa).
+- Metrics (refbayes.metrics, on the task's test rows): accuracy, NLL (nats), ECE with 15
+  equal-width bins (top-label, L1: ``metrics.ece(probs, y, 15)``), multi-class Brier score,
+  misclassification AUROC (``metrics.misclassification_auroc``: -entropy separating correct
+  from wrong predictions), the mean confidence max_k p_ik, and on the "ood" task
+  ``metrics.ood_auroc`` (entropy, OOD positive). The reliability curve
+  (``metrics.reliability_curve``, the same 15 bins) is saved with each result.
+
+Randomness: per (dataset, task, seed, method), the split generator above, a training generator
+``SeedSequence([seed, dataset, task, 1, crc32(train name)])`` (the train name is shared by SWA,
+SWAG-Diagonal and SWAG: one SGD run serves all three) and a prediction generator
+``SeedSequence([seed, dataset, task, 2, crc32(method)])``. So a job's numbers do not depend on
+which other jobs ran, in this invocation or before it.
+
+Output (``--out``, default results/calibration), written as the jobs finish:
+``<dataset>/<task>/seed_<k>/<method>.json`` (atomic; settings, provenance, status "ok" or
+"diverged" with the error, metrics, reliability curve, seconds), then ``results.csv`` (one row
+per job found under --out whose settings match, for every dataset whose data is at hand),
+``summary.json`` (the tables' numbers), ``table_<dataset>.md`` (the markdown table printed on
+stdout) and, with matplotlib (the ``plot`` extra), ``reliability_<dataset>.png`` (one panel per
+method: per-bin accuracy against confidence, the diagonal, ECE in the title; main task, counts
+pooled over seeds). A job whose
+saved settings, data checksums and refbayes version match is loaded, not recomputed; otherwise
+the run stops naming the file, unless --fresh. A diverging run (``TrainingError``: non-finite
+values in training or prediction) is recorded as "diverged", not raised.
+
+Run times (``MEASURED_SECONDS``, 2-core VM, one BLAS thread): the default run 547 s (9 min),
+--quick 4 s; ``--seeds K`` multiplies the default by K.
+"""
+from __future__ import annotations
+
+import argparse
+import csv
+import io
+import json
+import math
+import sys
+import time
+import zlib
+from pathlib import Path
+from typing import NamedTuple
+
+import numpy as np
+
+from refbayes import metrics
+from refbayes.datasets import data_identity, load_digits, load_mnist_subset
+from refbayes.experiments import calibration_methods
+from refbayes.experiments._io import (
+    Progress,
+    ResultFileError,
+    atomic_write_text,
+    load_result,
+    output_writable,
+    positive_int,
+    provenance,
+    reusable,
+    write_json,
+)
+from refbayes.models import MLP
+
+__all__ = ["DATASETS", "DESCRIPTION", "MEASURED_SECONDS", "TASKS", "add_arguments", "load_data",
+           "run", "stratified_split", "task_data"]
+
+DESCRIPTION = ("Calibration benchmark: every method on one MLP, MNIST-5k and digits: accuracy, "
+               "NLL, ECE, Brier, misclassification and OOD AUROC, reliability diagrams")
+
+PROTOCOL = 1  # bump when the protocol changes, so old result files are not mistaken for new ones
+DATASETS = ("mnist", "digits")
+TASKS = ("main", "ood")
+TEST_FRAC = 0.2
+WEIGHT_DECAY = 5e-4   # lam = N_train * WEIGHT_DECAY (the SWAG paper's weight decay)
+N_BINS = 15
+IN_CLASSES = 5        # the "ood" task trains on digits 0..IN_CLASSES-1
+BUDGETS = {"full": {"hidden": 200, "samples": 30}, "quick": {"hidden": 32, "samples": 10}}
+# (registered dataset, files its loader reads): their checksums are the result's data identity
+_DATA = {"mnist": (load_mnist_subset, "mnist-5k", ("mnist/mnist_5k.csv.gz",)),
+         "digits": (load_digits, "digits", ("digits/digits.csv.gz",))}
+
+# Wall-clock seconds on the 2-core development VM (AMD EPYC) with OMP/OPENBLAS/MKL_NUM_THREADS=1,
+# other jobs keeping the load at ~1-2: the default run (both datasets, both tasks, every method,
+# one seed; mnist 490 s of it, bbb the largest share: 176 s on mnist main) and --quick (digits).
+# Peak memory of the default run: 0.6 GB. Remeasure when the budgets change.
+MEASURED_SECONDS = {"default": 547, "quick": 4}
+MEASURED_ON = "2 cores, one BLAS thread"
+
+
+# ----------------------------------------------------------------------------- data
+
+def load_data(dataset: str, data_dir=None):
+    """(X (n, p) float64, y (n,) int64, data identity {file: sha256}) of ``dataset``."""
+    if dataset not in _DATA:
+        raise ValueError(f"dataset: expected one of {', '.join(DATASETS)}, got {dataset!r}")
+    loader, name, files = _DATA[dataset]
+    X, y = loader(data_dir)
+    return np.asarray(X, dtype=np.float64), np.asarray(y).astype(np.int64), \
+        data_identity(name, data_dir, files)
+
+
+def stratified_split(y, test_frac: float, rng: np.random.Generator):
+    """(train, test) row indices, both sorted: in each class (label order) the class's rows
+    permuted by ``rng``, the first round(test_frac n_c) to test, the rest to train."""
+    y = np.asarray(y)
+    if y.ndim != 1 or y.shape[0] < 2:
+        raise ValueError(f"y: expected a 1-d array of at least 2 labels, got shape {y.shape}")
+    if not 0.0 < test_frac < 1.0:
+        raise ValueError(f"test_frac: expected a number in (0, 1), got {test_frac!r}")
+    train, test = [], []
+    for c in np.unique(y):
+        rows = rng.permutation(np.flatnonzero(y == c))
+        k = int(round(test_frac * rows.shape[0]))
+        test.append(rows[:k])
+        train.append(rows[k:])
+    return np.sort(np.concatenate(train)), np.sort(np.concatenate(test))
+
+
+class TaskData(NamedTuple):
+    X_train: np.ndarray
+    y_train: np.ndarray
+    X_test: np.ndarray     # in-distribution test rows
+    y_test: np.ndarray
+    X_ood: np.ndarray | None  # out-of-distribution test rows ("ood" task), else None
+    n_classes: int
+
+
+def task_data(X, y, train, test, task: str) -> TaskData:
+    """The rows of ``task``: "main" all classes; "ood" trains and tests on the labels below
+    IN_CLASSES and keeps the test rows of the other labels as out-of-distribution inputs."""
+    if task == "main":
+        return TaskData(X[train], y[train], X[test], y[test], None, int(y.max()) + 1)
+    if task != "ood":
+        raise ValueError(f"task: expected one of {', '.join(TASKS)}, got {task!r}")
+    tr, te = train[y[train] < IN_CLASSES], test[y[test] < IN_CLASSES]
+    out = test[y[test] >= IN_CLASSES]
+    return TaskData(X[tr], y[tr], X[te], y[te], X[out], IN_CLASSES)
+
+
+# ----------------------------------------------------------------------------- arguments
+
+def _names(kind: str, choices):
+    def parse(text: str) -> tuple:
+        if text == "all":
+            return tuple(choices)
+        names = tuple(dict.fromkeys(n.strip() for n in text.split(",") if n.strip()))
+        bad = [n for n in names if n not in choices]
+        if bad or not names:
+            raise argparse.ArgumentTypeError(
+                f"unknown {kind} {', '.join(map(repr, bad)) or repr(text)}; expected one of "
+                f"{', '.join(choices)}, a comma-separated list of them, or all")
+        return tuple(n for n in choices if n in names)
+    parse.__name__ = kind
+    return parse
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    methods = tuple(calibration_methods.METHODS)
+    parser.add_argument("--dataset", type=_names("dataset", DATASETS), default=None,
+                        help="mnist, digits, a comma-separated list, or all (default: all; "
+                             "--quick: digits)")
+    parser.add_argument("--method", type=_names("method", methods), default=methods,
+                        help=f"{', '.join(methods)}, a comma-separated list, or all (default)")
+    parser.add_argument("--task", type=_names("task", TASKS), default=TASKS,
+                        help="main (10 classes), ood (train on 0-4, score 5-9 by entropy), or "
+                             "all (default)")
+    parser.add_argument("--seeds", type=positive_int, default=1,
+                        help="number of seeds (splits and initializations) 0..K-1 (default 1)")
+    parser.add_argument("--samples", type=positive_int, default=None,
+                        help="posterior draws S of the sampled predictives (default 30; "
+                             "--quick 10)")
+    parser.add_argument("--quick", action="store_true",
+                        help="smoke test: 32 hidden units, 20 epochs, 10 draws, digits only "
+                             "unless --dataset says otherwise (about "
+                             f"{MEASURED_SECONDS['quick']} s on {MEASURED_ON}; the default run "
+                             f"about {round(MEASURED_SECONDS['default'] / 60)} minutes)")
+    parser.add_argument("--out", type=Path, default=Path("results/calibration"),
+                        help="output folder (default: results/calibration)")
+    parser.add_argument("--fresh", action="store_true",
+                        help="recompute jobs whose saved settings differ instead of stopping")
+    parser.add_argument("--data-dir", type=Path, default=None,
+                        help="folder of the benchmark data (default: $REFBAYES_DATA, then the "
+                             "user cache)")
+    parser.add_argument("--no-progress", action="store_true", help="no progress output")
+
+
+# ----------------------------------------------------------------------------- jobs
+
+def _crc(text: str) -> int:
+    return zlib.crc32(text.encode("utf-8"))
+
+
+def _split_rng(seed, dataset):
+    return np.random.default_rng(np.random.SeedSequence([seed, DATASETS.index(dataset), 0]))
+
+
+def _rng(seed, dataset, task, stream, name):
+    return np.random.default_rng(np.random.SeedSequence(
+        [seed, DATASETS.index(dataset), TASKS.index(task), stream, _crc(name)]))
+
+
+class _Job(NamedTuple):
+    dataset: str
+    task: str
+    seed: int
+    spec: calibration_methods.MethodSpec
+    path: Path
+    settings: dict
+    provenance: dict
+
+
+def _budget(quick: bool) -> str:
+    return "quick" if quick else "full"
+
+
+def _train_name(spec) -> str:
+    return spec.train or spec.name
+
+
+def _settings(spec, dataset, task, seed, quick, samples, n_train) -> dict:
+    b = BUDGETS[_budget(quick)]
+    s = {"protocol": PROTOCOL, "method": spec.name, "dataset": dataset, "task": task,
+         "seed": seed, "budget": _budget(quick), "hidden": b["hidden"], "activation": "relu",
+         "test_frac": TEST_FRAC, "weight_decay": WEIGHT_DECAY, "n_train": n_train,
+         "prior_precision": n_train * WEIGHT_DECAY, "n_bins": N_BINS,
+         "samples": 1 if spec.point else samples, "train": _train_name(spec),
+         "settings": calibration_methods.resolve(spec, quick), "constants": dict(spec.constants)}
+    return json.loads(json.dumps(s))  # the form it has after a JSON round trip
+
+
+SCHEMA = {"settings": dict, "status": str, "metrics": dict, "seconds": {"total": float}}
+
+
+def _job_path(out, dataset, task, seed, method) -> Path:
+    return Path(out) / dataset / task / f"seed_{seed}" / f"{method}.json"
+
+
+class _Data(NamedTuple):
+    X: np.ndarray
+    y: np.ndarray
+    identity: dict
+
+
+def _jobs(datasets, tasks, seeds, methods, quick, samples, out, data) -> list:
+    jobs = []
+    for d in datasets:
+        prov = provenance(data[d].identity)
+        for task in tasks:
+            for seed in range(seeds):
+                train, test = stratified_split(data[d].y, TEST_FRAC, _split_rng(seed, d))
+                n_train = int(np.sum(data[d].y[train] < IN_CLASSES)) if task == "ood" \
+                    else int(train.shape[0])
+                for m in methods:
+                    spec = calibration_methods.METHODS[m]
+                    jobs.append(_Job(d, task, seed, spec, _job_path(out, d, task, seed, m),
+                                     _settings(spec, d, task, seed, quick, samples, n_train), prov))
+    return jobs
+
+
+def _saved(job, fresh: bool):
+    """The job's saved result when it stands for this job, else None (ValueError naming the
+    file when it differs or is damaged, unless fresh)."""
+    saved = load_result(job.path, SCHEMA, fresh)
+    if saved is not None and reusable(job.path, saved, job.settings, job.provenance, fresh):
+        return saved
+    return None
+
+
+# ----------------------------------------------------------------------------- one job
+
+def _metrics(probs, y, probs_ood) -> tuple[dict, dict]:
+    m = {"accuracy": metrics.accuracy(probs, y), "nll": metrics.nll(probs, y),
+         "ece": metrics.ece(probs, y, N_BINS), "brier": metrics.brier(probs, y),
+         "mce": metrics.mce(probs, y, N_BINS),
+         "mean_confidence": float(np.mean(probs.max(axis=1))),
+         "mean_entropy": float(np.mean(metrics.predictive_entropy(probs)))}
+    try:
+        m["misclassification_auroc"] = metrics.misclassification_auroc(probs, y)
+    except ValueError:  # every prediction right (or wrong): undefined
+        m["misclassification_auroc"] = None
+    if probs_ood is not None:
+        m["ood_auroc"] = metrics.ood_auroc(probs, probs_ood)
+        m["ood_mean_entropy"] = float(np.mean(metrics.predictive_entropy(probs_ood)))
+    rc = metrics.reliability_curve(probs, y, N_BINS)
+    curve = {k: [None if not np.isfinite(v) else float(v) for v in rc[k]]
+             for k in ("confidence", "accuracy")}
+    curve["count"] = [int(c) for c in rc["count"]]
+    curve["edges"] = [float(e) for e in rc["edges"]]
+    return m, curve
+
+
+def _predict(spec, post, model, X, rng, S):
+    with np.errstate(over="raise", invalid="raise"):
+        try:
+            P = np.asarray(spec.predict(post, model, X, rng, S), dtype=np.float64)
+        except FloatingPointError as err:
+            raise calibration_methods.TrainingError(f"prediction: {err}") from err
+    if P.shape != (X.shape[0], model.sizes[-1]) or not np.all(np.isfinite(P)):
+        raise calibration_methods.TrainingError(
+            f"prediction: expected finite probabilities of shape {(X.shape[0], model.sizes[-1])}, "
+            f"got shape {P.shape}")
+    return P
+
+
+def _run_job(job, td, cache, bar) -> dict:
+    """Train (or reuse this invocation's shared fit) and score one job; a TrainingError is
+    recorded as status "diverged"."""
+    s = job.settings
+    spec = job.spec
+    model = MLP([td.X_train.shape[1], s["hidden"], s["hidden"], td.n_classes], "relu",
+                "categorical")
+    hyper = {**s["settings"], "prior_precision": s["prior_precision"]}
+    key = (_train_name(spec), job.dataset, job.task, job.seed, json.dumps(hyper, sort_keys=True))
+    t0 = time.perf_counter()
+    reused = key in cache
+    if not reused:
+        rng = _rng(job.seed, job.dataset, job.task, 1, _train_name(spec))
+        try:
+            cache[key] = ("ok", spec.fit(model, td.X_train, td.y_train, hyper, rng, bar.update),
+                          time.perf_counter() - t0)
+        except calibration_methods.TrainingError as err:
+            cache[key] = ("diverged", f"training: {err}", time.perf_counter() - t0)
+    status, post, fit_seconds = cache[key]
+    result = {"settings": s, "provenance": job.provenance, "status": status, "error": None,
+              "metrics": {}, "reliability": None,
+              "n": {"train": int(td.y_train.shape[0]), "test": int(td.y_test.shape[0]),
+                    "ood": 0 if td.X_ood is None else int(td.X_ood.shape[0])},
+              "fit_reused": reused}
+    t1 = time.perf_counter()
+    if status == "ok":
+        rng = _rng(job.seed, job.dataset, job.task, 2, spec.name)
+        try:
+            P = _predict(spec, post, model, td.X_test, rng, s["samples"])
+            P_ood = None if td.X_ood is None else _predict(spec, post, model, td.X_ood, rng,
+                                                           s["samples"])
+            result["metrics"], result["reliability"] = _metrics(P, td.y_test, P_ood)
+        except calibration_methods.TrainingError as err:
+            result["status"], result["error"] = "diverged", str(err)
+    else:
+        result["error"] = post
+    predict_seconds = time.perf_counter() - t1
+    # fit: the training run's seconds (measured by the job that ran it); total: this job's own
+    result["seconds"] = {"fit": fit_seconds, "predict": predict_seconds,
+                         "total": (0.0 if reused else fit_seconds) + predict_seconds}
+    return result
+
+
+# ----------------------------------------------------------------------------- summaries
+
+ROW_FIELDS = ("dataset", "task", "seed", "method", "status", "budget", "accuracy", "nll", "ece",
+              "brier", "mce", "misclassification_auroc", "ood_auroc", "mean_confidence",
+              "mean_entropy", "n_train", "n_test", "samples", "fit_seconds", "predict_seconds",
+              "error")
+
+
+def _row(saved) -> dict:
+    s, m = saved["settings"], saved["metrics"]
+    return {"dataset": s["dataset"], "task": s["task"], "seed": s["seed"], "method": s["method"],
+            "status": saved["status"], "budget": s["budget"],
+            **{k: m.get(k) for k in ROW_FIELDS[6:15]},
+            "n_train": saved.get("n", {}).get("train"), "n_test": saved.get("n", {}).get("test"),
+            "samples": s["samples"], "fit_seconds": saved["seconds"].get("fit"),
+            "predict_seconds": saved["seconds"].get("predict"), "error": saved.get("error")}
+
+
+def _collect(out, quick, samples, seeds, data, data_dir, noted) -> list:
+    """Every saved job under ``out`` for every dataset (those of ``data``, and the others
+    whose data can be read), every registered method, both tasks and seeds 0..seeds-1 whose
+    settings and provenance match the current ones (damaged or differing files are left out,
+    damaged ones with a note)."""
+    data = dict(data)
+    for d in DATASETS:
+        if d not in data and (Path(out) / d).is_dir():
+            try:
+                data[d] = _Data(*load_data(d, data_dir))
+            except (OSError, ValueError):  # its data is not here: its results cannot be checked
+                continue
+    jobs = _jobs([d for d in DATASETS if d in data], TASKS, seeds,
+                 list(calibration_methods.METHODS), quick, samples, out, data)
+    found = []
+    for job in jobs:
+        try:
+            saved = load_result(job.path, SCHEMA)
+        except ResultFileError as err:
+            if err.path not in noted:
+                noted.add(err.path)
+                print(f"note: {err.path}: {err.reason}; left out of the summary", file=sys.stderr)
+            continue
+        if saved is not None and reusable(job.path, saved, job.settings, job.provenance, True):
+            found.append(saved)
+    return found
+
+
+def _write_csv(path, rows) -> Path:
+    buf = io.StringIO()
+    w = csv.DictWriter(buf, fieldnames=ROW_FIELDS)
+    w.writeheader()
+    w.writerows(rows)
+    return atomic_write_text(path, buf.getvalue())
+
+
+def _mean_se(values):
+    v = np.asarray([x for x in values if x is not None], dtype=float)
+    if v.size == 0:
+        return None, None
+    return float(v.mean()), (float(v.std(ddof=1) / math.sqrt(v.size)) if v.size > 1 else None)
+
+
+# metric key, column head, digits
+COLUMNS = (("accuracy", "accuracy", 4), ("nll", "NLL", 4), ("ece", "ECE (15 bins)", 4),
+           ("brier", "Brier", 4), ("misclassification_auroc", "misclass. AUROC", 4),
+           ("mean_confidence", "mean conf.", 4))
+
+
+def _summary(found, dataset) -> list[dict]:
+    """Per method (registry order) of ``dataset``: mean (and s.e. over seeds) of each column on
+    the main task, the OOD AUROC of the ood task, seeds done, divergences, fit seconds."""
+    rows = []
+    for name in calibration_methods.METHODS:
+        main = [f for f in found if f["settings"]["dataset"] == dataset
+                and f["settings"]["method"] == name and f["settings"]["task"] == "main"]
+        ood = [f for f in found if f["settings"]["dataset"] == dataset
+               and f["settings"]["method"] == name and f["settings"]["task"] == "ood"]
+        if not main and not ood:
+            continue
+        ok = [f for f in main if f["status"] == "ok"]
+        ok_ood = [f for f in ood if f["status"] == "ok"]
+        r = {"method": name, "seeds_main": len(main), "seeds_ood": len(ood),
+             "diverged_main": len(main) - len(ok), "diverged_ood": len(ood) - len(ok_ood)}
+        for key, _, _ in COLUMNS:
+            r[key], r[key + "_se"] = _mean_se([f["metrics"].get(key) for f in ok])
+        r["ood_auroc"], r["ood_auroc_se"] = _mean_se([f["metrics"]["ood_auroc"] for f in ok_ood])
+        r["fit_seconds"], _ = _mean_se([f["seconds"].get("fit") for f in main])
+        rows.append(r)
+    return rows
+
+
+def _cell(r, key, digits, n, diverged):
+    if n == 0:
+        return "-"
+    if r.get(key) is None:
+        return "diverged" if diverged == n else "-"
+    text = f"{r[key]:.{digits}f}"
+    if r.get(key + "_se") is not None:
+        text += f" ± {r[key + '_se']:.{digits}f}"
+    if diverged:
+        text += f" ({diverged}/{n} diverged)"
+    return text
+
+
+def _markdown(dataset, rows, seeds) -> str:
+    head = ["method", *(c[1] for c in COLUMNS), "OOD AUROC", "fit s"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "|".join("---" for _ in head) + "|"]
+    for r in rows:
+        cells = [r["method"]]
+        cells += [_cell(r, key, digits, r["seeds_main"], r["diverged_main"])
+                  for key, _, digits in COLUMNS]
+        cells.append(_cell(r, "ood_auroc", 4, r["seeds_ood"], r["diverged_ood"]))
+        cells.append("-" if r["fit_seconds"] is None else f"{r['fit_seconds']:.3g}")
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def _heading(dataset, found, seeds) -> str:
+    s = next((f["settings"] for f in found if f["settings"]["dataset"] == dataset), None)
+    if s is None:
+        return f"{dataset}: no results"
+    return (f"{dataset}: test metrics of the main task (10 classes) and OOD AUROC of the ood task "
+            f"(train 0-{IN_CLASSES - 1}, entropy of 5-9 vs 0-4); MLP {s['hidden']}-{s['hidden']} "
+            f"ReLU, {s['budget']} budget, mean{' ± s.e.' if seeds > 1 else ''} over {seeds} "
+            f"seed{'s' if seeds > 1 else ''}; fit s: seconds of the main task's training run (one "
+            "SGD run serves swa, swag-diag and swag)")
+
+
+def _figure(out, dataset, found):
+    """reliability_<dataset>.png: one panel per method with results on the main task."""
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("figures skipped: matplotlib is not installed (pip install 'refbayes[plot]')",
+              file=sys.stderr)
+        return None
+    panels = []
+    for name in calibration_methods.METHODS:
+        runs = [f for f in found if f["settings"]["dataset"] == dataset and f["settings"]["task"]
+                == "main" and f["settings"]["method"] == name]
+        if runs:
+            panels.append((name, runs))
+    if not panels:
+        return None
+    cols = min(4, len(panels))
+    rows = math.ceil(len(panels) / cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(3.2 * cols, 3.3 * rows), squeeze=False)
+    for ax in axes.ravel()[len(panels):]:
+        ax.axis("off")
+    for ax, (name, runs) in zip(axes.ravel(), panels):
+        ok = [f for f in runs if f["status"] == "ok"]
+        ax.plot([0, 1], [0, 1], "k--", lw=0.8)
+        ax.set_xlim(0, 1)
+        ax.set_ylim(0, 1)
+        ax.set_aspect("equal")
+        if not ok:
+            ax.set_title(f"{name}: diverged", fontsize=9)
+            continue
+        edges = np.asarray(ok[0]["reliability"]["edges"])
+        count = np.sum([f["reliability"]["count"] for f in ok], axis=0)
+        acc = np.zeros(len(count))
+        conf = np.zeros(len(count))
+        for f in ok:  # pool the bins over seeds, weighted by their counts
+            c = np.asarray(f["reliability"]["count"], dtype=float)
+            acc += c * np.nan_to_num(np.asarray(f["reliability"]["accuracy"], dtype=float))
+            conf += c * np.nan_to_num(np.asarray(f["reliability"]["confidence"], dtype=float))
+        full = count > 0
+        acc[full] /= count[full]
+        conf[full] /= count[full]
+        width = np.diff(edges)
+        ax.bar(edges[:-1][full], acc[full], width=width[full], align="edge", color="tab:blue",
+               edgecolor="k", lw=0.4, label="accuracy")
+        ax.bar(edges[:-1][full], (conf - acc)[full], bottom=acc[full], width=width[full],
+               align="edge", fill=False, hatch="///", edgecolor="tab:red", lw=0.4,
+               label="gap to mean confidence")
+        mean = {k: np.mean([f["metrics"][k] for f in ok])
+                for k in ("ece", "accuracy", "mean_confidence")}
+        ax.set_title(f"{name}: ECE {100 * mean['ece']:.2f}%", fontsize=9)
+        ax.text(0.03, 0.97, f"accuracy {mean['accuracy']:.3f}\nmean conf. "
+                f"{mean['mean_confidence']:.3f}\n{100 * count[-1] / count.sum():.0f}% of points "
+                f"in the last bin", transform=ax.transAxes, va="top", fontsize=6.5)
+        ax.set_xlabel("confidence", fontsize=8)
+        ax.set_ylabel("accuracy", fontsize=8)
+        ax.tick_params(labelsize=7)
+    for ax in axes.ravel():  # the legend on the first panel with bars
+        if ax.patches:
+            ax.legend(fontsize=6, loc="upper left", bbox_to_anchor=(0.0, 0.8))
+            break
+    s = panels[0][1][0]["settings"]
+    fig.suptitle(f"{dataset}: reliability ({N_BINS} bins, test split, {s['budget']} budget, "
+                 f"{len(panels[0][1])} seed(s) pooled)", fontsize=10)
+    fig.tight_layout()
+    path = Path(out) / f"reliability_{dataset}.png"
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+# ----------------------------------------------------------------------------- driver
+
+def run(args: argparse.Namespace) -> int:
+    """The ``refbayes reproduce calibration`` handler.
+
+    Loads the data and checks every saved job (and that --out is writable when something is to
+    be computed) before training anything; then runs the missing jobs in (dataset, task, seed,
+    method) order, each written when it finishes, and ends with results.csv, summary.json, a
+    markdown table per dataset (stdout and table_<dataset>.md) and the reliability diagrams.
+    """
+    quick = bool(args.quick)
+    datasets = args.dataset if args.dataset is not None else (("digits",) if quick else DATASETS)
+    samples = args.samples if args.samples is not None else BUDGETS[_budget(quick)]["samples"]
+    out = Path(args.out)
+    data = {}
+    for d in datasets:
+        X, y, identity = load_data(d, args.data_dir)
+        data[d] = _Data(X, y, identity)
+    jobs = _jobs(datasets, args.task, args.seeds, args.method, quick, samples, out, data)
+    todo = [j for j in jobs if _saved(j, args.fresh) is None]
+    write = output_writable(out, needed=bool(todo))
+    cache, current = {}, None
+    with Progress(len(jobs), len(jobs) - len(todo), "calibration",
+                  enabled=not args.no_progress) as progress:
+        for job in todo:
+            group = (job.dataset, job.task, job.seed)
+            if group != current:  # shared fits live for one (dataset, task, seed)
+                cache.clear()
+                current = group
+                d = data[job.dataset]
+                train, test = stratified_split(d.y, TEST_FRAC, _split_rng(job.seed, job.dataset))
+                td = task_data(d.X, d.y, train, test, job.task)
+            label = f"{job.spec.name} {job.dataset} {job.task} seed {job.seed}"
+            with progress.run_bar(job.settings["settings"]["epochs"], label, unit="epoch") as bar:
+                result = _run_job(job, td, cache, bar)
+            write_json(job.path, result)
+            if result["status"] != "ok":
+                progress.echo(f"note: {label} diverged: {result['error']}", file=sys.stderr)
+            progress.advance(label)
+        cache.clear()
+        noted = set()
+        found = _collect(out, quick, samples, args.seeds, data, args.data_dir, noted)
+        lines = []
+        summary = {}
+        for d in datasets:
+            rows = _summary(found, d)
+            summary[d] = rows
+            table = _markdown(d, rows, args.seeds)
+            lines += [_heading(d, found, args.seeds), "", table, ""]
+            if write:
+                atomic_write_text(out / f"table_{d}.md",
+                                  f"{_heading(d, found, args.seeds)}\n\n{table}\n")
+        if write:
+            csv_path = _write_csv(out / "results.csv", [_row(f) for f in found])
+            write_json(out / "summary.json", summary)
+            lines.append(f"results: {out}/<dataset>/<task>/seed_<k>/<method>.json, {csv_path}, "
+                         f"{out / 'summary.json'}")
+            for d in datasets:
+                path = _figure(out, d, found)
+                if path is not None:
+                    lines.append(f"figure: {path}")
+        progress.echo("\n".join(lines))
+    return 0
