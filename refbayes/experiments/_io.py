@@ -30,7 +30,7 @@ from tqdm import tqdm
 from refbayes import __version__
 from refbayes._files import publish
 
-__all__ = ["Progress", "ResultFileError", "atomic_write_text", "format_table", "git_commit",
+__all__ = ["Progress", "ResultFileError", "atomic_write_text", "format_table", "git_commit", "pyplot",
            "load_result", "output_writable", "positive_int", "provenance", "read_json", "reusable", "seed_arg",
            "sha256_arrays", "writable_error", "write_json"]
 
@@ -333,6 +333,20 @@ def writable_error(folder: Path):
     except OSError as err:
         return f"cannot write in {existing} ({err.strerror or err})"
     return None
+
+
+def pyplot():
+    """matplotlib.pyplot on the Agg backend, or None (with a note on stderr) when matplotlib, the
+    ``plot`` extra, is not installed: the experiments then skip their figures."""
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("figures skipped: matplotlib is not installed (pip install 'refbayes[plot]')",
+              file=sys.stderr)
+        return None
+    return plt
 
 
 def format_table(header: list[str], rows: list[list]) -> str:

@@ -69,13 +69,14 @@ from refbayes import metrics
 from refbayes.datasets import data_identity, load_digits, load_mnist_subset
 from refbayes.experiments import calibration_methods
 from refbayes.experiments._io import (
-    Progress,
-    ResultFileError,
     atomic_write_text,
     load_result,
     output_writable,
     positive_int,
+    Progress,
     provenance,
+    pyplot,
+    ResultFileError,
     reusable,
     write_json,
 )
@@ -494,13 +495,8 @@ def _heading(dataset, found, seeds) -> str:
 
 def _figure(out, dataset, found):
     """reliability_<dataset>.png: one panel per method with results on the main task."""
-    try:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        print("figures skipped: matplotlib is not installed (pip install 'refbayes[plot]')",
-              file=sys.stderr)
+    plt = pyplot()
+    if plt is None:
         return None
     panels = []
     for name in calibration_methods.METHODS:

@@ -49,7 +49,6 @@ import argparse
 import csv
 import io
 import json
-import sys
 import time
 from pathlib import Path
 
@@ -58,13 +57,14 @@ from scipy.optimize import minimize
 
 from refbayes import metrics
 from refbayes.experiments._io import (
-    Progress,
     atomic_write_text,
     format_table,
     load_result,
     output_writable,
     positive_int,
+    Progress,
     provenance,
+    pyplot,
     reusable,
     seed_arg,
     sha256_arrays,
@@ -481,13 +481,8 @@ def _write_csv(out, saved_c) -> Path:
 
 
 def _figures(out, saved) -> list:
-    try:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        print("figures skipped: matplotlib is not installed (pip install 'refbayes[plot]')",
-              file=sys.stderr)
+    plt = pyplot()
+    if plt is None:
         return []
     paths = []
     if "a" in saved:

@@ -28,6 +28,7 @@ from refbayes.experiments._io import (
     format_table,
     output_writable,
     provenance,
+    pyplot,
     seed_arg,
     sha256_arrays,
     write_json,
@@ -120,12 +121,8 @@ def _lowrank_checks(F, lam, L):
 
 
 def _figure(rows, out: Path):
-    try:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        print("matplotlib is not installed (pip install refbayes[plot]): no figure written", file=sys.stderr)
+    plt = pyplot()
+    if plt is None:
         return None
     names = [r["check"] for r in rows]
     errs = [max(r["error"], 1e-18) for r in rows]

@@ -50,14 +50,15 @@ from refbayes.datasets import (
     random_split,
 )
 from refbayes.experiments._io import (
-    Progress,
-    ResultFileError,
     atomic_write_text,
     format_table,
     load_result,
     output_writable,
     positive_int,
+    Progress,
     provenance,
+    pyplot,
+    ResultFileError,
     reusable,
     seed_arg,
     sha256_arrays,
@@ -472,13 +473,8 @@ def _table(name, rows, methods):
 
 
 def _figures(out, name, states, curves_by_run, methods):
-    try:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        print("figures skipped: matplotlib is not installed (pip install 'refbayes[plot]')",
-              file=sys.stderr)
+    plt = pyplot()
+    if plt is None:
         return []
     paths = []
     panels = [("exact VI", np.asarray(next(iter(states.values()))["exact_vi"]["Sigma"]))]

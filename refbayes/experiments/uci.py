@@ -70,14 +70,15 @@ from refbayes.datasets import data_identity, fit_standardizer, validation_split
 from refbayes.datasets.uci import UCI_NAMES, load_uci, uci_n_splits, uci_split_files
 from refbayes.experiments import uci_methods
 from refbayes.experiments._io import (
-    Progress,
-    ResultFileError,
     atomic_write_text,
     format_table,
     load_result,
     output_writable,
     positive_int,
+    Progress,
     provenance,
+    pyplot,
+    ResultFileError,
     reusable,
     seed_arg,
     write_json,
@@ -528,13 +529,8 @@ def _table(dataset, summaries, published) -> str:
 
 
 def _figure(plan, summaries, published):
-    try:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        print("figures skipped: matplotlib is not installed (pip install 'refbayes[plot]')",
-              file=sys.stderr)
+    plt = pyplot()
+    if plt is None:
         return None
     out, dataset = plan.out, plan.dataset
     pub = [r for r in published if r["dataset"] == dataset]
