@@ -69,14 +69,14 @@ from refbayes import metrics
 from refbayes.datasets import data_identity, load_digits, load_mnist_subset
 from refbayes.experiments import calibration_methods
 from refbayes.experiments._io import (
+    Progress,
+    ResultFileError,
     atomic_write_text,
     load_result,
     output_writable,
     positive_int,
-    Progress,
     provenance,
     pyplot,
-    ResultFileError,
     reusable,
     write_json,
 )

@@ -57,12 +57,12 @@ from scipy.optimize import minimize
 
 from refbayes import metrics
 from refbayes.experiments._io import (
+    Progress,
     atomic_write_text,
     format_table,
     load_result,
     output_writable,
     positive_int,
-    Progress,
     provenance,
     pyplot,
     reusable,

@@ -50,15 +50,15 @@ from refbayes.datasets import (
     random_split,
 )
 from refbayes.experiments._io import (
+    Progress,
+    ResultFileError,
     atomic_write_text,
     format_table,
     load_result,
     output_writable,
     positive_int,
-    Progress,
     provenance,
     pyplot,
-    ResultFileError,
     reusable,
     seed_arg,
     sha256_arrays,

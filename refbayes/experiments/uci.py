@@ -70,15 +70,15 @@ from refbayes.datasets import data_identity, fit_standardizer, validation_split
 from refbayes.datasets.uci import UCI_NAMES, load_uci, uci_n_splits, uci_split_files
 from refbayes.experiments import uci_methods
 from refbayes.experiments._io import (
+    Progress,
+    ResultFileError,
     atomic_write_text,
     format_table,
     load_result,
     output_writable,
     positive_int,
-    Progress,
     provenance,
     pyplot,
-    ResultFileError,
     reusable,
     seed_arg,
     write_json,
