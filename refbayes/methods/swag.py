@@ -36,7 +36,6 @@ from __future__ import annotations
 import math
 from typing import Any, NamedTuple
 
-import numpy as np
 
 from refbayes._checks import (
     check_array,
@@ -46,7 +45,7 @@ from refbayes._checks import (
     check_positive,
     check_same_dtype,
 )
-from refbayes.backend import xp_of
+from refbayes.backend import linalg_of, xp_of
 from refbayes.methods._estimates import (
     Batch,
     check_batch,
@@ -704,7 +703,9 @@ def log_density(state: SWAGState, theta, cfg: SWAGConfig, *, low_rank: bool = Tr
     With Sigma = scale (Lambda + V V^T), Lambda = Sigma_diag, V = D_hat / sqrt(K' - 1) and
     C = I + V^T Lambda^{-1} V (K' x K', Cholesky R): log det Sigma = D log scale +
     sum log Lambda + log det C, and r^T Sigma^{-1} r = (r^T Lambda^{-1} r - |R^{-1} V^T
-    Lambda^{-1} r|^2) / scale.  (swag.11)  O(D K'^2) time, O(D K') memory.
+    Lambda^{-1} r|^2) / scale.  (swag.11)  O(D K'^2) time, O(D K') memory.  (linalg.lowrank
+    has the same identities for U U^T + diag(d) but requires rank <= D; here K' may exceed a
+    small model's D.)
 
     Parameters
     ----------
@@ -749,16 +750,9 @@ def log_density(state: SWAGState, theta, cfg: SWAGConfig, *, low_rank: bool = Tr
         V = deviations(state) / math.sqrt(Kp - 1)
         C = xp.eye(Kp, dtype=V.dtype) + V.T @ (V / lam[:, None])
         R = xp.linalg.cholesky(C)
-        u = _solve_lower(xp, R, V.T @ Lr)
+        u = linalg_of(xp).solve_triangular(R, V.T @ Lr, lower=True)
         quad = quad - xp.sum(u * u, axis=0)
         logdet = logdet + 2 * xp.sum(xp.log(xp.diag(R)))
     out = -0.5 * (D * math.log(2 * math.pi) + logdet + quad / scale)          # (swag.11)
     return float(out[0]) if theta.ndim == 1 else out
 
-
-def _solve_lower(xp, R, B):
-    if xp is np:
-        from scipy.linalg import solve_triangular
-    else:  # pragma: no cover - needs CuPy
-        from cupyx.scipy.linalg import solve_triangular
-    return solve_triangular(R, B, lower=True)
