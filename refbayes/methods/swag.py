@@ -36,7 +36,6 @@ from __future__ import annotations
 import math
 from typing import Any, NamedTuple
 
-
 from refbayes._checks import (
     check_array,
     check_float,
