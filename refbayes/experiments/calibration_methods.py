@@ -48,7 +48,8 @@ The settings and the reasons for them are in derivations/calibration_experiment.
   length-scale is set so that the weight prior precision of (mc_dropout.4) equals the shared
   lam: l^2 = lam (1 - p) (biases then get l^2 = 0.9 lam).
 - vogn: alpha 1e-3, raw momentum 0.9, beta2 0.01 (the UCI benchmark's VOGN), one draw per
-  step, squared per-example gradients, s_0 = 1 / N (initial sd 1 / sqrt(1 + lam)), tau = rho = 1.
+  step, squared per-example gradients, s_0 = 100 / N (initial sd 1 / sqrt(100 + lam), about
+  0.1), tau = rho = 1.
 """
 from __future__ import annotations
 
