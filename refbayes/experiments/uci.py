@@ -43,10 +43,14 @@ not recomputed; otherwise, or when the file is damaged, the run stops (ValueErro
 file) unless ``fresh``. The commit is provenance only, not compared (see _io). ``<method>/<dataset>/summary.{csv,json}`` (per
 split and mean +- s.e.), ``summary.{csv,json}`` over everything under ``out``, and the figure
 ``<dataset>_splits.png`` (per-split test RMSE / LL beside the published mean +- spread). The
-published numbers are package data: refbayes/experiments/published/uci.csv (with citations).
+published numbers are package data: refbayes/experiments/published/uci.csv (with citations);
+a published method that was not run is listed in parentheses, e.g. "(noisy_kfac)", and a figure
+the source does not print (an empty cell) shows as "-".
 
 Budgets: the full one is each method's ``defaults`` (SLANG: the official 120 epochs, M = 10,
-S = 4 / 2, 20 test draws, a 3 x 3 grid; MAP: 120 epochs, M = 32, a 6 x 3 grid). ``quick``:
+S = 4 / 2, 20 test draws, a 3 x 3 grid; MAP: 120 epochs, M = 32, a 6 x 3 grid; Vadam: the
+official 40 epochs, M = 32 / 128, S = 10 / 5, 100 test draws, a 5 x 3 grid; Noisy Adam: 1000
+epochs, M = 10 / 100, S = 10, 100 test draws, 7 noise precisions). ``quick``:
 each method's ``quick`` overrides (SLANG 5 epochs, 10 test draws; MAP 20 epochs) and a 2-point
 grid: a smoke test of a few seconds per split on the small sets, not comparable with papers.
 """
@@ -414,8 +418,10 @@ def _plan(method, dataset, splits=None, quick=False, out=Path("results/uci"), fr
     A saved split is reused when its settings, data checksums and refbayes version match;
     otherwise (or when it is damaged) ValueError naming the file, unless ``fresh``.
     """
+    method = uci_methods.canonical_name(method)  # 'noisy-adam' and 'noisy_adam' alike
     if method not in uci_methods.METHODS:
-        raise ValueError(f"method: expected one of {', '.join(uci_methods.METHODS)}, got {method!r}")
+        raise ValueError(f"method: expected one of {', '.join(uci_methods.METHODS)} (hyphens or "
+                         f"underscores), got {method!r}")
     if dataset not in DATASETS:
         raise ValueError(f"dataset: expected one of {', '.join(DATASETS)}, got {dataset!r}")
     spec = uci_methods.METHODS[method]
@@ -481,14 +487,31 @@ def run(method: str, dataset: str, splits=None, quick: bool = False, out=Path("r
 
 # ----------------------------------------------------------------------------- published
 
+_NUMBERS = ("rmse", "rmse_pm", "ll", "ll_pm")
+
+
 def load_published() -> list[dict]:
-    """The rows of refbayes/experiments/published/uci.csv (comment lines '#' skipped)."""
+    """The rows of refbayes/experiments/published/uci.csv (comment lines '#' skipped).
+
+    Each row: dataset, method, pm, source, the numbers rmse, rmse_pm, ll, ll_pm as floats (None
+    where the source prints no figure: an empty cell, a metric and its spread together), and
+    ``digits``: the decimals each number is printed with in the file (the table shows them so).
+    """
     text = resources.files("refbayes.experiments").joinpath("published/uci.csv").read_text("utf-8")
     lines = [line for line in text.splitlines() if line.strip() and not line.startswith("#")]
     rows = []
     for r in csv.DictReader(lines):
+        cells = {k: r[k].strip() for k in _NUMBERS}
+        where = f"published/uci.csv row {r['dataset']},{r['method']}"
+        for key in ("rmse", "ll"):
+            if (cells[key] == "") != (cells[key + "_pm"] == ""):
+                raise ValueError(f"{where}: {key} and {key}_pm must be both given or both empty")
+        if cells["ll"] == "" and cells["rmse"] == "":
+            raise ValueError(f"{where}: no figure (rmse and ll both empty)")
         rows.append({"dataset": r["dataset"], "method": r["method"], "pm": r["pm"],
-                     "source": r["source"], **{k: float(r[k]) for k in ("rmse", "rmse_pm", "ll", "ll_pm")}})
+                     "source": r["source"],
+                     **{k: (None if v == "" else float(v)) for k, v in cells.items()},
+                     "digits": {k: len(v.partition(".")[2]) for k, v in cells.items()}})
     return rows
 
 
@@ -499,7 +522,12 @@ def _fmt(mean, se, digits=3):
 
 
 def _fmt_pub(row, key):
-    return f"{row[key]:.2f} +- {row[key + '_pm']:.2f}" + (" (sd)" if row["pm"] == "sd" else "")
+    """The published figure as printed in its source (same decimals); '-' where it has none."""
+    if row[key] is None:
+        return "-"
+    d, d_pm = row["digits"][key], row["digits"][key + "_pm"]
+    return (f"{row[key]:.{d}f} +- {row[key + '_pm']:.{d_pm}f}"
+            + (" (sd)" if row["pm"] == "sd" else ""))
 
 
 def _head(dataset) -> str:
@@ -541,6 +569,8 @@ def _figure(plan, summaries, published):
     colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
     for ax, key, label in zip(axes, ("rmse", "ll"), ("test RMSE", "test log-likelihood")):
         for j, r in enumerate(pub):
+            if r[key] is None:  # the source prints no figure for this metric
+                continue
             c = colors[(j + len(summaries)) % len(colors)]
             ax.axhline(r[key], color=c, lw=1, ls="--",
                        label=f"published {r['method']} ({r['source']})")
@@ -565,7 +595,9 @@ def _figure(plan, summaries, published):
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--method", required=True, choices=(*uci_methods.METHODS, "all"),
-                        help="method of the registry refbayes.experiments.uci_methods, or all")
+                        type=uci_methods.canonical_name,
+                        help="method of the registry refbayes.experiments.uci_methods, or all "
+                             "(hyphens or underscores: noisy-adam = noisy_adam)")
     parser.add_argument("--dataset", required=True, choices=(*DATASETS, "all"),
                         help="UCI dataset, or all (nine)")
     parser.add_argument("--splits", type=_argtype(parse_splits), default=None,

@@ -420,3 +420,152 @@ def test_complete_read_only_results_still_print_their_table(data_dir, tmp_path, 
                                          if not line.startswith("figure:")]
     assert f"{tmp_path} is not writable" in captured.err and "not updated" in captured.err
     assert {p: p.stat().st_mtime_ns for p in tmp_path.rglob("*") if p.is_file()} == mtimes
+
+
+# ----------------------------------------------------------------------------- method names, Vadam, Noisy Adam
+
+def test_method_names_accept_hyphens_and_underscores(data_dir, tmp_path, capsys):
+    for name in uci_methods.METHODS:
+        assert uci_methods.canonical_name(name.replace("_", "-")) == name
+        assert uci_methods.canonical_name(name) == name
+    args = ["--dataset", DATASET, "--splits", "0", "--quick", "--epochs", 1, "--out", tmp_path,
+            "--data-dir", data_dir]
+    assert _reproduce("--method", "mc-dropout", *args) == 0
+    assert capsys.readouterr().out.count("\nmc_dropout ") == 1  # the canonical name in the table
+    path = tmp_path / "mc_dropout" / DATASET / "split_0.json"
+    mtime = path.stat().st_mtime_ns
+    assert _reproduce("--method", "mc_dropout", *args) == 0  # the same run: loaded, not redone
+    assert path.stat().st_mtime_ns == mtime
+    summary = uci.run("noisy-adam", DATASET, [0], quick=True, out=tmp_path, data_dir=data_dir,
+                      epochs=1, progress=False)
+    assert summary["method"] == "noisy_adam" and (tmp_path / "noisy_adam" / DATASET).is_dir()
+    capsys.readouterr()
+    assert _reproduce("--method", "not-a-method", *args) == 2
+    assert "invalid choice: 'not_a_method'" in capsys.readouterr().err
+    with pytest.raises(ValueError, match="hyphens or underscores"):
+        uci.run("not-a-method", DATASET, [0], out=tmp_path, data_dir=data_dir)
+
+
+# The issue's table (Khan et al. 2018 for BBVI and Vadam, Zhang et al. 2018 for Noisy Adam and
+# Noisy K-FAC): test log-likelihood, mean +- s.e.; dataset -> method -> (LL, s.e.)
+ISSUE_LL = {
+    "boston": {"bbvi": (-2.73, 0.05), "vadam": (-2.85, 0.07), "noisy_adam": (-2.558, 0.032),
+               "noisy_kfac": (-2.417, 0.029)},
+    "concrete": {"bbvi": (-3.24, 0.02), "vadam": (-3.39, 0.02), "noisy_adam": (-3.145, 0.023),
+                 "noisy_kfac": (-3.039, 0.025)},
+    "energy": {"bbvi": (-2.47, 0.02), "vadam": (-2.15, 0.07), "noisy_adam": (-1.629, 0.020),
+               "noisy_kfac": (-1.421, 0.005)},
+    "power": {"bbvi": (-2.88, 0.01), "vadam": (-2.88, 0.01), "noisy_adam": (-2.803, 0.010),
+              "noisy_kfac": (-2.776, 0.011)},
+}
+SOURCE = {"bbvi": "khan2018-table1", "vadam": "khan2018-table1",
+          "noisy_adam": "zhang2018-table2", "noisy_kfac": "zhang2018-table2"}
+
+
+def test_published_log_likelihoods_of_vadam_noisy_adam_and_noisy_kfac():
+    rows = uci.load_published()
+    got = {(r["dataset"], r["method"]): r for r in rows}
+    for d, methods in ISSUE_LL.items():
+        for m, (ll, se) in methods.items():
+            r = got[(d, m)]
+            assert (r["ll"], r["ll_pm"], r["pm"], r["source"]) == (ll, se, "se", SOURCE[m]), (d, m)
+            assert r["rmse"] is None and r["rmse_pm"] is None  # not transcribed, not guessed
+    assert {m for (_, m) in got if m in SOURCE} == set(SOURCE)
+    assert {d for (d, m) in got if m in SOURCE} == set(ISSUE_LL)
+    # printed with the source's decimals; a published-only method in parentheses, RMSE "-"
+    table = uci._table("boston", [], rows)
+    line = next(x for x in table.splitlines() if x.startswith("(noisy_kfac)"))
+    assert "-2.417 +- 0.029" in line and "zhang2018-table2" in line and "nan" not in line
+    assert line.split()[5] == "-"  # published RMSE column
+    assert "-2.85 +- 0.07" in next(x for x in table.splitlines() if x.startswith("(vadam)"))
+    assert "-2.46 +- 0.06" in table  # the older rows keep their two decimals
+
+
+def test_published_rows_need_a_metric_and_its_spread(monkeypatch):
+    header = "dataset,method,rmse,rmse_pm,ll,ll_pm,pm,source\n"
+
+    class _Files:
+        def __init__(self, text):
+            self.text = text
+
+        def joinpath(self, _):
+            return self
+
+        def read_text(self, _):
+            return self.text
+
+    for body, match in [("boston,x,,,-2.5,,se,s\n", "ll and ll_pm must be both given"),
+                        ("boston,x,,,,,se,s\n", "no figure")]:
+        monkeypatch.setattr(uci.resources, "files", lambda _, b=body: _Files(header + b))
+        with pytest.raises(ValueError, match=match):
+            uci.load_published()
+
+
+def test_vadam_and_noisy_adam_settings():
+    vadam_spec, noisy = uci_methods.METHODS["vadam"], uci_methods.METHODS["noisy_adam"]
+    small = uci_methods.resolve(vadam_spec, "boston")
+    assert {k: small.settings[k] for k in ("epochs", "M", "S_train", "S_test", "lr", "adam_beta1",
+                                           "adam_beta2", "squares")} == {
+        "epochs": 40, "M": 32, "S_train": 10, "S_test": 100, "lr": 0.01, "adam_beta1": 0.9,
+        "adam_beta2": 0.99, "squares": "minibatch"}
+    for d in ("kin8nm", "naval", "power", "wine"):
+        large = uci_methods.resolve(vadam_spec, d).settings
+        assert (large["M"], large["S_train"]) == (128, 5), d
+    # the official BO boxes, log-spaced: log tau in (0, 5) ((1, 5)), log lam in (-4, 4) ((-3, 4))
+    assert np.allclose(np.log(small.grid["noise_precision"]), np.linspace(0, 5, 5), atol=5e-3)
+    assert np.allclose(np.log(small.grid["prior_precision"]), [-4, 0, 4], atol=5e-3)
+    naval = uci_methods.resolve(vadam_spec, "naval").grid
+    assert np.allclose(np.log(naval["noise_precision"]), np.linspace(1, 5, 5), atol=5e-3)
+    assert np.allclose(np.log(naval["prior_precision"]), [-3, 0.5, 4], atol=5e-3)
+    full = uci_methods.resolve(noisy, "boston").settings
+    assert (full["epochs"], full["M"], full["lr"], full["beta2"], full["lr_decay_every"]) == \
+        (1000, 10, 0.01, 0.999, 500)
+    for d in uci.DATASETS:
+        M = uci_methods.resolve(noisy, d).settings["M"]
+        assert M == (100 if d in ("kin8nm", "naval", "power", "protein") else 10), d
+    with pytest.raises(ValueError, match="squares: expected one of"):
+        bad = noisy._replace(defaults={**noisy.defaults, "squares": "both"})
+        uci_methods.resolve(bad, "boston")
+
+
+def _toy(seed=0):
+    from refbayes.models import MLP
+    rng = np.random.default_rng(seed)
+    X, y = rng.standard_normal((40, 3)), rng.standard_normal(40)
+    return MLP([3, 5, 1], "relu", "gaussian", noise_precision=4.0), X, y
+
+
+def test_vadam_fit_is_the_official_optimizer_configuration():
+    from refbayes.methods import driver, vadam
+    spec = uci_methods.METHODS["vadam"]
+    model, X, y = _toy()
+    hyper = {**spec.defaults, "prior_precision": 3.0, "noise_precision": 4.0}
+    post = spec.fit(model, X, y, hyper, np.random.default_rng(1), 3, 8, lambda n: None)
+    rng = np.random.default_rng(1)
+    # Vadam(lr 0.01, betas (0.9, 0.99), prior_prec 3 on every parameter, prec_init = prior_prec)
+    cfg = vadam.VadamConfig(40, 3.0, alpha=0.01, beta1=0.9, beta2=0.99)
+    state = driver.run(vadam.init(model.init_theta(rng)), cfg, model, X, y, rng=rng, epochs=3,
+                       M=8, S=10)
+    eps = np.random.default_rng(2).standard_normal((model.D, 4))
+    assert_close(post.sample(eps), vadam.sample(state, eps, cfg), EXACT_F64, "Vadam draws")
+
+
+def test_noisy_adam_fit_decays_alpha_and_the_curvature_weight():
+    from refbayes.methods import driver, noisy_adam
+    spec = uci_methods.METHODS["noisy_adam"]
+    model, X, y = _toy()
+    hyper = {**spec.defaults, "noise_precision": 4.0, "lr_decay_every": 2}
+    post = spec.fit(model, X, y, hyper, np.random.default_rng(1), 3, 8, lambda n: None)
+    rng = np.random.default_rng(1)
+    cfg = noisy_adam.NoisyAdamConfig(40, 1.0, alpha=0.01, beta1=0.9, beta2=0.999,
+                                     squares="per_example")
+    state = noisy_adam.init(model.init_theta(rng), 1.0)
+    state = driver.run(state, cfg, model, X, y, rng=rng, epochs=2, M=8, S=10)
+    decayed = cfg._replace(alpha=0.001, beta2=1 - 1e-4)  # x 0.1 after 2 epochs
+    state = driver.run(state, decayed, model, X, y, rng=rng, epochs=1, M=8, S=10)
+    eps = np.random.default_rng(2).standard_normal((model.D, 4))
+    assert_close(post.sample(eps), noisy_adam.sample(state, eps, cfg), EXACT_F64,
+                 "Noisy Adam draws after the decay")
+    undecayed = spec.fit(model, X, y, {**hyper, "lr_decay_ratio": 1.0}, np.random.default_rng(1),
+                         3, 8, lambda n: None)
+    assert not np.allclose(undecayed.sample(eps), post.sample(eps))  # the decay is visible
