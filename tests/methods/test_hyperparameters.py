@@ -33,6 +33,7 @@ from refbayes.methods import (
     mc_dropout,
     ngvi,
     noisy_adam,
+    noisy_kfac,
     riemannian_laplace,
     slang,
     swag,
@@ -86,6 +87,7 @@ BASE = {
     adam.MAPConfig: adam.MAPConfig(N, 0.5),
     laplace.LaplaceConfig: laplace.LaplaceConfig(1.0),
     riemannian_laplace.RiemannianLaplaceConfig: riemannian_laplace.RiemannianLaplaceConfig(),
+    noisy_kfac.NoisyKFACConfig: noisy_kfac.NoisyKFACConfig(N),
     swag.SGDConfig: swag.SGDConfig(N, 0.5),
     swag.SWAGConfig: swag.SWAGConfig(K=2),
 }
@@ -101,6 +103,7 @@ _MCD0 = mc_dropout.init(THETA)
 _MAP0 = adam.init(np.zeros(D))
 _RL_GRAD = lambda th: MODEL.grad(th, X, Y) + th  # noqa: E731  (L = summed loss + |theta|^2 / 2)
 _RL_HVP = lambda th, u: MODEL.hvp(th, u, X, Y) + u  # noqa: E731
+_NKFAC0 = noisy_kfac.init(THETA, NET)
 _SGD0 = swag.sgd_init(np.zeros(D))
 _SWAG0 = swag.collect(swag.collect(swag.init(X[0], swag.SWAGConfig(K=2)), X[0],
                                    swag.SWAGConfig(K=2))[0], X[1], swag.SWAGConfig(K=2))[0]
@@ -155,6 +158,12 @@ CONSUMERS = {
         "exp_map": lambda c: riemannian_laplace.exp_map(np.zeros(D), EPS[:, 0].copy(), _RL_GRAD,
                                                         _RL_HVP, c),
         "sample": lambda c: riemannian_laplace.sample(np.zeros(D), EPS, _RL_GRAD, _RL_HVP, c),
+    },
+    noisy_kfac.NoisyKFACConfig: {
+        "step": lambda c: noisy_kfac.step(_NKFAC0, (X[:M], Y[:M]), np.ones((NET.D, 1)), c, NET),
+        "sample": lambda c: noisy_kfac.sample(_NKFAC0, np.ones((NET.D, 1)), c, NET),
+        "dense_covariance": lambda c: noisy_kfac.dense_covariance(_NKFAC0, c, NET),
+        "gamma_in": lambda c: noisy_kfac.gamma_in(c),
     },
     swag.SGDConfig: {
         "sgd_step": lambda c: swag.sgd_step(_SGD0, BATCH, None, c, MODEL),

@@ -1,0 +1,481 @@
+"""Noisy K-FAC (Zhang, Sun, Duvenaud and Grosse 2018, "Noisy Natural Gradient as Variational
+Inference", arXiv:1712.02390, Algorithm 2) and K-FAC (Martens and Grosse 2015) as its
+noise-free case.
+
+Implements (noisy_kfac.2)-(noisy_kfac.9) and (noisy_kfac.11) of derivations/noisy_kfac.md
+(the KL clipping (noisy_kfac.10) is not implemented yet).
+Symbols: mu (D,) the mean; m (D,) the momentum buffer; per layer l, with a~ the layer input with
+a 1 appended (bias) and s its pre-activation, A_l (n_in + 1, n_in + 1) and S_l (n_out, n_out) the
+running Kronecker factors, A_ref, S_ref the factors as of the last refresh (every T_inv steps);
+eta the prior VARIANCE, lambda = kl_weight, gamma_in = lambda / (N eta) the intrinsic damping,
+gamma = gamma_in + gamma_ex the damping of the mean's preconditioner; eps (D, S) the caller's
+standard-normal draws in the flat layout (eps = None: K-FAC, the gradient at mu).
+
+Scaling: V = (1/(M S)) sum_s sum_{i in B} grad l_i(w_s) + gamma_in mean_s w_s is per-example
+(noisy_kfac.8): M and S enter as means, N only through gamma_in and the covariance
+(lambda / N) (...)^{-1} (noisy_kfac.6). The factor statistics are per-example means
+(noisy_kfac.3), taken at the step's draws (the official code takes them at a fresh draw after
+the step: derivations/noisy_kfac.md, C1).
+
+One step (t -> t + 1):
+    w_s  = mu + Sigma^{1/2} eps_s from A_ref, S_ref                       (noisy_kfac.6)-(noisy_kfac.7)
+    V    = mean gradient at the draws + gamma_in w                         (noisy_kfac.8)
+    P_l  = damped K-FAC solve of V_l with A_ref, S_ref and gamma           (noisy_kfac.9)
+    m    <- momentum m + P;  mu <- mu - alpha m                            (noisy_kfac.11)
+    every T_stats steps: A, S <- (1 - beta) (A, S) + beta (A_hat, S_hat)   (noisy_kfac.3)-(noisy_kfac.4)
+    every T_inv steps:   A_ref, S_ref <- A, S
+"""
+from __future__ import annotations
+
+import math
+from typing import Any, NamedTuple
+
+from refbayes._checks import check_array, check_float, check_in_range, check_int, check_positive
+from refbayes.backend import xp_of
+from refbayes.linalg import kron
+from refbayes.methods._estimates import Batch, check_batch, check_model, check_N, check_t
+
+__all__ = ["CURVATURES", "DAMPINGS", "Batch", "NoisyKFACConfig", "NoisyKFACInfo",
+           "NoisyKFACState", "dense_covariance", "gamma_in", "init", "layer_slices", "sample",
+           "step"]
+
+Array = Any
+CURVATURES = ("ggn", "ef", "mc")
+DAMPINGS = ("factored", "exact")
+
+
+class NoisyKFACConfig(NamedTuple):
+    """Noisy K-FAC hyperparameters.
+
+    Attributes
+    ----------
+    N : int
+        Training-set size N >= 1.  (noisy_kfac.2)
+    eta : float
+        Prior VARIANCE eta > 0, p(w) = N(0, eta I) (the paper's and the official eta).
+        (noisy_kfac.1)
+    kl_weight : float
+        KL weight lambda > 0.  (noisy_kfac.1)
+    alpha : float
+        Step size alpha > 0.  (noisy_kfac.11)
+    beta : float
+        Weight of the new factor statistics in (0, 1] (official 1 - cov_ema_decay).
+        (noisy_kfac.4)
+    momentum : float
+        Momentum in [0, 1).  (noisy_kfac.11)
+    gamma_ex : float
+        Extrinsic damping >= 0 of the mean's preconditioner.  (noisy_kfac.9)
+    T_stats : int
+        Factor statistics every T_stats >= 1 steps.  (noisy_kfac.4)
+    T_inv : int
+        Refresh of the factors used by the solve and the sampler every T_inv >= 1 steps.
+        (noisy_kfac.6), (noisy_kfac.9)
+    damping : {"factored", "exact"}
+        K-FAC's factored Tikhonov damping (official) or the exact A kron S + gamma I.
+        (noisy_kfac.5)
+    curvature : {"ggn", "ef", "mc"}
+        Output factor from the GGN, the empirical Fisher, or the caller's sampled labels.
+        (noisy_kfac.3)
+    """
+    N: int                     # training-set size (noisy_kfac.2)
+    eta: float = 1.0           # prior VARIANCE > 0 (noisy_kfac.1)
+    kl_weight: float = 1.0     # lambda > 0 (noisy_kfac.1)
+    alpha: float = 1e-3        # step size (noisy_kfac.11)
+    beta: float = 1e-2         # weight of the new statistics, in (0, 1] (noisy_kfac.4)
+    momentum: float = 0.9      # in [0, 1) (noisy_kfac.11)
+    gamma_ex: float = 0.0      # extrinsic damping >= 0 (noisy_kfac.9)
+    T_stats: int = 1           # statistics every T_stats steps (noisy_kfac.4)
+    T_inv: int = 1             # refresh every T_inv steps (noisy_kfac.6), (noisy_kfac.9)
+    damping: str = "factored"  # "factored" | "exact" (noisy_kfac.5)
+    curvature: str = "ggn"     # "ggn" | "ef" | "mc" (noisy_kfac.3)
+
+
+class NoisyKFACState(NamedTuple):
+    """Noisy K-FAC state after t steps.
+
+    Attributes
+    ----------
+    mu : array of shape (D,)
+        Mean.  (noisy_kfac.11)
+    m : array of shape (D,)
+        Momentum buffer.  (noisy_kfac.11)
+    A : tuple of arrays
+        Running input factors A_l (n_in + 1, n_in + 1), one per layer.  (noisy_kfac.4)
+    S : tuple of arrays
+        Running output factors S_l (n_out, n_out), one per layer.  (noisy_kfac.4)
+    A_ref : tuple of arrays
+        The input factors as of the last refresh.  (noisy_kfac.6)
+    S_ref : tuple of arrays
+        The output factors as of the last refresh.  (noisy_kfac.6)
+    t : int
+        Number of steps taken.
+    """
+    mu: Array       # mean, (D,), (noisy_kfac.11)
+    m: Array        # momentum buffer, (D,), (noisy_kfac.11)
+    A: tuple        # running A_l, (n_in + 1, n_in + 1) each (noisy_kfac.4)
+    S: tuple        # running S_l, (n_out, n_out) each (noisy_kfac.4)
+    A_ref: tuple    # A_l as of the last refresh (noisy_kfac.6)
+    S_ref: tuple    # S_l as of the last refresh (noisy_kfac.6)
+    t: int          # steps taken
+
+
+class NoisyKFACInfo(NamedTuple):
+    """The named intermediates of one Noisy K-FAC step, by equation.
+
+    Attributes
+    ----------
+    w : array of shape (D, S)
+        Draws (the mean as one column for K-FAC).  (noisy_kfac.7)
+    V : array of shape (D,)
+        Per-example gradient at the draws plus gamma_in w.  (noisy_kfac.8)
+    P : array of shape (D,)
+        Preconditioned gradient.  (noisy_kfac.9)
+    m : array of shape (D,)
+        New momentum buffer.  (noisy_kfac.11)
+    mu : array of shape (D,)
+        New mean.  (noisy_kfac.11)
+    A_hat : tuple of arrays or None
+        Minibatch input statistics (None when not updated this step).  (noisy_kfac.3)
+    S_hat : tuple of arrays or None
+        Minibatch output statistics (None when not updated this step).  (noisy_kfac.3)
+    """
+    w: Array       # draws, (D, S) (noisy_kfac.7)
+    V: Array       # gradient at the draws + gamma_in w, (D,) (noisy_kfac.8)
+    P: Array       # preconditioned gradient, (D,) (noisy_kfac.9)
+    m: Array       # new momentum buffer, (D,) (noisy_kfac.11)
+    mu: Array      # new mean, (D,) (noisy_kfac.11)
+    A_hat: Any     # minibatch input statistics, or None (noisy_kfac.3)
+    S_hat: Any     # minibatch output statistics, or None (noisy_kfac.3)
+
+
+def layer_slices(model) -> list:
+    """(start, stop, n_in~, n_out) of each layer's [W_l; b_l^T] block in the flat theta.
+
+    Parameters
+    ----------
+    model : FlatModel
+        The network.
+
+    Returns
+    -------
+    list of tuple
+        One (start, stop, n_in + bias, n_out) per layer, in layer order.
+
+    Raises
+    ------
+    ValueError
+        If model is not a FlatModel.
+    """
+    check_model(model)
+    out, stop = [], 0
+    for n_in, n_out in zip(model.sizes[:-1], model.sizes[1:]):
+        n_in = n_in + (1 if model.bias else 0)
+        start, stop = stop, stop + n_in * n_out
+        out.append((start, stop, n_in, n_out))
+    return out
+
+
+def gamma_in(cfg: NoisyKFACConfig) -> float:
+    """The intrinsic damping lambda / (N eta).
+
+    (noisy_kfac.2)
+
+    Parameters
+    ----------
+    cfg : NoisyKFACConfig
+        The hyperparameters.
+
+    Returns
+    -------
+    float
+        The value kl_weight / (N eta).
+
+    Raises
+    ------
+    ValueError
+        If cfg is not a valid NoisyKFACConfig.
+    """
+    return _check_config(cfg)["gamma_in"]
+
+
+def _check_config(cfg) -> dict:
+    if not isinstance(cfg, NoisyKFACConfig):
+        raise ValueError(f"cfg: expected a NoisyKFACConfig, got {type(cfg).__name__}")
+    N = check_N(cfg.N)
+    eta = float(check_positive(cfg.eta, "cfg.eta"))
+    lam = float(check_positive(cfg.kl_weight, "cfg.kl_weight"))
+    alpha = float(check_positive(cfg.alpha, "cfg.alpha"))
+    beta = check_in_range(cfg.beta, "cfg.beta", 0.0, 1.0, low_open=True)
+    momentum = check_in_range(cfg.momentum, "cfg.momentum", 0.0, 1.0, high_open=True)
+    gamma_ex = check_in_range(cfg.gamma_ex, "cfg.gamma_ex", 0.0, math.inf, high_open=True)
+    T_stats = check_int(cfg.T_stats, "cfg.T_stats", low=1)
+    T_inv = check_int(cfg.T_inv, "cfg.T_inv", low=1)
+    if cfg.damping not in DAMPINGS:
+        raise ValueError(f"cfg.damping: expected one of {DAMPINGS}, got {cfg.damping!r}")
+    if cfg.curvature not in CURVATURES:
+        raise ValueError(f"cfg.curvature: expected one of {CURVATURES}, got {cfg.curvature!r}")
+    g_in = lam / (N * eta)                                                   # (noisy_kfac.2)
+    return {"N": N, "lam": lam, "alpha": alpha, "beta": beta, "momentum": momentum,
+            "gamma_in": g_in, "gamma": g_in + gamma_ex, "T_stats": T_stats, "T_inv": T_inv}
+
+
+def init(mu, model) -> NoisyKFACState:
+    """Create the initial state at mu: zero momentum, every factor the identity, t = 0.
+
+    Identity factors are the official start (the covariance variables start at I).
+
+    Parameters
+    ----------
+    mu : array of shape (D,)
+        Initial mean.
+    model : FlatModel
+        The network with D parameters.
+
+    Returns
+    -------
+    NoisyKFACState
+        The state.
+
+    Raises
+    ------
+    ValueError
+        If mu is not a finite float (D,) array or model is not a FlatModel with D parameters.
+    """
+    check_array(mu, "mu", ndim=1)
+    check_float(mu, "mu")
+    check_model(model, mu.shape[0])
+    xp = xp_of(mu)
+    A = tuple(xp.eye(n_in, dtype=mu.dtype) for _, _, n_in, _ in layer_slices(model))
+    S = tuple(xp.eye(n_out, dtype=mu.dtype) for _, _, _, n_out in layer_slices(model))
+    return NoisyKFACState(mu, xp.zeros_like(mu), A, S, A, S, 0)
+
+
+def _check_state(state, model) -> list:
+    if not isinstance(state, NoisyKFACState):
+        raise ValueError(f"state: expected a NoisyKFACState, got {type(state).__name__}")
+    check_array(state.mu, "state.mu", ndim=1)
+    check_float(state.mu, "state.mu")
+    D = state.mu.shape[0]
+    check_model(model, D)
+    check_array(state.m, "state.m", shape=(D,))
+    check_t(state.t)
+    blocks = layer_slices(model)
+    for name in ("A", "S", "A_ref", "S_ref"):
+        factors = getattr(state, name)
+        if not isinstance(factors, tuple) or len(factors) != len(blocks):
+            raise ValueError(f"state.{name}: expected a tuple of {len(blocks)} factors, got "
+                             f"{type(factors).__name__}")
+        for l, (F, (_, _, n_in, n_out)) in enumerate(zip(factors, blocks)):
+            n = n_in if name.startswith("A") else n_out
+            check_array(F, f"state.{name}[{l}]", shape=(n, n))
+            if F.dtype != state.mu.dtype:
+                raise ValueError(f"state.{name}[{l}]: expected dtype {state.mu.dtype}, got "
+                                 f"{F.dtype}")
+    return blocks
+
+
+def _sample_blocks(state, eps, blocks, c, damping):
+    """The draws w (D, S): per layer (noisy_kfac.6)-(noisy_kfac.7)."""
+    xp = xp_of(state.mu, eps)
+    S = eps.shape[1]
+    d = math.sqrt(c["gamma_in"])
+    scale = math.sqrt(c["lam"] / c["N"])
+    out = []
+    for (start, stop, n_in, n_out), A, Sf in zip(blocks, state.A_ref, state.S_ref):
+        E = eps[start:stop].reshape(n_in, n_out, S)
+        M = state.mu[start:stop].reshape(n_in, n_out)
+        if damping == "factored":
+            pi = float(kron.factored_damping_pi(A, Sf))
+            A_g = A + (pi * d) * xp.eye(n_in, dtype=A.dtype)                  # (noisy_kfac.5)
+            S_g = Sf + (d / pi) * xp.eye(n_out, dtype=Sf.dtype)               # (noisy_kfac.5)
+            Z = kron.sample(xp.zeros_like(M), A_g, S_g, E)                    # (noisy_kfac.6)
+        else:
+            Q_A, Q_S, Lam = kron.damped_eigh(A, Sf, c["gamma_in"])            # (noisy_kfac.5)
+            Z = xp.einsum("ia,abs,jb->ijs", Q_A, E / xp.sqrt(Lam)[:, :, None], Q_S)  # (noisy_kfac.6)
+        out.append((M[:, :, None] + scale * Z).reshape(stop - start, S))      # (noisy_kfac.7)
+    return xp.concatenate(out, axis=0)
+
+
+def sample(state: NoisyKFACState, eps, cfg: NoisyKFACConfig, model):
+    """Draw w = mu + Sigma^{1/2} eps from the layerwise matrix-variate normal.
+
+    Sigma_l = (lambda / N) (A + pi sqrt(gamma_in) I)^{-1} kron (S + sqrt(gamma_in) / pi I)^{-1}
+    ("factored") or (lambda / N) (A kron S + gamma_in I)^{-1} ("exact"), from A_ref, S_ref.
+    (noisy_kfac.6)-(noisy_kfac.7)
+
+    Parameters
+    ----------
+    state : NoisyKFACState
+        The state.
+    eps : array of shape (D, S)
+        Standard-normal draws, the flat layout (each layer's block row-major (n_in + 1, n_out)).
+    cfg : NoisyKFACConfig
+        The hyperparameters.
+    model : FlatModel
+        The network.
+
+    Returns
+    -------
+    array of shape (D, S)
+        The draws.
+
+    Raises
+    ------
+    ValueError
+        If state, cfg or model is invalid, or eps is not a finite (D, S >= 1) array of the
+        state's dtype.
+    """
+    c = _check_config(cfg)
+    blocks = _check_state(state, model)
+    _check_eps(eps, state)
+    return _sample_blocks(state, eps, blocks, c, cfg.damping)
+
+
+def _check_eps(eps, state):
+    D = state.mu.shape[0]
+    check_array(eps, "eps", ndim=2)
+    if eps.shape[0] != D or eps.shape[1] < 1:
+        raise ValueError(f"eps: expected shape ({D}, S >= 1), got {tuple(eps.shape)}")
+    if eps.dtype != state.mu.dtype:
+        raise ValueError(f"eps: expected dtype {state.mu.dtype} (the state's), got {eps.dtype}")
+
+
+def dense_covariance(state: NoisyKFACState, cfg: NoisyKFACConfig, model):
+    """Form the block-diagonal covariance of the layerwise matrix-variate normal, for tests.
+
+    (noisy_kfac.6)
+
+    Parameters
+    ----------
+    state : NoisyKFACState
+        The state.
+    cfg : NoisyKFACConfig
+        The hyperparameters.
+    model : FlatModel
+        The network.
+
+    Returns
+    -------
+    array of shape (D, D)
+        The covariance.
+
+    Raises
+    ------
+    ValueError
+        If state, cfg or model is invalid.
+    """
+    c = _check_config(cfg)
+    blocks = _check_state(state, model)
+    xp = xp_of(state.mu)
+    D = state.mu.shape[0]
+    Sigma = xp.zeros((D, D), dtype=state.mu.dtype)
+    for (start, stop, _, _), A, Sf in zip(blocks, state.A_ref, state.S_ref):
+        n = stop - start
+        eye = xp.eye(n, dtype=state.mu.dtype)
+        # columns of the sampling map (identity draws) give Sigma_l^{1/2}; its outer product
+        E = xp.zeros((D, n), dtype=state.mu.dtype)
+        E[start:stop] = eye
+        one = state._replace(mu=xp.zeros_like(state.mu))
+        W = _sample_blocks(one, E, blocks, c, cfg.damping)[start:stop]
+        Sigma[start:stop, start:stop] = W @ W.T                               # (noisy_kfac.6)
+    return Sigma
+
+
+def _precondition(V, state, blocks, c, damping):
+    """P = the damped K-FAC solve of each layer's block of V.  (noisy_kfac.9)"""
+    xp = xp_of(V)
+    out = []
+    for (start, stop, n_in, n_out), A, Sf in zip(blocks, state.A_ref, state.S_ref):
+        X = V[start:stop].reshape(n_in, n_out)
+        if damping == "factored":
+            P = kron.solve_factored(A, Sf, X, c["gamma"])                     # (noisy_kfac.9)
+        else:
+            P = kron.solve(A, Sf, X, damping=c["gamma"])                      # (noisy_kfac.9)
+        out.append(P.reshape(-1))
+    return xp.concatenate(out)
+
+
+def _statistics(model, W, X, y, y_tilde, curvature):
+    """(A_hat, S_hat) per layer, per-example means averaged over the draws.  (noisy_kfac.3)"""
+    M, S = X.shape[0], W.shape[1]
+    A_hat = S_hat = None
+    for s in range(S):
+        if curvature == "mc":
+            pairs = model.kfac_curvature(W[:, s], X, y_tilde[s], "ef")
+        else:
+            pairs = model.kfac_curvature(W[:, s], X, y, curvature)
+        a = [A / S for A, _ in pairs]
+        b = [B / (M * S) for _, B in pairs]                                   # (noisy_kfac.3)
+        A_hat = a if A_hat is None else [x + y_ for x, y_ in zip(A_hat, a)]
+        S_hat = b if S_hat is None else [x + y_ for x, y_ in zip(S_hat, b)]
+    return tuple(A_hat), tuple(S_hat)
+
+
+def step(state: NoisyKFACState, batch, eps, cfg: NoisyKFACConfig, model,
+         y_tilde=None) -> tuple[NoisyKFACState, NoisyKFACInfo]:
+    """Take one Noisy K-FAC step (K-FAC with eps = None).
+
+    (noisy_kfac.3)-(noisy_kfac.9), (noisy_kfac.11); see the module docstring for the order.
+
+    Parameters
+    ----------
+    state : NoisyKFACState
+        Current state.
+    batch : Batch
+        The minibatch rows Batch(X_B (M, n_in), y_B (M,)), 1 <= M <= N.
+    eps : array of shape (D, S) or None
+        Standard-normal draws; None evaluates everything at mu (K-FAC).
+    cfg : NoisyKFACConfig
+        The hyperparameters.
+    model : FlatModel
+        The network with D parameters.
+    y_tilde : array of shape (S, M) or (S, M, n_out), optional
+        Labels sampled from the model's predictive at each draw (S = 1 for K-FAC), required
+        for curvature "mc" and refused otherwise.
+
+    Returns
+    -------
+    state : NoisyKFACState
+        The state after the step, t + 1.
+    info : NoisyKFACInfo
+        The step's intermediates, by equation.
+
+    Raises
+    ------
+    ValueError
+        If state, cfg, model, batch or eps is invalid, or y_tilde is missing for curvature
+        "mc" (or given for another curvature, or of the wrong shape).
+    """
+    c = _check_config(cfg)
+    blocks = _check_state(state, model)
+    X, y, M = check_batch(batch, model, c["N"], state.mu.dtype)
+    xp = xp_of(state.mu, X, y)
+    if eps is None:
+        W = state.mu[:, None]
+    else:
+        _check_eps(eps, state)
+        W = _sample_blocks(state, eps, blocks, c, cfg.damping)                # (noisy_kfac.7)
+    S = W.shape[1]
+    if cfg.curvature == "mc":
+        if y_tilde is None or y_tilde.shape[:2] != (S, M):
+            raise ValueError(f"y_tilde: expected sampled labels of shape ({S}, {M}, ...) for "
+                             "curvature 'mc', got "
+                             f"{None if y_tilde is None else tuple(y_tilde.shape)}")
+    elif y_tilde is not None:
+        raise ValueError(f"y_tilde: only curvature 'mc' uses sampled labels, got curvature "
+                         f"{cfg.curvature!r}")
+    g = sum(model.grad(W[:, s], X, y) for s in range(S)) / (M * S)
+    V = g + c["gamma_in"] * W.mean(axis=1)                                   # (noisy_kfac.8)
+    P = _precondition(V, state, blocks, c, cfg.damping)                       # (noisy_kfac.9)
+    m = c["momentum"] * state.m + P                                           # (noisy_kfac.11)
+    mu = state.mu - c["alpha"] * m                                            # (noisy_kfac.11)
+    t = state.t + 1
+    A, Sf, A_hat, S_hat = state.A, state.S, None, None
+    if t % c["T_stats"] == 0:
+        A_hat, S_hat = _statistics(model, W, X, y, y_tilde, cfg.curvature)   # (noisy_kfac.3)
+        b = c["beta"]
+        A = tuple((1 - b) * F + b * H for F, H in zip(A, A_hat))              # (noisy_kfac.4)
+        Sf = tuple((1 - b) * F + b * H for F, H in zip(Sf, S_hat))            # (noisy_kfac.4)
+    A_ref, S_ref = (A, Sf) if t % c["T_inv"] == 0 else (state.A_ref, state.S_ref)
+    new = NoisyKFACState(mu, m, A, Sf, A_ref, S_ref, t)
+    return new, NoisyKFACInfo(W, V, P, m, mu, A_hat, S_hat)

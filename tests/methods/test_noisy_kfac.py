@@ -1,0 +1,225 @@
+"""Noisy K-FAC / K-FAC (refbayes.methods.noisy_kfac) against dense Kronecker products, a dense
+re-implementation of several steps, and the exact Bayesian linear-regression posterior
+(derivations/noisy_kfac.md)."""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from refbayes.methods import noisy_kfac as nk
+from refbayes.methods._estimates import Batch
+from refbayes.models import MLP
+from tests.tolerances import EXACT_F64, MC_SIGMAS, rel_err
+
+
+def _spd(rng, n):
+    B = rng.standard_normal((n, n))
+    return B @ B.T / n + 0.1 * np.eye(n)
+
+
+def _blr(N=40, p=3, tau=4.0, seed=0):
+    rng = np.random.default_rng(seed)
+    X = rng.standard_normal((N, p))
+    y = X @ rng.standard_normal(p) + rng.standard_normal(N) / math.sqrt(tau)
+    return X, y, MLP([p, 1], "relu", "gaussian", noise_precision=tau)
+
+
+def test_kfac_with_exact_damping_reaches_the_exact_blr_posterior():
+    """(noisy_kfac.2), (noisy_kfac.5): one linear layer with one output, full batch, beta = 1,
+    alpha = 1, no momentum, exact damping: A kron S is the exact per-example GGN, so K-FAC is
+    Newton's method and its fixed point is the exact posterior N(mu*, (tau X~^T X~ + I / eta)^{-1})
+    (mean and the state's covariance), reached at the third step (the first runs with the
+    identity factors, the second with the first refresh). The official factored damping adds
+    cross terms and misses it (by far more than rounding)."""
+    X, y, model = _blr()
+    N, tau, eta = X.shape[0], 4.0, 2.0
+    Xt = np.hstack([X, np.ones((N, 1))])
+    prec = tau * Xt.T @ Xt + np.eye(Xt.shape[1]) / eta
+    mu_star = np.linalg.solve(prec, tau * Xt.T @ y)
+    for damping, exact in (("exact", True), ("factored", False)):
+        cfg = nk.NoisyKFACConfig(N, eta=eta, alpha=1.0, beta=1.0, momentum=0.0, damping=damping)
+        state = nk.init(np.zeros(model.D), model)
+        for _ in range(3):
+            state, _ = nk.step(state, Batch(X, y), None, cfg, model)
+        errs = (rel_err(state.mu, mu_star),
+                rel_err(nk.dense_covariance(state, cfg, model), np.linalg.inv(prec)))
+        if exact:
+            assert max(errs) < EXACT_F64
+        else:
+            assert min(errs) > 1e-4
+
+
+def _state_with_factors(model, rng):
+    state = nk.init(0.3 * rng.standard_normal(model.D), model)
+    A = tuple(_spd(rng, F.shape[0]) for F in state.A)
+    S = tuple(_spd(rng, F.shape[0]) for F in state.S)
+    return state._replace(A=A, S=S, A_ref=A, S_ref=S)
+
+
+def _dense_block_cov(A, S, c_lam_N, gamma_in, damping):
+    if damping == "exact":
+        return c_lam_N * np.linalg.inv(np.kron(A, S) + gamma_in * np.eye(A.shape[0] * S.shape[0]))
+    pi = math.sqrt((np.trace(A) / A.shape[0]) / (np.trace(S) / S.shape[0]))
+    d = math.sqrt(gamma_in)
+    return c_lam_N * np.kron(np.linalg.inv(A + pi * d * np.eye(A.shape[0])),
+                             np.linalg.inv(S + d / pi * np.eye(S.shape[0])))
+
+
+@pytest.mark.parametrize("damping", nk.DAMPINGS)
+def test_sample_is_the_dense_kronecker_covariance(damping):
+    """(noisy_kfac.6)-(noisy_kfac.7): the sampling map (identity draws) has, per layer, the
+    covariance (lambda / N)(A + pi d I)^{-1} kron (S + d / pi I)^{-1} ("factored") or
+    (lambda / N)(A kron S + gamma_in I)^{-1} ("exact"), formed densely with np.kron; and no
+    cross-layer covariance."""
+    rng = np.random.default_rng(1)
+    model = MLP([3, 4, 2], "tanh", "categorical")
+    state = _state_with_factors(model, rng)
+    cfg = nk.NoisyKFACConfig(25, eta=0.5, kl_weight=0.7, damping=damping)
+    W = nk.sample(state, np.eye(model.D), cfg, model) - state.mu[:, None]
+    Sigma = W @ W.T
+    g_in = nk.gamma_in(cfg)
+    assert g_in == pytest.approx(0.7 / (25 * 0.5), rel=1e-15)
+    ref = np.zeros_like(Sigma)
+    for (start, stop, _, _), A, S in zip(nk.layer_slices(model), state.A_ref, state.S_ref):
+        ref[start:stop, start:stop] = _dense_block_cov(A, S, 0.7 / 25, g_in, damping)
+    assert rel_err(Sigma, ref) < EXACT_F64
+    assert rel_err(nk.dense_covariance(state, cfg, model), ref) < EXACT_F64
+
+
+def test_sample_covariance_from_draws():
+    """The covariance of 20,000 draws is within MC_SIGMAS standard deviations of the dense one,
+    entry by entry (Var(C_hat_ij) = (C_ii C_jj + C_ij^2) / S for Gaussian draws, known mean)."""
+    rng = np.random.default_rng(2)
+    model = MLP([2, 2], "tanh", "categorical")
+    state = _state_with_factors(model, rng)
+    cfg = nk.NoisyKFACConfig(10, eta=1.0)
+    C = nk.dense_covariance(state, cfg, model)
+    S = 20000
+    r = nk.sample(state, np.random.default_rng(3).standard_normal((model.D, S)), cfg, model) \
+        - state.mu[:, None]
+    C_hat = r @ r.T / S
+    sd = np.sqrt((np.outer(np.diag(C), np.diag(C)) + C ** 2) / S)
+    assert np.all(np.abs(C_hat - C) <= MC_SIGMAS * sd)
+    assert not np.all(np.abs(C_hat - 2 * C) <= MC_SIGMAS * sd)
+
+
+def _dense_steps(model, state, batches, eps_list, cfg, y_tilde_list):
+    """A dense re-implementation: explicit Kronecker matrices and solves, the statistics from
+    model.kfac_factors (per-example inputs and pre-activation gradients), the draws through the
+    Cholesky sampling map written out."""
+    N, lam, eta = cfg.N, cfg.kl_weight, cfg.eta
+    g_in = lam / (N * eta)
+    gamma = g_in + cfg.gamma_ex
+    blocks = nk.layer_slices(model)
+    mu, m = state.mu.copy(), state.m.copy()
+    A, S = [a.copy() for a in state.A], [s.copy() for s in state.S]
+    A_ref, S_ref = [a.copy() for a in state.A_ref], [s.copy() for s in state.S_ref]
+    for t, ((X, y), eps, y_t) in enumerate(zip(batches, eps_list, y_tilde_list), start=1):
+        M = X.shape[0]
+        W = np.empty((model.D, eps.shape[1]))
+        for (start, stop, n_in, n_out), Af, Sf in zip(blocks, A_ref, S_ref):
+            pi = math.sqrt((np.trace(Af) / n_in) / (np.trace(Sf) / n_out))
+            d = math.sqrt(g_in)
+            LA = np.linalg.cholesky(Af + pi * d * np.eye(n_in))
+            LS = np.linalg.cholesky(Sf + d / pi * np.eye(n_out))
+            # vec_row(L_A^{-T} E L_S^{-1}) = (L_A^{-T} kron L_S^{-T}) vec_row(E)
+            T = np.kron(np.linalg.inv(LA).T, np.linalg.inv(LS).T)
+            W[start:stop] = mu[start:stop, None] + math.sqrt(lam / N) * (T @ eps[start:stop])
+        grads = [model.grad(W[:, s], X, y) for s in range(W.shape[1])]
+        V = np.mean(grads, axis=0) / M + g_in * W.mean(axis=1)
+        P = np.empty(model.D)
+        for (start, stop, n_in, n_out), Af, Sf in zip(blocks, A_ref, S_ref):
+            pi = math.sqrt((np.trace(Af) / n_in) / (np.trace(Sf) / n_out))
+            r = math.sqrt(gamma)
+            K = np.kron(Af + pi * r * np.eye(n_in), Sf + r / pi * np.eye(n_out))
+            P[start:stop] = np.linalg.solve(K, V[start:stop])
+        m = cfg.momentum * m + P
+        mu = mu - cfg.alpha * m
+        if t % cfg.T_stats == 0:
+            for l in range(len(blocks)):
+                Ah = Sh = 0.0
+                for s in range(W.shape[1]):
+                    targets = y_t[s] if cfg.curvature == "mc" else y
+                    layer = model.kfac_factors(W[:, s], X, targets)[l]
+                    a = np.hstack([layer.a, np.ones((M, 1))])
+                    Ah = Ah + a.T @ a / M / W.shape[1]
+                    Sh = Sh + layer.g.T @ layer.g / M / W.shape[1]
+                A[l] = (1 - cfg.beta) * A[l] + cfg.beta * Ah
+                S[l] = (1 - cfg.beta) * S[l] + cfg.beta * Sh
+        if t % cfg.T_inv == 0:
+            A_ref, S_ref = [a.copy() for a in A], [s.copy() for s in S]
+    return mu, m, A, S
+
+
+@pytest.mark.parametrize("T_stats, T_inv, curvature", [(1, 1, "ef"), (2, 3, "ef"),
+                                                       (1, 2, "mc")])
+def test_steps_match_a_dense_reimplementation(T_stats, T_inv, curvature):
+    """Five consecutive steps on an MLP with two hidden layers, S = 2 draws, minibatches of
+    different sizes, factored damping: mean, momentum and factors equal the dense
+    re-implementation; T_stats, T_inv > 1 included; "mc" with the caller's sampled labels."""
+    rng = np.random.default_rng(4)
+    model = MLP([3, 4, 3, 3], "tanh", "categorical")
+    N = 30
+    Xall, yall = rng.standard_normal((N, 3)), rng.integers(0, 3, N)
+    cfg = nk.NoisyKFACConfig(N, eta=0.5, alpha=0.05, beta=0.3, momentum=0.5, gamma_ex=1e-2,
+                             T_stats=T_stats, T_inv=T_inv, curvature=curvature)
+    state = nk.init(model.init_theta(rng), model)
+    sizes = [8, 5, 8, 7, 8]
+    batches, eps_list, y_t = [], [], []
+    start = 0
+    for M in sizes:
+        idx = np.arange(start, start + M) % N
+        start += M
+        batches.append((Xall[idx], yall[idx]))
+        eps_list.append(rng.standard_normal((model.D, 2)))
+        y_t.append(rng.integers(0, 3, (2, M)))
+    s = state
+    for (X, y), eps, yt in zip(batches, eps_list, y_t):
+        s, info = nk.step(s, Batch(X, y), eps, cfg, model,
+                          y_tilde=yt if curvature == "mc" else None)
+    mu, m, A, S = _dense_steps(model, state, batches, eps_list, cfg, y_t)
+    assert rel_err(s.mu, mu) < EXACT_F64 and rel_err(s.m, m) < EXACT_F64
+    for l in range(3):
+        assert rel_err(s.A[l], A[l]) < EXACT_F64 and rel_err(s.S[l], S[l]) < EXACT_F64
+
+
+def test_kfac_is_the_step_at_the_mean():
+    """eps = None evaluates at mu (K-FAC), the same as zero draws."""
+    rng = np.random.default_rng(5)
+    model = MLP([2, 3, 2], "tanh", "categorical")
+    X, y = rng.standard_normal((6, 2)), rng.integers(0, 2, 6)
+    cfg = nk.NoisyKFACConfig(6, alpha=0.1)
+    state = nk.init(model.init_theta(rng), model)
+    a, ia = nk.step(state, Batch(X, y), None, cfg, model)
+    b, _ = nk.step(state, Batch(X, y), np.zeros((model.D, 1)), cfg, model)
+    assert ia.w.shape == (model.D, 1)
+    assert rel_err(a.mu, b.mu) < EXACT_F64
+
+
+def test_bad_input_is_rejected_with_the_argument_named():
+    rng = np.random.default_rng(6)
+    model = MLP([2, 3, 2], "tanh", "categorical")
+    X, y = rng.standard_normal((4, 2)), rng.integers(0, 2, 4)
+    state = nk.init(np.zeros(model.D), model)
+    cfg = nk.NoisyKFACConfig(4)
+    cases = [
+        (lambda: nk.step(state, Batch(X, y), None, cfg._replace(damping="dense"), model),
+         "cfg.damping"),
+        (lambda: nk.step(state, Batch(X, y), None, cfg._replace(curvature="hessian"), model),
+         "cfg.curvature"),
+        (lambda: nk.step(state, Batch(X, y), None, cfg._replace(curvature="mc"), model),
+         "y_tilde"),
+        (lambda: nk.step(state, Batch(X, y), None, cfg, model, y_tilde=np.zeros((1, 4), int)),
+         "y_tilde"),
+        (lambda: nk.step(state, Batch(X, y), np.ones((model.D + 1, 1)), cfg, model), "eps"),
+        (lambda: nk.step(state, Batch(X, y), None, cfg._replace(T_inv=0), model), "cfg.T_inv"),
+        (lambda: nk.step(state, Batch(X, y), None, cfg._replace(beta=0.0), model), "cfg.beta"),
+        (lambda: nk.step(state._replace(A=state.A[:1]), Batch(X, y), None, cfg, model),
+         "state.A"),
+        (lambda: nk.init(np.zeros(model.D + 1), model), "model"),
+    ]
+    for call, name in cases:
+        with pytest.raises(ValueError, match=name):
+            call()
