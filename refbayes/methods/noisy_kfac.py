@@ -2,8 +2,7 @@
 Inference", arXiv:1712.02390, Algorithm 2) and K-FAC (Martens and Grosse 2015) as its
 noise-free case.
 
-Implements (noisy_kfac.2)-(noisy_kfac.9) and (noisy_kfac.11) of derivations/noisy_kfac.md
-(the KL clipping (noisy_kfac.10) is not implemented yet).
+Implements (noisy_kfac.2)-(noisy_kfac.11) of derivations/noisy_kfac.md.
 Symbols: mu (D,) the mean; m (D,) the momentum buffer; per layer l, with a~ the layer input with
 a 1 appended (bias) and s its pre-activation, A_l (n_in + 1, n_in + 1) and S_l (n_out, n_out) the
 running Kronecker factors, A_ref, S_ref the factors as of the last refresh (every T_inv steps);
@@ -21,6 +20,7 @@ One step (t -> t + 1):
     w_s  = mu + Sigma^{1/2} eps_s from A_ref, S_ref                       (noisy_kfac.6)-(noisy_kfac.7)
     V    = mean gradient at the draws + gamma_in w                         (noisy_kfac.8)
     P_l  = damped K-FAC solve of V_l with A_ref, S_ref and gamma           (noisy_kfac.9)
+    P    <- nu P, nu = min(1, sqrt(kl_clip / (alpha^2 <V, P>))) if kl_clip   (noisy_kfac.10)
     m    <- momentum m + P;  mu <- mu - alpha m                            (noisy_kfac.11)
     every T_stats steps: A, S <- (1 - beta) (A, S) + beta (A_hat, S_hat)   (noisy_kfac.3)-(noisy_kfac.4)
     every T_inv steps:   A_ref, S_ref <- A, S
@@ -76,6 +76,9 @@ class NoisyKFACConfig(NamedTuple):
     curvature : {"ggn", "ef", "mc"}
         Output factor from the GGN, the empirical Fisher, or the caller's sampled labels.
         (noisy_kfac.3)
+    kl_clip : float or None
+        KL clipping bound kappa > 0 of the update (official ``kl_clip``), or None for none.
+        (noisy_kfac.10)
     """
     N: int                     # training-set size (noisy_kfac.2)
     eta: float = 1.0           # prior VARIANCE > 0 (noisy_kfac.1)
@@ -88,6 +91,7 @@ class NoisyKFACConfig(NamedTuple):
     T_inv: int = 1             # refresh every T_inv steps (noisy_kfac.6), (noisy_kfac.9)
     damping: str = "factored"  # "factored" | "exact" (noisy_kfac.5)
     curvature: str = "ggn"     # "ggn" | "ef" | "mc" (noisy_kfac.3)
+    kl_clip: Any = None        # kappa > 0 or None (noisy_kfac.10)
 
 
 class NoisyKFACState(NamedTuple):
@@ -138,6 +142,8 @@ class NoisyKFACInfo(NamedTuple):
         Minibatch input statistics (None when not updated this step).  (noisy_kfac.3)
     S_hat : tuple of arrays or None
         Minibatch output statistics (None when not updated this step).  (noisy_kfac.3)
+    nu : float
+        KL-clipping factor applied to P (1 without clipping).  (noisy_kfac.10)
     """
     w: Array       # draws, (D, S) (noisy_kfac.7)
     V: Array       # gradient at the draws + gamma_in w, (D,) (noisy_kfac.8)
@@ -146,6 +152,7 @@ class NoisyKFACInfo(NamedTuple):
     mu: Array      # new mean, (D,) (noisy_kfac.11)
     A_hat: Any     # minibatch input statistics, or None (noisy_kfac.3)
     S_hat: Any     # minibatch output statistics, or None (noisy_kfac.3)
+    nu: float      # KL-clipping factor applied to P, 1 without clipping (noisy_kfac.10)
 
 
 def layer_slices(model) -> list:
@@ -214,8 +221,10 @@ def _check_config(cfg) -> dict:
         raise ValueError(f"cfg.damping: expected one of {DAMPINGS}, got {cfg.damping!r}")
     if cfg.curvature not in CURVATURES:
         raise ValueError(f"cfg.curvature: expected one of {CURVATURES}, got {cfg.curvature!r}")
+    kl_clip = None if cfg.kl_clip is None else check_in_range(
+        cfg.kl_clip, "cfg.kl_clip", 0.0, math.inf, low_open=True, high_open=True)
     g_in = lam / (N * eta)                                                   # (noisy_kfac.2)
-    return {"N": N, "lam": lam, "alpha": alpha, "beta": beta, "momentum": momentum,
+    return {"kl_clip": kl_clip, "N": N, "lam": lam, "alpha": alpha, "beta": beta, "momentum": momentum,
             "gamma_in": g_in, "gamma": g_in + gamma_ex, "T_stats": T_stats, "T_inv": T_inv}
 
 
@@ -467,6 +476,12 @@ def step(state: NoisyKFACState, batch, eps, cfg: NoisyKFACConfig, model,
     g = sum(model.grad(W[:, s], X, y) for s in range(S)) / (M * S)
     V = g + c["gamma_in"] * W.mean(axis=1)                                   # (noisy_kfac.8)
     P = _precondition(V, state, blocks, c, cfg.damping)                       # (noisy_kfac.9)
+    nu = 1.0
+    if c["kl_clip"] is not None:
+        vPv = float(xp.sum(V * P))  # V^T F~^{-1} V >= 0: the damped K-FAC solve is SPD
+        if vPv > 0:
+            nu = min(1.0, math.sqrt(c["kl_clip"] / (c["alpha"] ** 2 * vPv)))  # (noisy_kfac.10)
+        P = nu * P                                                            # (noisy_kfac.10)
     m = c["momentum"] * state.m + P                                           # (noisy_kfac.11)
     mu = state.mu - c["alpha"] * m                                            # (noisy_kfac.11)
     t = state.t + 1
@@ -478,4 +493,4 @@ def step(state: NoisyKFACState, batch, eps, cfg: NoisyKFACConfig, model,
         Sf = tuple((1 - b) * F + b * H for F, H in zip(Sf, S_hat))            # (noisy_kfac.4)
     A_ref, S_ref = (A, Sf) if t % c["T_inv"] == 0 else (state.A_ref, state.S_ref)
     new = NoisyKFACState(mu, m, A, Sf, A_ref, S_ref, t)
-    return new, NoisyKFACInfo(W, V, P, m, mu, A_hat, S_hat)
+    return new, NoisyKFACInfo(W, V, P, m, mu, A_hat, S_hat, nu)

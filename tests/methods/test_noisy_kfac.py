@@ -185,6 +185,31 @@ def test_steps_match_a_dense_reimplementation(T_stats, T_inv, curvature):
         assert rel_err(s.A[l], A[l]) < EXACT_F64 and rel_err(s.S[l], S[l]) < EXACT_F64
 
 
+def test_kl_clipping_bounds_the_update_norm():
+    """(noisy_kfac.10): with kl_clip = kappa, the clipped update alpha nu P has squared K-FAC
+    norm alpha^2 nu^2 <V, P> = kappa when the unclipped one exceeds it (nu < 1), and nu = 1 (the
+    unclipped step) when it does not; the clipped momentum buffer is nu P (momentum from zero)."""
+    rng = np.random.default_rng(7)
+    model = MLP([3, 4, 2], "tanh", "categorical")
+    X, y = rng.standard_normal((10, 3)), rng.integers(0, 2, 10)
+    state = nk.init(model.init_theta(rng), model)
+    base = nk.NoisyKFACConfig(10, alpha=0.5)
+    _, free = nk.step(state, Batch(X, y), None, base, model)
+    norm2 = base.alpha ** 2 * float(free.V @ free.P)
+    for kappa, clipped in ((norm2 / 9, True), (norm2 * 4, False)):
+        new, info = nk.step(state, Batch(X, y), None, base._replace(kl_clip=kappa), model)
+        if clipped:
+            assert info.nu == pytest.approx(1 / 3, rel=1e-12)
+            # the clipped update's squared K-FAC norm alpha^2 nu^2 <V, P_free> is kappa
+            assert base.alpha ** 2 * info.nu ** 2 * float(free.V @ free.P) \
+                == pytest.approx(kappa, rel=1e-12)
+        else:
+            assert info.nu == 1.0
+        assert rel_err(new.m, info.nu * free.P) < EXACT_F64
+    with pytest.raises(ValueError, match="cfg.kl_clip"):
+        nk.step(state, Batch(X, y), None, base._replace(kl_clip=0.0), model)
+
+
 def test_kfac_is_the_step_at_the_mean():
     """eps = None evaluates at mu (K-FAC), the same as zero draws."""
     rng = np.random.default_rng(5)
