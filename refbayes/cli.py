@@ -139,13 +139,16 @@ def _add_trace(sub, load: bool) -> None:
                                      "intermediate by its equation tag",
                        description="One step of METHOD (slang, ngvi-full, ngvi-meanfield) or a "
                                    "short SWAG run (swag) on a small shipped logistic-regression "
-                                   "problem, or the Laplace fit "
+                                   "problem, one Noisy K-FAC step (noisy-kfac; kfac without "
+                                   "noise) of a small MLP on the same data from drawn "
+                                   "non-identity factors, or the Laplace fit "
                                    "(laplace) and its geodesic samples (riemannian-laplace) at a "
                                    "deterministic MAP of a small shipped tanh-MLP regression; "
                                    "prints the problem, the MAP, the draws and every named "
                                    "intermediate under its Algorithm 1 line and equation tag. "
                                    "--json writes them all exactly, to feed another "
-                                   "implementation (laplace-torch, the official RLA code).")
+                                   "implementation (laplace-torch, the official RLA or Noisy "
+                                   "K-FAC code).")
     if not load:  # only `refbayes trace ...` pays for importing the methods
         return
     from refbayes import trace

@@ -1,10 +1,10 @@
 """``refbayes trace METHOD``: one step (or one fit, or a short SWAG run) on a small shipped
 problem, every named intermediate printed under its Algorithm 1 line and equation tag.
 
-The point is verification: another implementation (PyTorch, JAX, laplace-torch, the official RLA
-or SWAG code, ...) is fed the same problem, state and draws, takes one step, and compares its
-intermediates with these, one equation at a time. So everything a step consumes is printed (and,
-with ``--json``, written exactly).
+The point is verification: another implementation (PyTorch, JAX, laplace-torch, the official RLA,
+SWAG or Noisy K-FAC code, ...) is fed the same problem, state and draws, takes one step, and
+compares its intermediates with these, one equation at a time. So everything a step consumes is
+printed (and, with ``--json``, written exactly).
 
 The step methods (slang, ngvi-full, ngvi-meanfield):
 
@@ -86,9 +86,51 @@ after each, then the SWAG Gaussian, its draws and their log density:
   scale 1 (the paper's SWAG-Diagonal, N(theta_SWA, Sigma_diag)). theta_SWA is the last row of
   theta_bar.
 
+Noisy K-FAC and K-FAC (noisy-kfac, kfac), refbayes.methods.noisy_kfac: one ``noisy_kfac.step``,
+K-FAC being the same step with eps = None (everything at the mean, no draws):
+
+- the problem: the step methods' data (``make_logistic_regression(n=50, p=5, seed=0)``), its
+  labels {0, 1} the two classes of ``MLP([5, 4, 2], activation="tanh",
+  likelihood="categorical")``, D = 34 (layer 1: theta[0:24], A_1 (6, 6), S_1 (4, 4); layer 2:
+  theta[24:34], A_2 (5, 5), S_2 (2, 2): every matrix is printed in full), N = 50; the config
+  ``NoisyKFACConfig(N, **NK_CONFIG)``: kl_weight = 0.5 and eta = 0.2 (the prior VARIANCE), so
+  gamma_in = kl_weight / (N eta) = 0.05 differs from each misreading (1 / (N eta), kl_weight / N,
+  eta / N, kl_weight eta / N), gamma_ex = 0.01, alpha = 0.1, beta = 0.2, momentum = 0.9,
+  T_stats = T_inv = 1 (statistics and refresh at this step); damping, curvature and kl_clip from
+  the options (default "factored", "ggn", None; the official code's estimator is "mc", its
+  kl_clip 1e-3);
+- the draws, all from ``rng = numpy.random.default_rng(seed)`` in this order: the mean
+  ``mu = 0.5 * rng.standard_normal(D)``; the momentum buffer
+  ``m = 0.05 * rng.standard_normal(D)`` (about the size of P, so both terms of (noisy_kfac.11)
+  show: a zero buffer hides the first); the factors A_1, A_2, then S_1, S_2, each
+  ``B @ B.T / n + I / 2`` with ``B = rng.standard_normal((n, n))`` (SPD and not the identity:
+  identity factors make the solve and the sampler a scaling with pi = 1, hiding a transposed or
+  swapped factor and the pi split); A_ref = A, S_ref = S (as after a refresh), t = 0; then
+  ``idx = rng.permutation(N)[:M]``; then (noisy-kfac only) ``eps = rng.standard_normal((D, S))``;
+  then (curvature "mc" only) ``u = rng.random((S, M))`` (S = 1 for kfac) and the sampled labels
+  ``y_tilde[s, i] = min(#{c : cumsum(p[s, i])_c <= u[s, i]}, C - 1)`` (the inverse CDF) of the
+  predictive ``p[s] = model.predict(w_s, X_B)`` (softmax) at the step's own draws
+  ``w = noisy_kfac.sample(state, eps, cfg, model)`` (the mean for kfac);
+- the sampling map, so that another implementation reproduces w from eps: per layer, with
+  ``E_s = eps[start:stop, s].reshape(n_in + 1, n_out)`` (row-major) and the mean's block M,
+  "factored": W_s = M + sqrt(kl_weight / N) L_A^{-T} E_s L_S^{-1}, L_A and L_S the lower Cholesky
+  factors of A_ref + pi sqrt(gamma_in) I and S_ref + (sqrt(gamma_in) / pi) I; "exact":
+  W_s = M + sqrt(kl_weight / N) Q_A ((Q_A^T E_s Q_S) / sqrt(Lam)) Q_S^T, the symmetric square
+  root of (A_ref kron S_ref + gamma_in I)^{-1}, Lam[i, j] = lam_A[i] lam_S[j] + gamma_in (unique:
+  the eigenvectors' signs cancel, so any eigensolver reproduces w). The official code's
+  U_c E V_c^T (derivations/noisy_kfac.md) is another square root: the same distribution, other
+  draws for the same E;
+- ``NoisyKFACTraceInfo``: the damping split pi per layer (noisy_kfac.5) (factored damping only),
+  then the ``NoisyKFACInfo`` fields w (noisy_kfac.7), V (noisy_kfac.8), P (noisy_kfac.9) (after
+  the clipping), m and mu (noisy_kfac.11), A_hat and S_hat (noisy_kfac.3), the KL-clipping
+  factor nu (noisy_kfac.10) (1 unless ``--kl-clip`` bounds the step), then the state's new
+  running factors A and S (noisy_kfac.4) (also its new A_ref, S_ref: T_inv = 1). A tuple prints
+  one block per layer, ``A_hat[0]`` being layer 1's.
+
 ``TAGS`` maps every Info field to the Algorithm 1 line and equation tag written in the trailing
 comment of its NamedTuple field (tests/test_trace.py checks that the two agree, and that the
-SWAG trace's tags are those of the swag.SGDInfo, swag.SWAGInfo and swag.SWAGState fields).
+SWAG trace's tags are those of the swag.SGDInfo, swag.SWAGInfo and swag.SWAGState fields and the
+Noisy K-FAC trace's those of the noisy_kfac.NoisyKFACInfo and NoisyKFACState fields).
 """
 from __future__ import annotations
 
@@ -106,21 +148,24 @@ from refbayes._checks import check_in_range, check_int
 from refbayes.datasets import make_logistic_regression
 from refbayes.experiments._io import atomic_write_text
 from refbayes.linalg import kron, lowrank
-from refbayes.methods import laplace, ngvi, riemannian_laplace, slang, swag
+from refbayes.methods import laplace, ngvi, noisy_kfac, riemannian_laplace, slang, swag
 from refbayes.methods._estimates import Batch, check_curvature
 from refbayes.methods.driver import epoch_batches
 from refbayes.models import MLP, LogisticRegression
 
-__all__ = ["LAPLACE_METHODS", "METHODS", "STEP_METHODS", "SWAG_METHODS", "TAGS", "LaplaceInfo",
-           "LaplaceTraceInputs", "MAPResult", "RiemannianLaplaceInfo", "SWAGTraceInfo",
-           "SWAGTraceInputs", "TraceInputs", "add_arguments", "find_map", "format_trace",
-           "format_values", "make_inputs", "make_laplace_inputs", "make_swag_inputs", "run",
-           "step", "tag_label", "to_json", "trace_laplace", "trace_swag"]
+__all__ = ["KFAC_METHODS", "LAPLACE_METHODS", "METHODS", "STEP_METHODS", "SWAG_METHODS", "TAGS",
+           "LaplaceInfo", "LaplaceTraceInputs", "MAPResult", "NoisyKFACTraceInfo",
+           "NoisyKFACTraceInputs", "RiemannianLaplaceInfo", "SWAGTraceInfo", "SWAGTraceInputs",
+           "TraceInputs", "add_arguments", "find_map", "format_trace", "format_values",
+           "make_inputs", "make_laplace_inputs", "make_noisy_kfac_inputs", "make_swag_inputs",
+           "run", "step", "tag_label", "to_json", "trace_laplace", "trace_noisy_kfac",
+           "trace_swag"]
 
 STEP_METHODS = ("slang", "ngvi-full", "ngvi-meanfield")
 LAPLACE_METHODS = ("laplace", "riemannian-laplace")
 SWAG_METHODS = ("swag",)
-METHODS = STEP_METHODS + LAPLACE_METHODS + SWAG_METHODS
+KFAC_METHODS = ("noisy-kfac", "kfac")  # kfac: noisy_kfac.step with eps = None
+METHODS = STEP_METHODS + LAPLACE_METHODS + SWAG_METHODS + KFAC_METHODS
 
 # The shipped problem.
 N_ROWS = 50
@@ -150,6 +195,16 @@ RTOL_MIN = 100 * float(np.finfo(np.float64).eps)
 # decay, and SWAG-Diagonal at the paper's scale.
 SWAG_LAM = 1.0
 SWAG_DIAG_SCALE = 1.0
+
+# The Noisy K-FAC trace (module docstring): the step methods' data as two classes of a small
+# tanh MLP, and a config in which every hyperparameter is distinct from 1 and from the others'
+# misreadings (gamma_in = 0.5 / (50 * 0.2) = 0.05).
+NK_SIZES = (N_FEATURES, 4, 2)
+NK_ACTIVATION = "tanh"
+NK_CONFIG = {"eta": 0.2, "kl_weight": 0.5, "alpha": 0.1, "beta": 0.2, "momentum": 0.9,
+             "gamma_ex": 0.01, "T_stats": 1, "T_inv": 1}
+NK_MEAN_SCALE = 0.5       # mu = NK_MEAN_SCALE * rng.standard_normal(D)
+NK_MOMENTUM_SCALE = 0.05  # m = NK_MOMENTUM_SCALE * rng.standard_normal(D): about |P|'s entries
 
 # Info field -> (Algorithm 1 line or None, equation tag), in the Info field order: the trailing
 # comments of SLANGInfo, ngvi.FullInfo and ngvi.MeanFieldInfo, transcribed.
@@ -238,7 +293,23 @@ TAGS: dict[str, dict[str, tuple[str | None, str]]] = {
         "theta_s_diag": (None, "(swag.7)"),
         "log_q_diag": (None, "(swag.11)"),
     },
+    # the trailing comments of NoisyKFACTraceInfo below: pi, then those of noisy_kfac.NoisyKFACInfo
+    # (w .. nu) and noisy_kfac.NoisyKFACState (A, S); kfac is the same step with eps = None
+    "noisy-kfac": {
+        "pi": (None, "(noisy_kfac.5)"),
+        "w": (None, "(noisy_kfac.7)"),
+        "V": (None, "(noisy_kfac.8)"),
+        "P": (None, "(noisy_kfac.9)"),
+        "m": (None, "(noisy_kfac.11)"),
+        "mu": (None, "(noisy_kfac.11)"),
+        "A_hat": (None, "(noisy_kfac.3)"),
+        "S_hat": (None, "(noisy_kfac.3)"),
+        "nu": (None, "(noisy_kfac.10)"),
+        "A": (None, "(noisy_kfac.4)"),
+        "S": (None, "(noisy_kfac.4)"),
+    },
 }
+TAGS["kfac"] = dict(TAGS["noisy-kfac"])
 
 STEPS = {"slang": slang.step, "ngvi-full": ngvi.step_full, "ngvi-meanfield": ngvi.step_meanfield}
 
@@ -374,7 +445,8 @@ class TraceInputs(NamedTuple):
 # method -> the function that builds its inputs
 _BUILDER = {**dict.fromkeys(STEP_METHODS, "make_inputs"),
             **dict.fromkeys(LAPLACE_METHODS, "make_laplace_inputs"),
-            **dict.fromkeys(SWAG_METHODS, "make_swag_inputs")}
+            **dict.fromkeys(SWAG_METHODS, "make_swag_inputs"),
+            **dict.fromkeys(KFAC_METHODS, "make_noisy_kfac_inputs")}
 
 
 def _check_method(method) -> str:
@@ -993,12 +1065,228 @@ def trace_swag(inputs: SWAGTraceInputs) -> SWAGTraceInfo:
         log_q_diag=swag.log_density(state, theta_s_diag, diag, low_rank=False))
 
 
+# ----------------------------------------------------------------------------- Noisy K-FAC
+
+class NoisyKFACTraceInfo(NamedTuple):
+    """The named intermediates of ``refbayes trace noisy-kfac`` (and ``kfac``), as printed.
+
+    The fields w .. nu are those of ``noisy_kfac.NoisyKFACInfo``; A and S are the new state's.
+
+    Attributes
+    ----------
+    pi : array of shape (L,) or None
+        The factored-damping split sqrt((tr A_ref / (n_in + 1)) / (tr S_ref / n_out)) of each
+        layer, used by the sampler and the solve; None for damping "exact".  (noisy_kfac.5)
+    w : array of shape (D, S)
+        The draws (K-FAC: the mean as one column).  (noisy_kfac.7)
+    V : array of shape (D,)
+        Per-example gradient at the draws plus gamma_in w.  (noisy_kfac.8)
+    P : array of shape (D,)
+        Preconditioned gradient.  (noisy_kfac.9)
+    m : array of shape (D,)
+        New momentum buffer.  (noisy_kfac.11)
+    mu : array of shape (D,)
+        New mean.  (noisy_kfac.11)
+    A_hat : tuple of arrays
+        Minibatch input statistics, (n_in + 1, n_in + 1) per layer.  (noisy_kfac.3)
+    S_hat : tuple of arrays
+        Minibatch output statistics, (n_out, n_out) per layer.  (noisy_kfac.3)
+    nu : float
+        KL-clipping factor min(1, sqrt(kl_clip / (alpha^2 <V, P>))) already applied to P
+        (1 without clipping).  (noisy_kfac.10)
+    A : tuple of arrays
+        The running input factors after the step (also the new A_ref: T_inv = 1).
+        (noisy_kfac.4)
+    S : tuple of arrays
+        The running output factors after the step (also the new S_ref).  (noisy_kfac.4)
+    """
+    pi: Any      # damping split per layer, (L,), or None for exact damping (noisy_kfac.5)
+    w: Any       # draws, (D, S) (noisy_kfac.7)
+    V: Any       # gradient at the draws + gamma_in w, (D,) (noisy_kfac.8)
+    P: Any       # preconditioned gradient, (D,) (noisy_kfac.9)
+    m: Any       # new momentum buffer, (D,) (noisy_kfac.11)
+    mu: Any      # new mean, (D,) (noisy_kfac.11)
+    A_hat: Any   # minibatch input statistics, per layer (noisy_kfac.3)
+    S_hat: Any   # minibatch output statistics, per layer (noisy_kfac.3)
+    nu: Any      # KL-clipping factor applied to P, 1 without clipping (noisy_kfac.10)
+    A: Any       # running A_l after the step, (n_in + 1, n_in + 1) each (noisy_kfac.4)
+    S: Any       # running S_l after the step, (n_out, n_out) each (noisy_kfac.4)
+
+
+class NoisyKFACTraceInputs(NamedTuple):
+    """Everything one traced Noisy K-FAC (or K-FAC) step consumes, and how it was drawn.
+
+    Attributes
+    ----------
+    method : str
+        "noisy-kfac" or "kfac".
+    seed : int
+        Seed of numpy.random.default_rng, the only source of the draws.
+    model : MLP
+        ``MLP([5, 4, 2], activation="tanh", likelihood="categorical")``, D = 34.
+    X : numpy.ndarray of shape (N, N_FEATURES)
+        The shipped training set.
+    y : numpy.ndarray of shape (N,)
+        Class labels in {0, 1} (float).
+    idx : numpy.ndarray of shape (M,)
+        Minibatch rows, rng.permutation(N)[:M].
+    eps : numpy.ndarray of shape (D, S) or None
+        Standard-normal draws; None for kfac.
+    u : numpy.ndarray of shape (S, M) or None
+        Uniform draws of the sampled labels (curvature "mc"), else None.
+    probs : numpy.ndarray of shape (S, M, C) or None
+        The predictive p[s] = model.predict(w_s, X_B) the labels are drawn from, else None.
+    y_tilde : numpy.ndarray of shape (S, M) or None
+        The sampled labels (int64), the inverse CDF of probs at u, else None.
+    state : NoisyKFACState
+        The starting state.
+    cfg : NoisyKFACConfig
+        The step's config.
+    """
+    method: str       # "noisy-kfac" | "kfac"
+    seed: int         # of numpy.random.default_rng, the only source of the draws
+    model: Any        # MLP([5, 4, 2], "tanh", "categorical"), D = 34
+    X: np.ndarray     # (N, N_FEATURES) the shipped training set
+    y: np.ndarray     # (N,) class labels in {0, 1}
+    idx: np.ndarray   # (M,) minibatch rows, rng.permutation(N)[:M]
+    eps: Any          # (D, S) standard-normal draws, or None for kfac
+    u: Any            # (S, M) uniforms of the sampled labels, or None
+    probs: Any        # (S, M, C) the predictive at the draws, or None
+    y_tilde: Any      # (S, M) sampled labels, or None
+    state: Any        # NoisyKFACState
+    cfg: Any          # NoisyKFACConfig
+
+    @property
+    def batch(self) -> Batch:
+        return Batch(self.X[self.idx], self.y[self.idx])
+
+
+def _spd_factor(rng, n: int) -> np.ndarray:
+    """B B^T / n + I / 2 with B = rng.standard_normal((n, n)): SPD, eigenvalues >= 1/2."""
+    B = rng.standard_normal((n, n))
+    return B @ B.T / n + 0.5 * np.eye(n)
+
+
+def _sampled_labels(probs, u):
+    """y[s, i] = min(#{c : cumsum(probs[s, i])_c <= u[s, i]}, C - 1): the inverse CDF."""
+    C = probs.shape[-1]
+    count = np.sum(np.cumsum(probs, axis=-1) <= u[..., None], axis=-1)
+    return np.minimum(count, C - 1).astype(np.int64)
+
+
+def make_noisy_kfac_inputs(method: str, *, seed: int = 0, M: int = 8, S: int | None = None,
+                           curvature: str = "ggn", damping: str = "factored",
+                           kl_clip: float | None = None) -> NoisyKFACTraceInputs:
+    """Build the problem, the starting state and the draws of one traced Noisy K-FAC step.
+
+    The draws are made in the module docstring's order; kfac draws no eps and takes S = 1.
+
+    Parameters
+    ----------
+    method : {"noisy-kfac", "kfac"}
+        The traced step (kfac: eps = None).
+    seed : int, default 0
+        Seed of ``numpy.random.default_rng``.
+    M : int, default 8
+        Minibatch rows, in [1, N].
+    S : int or None, default None
+        Draws of the weights, >= 1 (None: 2); kfac draws none and takes None or 1.
+    curvature : {"ggn", "ef", "mc"}, default "ggn"
+        Output-factor statistics; "mc" draws the sampled labels.
+    damping : {"factored", "exact"}, default "factored"
+        The damping of the sampler and the solve.
+    kl_clip : float or None, default None
+        The KL-clipping bound kappa > 0 (noisy_kfac.10), or None for no clipping.
+
+    Returns
+    -------
+    NoisyKFACTraceInputs
+        The problem, state, config and draws.
+
+    Raises
+    ------
+    ValueError
+        If method is not noisy-kfac or kfac, or an option is outside its range.
+    """
+    method = _check_method(method)
+    if method not in KFAC_METHODS:
+        raise ValueError(f"method: make_noisy_kfac_inputs traces {', '.join(KFAC_METHODS)}; "
+                         f"use {_BUILDER[method]} for {method!r}")
+    seed = check_int(seed, "seed", low=0)
+    N = N_ROWS
+    M = check_int(M, "M", low=1, high=N)
+    if method == "kfac":
+        if S not in (None, 1):
+            raise ValueError(f"S: kfac draws no weights (eps = None, S = 1), got {S!r}")
+        S = 1
+    else:
+        S = check_int(2 if S is None else S, "S", low=1)
+    curvature = _one_of(curvature, "curvature", noisy_kfac.CURVATURES, method)
+    damping = _one_of(damping, "damping", noisy_kfac.DAMPINGS, method)
+    if kl_clip is not None:
+        kl_clip = check_in_range(kl_clip, "kl_clip", 0.0, math.inf, low_open=True,
+                                 high_open=True)
+    X, y, _ = make_logistic_regression(N, N_FEATURES, PROBLEM_SEED)
+    model = MLP(list(NK_SIZES), activation=NK_ACTIVATION, likelihood="categorical")
+    cfg = noisy_kfac.NoisyKFACConfig(N, damping=damping, curvature=curvature, kl_clip=kl_clip,
+                                     **NK_CONFIG)
+    blocks = noisy_kfac.layer_slices(model)
+    D = model.D
+
+    rng = np.random.default_rng(seed)
+    mu = NK_MEAN_SCALE * rng.standard_normal(D)
+    m = NK_MOMENTUM_SCALE * rng.standard_normal(D)
+    A = tuple(_spd_factor(rng, n_in) for _, _, n_in, _ in blocks)
+    Sf = tuple(_spd_factor(rng, n_out) for _, _, _, n_out in blocks)
+    idx = epoch_batches(rng, N, M)[0]
+    eps = rng.standard_normal((D, S)) if method == "noisy-kfac" else None
+    state = noisy_kfac.NoisyKFACState(mu, m, A, Sf, A, Sf, 0)
+    u = probs = y_tilde = None
+    if curvature == "mc":
+        u = rng.random((S, M))
+        w = mu[:, None] if eps is None else noisy_kfac.sample(state, eps, cfg, model)
+        X_B = X[idx]
+        probs = np.stack([model.predict(w[:, s], X_B) for s in range(S)])
+        y_tilde = _sampled_labels(probs, u)
+    return NoisyKFACTraceInputs(method, seed, model, X, y, idx, eps, u, probs, y_tilde, state,
+                                cfg)
+
+
+def trace_noisy_kfac(inputs: NoisyKFACTraceInputs) -> NoisyKFACTraceInfo:
+    """Take the traced step by a direct call of ``noisy_kfac.step``, and collect its intermediates.
+
+    pi from ``linalg.kron.factored_damping_pi`` of the state's A_ref, S_ref (factored damping);
+    w .. nu are the step's ``NoisyKFACInfo``; A and S the new state's running factors.
+
+    Parameters
+    ----------
+    inputs : NoisyKFACTraceInputs
+        From ``make_noisy_kfac_inputs``.
+
+    Returns
+    -------
+    NoisyKFACTraceInfo
+        The intermediates, in the printed order.
+    """
+    state, cfg = inputs.state, inputs.cfg
+    new, info = noisy_kfac.step(state, inputs.batch, inputs.eps, cfg, inputs.model,
+                                y_tilde=inputs.y_tilde)
+    pi = None
+    if cfg.damping == "factored":
+        pi = np.array([float(kron.factored_damping_pi(A, S))  # (noisy_kfac.5)
+                       for A, S in zip(state.A_ref, state.S_ref)])
+    return NoisyKFACTraceInfo(pi, *info, A=new.A, S=new.S)
+
+
 def _info(inputs):
-    """The Info of a trace's inputs: the step's Info, or the Laplace or SWAG intermediates."""
+    """The Info of a trace's inputs: the step's Info, or the Laplace, SWAG or Noisy K-FAC
+    intermediates."""
     if isinstance(inputs, LaplaceTraceInputs):
         return trace_laplace(inputs)
     if isinstance(inputs, SWAGTraceInputs):
         return trace_swag(inputs)
+    if isinstance(inputs, NoisyKFACTraceInputs):
+        return trace_noisy_kfac(inputs)
     return step(inputs)[1]
 
 
@@ -1191,16 +1479,99 @@ def _format_swag_trace(inputs: SWAGTraceInputs, info, precision: int) -> str:
     return "\n".join(lines).rstrip() + "\n"
 
 
+def _nk_blocks(label: str, name: str, value, precision: int, full: bool = False) -> list[str]:
+    """The printed block(s) of one value: a tuple (one array per layer) as name[0], name[1], ..."""
+    if isinstance(value, tuple):
+        return [line for l, v in enumerate(value)
+                for line in (_block(label, f"{name}[{l}]", v, precision, full), "")]
+    return [_block(label, name, value, precision, full), ""]
+
+
+def _nk_sampler_line(inputs: NoisyKFACTraceInputs) -> str:
+    if inputs.eps is None:
+        return "sampler: none (kfac: eps = None, w = mu as one column)"
+    head = ("sampler (noisy_kfac.6)-(noisy_kfac.7), per layer from A_ref, S_ref, with "
+            "E_s = eps[start:stop, s].reshape(n_in + 1, n_out) (row-major) and the mean's block "
+            "M: ")
+    if inputs.cfg.damping == "factored":
+        return head + ("W_s = M + sqrt(kl_weight / N) L_A^{-T} E_s L_S^{-1}, L_A, L_S the lower "
+                       "Cholesky factors of A_ref + pi sqrt(gamma_in) I and S_ref + "
+                       "(sqrt(gamma_in) / pi) I")
+    return head + ("W_s = M + sqrt(kl_weight / N) Q_A ((Q_A^T E_s Q_S) / sqrt(Lam)) Q_S^T, the "
+                   "symmetric square root (independent of the eigenvectors' signs), "
+                   "Lam[i, j] = lam_A[i] lam_S[j] + gamma_in")
+
+
+def _nk_draws_line(inputs: NoisyKFACTraceInputs) -> str:
+    D, N, M = inputs.model.D, inputs.X.shape[0], inputs.idx.shape[0]
+    A_shapes = ", ".join(f"A_{l + 1} {F.shape}" for l, F in enumerate(inputs.state.A))
+    S_shapes = ", ".join(f"S_{l + 1} {F.shape}" for l, F in enumerate(inputs.state.S))
+    parts = [f"mu = {NK_MEAN_SCALE!r} * rng.standard_normal({D})",
+             f"m = {NK_MOMENTUM_SCALE!r} * rng.standard_normal({D})",
+             (f"{A_shapes}, then {S_shapes}, each B @ B.T / n + I / 2 with "
+              "B = rng.standard_normal((n, n))"),
+             f"idx = rng.permutation({N})[:{M}]"]
+    if inputs.eps is not None:
+        parts.append(f"eps = rng.standard_normal({inputs.eps.shape})")
+    if inputs.u is not None:
+        parts.append(f"u = rng.random({inputs.u.shape}), then y_tilde[s, i] = "
+                     "min(#{c : cumsum(probs[s, i])_c <= u[s, i]}, C - 1) with "
+                     "probs[s] = model.predict(w_s, batch.X) at the step's draws w")
+    return f"rng = numpy.random.default_rng({inputs.seed}), in order: " + "; ".join(parts)
+
+
+def _format_noisy_kfac_trace(inputs: NoisyKFACTraceInputs, info, precision: int) -> str:
+    method, cfg, state, model = inputs.method, inputs.cfg, inputs.state, inputs.model
+    g_in = noisy_kfac.gamma_in(cfg)
+    layers = "; ".join(f"layer {l + 1}: theta[{a}:{b}], A_{l + 1} ({n}, {n}), "
+                       f"S_{l + 1} ({k}, {k})"
+                       for l, (a, b, n, k) in enumerate(noisy_kfac.layer_slices(model)))
+    what = ("eps = None: K-FAC, everything at the mean" if inputs.eps is None
+            else "the draws from eps")
+    lines = [
+        f"refbayes trace {method}: one step of refbayes.methods.noisy_kfac.step ({what})",
+        (f"problem: make_logistic_regression(n={N_ROWS}, p={N_FEATURES}, seed={PROBLEM_SEED}) "
+         f"-> X {inputs.X.shape}, y {inputs.y.shape} (labels 0, 1: two classes); {model!r}; "
+         f"D = {model.D}, N = {inputs.X.shape[0]}; {layers}"),
+        (f"config: {cfg!r}; gamma_in = kl_weight / (N eta) = {g_in!r}, "
+         f"gamma = gamma_in + gamma_ex = {g_in + cfg.gamma_ex!r}"),
+        (f"start: NoisyKFACState(mu, m, A, S, A_ref = A, S_ref = S, t = {state.t}); "
+         "the statistics (T_stats = 1) and the refresh (T_inv = 1) happen at this step"),
+        f"draws: {_nk_draws_line(inputs)}",
+        _nk_sampler_line(inputs),
+        "",
+    ]
+    if inputs.eps is None:
+        lines += ["[input] eps: none (kfac: the step at the mean)", ""]
+    batch = inputs.batch
+    rows = [("idx", inputs.idx), ("batch.X", batch.X), ("batch.y", batch.y)]
+    rows += [(name, getattr(inputs, name)) for name in ("eps", "u", "probs", "y_tilde")
+             if getattr(inputs, name) is not None]
+    rows += [("state.mu", state.mu), ("state.m", state.m), ("state.A", state.A),
+             ("state.S", state.S)]
+    for name, value in rows:  # in full, whatever their size: they are to be fed back
+        lines += _nk_blocks("input", name, value, precision, full=True)
+    lines.append(f"{type(info).__name__}, in order (name[l] is layer l + 1's):")
+    for field, value in info._asdict().items():
+        label = tag_label(method, field)
+        if value is None:
+            lines += [f"[{label}] {field}: none (damping {cfg.damping!r} has no split)", ""]
+        else:
+            lines += _nk_blocks(label, field, value, precision)
+    return "\n".join(lines).rstrip() + "\n"
+
+
 def format_trace(inputs, info, precision: int = 8) -> str:
     """Format the printed trace: header, inputs and draws, then one block per Info field.
 
     Parameters
     ----------
-    inputs : TraceInputs or LaplaceTraceInputs or SWAGTraceInputs
-        From ``make_inputs``, ``make_laplace_inputs`` or ``make_swag_inputs``.
+    inputs : TraceInputs or LaplaceTraceInputs or SWAGTraceInputs or NoisyKFACTraceInputs
+        From ``make_inputs``, ``make_laplace_inputs``, ``make_swag_inputs`` or
+        ``make_noisy_kfac_inputs``.
     info : NamedTuple
-        The matching Info (``step(inputs)[1]``, ``trace_laplace(inputs)`` or
-        ``trace_swag(inputs)``).
+        The matching Info (``step(inputs)[1]``, ``trace_laplace(inputs)``,
+        ``trace_swag(inputs)`` or ``trace_noisy_kfac(inputs)``).
     precision : int, default 8
         Digits after the point; 16 round-trips float64.
 
@@ -1213,6 +1584,8 @@ def format_trace(inputs, info, precision: int = 8) -> str:
         return _format_laplace_trace(inputs, info, precision)
     if isinstance(inputs, SWAGTraceInputs):
         return _format_swag_trace(inputs, info, precision)
+    if isinstance(inputs, NoisyKFACTraceInputs):
+        return _format_noisy_kfac_trace(inputs, info, precision)
     method, state = inputs.method, inputs.state
     fn = STEPS[method]
     lines = [
@@ -1242,12 +1615,23 @@ def _jsonable(v):
         return v.tolist()
     if isinstance(v, (np.floating, np.integer)):
         return v.item()
+    if isinstance(v, tuple):  # one array per layer (Noisy K-FAC's factors)
+        return [_jsonable(x) for x in v]
     return v
+
+
+def _json_shape(value):
+    """The shape as a list; per layer for a tuple of arrays; None for a value that is None."""
+    if value is None:
+        return None
+    if isinstance(value, tuple):
+        return [list(np.shape(v)) for v in value]
+    return list(np.shape(value))
 
 
 def _info_json(method: str, info) -> dict:
     return {field: {"line": TAGS[method][field][0], "tag": TAGS[method][field][1],
-                    "shape": list(np.shape(value)), "value": _jsonable(value)}
+                    "shape": _json_shape(value), "value": _jsonable(value)}
             for field, value in info._asdict().items()}
 
 
@@ -1295,6 +1679,27 @@ def _swag_json(inputs: SWAGTraceInputs, info) -> dict:
     }
 
 
+def _noisy_kfac_json(inputs: NoisyKFACTraceInputs, info) -> dict:
+    cfg = inputs.cfg
+    g_in = noisy_kfac.gamma_in(cfg)
+    return {
+        "method": inputs.method,
+        "seed": inputs.seed,
+        "problem": {"generator": "refbayes.datasets.make_logistic_regression",
+                    "n": N_ROWS, "p": N_FEATURES, "seed": PROBLEM_SEED,
+                    "model": {"class": "refbayes.models.MLP", "sizes": list(NK_SIZES),
+                              "activation": NK_ACTIVATION, "likelihood": "categorical"},
+                    "layers": [list(b) for b in noisy_kfac.layer_slices(inputs.model)],
+                    "X": inputs.X.tolist(), "y": inputs.y.tolist()},
+        "config": {k: _jsonable(v) for k, v in cfg._asdict().items()},
+        "derived": {"gamma_in": g_in, "gamma": g_in + cfg.gamma_ex},
+        "draws": {name: _jsonable(getattr(inputs, name))
+                  for name in ("idx", "eps", "u", "probs", "y_tilde")},
+        "state": {k: _jsonable(v) for k, v in inputs.state._asdict().items()},
+        "info": _info_json(inputs.method, info),
+    }
+
+
 def to_json(inputs, info) -> dict:
     """Collect the inputs, draws and every Info field as JSON-ready data.
 
@@ -1303,8 +1708,9 @@ def to_json(inputs, info) -> dict:
 
     Parameters
     ----------
-    inputs : TraceInputs or LaplaceTraceInputs or SWAGTraceInputs
-        From ``make_inputs``, ``make_laplace_inputs`` or ``make_swag_inputs``.
+    inputs : TraceInputs or LaplaceTraceInputs or SWAGTraceInputs or NoisyKFACTraceInputs
+        From ``make_inputs``, ``make_laplace_inputs``, ``make_swag_inputs`` or
+        ``make_noisy_kfac_inputs``.
     info : NamedTuple
         The matching Info.
 
@@ -1313,12 +1719,17 @@ def to_json(inputs, info) -> dict:
     dict
         Keys method, seed, problem, config, draws, info (and state for the step methods;
         ode and map for the Laplace methods). For swag, config holds steps and the sgd, swag
-        and swag_diagonal configs, and draws theta0, idx (T, M), z1 and z2.
+        and swag_diagonal configs, and draws theta0, idx (T, M), z1 and z2. For noisy-kfac and
+        kfac, derived holds gamma_in and gamma, draws idx, eps, u, probs and y_tilde (None
+        where not drawn), the state's factors and the info's tuples are lists with one matrix
+        per layer (their shape a list of shapes), and pi is None for exact damping.
     """
     if isinstance(inputs, LaplaceTraceInputs):
         return _laplace_json(inputs, info)
     if isinstance(inputs, SWAGTraceInputs):
         return _swag_json(inputs, info)
+    if isinstance(inputs, NoisyKFACTraceInputs):
+        return _noisy_kfac_json(inputs, info)
     cfg = {k: _jsonable(v) for k, v in inputs.cfg._asdict().items()}
     return {
         "method": inputs.method,
@@ -1340,9 +1751,10 @@ def to_json(inputs, info) -> dict:
 # so an option given for a method it does not apply to is an error, not ignored.
 OPTIONS: dict[str, dict[str, Any]] = {
     "S": {**dict.fromkeys(STEP_METHODS, 1), **dict.fromkeys(LAPLACE_METHODS, 2),
-          **dict.fromkeys(SWAG_METHODS, 2)},
-    "curvature": {**dict.fromkeys(STEP_METHODS, "ef"), **dict.fromkeys(LAPLACE_METHODS, "ggn")},
-    "M": dict.fromkeys(STEP_METHODS + SWAG_METHODS, 8),
+          **dict.fromkeys(SWAG_METHODS, 2), "noisy-kfac": 2},
+    "curvature": {**dict.fromkeys(STEP_METHODS, "ef"), **dict.fromkeys(LAPLACE_METHODS, "ggn"),
+                  **dict.fromkeys(KFAC_METHODS, "ggn")},
+    "M": dict.fromkeys(STEP_METHODS + SWAG_METHODS + KFAC_METHODS, 8),
     "L": dict.fromkeys(STEP_METHODS, 2),
     "momentum": {**dict.fromkeys(STEP_METHODS, 0.0), **dict.fromkeys(SWAG_METHODS, 0.9)},
     "t": dict.fromkeys(STEP_METHODS, 0),
@@ -1356,6 +1768,8 @@ OPTIONS: dict[str, dict[str, Any]] = {
     "K": dict.fromkeys(SWAG_METHODS, 4),
     "scale": dict.fromkeys(SWAG_METHODS, 0.5),
     "alpha": dict.fromkeys(SWAG_METHODS, 2e-3),
+    "damping": dict.fromkeys(KFAC_METHODS, "factored"),
+    "kl_clip": dict.fromkeys(KFAC_METHODS, None),
 }
 
 
@@ -1371,16 +1785,20 @@ def add_arguments(parser) -> None:
     parser.add_argument("--seed", type=int, default=0, help="seed of the draws (default 0)")
     parser.add_argument("--S", type=int, default=None,
                         help="Monte Carlo draws: samples, and velocities for riemannian-laplace "
-                             "(default 1; laplace, riemannian-laplace, swag: 2)")
+                             "(default 1; laplace, riemannian-laplace, swag, noisy-kfac: 2; "
+                             "kfac draws none)")
     parser.add_argument("--curvature", default=None,
                         help="ngvi: ef (default), hess or exact; slang: ef; laplace, "
-                             "riemannian-laplace: ggn (default), hessian or ef")
+                             "riemannian-laplace: ggn (default), hessian or ef; noisy-kfac, "
+                             "kfac: ggn (default), ef or mc (labels drawn from the predictive, "
+                             "the official estimator)")
     parser.add_argument("--precision", type=int, default=8,
                         help="digits after the point (default 8; 16 round-trips float64)")
     parser.add_argument("--json", metavar="PATH", default=None,
                         help="also write the inputs, draws and every intermediate as JSON")
     step_group = parser.add_argument_group(
-        f"step methods ({', '.join(STEP_METHODS)}); --M and --momentum also swag")
+        f"step methods ({', '.join(STEP_METHODS)}); --M and --momentum also swag, --M also "
+        f"{', '.join(KFAC_METHODS)}")
     step_group.add_argument("--M", type=int, default=None, help="minibatch rows (default 8)")
     step_group.add_argument("--L", type=int, default=None,
                             help="rank of U: SLANG's rank, and the low-rank part of the starting "
@@ -1428,6 +1846,18 @@ def add_arguments(parser) -> None:
     swag_group.add_argument("--alpha", type=float, default=None,
                             help="SGD step size on the summed objective, torch lr = N alpha "
                                  "(default 2e-3: lr 0.1 with N = 50)")
+    nk_group = parser.add_argument_group(
+        f"Noisy K-FAC ({', '.join(KFAC_METHODS)})",
+        "One noisy_kfac.step (kfac: eps = None) on an MLP [5, 4, 2] of the step methods' data, "
+        "from drawn non-identity factors; also --M, --S (noisy-kfac) and --curvature. Problem, "
+        "config, draws, their order and the sampling map are printed, and described in the "
+        "refbayes.trace module docstring.")
+    nk_group.add_argument("--damping", default=None,
+                          help="factored (default, the official K-FAC damping) or exact "
+                               "(A kron S + gamma I)")
+    nk_group.add_argument("--kl-clip", dest="kl_clip", type=float, default=None,
+                          help="KL-clipping bound kappa > 0 of (noisy_kfac.10) (official "
+                               "kl_clip, 1e-3 in its configs; default: no clipping)")
 
 
 def _resolve(args) -> dict:
@@ -1490,6 +1920,8 @@ def run(args) -> int:
         inputs = make_inputs(args.method, seed=args.seed, **opts)
     elif args.method in LAPLACE_METHODS:
         inputs = make_laplace_inputs(args.method, seed=args.seed, **opts)
+    elif args.method in KFAC_METHODS:
+        inputs = make_noisy_kfac_inputs(args.method, seed=args.seed, **opts)
     else:
         inputs = make_swag_inputs(seed=args.seed, **opts)
     info = _info(inputs)

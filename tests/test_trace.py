@@ -17,14 +17,16 @@ from scipy.stats import multivariate_normal
 from refbayes import trace
 from refbayes.cli import main
 from refbayes.datasets import make_logistic_regression
-from refbayes.methods import laplace, ngvi, riemannian_laplace, slang, swag
+from refbayes.linalg import kron
+from refbayes.methods import laplace, ngvi, noisy_kfac, riemannian_laplace, slang, swag
 from refbayes.methods._estimates import Batch
 from refbayes.models import MLP, LogisticRegression
 from tests.tolerances import EXACT_F64, ODE_F64, assert_close
 
 INFO = {"slang": slang.SLANGInfo, "ngvi-full": ngvi.FullInfo, "ngvi-meanfield": ngvi.MeanFieldInfo,
         "laplace": trace.LaplaceInfo, "riemannian-laplace": trace.RiemannianLaplaceInfo,
-        "swag": trace.SWAGTraceInfo}
+        "swag": trace.SWAGTraceInfo, "noisy-kfac": trace.NoisyKFACTraceInfo,
+        "kfac": trace.NoisyKFACTraceInfo}
 STATE = {"slang": slang.SLANGState, "ngvi-full": ngvi.FullState,
          "ngvi-meanfield": ngvi.MeanFieldState}
 
@@ -82,6 +84,9 @@ LIBRARY_FIELDS = {
     **{("swag", f): [(swag.SGDInfo, f)] for f in swag.SGDInfo._fields},
     **{("swag", f): [(swag.SWAGInfo, f)] for f in swag.SWAGInfo._fields},
     ("swag", "D_hat"): [(swag.SWAGState, "D_hat")],
+    **{(m, f): [(noisy_kfac.NoisyKFACInfo, f)] for m in trace.KFAC_METHODS
+       for f in noisy_kfac.NoisyKFACInfo._fields},
+    **{(m, f): [(noisy_kfac.NoisyKFACState, f)] for m in trace.KFAC_METHODS for f in ("A", "S")},
 }
 
 
@@ -90,6 +95,13 @@ def test_the_swag_trace_steps_are_the_library_info_fields():
     field renamed or added in swag.py shows up here (and in the tag check above)."""
     per_step = swag.SGDInfo._fields + swag.SWAGInfo._fields
     assert trace.SWAGTraceInfo._fields[:len(per_step)] == per_step
+
+
+def test_the_noisy_kfac_trace_is_pi_the_library_info_and_the_new_factors():
+    """NoisyKFACTraceInfo is pi, then every NoisyKFACInfo field in its order, then the state's new
+    A and S: a field renamed or added in noisy_kfac.py shows up here (and in the tag check)."""
+    assert trace.NoisyKFACTraceInfo._fields == ("pi", *noisy_kfac.NoisyKFACInfo._fields, "A", "S")
+    assert trace.TAGS["kfac"] == trace.TAGS["noisy-kfac"]
 
 
 @pytest.mark.parametrize("method, field", sorted(LIBRARY_FIELDS))
@@ -153,16 +165,22 @@ def _values(block) -> np.ndarray:
     return np.array([float(v) for v in NUMBER.findall(text)]).reshape(shape)
 
 
+LAYER = re.compile(r"\[\d+\]$")  # a tuple field prints one block per layer: A_hat[0], A_hat[1]
+
+
 @pytest.mark.parametrize("method", trace.METHODS)
 def test_every_field_is_printed_with_its_tag(capsys, method):
     blocks = _blocks(_trace(capsys, method))
+    printed = {}  # field -> the labels of its blocks
+    for name, block in blocks.items():
+        if block[0] != "input":
+            printed.setdefault(LAYER.sub("", name), []).append(block[0])
     for field in INFO[method]._fields:
         line, tag = trace.TAGS[method][field]
-        label = blocks[field][0]
-        assert label.endswith(tag) and (line is None or f"line {line} " in label
-                                        or f"lines {line} " in label), (field, label)
-    info_fields = [name for name, block in blocks.items() if block[0] != "input"]
-    assert info_fields == list(INFO[method]._fields)  # every field, in order
+        for label in printed[field]:
+            assert label.endswith(tag) and (line is None or f"line {line} " in label
+                                            or f"lines {line} " in label), (field, label)
+    assert list(printed) == list(INFO[method]._fields)  # every field, in order
 
 
 def test_printed_labels_and_shapes_of_the_default_problem(capsys):
@@ -280,7 +298,7 @@ def test_same_seed_same_trace_other_seed_other_draws(capsys):
 
 @pytest.mark.parametrize("argv, message", [
     (["nosuch"], "method: expected one of slang, ngvi-full, ngvi-meanfield, laplace, "
-                 "riemannian-laplace, swag, got 'nosuch'"),
+                 "riemannian-laplace, swag, noisy-kfac, kfac, got 'nosuch'"),
     (["slang", "--M", "0"], "M: expected an integer in [1, 50], got 0"),
     (["slang", "--L", "7"], "L: expected an integer in [1, 6], got 7"),
     (["slang", "--curvature", "hess"], "curvature: SLANG uses the empirical Fisher only"),
@@ -307,7 +325,8 @@ def test_same_seed_same_trace_other_seed_other_draws(capsys):
     (["riemannian-laplace", "--atol", "-1"], "atol: expected a value in [0.0, inf), got -1.0"),
     (["laplace", "--rtol", "1e-3"], "--rtol: applies to riemannian-laplace only, not laplace"),
     (["laplace", "--M", "4"],
-     "--M: applies to slang, ngvi-full, ngvi-meanfield, swag only, not laplace"),
+     "--M: applies to slang, ngvi-full, ngvi-meanfield, swag, noisy-kfac, kfac only, "
+     "not laplace"),
     (["riemannian-laplace", "--momentum", "0.5"],
      "--momentum: applies to slang, ngvi-full, ngvi-meanfield, swag only, not riemannian-laplace"),
     (["slang", "--prior-precision", "2"],
@@ -325,7 +344,8 @@ def test_same_seed_same_trace_other_seed_other_draws(capsys):
     (["swag", "--S", "0"], "S: expected an integer in [1, None], got 0"),
     (["swag", "--seed", "-2"], "seed: expected an integer in [0, None], got -2"),
     (["swag", "--curvature", "ef"], "--curvature: applies to slang, ngvi-full, ngvi-meanfield, "
-                                    "laplace, riemannian-laplace only, not swag"),
+                                    "laplace, riemannian-laplace, noisy-kfac, kfac only, "
+                                    "not swag"),
     (["swag", "--L", "2"], "--L: applies to slang, ngvi-full, ngvi-meanfield only, not swag"),
     (["swag", "--prior-precision", "2"],
      "--prior-precision: applies to laplace, riemannian-laplace only, not swag"),
@@ -334,6 +354,26 @@ def test_same_seed_same_trace_other_seed_other_draws(capsys):
     (["ngvi-full", "--scale", "1"], "--scale: applies to swag only, not ngvi-full"),
     (["riemannian-laplace", "--alpha", "0.1"],
      "--alpha: applies to swag only, not riemannian-laplace"),
+    (["noisy-kfac", "--damping", "dense"],
+     "damping: expected one of factored, exact for noisy-kfac, got 'dense'"),
+    (["kfac", "--curvature", "hessian"],
+     "curvature: expected one of ggn, ef, mc for kfac, got 'hessian'"),
+    (["noisy-kfac", "--curvature", "exact"],
+     "curvature: expected one of ggn, ef, mc for noisy-kfac, got 'exact'"),
+    (["noisy-kfac", "--kl-clip", "0"], "kl_clip: expected a value in (0.0, inf), got 0.0"),
+    (["kfac", "--kl-clip", "inf"], "kl_clip: expected a finite real number"),
+    (["noisy-kfac", "--M", "0"], "M: expected an integer in [1, 50], got 0"),
+    (["noisy-kfac", "--S", "0"], "S: expected an integer in [1, None], got 0"),
+    (["noisy-kfac", "--seed", "-1"], "seed: expected an integer in [0, None], got -1"),
+    (["kfac", "--S", "2"], "--S: applies to slang, ngvi-full, ngvi-meanfield, laplace, "
+                           "riemannian-laplace, swag, noisy-kfac only, not kfac"),
+    (["noisy-kfac", "--L", "2"], "--L: applies to slang, ngvi-full, ngvi-meanfield only, "
+                                 "not noisy-kfac"),
+    (["kfac", "--momentum", "0.5"], "--momentum: applies to slang, ngvi-full, ngvi-meanfield, "
+                                    "swag only, not kfac"),
+    (["noisy-kfac", "--alpha", "0.1"], "--alpha: applies to swag only, not noisy-kfac"),
+    (["slang", "--damping", "exact"], "--damping: applies to noisy-kfac, kfac only, not slang"),
+    (["swag", "--kl-clip", "1e-3"], "--kl-clip: applies to noisy-kfac, kfac only, not swag"),
 ])
 def test_bad_arguments_exit_2_with_one_line(capsys, argv, message):
     assert main(["trace", *argv]) == 2
@@ -349,9 +389,10 @@ def test_help_lists_trace(capsys):
     out = capsys.readouterr().out
     assert "METHOD" in out and "--json" in out and "--precision" in out
     for option in ("--prior-precision", "--structure", "--ode-method", "--rtol", "--atol",
-                   "--steps", "--K", "--scale", "--alpha"):
+                   "--steps", "--K", "--scale", "--alpha", "--damping", "--kl-clip"):
         assert option in out, option
     assert "laplace" in out and "riemannian-laplace" in out and "swag" in out
+    assert "noisy-kfac" in out and "kfac" in out
 
 
 def test_json_creates_only_its_own_folder(capsys, tmp_path):
@@ -740,3 +781,302 @@ def test_builders_name_each_other():
         trace.make_laplace_inputs("swag")
     with pytest.raises(ValueError, match="use make_laplace_inputs for 'laplace'"):
         trace.make_inputs("laplace")
+    with pytest.raises(ValueError, match="use make_noisy_kfac_inputs for 'noisy-kfac'"):
+        trace.make_inputs("noisy-kfac")
+    with pytest.raises(ValueError, match="use make_noisy_kfac_inputs for 'kfac'"):
+        trace.make_laplace_inputs("kfac")
+    with pytest.raises(ValueError, match="use make_swag_inputs for 'swag'"):
+        trace.make_noisy_kfac_inputs("swag")
+
+
+# ------------------------------------------------------------------------- the Noisy K-FAC trace
+
+NK_LAYERS = [(0, 24, 6, 4), (24, 34, 5, 2)]  # MLP([5, 4, 2]): (start, stop, n_in + 1, n_out)
+NK_CONFIG = {"N": 50, "eta": 0.2, "kl_weight": 0.5, "alpha": 0.1, "beta": 0.2, "momentum": 0.9,
+             "gamma_ex": 0.01, "T_stats": 1, "T_inv": 1}
+
+
+def _nk_settings(method, opts):
+    """The options with the documented defaults filled in (kfac: S = 1, no eps)."""
+    o = {"seed": 0, "M": 8, "S": 2, "curvature": "ggn", "damping": "factored", "kl-clip": None,
+         **opts}
+    if method == "kfac":
+        o["S"] = 1
+    return o
+
+
+def _nk_draws(method, o):
+    """The module docstring's draws, re-drawn here in its order (not by calling trace); u only
+    for curvature "mc" (the labels it gives depend on the step's draws: _nk_by_hand)."""
+    rng = np.random.default_rng(o["seed"])
+    mu = 0.5 * rng.standard_normal(34)
+    m = 0.05 * rng.standard_normal(34)
+    factors = []
+    for n in (6, 5, 4, 2):  # A_1, A_2, then S_1, S_2
+        B = rng.standard_normal((n, n))
+        factors.append(B @ B.T / n + np.eye(n) / 2)
+    idx = rng.permutation(50)[:o["M"]]
+    eps = rng.standard_normal((34, o["S"])) if method == "noisy-kfac" else None
+    u = rng.random((o["S"], o["M"])) if o["curvature"] == "mc" else None
+    return {"mu": mu, "m": m, "A": factors[:2], "S": factors[2:], "idx": idx, "eps": eps, "u": u}
+
+
+def _nk_forward(theta, X):
+    """MLP([5, 4, 2], tanh) written out: (a~_1, h, a~_2, f), W_l row-major, bias last."""
+    W1, W2 = theta[:24].reshape(6, 4), theta[24:].reshape(5, 2)
+    a1 = np.hstack([X, np.ones((X.shape[0], 1))])
+    h = np.tanh(a1 @ W1)
+    a2 = np.hstack([h, np.ones((X.shape[0], 1))])
+    return a1, h, a2, a2 @ W2
+
+
+def _softmax(f):
+    e = np.exp(f - f.max(axis=1, keepdims=True))
+    return e / e.sum(axis=1, keepdims=True)
+
+
+def _nk_by_hand(method, draws, o):
+    """The step from the equations of derivations/noisy_kfac.md and the module docstring's
+    sampling map, in dense NumPy (np.kron, explicit inverses and solves, the softmax network's
+    gradients and curvature by hand): no refbayes call."""
+    X, y, _ = make_logistic_regression(50, 5, 0)
+    idx = draws["idx"]
+    Xb, yb = X[idx], y[idx].astype(int)
+    M, S = len(idx), o["S"]
+    c = NK_CONFIG
+    g_in = c["kl_weight"] / (c["N"] * c["eta"])                                    # (noisy_kfac.2)
+    gamma = g_in + c["gamma_ex"]
+    mu0, m0, A0, S0 = draws["mu"], draws["m"], draws["A"], draws["S"]
+    factored = o["damping"] == "factored"
+    pi = [np.sqrt((np.trace(A) / A.shape[0]) / (np.trace(Sf) / Sf.shape[0]))      # (noisy_kfac.5)
+          for A, Sf in zip(A0, S0)]
+    if draws["eps"] is None:
+        w = mu0[:, None]
+    else:
+        w = np.empty((34, S))
+        for (a, b, n, k), A, Sf, p in zip(NK_LAYERS, A0, S0, pi):
+            if factored:  # vec_row(L_A^{-T} E L_S^{-1}) = (L_A^{-T} kron L_S^{-T}) vec_row(E)
+                d = np.sqrt(g_in)
+                LA = np.linalg.cholesky(A + p * d * np.eye(n))
+                LS = np.linalg.cholesky(Sf + d / p * np.eye(k))
+                T = np.kron(np.linalg.inv(LA).T, np.linalg.inv(LS).T)
+                Z = T @ draws["eps"][a:b]
+            else:  # the symmetric root (Q_A kron Q_S) Lam^{-1/2} (Q_A kron Q_S)^T
+                lA, QA = np.linalg.eigh(A)
+                lS, QS = np.linalg.eigh(Sf)
+                Lam = (np.outer(lA, lS) + g_in).reshape(-1)
+                Q = np.kron(QA, QS)
+                Z = Q @ ((Q.T @ draws["eps"][a:b]) / np.sqrt(Lam)[:, None])
+            w[a:b] = mu0[a:b, None] + np.sqrt(c["kl_weight"] / c["N"]) * Z        # (noisy_kfac.7)
+    probs = y_tilde = None
+    if draws["u"] is not None:  # the inverse CDF of the predictive at the step's draws
+        probs = np.stack([_softmax(_nk_forward(w[:, s], Xb)[3]) for s in range(S)])
+        y_tilde = np.minimum((np.cumsum(probs, axis=-1) <= draws["u"][..., None]).sum(-1), 1)
+    grads, A_hat, S_hat = [], [0.0, 0.0], [0.0, 0.0]
+    for s in range(S):
+        a1, h, a2, f = _nk_forward(w[:, s], Xb)
+        p = _softmax(f)
+        W2 = w[24:, s].reshape(5, 2)[:4]  # the hidden-to-output weights, bias row dropped
+        r = p - np.eye(2)[yb]  # dl_i / df_i
+        ds1 = (r @ W2.T) * (1 - h ** 2)
+        grads.append(np.concatenate([(a1.T @ ds1).ravel(), (a2.T @ r).ravel()]))
+        A_hat[0] = A_hat[0] + a1.T @ a1 / (M * S)                                  # (noisy_kfac.3)
+        A_hat[1] = A_hat[1] + a2.T @ a2 / (M * S)
+        if o["curvature"] == "ggn":  # sum_i J_i^T H_i J_i, H_i = diag(p_i) - p_i p_i^T
+            H = np.stack([np.diag(q) - np.outer(q, q) for q in p])
+            J = (1 - h ** 2)[:, :, None] * W2[None]  # d f / d s_1, (M, 4, 2)
+            S_hat[0] = S_hat[0] + np.einsum("mik,mkl,mjl->ij", J, H, J) / (M * S)
+            S_hat[1] = S_hat[1] + H.sum(axis=0) / (M * S)
+        else:  # ef: the true labels; mc: the sampled ones
+            labels = yb if o["curvature"] == "ef" else y_tilde[s]
+            g2 = p - np.eye(2)[labels]
+            g1 = (g2 @ W2.T) * (1 - h ** 2)
+            S_hat[0] = S_hat[0] + g1.T @ g1 / (M * S)
+            S_hat[1] = S_hat[1] + g2.T @ g2 / (M * S)
+    V = np.mean(grads, axis=0) / M + g_in * w.mean(axis=1)                         # (noisy_kfac.8)
+    P = np.empty(34)
+    for (a, b, n, k), A, Sf, p in zip(NK_LAYERS, A0, S0, pi):
+        if factored:
+            r = np.sqrt(gamma)
+            K = np.kron(A + p * r * np.eye(n), Sf + r / p * np.eye(k))
+        else:
+            K = np.kron(A, Sf) + gamma * np.eye(n * k)
+        P[a:b] = np.linalg.solve(K, V[a:b])                                        # (noisy_kfac.9)
+    nu = 1.0
+    if o["kl-clip"] is not None:
+        nu = min(1.0, np.sqrt(o["kl-clip"] / (c["alpha"] ** 2 * (V @ P))))         # (noisy_kfac.10)
+        P = nu * P
+    m = c["momentum"] * m0 + P                                                     # (noisy_kfac.11)
+    beta = c["beta"]
+    return {"probs": probs, "y_tilde": y_tilde,
+            "pi": np.array(pi) if factored else None, "w": w, "V": V, "P": P, "m": m,
+            "mu": mu0 - c["alpha"] * m, "A_hat": A_hat, "S_hat": S_hat, "nu": nu,
+            "A": [(1 - beta) * F + beta * Hh for F, Hh in zip(A0, A_hat)],         # (noisy_kfac.4)
+            "S": [(1 - beta) * F + beta * Hh for F, Hh in zip(S0, S_hat)]}
+
+
+def _nk_library(data):
+    """The step by a direct call of noisy_kfac.step on the recorded inputs, and pi by
+    kron.factored_damping_pi: {field: value} in NoisyKFACTraceInfo's order."""
+    X, y, _ = make_logistic_regression(50, 5, 0)
+    model = MLP([5, 4, 2], activation="tanh", likelihood="categorical")
+    st, d = data["state"], data["draws"]
+    state = noisy_kfac.NoisyKFACState(
+        np.array(st["mu"]), np.array(st["m"]),
+        *(tuple(np.array(F) for F in st[k]) for k in ("A", "S", "A_ref", "S_ref")), st["t"])
+    cfg = noisy_kfac.NoisyKFACConfig(**data["config"])
+    idx = np.array(d["idx"])
+    eps = None if d["eps"] is None else np.array(d["eps"])
+    y_tilde = None if d["y_tilde"] is None else np.array(d["y_tilde"], dtype=np.int64)
+    new, info = noisy_kfac.step(state, Batch(X[idx], y[idx]), eps, cfg, model, y_tilde=y_tilde)
+    pi = None
+    if cfg.damping == "factored":
+        pi = np.array([float(kron.factored_damping_pi(A, S))
+                       for A, S in zip(state.A_ref, state.S_ref)])
+    assert all(np.array_equal(a, b) for a, b in zip(new.A_ref + new.S_ref, new.A + new.S))
+    return {"pi": pi, **info._asdict(), "A": new.A, "S": new.S}
+
+
+def _layers(value):
+    """A value as a list of arrays (one per layer for a tuple field), or None."""
+    if value is None:
+        return None
+    if isinstance(value, (tuple, list)) and np.ndim(value[0]) == 2:
+        return [np.asarray(v, dtype=float) for v in value]
+    return [np.asarray(value, dtype=float)]
+
+
+NK_CASES = [
+    ("noisy-kfac", {}),
+    ("noisy-kfac", {"curvature": "mc", "S": 3, "M": 5, "seed": 2}),  # the official estimator
+    ("noisy-kfac", {"damping": "exact", "curvature": "ef", "S": 1, "seed": 4}),
+    ("noisy-kfac", {"damping": "exact", "curvature": "mc", "kl-clip": 1e-4}),  # clipping active
+    ("noisy-kfac", {"M": 50, "kl-clip": 1.0}),  # full batch; the bound far above: nu = 1
+    ("kfac", {}),
+    ("kfac", {"curvature": "mc", "damping": "exact", "M": 3, "seed": 9}),
+    ("kfac", {"curvature": "ef", "kl-clip": 1e-5}),
+]
+
+
+@pytest.mark.parametrize("method, opts", NK_CASES,
+                         ids=[f"{m}-{i}" for i, (m, _) in enumerate(NK_CASES)])
+def test_noisy_kfac_json_equals_a_direct_step_and_the_equations(capsys, tmp_path, method, opts):
+    path = tmp_path / "out" / "trace.json"
+    out = _trace(capsys, *_argv(method, opts, path))
+    assert out.rstrip().endswith(f"json: {path}")
+    blocks, data = _blocks(out), json.loads(path.read_text())
+    o = _nk_settings(method, opts)
+    assert data["method"] == method and data["seed"] == o["seed"]
+    X, y, _ = make_logistic_regression(50, 5, 0)
+    np.testing.assert_array_equal(data["problem"]["X"], X)
+    np.testing.assert_array_equal(data["problem"]["y"], y)
+    assert data["problem"]["layers"] == [list(b) for b in NK_LAYERS]
+    assert data["config"] == {**NK_CONFIG, "damping": o["damping"], "curvature": o["curvature"],
+                              "kl_clip": o["kl-clip"]}
+    assert data["derived"] == {"gamma_in": 0.5 / (50 * 0.2), "gamma": 0.5 / (50 * 0.2) + 0.01}
+    # the draws are the documented ones, in the documented order, and the printed ones
+    draws = _nk_draws(method, o)
+    st = data["state"]
+    assert st["t"] == 0 and st["A_ref"] == st["A"] and st["S_ref"] == st["S"]
+    for name in ("mu", "m"):
+        np.testing.assert_array_equal(st[name], draws[name])
+        np.testing.assert_array_equal(_values(blocks[f"state.{name}"]), draws[name])
+    for name in ("A", "S"):
+        for l, F in enumerate(draws[name]):
+            np.testing.assert_array_equal(st[name][l], F)
+            np.testing.assert_array_equal(_values(blocks[f"state.{name}[{l}]"]), F)
+            assert np.linalg.eigvalsh(F).min() >= 0.5 and not np.allclose(F, np.eye(len(F)))
+    for name in ("idx", "eps", "u"):
+        if draws[name] is None:
+            assert data["draws"][name] is None and name not in blocks
+        else:
+            np.testing.assert_array_equal(data["draws"][name], draws[name])
+            np.testing.assert_array_equal(_values(blocks[name]), draws[name])
+    np.testing.assert_array_equal(_values(blocks["batch.X"]), X[draws["idx"]])
+    library, by_hand = _nk_library(data), _nk_by_hand(method, draws, o)
+    # the sampled labels: the inverse CDF of the predictive at the step's own draws
+    if o["curvature"] == "mc":
+        np.testing.assert_array_equal(data["draws"]["y_tilde"], by_hand["y_tilde"])
+        np.testing.assert_array_equal(_values(blocks["y_tilde"]), by_hand["y_tilde"])
+        assert_close(np.array(data["draws"]["probs"]), by_hand["probs"], EXACT_F64, "probs")
+    else:
+        assert data["draws"]["y_tilde"] is None and "y_tilde" not in blocks
+    assert list(data["info"]) == list(trace.TAGS[method]) == list(library)
+    for field, value in library.items():
+        entry = data["info"][field]
+        assert (entry["line"], entry["tag"]) == trace.TAGS[method][field]
+        if value is None:  # pi of exact damping
+            assert entry["shape"] is None and entry["value"] is None and field == "pi"
+            assert f"] {field}: none (damping 'exact'" in out
+            continue
+        lib, saved, hand = _layers(value), _layers(entry["value"]), _layers(by_hand[field])
+        assert entry["shape"] == ([list(v.shape) for v in lib] if isinstance(value, tuple)
+                                  else list(np.shape(value))), field
+        names = ([f"{field}[{l}]" for l in range(len(lib))] if isinstance(value, tuple)
+                 else [field])
+        for name, a, b, c in zip(names, lib, saved, hand):
+            np.testing.assert_array_equal(b.reshape(a.shape), a, err_msg=name)  # bit for bit
+            assert_close(b.reshape(a.shape), c, EXACT_F64, f"{method} {name} vs the equations")
+            np.testing.assert_array_equal(_values(blocks[name]), b.reshape(a.shape))
+    info = data["info"]
+    if o["kl-clip"] is not None and o["kl-clip"] < 1e-3:
+        assert info["nu"]["value"] < 1  # the clipping acts, and the by-hand nu agrees
+    else:
+        assert info["nu"]["value"] == 1.0
+    if method == "kfac":
+        np.testing.assert_array_equal(info["w"]["value"], np.array(st["mu"])[:, None])
+
+
+def test_noisy_kfac_trace_prints_the_problem_draws_and_tags(capsys):
+    out = _trace(capsys, "noisy-kfac")
+    assert out.startswith("refbayes trace noisy-kfac: one step of "
+                          "refbayes.methods.noisy_kfac.step")
+    for text in ["make_logistic_regression(n=50, p=5, seed=0)",
+                 "MLP([5, 4, 2], activation='tanh', likelihood='categorical'); D = 34, N = 50",
+                 "layer 1: theta[0:24], A_1 (6, 6), S_1 (4, 4); layer 2: theta[24:34], "
+                 "A_2 (5, 5), S_2 (2, 2)",
+                 "gamma_in = kl_weight / (N eta) = 0.05",
+                 "draws: rng = numpy.random.default_rng(0), in order: mu = 0.5 * "
+                 "rng.standard_normal(34); m = 0.05 * rng.standard_normal(34); A_1 (6, 6), "
+                 "A_2 (5, 5), then S_1 (4, 4), S_2 (2, 2), each B @ B.T / n + I / 2 with "
+                 "B = rng.standard_normal((n, n)); idx = rng.permutation(50)[:8]; "
+                 "eps = rng.standard_normal((34, 2))",
+                 "W_s = M + sqrt(kl_weight / N) L_A^{-T} E_s L_S^{-1}"]:
+        assert text in out, text
+    for header in ["[input] idx (8,)", "[input] eps (34, 2)", "[input] state.m (34,)",
+                   "[input] state.A[0] (6, 6)", "[input] state.S[1] (2, 2)",
+                   "[(noisy_kfac.5)] pi (2,)", "[(noisy_kfac.7)] w (34, 2)",
+                   "[(noisy_kfac.8)] V (34,)", "[(noisy_kfac.9)] P (34,)",
+                   "[(noisy_kfac.11)] m (34,)", "[(noisy_kfac.11)] mu (34,)",
+                   "[(noisy_kfac.3)] A_hat[0] (6, 6)", "[(noisy_kfac.3)] S_hat[1] (2, 2)",
+                   "[(noisy_kfac.10)] nu ()", "[(noisy_kfac.4)] A[1] (5, 5)",
+                   "[(noisy_kfac.4)] S[0] (4, 4)"]:
+        assert f"\n{header}\n" in out, header
+    assert "[input] u (" not in out and "[input] y_tilde (" not in out  # ggn: no labels drawn
+    out = _trace(capsys, "kfac", "--curvature", "mc", "--damping", "exact")
+    assert out.startswith("refbayes trace kfac: one step of refbayes.methods.noisy_kfac.step "
+                          "(eps = None: K-FAC")
+    assert "[input] eps: none" in out and "[input] eps (" not in out
+    assert "[(noisy_kfac.5)] pi: none (damping 'exact' has no split)" in out
+    for header in ["[input] u (1, 8)", "[input] probs (1, 8, 2)", "[input] y_tilde (1, 8)",
+                   "[(noisy_kfac.7)] w (34, 1)"]:
+        assert f"\n{header}\n" in out, header
+    assert "Q_A ((Q_A^T E_s Q_S) / sqrt(Lam)) Q_S^T" in _trace(capsys, "noisy-kfac", "--damping",
+                                                               "exact")
+
+
+def test_noisy_kfac_same_seed_same_trace_other_seed_other_draws(capsys):
+    a, b, c = (_trace(capsys, "noisy-kfac", "--seed", s) for s in ("3", "3", "4"))
+    assert a == b
+    A, C = _blocks(a), _blocks(c)
+    for name in ("state.mu", "state.m", "state.A[0]", "state.S[1]", "idx", "eps", "w", "P"):
+        assert A[name] != C[name], name
+
+
+def test_kfac_takes_no_draws():
+    """kfac's inputs hold no eps and S = 1; asking it for draws is an error, not ignored."""
+    inputs = trace.make_noisy_kfac_inputs("kfac", S=1)
+    assert inputs.eps is None and inputs.u is None
+    with pytest.raises(ValueError, match=r"S: kfac draws no weights \(eps = None, S = 1\), got 3"):
+        trace.make_noisy_kfac_inputs("kfac", S=3)
+    assert trace.make_noisy_kfac_inputs("noisy-kfac").eps.shape == (34, 2)  # the default S

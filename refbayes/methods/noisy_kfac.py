@@ -224,8 +224,9 @@ def _check_config(cfg) -> dict:
     kl_clip = None if cfg.kl_clip is None else check_in_range(
         cfg.kl_clip, "cfg.kl_clip", 0.0, math.inf, low_open=True, high_open=True)
     g_in = lam / (N * eta)                                                   # (noisy_kfac.2)
-    return {"kl_clip": kl_clip, "N": N, "lam": lam, "alpha": alpha, "beta": beta, "momentum": momentum,
-            "gamma_in": g_in, "gamma": g_in + gamma_ex, "T_stats": T_stats, "T_inv": T_inv}
+    return {"kl_clip": kl_clip, "N": N, "lam": lam, "alpha": alpha, "beta": beta,
+            "momentum": momentum, "gamma_in": g_in, "gamma": g_in + gamma_ex,
+            "T_stats": T_stats, "T_inv": T_inv}
 
 
 def init(mu, model) -> NoisyKFACState:
@@ -299,8 +300,11 @@ def _sample_blocks(state, eps, blocks, c, damping):
             S_g = Sf + (d / pi) * xp.eye(n_out, dtype=Sf.dtype)               # (noisy_kfac.5)
             Z = kron.sample(xp.zeros_like(M), A_g, S_g, E)                    # (noisy_kfac.6)
         else:
+            # the symmetric square root (Q_A kron Q_S) Lam^{-1/2} (Q_A kron Q_S)^T: unlike
+            # Q_A E Q_S^T / sqrt(Lam) it does not depend on the eigensolver's column signs
             Q_A, Q_S, Lam = kron.damped_eigh(A, Sf, c["gamma_in"])            # (noisy_kfac.5)
-            Z = xp.einsum("ia,abs,jb->ijs", Q_A, E / xp.sqrt(Lam)[:, :, None], Q_S)  # (noisy_kfac.6)
+            R = xp.einsum("ai,abs,bj->ijs", Q_A, E, Q_S) / xp.sqrt(Lam)[:, :, None]
+            Z = xp.einsum("ia,abs,jb->ijs", Q_A, R, Q_S)                       # (noisy_kfac.6)
         out.append((M[:, :, None] + scale * Z).reshape(stop - start, S))      # (noisy_kfac.7)
     return xp.concatenate(out, axis=0)
 
@@ -376,18 +380,12 @@ def dense_covariance(state: NoisyKFACState, cfg: NoisyKFACConfig, model):
     c = _check_config(cfg)
     blocks = _check_state(state, model)
     xp = xp_of(state.mu)
-    D = state.mu.shape[0]
-    Sigma = xp.zeros((D, D), dtype=state.mu.dtype)
-    for (start, stop, _, _), A, Sf in zip(blocks, state.A_ref, state.S_ref):
-        n = stop - start
-        eye = xp.eye(n, dtype=state.mu.dtype)
-        # columns of the sampling map (identity draws) give Sigma_l^{1/2}; its outer product
-        E = xp.zeros((D, n), dtype=state.mu.dtype)
-        E[start:stop] = eye
-        one = state._replace(mu=xp.zeros_like(state.mu))
-        W = _sample_blocks(one, E, blocks, c, cfg.damping)[start:stop]
-        Sigma[start:stop, start:stop] = W @ W.T                               # (noisy_kfac.6)
-    return Sigma
+    # the sampling map's columns (identity draws) are a square root of the block-diagonal
+    # covariance; its outer product is Sigma
+    centred = state._replace(mu=xp.zeros_like(state.mu))
+    W = _sample_blocks(centred, xp.eye(state.mu.shape[0], dtype=state.mu.dtype), blocks, c,
+                       cfg.damping)
+    return W @ W.T                                                            # (noisy_kfac.6)
 
 
 def _precondition(V, state, blocks, c, damping):
@@ -466,6 +464,8 @@ def step(state: NoisyKFACState, batch, eps, cfg: NoisyKFACConfig, model,
         W = _sample_blocks(state, eps, blocks, c, cfg.damping)                # (noisy_kfac.7)
     S = W.shape[1]
     if cfg.curvature == "mc":
+        if y_tilde is not None:
+            check_array(y_tilde, "y_tilde", ndim=(2, 3))
         if y_tilde is None or y_tilde.shape[:2] != (S, M):
             raise ValueError(f"y_tilde: expected sampled labels of shape ({S}, {M}, ...) for "
                              "curvature 'mc', got "

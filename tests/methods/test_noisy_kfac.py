@@ -238,6 +238,8 @@ def test_bad_input_is_rejected_with_the_argument_named():
          "y_tilde"),
         (lambda: nk.step(state, Batch(X, y), None, cfg, model, y_tilde=np.zeros((1, 4), int)),
          "y_tilde"),
+        (lambda: nk.step(state, Batch(X, y), None, cfg._replace(curvature="mc"), model,
+                         y_tilde=[[0, 1, 0, 1]]), "y_tilde"),
         (lambda: nk.step(state, Batch(X, y), np.ones((model.D + 1, 1)), cfg, model), "eps"),
         (lambda: nk.step(state, Batch(X, y), None, cfg._replace(T_inv=0), model), "cfg.T_inv"),
         (lambda: nk.step(state, Batch(X, y), None, cfg._replace(beta=0.0), model), "cfg.beta"),
