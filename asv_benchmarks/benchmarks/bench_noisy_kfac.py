@@ -56,7 +56,8 @@ from refbayes.models import MLP
 
 from .common import BACKENDS, backend, sync
 
-SIZES = [50, 400, 400, 10]
+WIDTHS = [25, 400]  # the issue's net is [50, 400, 400, 10]; 25 keeps the once-run test short
+WIDTH = 400
 M = 128
 N = 50_000
 ETA = 1.0            # prior variance; Adam's prior precision is 1 / ETA
@@ -70,19 +71,23 @@ KINDS = ["exact", "factored"]
 DENSE_MAX_D = {"numpy": 10_000, "cupy": 30_000}  # reasons in the module docstring
 
 
-def model():
-    return MLP(SIZES, "tanh", "categorical")
+def sizes(width=WIDTH):
+    return [50, width, width, 10]
+
+
+def model(width=WIDTH):
+    return MLP(sizes(width), "tanh", "categorical")
 
 
 @functools.lru_cache(maxsize=None)
 def _batch_host(seed=0):
     rng = np.random.default_rng(seed)
-    return rng.standard_normal((M, SIZES[0])), rng.integers(0, SIZES[-1], M)
+    return rng.standard_normal((M, sizes()[0])), rng.integers(0, sizes()[-1], M)
 
 
-@functools.cache
-def _mu_host():
-    return model().init_theta(np.random.default_rng(0))
+@functools.lru_cache(maxsize=None)
+def _mu_host(width=WIDTH):
+    return model(width).init_theta(np.random.default_rng(0))
 
 
 def config(T_inv, curvature, **kw):
@@ -90,11 +95,11 @@ def config(T_inv, curvature, **kw):
 
 
 @functools.lru_cache(maxsize=None)
-def _warm_state_host(curvature):
+def _warm_state_host(curvature, width=WIDTH):
     """The state after N_WARMUP steps at beta = 1 (factors = the last batch statistics)."""
-    net = model()
+    net = model(width)
     X, y = _batch_host()
-    state = nk.init(_mu_host(), net)
+    state = nk.init(_mu_host(width), net)
     cfg = config(1, curvature, beta=1.0)
     rng = np.random.default_rng(2)
     for _ in range(N_WARMUP):
@@ -102,8 +107,8 @@ def _warm_state_host(curvature):
     return state
 
 
-def warm_state(xp, curvature, t):
-    s = _warm_state_host(curvature)
+def warm_state(xp, curvature, t, width=WIDTH):
+    s = _warm_state_host(curvature, width)
     conv = lambda fs: tuple(xp.asarray(F) for F in fs)  # noqa: E731
     return nk.NoisyKFACState(xp.asarray(s.mu), xp.asarray(s.m), conv(s.A), conv(s.S),
                              conv(s.A_ref), conv(s.S_ref), t)
@@ -117,22 +122,22 @@ def _eps_host(T_inv, D, seed=1):
 
 class NoisyKFACStep:
     """T_inv consecutive Noisy K-FAC steps (one refresh) vs T_inv Adam steps; per CYCLE."""
-    params = (BACKENDS, T_INVS, CURVATURES)
-    param_names = ["backend", "T_inv", "curvature"]
+    params = (BACKENDS, WIDTHS, T_INVS, CURVATURES)
+    param_names = ["backend", "width", "T_inv", "curvature"]
     number = 1
     repeat = (3, 10, 60.0)
     warmup_time = 0.0
     timeout = 300.0
 
-    def setup(self, name, T_inv, curvature):
+    def setup(self, name, width, T_inv, curvature):
         self.xp = xp = backend(name)
-        self.net = model()
+        self.net = model(width)
         X, y = _batch_host()
         self.batch = Batch(xp.asarray(X), xp.asarray(y))
         self.cfg = config(T_inv, curvature)
-        self.state = warm_state(xp, curvature, 10 * T_inv)
+        self.state = warm_state(xp, curvature, 10 * T_inv, width)
         self.eps = [xp.asarray(e) for e in _eps_host(T_inv, self.net.D)]
-        self.adam_state = adam.init(xp.asarray(_mu_host()))
+        self.adam_state = adam.init(xp.asarray(_mu_host(width)))
         self.adam_cfg = adam.AdamConfig()
         self.noisy_kfac_cycle()  # warm-up (CuPy kernels, BLAS buffers)
         self.adam_cycle()
@@ -151,10 +156,10 @@ class NoisyKFACStep:
         sync(self.xp)
         return state
 
-    def time_noisy_kfac_cycle(self, name, T_inv, curvature):
+    def time_noisy_kfac_cycle(self, name, width, T_inv, curvature):
         self.noisy_kfac_cycle()
 
-    def time_adam_cycle(self, name, T_inv, curvature):
+    def time_adam_cycle(self, name, width, T_inv, curvature):
         self.adam_cycle()
 
     def per_step_ms(self, repeat=5):
@@ -167,7 +172,7 @@ class NoisyKFACStep:
             t_adam.append(1e3 * timeit.timeit(self.adam_cycle, number=1) / T)
         return np.array(t_nk), np.array(t_adam)
 
-    def track_ratio(self, name, T_inv, curvature):
+    def track_ratio(self, name, width, T_inv, curvature):
         """Median Noisy K-FAC step / median Adam step, interleaved cycles."""
         t_nk, t_adam = self.per_step_ms(repeat=3)
         return float(np.median(t_nk) / np.median(t_adam))
@@ -352,7 +357,7 @@ def main(profile=False):
     for curvature in CURVATURES:
         for T_inv in T_INVS:
             b = NoisyKFACStep()
-            b.setup("numpy", T_inv, curvature)
+            b.setup("numpy", WIDTH, T_inv, curvature)
             t_nk, t_adam = b.per_step_ms(repeat=9 if T_inv > 1 else 61)
             med_nk, med_adam = np.median(t_nk), np.median(t_adam)
             min_nk, min_adam = np.min(t_nk), np.min(t_adam)

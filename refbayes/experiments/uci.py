@@ -44,13 +44,14 @@ file) unless ``fresh``. The commit is provenance only, not compared (see _io). `
 split and mean +- s.e.), ``summary.{csv,json}`` over everything under ``out``, and the figure
 ``<dataset>_splits.png`` (per-split test RMSE / LL beside the published mean +- spread). The
 published numbers are package data: refbayes/experiments/published/uci.csv (with citations);
-a published method that was not run is listed in parentheses, e.g. "(noisy_kfac)", and a figure
+a published method that was not run is listed in parentheses, e.g. "(bbvi)", and a figure
 the source does not print (an empty cell) shows as "-".
 
 Budgets: the full one is each method's ``defaults`` (SLANG: the official 120 epochs, M = 10,
 S = 4 / 2, 20 test draws, a 3 x 3 grid; MAP: 120 epochs, M = 32, a 6 x 3 grid; Vadam: the
-official 40 epochs, M = 32 / 128, S = 10 / 5, 100 test draws, a 5 x 3 grid; Noisy Adam: 1000
-epochs, M = 10 / 100, S = 10, 100 test draws, 7 noise precisions). ``quick``:
+official 40 epochs, M = 32 / 128, S = 10 / 5, 100 test draws, a 5 x 3 grid; Noisy Adam and
+Noisy K-FAC: 1000 epochs, M = 10 / 100, S = 10, 100 test draws, 7 noise precisions; K-FAC: the
+same at the mean). ``quick``:
 each method's ``quick`` overrides (SLANG 5 epochs, 10 test draws; MAP 20 epochs) and a 2-point
 grid: a smoke test of a few seconds per split on the small sets, not comparable with papers.
 """

@@ -28,8 +28,8 @@ the metrics; a spec only says how to train on standardized data and how to draw 
 - ``ranges``: hyperparameter -> (low, high, low_open, high_open), checked for every candidate
   and setting before anything runs (COMMON_RANGES covers the shared names).
 
-Registered: "slang", "bbb", "vogn", "mc_dropout", "vadam", "noisy_adam" and the point-estimate
-baseline "map". A new method is one more ``MethodSpec`` entry in ``METHODS`` (the end-to-end test
+Registered: "slang", "bbb", "vogn", "mc_dropout", "vadam", "noisy_adam", "noisy_kfac" and the
+point-estimate baselines "map" and "kfac". A new method is one more ``MethodSpec`` entry in ``METHODS`` (the end-to-end test
 is parametrized over it). Names are written with underscores; ``canonical_name`` maps the hyphen
 spelling ("noisy-adam", "mc-dropout") to them, and the command line accepts both.
 
@@ -138,6 +138,40 @@ Chosen beyond that: per-example squared gradients (the diagonal Fisher estimate 
 fully factorized block uses; Algorithm 1 as transcribed squares the minibatch gradient,
 derivations/noisy_adam.md) and f_0 = 1 (the repository's factors start at the identity), so the
 first draws have variance (1/N) / (1 + eta / N), not the prior's.
+
+Noisy K-FAC (Zhang et al. 2018, Algorithm 2; refbayes.methods.noisy_kfac), the same repository's
+regression code (pomonam/NoisyNaturalGradient at 8aa1e962: ``config/regression/kfac_<dataset>.json``,
+``regression/model.py``, ``train.py``, ``ops/mvg_optimizer.py``, ``controller/sample.py``;
+the full table, with what is exact and what is not: derivations/noisy_kfac.md, "UCI protocol"):
+
+- 1000 epochs; minibatch 10 (boston, concrete, energy, wine, yacht) or 100 (kin8nm, naval,
+  power, protein); N = the rows trained on; eta = 1 (prior VARIANCE, as the official ``eta``)
+  on every weight and bias; kl_weight = 1; gamma_ex = 0 (official ``damping`` 0: the mean's
+  preconditioner is damped with gamma_in = 1 / (N eta) alone); factored damping; factor weight
+  beta = 1e-3 (``(1 - beta) F + beta F_new``); the factors and their inverses every step
+  (T_stats = T_inv = 1); no KL clipping; 10 training particles, 100 test draws.
+- curvature "mc": the official true Fisher (``true_fisher: true``) with one label per row and
+  particle from the model's predictive; here y_tilde[s] = f(X_B; w_s) + z_s / sqrt(tau) at the
+  step's draws w_s, z from the runner's rng (order: ``kfac_train``).
+- step size and momentum: the official v = 0.9 v + 0.1 g, bias-corrected by c = 0.9 c + 0.1,
+  preconditioned after averaging, mu += alpha P (v / c), alpha = 0.01. refbayes' heavy ball
+  (m <- 0.9 m + P) with alpha_t = 0.01 (1 - 0.9) / (1 - 0.9^t) (``kfac_step_size``) is the same
+  update whenever P stays fixed over the averaged steps, and close (not exact) with the
+  every-step P, which moves by about 1e-3 per step.
+- alpha and beta x 0.1 every 500 epochs (the official ``lr_decay_interval`` 500,
+  ``lr_decay_ratio`` 0.1).
+- the noise precision: the official Gamma(6, 6) prior and learned Gamma posterior are not
+  modeled; tau is grid-searched over Noisy Adam's 7 candidates per dataset.
+- chosen: the mean starts at MLP.init_theta (the official Xavier covers the bias row too);
+  the factors at A_l = I, S_l = tau I (``factor_init="tau"``: the official I at its initial
+  tau ~ 1, carried to the fixed tau; with I, yacht's tau = 343 overflowed in 5 steps); the
+  standard splits and the runner's protocol instead of one random 90/10 split.
+
+K-FAC (``kfac``, a MAP baseline): the same loop at the mean (eps = None, one sampled label per
+row at mu), the same settings and prior (weight decay gamma_in), plus the authors' K-FAC
+safeguards from gd-zhang/noisy-K-FAC (``kfac_model.py``, ``configs/cifar10/kfac_plain.json``):
+extrinsic damping 1e-3 and KL clipping kappa = 1e-3 (without its decay); without them K-FAC
+overflowed on boston split 0 at step 9,818. It predicts with N(f(x; mu), 1 / tau).
 """
 from __future__ import annotations
 
@@ -150,7 +184,9 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from refbayes._checks import check_in_range, check_int
-from refbayes.methods import adam, bbb, driver, mc_dropout, noisy_adam, slang, vadam, vogn
+from refbayes.methods import (adam, bbb, driver, mc_dropout, noisy_adam, noisy_kfac, slang,
+                              vadam, vogn)
+from refbayes.methods._estimates import Batch
 
 __all__ = [
     "COMMON_RANGES",
@@ -160,6 +196,9 @@ __all__ = [
     "TrainingError",
     "canonical_name",
     "grid_points",
+    "kfac_config",
+    "kfac_step_size",
+    "kfac_train",
     "prior_vector",
     "resolve",
 ]
@@ -194,8 +233,10 @@ COMMON_RANGES = {
     "adam_beta2": (0.0, 1.0, False, True),
     "adam_eps": (0.0, math.inf, True, True),
 }
-_INTEGER = ("epochs", "M", "S_test", "S_train", "L", "lr_decay_every")
-_CHOICES = {"squares": vadam.SQUARES}  # name: the allowed strings
+_INTEGER = ("epochs", "M", "S_test", "S_train", "L", "lr_decay_every", "T_stats", "T_inv")
+_CHOICES = {"squares": vadam.SQUARES,  # name: the allowed values
+            "bias_correction": (True, False), "factor_init": ("tau", "identity")}
+_OPTIONAL = ("kl_clip",)  # names whose value may be None (off)
 
 
 class Budget(NamedTuple):
@@ -224,6 +265,8 @@ def _check_value(spec: MethodSpec, key: str, value):
             raise ValueError(f"{name}: expected one of {_CHOICES[key]}, got {value!r}")
         return value
     ranges = {**COMMON_RANGES, **spec.ranges}
+    if key in _OPTIONAL and value is None:
+        return None
     if key in ranges:
         low, high, low_open, high_open = ranges[key]
         value = check_in_range(value, name, low, high, low_open=low_open, high_open=high_open)
@@ -571,6 +614,147 @@ NOISY_ADAM = MethodSpec(
 )
 
 
+# ----------------------------------------------------------------------------- Noisy K-FAC, K-FAC
+
+def kfac_config(hyper, N) -> noisy_kfac.NoisyKFACConfig:
+    """The NoisyKFACConfig of ``hyper`` (the spec's settings) for N training rows, before the
+    schedule: alpha = lr (1 - momentum) (the bias-corrected step of ``kfac_train`` at large t),
+    gamma_ex = damping, factored damping, sampled-label ("mc") curvature, kl_clip as given
+    (None, no clipping, when hyper has no kl_clip)."""
+    return noisy_kfac.NoisyKFACConfig(
+        N, eta=float(hyper["eta"]), kl_weight=float(hyper["kl_weight"]),
+        alpha=hyper["lr"] * (1.0 - hyper["momentum"]), beta=hyper["beta"],
+        momentum=hyper["momentum"], gamma_ex=float(hyper["damping"]), T_stats=hyper["T_stats"],
+        T_inv=hyper["T_inv"], damping="factored", curvature="mc", kl_clip=hyper.get("kl_clip"))
+
+
+def kfac_step_size(hyper, t, lr):
+    """The step size alpha_t of step t (1-based) for the official step size ``lr``.
+
+    lr (1 - mu_m) / (1 - mu_m^t) with ``hyper["bias_correction"]``, lr (1 - mu_m) without
+    (mu_m = ``hyper["momentum"]``). With it, refbayes' heavy-ball momentum m_t = mu_m m_{t-1}
+    + P_t, mu_t = mu_{t-1} - alpha_t m_t is the official bias-corrected average
+    mu_t = mu_{t-1} - lr P (v_t / c_t), v_t = mu_m v_{t-1} + (1 - mu_m) V_t,
+    c_t = 1 - mu_m^t, whenever the preconditioner P is the same over the steps averaged."""
+    mom = hyper["momentum"]
+    if hyper["bias_correction"] and mom > 0:
+        return lr * (1.0 - mom) / (1.0 - mom ** t)
+    return lr * (1.0 - mom)
+
+
+def kfac_train(model, X, y, hyper, rng, epochs, M, progress, noisy=True):
+    """Noisy K-FAC (``noisy=True``) or K-FAC (``noisy=False``: eps = None, the step at the mean)
+    on (X, y) for ``epochs`` epochs; returns (state, cfg).
+
+    Every random number comes from ``rng``, in this order:
+      per epoch: perm = rng.permutation(N), batches perm[0:M], perm[M:2M], ...
+                 (driver.epoch_batches; the last one may be shorter);
+      per step:  eps = rng.standard_normal((D, S)) (Noisy K-FAC only, S = S_train), then
+                 z = rng.standard_normal((S, M_b)) (S = 1 for K-FAC);
+                 w = noisy_kfac.sample(state, eps, cfg, model) (the step's own draws; w = mu
+                 for K-FAC), y_tilde[s] = f(X_B; w_s) + z[s] / sqrt(tau): labels from the
+                 model's predictive N(f(x; w_s), 1 / tau), for curvature "mc".
+    The mean starts at model.init_theta(rng) (drawn first), the factors A_l at I and S_l at
+    tau I (``factor_init="tau"``) or I (``"identity"``). The step size of step t is
+    ``kfac_step_size`` (bias-corrected momentum); after every ``lr_decay_every`` epochs, lr and
+    beta are multiplied by ``lr_decay_ratio``.
+    """
+    N = X.shape[0]
+    cfg0 = kfac_config(hyper, N)
+    tau = float(model.likelihood.noise_precision)
+    state = noisy_kfac.init(model.init_theta(rng), model)
+    if hyper["factor_init"] == "tau":  # S_l = tau I: the official I at its initial tau ~ 1
+        S0 = tuple(tau * F for F in state.S)
+        state = state._replace(S=S0, S_ref=S0)
+    S = hyper["S_train"] if noisy else 1
+    lr, beta, ratio = hyper["lr"], hyper["beta"], hyper["lr_decay_ratio"]
+    for epoch in range(1, epochs + 1):
+        cfg = cfg0._replace(beta=beta)
+        for idx in driver.epoch_batches(rng, N, M):
+            batch = Batch(X[idx], y[idx])
+            t = state.t + 1
+            cfg = cfg._replace(alpha=kfac_step_size(hyper, t, lr))
+            try:
+                with np.errstate(over="raise", invalid="raise", divide="raise"):
+                    eps = rng.standard_normal((model.D, S)) if noisy else None
+                    z = rng.standard_normal((S, len(idx)))
+                    W = (noisy_kfac.sample(state, eps, cfg, model) if noisy
+                         else state.mu[:, None])
+                    y_tilde = _forward_rows(model, W, batch.X) + z / math.sqrt(tau)
+                    state, _ = noisy_kfac.step(state, batch, eps, cfg, model, y_tilde=y_tilde)
+            except FloatingPointError as err:
+                raise TrainingError(f"step {t} (epoch {epoch}): {err} in the step; the loss or "
+                                    "its gradient overflowed (lower the step sizes or check the "
+                                    "inputs)") from err
+            bad = _kfac_nonfinite(state)
+            if bad:
+                raise TrainingError(f"step {t} (epoch {epoch}): non-finite values in "
+                                    f"{', '.join(bad)} (lower the step sizes or check the inputs)")
+        progress(1)
+        if epoch % hyper["lr_decay_every"] == 0:
+            lr, beta = lr * ratio, beta * ratio
+    return state, cfg0
+
+
+def _kfac_nonfinite(state) -> list:
+    """The names of the state fields holding a non-finite value."""
+    out = []
+    for name in ("mu", "m", "A", "S"):
+        value = getattr(state, name)
+        arrays = value if isinstance(value, tuple) else (value,)
+        if not all(np.all(np.isfinite(a)) for a in arrays):
+            out.append(name)
+    return out
+
+
+def _noisy_kfac_fit(model, X, y, hyper, rng, epochs, M, progress):
+    """Noisy K-FAC (refbayes.methods.noisy_kfac, Zhang et al. Algorithm 2) by ``kfac_train``;
+    the posterior samples the layerwise matrix-variate normal of the final factors."""
+    state, cfg = kfac_train(model, X, y, hyper, rng, epochs, M, progress, noisy=True)
+    return _Gaussian(lambda eps: noisy_kfac.sample(state, eps, cfg, model))
+
+
+def _kfac_fit(model, X, y, hyper, rng, epochs, M, progress):
+    """K-FAC (the Noisy K-FAC step at the mean, eps = None) by ``kfac_train``; returns the
+    mean: the MAP estimate under the prior N(0, eta I), whose weight decay is gamma_in."""
+    return kfac_train(model, X, y, hyper, rng, epochs, M, progress, noisy=False)[0].mu
+
+
+_NNG_LARGE = ("kin8nm", "naval", "power", "protein")  # minibatch 100 in the official configs
+_KFAC_RANGES = {"eta": (0.0, math.inf, True, True), "kl_weight": (0.0, math.inf, True, True),
+                "damping": (0.0, math.inf, False, True), "kl_clip": (0.0, math.inf, True, True),
+                "lr_decay_ratio": (0.0, 1.0, True, False)}
+NOISY_KFAC = MethodSpec(
+    name="noisy_kfac",
+    description="Noisy K-FAC (Zhang et al. 2018), the regression settings of the authors' code",
+    grid=NOISY_ADAM.grid,
+    defaults={"epochs": 1000, "M": 10, "S_test": 100, "S_train": 10, "lr": 0.01,
+              "momentum": 0.9, "bias_correction": True, "beta": 1e-3, "kl_weight": 1.0,
+              "eta": 1.0, "damping": 0.0, "T_stats": 1, "T_inv": 1, "factor_init": "tau",
+              "lr_decay_every": 500, "lr_decay_ratio": 0.1},  # no kl_clip: no clipping
+    quick={"epochs": 5, "S_test": 10},
+    fit=_noisy_kfac_fit,
+    predict=_gaussian_predict,
+    per_dataset={d: {"grid": o["grid"], "defaults": {"M": 100} if d in _NNG_LARGE else {}}
+                 for d, o in NOISY_ADAM.per_dataset.items()},
+    ranges=_KFAC_RANGES,
+)
+
+KFAC = MethodSpec(
+    name="kfac",
+    description="K-FAC (Martens and Grosse 2015) to the MAP estimate, Noisy K-FAC's settings",
+    grid=NOISY_KFAC.grid,
+    defaults={k: v for k, v in NOISY_KFAC.defaults.items() if k != "S_train"}
+    | {"S_test": 1, "damping": 1e-3, "kl_clip": 1e-3},  # the authors' K-FAC safeguards
+    quick={"epochs": 5},
+    fit=_kfac_fit,
+    predict=_map_predict,
+    per_dataset=NOISY_KFAC.per_dataset,
+    ranges=_KFAC_RANGES,
+)
+
+
 METHODS: dict[str, MethodSpec] = {"slang": SLANG, "map": MAP, "bbb": BBB, "vogn": VOGN,
                                   "mc_dropout": MC_DROPOUT, "vadam": VADAM,
-                                  "noisy_adam": NOISY_ADAM}
+                                  "noisy_adam": NOISY_ADAM, "noisy_kfac": NOISY_KFAC,
+                                  "kfac": KFAC}

@@ -15,6 +15,7 @@ import refbayes
 from refbayes.cli import main
 from refbayes.datasets import TrainTest
 from refbayes.experiments import _io, uci, uci_methods
+from refbayes.methods import noisy_kfac
 from tests.tolerances import EXACT_F64, assert_close
 
 # yacht: the smallest set (308 rows), so a quick split takes about a second
@@ -569,3 +570,125 @@ def test_noisy_adam_fit_decays_alpha_and_the_curvature_weight():
     undecayed = spec.fit(model, X, y, {**hyper, "lr_decay_ratio": 1.0}, np.random.default_rng(1),
                          3, 8, lambda n: None)
     assert not np.allclose(undecayed.sample(eps), post.sample(eps))  # the decay is visible
+
+
+# ----------------------------------------------------------------------------- Noisy K-FAC, K-FAC
+
+def test_noisy_kfac_and_kfac_settings():
+    """The official regression settings (pomonam/NoisyNaturalGradient config/regression/kfac_*.json)
+    and their NoisyKFACConfig (derivations/noisy_kfac.md, "UCI protocol")."""
+    noisy, kfac = uci_methods.METHODS["noisy_kfac"], uci_methods.METHODS["kfac"]
+    full = uci_methods.resolve(noisy, "boston").settings
+    assert full == {"epochs": 1000, "M": 10, "S_test": 100, "S_train": 10, "lr": 0.01,
+                    "momentum": 0.9, "bias_correction": True, "beta": 1e-3, "kl_weight": 1.0,
+                    "eta": 1.0, "damping": 0.0, "T_stats": 1, "T_inv": 1, "factor_init": "tau",
+                    "lr_decay_every": 500, "lr_decay_ratio": 0.1}
+    point = uci_methods.resolve(kfac, "boston").settings
+    # K-FAC: the same, at the mean, with the authors' K-FAC damping and KL clipping
+    assert point == {**{k: v for k, v in full.items() if k != "S_train"}, "S_test": 1,
+                     "damping": 1e-3, "kl_clip": 1e-3}
+    assert uci_methods.kfac_config(point, 455) == uci_methods.kfac_config(full, 455)._replace(
+        gamma_ex=1e-3, kl_clip=1e-3)
+    for d in uci.DATASETS:
+        M = uci_methods.resolve(noisy, d).settings["M"]
+        assert M == (100 if d in ("kin8nm", "naval", "power", "protein") else 10), d
+        # the noise precision is grid-searched as for Noisy Adam (not learned)
+        grid = uci_methods.resolve(noisy, d).grid
+        assert grid == uci_methods.resolve(uci_methods.METHODS["noisy_adam"], d).grid
+        assert grid == uci_methods.resolve(kfac, d).grid and list(grid) == ["noise_precision"]
+    cfg = uci_methods.kfac_config(full, 455)
+    assert cfg == noisy_kfac.NoisyKFACConfig(
+        455, eta=1.0, kl_weight=1.0, alpha=0.01 * (1 - 0.9), beta=1e-3, momentum=0.9,
+        gamma_ex=0.0, T_stats=1, T_inv=1, damping="factored", curvature="mc", kl_clip=None)
+    assert noisy_kfac.gamma_in(cfg) == 1.0 / 455  # the official coeff = kl / (N eta)
+    # bias correction: alpha_t = lr (1 - 0.9) / (1 - 0.9^t): lr at t = 1, lr (1 - 0.9) at large t
+    assert uci_methods.kfac_step_size(full, 1, 0.01) == pytest.approx(0.01, rel=1e-15)
+    assert uci_methods.kfac_step_size(full, 10**6, 0.01) == pytest.approx(1e-3, rel=1e-15)
+    no_bc = {**full, "bias_correction": False}
+    assert uci_methods.kfac_step_size(no_bc, 1, 0.01) == pytest.approx(1e-3, rel=1e-15)
+    with pytest.raises(ValueError, match="factor_init: expected one of"):
+        uci_methods.resolve(noisy._replace(defaults={**noisy.defaults, "factor_init": "I"}),
+                            "boston")
+    with pytest.raises(ValueError, match="bias_correction: expected one of"):
+        uci_methods.resolve(noisy._replace(defaults={**noisy.defaults, "bias_correction": "yes"}),
+                            "boston")
+    with pytest.raises(ValueError, match=re.escape("T_inv: expected an integer in [1, None], got 0")):
+        uci_methods.resolve(noisy._replace(defaults={**noisy.defaults, "T_inv": 0}), "boston")
+
+
+def _replay_kfac(model, X, y, hyper, rng, epochs, M, noisy):
+    """kfac_train's documented order, written out: per epoch the permutation; per step eps
+    (Noisy K-FAC), z, y_tilde = f(X_B; w_s) + z / sqrt(tau), alpha_t bias-corrected, and lr,
+    beta x lr_decay_ratio after every lr_decay_every epochs."""
+    N, tau = X.shape[0], model.likelihood.noise_precision
+    state = noisy_kfac.init(model.init_theta(rng), model)
+    S0 = tuple(tau * np.eye(F.shape[0]) for F in state.S)  # factor_init "tau"
+    state = state._replace(S=S0, S_ref=S0)
+    lr, beta, t = hyper["lr"], hyper["beta"], 0
+    for epoch in range(1, epochs + 1):
+        perm = rng.permutation(N)
+        for i in range(0, N, M):
+            idx = perm[i:i + M]
+            t += 1
+            alpha = lr * 0.1 / (1 - 0.9 ** t)
+            cfg = noisy_kfac.NoisyKFACConfig(N, eta=1.0, kl_weight=1.0, alpha=alpha, beta=beta,
+                                             momentum=0.9, gamma_ex=hyper["damping"],
+                                             curvature="mc", kl_clip=hyper.get("kl_clip"))
+            eps = rng.standard_normal((model.D, hyper["S_train"])) if noisy else None
+            z = rng.standard_normal((eps.shape[1] if noisy else 1, len(idx)))
+            W = noisy_kfac.sample(state, eps, cfg, model) if noisy else state.mu[:, None]
+            F = np.stack([model.forward(W[:, s].copy(), X[idx])[:, 0] for s in range(W.shape[1])])
+            state, _ = noisy_kfac.step(state, (X[idx], y[idx]), eps, cfg, model,
+                                       y_tilde=F + z / np.sqrt(tau))
+        if epoch % hyper["lr_decay_every"] == 0:
+            lr, beta = lr * 0.1, beta * 0.1
+    return state
+
+
+@pytest.mark.parametrize("method", ["noisy_kfac", "kfac"])
+def test_kfac_fits_follow_the_documented_draws_and_schedule(method):
+    spec = uci_methods.METHODS[method]
+    model, X, y = _toy()
+    hyper = {**spec.defaults, "S_train": 3, "noise_precision": 4.0, "lr_decay_every": 2}
+    post = spec.fit(model, X, y, hyper, np.random.default_rng(1), 3, 8, lambda n: None)
+    state = _replay_kfac(model, X, y, hyper, np.random.default_rng(1), 3, 8,
+                         noisy=method == "noisy_kfac")
+    assert state.t == 15
+    if method == "kfac":  # the point estimate is the mean
+        assert_close(post, state.mu, EXACT_F64, "K-FAC mean")
+        return
+    cfg = noisy_kfac.NoisyKFACConfig(40, eta=1.0, kl_weight=1.0)
+    eps = np.random.default_rng(2).standard_normal((model.D, 4))
+    assert_close(post.sample(eps), noisy_kfac.sample(state, eps, cfg, model), EXACT_F64,
+                 "Noisy K-FAC draws after the schedule")
+    undecayed = spec.fit(model, X, y, {**hyper, "lr_decay_ratio": 1.0}, np.random.default_rng(1),
+                         3, 8, lambda n: None)
+    assert not np.allclose(undecayed.sample(eps), post.sample(eps))  # the decay is visible
+
+
+def test_bias_corrected_step_is_the_official_momentum_for_a_fixed_preconditioner():
+    """kfac_step_size: with the factors frozen (T_inv beyond the run), refbayes' heavy-ball
+    momentum with alpha_t = lr (1 - 0.9) / (1 - 0.9^t) is the official update
+    mu <- mu - lr P(v_t / c_t), v_t = 0.9 v + 0.1 V_t, c_t = 0.9 c + 0.1 (mvg_optimizer.py)."""
+    from refbayes.linalg import kron
+    spec = uci_methods.METHODS["noisy_kfac"]  # no clipping, gamma_ex = 0
+    model, X, y = _toy()
+    hyper = {**spec.defaults, "T_inv": 10**6}
+    cfg = uci_methods.kfac_config(hyper, 40)
+    gamma = noisy_kfac.gamma_in(cfg)
+    rng = np.random.default_rng(5)
+    state = noisy_kfac.init(model.init_theta(rng), model)
+    mu, v, c = state.mu.copy(), np.zeros(model.D), 0.0
+    for t in range(1, 31):
+        idx = rng.choice(40, 8, replace=False)
+        y_tilde = rng.standard_normal((1, 8))
+        step_cfg = cfg._replace(alpha=uci_methods.kfac_step_size(hyper, t, 0.01))
+        state, _ = noisy_kfac.step(state, (X[idx], y[idx]), None, step_cfg, model,
+                                   y_tilde=y_tilde)
+        V = model.grad(mu, X[idx], y[idx]) / 8 + gamma * mu  # the official -gradient
+        v, c = 0.9 * v + 0.1 * V, 0.9 * c + 0.1
+        P = np.concatenate([kron.solve_factored(A, S, (v / c)[a:b].reshape(n, k), gamma).ravel()
+                            for (a, b, n, k), A, S in zip(noisy_kfac.layer_slices(model),
+                                                          state.A_ref, state.S_ref)])
+        mu = mu - 0.01 * P
+        assert_close(state.mu, mu, EXACT_F64, f"mean after step {t}")
