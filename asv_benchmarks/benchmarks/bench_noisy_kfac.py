@@ -339,7 +339,7 @@ def profile_cycle(T_inv=20, curvature="ggn", top=25):
     import cProfile
     import pstats
     b = NoisyKFACStep()
-    b.setup("numpy", T_inv, curvature)
+    b.setup("numpy", WIDTH, T_inv, curvature)
     prof = cProfile.Profile()
     prof.enable()
     b.noisy_kfac_cycle()
