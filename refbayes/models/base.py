@@ -768,6 +768,22 @@ class FlatModel:
         acts, deltas = self._residual_pass(xp, theta, X, y)
         return [KFACLayer(a, d) for a, d in zip(acts, deltas)]  # (peg.12)
 
+    def _kfac_seeds(self, theta, X, y, curvature):
+        """(xp, layer inputs a_{l-1}, the per-example factors E_l (M, R, n_l) backpropagated to
+        each pre-activation, M): R = 1 and E = dl_i/dz_l for "ef"; the columns of C_i (H_i = C_i
+        C_i^T) for "ggn".  The one pass behind ``kfac_curvature`` and ``kfac_block_errors``."""
+        if curvature not in ("ggn", "ef"):
+            raise ValueError(f"curvature: expected 'ggn' or 'ef', got {curvature!r}")
+        xp, theta, X, y = self._inputs(theta, X, y)
+        params, acts, f = self._forward(xp, theta, X)
+        if curvature == "ef":
+            r = self.likelihood._grad_f(f, y)  # (peg.2)
+            factors = [d[:, None, :] for d in _layers.backward(params, acts, r, self.activation)]
+        else:
+            C = self.likelihood._hess_factor(f, y)  # H_i = C_i C_i^T, (M, K, R)
+            factors = _layers.backward(params, acts, xp.swapaxes(C, 1, 2), self.activation)
+        return xp, acts, factors, X.shape[0]
+
     def kfac_curvature(self, theta, X, y, curvature="ggn"):
         """Compute the K-FAC factors (A_l, B_l) of the GGN or empirical Fisher of sum_i l_i.
 
@@ -807,17 +823,7 @@ class FlatModel:
             NumPy and CuPy; if y is None or does not fit the likelihood (see its
             ``check_targets``).
         """
-        if curvature not in ("ggn", "ef"):
-            raise ValueError(f"curvature: expected 'ggn' or 'ef', got {curvature!r}")
-        xp, theta, X, y = self._inputs(theta, X, y)
-        params, acts, f = self._forward(xp, theta, X)
-        if curvature == "ef":
-            r = self.likelihood._grad_f(f, y)  # (peg.2)
-            deltas = [d[:, None, :] for d in _layers.backward(params, acts, r, self.activation)]
-        else:
-            C = self.likelihood._hess_factor(f, y)  # H_i = C_i C_i^T, (M, K, R)
-            deltas = _layers.backward(params, acts, xp.swapaxes(C, 1, 2), self.activation)
-        M = X.shape[0]
+        xp, acts, deltas, M = self._kfac_seeds(theta, X, y, curvature)
         out = []
         for a, d in zip(acts, deltas):
             if self.bias:
@@ -895,20 +901,11 @@ class FlatModel:
         e_l comes out exactly 0 where it is 0 for bitwise-equal inputs (M = 1; all a~_i equal;
         all B_i equal, e.g. the last layer of a gaussian network for "ggn") and keeps its
         leading digits when it is small.  The price is a few Gram products per factor instead
-        of one (five on the R x R route, two on the n_l x n_l route).  The rows and the factors are scaled by powers of 2 (exactly) before
-        the fourth powers are formed, so float32 neither overflows nor underflows there.
+        of one (five on the R x R route, two on the n_l x n_l route).  The rows and the
+        factors are scaled by powers of 2 (exactly) before the fourth powers are formed, so
+        float32 neither overflows nor underflows there.
         """
-        if curvature not in ("ggn", "ef"):
-            raise ValueError(f"curvature: expected 'ggn' or 'ef', got {curvature!r}")
-        xp, theta, X, y = self._inputs(theta, X, y)
-        params, acts, f = self._forward(xp, theta, X)
-        if curvature == "ef":
-            r = self.likelihood._grad_f(f, y)  # (peg.2)
-            factors = [d[:, None, :] for d in _layers.backward(params, acts, r, self.activation)]
-        else:
-            C = self.likelihood._hess_factor(f, y)  # H_i = C_i C_i^T, (M, K, R)
-            factors = _layers.backward(params, acts, xp.swapaxes(C, 1, 2), self.activation)
-        M = X.shape[0]
+        xp, acts, factors, M = self._kfac_seeds(theta, X, y, curvature)
 
         def grams(E):
             """For B_i = E_i^T E_i, E (M, R, n) scaled by 2^-k exactly: the raw Gram
