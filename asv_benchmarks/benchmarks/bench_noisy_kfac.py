@@ -3,16 +3,21 @@ Kronecker-factored solves of refbayes.linalg.kron against a dense solve (issue 1
 
 - NoisyKFACStep: one ``noisy_kfac.step`` on MLP [50, 400, 400, 10] (tanh, categorical,
   D = 51*400 + 401*400 + 401*10 = 184810), M = 128, one draw per step (S = 1, eps (D, 1)),
-  damping "factored" (official), T_stats = 1, curvature "ggn" or "ef", T_inv in {1, 20}; and
+  damping "factored" (official), curvature "ggn", "ef" or "mc" (the official estimator: the
+  EF at labels sampled from the model, here fixed labels from seed 3: the cost is that of one
+  more backward pass), T_inv in {1, 20}, T_stats in {1, 20} (T_stats > T_inv skipped); and
   ``adam.step`` (refbayes.methods.adam, the MAP / Adam step: one summed backprop pass) of the same
   net and batch as the reference. Issue target: <= 3x Adam per step at T_inv = 20.
   Inputs (fixed seeds): X (128, 50) standard normal, labels uniform in 0..9 (seed 0); mu from
   ``model.init_theta`` (seed 0); factors from three warm-up steps at beta = 1 (so A, S, A_ref,
   S_ref are the statistics of a real batch at a draw, not the identity of ``init``), then t reset
-  to 10 T_inv (a multiple of T_inv and of T_stats); N = 50000, eta = 1, lambda = 1 (gamma_in =
-  2e-5), gamma_ex = 0; eps for the T_inv steps from seed 1. Adam: lam = 1 / eta, default config.
+  to 10 T_inv (a multiple of T_inv and of T_stats), and ``noisy_kfac.refresh`` so that the state
+  holds the operators of its A_ref, S_ref (noisy_kfac.12), as a state from ``step`` does;
+  N = 50000, eta = 1, lambda = 1 (gamma_in = 2e-5), gamma_ex = 0; eps for the T_inv steps from
+  seed 1. Adam: lam = 1 / eta, default config.
   Timing: ``time_noisy_kfac_cycle`` runs T_inv CONSECUTIVE steps (state chained), so the cycle
-  holds exactly one refresh A_ref, S_ref <- A, S (at its last step): the asv figure is per
+  holds exactly one refresh A_ref, S_ref <- A, S with its decompositions (at its last step),
+  and T_inv / T_stats factor statistics: the asv figure is per
   CYCLE; divide by T_inv for the time per step. ``time_adam_cycle`` runs T_inv Adam steps the
   same way, so the two asv figures are directly comparable. ``track_ratio`` times both cycles
   interleaved in one process with timeit (median of repeats) and returns the per-step ratio
@@ -62,7 +67,8 @@ M = 128
 N = 50_000
 ETA = 1.0            # prior variance; Adam's prior precision is 1 / ETA
 T_INVS = [1, 20]
-CURVATURES = ["ggn", "ef"]
+T_STATS = [1, 20]
+CURVATURES = ["ggn", "ef", "mc"]
 N_WARMUP = 3
 
 SHAPES = ["30x30", "100x100", "173x173", "316x316", "1000x100", "100x1000"]
@@ -90,8 +96,15 @@ def _mu_host(width=WIDTH):
     return model(width).init_theta(np.random.default_rng(0))
 
 
-def config(T_inv, curvature, **kw):
-    return nk.NoisyKFACConfig(N=N, eta=ETA, T_inv=T_inv, curvature=curvature, **kw)
+def config(T_inv, curvature, T_stats=1, **kw):
+    return nk.NoisyKFACConfig(N=N, eta=ETA, T_inv=T_inv, T_stats=T_stats, curvature=curvature,
+                              **kw)
+
+
+@functools.lru_cache(maxsize=None)
+def _y_tilde_host(seed=3):
+    """Fixed labels standing in for the sampled ones of curvature "mc" (S = 1, M)."""
+    return np.random.default_rng(seed).integers(0, sizes()[-1], (1, M))
 
 
 @functools.lru_cache(maxsize=None)
@@ -102,8 +115,10 @@ def _warm_state_host(curvature, width=WIDTH):
     state = nk.init(_mu_host(width), net)
     cfg = config(1, curvature, beta=1.0)
     rng = np.random.default_rng(2)
+    y_tilde = _y_tilde_host() if curvature == "mc" else None
     for _ in range(N_WARMUP):
-        state, _ = nk.step(state, Batch(X, y), rng.standard_normal((net.D, 1)), cfg, net)
+        state, _ = nk.step(state, Batch(X, y), rng.standard_normal((net.D, 1)), cfg, net,
+                           y_tilde=y_tilde)
     return state
 
 
@@ -122,20 +137,25 @@ def _eps_host(T_inv, D, seed=1):
 
 class NoisyKFACStep:
     """T_inv consecutive Noisy K-FAC steps (one refresh) vs T_inv Adam steps; per CYCLE."""
-    params = (BACKENDS, WIDTHS, T_INVS, CURVATURES)
-    param_names = ["backend", "width", "T_inv", "curvature"]
+    params = (BACKENDS, WIDTHS, T_INVS, T_STATS, CURVATURES)
+    param_names = ["backend", "width", "T_inv", "T_stats", "curvature"]
     number = 1
     repeat = (3, 10, 60.0)
     warmup_time = 0.0
     timeout = 300.0
 
-    def setup(self, name, width, T_inv, curvature):
+    def setup(self, name, width, T_inv, T_stats, curvature):
+        if T_stats > T_inv:
+            raise NotImplementedError(f"T_stats = {T_stats} > T_inv = {T_inv}: refreshes of "
+                                      "unchanged factors")
         self.xp = xp = backend(name)
         self.net = model(width)
         X, y = _batch_host()
         self.batch = Batch(xp.asarray(X), xp.asarray(y))
-        self.cfg = config(T_inv, curvature)
-        self.state = warm_state(xp, curvature, 10 * T_inv, width)
+        self.y_tilde = xp.asarray(_y_tilde_host()) if curvature == "mc" else None
+        self.cfg = config(T_inv, curvature, T_stats)
+        self.state = nk.refresh(warm_state(xp, curvature, 10 * T_inv, width), self.cfg,
+                                self.net)
         self.eps = [xp.asarray(e) for e in _eps_host(T_inv, self.net.D)]
         self.adam_state = adam.init(xp.asarray(_mu_host(width)))
         self.adam_cfg = adam.AdamConfig()
@@ -145,7 +165,7 @@ class NoisyKFACStep:
     def noisy_kfac_cycle(self):
         state = self.state
         for e in self.eps:
-            state, _ = nk.step(state, self.batch, e, self.cfg, self.net)
+            state, _ = nk.step(state, self.batch, e, self.cfg, self.net, y_tilde=self.y_tilde)
         sync(self.xp)
         return state
 
@@ -156,10 +176,10 @@ class NoisyKFACStep:
         sync(self.xp)
         return state
 
-    def time_noisy_kfac_cycle(self, name, width, T_inv, curvature):
+    def time_noisy_kfac_cycle(self, name, width, T_inv, T_stats, curvature):
         self.noisy_kfac_cycle()
 
-    def time_adam_cycle(self, name, width, T_inv, curvature):
+    def time_adam_cycle(self, name, width, T_inv, T_stats, curvature):
         self.adam_cycle()
 
     def per_step_ms(self, repeat=5):
@@ -172,7 +192,7 @@ class NoisyKFACStep:
             t_adam.append(1e3 * timeit.timeit(self.adam_cycle, number=1) / T)
         return np.array(t_nk), np.array(t_adam)
 
-    def track_ratio(self, name, width, T_inv, curvature):
+    def track_ratio(self, name, width, T_inv, T_stats, curvature):
         """Median Noisy K-FAC step / median Adam step, interleaved cycles."""
         t_nk, t_adam = self.per_step_ms(repeat=3)
         return float(np.median(t_nk) / np.median(t_adam))
@@ -334,12 +354,12 @@ def _solve_time(kind, n_in, n_out):
     return _median_s(lambda: kron_solve(kind, A, S, X), repeat=3)
 
 
-def profile_cycle(T_inv=20, curvature="ggn", top=25):
+def profile_cycle(T_inv=20, curvature="ggn", T_stats=1, top=25):
     """cProfile of one Noisy K-FAC cycle of T_inv steps (numpy), sorted by total time."""
     import cProfile
     import pstats
     b = NoisyKFACStep()
-    b.setup("numpy", WIDTH, T_inv, curvature)
+    b.setup("numpy", WIDTH, T_inv, T_stats, curvature)
     prof = cProfile.Profile()
     prof.enable()
     b.noisy_kfac_cycle()
@@ -351,19 +371,20 @@ def profile_cycle(T_inv=20, curvature="ggn", top=25):
 
 def main(profile=False):
     """Per-step times and ratios, dense vs Kronecker solves, scaling exponents (one process)."""
-    print("Noisy K-FAC on MLP [50, 400, 400, 10], M = 128, S = 1, factored damping, T_stats = 1")
-    print(f"{'case':<18} {'noisy-kfac ms/step':>19} {'adam ms/step':>13} {'ratio':>6}   "
+    print("Noisy K-FAC on MLP [50, 400, 400, 10], M = 128, S = 1, factored damping")
+    print(f"{'case':<28} {'noisy-kfac ms/step':>19} {'adam ms/step':>13} {'ratio':>6}   "
           f"{'min nk':>7} {'min adam':>8} {'ratio':>6}   (interleaved cycles: median | min)")
     for curvature in CURVATURES:
         for T_inv in T_INVS:
-            b = NoisyKFACStep()
-            b.setup("numpy", WIDTH, T_inv, curvature)
-            t_nk, t_adam = b.per_step_ms(repeat=9 if T_inv > 1 else 61)
-            med_nk, med_adam = np.median(t_nk), np.median(t_adam)
-            min_nk, min_adam = np.min(t_nk), np.min(t_adam)
-            print(f"{curvature + ' T_inv=' + str(T_inv):<18} {med_nk:19.2f} {med_adam:13.2f} "
-                  f"{med_nk / med_adam:6.2f}   {min_nk:7.2f} {min_adam:8.2f} "
-                  f"{min_nk / min_adam:6.2f}", flush=True)
+            for T_stats in (t for t in T_STATS if t <= T_inv):
+                b = NoisyKFACStep()
+                b.setup("numpy", WIDTH, T_inv, T_stats, curvature)
+                t_nk, t_adam = b.per_step_ms(repeat=9 if T_inv > 1 else 61)
+                med_nk, med_adam = np.median(t_nk), np.median(t_adam)
+                min_nk, min_adam = np.min(t_nk), np.min(t_adam)
+                case = f"{curvature} T_inv={T_inv} T_stats={T_stats}"
+                print(f"{case:<28} {med_nk:19.2f} {med_adam:13.2f} {med_nk / med_adam:6.2f}   "
+                      f"{min_nk:7.2f} {min_adam:8.2f} {min_nk / min_adam:6.2f}", flush=True)
 
     print("\nKronecker solve vs dense numpy.linalg.solve (dense only for D <= "
           f"{DENSE_MAX_D['numpy']})")

@@ -2,7 +2,7 @@
 Inference", arXiv:1712.02390, Algorithm 2) and K-FAC (Martens and Grosse 2015) as its
 noise-free case.
 
-Implements (noisy_kfac.2)-(noisy_kfac.11) of derivations/noisy_kfac.md.
+Implements (noisy_kfac.2)-(noisy_kfac.12) of derivations/noisy_kfac.md.
 Symbols: mu (D,) the mean; m (D,) the momentum buffer; per layer l, with a~ the layer input with
 a 1 appended (bias) and s its pre-activation, A_l (n_in + 1, n_in + 1) and S_l (n_out, n_out) the
 running Kronecker factors, A_ref, S_ref the factors as of the last refresh (every T_inv steps);
@@ -23,21 +23,30 @@ One step (t -> t + 1):
     P    <- nu P, nu = min(1, sqrt(kl_clip / (alpha^2 <V, P>))) if kl_clip   (noisy_kfac.10)
     m    <- momentum m + P;  mu <- mu - alpha m                            (noisy_kfac.11)
     every T_stats steps: A, S <- (1 - beta) (A, S) + beta (A_hat, S_hat)   (noisy_kfac.3)-(noisy_kfac.4)
-    every T_inv steps:   A_ref, S_ref <- A, S
+    every T_inv steps:   A_ref, S_ref <- A, S, and their operators inv      (noisy_kfac.12)
+
+The sampler and the solve use the operators of A_ref, S_ref (inverse Cholesky factors and
+damped inverses, or eigenbases), computed once per refresh and kept in ``state.inv``: a step
+between refreshes costs matrix products only. ``state.inv`` is a cache: it records the tuples
+A_ref, S_ref (by identity) and the damping it was computed for, and any step, ``sample`` or
+``dense_covariance`` that finds it missing or made for other factors or another damping
+recomputes it, so a state built by hand (``inv=None``) or changed with ``_replace`` is always
+used correctly. (Arrays are never modified in place, here or by the callers.)
 """
 from __future__ import annotations
 
 import math
 from typing import Any, NamedTuple
 
-from refbayes._checks import check_array, check_float, check_in_range, check_int, check_positive
-from refbayes.backend import xp_of
+from refbayes._checks import (check_array, check_float, check_in_range, check_int, check_positive,
+                              check_spd)
+from refbayes.backend import linalg_of, xp_of
 from refbayes.linalg import kron
 from refbayes.methods._estimates import Batch, check_batch, check_model, check_N, check_t
 
-__all__ = ["CURVATURES", "DAMPINGS", "Batch", "NoisyKFACConfig", "NoisyKFACInfo",
-           "NoisyKFACState", "dense_covariance", "gamma_in", "init", "layer_slices", "sample",
-           "step"]
+__all__ = ["CURVATURES", "DAMPINGS", "Batch", "ExactInverse", "FactoredInverse",
+           "NoisyKFACConfig", "NoisyKFACInfo", "NoisyKFACInverses", "NoisyKFACState",
+           "dense_covariance", "gamma_in", "init", "layer_slices", "refresh", "sample", "step"]
 
 Array = Any
 CURVATURES = ("ggn", "ef", "mc")
@@ -113,6 +122,9 @@ class NoisyKFACState(NamedTuple):
         The output factors as of the last refresh.  (noisy_kfac.6)
     t : int
         Number of steps taken.
+    inv : NoisyKFACInverses or None
+        The operators of A_ref, S_ref (a cache, recomputed where missing or stale: see the
+        module docstring).  (noisy_kfac.12)
     """
     mu: Array       # mean, (D,), (noisy_kfac.11)
     m: Array        # momentum buffer, (D,), (noisy_kfac.11)
@@ -121,6 +133,78 @@ class NoisyKFACState(NamedTuple):
     A_ref: tuple    # A_l as of the last refresh (noisy_kfac.6)
     S_ref: tuple    # S_l as of the last refresh (noisy_kfac.6)
     t: int          # steps taken
+    inv: Any = None  # operators of A_ref, S_ref, or None (noisy_kfac.12)
+
+
+class FactoredInverse(NamedTuple):
+    """One layer's operators under factored damping, from A_ref, S_ref.
+
+    With pi = ``kron.factored_damping_pi(A_ref, S_ref)``, d = sqrt(gamma_in), r = sqrt(gamma)
+    and lower Cholesky factors L_A L_A^T = A_ref + pi d I, L_S L_S^T = S_ref + (d / pi) I, the
+    sampler is Z = R_A E R_S^T (noisy_kfac.6) and the solve A_inv V S_inv (noisy_kfac.9).
+    (noisy_kfac.12)
+
+    Attributes
+    ----------
+    R_A : array of shape (n_in, n_in)
+        L_A^{-T}, upper triangular.
+    R_S : array of shape (n_out, n_out)
+        L_S^{-T}, upper triangular.
+    A_inv : array of shape (n_in, n_in)
+        (A_ref + pi r I)^{-1}.
+    S_inv : array of shape (n_out, n_out)
+        (S_ref + (r / pi) I)^{-1}.
+    """
+    R_A: Array     # L_A^{-T}, (n_in, n_in) (noisy_kfac.12)
+    R_S: Array     # L_S^{-T}, (n_out, n_out) (noisy_kfac.12)
+    A_inv: Array   # (A_ref + pi sqrt(gamma) I)^{-1}, (n_in, n_in) (noisy_kfac.12)
+    S_inv: Array   # (S_ref + sqrt(gamma) / pi I)^{-1}, (n_out, n_out) (noisy_kfac.12)
+
+
+class ExactInverse(NamedTuple):
+    """One layer's operators under exact damping, from A_ref, S_ref.
+
+    With A_ref = Q_A diag(lam_A) Q_A^T, S_ref = Q_S diag(lam_S) Q_S^T and Lam = lam_A lam_S^T,
+    the sampler is Z = Q_A ((Q_A^T E Q_S) * root) Q_S^T (noisy_kfac.6) and the solve
+    Q_A ((Q_A^T V Q_S) * inv) Q_S^T (noisy_kfac.9).  (noisy_kfac.12)
+
+    Attributes
+    ----------
+    Q_A : array of shape (n_in, n_in)
+        Eigenvectors of A_ref.
+    Q_S : array of shape (n_out, n_out)
+        Eigenvectors of S_ref.
+    root : array of shape (n_in, n_out)
+        (Lam + gamma_in)^{-1/2}, elementwise.
+    inv : array of shape (n_in, n_out)
+        (Lam + gamma)^{-1}, elementwise.
+    """
+    Q_A: Array     # eigenvectors of A_ref, (n_in, n_in) (noisy_kfac.12)
+    Q_S: Array     # eigenvectors of S_ref, (n_out, n_out) (noisy_kfac.12)
+    root: Array    # (Lam + gamma_in)^{-1/2}, (n_in, n_out) (noisy_kfac.12)
+    inv: Array     # (Lam + gamma)^{-1}, (n_in, n_out) (noisy_kfac.12)
+
+
+class NoisyKFACInverses(NamedTuple):
+    """The operators of every layer, with what they were computed from.
+
+    (noisy_kfac.12)
+
+    Attributes
+    ----------
+    A_ref : tuple of arrays
+        The A_ref tuple they were computed from (compared by identity).
+    S_ref : tuple of arrays
+        The S_ref tuple they were computed from (compared by identity).
+    key : tuple
+        (damping, gamma_in, gamma) they were computed for.
+    layers : tuple
+        One FactoredInverse or ExactInverse per layer.
+    """
+    A_ref: tuple   # the A_ref tuple they were computed from (compared by identity)
+    S_ref: tuple   # the S_ref tuple they were computed from (compared by identity)
+    key: tuple     # (damping, gamma_in, gamma) they were computed for
+    layers: tuple  # one FactoredInverse or ExactInverse per layer
 
 
 class NoisyKFACInfo(NamedTuple):
@@ -270,6 +354,7 @@ def _check_state(state, model) -> list:
     check_array(state.m, "state.m", shape=(D,))
     check_t(state.t)
     blocks = layer_slices(model)
+    checked = set()
     for name in ("A", "S", "A_ref", "S_ref"):
         factors = getattr(state, name)
         if not isinstance(factors, tuple) or len(factors) != len(blocks):
@@ -277,36 +362,115 @@ def _check_state(state, model) -> list:
                              f"{type(factors).__name__}")
         for l, (F, (_, _, n_in, n_out)) in enumerate(zip(factors, blocks)):
             n = n_in if name.startswith("A") else n_out
-            check_array(F, f"state.{name}[{l}]", shape=(n, n))
+            # after a refresh A_ref, S_ref are the arrays A, S: scan each array once
+            check_array(F, f"state.{name}[{l}]", shape=(n, n), finite=id(F) not in checked)
+            checked.add(id(F))
             if F.dtype != state.mu.dtype:
                 raise ValueError(f"state.{name}[{l}]: expected dtype {state.mu.dtype}, got "
                                  f"{F.dtype}")
     return blocks
 
 
-def _sample_blocks(state, eps, blocks, c, damping):
-    """The draws w (D, S): per layer (noisy_kfac.6)-(noisy_kfac.7)."""
+def _inv_chol_T(M, name):
+    """L^{-T} for the lower Cholesky factor L of the SPD M: (L^{-T})(L^{-T})^T = M^{-1}."""
+    xp = xp_of(M)
+    L = check_spd(M, name)
+    eye = xp.eye(M.shape[0], dtype=M.dtype)
+    return linalg_of(xp).solve_triangular(L, eye, lower=True).T
+
+
+def _layer_inverse(l, A, Sf, damping, g_in, gamma):
+    """One layer's operators of (A_ref, S_ref) = (A, Sf).  (noisy_kfac.12)"""
+    xp = xp_of(A, Sf)
+    if damping == "exact":
+        Q_A, Q_S, Lam_in = kron.damped_eigh(A, Sf, g_in)                     # (noisy_kfac.5)
+        return ExactInverse(Q_A, Q_S, 1.0 / xp.sqrt(Lam_in),                  # (noisy_kfac.12)
+                            1.0 / (Lam_in + (gamma - g_in)))                  # (noisy_kfac.12)
+    pi = float(kron.factored_damping_pi(A, Sf))
+    eye_A = xp.eye(A.shape[0], dtype=A.dtype)
+    eye_S = xp.eye(Sf.shape[0], dtype=Sf.dtype)
+    d = math.sqrt(g_in)
+    R_A = _inv_chol_T(A + (pi * d) * eye_A, f"A_ref[{l}] + pi sqrt(gamma_in) I")  # (noisy_kfac.5)
+    R_S = _inv_chol_T(Sf + (d / pi) * eye_S, f"S_ref[{l}] + sqrt(gamma_in) / pi I")
+    if gamma == g_in:  # gamma_ex = 0: the solve's damped factors are the sampler's
+        P_A, P_S = R_A, R_S
+    else:
+        r = math.sqrt(gamma)
+        P_A = _inv_chol_T(A + (pi * r) * eye_A, f"A_ref[{l}] + pi sqrt(gamma) I")  # (noisy_kfac.9)
+        P_S = _inv_chol_T(Sf + (r / pi) * eye_S, f"S_ref[{l}] + sqrt(gamma) / pi I")
+    return FactoredInverse(R_A, R_S, P_A @ P_A.T, P_S @ P_S.T)                 # (noisy_kfac.12)
+
+
+def _inverses(state, c, damping) -> NoisyKFACInverses:
+    """state.inv when it was computed from state.A_ref, state.S_ref for this damping, else
+    the operators computed now."""
+    key = (damping, c["gamma_in"], c["gamma"])
+    inv = state.inv
+    if (inv is not None and inv.A_ref is state.A_ref and inv.S_ref is state.S_ref
+            and inv.key == key):
+        return inv
+    layers = tuple(_layer_inverse(l, A, Sf, damping, c["gamma_in"], c["gamma"])
+                   for l, (A, Sf) in enumerate(zip(state.A_ref, state.S_ref)))
+    return NoisyKFACInverses(state.A_ref, state.S_ref, key, layers)
+
+
+def refresh(state: NoisyKFACState, cfg: NoisyKFACConfig, model) -> NoisyKFACState:
+    """Return the state with ``inv`` the operators of its A_ref, S_ref for cfg's damping.
+
+    ``step`` keeps ``inv`` up to date itself (and ``sample`` recomputes a missing one): call
+    this after building or changing a state by hand, so that the next step does not pay for
+    the decompositions (a cycle of T_inv steps then holds exactly one).  (noisy_kfac.12)
+
+    Parameters
+    ----------
+    state : NoisyKFACState
+        The state.
+    cfg : NoisyKFACConfig
+        The hyperparameters (damping, gamma_in, gamma_ex).
+    model : FlatModel
+        The network.
+
+    Returns
+    -------
+    NoisyKFACState
+        The same state with ``inv`` set.
+
+    Raises
+    ------
+    ValueError
+        If state, cfg or model is invalid, or a damped factor is not positive definite.
+    """
+    c = _check_config(cfg)
+    _check_state(state, model)
+    return state._replace(inv=_inverses(state, c, cfg.damping))
+
+
+def _apply_sampler(op, E):
+    """Sigma_l^{1/2} E / sqrt(lambda / N) for a stack E (S, n_in, n_out).  (noisy_kfac.6)"""
+    if isinstance(op, FactoredInverse):
+        return op.R_A @ E @ op.R_S.T                                          # (noisy_kfac.6)
+    return op.Q_A @ ((op.Q_A.T @ E @ op.Q_S) * op.root) @ op.Q_S.T            # (noisy_kfac.6)
+
+
+def _apply_solve(op, V):
+    """The damped K-FAC solve of one layer's block V (n_in, n_out).  (noisy_kfac.9)"""
+    if isinstance(op, FactoredInverse):
+        return op.A_inv @ V @ op.S_inv                                        # (noisy_kfac.9)
+    return op.Q_A @ ((op.Q_A.T @ V @ op.Q_S) * op.inv) @ op.Q_S.T             # (noisy_kfac.9)
+
+
+def _sample_rows(state, eps, blocks, c, inv):
+    """The draws as rows, (S, D): per layer (noisy_kfac.6)-(noisy_kfac.7)."""
     xp = xp_of(state.mu, eps)
     S = eps.shape[1]
-    d = math.sqrt(c["gamma_in"])
     scale = math.sqrt(c["lam"] / c["N"])
     out = []
-    for (start, stop, n_in, n_out), A, Sf in zip(blocks, state.A_ref, state.S_ref):
-        E = eps[start:stop].reshape(n_in, n_out, S)
-        M = state.mu[start:stop].reshape(n_in, n_out)
-        if damping == "factored":
-            pi = float(kron.factored_damping_pi(A, Sf))
-            A_g = A + (pi * d) * xp.eye(n_in, dtype=A.dtype)                  # (noisy_kfac.5)
-            S_g = Sf + (d / pi) * xp.eye(n_out, dtype=Sf.dtype)               # (noisy_kfac.5)
-            Z = kron.sample(xp.zeros_like(M), A_g, S_g, E)                    # (noisy_kfac.6)
-        else:
-            # the symmetric square root (Q_A kron Q_S) Lam^{-1/2} (Q_A kron Q_S)^T: unlike
-            # Q_A E Q_S^T / sqrt(Lam) it does not depend on the eigensolver's column signs
-            Q_A, Q_S, Lam = kron.damped_eigh(A, Sf, c["gamma_in"])            # (noisy_kfac.5)
-            R = xp.einsum("ai,abs,bj->ijs", Q_A, E, Q_S) / xp.sqrt(Lam)[:, :, None]
-            Z = xp.einsum("ia,abs,jb->ijs", Q_A, R, Q_S)                       # (noisy_kfac.6)
-        out.append((M[:, :, None] + scale * Z).reshape(stop - start, S))      # (noisy_kfac.7)
-    return xp.concatenate(out, axis=0)
+    for (start, stop, n_in, n_out), op in zip(blocks, inv.layers):
+        E = eps[start:stop].reshape(n_in, n_out, S).transpose(2, 0, 1)       # (S, n_in, n_out)
+        Z = _apply_sampler(op, E)                                             # (noisy_kfac.6)
+        W = state.mu[start:stop].reshape(n_in, n_out) + scale * Z             # (noisy_kfac.7)
+        out.append(W.reshape(S, stop - start))
+    return xp.concatenate(out, axis=1)
 
 
 def sample(state: NoisyKFACState, eps, cfg: NoisyKFACConfig, model):
@@ -341,7 +505,7 @@ def sample(state: NoisyKFACState, eps, cfg: NoisyKFACConfig, model):
     c = _check_config(cfg)
     blocks = _check_state(state, model)
     _check_eps(eps, state)
-    return _sample_blocks(state, eps, blocks, c, cfg.damping)
+    return _sample_rows(state, eps, blocks, c, _inverses(state, c, cfg.damping)).T
 
 
 def _check_eps(eps, state):
@@ -383,46 +547,30 @@ def dense_covariance(state: NoisyKFACState, cfg: NoisyKFACConfig, model):
     # the sampling map's columns (identity draws) are a square root of the block-diagonal
     # covariance; its outer product is Sigma
     centred = state._replace(mu=xp.zeros_like(state.mu))
-    W = _sample_blocks(centred, xp.eye(state.mu.shape[0], dtype=state.mu.dtype), blocks, c,
-                       cfg.damping)
-    return W @ W.T                                                            # (noisy_kfac.6)
+    W = _sample_rows(centred, xp.eye(state.mu.shape[0], dtype=state.mu.dtype), blocks, c,
+                     _inverses(state, c, cfg.damping))
+    return W.T @ W                                                            # (noisy_kfac.6)
 
 
-def _precondition(V, state, blocks, c, damping):
+def _ema(F, H, beta):
+    """(1 - beta) F + beta H into one new array.  (noisy_kfac.4)"""
+    out = (1 - beta) * F
+    out += beta * H                                                           # (noisy_kfac.4)
+    return out
+
+
+def _precondition(V, blocks, inv):
     """P = the damped K-FAC solve of each layer's block of V.  (noisy_kfac.9)"""
     xp = xp_of(V)
-    out = []
-    for (start, stop, n_in, n_out), A, Sf in zip(blocks, state.A_ref, state.S_ref):
-        X = V[start:stop].reshape(n_in, n_out)
-        if damping == "factored":
-            P = kron.solve_factored(A, Sf, X, c["gamma"])                     # (noisy_kfac.9)
-        else:
-            P = kron.solve(A, Sf, X, damping=c["gamma"])                      # (noisy_kfac.9)
-        out.append(P.reshape(-1))
-    return xp.concatenate(out)
-
-
-def _statistics(model, W, X, y, y_tilde, curvature):
-    """(A_hat, S_hat) per layer, per-example means averaged over the draws.  (noisy_kfac.3)"""
-    M, S = X.shape[0], W.shape[1]
-    A_hat = S_hat = None
-    for s in range(S):
-        if curvature == "mc":
-            pairs = model.kfac_curvature(W[:, s], X, y_tilde[s], "ef")
-        else:
-            pairs = model.kfac_curvature(W[:, s], X, y, curvature)
-        a = [A / S for A, _ in pairs]
-        b = [B / (M * S) for _, B in pairs]                                   # (noisy_kfac.3)
-        A_hat = a if A_hat is None else [x + y_ for x, y_ in zip(A_hat, a)]
-        S_hat = b if S_hat is None else [x + y_ for x, y_ in zip(S_hat, b)]
-    return tuple(A_hat), tuple(S_hat)
+    return xp.concatenate([_apply_solve(op, V[start:stop].reshape(n_in, n_out)).reshape(-1)
+                           for (start, stop, n_in, n_out), op in zip(blocks, inv.layers)])
 
 
 def step(state: NoisyKFACState, batch, eps, cfg: NoisyKFACConfig, model,
          y_tilde=None) -> tuple[NoisyKFACState, NoisyKFACInfo]:
     """Take one Noisy K-FAC step (K-FAC with eps = None).
 
-    (noisy_kfac.3)-(noisy_kfac.9), (noisy_kfac.11); see the module docstring for the order.
+    (noisy_kfac.3)-(noisy_kfac.12); see the module docstring for the order.
 
     Parameters
     ----------
@@ -457,12 +605,13 @@ def step(state: NoisyKFACState, batch, eps, cfg: NoisyKFACConfig, model,
     blocks = _check_state(state, model)
     X, y, M = check_batch(batch, model, c["N"], state.mu.dtype)
     xp = xp_of(state.mu, X, y)
+    inv = _inverses(state, c, cfg.damping)                                    # (noisy_kfac.12)
     if eps is None:
-        W = state.mu[:, None]
+        W_rows = state.mu[None, :]
     else:
         _check_eps(eps, state)
-        W = _sample_blocks(state, eps, blocks, c, cfg.damping)                # (noisy_kfac.7)
-    S = W.shape[1]
+        W_rows = _sample_rows(state, eps, blocks, c, inv)                     # (noisy_kfac.7)
+    S = W_rows.shape[0]
     if cfg.curvature == "mc":
         if y_tilde is not None:
             check_array(y_tilde, "y_tilde", ndim=(2, 3))
@@ -473,9 +622,14 @@ def step(state: NoisyKFACState, batch, eps, cfg: NoisyKFACConfig, model,
     elif y_tilde is not None:
         raise ValueError(f"y_tilde: only curvature 'mc' uses sampled labels, got curvature "
                          f"{cfg.curvature!r}")
-    g = sum(model.grad(W[:, s], X, y) for s in range(S)) / (M * S)
-    V = g + c["gamma_in"] * W.mean(axis=1)                                   # (noisy_kfac.8)
-    P = _precondition(V, state, blocks, c, cfg.damping)                       # (noisy_kfac.9)
+    t = state.t + 1
+    # one batched pass at the S draws: the gradients, and the statistics when they are due
+    # ("mc": the "ef" factors at the sampled labels)
+    curv = None if t % c["T_stats"] else ("ef" if cfg.curvature == "mc" else cfg.curvature)
+    G, factors = model.kfac_moments(W_rows, X, y, curv,
+                                    y_tilde if cfg.curvature == "mc" and curv else None)
+    V = G.sum(axis=0) / (M * S) + c["gamma_in"] * W_rows.mean(axis=0)         # (noisy_kfac.8)
+    P = _precondition(V, blocks, inv)                                         # (noisy_kfac.9)
     nu = 1.0
     if c["kl_clip"] is not None:
         vPv = float(xp.sum(V * P))  # V^T F~^{-1} V >= 0: the damped K-FAC solve is SPD
@@ -484,13 +638,15 @@ def step(state: NoisyKFACState, batch, eps, cfg: NoisyKFACConfig, model,
         P = nu * P                                                            # (noisy_kfac.10)
     m = c["momentum"] * state.m + P                                           # (noisy_kfac.11)
     mu = state.mu - c["alpha"] * m                                            # (noisy_kfac.11)
-    t = state.t + 1
     A, Sf, A_hat, S_hat = state.A, state.S, None, None
-    if t % c["T_stats"] == 0:
-        A_hat, S_hat = _statistics(model, W, X, y, y_tilde, cfg.curvature)   # (noisy_kfac.3)
+    if factors is not None:
+        A_hat = tuple(A_l for A_l, _ in factors)                              # (noisy_kfac.3)
+        S_hat = tuple(B_l / M for _, B_l in factors)                          # (noisy_kfac.3)
         b = c["beta"]
-        A = tuple((1 - b) * F + b * H for F, H in zip(A, A_hat))              # (noisy_kfac.4)
-        Sf = tuple((1 - b) * F + b * H for F, H in zip(Sf, S_hat))            # (noisy_kfac.4)
-    A_ref, S_ref = (A, Sf) if t % c["T_inv"] == 0 else (state.A_ref, state.S_ref)
-    new = NoisyKFACState(mu, m, A, Sf, A_ref, S_ref, t)
-    return new, NoisyKFACInfo(W, V, P, m, mu, A_hat, S_hat, nu)
+        A = tuple(_ema(F, H, b) for F, H in zip(A, A_hat))                    # (noisy_kfac.4)
+        Sf = tuple(_ema(F, H, b) for F, H in zip(Sf, S_hat))                  # (noisy_kfac.4)
+    new = NoisyKFACState(mu, m, A, Sf, state.A_ref, state.S_ref, t, inv)
+    if t % c["T_inv"] == 0:  # the refresh, with its operators
+        new = new._replace(A_ref=A, S_ref=Sf, inv=None)
+        new = new._replace(inv=_inverses(new, c, cfg.damping))                # (noisy_kfac.12)
+    return new, NoisyKFACInfo(W_rows.T, V, P, m, mu, A_hat, S_hat, nu)

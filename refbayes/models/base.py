@@ -834,6 +834,101 @@ class FlatModel:
             out.append((A, B))
         return out
 
+    def kfac_moments(self, thetas, X, y, curvature=None, y_curv=None):
+        """Compute gradients and the draw-averaged K-FAC factors at S parameter vectors at once.
+
+        g[s] = sum_i dl_i/dtheta at theta_s with the labels y (peg.6). With a curvature, also,
+        per layer, the mean over the S vectors of ``kfac_curvature``'s factors (peg.18):
+
+            A_l = (1/S) sum_s (1/M) sum_i a~_i a~_i^T,   B_l = (1/S) sum_s sum_i B_i   (peg.21)
+
+        at theta_s, with the labels y, or y_curv[s] for "ef" when given (labels sampled from the
+        model at theta_s: the Monte Carlo Fisher of K-FAC). Equal to S calls of ``grad`` and
+        ``kfac_curvature``, averaged; one forward pass and one batched matmul per layer for all S
+        vectors, and the "ef" factors with the labels y reuse the gradient's backward pass.
+
+        Parameters
+        ----------
+        thetas : array of shape (S, D)
+            S >= 1 parameter vectors (float64 or float32).
+        X : array of shape (M, n_in)
+            Inputs, M >= 1, same dtype as thetas.
+        y : array of shape (M,) or (M, n_out)
+            Targets of the gradient: labels (M,) for classification; reals (M,) or (M, n_out)
+            for the gaussian likelihood.
+        curvature : {None, "ef", "ggn"}, optional
+            Which curvature's factors to return with the gradients.
+        y_curv : array of shape (S, M) or (S, M, n_out), optional
+            Per-vector targets of the "ef" factors (refused for any other curvature).
+
+        Returns
+        -------
+        g : array of shape (S, D)
+            The summed gradients.
+        factors : list of tuple or None
+            [(A_l, B_l)] for l = 1..L as in (peg.21), or None when curvature is None.
+
+        Raises
+        ------
+        ValueError
+            If curvature is not None, "ef" or "ggn", thetas is not a finite float (S, D) array
+            with S >= 1, X is not a finite float (M, n_in) array with M >= 1 in thetas' dtype,
+            or the arrays mix NumPy and CuPy; if y (or a row y_curv[s]) does not fit the
+            likelihood (see its ``check_targets``), y_curv is not (S, M, ...), or y_curv is given
+            with a curvature other than "ef".
+        """
+        if curvature not in (None, "ef", "ggn"):
+            raise ValueError(f"curvature: expected None, 'ef' or 'ggn', got {curvature!r}")
+        check_array(thetas, "thetas", ndim=2)
+        S = thetas.shape[0]
+        if S < 1 or thetas.shape[1] != self.D:
+            raise ValueError(f"thetas: expected shape (S >= 1, {self.D}), got {tuple(thetas.shape)}")
+        xp, _, X, y = self._inputs(thetas[0], X, y)
+        check_float(thetas, "thetas")
+        check_same_dtype({"thetas": thetas, "X": X})
+        M = X.shape[0]
+        if y_curv is not None:
+            if curvature != "ef":
+                raise ValueError(f"y_curv: only curvature 'ef' takes its own targets, got "
+                                 f"curvature {curvature!r}")
+            check_array(y_curv, "y_curv", ndim=(2, 3))
+            if tuple(y_curv.shape[:2]) != (S, M):
+                raise ValueError(f"y_curv: expected shape ({S}, {M}, ...) (S, M), got "
+                                 f"{tuple(y_curv.shape)}")
+            y_curv = xp.concatenate([self.likelihood.check_targets(
+                y_curv[s], M, self.sizes[-1], thetas.dtype) for s in range(S)])
+        params = _layers.unflatten_batched(thetas, self.sizes, self.bias)
+        acts, f = _layers.forward_batched(xp, params, X, self.activation)
+        K = f.shape[-1]
+        f = f.reshape(S * M, K)
+        yy = xp.concatenate([y] * S) if S > 1 else y
+        r = self.likelihood._grad_f(f, yy).reshape(S, M, K)  # (peg.2)
+        deltas = _layers.backward_batched(xp, params, acts, r, self.activation)
+        g = _layers.summed_blocks_batched(xp, acts, deltas, self.bias)  # (peg.6)
+        if curvature is None:
+            return g, None
+        if curvature == "ef" and y_curv is None:
+            passes = [deltas]  # the gradient's own backward pass
+        elif curvature == "ef":
+            r_curv = self.likelihood._grad_f(f, y_curv).reshape(S, M, K)  # (peg.2)
+            passes = [_layers.backward_batched(xp, params, acts, r_curv, self.activation)]
+        else:
+            C = self.likelihood._hess_factor(f, yy)  # H_i = C_i C_i^T, (S M, K, R)
+            passes = (_layers.backward_batched(xp, params, acts, C[:, :, q].reshape(S, M, K),
+                                               self.activation)
+                      for q in range(C.shape[2]))  # one backprop per factor column (peg.9)
+        B = None
+        for dq in passes:
+            Bq = [d.reshape(S * M, -1).T @ d.reshape(S * M, -1) for d in dq]
+            B = Bq if B is None else [b + c for b, c in zip(B, Bq)]
+        out = []
+        for a, B_l in zip(acts, B):
+            a = a.reshape(-1, a.shape[-1])  # (M, n) for the shared input X, else (S M, n)
+            if self.bias:
+                a = xp.concatenate([a, xp.ones((a.shape[0], 1), dtype=a.dtype)], axis=1)
+            out.append(((a.T @ a) / a.shape[0], B_l / S))  # (peg.21)
+        return g, out
+
     def kfac_block_errors(self, theta, X, y, curvature="ggn"):
         """Compute the relative Frobenius error of K-FAC's A_l kron B_l per layer.
 

@@ -250,3 +250,75 @@ def test_bad_input_is_rejected_with_the_argument_named():
     for call, name in cases:
         with pytest.raises(ValueError, match=name):
             call()
+
+
+def _cycle_inputs(seed=8, N=20, steps=6):
+    rng = np.random.default_rng(seed)
+    model = MLP([3, 5, 2], "tanh", "categorical")
+    X, y = rng.standard_normal((N, 3)), rng.integers(0, 2, N)
+    state = _state_with_factors(model, rng)
+    eps = [rng.standard_normal((model.D, 2)) for _ in range(steps)]
+    return model, Batch(X, y), state, eps
+
+
+@pytest.mark.parametrize("damping", nk.DAMPINGS)
+def test_the_cached_operators_are_those_of_a_ref_and_never_stale(damping):
+    """(noisy_kfac.12): the operators are computed at a refresh and reused until the next one
+    (the same object between refreshes, new ones at each refresh, made from the new A_ref,
+    S_ref); a state without them, with other A_ref / S_ref (``_replace``), or stepped with
+    another damping gets them recomputed, so every step equals the step of the same state
+    with ``inv=None`` exactly."""
+    model, batch, state, eps = _cycle_inputs()
+    cfg = nk.NoisyKFACConfig(20, eta=0.5, alpha=0.05, beta=0.3, gamma_ex=1e-2, T_inv=3,
+                             damping=damping)
+    s = nk.refresh(state, cfg, model)
+    assert s.inv.A_ref is s.A_ref and s.inv.S_ref is s.S_ref
+    assert s.inv.key == (damping, nk.gamma_in(cfg), nk.gamma_in(cfg) + 1e-2)
+    for e in eps:
+        new, info = nk.step(s, batch, e, cfg, model)
+        bare, bare_info = nk.step(s._replace(inv=None), batch, e, cfg, model)
+        assert np.array_equal(new.mu, bare.mu) and np.array_equal(info.w, bare_info.w)
+        if new.t % cfg.T_inv == 0:
+            assert new.A_ref is new.A and new.inv is not s.inv
+            assert new.inv.A_ref is new.A_ref and new.inv.S_ref is new.S_ref
+        else:
+            assert new.inv is s.inv
+        s = new
+    # stale operators (made for other factors, or for another damping) are not used
+    other = nk.refresh(_state_with_factors(model, np.random.default_rng(9)), cfg, model)
+    mixed = s._replace(inv=other.inv)
+    for c in (cfg, cfg._replace(gamma_ex=0.5), cfg._replace(eta=2.0)):
+        b, ib = nk.step(s._replace(inv=None), batch, eps[0], c, model)
+        for start in (mixed, s):  # other factors; s's own factors but maybe another damping
+            a, ia = nk.step(start, batch, eps[0], c, model)
+            assert np.array_equal(a.mu, b.mu) and np.array_equal(ia.w, ib.w)
+            assert np.array_equal(nk.sample(start, eps[0], c, model), ib.w)
+    assert not np.array_equal(nk.step(other._replace(A_ref=s.A_ref, S_ref=s.S_ref), batch,
+                                      eps[0], cfg, model)[1].w,
+                              nk.step(other, batch, eps[0], cfg, model)[1].w)
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+@pytest.mark.parametrize("damping", nk.DAMPINGS)
+def test_steps_in_each_backend_and_dtype_equal_the_float64_steps(damping, dtype, xp):
+    """Six steps (T_inv = 3, so two refreshes) run in the backend under test and in float32
+    equal the NumPy float64 steps: dtype kept everywhere, mean, draws and factors within the
+    stated exact-identity tolerance of the dtype."""
+    from refbayes.backend import to_numpy
+    from tests.tolerances import exact
+    model, batch, state, eps = _cycle_inputs()
+    cfg = nk.NoisyKFACConfig(20, eta=0.5, alpha=0.05, beta=0.3, gamma_ex=1e-2, T_inv=3,
+                             damping=damping)
+    conv = lambda a: xp.asarray(a.astype(dtype))  # noqa: E731
+    s64 = state
+    s = nk.NoisyKFACState(conv(state.mu), conv(state.m), *(tuple(conv(F) for F in Fs) for Fs in
+                          (state.A, state.S, state.A_ref, state.S_ref)), 0)
+    xb = Batch(conv(batch.X), xp.asarray(batch.y))
+    for e in eps:
+        s64, i64 = nk.step(s64, batch, e, cfg, model)
+        s, info = nk.step(s, xb, conv(e), cfg, model)
+        assert s.mu.dtype == dtype and info.w.dtype == dtype and s.A[1].dtype == dtype
+        assert rel_err(to_numpy(info.w), i64.w) < exact(dtype)
+        assert rel_err(to_numpy(s.mu), s64.mu) < exact(dtype)
+        for F, F64 in zip(s.S + s.A, s64.S + s64.A):
+            assert rel_err(to_numpy(F), F64) < exact(dtype)

@@ -125,6 +125,52 @@ def test_sample_moments_batched_over_parameter_vectors(case, dtype, xp):
                  exact(dtype), "diag GGN per theta_s")
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("case", CASES, ids=ids(CASES))
+def test_kfac_moments_is_the_mean_of_kfac_curvature_over_vectors(case, dtype, xp):
+    """kfac_moments at S = 3 parameter vectors in one batched pass (peg.21): g[s] against the
+    autograd per-example loop at theta_s (peg.6); each layer's (A_l, B_l) against the mean over s
+    of kfac_curvature(theta_s) (peg.18) in float64, for "ggn", "ef" with the labels y, and "ef"
+    with per-vector labels y_curv[s] (the Monte Carlo Fisher's sampled labels)."""
+    spec = ref.spec_of(case.model)
+    rows = [batch(case, seed=s) for s in range(3)]
+    _, X, y = rows[0]
+    y_curv = np.stack([r[2] for r in rows[::-1]])  # other valid targets per vector
+    thetas = np.stack([r[0] for r in rows])
+    args = (xp.asarray(thetas.astype(dtype)), xp.asarray(X.astype(dtype)), xp.asarray(y))
+    g, none = case.model.kfac_moments(*args)
+    assert none is None and g.dtype == dtype and g.shape == (3, case.model.D)
+    assert_close(g, np.stack([ref.per_example_grads_loop(spec, th, X, y).sum(0)
+                              for th in thetas]), exact(dtype), "sum_i g_i per theta_s")
+    for curvature, labels in (("ggn", None), ("ef", None), ("ef", y_curv)):
+        g2, factors = case.model.kfac_moments(
+            *args, curvature=curvature, y_curv=None if labels is None else xp.asarray(labels))
+        assert_close(g2, g, exact(dtype), "the gradient does not depend on the curvature")
+        per = [case.model.kfac_curvature(th, X, y if labels is None else labels[s], curvature)
+               for s, th in enumerate(thetas)]
+        assert len(factors) == case.model.n_layers
+        for l, (A, B) in enumerate(factors):
+            assert A.dtype == dtype and B.dtype == dtype
+            assert_close(A, sum(p[l][0] for p in per) / 3, exact(dtype), f"A_{l} ({curvature})")
+            assert_close(B, sum(p[l][1] for p in per) / 3, exact(dtype), f"B_{l} ({curvature})")
+
+
+def test_kfac_moments_rejects_bad_input():
+    model = MLP([3, 4, 2], likelihood="categorical")
+    X, y = np.zeros((5, 3)), np.zeros(5, dtype=int)
+    thetas = np.zeros((2, model.D))
+    with pytest.raises(ValueError, match="thetas: expected shape"):
+        model.kfac_moments(np.zeros((2, model.D + 1)), X, y)
+    with pytest.raises(ValueError, match="curvature: expected None, 'ef' or 'ggn'"):
+        model.kfac_moments(thetas, X, y, curvature="mc")
+    with pytest.raises(ValueError, match="y_curv: only curvature 'ef'"):
+        model.kfac_moments(thetas, X, y, curvature="ggn", y_curv=np.zeros((2, 5), dtype=int))
+    with pytest.raises(ValueError, match="y_curv: expected shape"):
+        model.kfac_moments(thetas, X, y, curvature="ef", y_curv=np.zeros((3, 5), dtype=int))
+    with pytest.raises(ValueError, match="y"):
+        model.kfac_moments(thetas, X, y, curvature="ef", y_curv=np.full((2, 5), 7))
+
+
 def test_sample_moments_rejects_bad_input():
     model = MLP([3, 4, 1])
     X, y = np.zeros((5, 3)), np.zeros(5)
