@@ -159,7 +159,7 @@ def check_symmetric(M, name: str):
     return M
 
 
-def check_spd(M, name: str):
+def check_spd(M, name: str, *, symmetric_checked: bool = False):
     """M is a square floating matrix, symmetric to rounding, with a Cholesky factor; return it.
 
     Returns the lower factor L (L L^T = M).  Symmetry is required to 100 units of roundoff of
@@ -167,12 +167,14 @@ def check_spd(M, name: str):
     different matrix silently.  A failed factorization means M is not positive definite to
     working precision: NumPy raises LinAlgError; CuPy only does so under
     ``cupyx.errstate(linalg="raise")`` (by default it returns a partial factor), hence that
-    context and the check of a finite, positive diagonal.
+    context and the check of a finite, positive diagonal.  ``symmetric_checked=True`` skips the
+    symmetry check for a caller that has made it already (a checked factor plus a multiple of I).
     """
     import numpy as np
 
     xp = xp_of(M)
-    check_symmetric(M, name)
+    if not symmetric_checked:
+        check_symmetric(M, name)
     if M.shape[0] == 0:
         return M
     try:

@@ -316,8 +316,7 @@ def prior_vector(model, weight_precision: float, bias_precision: float) -> np.nd
 
 def _forward_rows(model, thetas, X) -> np.ndarray:
     """F (S, n): the scalar network output at each column of thetas (D, S)."""
-    return np.stack([model.forward(np.ascontiguousarray(thetas[:, s]), X)[:, 0]
-                     for s in range(thetas.shape[1])])
+    return model.forward_batched(np.ascontiguousarray(thetas.T), X)[:, :, 0]
 
 
 # ----------------------------------------------------------------------------- SLANG

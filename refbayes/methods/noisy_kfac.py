@@ -372,11 +372,12 @@ def _check_state(state, model) -> list:
 
 
 def _inv_chol_T(M, name):
-    """L^{-T} for the lower Cholesky factor L of the SPD M: (L^{-T})(L^{-T})^T = M^{-1}."""
+    """L^{-T} for the lower Cholesky factor L of the SPD M: (L^{-T})(L^{-T})^T = M^{-1}.
+    M is a factor that ``kron.factored_damping_pi`` has checked symmetric, plus c I."""
     xp = xp_of(M)
-    L = check_spd(M, name)
+    L = check_spd(M, name, symmetric_checked=True)
     eye = xp.eye(M.shape[0], dtype=M.dtype)
-    return linalg_of(xp).solve_triangular(L, eye, lower=True).T
+    return linalg_of(xp).solve_triangular(L, eye, lower=True, check_finite=False).T
 
 
 def _layer_inverse(l, A, Sf, damping, g_in, gamma):
@@ -386,7 +387,7 @@ def _layer_inverse(l, A, Sf, damping, g_in, gamma):
         Q_A, Q_S, Lam_in = kron.damped_eigh(A, Sf, g_in)                     # (noisy_kfac.5)
         return ExactInverse(Q_A, Q_S, 1.0 / xp.sqrt(Lam_in),                  # (noisy_kfac.12)
                             1.0 / (Lam_in + (gamma - g_in)))                  # (noisy_kfac.12)
-    pi = float(kron.factored_damping_pi(A, Sf))
+    pi = float(kron.factored_damping_pi(A, Sf))  # checks A, Sf symmetric (and finite)
     eye_A = xp.eye(A.shape[0], dtype=A.dtype)
     eye_S = xp.eye(Sf.shape[0], dtype=Sf.dtype)
     d = math.sqrt(g_in)

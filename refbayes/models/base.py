@@ -134,6 +134,17 @@ class FlatModel:
             y = self.likelihood.check_targets(y, X.shape[0], self.sizes[-1], theta.dtype)
         return xp, theta, X, y
 
+    def _inputs_batched(self, thetas, X, y=None, need_y=True):
+        """xp, validated X and y, and S for S parameter vectors thetas (S, D)."""
+        check_array(thetas, "thetas", ndim=2)
+        S = thetas.shape[0]
+        if S < 1 or thetas.shape[1] != self.D:
+            raise ValueError(f"thetas: expected shape (S >= 1, {self.D}), got {tuple(thetas.shape)}")
+        xp, _, X, y = self._inputs(thetas[0], X, y, need_y)
+        check_float(thetas, "thetas")
+        check_same_dtype({"thetas": thetas, "X": X})
+        return xp, X, y, S
+
     # ---- parameters ------------------------------------------------------------------------
 
     def unflatten(self, theta):
@@ -270,6 +281,33 @@ class FlatModel:
         """
         xp, theta, X, _ = self._inputs(theta, X, need_y=False)
         return self._forward(xp, theta, X)[2]
+
+    def forward_batched(self, thetas, X):
+        """Compute the network outputs at S parameter vectors in one batched pass.
+
+        F[s] = ``forward(thetas[s], X)``: (peg.1) with one matmul per layer for all S vectors.
+
+        Parameters
+        ----------
+        thetas : array of shape (S, D)
+            S >= 1 parameter vectors (float64 or float32).
+        X : array of shape (M, n_in)
+            Inputs, M >= 1, same dtype as thetas.
+
+        Returns
+        -------
+        array of shape (S, M, n_out)
+            The outputs F.
+
+        Raises
+        ------
+        ValueError
+            If thetas is not a finite float (S, D) array with S >= 1, X is not a finite float
+            (M, n_in) array with M >= 1 in thetas' dtype, or the arrays mix NumPy and CuPy.
+        """
+        xp, X, _, _ = self._inputs_batched(thetas, X, need_y=False)
+        params = _layers.unflatten_batched(thetas, self.sizes, self.bias)
+        return _layers.forward_batched(xp, params, X, self.activation)[1]  # (peg.1)
 
     def predict(self, theta, X):
         """Compute the predictive mean E[y | x, theta] of the likelihood at the outputs f.
@@ -707,13 +745,7 @@ class FlatModel:
         """
         if curvature not in (None, "ef", "ggn"):
             raise ValueError(f"curvature: expected None, 'ef' or 'ggn', got {curvature!r}")
-        check_array(thetas, "thetas", ndim=2)
-        S = thetas.shape[0]
-        if S < 1 or thetas.shape[1] != self.D:
-            raise ValueError(f"thetas: expected shape (S >= 1, {self.D}), got {tuple(thetas.shape)}")
-        xp, _, X, y = self._inputs(thetas[0], X, y)
-        check_float(thetas, "thetas")
-        check_same_dtype({"thetas": thetas, "X": X})
+        xp, X, y, S = self._inputs_batched(thetas, X, y)
         params = _layers.unflatten_batched(thetas, self.sizes, self.bias)
         acts, f = _layers.forward_batched(xp, params, X, self.activation)
         M, K = X.shape[0], f.shape[-1]
@@ -879,13 +911,7 @@ class FlatModel:
         """
         if curvature not in (None, "ef", "ggn"):
             raise ValueError(f"curvature: expected None, 'ef' or 'ggn', got {curvature!r}")
-        check_array(thetas, "thetas", ndim=2)
-        S = thetas.shape[0]
-        if S < 1 or thetas.shape[1] != self.D:
-            raise ValueError(f"thetas: expected shape (S >= 1, {self.D}), got {tuple(thetas.shape)}")
-        xp, _, X, y = self._inputs(thetas[0], X, y)
-        check_float(thetas, "thetas")
-        check_same_dtype({"thetas": thetas, "X": X})
+        xp, X, y, S = self._inputs_batched(thetas, X, y)
         M = X.shape[0]
         if y_curv is not None:
             if curvature != "ef":
@@ -895,8 +921,9 @@ class FlatModel:
             if tuple(y_curv.shape[:2]) != (S, M):
                 raise ValueError(f"y_curv: expected shape ({S}, {M}, ...) (S, M), got "
                                  f"{tuple(y_curv.shape)}")
-            y_curv = xp.concatenate([self.likelihood.check_targets(
-                y_curv[s], M, self.sizes[-1], thetas.dtype) for s in range(S)])
+            # the S rows of labels checked as one (S M)-row batch
+            y_curv = self.likelihood.check_targets(y_curv.reshape((S * M,) + y_curv.shape[2:]),
+                                                   S * M, self.sizes[-1], thetas.dtype)
         params = _layers.unflatten_batched(thetas, self.sizes, self.bias)
         acts, f = _layers.forward_batched(xp, params, X, self.activation)
         K = f.shape[-1]

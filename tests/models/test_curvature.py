@@ -155,6 +155,21 @@ def test_kfac_moments_is_the_mean_of_kfac_curvature_over_vectors(case, dtype, xp
             assert_close(B, sum(p[l][1] for p in per) / 3, exact(dtype), f"B_{l} ({curvature})")
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("case", CASES, ids=ids(CASES))
+def test_forward_batched_is_forward_per_vector(case, dtype, xp):
+    """forward_batched at S = 3 parameter vectors: F[s] = forward(theta_s) (peg.1)."""
+    rows = [batch(case, seed=s) for s in range(3)]
+    X = xp.asarray(rows[0][1].astype(dtype))
+    thetas = xp.asarray(np.stack([r[0] for r in rows]).astype(dtype))
+    F = case.model.forward_batched(thetas, X)
+    assert F.dtype == dtype and F.shape == (3, case.M, case.model.sizes[-1])
+    for s in range(3):
+        assert_close(F[s], case.model.forward(thetas[s], X), exact(dtype), f"F[{s}]")
+    with pytest.raises(ValueError, match="thetas: expected shape"):
+        case.model.forward_batched(thetas[:, 1:], X)
+
+
 def test_kfac_moments_rejects_bad_input():
     model = MLP([3, 4, 2], likelihood="categorical")
     X, y = np.zeros((5, 3)), np.zeros(5, dtype=int)
