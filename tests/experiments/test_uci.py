@@ -211,6 +211,29 @@ def test_predictive_ll_and_rmse_by_hand():
     assert_close(uci.rmse(y, F, m, s), np.sqrt(np.mean((y - y_hat) ** 2)), EXACT_F64, "RMSE")
 
 
+def test_joint_ll_is_khan_et_al_s_metric_by_hand():
+    """(uci.9): (1/n) log (1/S) sum_s prod_i N(y_i | m + s F[s, i], s^2 / tau), against
+    scipy.stats.norm densities multiplied out (small n, so the product does not underflow), and
+    the two-draw, two-point cases of derivations/uci.md on either side of (uci.3)."""
+    rng = np.random.default_rng(4)
+    S, n, tau, m, s = 4, 3, 2.5, 7.0, 3.0
+    F, y = rng.normal(size=(S, n)), m + s * rng.normal(size=n)
+    dens = norm.pdf(y[None, :], loc=m + s * F, scale=s / np.sqrt(tau))  # (S, n)
+    assert uci.predictive_ll_joint(y, F, tau, m, s) == pytest.approx(
+        np.log(dens.prod(axis=1).mean()) / n, rel=EXACT_F64)
+    # one draw: the joint and the per-point metrics agree
+    assert uci.predictive_ll_joint(y, F[:1], tau, m, s) == pytest.approx(
+        float(np.mean(uci.predictive_ll(y, F[:1], tau, m, s))), rel=EXACT_F64)
+    # two draws, each fitting one of two points (far off the other): LL_joint < LL; one draw
+    # fitting both points and one fitting neither: LL_joint > LL
+    tau, far = 1.0, 40.0
+    for F2, joint_lower in (([[0.0, far], [far, 0.0]], True), ([[0.0, 0.0], [far, far]], False)):
+        F2 = np.array(F2)
+        joint = uci.predictive_ll_joint(np.zeros(2), F2, tau, 0.0, 1.0)
+        per_point = float(np.mean(uci.predictive_ll(np.zeros(2), F2, tau, 0.0, 1.0)))
+        assert (joint < per_point - 1.0) if joint_lower else (joint > per_point + 0.1)
+
+
 def test_standardization_uses_training_rows_only():
     rng = np.random.default_rng(0)
     X, y = rng.normal(3.0, 2.0, size=(50, 4)), rng.normal(-1.0, 5.0, size=50)
@@ -367,7 +390,7 @@ def test_methods_run_separately_share_one_summary(data_dir, tmp_path, capsys):
 def test_one_split_prints_a_dash_for_the_spread(data_dir, tmp_path, capsys):
     assert _reproduce(*_quick(tmp_path, data_dir)) == 0
     row = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("map "))
-    assert row.count("+- —") == 2 and "nan" not in row
+    assert row.count("+- —") == 3 and "nan" not in row  # RMSE, LL and LL joint (uci.9)
 
 
 def test_progress_on_stderr_off_a_terminal(data_dir, tmp_path, capsys):
