@@ -29,7 +29,7 @@ from refbayes._checks import (
 from refbayes.backend import linalg_of, xp_of
 
 __all__ = ["dense", "kron_matvec", "solve", "logdet", "damped_eigh", "factored_damping_pi",
-           "solve_factored", "sample", "sample_cov"]
+           "solve_factored", "solve_chol", "sample", "sample_chol", "sample_cov"]
 
 
 # ----------------------------------------------------------------------------- validation
@@ -133,6 +133,32 @@ def _tri_right(X, L, *, trans):
     Uses (X L^{-1})^T = L^{-T} X^T and (X L^{-T})^T = L^{-1} X^T.
     """
     return _tri_left(L, X.transpose(0, 2, 1), trans=not trans).transpose(0, 2, 1)
+
+
+def _solve_chol(L_A, L_S, X):
+    """A^{-1} X S^{-1} for A = L_A L_A^T, S = L_S L_S^T and X (..., n_in, n_out).  (kron.9)"""
+    n_in, n_out = L_A.shape[0], L_S.shape[0]
+    Z = X.reshape((-1, n_in, n_out))
+    Z = _tri_left(L_A, _tri_left(L_A, Z, trans=False), trans=True)  # A^{-1} = L_A^{-T} L_A^{-1}
+    Z = _tri_right(_tri_right(Z, L_S, trans=True), L_S, trans=False)  # S^{-1} = L_S^{-T} L_S^{-1}
+    return Z.reshape(X.shape)
+
+
+def _sample_chol(L_A, L_S, eps):
+    """L_A^{-T} E L_S^{-1} for eps (n_in, n_out[, n]), shaped like eps.  (kron.10)"""
+    return _from_stack(_tri_right(_tri_left(L_A, _as_stack(eps), trans=True), L_S, trans=False),
+                       eps)
+
+
+def _check_chol_pair(L_A, L_S):
+    """Two square float factors of one dtype (only their lower triangles are read)."""
+    n_in, n_out = _check_square(L_A, "L_A"), _check_square(L_S, "L_S")
+    check_same_dtype({"L_A": L_A, "L_S": L_S})
+    for L, name in ((L_A, "L_A"), (L_S, "L_S")):
+        if not bool(xp_of(L).all(xp_of(L).diagonal(L) > 0)):
+            raise ValueError(f"{name}: expected a Cholesky factor (positive diagonal), got a "
+                             "diagonal entry <= 0")
+    return n_in, n_out
 
 
 def _as_stack(eps):
@@ -406,10 +432,41 @@ def solve_factored(A, S, X, gamma):
     S_g = S + (root / pi) * xp.eye(n_out, dtype=S.dtype)  # (kron.7)
     L_A = check_spd(A_g, "A + pi sqrt(gamma) I")
     L_S = check_spd(S_g, "S + sqrt(gamma) / pi I")
-    Z = X.reshape((-1, n_in, n_out))
-    Z = _tri_left(L_A, _tri_left(L_A, Z, trans=False), trans=True)  # (kron.9)
-    Z = _tri_right(_tri_right(Z, L_S, trans=True), L_S, trans=False)  # (kron.9)
-    return Z.reshape(X.shape)
+    return _solve_chol(L_A, L_S, X)  # (kron.9)
+
+
+def solve_chol(L_A, L_S, X):
+    """Solve with a Kronecker product given by the lower Cholesky factors of its two factors.
+
+    (A kron S)^{-1} vec(X) = vec(A^{-1} X S^{-1}) = vec(L_A^{-T} L_A^{-1} X L_S^{-T} L_S^{-1})
+    for A = L_A L_A^T and S = L_S L_S^T: the solve of ``solve_factored`` when the damped
+    factors have been factored once and are reused (K-FAC between refreshes).  (kron.9)
+
+    Parameters
+    ----------
+    L_A : array of shape (n_in, n_in)
+        Lower Cholesky factor of the input-side factor (its upper triangle is not read).
+    L_S : array of shape (n_out, n_out)
+        Lower Cholesky factor of the output-side factor, same dtype.
+    X : array of shape (n_in, n_out) or (..., n_in, n_out)
+        Right-hand side(s), same dtype.
+
+    Returns
+    -------
+    array of shape (..., n_in, n_out)
+        The matrix A^{-1} X S^{-1}, shaped like X.
+
+    Raises
+    ------
+    ValueError
+        If L_A or L_S is not a finite, float, non-empty square matrix with a positive diagonal,
+        if their dtypes differ, if X is not a finite float (..., n_in, n_out) array of their
+        dtype, or if the arrays mix NumPy and CuPy.
+    """
+    xp_of(L_A, L_S, X)
+    n_in, n_out = _check_chol_pair(L_A, L_S)
+    _check_rhs(X, "X", n_in, n_out, L_A.dtype, batch=True)
+    return _solve_chol(L_A, L_S, X)  # (kron.9)
 
 
 def sample(W_mean, A_prec, S_prec, eps):
@@ -445,8 +502,42 @@ def sample(W_mean, A_prec, S_prec, eps):
     """
     xp_of(W_mean, A_prec, S_prec, eps)
     L_A, L_S = _check_sampler(W_mean, A_prec, S_prec, eps, ("A_prec", "S_prec"))
-    Z = _tri_right(_tri_left(L_A, _as_stack(eps), trans=True), L_S, trans=False)  # (kron.10)
-    return _with_mean(W_mean, Z, eps)
+    Z = _sample_chol(L_A, L_S, eps)  # (kron.10)
+    return (W_mean if eps.ndim == 2 else W_mean[:, :, None]) + Z
+
+
+def sample_chol(L_A, L_S, eps):
+    """Sample a zero-mean matrix-variate normal from the Cholesky factors of its precision.
+
+    Z = L_A^{-T} E L_S^{-1}, so Cov(vec Z) = (L_A L_A^T)^{-1} kron (L_S L_S^T)^{-1} for
+    E ~ N(0, I): the draws of ``sample`` (less the mean) when the precision factors have been
+    factored once and are reused (Noisy K-FAC between refreshes).  (kron.10)
+
+    Parameters
+    ----------
+    L_A : array of shape (n_in, n_in)
+        Lower Cholesky factor of the input-side precision factor (upper triangle not read).
+    L_S : array of shape (n_out, n_out)
+        Lower Cholesky factor of the output-side precision factor, same dtype.
+    eps : array of shape (n_in, n_out) or (n_in, n_out, n_samples)
+        Standard-normal draws E from the caller, sample index last, same dtype.
+
+    Returns
+    -------
+    array of shape (n_in, n_out) or (n_in, n_out, n_samples)
+        The draws Z, shaped like eps.
+
+    Raises
+    ------
+    ValueError
+        If L_A or L_S is not a finite, float, non-empty square matrix with a positive diagonal,
+        if their dtypes differ, if eps is not a finite (n_in, n_out) or (n_in, n_out,
+        n_samples) array of their dtype, or if the arrays mix NumPy and CuPy.
+    """
+    xp_of(L_A, L_S, eps)
+    n_in, n_out = _check_chol_pair(L_A, L_S)
+    _check_eps(eps, n_in, n_out, L_A.dtype)
+    return _sample_chol(L_A, L_S, eps)  # (kron.10)
 
 
 def sample_cov(W_mean, A_cov, S_cov, eps):

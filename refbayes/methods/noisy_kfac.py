@@ -25,13 +25,14 @@ One step (t -> t + 1):
     every T_stats steps: A, S <- (1 - beta) (A, S) + beta (A_hat, S_hat)   (noisy_kfac.3)-(noisy_kfac.4)
     every T_inv steps:   A_ref, S_ref <- A, S, and their operators inv      (noisy_kfac.12)
 
-The sampler and the solve use the operators of A_ref, S_ref (inverse Cholesky factors and
-damped inverses, or eigenbases), computed once per refresh and kept in ``state.inv``: a step
-between refreshes costs matrix products only. ``state.inv`` is a cache: it records the tuples
+The sampler and the solve use the operators of A_ref, S_ref (Cholesky factors of the damped
+factors, or eigenbases), computed once per refresh and kept in ``state.inv``: a step between
+refreshes costs triangular solves or matrix products only (the sampler's operators only when
+the step draws: K-FAC's factors need only be definite at its own damping gamma). ``state.inv`` is a cache: it records the tuples
 A_ref, S_ref (by identity) and the damping it was computed for, and any step, ``sample`` or
 ``dense_covariance`` that finds it missing or made for other factors or another damping
 recomputes it, so a state built by hand (``inv=None``) or changed with ``_replace`` is always
-used correctly. (Arrays are never modified in place, here or by the callers.)
+used correctly. (The state's arrays must not be modified in place; nothing here does.)
 """
 from __future__ import annotations
 
@@ -40,7 +41,7 @@ from typing import Any, NamedTuple
 
 from refbayes._checks import (check_array, check_float, check_in_range, check_int, check_positive,
                               check_spd)
-from refbayes.backend import linalg_of, xp_of
+from refbayes.backend import xp_of
 from refbayes.linalg import kron
 from refbayes.methods._estimates import Batch, check_batch, check_model, check_N, check_t
 
@@ -139,50 +140,51 @@ class NoisyKFACState(NamedTuple):
 class FactoredInverse(NamedTuple):
     """One layer's operators under factored damping, from A_ref, S_ref.
 
-    With pi = ``kron.factored_damping_pi(A_ref, S_ref)``, d = sqrt(gamma_in), r = sqrt(gamma)
-    and lower Cholesky factors L_A L_A^T = A_ref + pi d I, L_S L_S^T = S_ref + (d / pi) I, the
-    sampler is Z = R_A E R_S^T (noisy_kfac.6) and the solve A_inv V S_inv (noisy_kfac.9).
-    (noisy_kfac.12)
+    With pi = ``kron.factored_damping_pi(A_ref, S_ref)``, d = sqrt(gamma_in), r = sqrt(gamma),
+    and lower Cholesky factors: the sampler is Z = L_A_in^{-T} E L_S_in^{-1} (noisy_kfac.6),
+    the solve L_A^{-T} L_A^{-1} V L_S^{-T} L_S^{-1} (noisy_kfac.9), both by triangular solves
+    (``kron.sample_chol``, ``kron.solve_chol``).  (noisy_kfac.12)
 
     Attributes
     ----------
-    R_A : array of shape (n_in, n_in)
-        L_A^{-T}, upper triangular.
-    R_S : array of shape (n_out, n_out)
-        L_S^{-T}, upper triangular.
-    A_inv : array of shape (n_in, n_in)
-        (A_ref + pi r I)^{-1}.
-    S_inv : array of shape (n_out, n_out)
-        (S_ref + (r / pi) I)^{-1}.
+    L_A : array of shape (n_in + 1, n_in + 1)
+        Cholesky factor of A_ref + pi r I (the solve); n_in + 1 with a bias.
+    L_S : array of shape (n_out, n_out)
+        Cholesky factor of S_ref + (r / pi) I (the solve).
+    L_A_in : array of shape (n_in + 1, n_in + 1) or None
+        Cholesky factor of A_ref + pi d I (the sampler; L_A itself when gamma_ex = 0), None
+        when no draw needed it (K-FAC).
+    L_S_in : array of shape (n_out, n_out) or None
+        Cholesky factor of S_ref + (d / pi) I (the sampler), None as L_A_in.
     """
-    R_A: Array     # L_A^{-T}, (n_in, n_in) (noisy_kfac.12)
-    R_S: Array     # L_S^{-T}, (n_out, n_out) (noisy_kfac.12)
-    A_inv: Array   # (A_ref + pi sqrt(gamma) I)^{-1}, (n_in, n_in) (noisy_kfac.12)
-    S_inv: Array   # (S_ref + sqrt(gamma) / pi I)^{-1}, (n_out, n_out) (noisy_kfac.12)
+    L_A: Array     # chol(A_ref + pi sqrt(gamma) I) (noisy_kfac.9), (noisy_kfac.12)
+    L_S: Array     # chol(S_ref + sqrt(gamma) / pi I) (noisy_kfac.9), (noisy_kfac.12)
+    L_A_in: Any    # chol(A_ref + pi sqrt(gamma_in) I) or None (noisy_kfac.6), (noisy_kfac.12)
+    L_S_in: Any    # chol(S_ref + sqrt(gamma_in) / pi I) or None (noisy_kfac.6), (noisy_kfac.12)
 
 
 class ExactInverse(NamedTuple):
     """One layer's operators under exact damping, from A_ref, S_ref.
 
     With A_ref = Q_A diag(lam_A) Q_A^T, S_ref = Q_S diag(lam_S) Q_S^T and Lam = lam_A lam_S^T,
-    the sampler is Z = Q_A ((Q_A^T E Q_S) * root) Q_S^T (noisy_kfac.6) and the solve
-    Q_A ((Q_A^T V Q_S) * inv) Q_S^T (noisy_kfac.9).  (noisy_kfac.12)
+    the solve is Q_A ((Q_A^T V Q_S) * inv) Q_S^T (noisy_kfac.9) and the sampler
+    Z = Q_A ((Q_A^T E Q_S) * root) Q_S^T (noisy_kfac.6).  (noisy_kfac.12)
 
     Attributes
     ----------
-    Q_A : array of shape (n_in, n_in)
-        Eigenvectors of A_ref.
+    Q_A : array of shape (n_in + 1, n_in + 1)
+        Eigenvectors of A_ref; n_in + 1 with a bias.
     Q_S : array of shape (n_out, n_out)
         Eigenvectors of S_ref.
-    root : array of shape (n_in, n_out)
-        (Lam + gamma_in)^{-1/2}, elementwise.
-    inv : array of shape (n_in, n_out)
+    inv : array of shape (n_in + 1, n_out)
         (Lam + gamma)^{-1}, elementwise.
+    root : array of shape (n_in + 1, n_out) or None
+        (Lam + gamma_in)^{-1/2}, elementwise; None when no draw needed it (K-FAC).
     """
-    Q_A: Array     # eigenvectors of A_ref, (n_in, n_in) (noisy_kfac.12)
-    Q_S: Array     # eigenvectors of S_ref, (n_out, n_out) (noisy_kfac.12)
-    root: Array    # (Lam + gamma_in)^{-1/2}, (n_in, n_out) (noisy_kfac.12)
-    inv: Array     # (Lam + gamma)^{-1}, (n_in, n_out) (noisy_kfac.12)
+    Q_A: Array     # eigenvectors of A_ref (noisy_kfac.12)
+    Q_S: Array     # eigenvectors of S_ref (noisy_kfac.12)
+    inv: Array     # (Lam + gamma)^{-1}, (n_in + 1, n_out) (noisy_kfac.12)
+    root: Any      # (Lam + gamma_in)^{-1/2}, (n_in + 1, n_out), or None (noisy_kfac.12)
 
 
 class NoisyKFACInverses(NamedTuple):
@@ -353,6 +355,9 @@ def _check_state(state, model) -> list:
     check_model(model, D)
     check_array(state.m, "state.m", shape=(D,))
     check_t(state.t)
+    if state.inv is not None and not isinstance(state.inv, NoisyKFACInverses):
+        raise ValueError(f"state.inv: expected a NoisyKFACInverses or None, got "
+                         f"{type(state.inv).__name__}")
     blocks = layer_slices(model)
     checked = set()
     for name in ("A", "S", "A_ref", "S_ref"):
@@ -371,51 +376,55 @@ def _check_state(state, model) -> list:
     return blocks
 
 
-def _inv_chol_T(M, name):
-    """L^{-T} for the lower Cholesky factor L of the SPD M: (L^{-T})(L^{-T})^T = M^{-1}.
-    M is a factor that ``kron.factored_damping_pi`` has checked symmetric, plus c I."""
-    xp = xp_of(M)
-    L = check_spd(M, name, symmetric_checked=True)
-    eye = xp.eye(M.shape[0], dtype=M.dtype)
-    return linalg_of(xp).solve_triangular(L, eye, lower=True, check_finite=False).T
-
-
-def _layer_inverse(l, A, Sf, damping, g_in, gamma):
-    """One layer's operators of (A_ref, S_ref) = (A, Sf).  (noisy_kfac.12)"""
+def _layer_inverse(l, A, Sf, damping, g_in, gamma, sampler):
+    """One layer's operators of (A_ref, S_ref) = (A, Sf): the solve's, and the sampler's when
+    ``sampler`` (K-FAC never draws, and its factors need only be definite at gamma).
+    (noisy_kfac.12)"""
     xp = xp_of(A, Sf)
     if damping == "exact":
-        Q_A, Q_S, Lam_in = kron.damped_eigh(A, Sf, g_in)                     # (noisy_kfac.5)
-        return ExactInverse(Q_A, Q_S, 1.0 / xp.sqrt(Lam_in),                  # (noisy_kfac.12)
-                            1.0 / (Lam_in + (gamma - g_in)))                  # (noisy_kfac.12)
+        if not sampler:
+            Q_A, Q_S, Lam_g = kron.damped_eigh(A, Sf, gamma)                   # (noisy_kfac.5)
+            return ExactInverse(Q_A, Q_S, 1.0 / Lam_g, None)                    # (noisy_kfac.12)
+        Q_A, Q_S, Lam_in = kron.damped_eigh(A, Sf, g_in)                       # (noisy_kfac.5)
+        return ExactInverse(Q_A, Q_S, 1.0 / (Lam_in + (gamma - g_in)),          # (noisy_kfac.12)
+                            1.0 / xp.sqrt(Lam_in))                              # (noisy_kfac.12)
     pi = float(kron.factored_damping_pi(A, Sf))  # checks A, Sf symmetric (and finite)
-    eye_A = xp.eye(A.shape[0], dtype=A.dtype)
-    eye_S = xp.eye(Sf.shape[0], dtype=Sf.dtype)
+
+    def chol(F, c, name):  # F + c I is symmetric: F was checked, c I is
+        return check_spd(F + c * xp.eye(F.shape[0], dtype=F.dtype), name, symmetric_checked=True)
+
+    r = math.sqrt(gamma)
+    L_A = chol(A, pi * r, f"A_ref[{l}] + pi sqrt(gamma) I")                     # (noisy_kfac.9)
+    L_S = chol(Sf, r / pi, f"S_ref[{l}] + sqrt(gamma) / pi I")                  # (noisy_kfac.9)
+    if not sampler:
+        return FactoredInverse(L_A, L_S, None, None)
+    if gamma == g_in:  # gamma_ex = 0: the sampler's damped factors are the solve's
+        return FactoredInverse(L_A, L_S, L_A, L_S)
     d = math.sqrt(g_in)
-    R_A = _inv_chol_T(A + (pi * d) * eye_A, f"A_ref[{l}] + pi sqrt(gamma_in) I")  # (noisy_kfac.5)
-    R_S = _inv_chol_T(Sf + (d / pi) * eye_S, f"S_ref[{l}] + sqrt(gamma_in) / pi I")
-    if gamma == g_in:  # gamma_ex = 0: the solve's damped factors are the sampler's
-        P_A, P_S = R_A, R_S
-    else:
-        r = math.sqrt(gamma)
-        P_A = _inv_chol_T(A + (pi * r) * eye_A, f"A_ref[{l}] + pi sqrt(gamma) I")  # (noisy_kfac.9)
-        P_S = _inv_chol_T(Sf + (r / pi) * eye_S, f"S_ref[{l}] + sqrt(gamma) / pi I")
-    return FactoredInverse(R_A, R_S, P_A @ P_A.T, P_S @ P_S.T)                 # (noisy_kfac.12)
+    return FactoredInverse(L_A, L_S, chol(A, pi * d, f"A_ref[{l}] + pi sqrt(gamma_in) I"),
+                           chol(Sf, d / pi, f"S_ref[{l}] + sqrt(gamma_in) / pi I"))  # (noisy_kfac.5)
 
 
-def _inverses(state, c, damping) -> NoisyKFACInverses:
-    """state.inv when it was computed from state.A_ref, state.S_ref for this damping, else
-    the operators computed now."""
+def _has_sampler(inv) -> bool:
+    return all((op.L_A_in if isinstance(op, FactoredInverse) else op.root) is not None
+               for op in inv.layers)
+
+
+def _inverses(state, c, damping, sampler) -> NoisyKFACInverses:
+    """state.inv when it was computed from state.A_ref, state.S_ref for this damping (with
+    the sampler's operators when ``sampler``), else the operators computed now."""
     key = (damping, c["gamma_in"], c["gamma"])
     inv = state.inv
     if (inv is not None and inv.A_ref is state.A_ref and inv.S_ref is state.S_ref
-            and inv.key == key):
+            and inv.key == key and (not sampler or _has_sampler(inv))):
         return inv
-    layers = tuple(_layer_inverse(l, A, Sf, damping, c["gamma_in"], c["gamma"])
+    layers = tuple(_layer_inverse(l, A, Sf, damping, c["gamma_in"], c["gamma"], sampler)
                    for l, (A, Sf) in enumerate(zip(state.A_ref, state.S_ref)))
     return NoisyKFACInverses(state.A_ref, state.S_ref, key, layers)
 
 
-def refresh(state: NoisyKFACState, cfg: NoisyKFACConfig, model) -> NoisyKFACState:
+def refresh(state: NoisyKFACState, cfg: NoisyKFACConfig, model,
+            sampler: bool = True) -> NoisyKFACState:
     """Return the state with ``inv`` the operators of its A_ref, S_ref for cfg's damping.
 
     ``step`` keeps ``inv`` up to date itself (and ``sample`` recomputes a missing one): call
@@ -430,6 +439,8 @@ def refresh(state: NoisyKFACState, cfg: NoisyKFACConfig, model) -> NoisyKFACStat
         The hyperparameters (damping, gamma_in, gamma_ex).
     model : FlatModel
         The network.
+    sampler : bool, default True
+        Also the sampler's operators (Noisy K-FAC); False for K-FAC's solve alone.
 
     Returns
     -------
@@ -443,35 +454,36 @@ def refresh(state: NoisyKFACState, cfg: NoisyKFACConfig, model) -> NoisyKFACStat
     """
     c = _check_config(cfg)
     _check_state(state, model)
-    return state._replace(inv=_inverses(state, c, cfg.damping))
+    if not isinstance(sampler, bool):
+        raise ValueError(f"sampler: expected True or False, got {sampler!r}")
+    return state._replace(inv=_inverses(state, c, cfg.damping, sampler))
 
 
 def _apply_sampler(op, E):
-    """Sigma_l^{1/2} E / sqrt(lambda / N) for a stack E (S, n_in, n_out).  (noisy_kfac.6)"""
+    """Sigma_l^{1/2} E / sqrt(lambda / N) for E (n_in + 1, n_out, S).  (noisy_kfac.6)"""
     if isinstance(op, FactoredInverse):
-        return op.R_A @ E @ op.R_S.T                                          # (noisy_kfac.6)
-    return op.Q_A @ ((op.Q_A.T @ E @ op.Q_S) * op.root) @ op.Q_S.T            # (noisy_kfac.6)
+        return kron.sample_chol(op.L_A_in, op.L_S_in, E)                     # (noisy_kfac.6)
+    R = (op.Q_A.T @ E.transpose(2, 0, 1) @ op.Q_S) * op.root                  # (S, n_in, n_out)
+    return (op.Q_A @ R @ op.Q_S.T).transpose(1, 2, 0)                         # (noisy_kfac.6)
 
 
 def _apply_solve(op, V):
-    """The damped K-FAC solve of one layer's block V (n_in, n_out).  (noisy_kfac.9)"""
+    """The damped K-FAC solve of one layer's block V (n_in + 1, n_out).  (noisy_kfac.9)"""
     if isinstance(op, FactoredInverse):
-        return op.A_inv @ V @ op.S_inv                                        # (noisy_kfac.9)
+        return kron.solve_chol(op.L_A, op.L_S, V)                             # (noisy_kfac.9)
     return op.Q_A @ ((op.Q_A.T @ V @ op.Q_S) * op.inv) @ op.Q_S.T             # (noisy_kfac.9)
 
 
-def _sample_rows(state, eps, blocks, c, inv):
-    """The draws as rows, (S, D): per layer (noisy_kfac.6)-(noisy_kfac.7)."""
+def _sample_columns(state, eps, blocks, c, inv):
+    """The draws w (D, S): per layer (noisy_kfac.6)-(noisy_kfac.7)."""
     xp = xp_of(state.mu, eps)
     S = eps.shape[1]
     scale = math.sqrt(c["lam"] / c["N"])
     out = []
     for (start, stop, n_in, n_out), op in zip(blocks, inv.layers):
-        E = eps[start:stop].reshape(n_in, n_out, S).transpose(2, 0, 1)       # (S, n_in, n_out)
-        Z = _apply_sampler(op, E)                                             # (noisy_kfac.6)
-        W = state.mu[start:stop].reshape(n_in, n_out) + scale * Z             # (noisy_kfac.7)
-        out.append(W.reshape(S, stop - start))
-    return xp.concatenate(out, axis=1)
+        Z = _apply_sampler(op, eps[start:stop].reshape(n_in, n_out, S))       # (noisy_kfac.6)
+        out.append(state.mu[start:stop, None] + scale * Z.reshape(stop - start, S))  # (noisy_kfac.7)
+    return xp.concatenate(out, axis=0)
 
 
 def sample(state: NoisyKFACState, eps, cfg: NoisyKFACConfig, model):
@@ -506,7 +518,7 @@ def sample(state: NoisyKFACState, eps, cfg: NoisyKFACConfig, model):
     c = _check_config(cfg)
     blocks = _check_state(state, model)
     _check_eps(eps, state)
-    return _sample_rows(state, eps, blocks, c, _inverses(state, c, cfg.damping)).T
+    return _sample_columns(state, eps, blocks, c, _inverses(state, c, cfg.damping, True))
 
 
 def _check_eps(eps, state):
@@ -548,9 +560,9 @@ def dense_covariance(state: NoisyKFACState, cfg: NoisyKFACConfig, model):
     # the sampling map's columns (identity draws) are a square root of the block-diagonal
     # covariance; its outer product is Sigma
     centred = state._replace(mu=xp.zeros_like(state.mu))
-    W = _sample_rows(centred, xp.eye(state.mu.shape[0], dtype=state.mu.dtype), blocks, c,
-                     _inverses(state, c, cfg.damping))
-    return W.T @ W                                                            # (noisy_kfac.6)
+    W = _sample_columns(centred, xp.eye(state.mu.shape[0], dtype=state.mu.dtype), blocks, c,
+                        _inverses(state, c, cfg.damping, True))
+    return W @ W.T                                                            # (noisy_kfac.6)
 
 
 def _ema(F, H, beta):
@@ -605,14 +617,13 @@ def step(state: NoisyKFACState, batch, eps, cfg: NoisyKFACConfig, model,
     c = _check_config(cfg)
     blocks = _check_state(state, model)
     X, y, M = check_batch(batch, model, c["N"], state.mu.dtype)
-    xp = xp_of(state.mu, X, y)
-    inv = _inverses(state, c, cfg.damping)                                    # (noisy_kfac.12)
-    if eps is None:
-        W_rows = state.mu[None, :]
-    else:
+    xp = xp_of(state.mu, X, y, y_tilde, eps)
+    if eps is not None:
         _check_eps(eps, state)
-        W_rows = _sample_rows(state, eps, blocks, c, inv)                     # (noisy_kfac.7)
-    S = W_rows.shape[0]
+    inv = _inverses(state, c, cfg.damping, eps is not None)                   # (noisy_kfac.12)
+    W = state.mu[:, None] if eps is None else \
+        _sample_columns(state, eps, blocks, c, inv)                           # (noisy_kfac.7)
+    S = W.shape[1]
     if cfg.curvature == "mc":
         if y_tilde is not None:
             check_array(y_tilde, "y_tilde", ndim=(2, 3))
@@ -627,9 +638,9 @@ def step(state: NoisyKFACState, batch, eps, cfg: NoisyKFACConfig, model,
     # one batched pass at the S draws: the gradients, and the statistics when they are due
     # ("mc": the "ef" factors at the sampled labels)
     curv = None if t % c["T_stats"] else ("ef" if cfg.curvature == "mc" else cfg.curvature)
-    G, factors = model.kfac_moments(W_rows, X, y, curv,
+    G, factors = model.kfac_moments(W.T, X, y, curv,
                                     y_tilde if cfg.curvature == "mc" and curv else None)
-    V = G.sum(axis=0) / (M * S) + c["gamma_in"] * W_rows.mean(axis=0)         # (noisy_kfac.8)
+    V = G.sum(axis=0) / (M * S) + c["gamma_in"] * W.mean(axis=1)              # (noisy_kfac.8)
     P = _precondition(V, blocks, inv)                                         # (noisy_kfac.9)
     nu = 1.0
     if c["kl_clip"] is not None:
@@ -647,7 +658,7 @@ def step(state: NoisyKFACState, batch, eps, cfg: NoisyKFACConfig, model,
         A = tuple(_ema(F, H, b) for F, H in zip(A, A_hat))                    # (noisy_kfac.4)
         Sf = tuple(_ema(F, H, b) for F, H in zip(Sf, S_hat))                  # (noisy_kfac.4)
     new = NoisyKFACState(mu, m, A, Sf, state.A_ref, state.S_ref, t, inv)
-    if t % c["T_inv"] == 0:  # the refresh, with its operators
-        new = new._replace(A_ref=A, S_ref=Sf, inv=None)
-        new = new._replace(inv=_inverses(new, c, cfg.damping))                # (noisy_kfac.12)
-    return new, NoisyKFACInfo(W_rows.T, V, P, m, mu, A_hat, S_hat, nu)
+    if t % c["T_inv"] == 0:  # the refresh, with its operators (kept if A, S did not change)
+        new = new._replace(A_ref=A, S_ref=Sf)
+        new = new._replace(inv=_inverses(new, c, cfg.damping, eps is not None))  # (noisy_kfac.12)
+    return new, NoisyKFACInfo(W, V, P, m, mu, A_hat, S_hat, nu)

@@ -912,6 +912,7 @@ class FlatModel:
         if curvature not in (None, "ef", "ggn"):
             raise ValueError(f"curvature: expected None, 'ef' or 'ggn', got {curvature!r}")
         xp, X, y, S = self._inputs_batched(thetas, X, y)
+        xp_of(thetas, y_curv)  # one backend for the sampled labels too
         M = X.shape[0]
         if y_curv is not None:
             if curvature != "ef":
@@ -921,9 +922,14 @@ class FlatModel:
             if tuple(y_curv.shape[:2]) != (S, M):
                 raise ValueError(f"y_curv: expected shape ({S}, {M}, ...) (S, M), got "
                                  f"{tuple(y_curv.shape)}")
-            # the S rows of labels checked as one (S M)-row batch
-            y_curv = self.likelihood.check_targets(y_curv.reshape((S * M,) + y_curv.shape[2:]),
-                                                   S * M, self.sizes[-1], thetas.dtype)
+            # the S rows of labels checked as one (S M)-row batch, the error naming y_curv
+            try:
+                y_curv = self.likelihood.check_targets(
+                    y_curv.reshape((S * M,) + y_curv.shape[2:]), S * M, self.sizes[-1],
+                    thetas.dtype)
+            except ValueError as err:
+                raise ValueError(f"y_curv (the ({S}, {M}, ...) targets of the curvature, "
+                                 f"checked as {S * M} rows): {err}") from err
         params = _layers.unflatten_batched(thetas, self.sizes, self.bias)
         acts, f = _layers.forward_batched(xp, params, X, self.activation)
         K = f.shape[-1]

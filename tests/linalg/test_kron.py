@@ -236,6 +236,47 @@ def test_sample_cov_is_a_square_root_of_the_kronecker(xp, dtype, case):
     assert_close(one, ref.as64(W)[:, :, -1], exact(dtype), "sample_cov: unbatched eps")
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+@HYP
+@given(case=cases(), batch=st.sampled_from([(), (2,)]))
+def test_solve_chol_and_sample_chol_from_the_factors(xp, dtype, case, batch):
+    """(kron.9), (kron.10) from Cholesky factors computed once: solve_chol(L_A, L_S, X) is
+    (A kron S)^{-1} vec X against the dense inverse, and sample_chol(L_A, L_S, E) with the identity
+    basis is a square root of (A kron S)^{-1}, equal to ``sample``'s map less the mean; the upper
+    triangles are not read (filled with garbage)."""
+    A, S, X = _inputs(case, dtype, batch)
+    L_A, L_S = np.linalg.cholesky(ref.as64(A)), np.linalg.cholesky(ref.as64(S))
+    junk_A = (L_A + 7.0 * np.triu(np.ones_like(L_A), 1)).astype(dtype)
+    junk_S = (L_S + 7.0 * np.triu(np.ones_like(L_S), 1)).astype(dtype)
+    got = kron.solve_chol(*_on(xp, junk_A, junk_S, X))
+    assert got.shape == X.shape and got.dtype == dtype
+    K_inv = np.linalg.inv(np.kron(ref.as64(A), ref.as64(S)))
+    want = np.stack([(K_inv @ x.reshape(-1)).reshape(x.shape) for x in _each(ref.as64(X))])
+    assert_close(got, want.reshape(X.shape), exact(dtype), "solve_chol")
+    E = _identity_eps(case.n_in, case.n_out, dtype)
+    Z = kron.sample_chol(*_on(xp, junk_A, junk_S, E))
+    assert Z.shape == E.shape and Z.dtype == dtype
+    C = ref.as64(Z).reshape(E.shape[-1], E.shape[-1])
+    assert_close(C @ C.T, K_inv, exact(dtype), "sample_chol: C C^T vs (A kron S)^{-1}")
+    W = kron.sample(*_on(xp, np.zeros((case.n_in, case.n_out), dtype), A, S, E))
+    assert_close(Z, ref.as64(W), exact(dtype), "sample_chol vs sample's map")
+
+
+def test_solve_chol_and_sample_chol_reject_bad_factors():
+    L = np.linalg.cholesky(np.eye(3) + 0.1)
+    X = np.ones((3, 2))
+    L2 = np.eye(2)
+    for call, name in (
+            (lambda: kron.solve_chol(-L, L2, X), "L_A: expected a Cholesky factor"),
+            (lambda: kron.solve_chol(L, L2.astype(np.float32), X), "L_A, L_S"),
+            (lambda: kron.solve_chol(L, L2, X.T), "X: expected shape"),
+            (lambda: kron.sample_chol(L, np.full((2, 2), np.nan), X), "L_S"),
+            (lambda: kron.sample_chol(L, L2, np.ones((2, 3))), "eps: expected shape"),
+            (lambda: kron.sample_chol(L[:, :2], L2, X), "L_A")):
+        with pytest.raises(ValueError, match=name):
+            call()
+
+
 # ----------------------------------------------------------------------------- bad inputs
 
 def _bad_cases():

@@ -105,10 +105,17 @@ def test_sample_covariance_from_draws():
     assert not np.all(np.abs(C_hat - 2 * C) <= MC_SIGMAS * sd)
 
 
+def _sym_root_inv(K):
+    """K^{-1/2}, the symmetric root (the exact sampler's map)."""
+    lam, Q = np.linalg.eigh(K)
+    return Q @ np.diag(lam ** -0.5) @ Q.T
+
+
 def _dense_steps(model, state, batches, eps_list, cfg, y_tilde_list):
     """A dense re-implementation: explicit Kronecker matrices and solves, the statistics from
     model.kfac_factors (per-example inputs and pre-activation gradients), the draws through the
-    Cholesky sampling map written out."""
+    Cholesky sampling map written out (factored damping) or the symmetric root of the formed
+    (A kron S + gamma_in I)^{-1} (exact damping)."""
     N, lam, eta = cfg.N, cfg.kl_weight, cfg.eta
     g_in = lam / (N * eta)
     gamma = g_in + cfg.gamma_ex
@@ -120,20 +127,26 @@ def _dense_steps(model, state, batches, eps_list, cfg, y_tilde_list):
         M = X.shape[0]
         W = np.empty((model.D, eps.shape[1]))
         for (start, stop, n_in, n_out), Af, Sf in zip(blocks, A_ref, S_ref):
-            pi = math.sqrt((np.trace(Af) / n_in) / (np.trace(Sf) / n_out))
-            d = math.sqrt(g_in)
-            LA = np.linalg.cholesky(Af + pi * d * np.eye(n_in))
-            LS = np.linalg.cholesky(Sf + d / pi * np.eye(n_out))
-            # vec_row(L_A^{-T} E L_S^{-1}) = (L_A^{-T} kron L_S^{-T}) vec_row(E)
-            T = np.kron(np.linalg.inv(LA).T, np.linalg.inv(LS).T)
+            if cfg.damping == "exact":
+                T = _sym_root_inv(np.kron(Af, Sf) + g_in * np.eye(n_in * n_out))
+            else:
+                pi = math.sqrt((np.trace(Af) / n_in) / (np.trace(Sf) / n_out))
+                d = math.sqrt(g_in)
+                LA = np.linalg.cholesky(Af + pi * d * np.eye(n_in))
+                LS = np.linalg.cholesky(Sf + d / pi * np.eye(n_out))
+                # vec_row(L_A^{-T} E L_S^{-1}) = (L_A^{-T} kron L_S^{-T}) vec_row(E)
+                T = np.kron(np.linalg.inv(LA).T, np.linalg.inv(LS).T)
             W[start:stop] = mu[start:stop, None] + math.sqrt(lam / N) * (T @ eps[start:stop])
         grads = [model.grad(W[:, s], X, y) for s in range(W.shape[1])]
         V = np.mean(grads, axis=0) / M + g_in * W.mean(axis=1)
         P = np.empty(model.D)
         for (start, stop, n_in, n_out), Af, Sf in zip(blocks, A_ref, S_ref):
-            pi = math.sqrt((np.trace(Af) / n_in) / (np.trace(Sf) / n_out))
-            r = math.sqrt(gamma)
-            K = np.kron(Af + pi * r * np.eye(n_in), Sf + r / pi * np.eye(n_out))
+            if cfg.damping == "exact":
+                K = np.kron(Af, Sf) + gamma * np.eye(n_in * n_out)
+            else:
+                pi = math.sqrt((np.trace(Af) / n_in) / (np.trace(Sf) / n_out))
+                r = math.sqrt(gamma)
+                K = np.kron(Af + pi * r * np.eye(n_in), Sf + r / pi * np.eye(n_out))
             P[start:stop] = np.linalg.solve(K, V[start:stop])
         m = cfg.momentum * m + P
         mu = mu - cfg.alpha * m
@@ -153,18 +166,21 @@ def _dense_steps(model, state, batches, eps_list, cfg, y_tilde_list):
     return mu, m, A, S
 
 
-@pytest.mark.parametrize("T_stats, T_inv, curvature", [(1, 1, "ef"), (2, 3, "ef"),
-                                                       (1, 2, "mc")])
-def test_steps_match_a_dense_reimplementation(T_stats, T_inv, curvature):
+@pytest.mark.parametrize("T_stats, T_inv, curvature, damping",
+                         [(1, 1, "ef", "factored"), (2, 3, "ef", "factored"),
+                          (1, 2, "mc", "factored"), (1, 1, "ef", "exact"),
+                          (2, 3, "mc", "exact")])
+def test_steps_match_a_dense_reimplementation(T_stats, T_inv, curvature, damping):
     """Five consecutive steps on an MLP with two hidden layers, S = 2 draws, minibatches of
-    different sizes, factored damping: mean, momentum and factors equal the dense
-    re-implementation; T_stats, T_inv > 1 included; "mc" with the caller's sampled labels."""
+    different sizes, gamma_ex > 0: mean, momentum and factors equal the dense
+    re-implementation, under both dampings; T_stats, T_inv > 1 included (so the cached
+    operators are reused between refreshes); "mc" with the caller's sampled labels."""
     rng = np.random.default_rng(4)
     model = MLP([3, 4, 3, 3], "tanh", "categorical")
     N = 30
     Xall, yall = rng.standard_normal((N, 3)), rng.integers(0, 3, N)
     cfg = nk.NoisyKFACConfig(N, eta=0.5, alpha=0.05, beta=0.3, momentum=0.5, gamma_ex=1e-2,
-                             T_stats=T_stats, T_inv=T_inv, curvature=curvature)
+                             T_stats=T_stats, T_inv=T_inv, curvature=curvature, damping=damping)
     state = nk.init(model.init_theta(rng), model)
     sizes = [8, 5, 8, 7, 8]
     batches, eps_list, y_t = [], [], []
@@ -287,7 +303,9 @@ def test_the_cached_operators_are_those_of_a_ref_and_never_stale(damping):
     # stale operators (made for other factors, or for another damping) are not used
     other = nk.refresh(_state_with_factors(model, np.random.default_rng(9)), cfg, model)
     mixed = s._replace(inv=other.inv)
-    for c in (cfg, cfg._replace(gamma_ex=0.5), cfg._replace(eta=2.0)):
+    other_damping = "exact" if damping == "factored" else "factored"
+    for c in (cfg, cfg._replace(gamma_ex=0.5), cfg._replace(eta=2.0),
+              cfg._replace(damping=other_damping)):
         b, ib = nk.step(s._replace(inv=None), batch, eps[0], c, model)
         for start in (mixed, s):  # other factors; s's own factors but maybe another damping
             a, ia = nk.step(start, batch, eps[0], c, model)
@@ -296,6 +314,47 @@ def test_the_cached_operators_are_those_of_a_ref_and_never_stale(damping):
     assert not np.array_equal(nk.step(other._replace(A_ref=s.A_ref, S_ref=s.S_ref), batch,
                                       eps[0], cfg, model)[1].w,
                               nk.step(other, batch, eps[0], cfg, model)[1].w)
+    # K-FAC keeps only the solve's operators; a draw from such a state computes the sampler's
+    kfac = nk.refresh(s._replace(inv=None), cfg, model, sampler=False)
+    assert all((op.L_A_in if damping == "factored" else op.root) is None for op in kfac.inv.layers)
+    after, _ = nk.step(kfac, batch, None, cfg._replace(T_inv=1000), model)
+    assert after.inv is kfac.inv  # no refresh: the same operators, none added
+    a, ia = nk.step(kfac, batch, eps[0], cfg, model)
+    b, ib = nk.step(kfac._replace(inv=None), batch, eps[0], cfg, model)
+    assert np.array_equal(a.mu, b.mu) and np.array_equal(ia.w, ib.w)
+    with pytest.raises(ValueError, match="sampler"):
+        nk.refresh(s, cfg, model, sampler=1)
+    with pytest.raises(ValueError, match="state.inv"):
+        nk.step(s._replace(inv=("not", "operators")), batch, eps[0], cfg, model)
+
+
+@pytest.mark.parametrize("damping", nk.DAMPINGS)
+def test_kfac_needs_its_factors_definite_only_at_its_own_damping(damping):
+    """K-FAC (eps = None) never draws, so its refreshed factors need only be definite at its
+    damping gamma = gamma_in + gamma_ex: factors from the statistics of 2 rows (rank <= 2, beta
+    = 1), gamma_in ~ 5e-41 (eta = 1e40) and gamma_ex = 1e-2 give a step whose preconditioned
+    gradient equals the dense solve with the damped Kronecker matrix; a draw from the same
+    state needs them definite at gamma_in and is refused, naming positive definiteness."""
+    rng = np.random.default_rng(11)
+    model = MLP([3, 5, 2], "tanh", "categorical")
+    X, y = rng.standard_normal((2, 3)), np.array([0, 1])
+    gamma_ex = 1e-2
+    cfg = nk.NoisyKFACConfig(2, eta=1e40, alpha=0.1, beta=1.0, momentum=0.0, gamma_ex=gamma_ex,
+                             damping=damping)
+    state, _ = nk.step(nk.init(model.init_theta(rng), model), Batch(X, y), None, cfg, model)
+    new, info = nk.step(state, Batch(X, y), None, cfg, model)
+    gamma = nk.gamma_in(cfg) + gamma_ex
+    for (start, stop, n_in, n_out), A, S in zip(nk.layer_slices(model), state.A_ref,
+                                                state.S_ref):
+        assert np.linalg.eigvalsh(A)[0] < 1e-12  # singular: rank <= 2 < n_in + 1
+        if damping == "exact":
+            K = np.kron(A, S) + gamma * np.eye(n_in * n_out)
+        else:
+            pi, r = math.sqrt((np.trace(A) / n_in) / (np.trace(S) / n_out)), math.sqrt(gamma)
+            K = np.kron(A + pi * r * np.eye(n_in), S + r / pi * np.eye(n_out))
+        assert rel_err(info.P[start:stop], np.linalg.solve(K, info.V[start:stop])) < EXACT_F64
+    with pytest.raises(ValueError, match="positive definite"):
+        nk.sample(state, np.zeros((model.D, 1)), cfg, model)
 
 
 @pytest.mark.parametrize("dtype", [np.float64, np.float32])

@@ -182,7 +182,7 @@ def test_kfac_moments_rejects_bad_input():
         model.kfac_moments(thetas, X, y, curvature="ggn", y_curv=np.zeros((2, 5), dtype=int))
     with pytest.raises(ValueError, match="y_curv: expected shape"):
         model.kfac_moments(thetas, X, y, curvature="ef", y_curv=np.zeros((3, 5), dtype=int))
-    with pytest.raises(ValueError, match="y"):
+    with pytest.raises(ValueError, match="y_curv .*labels"):
         model.kfac_moments(thetas, X, y, curvature="ef", y_curv=np.full((2, 5), 7))
 
 
