@@ -22,8 +22,10 @@ Kronecker-factored solves of refbayes.linalg.kron against a dense solve (issue 1
   same way, so the two asv figures are directly comparable. ``track_ratio`` times both cycles
   interleaved in one process with timeit (median of repeats) and returns the per-step ratio
   Noisy K-FAC / Adam.
-- KronSolve: ``kron.solve`` (exact damping, eigh of both factors) and ``kron.solve_factored``
-  (factored damping, Cholesky of both damped factors) of one right-hand side X (n_in, n_out),
+- KronSolve: ``kron.solve`` (exact damping, eigh of both factors), ``kron.solve_factored``
+  (factored damping, Cholesky of both damped factors) and "cached" (``kron.solve_chol`` with the
+  damped factors' Cholesky factors computed once in setup: the solve of a Noisy K-FAC step
+  between refreshes) of one right-hand side X (n_in, n_out),
   D = n_in n_out in {900, 1e4, 3e4, 1e5} for square layers (n = 30, 100, 173, 316) and the
   rectangular D = 1e5 layers 1000 x 100 and 100 x 1000. Factors A = G G^T / n + 0.5 I (G standard
   normal, seed 0; condition ~ 10), gamma = 1e-3. ``track_rel_residual_rel_err`` is
@@ -73,7 +75,7 @@ N_WARMUP = 3
 
 SHAPES = ["30x30", "100x100", "173x173", "316x316", "1000x100", "100x1000"]
 GAMMA = 1e-3
-KINDS = ["exact", "factored"]
+KINDS = ["exact", "factored", "cached"]
 DENSE_MAX_D = {"numpy": 10_000, "cupy": 30_000}  # reasons in the module docstring
 
 
@@ -230,14 +232,22 @@ def damped_factors(A, S, gamma):
             S + root / pi * xp.eye(S.shape[0], dtype=S.dtype))
 
 
-def kron_solve(kind, A, S, X):
+def kron_solver(kind, A, S):
+    """X -> the damped Kronecker solve: "exact" and "factored" factor A and S in every call (as
+    a refresh does), "cached" factors the damped factors here once and solves with their
+    Cholesky factors (a Noisy K-FAC step between refreshes, (noisy_kfac.12))."""
     if kind == "exact":
-        return kron.solve(A, S, X, damping=GAMMA)
-    return kron.solve_factored(A, S, X, GAMMA)
+        return lambda X: kron.solve(A, S, X, damping=GAMMA)
+    if kind == "factored":
+        return lambda X: kron.solve_factored(A, S, X, GAMMA)
+    xp = xp_of(A, S)
+    L_A, L_S = (xp.linalg.cholesky(F) for F in damped_factors(A, S, GAMMA))
+    return lambda X: kron.solve_chol(L_A, L_S, X)
 
 
 class KronSolve:
-    """kron.solve (exact damping) / kron.solve_factored of one (n_in, n_out) right-hand side."""
+    """kron.solve (exact damping) / kron.solve_factored / kron.solve_chol with cached factors
+    of one (n_in, n_out) right-hand side."""
     params = (BACKENDS, SHAPES, KINDS)
     param_names = ["backend", "shape", "kind"]
     timeout = 120.0
@@ -246,10 +256,11 @@ class KronSolve:
         self.xp = backend(name)
         self.kind = kind
         self.A, self.S, self.X = kron_inputs(self.xp, *parse_shape(shape))
+        self.solver = kron_solver(kind, self.A, self.S)
         self.run()
 
     def run(self):
-        out = kron_solve(self.kind, self.A, self.S, self.X)
+        out = self.solver(self.X)
         sync(self.xp)
         return out
 
@@ -351,7 +362,8 @@ def _slope(ns, ts):
 
 def _solve_time(kind, n_in, n_out):
     A, S, X = kron_inputs(np, n_in, n_out)
-    return _median_s(lambda: kron_solve(kind, A, S, X), repeat=3)
+    solver = kron_solver(kind, A, S)
+    return _median_s(lambda: solver(X), repeat=3)
 
 
 def profile_cycle(T_inv=20, curvature="ggn", T_stats=1, top=25):
