@@ -41,7 +41,7 @@ from typing import Any, NamedTuple
 
 from refbayes._checks import (check_array, check_float, check_in_range, check_int, check_positive,
                               check_spd)
-from refbayes.backend import xp_of
+from refbayes.backend import linalg_of, xp_of
 from refbayes.linalg import kron
 from refbayes.methods._estimates import Batch, check_batch, check_model, check_N, check_t
 
@@ -156,11 +156,19 @@ class FactoredInverse(NamedTuple):
         when no draw needed it (K-FAC).
     L_S_in : array of shape (n_out, n_out) or None
         Cholesky factor of S_ref + (d / pi) I (the sampler), None as L_A_in.
+    A_inv : array of shape (n_in + 1, n_in + 1) or None
+        (A_ref + pi r I)^{-1} = L_A^{-T} L_A^{-1}, formed when the refresh is used more than
+        once (T_inv > 1): the solve is then A_inv V S_inv, two products instead of four
+        triangular solves; None for T_inv = 1.
+    S_inv : array of shape (n_out, n_out) or None
+        (S_ref + (r / pi) I)^{-1}, as A_inv.
     """
     L_A: Array     # chol(A_ref + pi sqrt(gamma) I) (noisy_kfac.9), (noisy_kfac.12)
     L_S: Array     # chol(S_ref + sqrt(gamma) / pi I) (noisy_kfac.9), (noisy_kfac.12)
     L_A_in: Any    # chol(A_ref + pi sqrt(gamma_in) I) or None (noisy_kfac.6), (noisy_kfac.12)
     L_S_in: Any    # chol(S_ref + sqrt(gamma_in) / pi I) or None (noisy_kfac.6), (noisy_kfac.12)
+    A_inv: Any = None  # (A_ref + pi sqrt(gamma) I)^{-1} or None (noisy_kfac.12)
+    S_inv: Any = None  # (S_ref + sqrt(gamma) / pi I)^{-1} or None (noisy_kfac.12)
 
 
 class ExactInverse(NamedTuple):
@@ -376,10 +384,18 @@ def _check_state(state, model) -> list:
     return blocks
 
 
-def _layer_inverse(l, A, Sf, damping, g_in, gamma, sampler):
+def _chol_inverse(L):
+    """(L L^T)^{-1} = L^{-T} L^{-1} from the lower Cholesky factor L."""
+    xp = xp_of(L)
+    R = linalg_of(xp).solve_triangular(L, xp.eye(L.shape[0], dtype=L.dtype), lower=True,
+                                       check_finite=False).T  # L^{-T}
+    return R @ R.T
+
+
+def _layer_inverse(l, A, Sf, damping, g_in, gamma, sampler, explicit):
     """One layer's operators of (A_ref, S_ref) = (A, Sf): the solve's, and the sampler's when
-    ``sampler`` (K-FAC never draws, and its factors need only be definite at gamma).
-    (noisy_kfac.12)"""
+    ``sampler`` (K-FAC never draws, and its factors need only be definite at gamma); under
+    factored damping the solve's inverses formed when ``explicit``.  (noisy_kfac.12)"""
     xp = xp_of(A, Sf)
     if damping == "exact":
         if not sampler:
@@ -396,13 +412,16 @@ def _layer_inverse(l, A, Sf, damping, g_in, gamma, sampler):
     r = math.sqrt(gamma)
     L_A = chol(A, pi * r, f"A_ref[{l}] + pi sqrt(gamma) I")                     # (noisy_kfac.9)
     L_S = chol(Sf, r / pi, f"S_ref[{l}] + sqrt(gamma) / pi I")                  # (noisy_kfac.9)
+    inverses = (_chol_inverse(L_A), _chol_inverse(L_S)) if explicit else (None, None)
     if not sampler:
-        return FactoredInverse(L_A, L_S, None, None)
-    if gamma == g_in:  # gamma_ex = 0: the sampler's damped factors are the solve's
-        return FactoredInverse(L_A, L_S, L_A, L_S)
-    d = math.sqrt(g_in)
-    return FactoredInverse(L_A, L_S, chol(A, pi * d, f"A_ref[{l}] + pi sqrt(gamma_in) I"),
-                           chol(Sf, d / pi, f"S_ref[{l}] + sqrt(gamma_in) / pi I"))  # (noisy_kfac.5)
+        L_A_in = L_S_in = None
+    elif gamma == g_in:  # gamma_ex = 0: the sampler's damped factors are the solve's
+        L_A_in, L_S_in = L_A, L_S
+    else:
+        d = math.sqrt(g_in)
+        L_A_in = chol(A, pi * d, f"A_ref[{l}] + pi sqrt(gamma_in) I")          # (noisy_kfac.5)
+        L_S_in = chol(Sf, d / pi, f"S_ref[{l}] + sqrt(gamma_in) / pi I")       # (noisy_kfac.5)
+    return FactoredInverse(L_A, L_S, L_A_in, L_S_in, *inverses)                 # (noisy_kfac.12)
 
 
 def _has_sampler(inv) -> bool:
@@ -418,7 +437,11 @@ def _inverses(state, c, damping, sampler) -> NoisyKFACInverses:
     if (inv is not None and inv.A_ref is state.A_ref and inv.S_ref is state.S_ref
             and inv.key == key and (not sampler or _has_sampler(inv))):
         return inv
-    layers = tuple(_layer_inverse(l, A, Sf, damping, c["gamma_in"], c["gamma"], sampler)
+    # explicit inverses pay off when the refresh serves several solves (T_inv > 1): forming
+    # them costs about two products, and each solve with them saves about one
+    explicit = c["T_inv"] > 1
+    layers = tuple(_layer_inverse(l, A, Sf, damping, c["gamma_in"], c["gamma"], sampler,
+                                  explicit)
                    for l, (A, Sf) in enumerate(zip(state.A_ref, state.S_ref)))
     return NoisyKFACInverses(state.A_ref, state.S_ref, key, layers)
 
@@ -470,6 +493,8 @@ def _apply_sampler(op, E):
 def _apply_solve(op, V):
     """The damped K-FAC solve of one layer's block V (n_in + 1, n_out).  (noisy_kfac.9)"""
     if isinstance(op, FactoredInverse):
+        if op.A_inv is not None:
+            return op.A_inv @ V @ op.S_inv                                    # (noisy_kfac.9)
         return kron.solve_chol(op.L_A, op.L_S, V)                             # (noisy_kfac.9)
     return op.Q_A @ ((op.Q_A.T @ V @ op.Q_S) * op.inv) @ op.Q_S.T             # (noisy_kfac.9)
 
