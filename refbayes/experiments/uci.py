@@ -208,9 +208,13 @@ def predictive_ll(y, F, tau, y_mean, y_std) -> np.ndarray:
     noise precision; y_mean, y_std the training target statistics.
     """
     F = np.atleast_2d(F)
+    return logsumexp(_log_n(y, F, tau, y_mean, y_std), axis=0) - np.log(F.shape[0])  # (uci.2)
+
+
+def _log_n(y, F, tau, y_mean, y_std) -> np.ndarray:
+    """(S, n): log N(y_i | m_y + s_y F[s, i], s_y^2 / tau), F 2-d."""
     var = y_std ** 2 / tau
-    log_n = -0.5 * np.log(2.0 * np.pi * var) - (y[None, :] - (y_mean + y_std * F)) ** 2 / (2.0 * var)
-    return logsumexp(log_n, axis=0) - np.log(F.shape[0])  # (uci.2)
+    return -0.5 * np.log(2.0 * np.pi * var) - (y[None, :] - (y_mean + y_std * F)) ** 2 / (2.0 * var)
 
 
 def predictive_ll_joint(y, F, tau, y_mean, y_std) -> float:
@@ -220,8 +224,7 @@ def predictive_ll_joint(y, F, tau, y_mean, y_std) -> float:
     Arguments as for ``predictive_ll``.
     """
     F = np.atleast_2d(F)
-    var = y_std ** 2 / tau
-    log_n = -0.5 * np.log(2.0 * np.pi * var) - (y[None, :] - (y_mean + y_std * F)) ** 2 / (2.0 * var)
+    log_n = _log_n(y, F, tau, y_mean, y_std)
     return float((logsumexp(log_n.sum(axis=1)) - np.log(F.shape[0])) / F.shape[1])  # (uci.9)
 
 

@@ -29,7 +29,8 @@ from refbayes._checks import (
 from refbayes.backend import linalg_of, xp_of
 
 __all__ = ["dense", "kron_matvec", "solve", "logdet", "damped_eigh", "factored_damping_pi",
-           "solve_factored", "solve_chol", "sample", "sample_chol", "sample_cov"]
+           "solve_factored", "factored_chol", "solve_chol", "sample", "sample_chol",
+           "sample_cov"]
 
 
 # ----------------------------------------------------------------------------- validation
@@ -422,17 +423,51 @@ def solve_factored(A, S, X, gamma):
         Also if gamma is not a real number >= 0, if tr A <= 0 or tr S <= 0, or if A_g or S_g
         is not positive definite.
     """
-    xp = xp_of(A, S, X)
+    xp_of(A, S, X)
     n_in, n_out = _check_pair(A, S)
     _check_rhs(X, "X", n_in, n_out, A.dtype, batch=True)
+    return _solve_chol(*factored_chol(A, S, gamma), X)  # (kron.9)
+
+
+def factored_chol(A, S, gamma):
+    """Compute the lower Cholesky factors of K-FAC's factored-damped factors.
+
+    L_A L_A^T = A_g = A + pi sqrt(gamma) I and L_S L_S^T = S_g = S + sqrt(gamma) / pi I with pi
+    from ``factored_damping_pi``: (A_g kron S_g)^{-1} is ``solve_chol(L_A, L_S, .)``, the
+    matrix-variate normal of precision A_g kron S_g ``sample_chol(L_A, L_S, .)``.  (kron.7)
+
+    Parameters
+    ----------
+    A : array of shape (n_in, n_in)
+        Input-side factor, symmetric.
+    S : array of shape (n_out, n_out)
+        Output-side factor, symmetric, same dtype as A.
+    gamma : float
+        Finite damping strength gamma >= 0.
+
+    Returns
+    -------
+    L_A : array of shape (n_in, n_in)
+        Lower Cholesky factor of A_g.
+    L_S : array of shape (n_out, n_out)
+        Lower Cholesky factor of S_g.
+
+    Raises
+    ------
+    ValueError
+        If A or S is not a finite, float, non-empty square matrix, symmetric to 100 roundoffs
+        of its largest entry, if their dtypes differ, or if the arrays mix NumPy and CuPy;
+        if gamma is not a real number >= 0, if tr A <= 0 or tr S <= 0, or if A_g or S_g is not
+        positive definite.
+    """
+    xp = xp_of(A, S)
     gamma = check_in_range(gamma, "gamma", 0.0, math.inf, high_open=True)
-    pi = factored_damping_pi(A, S)
+    pi = factored_damping_pi(A, S)  # checks A and S symmetric, so A_g and S_g are
     root = math.sqrt(gamma)
-    A_g = A + (pi * root) * xp.eye(n_in, dtype=A.dtype)  # (kron.7)
-    S_g = S + (root / pi) * xp.eye(n_out, dtype=S.dtype)  # (kron.7)
-    L_A = check_spd(A_g, "A + pi sqrt(gamma) I")
-    L_S = check_spd(S_g, "S + sqrt(gamma) / pi I")
-    return _solve_chol(L_A, L_S, X)  # (kron.9)
+    A_g = A + (pi * root) * xp.eye(A.shape[0], dtype=A.dtype)  # (kron.7)
+    S_g = S + (root / pi) * xp.eye(S.shape[0], dtype=S.dtype)  # (kron.7)
+    return (check_spd(A_g, "A + pi sqrt(gamma) I", symmetric_checked=True),
+            check_spd(S_g, "S + sqrt(gamma) / pi I", symmetric_checked=True))
 
 
 def solve_chol(L_A, L_S, X):

@@ -39,8 +39,7 @@ from __future__ import annotations
 import math
 from typing import Any, NamedTuple
 
-from refbayes._checks import (check_array, check_float, check_in_range, check_int, check_positive,
-                              check_spd)
+from refbayes._checks import check_array, check_float, check_in_range, check_int, check_positive
 from refbayes.backend import linalg_of, xp_of
 from refbayes.linalg import kron
 from refbayes.methods._estimates import Batch, check_batch, check_model, check_N, check_t
@@ -392,7 +391,7 @@ def _chol_inverse(L):
     return R @ R.T
 
 
-def _layer_inverse(l, A, Sf, damping, g_in, gamma, sampler, explicit):
+def _layer_inverse(A, Sf, damping, g_in, gamma, sampler, explicit):
     """One layer's operators of (A_ref, S_ref) = (A, Sf): the solve's, and the sampler's when
     ``sampler`` (K-FAC never draws, and its factors need only be definite at gamma); under
     factored damping the solve's inverses formed when ``explicit``.  (noisy_kfac.12)"""
@@ -404,23 +403,14 @@ def _layer_inverse(l, A, Sf, damping, g_in, gamma, sampler, explicit):
         Q_A, Q_S, Lam_in = kron.damped_eigh(A, Sf, g_in)                       # (noisy_kfac.5)
         return ExactInverse(Q_A, Q_S, 1.0 / (Lam_in + (gamma - g_in)),          # (noisy_kfac.12)
                             1.0 / xp.sqrt(Lam_in))                              # (noisy_kfac.12)
-    pi = float(kron.factored_damping_pi(A, Sf))  # checks A, Sf symmetric (and finite)
-
-    def chol(F, c, name):  # F + c I is symmetric: F was checked, c I is
-        return check_spd(F + c * xp.eye(F.shape[0], dtype=F.dtype), name, symmetric_checked=True)
-
-    r = math.sqrt(gamma)
-    L_A = chol(A, pi * r, f"A_ref[{l}] + pi sqrt(gamma) I")                     # (noisy_kfac.9)
-    L_S = chol(Sf, r / pi, f"S_ref[{l}] + sqrt(gamma) / pi I")                  # (noisy_kfac.9)
+    L_A, L_S = kron.factored_chol(A, Sf, gamma)                                 # (noisy_kfac.9)
     inverses = (_chol_inverse(L_A), _chol_inverse(L_S)) if explicit else (None, None)
     if not sampler:
         L_A_in = L_S_in = None
     elif gamma == g_in:  # gamma_ex = 0: the sampler's damped factors are the solve's
         L_A_in, L_S_in = L_A, L_S
     else:
-        d = math.sqrt(g_in)
-        L_A_in = chol(A, pi * d, f"A_ref[{l}] + pi sqrt(gamma_in) I")          # (noisy_kfac.5)
-        L_S_in = chol(Sf, d / pi, f"S_ref[{l}] + sqrt(gamma_in) / pi I")       # (noisy_kfac.5)
+        L_A_in, L_S_in = kron.factored_chol(A, Sf, g_in)                        # (noisy_kfac.5)
     return FactoredInverse(L_A, L_S, L_A_in, L_S_in, *inverses)                 # (noisy_kfac.12)
 
 
@@ -440,10 +430,15 @@ def _inverses(state, c, damping, sampler) -> NoisyKFACInverses:
     # explicit inverses pay off when the refresh serves several solves (T_inv > 1): forming
     # them costs about two products, and each solve with them saves about one
     explicit = c["T_inv"] > 1
-    layers = tuple(_layer_inverse(l, A, Sf, damping, c["gamma_in"], c["gamma"], sampler,
-                                  explicit)
-                   for l, (A, Sf) in enumerate(zip(state.A_ref, state.S_ref)))
-    return NoisyKFACInverses(state.A_ref, state.S_ref, key, layers)
+    layers = []
+    for l, (A, Sf) in enumerate(zip(state.A_ref, state.S_ref)):
+        try:
+            layers.append(_layer_inverse(A, Sf, damping, c["gamma_in"], c["gamma"], sampler,
+                                         explicit))
+        except ValueError as err:
+            raise ValueError(f"state.A_ref[{l}], state.S_ref[{l}] ({damping} damping, gamma_in = "
+                             f"{c['gamma_in']:.3g}, gamma = {c['gamma']:.3g}): {err}") from err
+    return NoisyKFACInverses(state.A_ref, state.S_ref, key, tuple(layers))
 
 
 def refresh(state: NoisyKFACState, cfg: NoisyKFACConfig, model,

@@ -746,26 +746,38 @@ class FlatModel:
         if curvature not in (None, "ef", "ggn"):
             raise ValueError(f"curvature: expected None, 'ef' or 'ggn', got {curvature!r}")
         xp, X, y, S = self._inputs_batched(thetas, X, y)
-        params = _layers.unflatten_batched(thetas, self.sizes, self.bias)
-        acts, f = _layers.forward_batched(xp, params, X, self.activation)
-        M, K = X.shape[0], f.shape[-1]
-        lik = self.likelihood
-        yy = xp.concatenate([y] * S) if S > 1 else y
-        r = lik._grad_f(f.reshape(S * M, K), yy).reshape(S, M, K)  # (peg.2)
-        deltas = _layers.backward_batched(xp, params, acts, r, self.activation)
-        g = _layers.summed_blocks_batched(xp, acts, deltas, self.bias)  # (peg.6)
+        params, acts, f, yy, deltas, g = self._batched_gradient_pass(xp, thetas, X, y, S)
         if curvature is None:
             return g, None
         if curvature == "ef":
             return g, _layers.sum_sq_blocks_batched(xp, acts, [d * d for d in deltas],
                                                     self.bias)  # (peg.11)
-        C = lik._hess_factor(f.reshape(S * M, K), yy)  # H_i = C_i C_i^T, (S M, K, R)
         e = None
-        for q in range(C.shape[2]):  # one backprop per factor column (peg.9)
-            seed = C[:, :, q].reshape(S, M, K)
-            dq = _layers.backward_batched(xp, params, acts, seed, self.activation)
+        for dq in self._ggn_column_passes(xp, params, acts, f, yy, S):
             e = [d * d for d in dq] if e is None else [a + d * d for a, d in zip(e, dq)]
         return g, _layers.sum_sq_blocks_batched(xp, acts, e, self.bias)  # (peg.10)
+
+    def _batched_gradient_pass(self, xp, thetas, X, y, S):
+        """One forward and one backward pass at the S vectors (validated inputs): (params, the
+        layer inputs, f (S M, K), the targets repeated S times, the deltas, g (S, D))."""
+        params = _layers.unflatten_batched(thetas, self.sizes, self.bias)
+        acts, f = _layers.forward_batched(xp, params, X, self.activation)
+        M, K = X.shape[0], f.shape[-1]
+        f = f.reshape(S * M, K)
+        yy = xp.concatenate([y] * S) if S > 1 else y
+        r = self.likelihood._grad_f(f, yy).reshape(S, M, K)  # (peg.2)
+        deltas = _layers.backward_batched(xp, params, acts, r, self.activation)
+        g = _layers.summed_blocks_batched(xp, acts, deltas, self.bias)  # (peg.6)
+        return params, acts, f, yy, deltas, g
+
+    def _ggn_column_passes(self, xp, params, acts, f, yy, S):
+        """The backward passes of the columns of C_i (H_i = C_i C_i^T), one per column, at the S
+        vectors: each [e_1, ..., e_L] with e_l (S, M, n_l).  (peg.9)"""
+        C = self.likelihood._hess_factor(f, yy)  # (S M, K, R)
+        K = f.shape[1]
+        return (_layers.backward_batched(xp, params, acts, C[:, :, q].reshape(S, -1, K),
+                                         self.activation)
+                for q in range(C.shape[2]))  # (peg.9)
 
     def kfac_factors(self, theta, X, y):
         """Compute the K-FAC ingredients (layer inputs and pre-activation gradients) per layer.
@@ -930,26 +942,16 @@ class FlatModel:
             except ValueError as err:
                 raise ValueError(f"y_curv (the ({S}, {M}, ...) targets of the curvature, "
                                  f"checked as {S * M} rows): {err}") from err
-        params = _layers.unflatten_batched(thetas, self.sizes, self.bias)
-        acts, f = _layers.forward_batched(xp, params, X, self.activation)
-        K = f.shape[-1]
-        f = f.reshape(S * M, K)
-        yy = xp.concatenate([y] * S) if S > 1 else y
-        r = self.likelihood._grad_f(f, yy).reshape(S, M, K)  # (peg.2)
-        deltas = _layers.backward_batched(xp, params, acts, r, self.activation)
-        g = _layers.summed_blocks_batched(xp, acts, deltas, self.bias)  # (peg.6)
+        params, acts, f, yy, deltas, g = self._batched_gradient_pass(xp, thetas, X, y, S)
         if curvature is None:
             return g, None
         if curvature == "ef" and y_curv is None:
             passes = [deltas]  # the gradient's own backward pass
         elif curvature == "ef":
-            r_curv = self.likelihood._grad_f(f, y_curv).reshape(S, M, K)  # (peg.2)
+            r_curv = self.likelihood._grad_f(f, y_curv).reshape(S, M, -1)  # (peg.2)
             passes = [_layers.backward_batched(xp, params, acts, r_curv, self.activation)]
         else:
-            C = self.likelihood._hess_factor(f, yy)  # H_i = C_i C_i^T, (S M, K, R)
-            passes = (_layers.backward_batched(xp, params, acts, C[:, :, q].reshape(S, M, K),
-                                               self.activation)
-                      for q in range(C.shape[2]))  # one backprop per factor column (peg.9)
+            passes = self._ggn_column_passes(xp, params, acts, f, yy, S)  # (peg.9)
         B = None
         for dq in passes:
             Bq = [d.reshape(S * M, -1).T @ d.reshape(S * M, -1) for d in dq]

@@ -246,6 +246,13 @@ def test_solve_chol_and_sample_chol_from_the_factors(xp, dtype, case, batch):
     triangles are not read (filled with garbage)."""
     A, S, X = _inputs(case, dtype, batch)
     L_A, L_S = np.linalg.cholesky(ref.as64(A)), np.linalg.cholesky(ref.as64(S))
+    # factored_chol (kron.7): the Cholesky factors of the damped factors of ref.factored_kron
+    gamma = _rep(case.damping, dtype)
+    F_A, F_S = kron.factored_chol(*_on(xp, A, S), gamma)
+    assert F_A.dtype == dtype and F_S.dtype == dtype
+    assert_close(np.kron(ref.as64(F_A) @ ref.as64(F_A).T, ref.as64(F_S) @ ref.as64(F_S).T),
+                 ref.factored_kron(ref.as64(A), ref.as64(S), gamma), exact(dtype),
+                 "factored_chol: L_A L_A^T kron L_S L_S^T")
     junk_A = (L_A + 7.0 * np.triu(np.ones_like(L_A), 1)).astype(dtype)
     junk_S = (L_S + 7.0 * np.triu(np.ones_like(L_S), 1)).astype(dtype)
     got = kron.solve_chol(*_on(xp, junk_A, junk_S, X))
