@@ -1,0 +1,965 @@
+"""The k-tied Normal (Swiatkowski et al. 2020, arXiv:2002.02655): mean-field Gaussian VI whose
+weight standard deviations are tied by a positive low-rank factorisation, trained like
+Bayes-by-Backprop (reparameterisation, closed-form KL, Adam); and the paper's post-hoc analysis
+of a trained mean-field posterior (explained-variance spectra, rank-k truncation, evaluation) and
+its gradient signal-to-noise ratio.
+
+Implements (ktied.1)-(ktied.15) of derivations/ktied.md.
+Symbols: layer l has W_l (m_l, n_l) (m = n_in, n = n_out, theta's row-major layout) and bias
+b_l (n_l,); the standard deviations of W_l are A_l = U_l V_l^T with U_l = softplus(R^U_l)
+(m_l, k_l) and V_l = softplus(R^V_l) (n_l, k_l); a bias keeps its own scale softplus(r^b_l).
+rho (P,) = concat_l (vec R^U_l, vec R^V_l, r^b_l) holds every unconstrained scale parameter,
+P = sum_l (k_l (m_l + n_l) + n_l). q(theta) = N(mu, diag(sigma^2)), sigma (D,) from (ktied.1);
+eps (D, S) standard-normal draws; a minibatch B of M rows out of N; lam the prior precision,
+p = N(0, diag(1 / lam)).
+
+Objective (summed-loss convention, minimized), the BBB estimate (bbb.3):
+
+    F_hat = (N / (M S)) sum_s sum_{i in B} l_i(mu + sigma * eps_s) + kl_weight * KL(q || p)
+
+Gaussian mean-field VI, the paper's baseline, is ``refbayes.methods.bbb`` unchanged; the
+hyperparameters are the same, so ``KTiedConfig`` is ``bbb.BBBConfig``.
+"""
+from __future__ import annotations
+
+import math
+import numbers
+from typing import Any, NamedTuple
+
+import numpy as np
+
+from refbayes._checks import check_array, check_float, check_int, check_same_dtype
+from refbayes.backend import xp_of
+from refbayes.methods import bbb
+from refbayes.methods._estimates import Batch, check_batch, check_draws, check_model, check_t
+from refbayes.methods.adam import AdamState, _adam, adam_init, check_adam_state, check_lam
+from refbayes.methods.bbb import BBBConfig, _sigmoid, inv_softplus, log_softplus, softplus
+from refbayes.models import _layers
+
+__all__ = [
+    "Batch",
+    "Evaluation",
+    "KTiedConfig",
+    "KTiedInfo",
+    "KTiedLayout",
+    "KTiedState",
+    "dense_covariance",
+    "entropy",
+    "evaluate",
+    "explained_variance",
+    "from_mean_field",
+    "init",
+    "kl_divergence",
+    "layout",
+    "log_density",
+    "n_variational_params",
+    "sample",
+    "scale_parameters",
+    "snr",
+    "std",
+    "step",
+    "truncate",
+    "truncate_sigma",
+]
+
+Array = Any
+
+KTiedConfig = BBBConfig  # the same hyperparameters: N, lam, Adam's, kl_weight (ktied.3), (ktied.7)
+
+
+class KTiedLayout(NamedTuple):
+    """Where each layer's scale parameters sit in rho (ktied.1), and its weights in theta.
+
+    Attributes
+    ----------
+    sizes : tuple of int
+        Layer widths [n_in, hidden..., n_out] of the model.
+    k : tuple of int
+        The rank k_l of each layer's tie.
+    u_off : tuple of int
+        Offset of vec R^U_l (m_l k_l entries, row-major) in rho.
+    v_off : tuple of int
+        Offset of vec R^V_l (n_l k_l entries, row-major) in rho.
+    b_off : tuple of int
+        Offset of r^b_l (n_l entries) in rho; -1 for a model without biases.
+    w_theta : tuple of int
+        Offset of vec W_l in theta.
+    b_theta : tuple of int
+        Offset of b_l in theta; -1 for a model without biases.
+    P : int
+        Length of rho.
+    D : int
+        Length of theta.
+    """
+    sizes: tuple    # [n_in, ..., n_out]
+    k: tuple        # k_l per layer
+    u_off: tuple    # offsets of vec R^U_l in rho
+    v_off: tuple    # offsets of vec R^V_l in rho
+    b_off: tuple    # offsets of r^b_l in rho, -1 without biases
+    w_theta: tuple  # offsets of vec W_l in theta
+    b_theta: tuple  # offsets of b_l in theta, -1 without biases
+    P: int          # len(rho)
+    D: int          # len(theta)
+
+
+class KTiedState(NamedTuple):
+    """The k-tied Normal state after t steps.
+
+    Attributes
+    ----------
+    mu : array of shape (D,)
+        Mean mu_t.  (ktied.7)
+    rho : array of shape (P,)
+        Unconstrained scale parameters concat_l (vec R^U_l, vec R^V_l, r^b_l).  (ktied.1)
+    adam : AdamState
+        Adam moments of [mu; rho], (D + P,) each; adam.t is not read.  (ktied.7)
+    t : int
+        Number of steps taken; drives the bias correction.  (adam.3)
+    k : tuple of int
+        The rank k_l of each layer's tie.  (ktied.1)
+    """
+    mu: Array         # mu_t, (D,), (ktied.7)
+    rho: Array        # concat_l (vec R^U_l, vec R^V_l, r^b_l), (P,), (ktied.1)
+    adam: AdamState   # moments of [mu; rho], (D + P,) each, (ktied.7); adam.t is not read
+    t: int            # steps taken; drives the bias correction (adam.3)
+    k: tuple          # k_l per layer (ktied.1)
+
+
+class KTiedInfo(NamedTuple):
+    """The named intermediates of one k-tied step, by equation.
+
+    Attributes
+    ----------
+    sigma : array of shape (D,)
+        Standard deviations, vec(U_l V_l^T) and softplus(r^b_l) in theta's order.  (ktied.1)
+    theta : array of shape (D, S)
+        Draws theta_s = mu + sigma * eps_s.  (ktied.2)
+    g : array of shape (S, D)
+        Summed minibatch gradients g_s = sum_{i in B} grad l_i(theta_s).  (bbb.4)
+    g_hat : array of shape (D,)
+        Data gradient in mu, (N / (M S)) sum_s g_s.  (bbb.5)
+    g_sigma : array of shape (D,)
+        Data gradient in sigma, (N / (M S)) sum_s g_s * eps_s.  (ktied.5)
+    kl : array of shape ()
+        KL(q || p).  (ktied.4)
+    grad_mu : array of shape (D,)
+        Objective gradient dF/dmu = g_hat + kl_weight * lam * mu.  (bbb.9)
+    grad_sigma : array of shape (D,)
+        Objective gradient dF/dsigma = g_sigma + kl_weight * (lam sigma - 1 / sigma).  (ktied.5)
+    grad_rho : array of shape (P,)
+        Objective gradient dF/drho through A = U V^T and the softplus.  (ktied.6)
+    loss_hat : array of shape ()
+        Data-term estimate (N / (M S)) sum_s sum_{i in B} l_i(theta_s).  (ktied.3)
+    elbo : array of shape ()
+        ELBO estimate -(loss_hat + kl_weight * kl).  (ktied.3)
+    delta : array of shape (D + P,)
+        Adam step on [mu; rho].  (ktied.7)
+    mu : array of shape (D,)
+        Mean mu_{t+1}.  (ktied.7)
+    rho : array of shape (P,)
+        Scale parameters rho_{t+1}.  (ktied.7)
+    """
+    sigma: Array       # vec(U V^T), softplus(r^b), (D,)  (ktied.1)
+    theta: Array       # theta_s = mu + sigma * eps_s, (D, S)  (ktied.2)
+    g: Array           # g_s = sum_{i in B} grad l_i(theta_s), (S, D)  (bbb.4)
+    g_hat: Array       # (N / (M S)) sum_s g_s, (D,)  (bbb.5)
+    g_sigma: Array     # (N / (M S)) sum_s g_s * eps_s, (D,)  (ktied.5)
+    kl: Array          # KL(q || p), 0-d  (ktied.4)
+    grad_mu: Array     # g_hat + kl_weight lam mu, (D,)  (bbb.9)
+    grad_sigma: Array  # g_sigma + kl_weight (lam sigma - 1 / sigma), (D,)  (ktied.5)
+    grad_rho: Array    # dF/drho, (P,)  (ktied.6)
+    loss_hat: Array    # (N / (M S)) sum_s sum_{i in B} l_i(theta_s), 0-d  (ktied.3)
+    elbo: Array        # -(loss_hat + kl_weight kl), 0-d  (ktied.3)
+    delta: Array       # Adam step on [mu; rho], (D + P,)  (ktied.7)
+    mu: Array          # mu_{t+1}, (D,)  (ktied.7)
+    rho: Array         # rho_{t+1}, (P,)  (ktied.7)
+
+
+class Evaluation(NamedTuple):
+    """A posterior's scores (ktied.14).
+
+    Attributes
+    ----------
+    neg_elbo : float
+        -ELBO per training example, [(1/S) sum_s l(theta_s) + KL] / N.
+    nll : float
+        Test negative log predictive density per example.
+    accuracy : float
+        Test accuracy of the predictive's argmax, in [0, 1].
+    kl : float
+        KL(q || p), nats.
+    """
+    neg_elbo: float  # per training example
+    nll: float       # test NLL per example
+    accuracy: float  # test accuracy
+    kl: float        # KL(q || p)
+
+
+# ----------------------------------------------------------------------------- layout
+
+def _check_k(k, L: int) -> tuple:
+    if isinstance(k, numbers.Integral) and not isinstance(k, bool):
+        k = (int(k),) * L
+    if not isinstance(k, (tuple, list)) or len(k) != L or any(
+            not isinstance(c, numbers.Integral) or isinstance(c, bool) or c < 1 for c in k):
+        raise ValueError(f"k: expected an integer >= 1 or a sequence of {L} integers >= 1 (one "
+                         f"per layer), got {k!r}")
+    return tuple(int(c) for c in k)
+
+
+def layout(model, k) -> KTiedLayout:
+    """Compute where each layer's scale parameters sit in rho (ktied.1).
+
+    Parameters
+    ----------
+    model : FlatModel
+        A refbayes.models model (MLP, or a linear model: one layer).
+    k : int or sequence of int
+        The rank of the tie, one for every layer or one per layer, each >= 1.
+
+    Returns
+    -------
+    KTiedLayout
+        The offsets of R^U_l, R^V_l, r^b_l in rho and of W_l, b_l in theta.
+
+    Raises
+    ------
+    ValueError
+        If model is not a FlatModel or k is not an integer >= 1 or a sequence of them, one
+        per layer.
+    """
+    check_model(model)
+    sizes = tuple(model.sizes)
+    k = _check_k(k, len(sizes) - 1)
+    theta_lay = _layers.layout(sizes, model.bias)
+    u_off, v_off, b_off, pos = [], [], [], 0
+    for (m, n), c in zip(zip(sizes[:-1], sizes[1:]), k):
+        u_off.append(pos)
+        v_off.append(pos + m * c)
+        pos += (m + n) * c
+        b_off.append(pos if model.bias else -1)
+        pos += n if model.bias else 0
+    return KTiedLayout(sizes, k, tuple(u_off), tuple(v_off), tuple(b_off), theta_lay.w_off,
+                       theta_lay.b_off, pos, theta_lay.D)
+
+
+def n_variational_params(model, k=None) -> int:
+    """Count the variational parameters: 2 D for mean field (k None), D + P for k-tied.
+
+    P = sum_l (k_l (m_l + n_l) + n_l) (ktied.10).  MLP 784-400-400-10: 956,820 (mean field),
+    481,614, 484,008, 486,402 (k = 1, 2, 3).
+
+    Parameters
+    ----------
+    model : FlatModel
+        The model.
+    k : int or sequence of int, optional
+        The tie's rank; None for the mean-field family.
+
+    Returns
+    -------
+    int
+        The number of variational parameters (means and scales).
+
+    Raises
+    ------
+    ValueError
+        If model is not a FlatModel or k is neither None, an integer >= 1 nor a sequence of
+        them, one per layer.
+    """
+    check_model(model)
+    if k is None:
+        return 2 * model.D
+    return model.D + layout(model, k).P  # (ktied.10)
+
+
+# ----------------------------------------------------------------------------- sigma from rho
+
+def _blocks(rho, lay, l):
+    """(R^U_l (m, k), R^V_l (n, k), r^b_l (n,) or None): views into rho."""
+    m, n, c = lay.sizes[l], lay.sizes[l + 1], lay.k[l]
+    RU = rho[lay.u_off[l]:lay.u_off[l] + m * c].reshape(m, c)
+    RV = rho[lay.v_off[l]:lay.v_off[l] + n * c].reshape(n, c)
+    rb = rho[lay.b_off[l]:lay.b_off[l] + n] if lay.b_off[l] >= 0 else None
+    return RU, RV, rb
+
+
+def _sigma(xp, rho, lay):
+    """sigma (D,) in theta's order and the factors [(U_l, V_l)] (ktied.1)."""
+    parts, factors = [], []
+    for l in range(len(lay.k)):
+        RU, RV, rb = _blocks(rho, lay, l)
+        U, V = softplus(RU), softplus(RV)                                    # (ktied.1)
+        factors.append((U, V))
+        parts.append((U @ V.T).reshape(-1))                                  # (ktied.1)
+        if rb is not None:
+            parts.append(softplus(rb))                                       # (ktied.1)
+    return xp.concatenate(parts), factors
+
+
+def _log_sigma(xp, rho, lay, sigma):
+    """log sigma: log(U V^T) for tied entries (a sum of positive terms), log softplus(r^b) for
+    biases (finite where softplus underflows).  (ktied.4)"""
+    out = xp.log(sigma)
+    for l in range(len(lay.k)):
+        rb = _blocks(rho, lay, l)[2]
+        if rb is not None:
+            b0 = lay.b_theta[l]
+            out[b0:b0 + rb.shape[0]] = log_softplus(rb)
+    return out
+
+
+def _chain(xp, G_sigma, rho, lay, factors):
+    """dF/drho from dF/dsigma: dF/dU = G V, dF/dV = G^T U, times sigmoid.  (ktied.6)"""
+    out = xp.empty_like(rho)
+    for l, (U, V) in enumerate(factors):
+        m, n, c = lay.sizes[l], lay.sizes[l + 1], lay.k[l]
+        RU, RV, rb = _blocks(rho, lay, l)
+        G = G_sigma[lay.w_theta[l]:lay.w_theta[l] + m * n].reshape(m, n)
+        out[lay.u_off[l]:lay.u_off[l] + m * c] = ((G @ V) * _sigmoid(xp, RU)).reshape(-1)
+        out[lay.v_off[l]:lay.v_off[l] + n * c] = ((G.T @ U) * _sigmoid(xp, RV)).reshape(-1)
+        if rb is not None:
+            Gb = G_sigma[lay.b_theta[l]:lay.b_theta[l] + n]
+            out[lay.b_off[l]:lay.b_off[l] + n] = Gb * _sigmoid(xp, rb)      # (ktied.6)
+    return out
+
+
+def _kl(xp, mu, sigma, log_sigma, lam):
+    """(1/2) sum_j [lam_j (sigma_j^2 + mu_j^2) - 1 - log lam_j - 2 log sigma_j]  (ktied.4)"""
+    log_lam = math.log(lam) if isinstance(lam, float) else xp.log(lam)
+    return 0.5 * xp.sum(lam * (sigma * sigma + mu * mu) - 1.0 - log_lam - 2.0 * log_sigma)
+
+
+# ----------------------------------------------------------------------------- state
+
+def _check_state(state, model) -> KTiedLayout:
+    if not isinstance(state, KTiedState):
+        raise ValueError(f"state: expected a KTiedState, got {type(state).__name__}")
+    check_model(model)
+    lay = layout(model, state.k) if isinstance(state.k, tuple) else None
+    if lay is None:
+        raise ValueError(f"state.k: expected a tuple of integers >= 1, got {state.k!r}")
+    check_array(state.mu, "state.mu", shape=(lay.D,))
+    check_float(state.mu, "state.mu")
+    check_array(state.rho, "state.rho", shape=(lay.P,))
+    check_same_dtype({"state.mu": state.mu, "state.rho": state.rho})
+    check_t(state.t)
+    check_adam_state(state.adam, lay.D + lay.P, state.mu.dtype, "state.adam")
+    xp_of(state.mu, state.rho)
+    return lay
+
+
+def _fresh(mu, rho, k) -> KTiedState:
+    xp = xp_of(mu, rho)
+    return KTiedState(mu, rho, adam_init(xp.concatenate([mu, rho])), 0, k)
+
+
+def init(mu, model, k, sigma0: float, xi, jitter: float = 0.1) -> KTiedState:
+    """Create the initial state: A_l = sigma0 everywhere, perturbed by the caller's draws.
+
+    Every entry of U_l and V_l is c_l = sqrt(sigma0 / k_l), so U_l V_l^T = sigma0, and each bias
+    scale is sigma0; then rho = softplus^{-1}(those) + jitter * xi (ktied.8).  The perturbation
+    breaks the symmetry between the k_l columns: with jitter * xi = 0 they receive equal
+    gradients forever and the tie stays rank 1.  Zero Adam moments, t = 0.
+
+    Parameters
+    ----------
+    mu : array of shape (D,)
+        Initial mean.
+    model : FlatModel
+        The model (its layer widths fix the layout).
+    k : int or sequence of int
+        The tie's rank, for every layer or per layer, each >= 1.
+    sigma0 : float
+        Initial standard deviation > 0 (the mean-field start it reproduces).
+    xi : array of shape (P,)
+        The caller's standard-normal draws (P from ``layout(model, k).P``), mu's dtype and
+        backend; zeros give the exactly symmetric start.
+    jitter : float, default 0.1
+        Scale >= 0 of the perturbation, in rho's units.
+
+    Returns
+    -------
+    KTiedState
+        The state (mu, rho, zero moments, 0, k).
+
+    Raises
+    ------
+    ValueError
+        If mu is not a finite float (D,) array, k not a valid rank, sigma0 not a finite
+        number > 0, jitter not a finite number >= 0, or xi not a finite (P,) array of mu's
+        dtype on mu's backend.
+    """
+    check_model(model)
+    lay = layout(model, k)
+    xp = xp_of(mu, xi)
+    check_array(mu, "mu", shape=(lay.D,))
+    check_float(mu, "mu")
+    for name, value, ok in (("sigma0", sigma0, lambda v: v > 0), ("jitter", jitter, lambda v: v >= 0)):
+        if not isinstance(value, numbers.Real) or isinstance(value, bool) or not math.isfinite(
+                value) or not ok(value):
+            raise ValueError(f"{name}: expected a finite number {'> 0' if name == 'sigma0' else '>= 0'}, "
+                             f"got {value!r}")
+    check_array(xi, "xi", shape=(lay.P,))
+    check_same_dtype({"mu": mu, "xi": xi})
+    start = xp.empty(lay.P, dtype=mu.dtype)
+    for l in range(len(lay.k)):
+        m, n, c = lay.sizes[l], lay.sizes[l + 1], lay.k[l]
+        start[lay.u_off[l]:lay.u_off[l] + (m + n) * c] = math.sqrt(sigma0 / c)   # (ktied.8)
+        if lay.b_off[l] >= 0:
+            start[lay.b_off[l]:lay.b_off[l] + n] = sigma0                       # (ktied.8)
+    rho = inv_softplus(start) + jitter * xi                                      # (ktied.8)
+    return _fresh(mu, rho, lay.k)
+
+
+def _exact_factors(xp, A):
+    """Positive U (m, k), V (n, k), k = min(m, n), with U V^T = A for A > 0.  (ktied.11)"""
+    transpose = A.shape[0] < A.shape[1]
+    B = A.T if transpose else A                       # B (m >= n)
+    n = B.shape[1]
+    r = B.sum(axis=1)
+    c = 0.5 * float(xp.min(B / r[:, None]))           # c < B_ij / r_i for all i, j
+    delta = c / (1.0 - n * c)
+    V = xp.eye(n, dtype=A.dtype) + delta              # I + delta 1 1^T        (ktied.11)
+    U = B - c * r[:, None]                            # B V^{-T} = B - c r 1^T (ktied.11)
+    return (V, U) if transpose else (U, V)
+
+
+def from_mean_field(mu, sigma, model) -> KTiedState:
+    """Convert a mean-field posterior N(mu, diag(sigma^2)) into the same distribution, k-tied.
+
+    Each layer gets k_l = min(m_l, n_l) and positive factors with U_l V_l^T = A_l exactly
+    (ktied.11); biases keep their scales.  Zero Adam moments, t = 0.
+
+    Parameters
+    ----------
+    mu : array of shape (D,)
+        Mean.
+    sigma : array of shape (D,)
+        Standard deviations > 0, mu's dtype.
+    model : FlatModel
+        The model.
+
+    Returns
+    -------
+    KTiedState
+        A state whose ``std`` equals sigma to rounding.
+
+    Raises
+    ------
+    ValueError
+        If model is not a FlatModel, mu is not a finite float (D,) array or sigma is not a
+        finite (D,) array > 0 of mu's dtype.
+    """
+    check_model(model)
+    xp = xp_of(mu, sigma)
+    check_array(mu, "mu", shape=(model.D,))
+    check_float(mu, "mu")
+    check_array(sigma, "sigma", shape=(model.D,))
+    check_same_dtype({"mu": mu, "sigma": sigma})
+    if not bool(xp.all(sigma > 0)):
+        raise ValueError("sigma: expected > 0 everywhere (standard deviations)")
+    sizes = model.sizes
+    lay = layout(model, tuple(min(m, n) for m, n in zip(sizes[:-1], sizes[1:])))
+    pos = xp.empty(lay.P, dtype=mu.dtype)
+    for l in range(len(lay.k)):
+        m, n, c = sizes[l], sizes[l + 1], lay.k[l]
+        A = sigma[lay.w_theta[l]:lay.w_theta[l] + m * n].reshape(m, n)
+        U, V = _exact_factors(xp, A)
+        pos[lay.u_off[l]:lay.u_off[l] + m * c] = U.reshape(-1)
+        pos[lay.v_off[l]:lay.v_off[l] + n * c] = V.reshape(-1)
+        if lay.b_off[l] >= 0:
+            pos[lay.b_off[l]:lay.b_off[l] + n] = sigma[lay.b_theta[l]:lay.b_theta[l] + n]
+    return _fresh(mu, inv_softplus(pos), lay.k)
+
+
+# ----------------------------------------------------------------------------- the distribution
+
+def std(state: KTiedState, model):
+    """Compute the standard deviations sigma (D,): vec(U_l V_l^T) and the bias scales (ktied.1).
+
+    Parameters
+    ----------
+    state : KTiedState
+        The state.
+    model : FlatModel
+        The model the state belongs to.
+
+    Returns
+    -------
+    array of shape (D,)
+        The standard deviations sigma, in theta's order.
+
+    Raises
+    ------
+    ValueError
+        If state is not a KTiedState matching model (mu (D,), rho (P,) finite of one float
+        dtype, Adam moments (D + P,), t an integer >= 0).
+    """
+    lay = _check_state(state, model)
+    return _sigma(xp_of(state.rho), state.rho, lay)[0]
+
+
+def scale_parameters(state: KTiedState, model) -> list:
+    """Return the positive factors of every layer: [(U_l, V_l, sigma_b_l or None)] (ktied.1).
+
+    Parameters
+    ----------
+    state : KTiedState
+        The state.
+    model : FlatModel
+        The model the state belongs to.
+
+    Returns
+    -------
+    list of tuple
+        (U_l (m_l, k_l), V_l (n_l, k_l), softplus(r^b_l) (n_l,) or None) per layer.
+
+    Raises
+    ------
+    ValueError
+        If state is not a KTiedState matching model.
+    """
+    lay = _check_state(state, model)
+    out = []
+    for l in range(len(lay.k)):
+        RU, RV, rb = _blocks(state.rho, lay, l)
+        out.append((softplus(RU), softplus(RV), None if rb is None else softplus(rb)))
+    return out
+
+
+def sample(state: KTiedState, eps, model):
+    """Draw theta_s = mu + sigma * eps_s from q (ktied.2).
+
+    Parameters
+    ----------
+    state : KTiedState
+        The state.
+    eps : array of shape (D, S)
+        Standard-normal draws from the caller, one column per sample.
+    model : FlatModel
+        The model the state belongs to.
+
+    Returns
+    -------
+    array of shape (D, S)
+        The draws.
+
+    Raises
+    ------
+    ValueError
+        If state is not a KTiedState matching model, or eps not a finite (D, S >= 1) array of
+        the state's dtype and backend.
+    """
+    lay = _check_state(state, model)
+    xp_of(state.mu, eps)
+    check_draws(eps, lay.D, state.mu.dtype)
+    sigma = _sigma(xp_of(state.rho), state.rho, lay)[0]
+    return state.mu[:, None] + sigma[:, None] * eps  # (ktied.2)
+
+
+def dense_covariance(state: KTiedState, model):
+    """Form the dense covariance diag(sigma^2), for tests (ktied.2).
+
+    Parameters
+    ----------
+    state : KTiedState
+        The state.
+    model : FlatModel
+        The model the state belongs to.
+
+    Returns
+    -------
+    array of shape (D, D)
+        The covariance.
+
+    Raises
+    ------
+    ValueError
+        If state is not a KTiedState matching model.
+    """
+    sigma = std(state, model)
+    return xp_of(sigma).diag(sigma * sigma)
+
+
+def kl_divergence(state: KTiedState, model, lam):
+    """Compute KL(q || N(0, diag(1 / lam))) in closed form (ktied.4).
+
+    Parameters
+    ----------
+    state : KTiedState
+        The state.
+    model : FlatModel
+        The model the state belongs to.
+    lam : float or array of shape (D,)
+        Prior precision > 0 (an array in the state's dtype).
+
+    Returns
+    -------
+    array of shape ()
+        The divergence.
+
+    Raises
+    ------
+    ValueError
+        If state is not a KTiedState matching model or lam not a finite precision > 0.
+    """
+    lay = _check_state(state, model)
+    xp = xp_of(state.mu, state.rho)
+    lam = check_lam(lam, lay.D, state.mu.dtype, strict=True)
+    sigma = _sigma(xp, state.rho, lay)[0]
+    return _kl(xp, state.mu, sigma, _log_sigma(xp, state.rho, lay, sigma), lam)
+
+
+def entropy(state: KTiedState, model):
+    """Compute H[q] = (1/2) sum_j log(2 pi e sigma_j^2) (ktied.4).
+
+    Parameters
+    ----------
+    state : KTiedState
+        The state.
+    model : FlatModel
+        The model the state belongs to.
+
+    Returns
+    -------
+    array of shape ()
+        The entropy, nats.
+
+    Raises
+    ------
+    ValueError
+        If state is not a KTiedState matching model.
+    """
+    lay = _check_state(state, model)
+    xp = xp_of(state.rho)
+    sigma = _sigma(xp, state.rho, lay)[0]
+    log_sigma = _log_sigma(xp, state.rho, lay, sigma)
+    return xp.sum(log_sigma) + 0.5 * lay.D * (1.0 + math.log(2.0 * math.pi))  # (ktied.4)
+
+
+def log_density(state: KTiedState, model, x):
+    """Compute log q(x) for points x, (D,) or (D, S) one per column (ktied.4).
+
+    Parameters
+    ----------
+    state : KTiedState
+        The state.
+    model : FlatModel
+        The model the state belongs to.
+    x : array of shape (D,) or (D, S)
+        Points, the state's dtype and backend.
+
+    Returns
+    -------
+    array of shape () or (S,)
+        The log density log q at each point.
+
+    Raises
+    ------
+    ValueError
+        If state is not a KTiedState matching model or x is not a finite (D,) or (D, S) array
+        of the state's dtype.
+    """
+    lay = _check_state(state, model)
+    xp = xp_of(state.mu, x)
+    if getattr(x, "ndim", None) not in (1, 2):
+        raise ValueError(f"x: expected shape ({lay.D},) or ({lay.D}, S), got "
+                         f"{getattr(x, 'shape', type(x).__name__)}")
+    check_array(x, "x", ndim=x.ndim)
+    if x.shape[0] != lay.D:
+        raise ValueError(f"x: expected {lay.D} rows, got shape {tuple(x.shape)}")
+    check_same_dtype({"state.mu": state.mu, "x": x})
+    sigma = _sigma(xp, state.rho, lay)[0]
+    log_sigma = _log_sigma(xp, state.rho, lay, sigma)
+    mu, sig, ls = (state.mu, sigma, log_sigma) if x.ndim == 1 else (
+        state.mu[:, None], sigma[:, None], log_sigma[:, None])
+    z = (x - mu) / sig
+    return -0.5 * xp.sum(z * z + 2.0 * ls + math.log(2.0 * math.pi), axis=0)  # (ktied.4)
+
+
+# ----------------------------------------------------------------------------- the step
+
+def step(state: KTiedState, batch, eps, cfg: KTiedConfig, model) -> tuple[KTiedState, KTiedInfo]:
+    """Take one k-tied step: reparameterisation gradients through A = U V^T, Adam on [mu; rho].
+
+    (ktied.1)-(ktied.7), with (bbb.4), (bbb.5), (bbb.9) and Adam (adam.1)-(adam.4).
+    Deterministic given its inputs.  Costs one batched gradient pass over the S draws
+    (``model.sample_moments``), S loss evaluations (for the ELBO estimate in the info), and two
+    (m, n) x (n or m, k) products per layer.
+
+    Parameters
+    ----------
+    state : KTiedState
+        Current state.
+    batch : Batch
+        The minibatch rows Batch(X_B (M, n_in), y_B (M,)), 1 <= M <= N.
+    eps : array of shape (D, S)
+        Standard-normal draws, one column per MC sample, for the gradient AND the ELBO estimate.
+    cfg : KTiedConfig
+        Hyperparameters (``bbb.BBBConfig``).
+    model : FlatModel
+        The model the state belongs to.
+
+    Returns
+    -------
+    state : KTiedState
+        The state after the step, t + 1.
+    info : KTiedInfo
+        The step's intermediates, by equation.
+
+    Raises
+    ------
+    ValueError
+        If state is not a KTiedState matching model; if cfg is not a BBBConfig with N an
+        integer >= 1, lam a finite precision > 0, alpha > 0, beta1 and beta2 in [0, 1),
+        eps_adam > 0 and kl_weight >= 0; if batch is not a pair (X, y) of finite arrays with
+        1 <= M <= N rows in the state's dtype; if eps is not a finite (D, S >= 1) array of the
+        state's dtype; or if the arrays mix NumPy and CuPy.
+    """
+    lay = _check_state(state, model)
+    xp = xp_of(state.mu, state.rho, eps)
+    dtype = state.mu.dtype
+    N, lam, (alpha, beta1, beta2, eps_adam), kl_weight = bbb._check_cfg(cfg, lay.D, dtype)
+    X, y, M = check_batch(batch, model, N, dtype)
+    S = check_draws(eps, lay.D, dtype)
+    mu, rho, D = state.mu, state.rho, lay.D
+    c = N / (M * S)
+    sigma, factors = _sigma(xp, rho, lay)                                           # (ktied.1)
+    theta = mu[:, None] + sigma[:, None] * eps                                      # (ktied.2)
+    g = model.sample_moments(xp.ascontiguousarray(theta.T), X, y)[0]                # (bbb.4)
+    g_hat = c * g.sum(axis=0)                                                       # (bbb.5)
+    g_sigma = c * (g * eps.T).sum(axis=0)                                           # (ktied.5)
+    log_sigma = _log_sigma(xp, rho, lay, sigma)
+    kl = _kl(xp, mu, sigma, log_sigma, lam)                                         # (ktied.4)
+    grad_mu = g_hat + kl_weight * (lam * mu)                                        # (bbb.9)
+    grad_sigma = g_sigma + kl_weight * (lam * sigma - xp.exp(-log_sigma))           # (ktied.5)
+    grad_rho = _chain(xp, grad_sigma, rho, lay, factors)                            # (ktied.6)
+    loss_hat = c * sum(model.loss(xp.ascontiguousarray(theta[:, s]), X, y)
+                       for s in range(S))                                           # (ktied.3)
+    elbo = -(loss_hat + kl_weight * kl)                                             # (ktied.3)
+    delta, adam = _adam(xp, xp.concatenate([grad_mu, grad_rho]), state.adam,
+                        alpha, beta1, beta2, eps_adam, state.t)                     # (ktied.7)
+    mu_new = mu + delta[:D]                                                         # (ktied.7)
+    rho_new = rho + delta[D:]                                                       # (ktied.7)
+    info = KTiedInfo(sigma, theta, g, g_hat, g_sigma, kl, grad_mu, grad_sigma, grad_rho,
+                     loss_hat, elbo, delta, mu_new, rho_new)
+    return KTiedState(mu_new, rho_new, adam, state.t + 1, lay.k), info
+
+
+# ----------------------------------------------------------------------------- post-hoc analysis
+
+def _check_matrix(A, name="A"):
+    check_array(A, name, ndim=2)
+    check_float(A, name)
+    if min(A.shape) < 1:
+        raise ValueError(f"{name}: expected a non-empty matrix, got shape {tuple(A.shape)}")
+
+
+def explained_variance(A):
+    """Compute the fraction of variance of each singular value, gamma_i^2 / sum_j gamma_j^2.
+
+    (ktied.12)  The fractions are in decreasing order and sum to 1.
+
+    Parameters
+    ----------
+    A : array of shape (m, n)
+        A matrix (a layer's standard deviations, or its means), not all zero.
+
+    Returns
+    -------
+    array of shape (min(m, n),)
+        The explained-variance fractions.
+
+    Raises
+    ------
+    ValueError
+        If A is not a finite float 2-d array with a non-zero entry.
+    """
+    _check_matrix(A)
+    xp = xp_of(A)
+    gamma = xp.linalg.svd(A, compute_uv=False)
+    total = xp.sum(gamma * gamma)
+    if not float(total) > 0:
+        raise ValueError("A: expected a non-zero matrix (its variance is 0)")
+    return gamma * gamma / total  # (ktied.12)
+
+
+def truncate(A, k: int):
+    """Compute the rank-k truncated SVD A^(k) = sum_{i <= k} gamma_i u_i v_i^T (ktied.13).
+
+    The best rank-k approximation of A in Frobenius norm (Eckart-Young).
+
+    Parameters
+    ----------
+    A : array of shape (m, n)
+        The matrix.
+    k : int
+        The rank, 1 <= k <= min(m, n).
+
+    Returns
+    -------
+    array of shape (m, n)
+        A^(k).
+
+    Raises
+    ------
+    ValueError
+        If A is not a finite float 2-d array or k is not an integer in [1, min(m, n)].
+    """
+    _check_matrix(A)
+    k = check_int(k, "k", low=1, high=min(A.shape))
+    xp = xp_of(A)
+    U, gamma, Vt = xp.linalg.svd(A, full_matrices=False)
+    return (U[:, :k] * gamma[:k]) @ Vt[:k]  # (ktied.13)
+
+
+def truncate_sigma(sigma, model, k: int):
+    """Replace every weight block A_l of a mean-field sigma by |A_l^(k)| (ktied.13).
+
+    Biases keep their scales.  An entry that becomes exactly 0 stays 0 (a degenerate direction:
+    the KL is then infinite); nothing is clipped.
+
+    Parameters
+    ----------
+    sigma : array of shape (D,)
+        Mean-field standard deviations, > 0.
+    model : FlatModel
+        The model.
+    k : int
+        The rank, 1 <= k <= min(m_l, n_l) for every layer.
+
+    Returns
+    -------
+    array of shape (D,)
+        The truncated standard deviations.
+
+    Raises
+    ------
+    ValueError
+        If model is not a FlatModel, sigma is not a finite float (D,) array > 0, or k is not
+        an integer in [1, min(m_l, n_l)] for every layer.
+    """
+    check_model(model)
+    xp = xp_of(sigma)
+    check_array(sigma, "sigma", shape=(model.D,))
+    check_float(sigma, "sigma")
+    if not bool(xp.all(sigma > 0)):
+        raise ValueError("sigma: expected > 0 everywhere (standard deviations)")
+    lay = _layers.layout(tuple(model.sizes), model.bias)
+    out = sigma.copy()
+    for l, (m, n) in enumerate(zip(model.sizes[:-1], model.sizes[1:])):
+        w0 = lay.w_off[l]
+        A = sigma[w0:w0 + m * n].reshape(m, n)
+        out[w0:w0 + m * n] = xp.abs(truncate(A, k)).reshape(-1)  # (ktied.13)
+    return out
+
+
+def _check_set(data, name, model, dtype):
+    """A whole data set (X, y) checked as a batch of all its rows; errors name ``name``."""
+    rows = getattr(data[0], "shape", (0,))[0] if isinstance(data, tuple) and data else 0
+    try:
+        return check_batch(data, model, max(int(rows), 1), dtype)
+    except ValueError as err:
+        raise ValueError(str(err).replace("batch", name, 1)) from None
+
+
+def evaluate(mu, sigma, model, train, test, eps, lam) -> Evaluation:
+    """Score the posterior N(mu, diag(sigma^2)) of a classifier (ktied.14).
+
+    -ELBO per training example [(1/S) sum_s l(theta_s) + KL] / N on the whole training set, and
+    the test NLL and accuracy of the predictive (1/S) sum_s p(y | x, theta_s), with the same S
+    draws theta_s = mu + sigma * eps_s throughout.
+
+    Parameters
+    ----------
+    mu : array of shape (D,)
+        Mean.
+    sigma : array of shape (D,)
+        Standard deviations >= 0, mu's dtype (0 gives an infinite KL).
+    model : FlatModel
+        A classifier (bernoulli or categorical likelihood).
+    train : Batch
+        The whole training set (X (N, n_in), y (N,)).
+    test : Batch
+        The test set (X (N_test, n_in), y (N_test,)).
+    eps : array of shape (D, S)
+        Standard-normal draws from the caller.
+    lam : float or array of shape (D,)
+        Prior precision > 0.
+
+    Returns
+    -------
+    Evaluation
+        The scores neg_elbo, nll, accuracy and kl.
+
+    Raises
+    ------
+    ValueError
+        If model is not a classifier, mu or sigma is not a finite (D,) float array (sigma >= 0),
+        eps not a finite (D, S >= 1) array, lam not a finite precision > 0, or train / test are
+        not (X, y) pairs of the model's shapes in mu's dtype.
+    """
+    from refbayes import metrics
+    from refbayes.backend import to_numpy
+
+    check_model(model, getattr(mu, "shape", (None,))[0])
+    if model.likelihood.name not in ("bernoulli", "categorical"):
+        raise ValueError(f"model: expected a classifier (bernoulli or categorical likelihood), "
+                         f"got {model.likelihood.name!r}")
+    xp = xp_of(mu, sigma, eps)
+    check_array(mu, "mu", shape=(model.D,))
+    check_float(mu, "mu")
+    check_array(sigma, "sigma", shape=(model.D,))
+    check_same_dtype({"mu": mu, "sigma": sigma})
+    if not bool(xp.all(sigma >= 0)):
+        raise ValueError("sigma: expected >= 0 everywhere (standard deviations)")
+    S = check_draws(eps, model.D, mu.dtype)
+    lam = check_lam(lam, model.D, mu.dtype, strict=True)
+    X, y, N = _check_set(train, "train", model, mu.dtype)
+    X_te, y_te, _ = _check_set(test, "test", model, mu.dtype)
+    with np.errstate(divide="ignore"):
+        log_sigma = xp.log(sigma)
+    kl = float(_kl(xp, mu, sigma, log_sigma, lam))
+    theta = mu[:, None] + sigma[:, None] * eps
+    loss = sum(float(model.loss(xp.ascontiguousarray(theta[:, s]), X, y)) for s in range(S)) / S
+    probs = sum(model.predict(xp.ascontiguousarray(theta[:, s]), X_te) for s in range(S)) / S
+    probs, y_np = to_numpy(probs), to_numpy(y_te)
+    if probs.ndim == 1:  # bernoulli: p(y = 1)
+        probs = np.stack([1.0 - probs, probs], axis=1)
+    y_int = y_np.astype(np.int64)
+    return Evaluation((loss + kl) / N, metrics.nll(probs, y_int), metrics.accuracy(probs, y_int), kl)
+
+
+def snr(G):
+    """Estimate each parameter's gradient signal-to-noise ratio mean(g)^2 / var(g) (ktied.15).
+
+    From R independent stochastic gradients (over minibatches and draws, at one state); the
+    variance is the unbiased one (ddof = 1).  The issue's E[g^2] / Var[g] reading is 1 + this.
+
+    Parameters
+    ----------
+    G : array of shape (R, P)
+        R >= 2 gradients of P parameters.
+
+    Returns
+    -------
+    array of shape (P,)
+        SNR per parameter; inf where the sample variance is 0 and the mean is not, nan where
+        both are 0.
+
+    Raises
+    ------
+    ValueError
+        If G is not a finite float (R >= 2, P) array.
+    """
+    check_array(G, "G", ndim=2)
+    check_float(G, "G")
+    if G.shape[0] < 2:
+        raise ValueError(f"G: expected at least 2 gradients (rows) for a variance, got shape "
+                         f"{tuple(G.shape)}")
+    xp = xp_of(G)
+    mean = G.mean(axis=0)
+    var = G.var(axis=0, ddof=1)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return mean * mean / var  # (ktied.15)
