@@ -16,6 +16,7 @@ EXPERIMENTS: dict[str, str] = {
     "slang-logreg": "refbayes.experiments.slang_logreg",
     "riemannian-laplace": "refbayes.experiments.riemannian_laplace",
     "calibration": "refbayes.experiments.calibration",
+    "ktied": "refbayes.experiments.ktied",
 }
 
 

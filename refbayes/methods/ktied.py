@@ -178,6 +178,9 @@ class KTiedInfo(NamedTuple):
 class Evaluation(NamedTuple):
     """A posterior's scores (ktied.14).
 
+    The standard errors are over examples (the spread of the per-example terms / sqrt(count)),
+    the paper's error bars; the posterior's draws are held fixed.
+
     Attributes
     ----------
     neg_elbo : float
@@ -188,11 +191,20 @@ class Evaluation(NamedTuple):
         Test accuracy of the predictive's argmax, in [0, 1].
     kl : float
         KL(q || p), nats.
+    neg_elbo_se : float
+        Standard error of neg_elbo: sd_n((1/S) sum_s l_n(theta_s)) / sqrt(N).
+    nll_se : float
+        Standard error of nll: sd of the per-example NLL / sqrt(N_test).
+    accuracy_se : float
+        Standard error of accuracy: sd of the per-example 0/1 hits / sqrt(N_test).
     """
-    neg_elbo: float  # per training example
-    nll: float       # test NLL per example
-    accuracy: float  # test accuracy
-    kl: float        # KL(q || p)
+    neg_elbo: float     # per training example
+    nll: float          # test NLL per example
+    accuracy: float     # test accuracy
+    kl: float           # KL(q || p)
+    neg_elbo_se: float  # over training examples
+    nll_se: float       # over test examples
+    accuracy_se: float  # over test examples
 
 
 # ----------------------------------------------------------------------------- layout
@@ -891,7 +903,7 @@ def evaluate(mu, sigma, model, train, test, eps, lam) -> Evaluation:
     Returns
     -------
     Evaluation
-        The scores neg_elbo, nll, accuracy and kl.
+        The scores neg_elbo, nll, accuracy, kl and the standard errors over examples.
 
     Raises
     ------
@@ -922,13 +934,18 @@ def evaluate(mu, sigma, model, train, test, eps, lam) -> Evaluation:
         log_sigma = xp.log(sigma)
     kl = float(_kl(xp, mu, sigma, log_sigma, lam))
     theta = mu[:, None] + sigma[:, None] * eps
-    loss = sum(float(model.loss(xp.ascontiguousarray(theta[:, s]), X, y)) for s in range(S)) / S
+    losses = to_numpy(sum(model.per_example_losses(xp.ascontiguousarray(theta[:, s]), X, y)
+                          for s in range(S)) / S)                      # (1/S) sum_s l_n(theta_s)
     probs = sum(model.predict(xp.ascontiguousarray(theta[:, s]), X_te) for s in range(S)) / S
     probs, y_np = to_numpy(probs), to_numpy(y_te)
     if probs.ndim == 1:  # bernoulli: p(y = 1)
         probs = np.stack([1.0 - probs, probs], axis=1)
     y_int = y_np.astype(np.int64)
-    return Evaluation((loss + kl) / N, metrics.nll(probs, y_int), metrics.accuracy(probs, y_int), kl)
+    nll_n = -np.log(np.maximum(probs[np.arange(len(y_int)), y_int], np.finfo(probs.dtype).tiny))
+    hits = (np.argmax(probs, axis=1) == y_int).astype(np.float64)
+    se = lambda a: float(np.std(a, ddof=1) / math.sqrt(len(a))) if len(a) > 1 else math.nan  # noqa: E731
+    return Evaluation((float(losses.sum()) + kl) / N, metrics.nll(probs, y_int),
+                      metrics.accuracy(probs, y_int), kl, se(losses), se(nll_n), se(hits))
 
 
 def snr(G):
@@ -945,8 +962,8 @@ def snr(G):
     Returns
     -------
     array of shape (P,)
-        SNR per parameter; inf where the sample variance is 0 and the mean is not, nan where
-        both are 0.
+        SNR per parameter; inf where all R gradients are equal (a deterministic gradient) and
+        not 0, nan where they are all 0.
 
     Raises
     ------
@@ -960,6 +977,9 @@ def snr(G):
                          f"{tuple(G.shape)}")
     xp = xp_of(G)
     mean = G.mean(axis=0)
-    var = G.var(axis=0, ddof=1)
+    # the variance of the rows shifted by the first (shift-invariant): exactly 0 where every
+    # gradient is the same (a parameter no data term reaches, e.g. a weight of an input pixel
+    # that is 0 in every image), where G.var would leave rounding noise and a huge finite SNR
+    var = (G - G[0]).var(axis=0, ddof=1)
     with np.errstate(divide="ignore", invalid="ignore"):
         return mean * mean / var  # (ktied.15)

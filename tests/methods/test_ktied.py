@@ -318,6 +318,18 @@ def test_snr_of_the_sigma_gradient_matches_its_closed_form():
     assert_close(ratio, got + (R - 1) / R, EXACT_F64, "E[g^2] / Var[g] = SNR + 1")
 
 
+def test_snr_of_a_deterministic_gradient_is_inf_not_rounding_noise():
+    """A column whose R gradients are all equal (no data term reaches the parameter) has
+    variance exactly 0 and SNR inf, even where its mean has no exact binary representation (the
+    naive two-pass variance leaves ~1e-33 and an SNR of ~1e30); a zero column gives nan."""
+    c = 0.1 + 1e-3 * np.arange(7)
+    G = np.column_stack([np.tile(c, (50, 1)), np.zeros((50, 1)),
+                         np.random.default_rng(0).standard_normal((50, 1))])
+    with np.errstate(divide="ignore", invalid="ignore"):
+        snr = ktied.snr(G)
+    assert np.all(np.isinf(snr[:7])) and np.isnan(snr[7]) and np.isfinite(snr[8])
+
+
 def test_evaluate_scores_a_posterior():
     """(ktied.14) against a by-hand computation with the same draws."""
     model = _mlp()
@@ -336,6 +348,13 @@ def test_evaluate_scores_a_posterior():
     assert_close(ev.kl, kl, EXACT_F64, "KL")
     assert_close(ev.neg_elbo, (loss + kl) / 30, EXACT_F64, "-ELBO / N")
     assert ev.accuracy == np.mean(np.argmax(probs, axis=1) == y[30:])
+    per_nll = -np.log(probs[np.arange(10), y[30:]])
+    assert_close(ev.nll_se, np.std(per_nll, ddof=1) / math.sqrt(10), EXACT_F64, "NLL se")
+    hits = np.argmax(probs, axis=1) == y[30:]
+    assert_close(ev.accuracy_se, np.std(hits, ddof=1) / math.sqrt(10), EXACT_F64, "accuracy se")
+    per_loss = np.mean([[model.loss(theta[:, s], X[n:n + 1], y[n:n + 1]) for s in range(3)]
+                        for n in range(30)], axis=1)
+    assert_close(ev.neg_elbo_se, np.std(per_loss, ddof=1) / math.sqrt(30), EXACT_F64, "ELBO se")
 
 
 def test_info_contract():

@@ -1,0 +1,641 @@
+"""The MNIST MLP experiment of the k-tied Normal paper (Swiatkowski et al. 2020, ICML,
+arXiv:2002.02655), on the 5000-image MNIST subset the data folder holds.
+
+Protocol (derivations/ktied.md gives every decision and why):
+
+- data: ``load_mnist_subset`` (pixels / 255), split per class by ``default_rng(SeedSequence(
+  [seed, 0]))``: --n-train images (default 4000, 400 per digit) to train, the rest (1000) to test;
+- model: MLP 784-400-400-10 (--hidden), ReLU, categorical likelihood; prior N(0, I) (lam = 1);
+- runs: Gaussian mean-field VI (``methods.bbb``, the paper's GMFVI) and the k-tied Normal
+  (``methods.ktied``) for k = 1, 2, 3 (--runs). All start from the same Glorot mean, the
+  mean-field scale rho ~ N(-3, 0.1^2) and the k-tied U = V = sqrt(softplus(-3) / k) with the same
+  jitter 0.1 in rho (ktied.8), so every run starts at the same q up to that jitter;
+- training: --steps Adam steps (default 10,000; alpha 1e-3, Kingma and Ba's betas), minibatch 128
+  in epochs of a fresh permutation, S = 1 draw, the full ELBO (kl_weight = 1). Minibatches and
+  eps are common to all runs (the same draws at the same step), from generators seeded by
+  (seed, step) only, so a resumed run takes exactly the same steps;
+- measured as the run goes: every --eval-every steps the -ELBO per training example on the whole
+  training set and the test NLL / accuracy (``ktied.evaluate``, 2 draws); at the --snr-steps
+  (default 1000, 5000, 9000) the gradient SNR (ktied.15) of every layer's scale and mean
+  parameters from --snr-draws (default 50) fresh (minibatch, eps) pairs at the current state;
+- at the end: ``ktied.evaluate`` with --final-draws (default 100) draws, standard errors over
+  examples (the paper's error bars); for the mean-field run the post-hoc analysis: the
+  explained-variance spectra of each layer's A (standard deviations) and M (means) (ktied.12),
+  and the rank-1..3 truncation of A substituted back (ktied.13), evaluated with the same draws.
+
+Output (--out, default results/ktied): ``run_<name>.json`` per run as it finishes (settings,
+provenance, curves, SNR, final scores, seconds), ``<name>.ckpt.npz`` every --checkpoint-every
+steps while it runs (the run resumes from it), ``posterior_<name>.npz`` (mu, sigma),
+``posthoc.json``, the CSV files ``trained.csv``, ``truncation.csv``, ``curves.csv``,
+``snr.csv``, and with matplotlib the figures ``spectra.png``, ``heatmap_A.png``,
+``elbo_vs_step.png``, ``snr.png``. A saved run or checkpoint is reused only when its settings,
+data checksum and refbayes version match; otherwise the run stops naming the file, unless --fresh.
+
+Run times (MEASURED_SECONDS, 2-core AMD EPYC VM, one BLAS thread): see the constants below.
+"""
+from __future__ import annotations
+
+import argparse
+import csv
+import io
+import json
+import math
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, Callable, NamedTuple
+
+import numpy as np
+
+from refbayes._files import publish
+from refbayes.datasets import data_identity, load_mnist_subset
+from refbayes.experiments._io import (
+    Progress,
+    atomic_write_text,
+    format_table,
+    load_result,
+    output_writable,
+    positive_int,
+    provenance,
+    pyplot,
+    reusable,
+    seed_arg,
+    write_json,
+)
+from refbayes.methods import bbb, ktied
+from refbayes.models import MLP
+
+__all__ = ["DESCRIPTION", "MEASURED_SECONDS", "PAPER", "add_arguments", "run", "split"]
+
+DESCRIPTION = ("The k-tied Normal vs mean-field VI on an MNIST MLP (Swiatkowski et al. 2020): "
+               "training, SVD spectra, rank-k truncation, gradient SNR")
+CITATION = ("Swiatkowski et al. (2020), The k-tied Normal Distribution: A Compact "
+            "Parameterization of Gaussian Mean Field Posteriors in Bayesian Neural Networks, "
+            "ICML 2020, arXiv:2002.02655")
+
+# The paper's MNIST MLP rows (full MNIST, its budget), as transcribed in the issue: -ELBO, its
+# error, NLL, its error, accuracy %, its error, #params (thousands).
+PAPER = {"meanfield": (0.501, 0.0061, 0.133, 0.0040, 96.8, 0.18, 957),
+         "k1": (0.539, 0.0063, 0.155, 0.0043, 96.1, 0.19, 482),
+         "k2": (0.520, 0.0063, 0.129, 0.0039, 96.8, 0.18, 484),
+         "k3": (0.497, 0.0060, 0.120, 0.0038, 96.9, 0.18, 486)}
+
+RHO0, RHO0_SD = -3.0, 0.1  # TensorFlow Probability's default mean-field start (ktied.8)
+LAM = 1.0                  # prior N(0, I)
+TRUNCATION_RANKS = (1, 2, 3)
+MNIST_FILE = "mnist/mnist_5k.csv.gz"
+
+DEFAULTS = dict(steps=10_000, batch=128, lr=1e-3, hidden=(400, 400), n_train=4000,
+                eval_every=250, eval_draws=2, snr_steps=(1000, 5000, 9000), snr_draws=50,
+                final_draws=100, checkpoint_every=1000)
+QUICK = dict(DEFAULTS, steps=600, eval_every=100, snr_steps=(200, 400), snr_draws=10,
+             final_draws=10, checkpoint_every=200)
+
+# Wall-clock seconds on the 2-core development VM, one BLAS thread per process: the default run
+# (the mean-field run is 60% of it: its step costs ~4x a k-tied one, see derivations/ktied.md)
+# and --quick. Remeasure when the budgets change.
+MEASURED_SECONDS = {"default": None, "quick": None}
+MEASURED_ON = "2 cores, one BLAS thread"
+
+
+# ----------------------------------------------------------------------------- arguments
+
+def _runs(text: str) -> tuple:
+    if text == "all":
+        return ("meanfield", "k1", "k2", "k3")
+    out = []
+    for part in (p.strip() for p in text.split(",")):
+        if part == "meanfield":
+            out.append(part)
+        elif part.isdigit() and int(part) >= 1:
+            out.append(f"k{int(part)}")
+        else:
+            raise argparse.ArgumentTypeError(
+                f"expected meanfield, ranks k >= 1, a comma-separated list of them, or all; "
+                f"got {text!r}")
+    if len(set(out)) != len(out):
+        raise argparse.ArgumentTypeError(f"expected each run once, got {text!r}")
+    return tuple(out)
+
+
+def _ints(text: str) -> tuple:
+    parts = [p.strip() for p in text.split(",")]
+    if not parts or any(not p.isdigit() or int(p) < 1 for p in parts):
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers >= 1, got {text!r}")
+    return tuple(int(p) for p in parts)
+
+
+def _positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not (math.isfinite(value) and value > 0):
+        raise argparse.ArgumentTypeError(f"expected a finite number > 0, got {text!r}")
+    return value
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    d = DEFAULTS
+    parser.add_argument("--runs", type=_runs, default=_runs("all"),
+                        help="meanfield and/or ranks k, comma-separated, or all (default: "
+                             "meanfield,1,2,3)")
+    parser.add_argument("--steps", type=positive_int, default=None,
+                        help=f"Adam steps per run (default {d['steps']}; --quick {QUICK['steps']})")
+    parser.add_argument("--batch", type=positive_int, default=d["batch"],
+                        help=f"minibatch size M (default {d['batch']})")
+    parser.add_argument("--lr", type=_positive_float, default=d["lr"],
+                        help=f"Adam step size (default {d['lr']})")
+    parser.add_argument("--hidden", type=_ints, default=d["hidden"],
+                        help="hidden widths, comma-separated (default 400,400)")
+    parser.add_argument("--n-train", type=positive_int, default=d["n_train"],
+                        help=f"training images of the 5000, the rest test (default {d['n_train']})")
+    parser.add_argument("--eval-every", type=positive_int, default=None,
+                        help=f"steps between whole-set evaluations (default {d['eval_every']})")
+    parser.add_argument("--snr-steps", type=_ints, default=None,
+                        help="steps at which the gradient SNR is measured (default 1000,5000,9000)")
+    parser.add_argument("--snr-draws", type=positive_int, default=None,
+                        help=f"gradients per SNR estimate, >= 2 (default {d['snr_draws']})")
+    parser.add_argument("--final-draws", type=positive_int, default=None,
+                        help=f"posterior draws of the final evaluation (default {d['final_draws']})")
+    parser.add_argument("--checkpoint-every", type=positive_int, default=None,
+                        help=f"steps between checkpoints (default {d['checkpoint_every']})")
+    parser.add_argument("--seed", type=seed_arg, default=0, help="master seed (default 0)")
+    parser.add_argument("--quick", action="store_true",
+                        help=f"smoke test: {QUICK['steps']} steps, SNR at "
+                             f"{','.join(map(str, QUICK['snr_steps']))} from {QUICK['snr_draws']} "
+                             "gradients, 10 final draws")
+    parser.add_argument("--out", type=Path, default=Path("results/ktied"),
+                        help="output folder (default: results/ktied)")
+    parser.add_argument("--fresh", action="store_true",
+                        help="recompute runs whose saved settings differ instead of stopping")
+    parser.add_argument("--data-dir", type=Path, default=None,
+                        help="folder of the benchmark data (default: $REFBAYES_DATA, then the "
+                             "user cache)")
+    parser.add_argument("--no-progress", action="store_true", help="no progress output")
+
+
+def _budget(args) -> dict:
+    b = dict(QUICK if args.quick else DEFAULTS)
+    b.update(batch=args.batch, lr=args.lr, hidden=tuple(args.hidden), n_train=args.n_train)
+    for key in ("steps", "eval_every", "snr_steps", "snr_draws", "final_draws",
+                "checkpoint_every"):
+        if getattr(args, key) is not None:
+            b[key] = getattr(args, key)
+    if b["snr_draws"] < 2:
+        raise ValueError(f"--snr-draws: expected >= 2 (a variance), got {b['snr_draws']}")
+    if not 10 <= b["n_train"] <= 4990:
+        raise ValueError(f"--n-train: expected 10..4990 of the 5000 images, got {b['n_train']}")
+    if b["batch"] > b["n_train"]:
+        raise ValueError(f"--batch: expected <= --n-train = {b['n_train']}, got {b['batch']}")
+    b["snr_steps"] = tuple(s for s in b["snr_steps"] if s <= b["steps"])
+    return b
+
+
+# ----------------------------------------------------------------------------- data
+
+def split(y, n_train: int, rng: np.random.Generator):
+    """(train, test) sorted row indices: per digit, round(n_train / 10) rows to train (the first
+    of a permutation by ``rng``), the rest of that digit to test (the subset has 500 per digit)."""
+    per = int(round(n_train / 10))
+    train, test = [], []
+    for c in range(10):
+        rows = rng.permutation(np.flatnonzero(y == c))
+        train.append(rows[:per])
+        test.append(rows[per:])
+    return np.sort(np.concatenate(train)), np.sort(np.concatenate(test))
+
+
+class _Data(NamedTuple):
+    train: ktied.Batch
+    test: ktied.Batch
+    identity: dict
+
+
+def _load(args, budget) -> _Data:
+    X, y = load_mnist_subset(args.data_dir)
+    tr, te = split(y, budget["n_train"], np.random.default_rng(np.random.SeedSequence([args.seed, 0])))
+    return _Data(ktied.Batch(X[tr], y[tr]), ktied.Batch(X[te], y[te]),
+                 data_identity("mnist-5k", args.data_dir, (MNIST_FILE,)))
+
+
+# ----------------------------------------------------------------------------- the methods
+
+class _Method(NamedTuple):
+    name: str
+    k: Any              # None (mean field) or the rank
+    state: Any          # the initial state
+    step: Callable      # (state, batch, eps) -> (state, info)
+    sigma: Callable     # state -> sigma (D,)
+    scale_slices: list  # per layer: the entries of info.grad_rho that scale W_l
+    mean_slices: list   # per layer: the entries of info.grad_mu of W_l
+    n_params: int       # variational parameters (ktied.10)
+
+
+def _rng(seed, *coords):
+    return np.random.default_rng(np.random.SeedSequence([seed, *coords]))
+
+
+def _model(hidden) -> MLP:
+    return MLP([784, *hidden, 10], activation="relu", likelihood="categorical")
+
+
+def _make(name, model, mu0, seed, N, lr) -> _Method:
+    """The run ``name`` ("meanfield" or "k<rank>"): its initial state and step (ktied.8)."""
+    cfg = bbb.BBBConfig(N, LAM, alpha=lr)
+    sizes = model.sizes
+    theta_lay = ktied.layout(model, 1)
+    w_slices = [slice(theta_lay.w_theta[l], theta_lay.w_theta[l] + sizes[l] * sizes[l + 1])
+                for l in range(len(sizes) - 1)]
+    if name == "meanfield":
+        rho0 = RHO0 + RHO0_SD * _rng(seed, 1).standard_normal(model.D)
+        return _Method(name, None, bbb.init(mu0, rho0=rho0),
+                       lambda s, b, e: bbb.step(s, b, e, cfg, model),
+                       lambda s: bbb.softplus(s.rho), w_slices, w_slices,
+                       ktied.n_variational_params(model))
+    k = int(name[1:])
+    lay = ktied.layout(model, k)
+    xi = _rng(seed, 1, k).standard_normal(lay.P)
+    sigma0 = float(bbb.softplus(np.array(RHO0)))
+    tied = [slice(lay.u_off[l], lay.u_off[l] + (sizes[l] + sizes[l + 1]) * k)
+            for l in range(len(sizes) - 1)]
+    return _Method(name, k, ktied.init(mu0, model, k, sigma0, xi, RHO0_SD),
+                   lambda s, b, e: ktied.step(s, b, e, cfg, model),
+                   lambda s: ktied.std(s, model), tied, w_slices,
+                   ktied.n_variational_params(model, k))
+
+
+def _batch_rows(seed, t, N, M):
+    """Rows of step t: block t mod E of epoch t // E's permutation (E = N // M blocks)."""
+    E = N // M
+    perm = _rng(seed, 2, t // E).permutation(N)
+    j = t % E
+    return perm[j * M:(j + 1) * M]
+
+
+def _evaluate(method, state, model, data, eps) -> dict:
+    ev = ktied.evaluate(state.mu, method.sigma(state), model, data.train, data.test, eps, LAM)
+    return {k: float(v) for k, v in ev._asdict().items()}
+
+
+def _snr(method, state, data, seed, t, R, M) -> list:
+    """SNR (ktied.15) of each layer's scale and mean parameters at ``state``, from R fresh
+    (minibatch, eps) pairs: the same pairs for every run."""
+    X, y = data.train
+    N, D = X.shape[0], state.mu.shape[0]
+    rng = _rng(seed, 5, t)
+    G_rho, G_mu = [], []
+    for _ in range(R):
+        rows = rng.choice(N, size=M, replace=False)
+        info = method.step(state, ktied.Batch(X[rows], y[rows]), rng.standard_normal((D, 1)))[1]
+        G_rho.append(info.grad_rho)
+        G_mu.append(info.grad_mu)
+    G_rho, G_mu = np.stack(G_rho), np.stack(G_mu)
+    out = []
+    for l, (s_sl, m_sl) in enumerate(zip(method.scale_slices, method.mean_slices)):
+        for kind, G in (("scale", G_rho[:, s_sl]), ("mean", G_mu[:, m_sl])):
+            snr = ktied.snr(G)
+            finite = snr[np.isfinite(snr)]
+            out.append({"step": t, "layer": l + 1, "kind": kind, "n": int(G.shape[1]),
+                        "n_finite": int(finite.size), "mean": float(np.mean(finite)),
+                        "median": float(np.median(finite))})
+    return out
+
+
+# ----------------------------------------------------------------------------- checkpoints
+
+def _ckpt_path(out, name) -> Path:
+    return Path(out) / f"{name}.ckpt.npz"
+
+
+def _save_npz(path: Path, **arrays) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.NamedTemporaryFile(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp",
+                                     delete=False) as f:
+        np.savez(f, **arrays)
+        tmp = f.name
+    try:
+        return publish(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def _save_checkpoint(out, name, state, record):
+    _save_npz(_ckpt_path(out, name), mu=state.mu, rho=state.rho, m=state.adam.m, v=state.adam.v,
+              t=np.array(state.t), record=np.array(json.dumps(record)))
+
+
+def _load_checkpoint(out, name, method, settings, prov, fresh):
+    """(state, record) from a matching checkpoint, or None."""
+    path = _ckpt_path(out, name)
+    if not path.exists():
+        return None
+    try:
+        with np.load(path, allow_pickle=False) as z:
+            record = json.loads(str(z["record"]))
+            arrays = {k: z[k] for k in ("mu", "rho", "m", "v", "t")}
+    except (OSError, ValueError, KeyError) as err:
+        if fresh:
+            return None
+        raise ValueError(f"--out: {path} is not a readable checkpoint ({err}); use --fresh "
+                         "to start the run again") from err
+    if not reusable(path, record, settings, prov, fresh):
+        return None
+    s0 = method.state
+    t = int(arrays["t"])
+    adam = s0.adam._replace(m=arrays["m"], v=arrays["v"], t=t)
+    return s0._replace(mu=arrays["mu"], rho=arrays["rho"], adam=adam, t=t), record
+
+
+# ----------------------------------------------------------------------------- one run
+
+def _settings(name, args, budget) -> dict:
+    s = {"run": name, "seed": args.seed, "prior_precision": LAM, "rho0": RHO0,
+         "rho0_sd": RHO0_SD, "kl_weight": 1.0, "draws_per_step": 1, **budget}
+    return json.loads(json.dumps(s))  # as read back from a file (tuples -> lists)
+
+
+def _train(name, args, budget, data, settings, prov, progress) -> dict:
+    model = _model(budget["hidden"])
+    X, y = data.train
+    N, M, T = X.shape[0], budget["batch"], budget["steps"]
+    mu0 = model.init_theta(_rng(args.seed, 6))
+    method = _make(name, model, mu0, args.seed, N, budget["lr"])
+    resumed = _load_checkpoint(args.out, name, method, settings, prov, args.fresh)
+    if resumed is None:
+        state = method.state
+        record = {"settings": settings, "provenance": prov, "curve": [], "snr": [],
+                  "seconds": 0.0, "n_params": method.n_params}
+    else:
+        state, record = resumed
+    eval_eps = lambda t: _rng(args.seed, 4, t).standard_normal((model.D, budget["eval_draws"]))  # noqa: E731
+    t0 = time.perf_counter() - record["seconds"]
+    window = []
+    with progress.run_bar(T, name) as bar:
+        bar.update(state.t)
+        while True:
+            t = state.t
+            if t % budget["eval_every"] == 0 or t == T:
+                if not any(c["step"] == t for c in record["curve"]):
+                    row = {"step": t, **_evaluate(method, state, model, data, eval_eps(t)),
+                           "minibatch_neg_elbo": float(np.mean(window)) / N if window else None}
+                    record["curve"].append(row)
+                window = []
+            if t in budget["snr_steps"] and not any(r["step"] == t for r in record["snr"]):
+                record["snr"] += _snr(method, state, data, args.seed, t, budget["snr_draws"], M)
+            if t == T:
+                break
+            rows = _batch_rows(args.seed, t, N, M)
+            eps = _rng(args.seed, 3, t).standard_normal((model.D, 1))
+            state, info = method.step(state, ktied.Batch(X[rows], y[rows]), eps)
+            window.append(-float(info.elbo))
+            bar.update(1)
+            if state.t % budget["checkpoint_every"] == 0 and state.t < T:
+                record["seconds"] = time.perf_counter() - t0
+                _save_checkpoint(args.out, name, state, record)
+    final_eps = _rng(args.seed, 7).standard_normal((model.D, budget["final_draws"]))
+    record["final"] = _evaluate(method, state, model, data, final_eps)
+    record["seconds"] = time.perf_counter() - t0
+    record["citation"] = CITATION
+    _save_npz(Path(args.out) / f"posterior_{name}.npz", mu=state.mu, sigma=method.sigma(state))
+    return record
+
+
+# ----------------------------------------------------------------------------- post-hoc
+
+def _posthoc(args, budget, data, mf_record) -> dict:
+    """Spectra (ktied.12) and rank-k truncations (ktied.13) of the trained mean-field run."""
+    model = _model(budget["hidden"])
+    with np.load(Path(args.out) / "posterior_meanfield.npz", allow_pickle=False) as z:
+        mu, sigma = z["mu"], z["sigma"]
+    spectra = []
+    for l, (W_mu, _), (A, _) in zip(range(model.n_layers), model.unflatten(mu),
+                                    model.unflatten(sigma)):
+        spectra.append({"layer": l + 1, "shape": list(A.shape),
+                        "A": ktied.explained_variance(A).tolist(),
+                        "M": ktied.explained_variance(W_mu).tolist()})
+    final_eps = _rng(args.seed, 7).standard_normal((model.D, budget["final_draws"]))
+    trunc = []
+    for k in TRUNCATION_RANKS:
+        if k > min(min(a["shape"]) for a in spectra):
+            continue
+        s_k = ktied.truncate_sigma(sigma, model, k)
+        ev = ktied.evaluate(mu, s_k, model, data.train, data.test, final_eps, LAM)
+        trunc.append({"k": k, **{n: float(v) for n, v in ev._asdict().items()},
+                      "n_params": ktied.n_variational_params(model, k)})
+    return {"settings": mf_record["settings"], "provenance": mf_record["provenance"],
+            "spectra": spectra, "truncation": trunc, "mean_field": mf_record["final"]}
+
+
+# ----------------------------------------------------------------------------- tables
+
+def _pm(value, se, scale=1.0, digits=3):
+    return f"{scale * value:.{digits}f} +- {scale * se:.{digits}f}"
+
+
+def _order(names):
+    return sorted(names, key=lambda n: (n != "meanfield", int(n[1:]) if n != "meanfield" else 0))
+
+
+def _label(name):
+    return "full (mean field)" if name == "meanfield" else f"k-tied, k = {name[1:]}"
+
+
+def _tables(saved, posthoc, budget) -> str:
+    names = _order(saved)
+    s = budget
+    head = (f"k-tied Normal on the MNIST 5k subset ({s['n_train']} train / {5000 - s['n_train']} "
+            f"test), MLP 784-{'-'.join(map(str, s['hidden']))}-10, {s['steps']} steps of Adam "
+            f"({s['lr']:g}, M = {s['batch']}); +- one standard error over examples")
+    rows = []
+    for n in names:
+        f = saved[n]["final"]
+        p = PAPER.get(n)
+        rows.append([_label(n), _pm(f["neg_elbo"], f["neg_elbo_se"]), _pm(f["nll"], f["nll_se"]),
+                     _pm(f["accuracy"], f["accuracy_se"], 100, 1),
+                     f"{saved[n]['n_params'] / 1000:.0f}",
+                     "-" if p is None else f"{p[0]:.3f} / {p[2]:.3f} / {p[4]:.1f} / {p[6]}"])
+    parts = [head, format_table(["posterior (trained)", "-ELBO / N", "test NLL", "accuracy %",
+                                 "#params (k)", "paper: -ELBO / NLL / acc % / #params (k)"], rows)]
+    if posthoc is not None:
+        trows = [["none (mean field)", _pm(posthoc["mean_field"]["neg_elbo"],
+                                           posthoc["mean_field"]["neg_elbo_se"]),
+                  _pm(posthoc["mean_field"]["nll"], posthoc["mean_field"]["nll_se"]),
+                  _pm(posthoc["mean_field"]["accuracy"], posthoc["mean_field"]["accuracy_se"], 100, 1),
+                  " ".join("1.000" for _ in posthoc["spectra"])]]
+        for r in posthoc["truncation"]:
+            cum = " ".join(f"{sum(sp['A'][:r['k']]):.3f}" for sp in posthoc["spectra"])
+            trows.append([f"rank {r['k']}", _pm(r["neg_elbo"], r["neg_elbo_se"]),
+                          _pm(r["nll"], r["nll_se"]), _pm(r["accuracy"], r["accuracy_se"], 100, 1),
+                          cum])
+        parts += ["", "post-hoc rank-k truncation of the trained mean-field A (ktied.13):",
+                  format_table(["truncation", "-ELBO / N", "test NLL", "accuracy %",
+                                "variance explained by top k, per layer"], trows)]
+    steps = sorted({c["step"] for n in names for c in saved[n]["curve"]})
+    marks = [t for t in (1000, 5000, 9000) if t in steps] or steps[1:4]
+    crow = [[_label(n)] + [next((f"{c['neg_elbo']:.3f}" for c in saved[n]["curve"]
+                                 if c["step"] == t), "-") for t in marks] for n in names]
+    parts += ["", "-ELBO / N on the whole training set (2 draws) during training:",
+              format_table(["posterior"] + [f"step {t}" for t in marks], crow)]
+    snr_steps = sorted({r["step"] for n in names for r in saved[n]["snr"]})
+    if snr_steps and len(saved[names[0]]["snr"]) and len(budget["hidden"]) >= 1:
+        srow = []
+        for n in names:
+            cells = []
+            for t in snr_steps:
+                r = next((r for r in saved[n]["snr"] if r["step"] == t and r["layer"] == 2
+                          and r["kind"] == "scale"), None)
+                cells.append("-" if r is None else f"{r['median']:.3g} ({r['mean']:.3g})")
+            srow.append([_label(n)] + cells)
+        parts += ["", "gradient SNR E[g]^2 / Var[g] (ktied.15) of the scale parameters of the "
+                      "second dense layer: median (mean) over its parameters with a random gradient",
+                  format_table(["posterior"] + [f"step {t}" for t in snr_steps], srow)]
+    parts += [f"paper ({CITATION}): full MNIST, its budget", ""]
+    return "\n".join(parts)
+
+
+def _write_csvs(out, saved, posthoc) -> list:
+    out = Path(out)
+    paths = []
+
+    def table(name, header, rows):
+        buf = io.StringIO()
+        w = csv.writer(buf)
+        w.writerow(header)
+        w.writerows(rows)
+        paths.append(atomic_write_text(out / name, buf.getvalue()))
+
+    names = _order(saved)
+    keys = ("neg_elbo", "neg_elbo_se", "nll", "nll_se", "accuracy", "accuracy_se", "kl")
+    table("trained.csv", ["run", *keys, "n_params", "seconds"],
+          [[n, *(saved[n]["final"][k] for k in keys), saved[n]["n_params"], saved[n]["seconds"]]
+           for n in names])
+    table("curves.csv", ["run", "step", "neg_elbo", "nll", "accuracy", "minibatch_neg_elbo"],
+          [[n, c["step"], c["neg_elbo"], c["nll"], c["accuracy"], c["minibatch_neg_elbo"]]
+           for n in names for c in saved[n]["curve"]])
+    table("snr.csv", ["run", "step", "layer", "kind", "n", "n_finite", "mean", "median"],
+          [[n, r["step"], r["layer"], r["kind"], r["n"], r["n_finite"], r["mean"], r["median"]]
+           for n in names for r in saved[n]["snr"]])
+    if posthoc is not None:
+        table("truncation.csv", ["k", *keys, "n_params"],
+              [[r["k"], *(r[k] for k in keys), r["n_params"]] for r in posthoc["truncation"]])
+    return paths
+
+
+def _figures(out, saved, posthoc) -> list:
+    plt = pyplot()
+    if plt is None:
+        return []
+    out = Path(out)
+    paths = []
+    names = _order(saved)
+    if posthoc is not None:
+        sp = posthoc["spectra"]
+        fig, axes = plt.subplots(2, len(sp), figsize=(4 * len(sp), 6), squeeze=False)
+        for j, layer in enumerate(sp):
+            for i, key in enumerate(("A", "M")):
+                frac = np.asarray(layer[key])[:10]
+                ax = axes[i, j]
+                ax.bar(np.arange(1, frac.size + 1), frac, color="tab:blue" if key == "A" else "tab:gray")
+                ax.set_yscale("log")
+                ax.set_title(f"layer {layer['layer']} {tuple(layer['shape'])}: {key} "
+                             f"(top 3: {sum(layer[key][:3]):.3f})", fontsize=9)
+                ax.set_xlabel("singular value i")
+        axes[0, 0].set_ylabel("explained variance, A (std)")
+        axes[1, 0].set_ylabel("explained variance, M (mean)")
+        fig.suptitle("trained mean-field posterior: gamma_i^2 / sum_j gamma_j^2 (ktied.12)")
+        fig.tight_layout()
+        paths.append(out / "spectra.png")
+        fig.savefig(paths[-1], dpi=110)
+        plt.close(fig)
+        with np.load(out / "posterior_meanfield.npz", allow_pickle=False) as z:
+            sigma = z["sigma"]
+        model = _model(saved["meanfield"]["settings"]["hidden"])
+        blocks = [A for A, _ in model.unflatten(sigma)]
+        fig, axes = plt.subplots(1, len(blocks), figsize=(4.5 * len(blocks), 4), squeeze=False)
+        for ax, (l, A) in zip(axes[0], enumerate(blocks)):
+            im = ax.imshow(A, aspect="auto", cmap="viridis", interpolation="nearest")
+            ax.set_title(f"A of layer {l + 1} {A.shape}", fontsize=9)
+            ax.set_xlabel("output unit j")
+            ax.set_ylabel("input unit i")
+            fig.colorbar(im, ax=ax)
+        fig.suptitle("trained mean-field standard deviations A_ij")
+        fig.tight_layout()
+        paths.append(out / "heatmap_A.png")
+        fig.savefig(paths[-1], dpi=110)
+        plt.close(fig)
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for n in names:
+        c = saved[n]["curve"]
+        ax.plot([r["step"] for r in c], [r["neg_elbo"] for r in c], label=_label(n))
+    ax.set_yscale("log")
+    ax.set_xlabel("step")
+    ax.set_ylabel("-ELBO / N (whole training set)")
+    ax.legend()
+    paths.append(out / "elbo_vs_step.png")
+    fig.savefig(paths[-1], dpi=110, bbox_inches="tight")
+    plt.close(fig)
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for n in names:
+        rows = [r for r in saved[n]["snr"] if r["layer"] == 2 and r["kind"] == "scale"]
+        if rows:
+            ax.plot([r["step"] for r in rows], [r["median"] for r in rows], "o-", label=_label(n))
+    ax.set_yscale("log")
+    ax.set_xlabel("step")
+    ax.set_ylabel("median SNR, scale parameters of layer 2")
+    ax.legend()
+    paths.append(out / "snr.png")
+    fig.savefig(paths[-1], dpi=110, bbox_inches="tight")
+    plt.close(fig)
+    return paths
+
+
+# ----------------------------------------------------------------------------- the command
+
+SCHEMA = {"settings": dict, "provenance": dict, "curve": list, "snr": list, "final": dict,
+          "seconds": float, "n_params": int}
+
+
+def _path(out, name) -> Path:
+    return Path(out) / f"run_{name}.json"
+
+
+def run(args: argparse.Namespace) -> int:
+    """The ``refbayes reproduce ktied`` handler.
+
+    Saved runs under --out are read and checked first; each missing run is trained (resuming
+    from its checkpoint), saved, and the tables printed; the post-hoc analysis needs the
+    mean-field run. Progress (one line over the runs, a bar over each run's steps) on stderr.
+    """
+    budget = _budget(args)
+    out = Path(args.out)
+    data = _load(args, budget)
+    prov = provenance(data.identity)
+    saved, todo = {}, []
+    for name in args.runs:
+        settings = _settings(name, args, budget)
+        prev = load_result(_path(out, name), SCHEMA, fresh=args.fresh)
+        if prev is not None and reusable(_path(out, name), prev, settings, prov, args.fresh):
+            saved[name] = prev
+        else:
+            todo.append((name, settings))
+    write = output_writable(out, needed=bool(todo))
+    with Progress(len(args.runs), len(saved), "ktied", enabled=not args.no_progress) as progress:
+        for name, settings in todo:
+            saved[name] = _train(name, args, budget, data, settings, prov, progress)
+            write_json(_path(out, name), saved[name])
+            _ckpt_path(out, name).unlink(missing_ok=True)
+            progress.advance(name)
+        posthoc = None
+        if "meanfield" in saved and (out / "posterior_meanfield.npz").exists():
+            posthoc = _posthoc(args, budget, data, saved["meanfield"])
+            if write:
+                write_json(out / "posthoc.json", posthoc)
+        progress.echo(_tables(saved, posthoc, budget))
+        lines = [f"results: {out}/"]
+        if write:
+            lines += [f"table: {p}" for p in _write_csvs(out, saved, posthoc)]
+            lines += [f"figure: {p}" for p in _figures(out, saved, posthoc)]
+        progress.echo("\n".join(lines))
+    return 0
