@@ -127,10 +127,45 @@ K-FAC being the same step with eps = None (everything at the mean, no draws):
   running factors A and S (noisy_kfac.4) (also its new A_ref, S_ref: T_inv = 1). A tuple prints
   one block per layer, ``A_hat[0]`` being layer 1's.
 
+The k-tied Normal (ktied), refbayes.methods.ktied: one ``ktied.step`` (reparameterisation
+gradients through the tie A_l = U_l V_l^T, Adam on [mu; rho]):
+
+- the problem, a 3-class problem drawn by a fixed recipe (no file needed):
+  ``prng = numpy.random.default_rng(0)``, ``X = prng.standard_normal((30, 4))``,
+  ``W = prng.standard_normal((4, 3))``, then the labels of that linear teacher with noise,
+  ``y = argmax(X @ W + prng.standard_normal((30, 3)), axis=1)`` (int64; 11, 7 and 12 of
+  classes 0, 1, 2), and the classifier ``MLP([4, 5, 3], activation="tanh",
+  likelihood="categorical")``, D = 43 (W_1 theta[0:20] (4, 5), b_1 theta[20:25], W_2
+  theta[25:40] (5, 3), b_2 theta[40:43]), N = 30: both weight matrices have a larger rank
+  (min(m_l, n_l) = 4 and 3) than the default tie k = 2, so the tie constrains both;
+  ``ktied.layout(model, k)`` places R^U_l, R^V_l and r^b_l in rho (k = 2: P = 42, layer 1
+  rho[0:8], rho[8:18], rho[18:23], layer 2 rho[23:33], rho[33:39], rho[39:42]), and is printed;
+  the config ``KTiedConfig(N, lam=1.0)`` (= bbb.BBBConfig; Adam's defaults alpha = 1e-3,
+  beta1 = 0.9, beta2 = 0.999, eps_adam = 1e-8, and kl_weight = 1, the paper's ELBO), prior
+  N(0, I / lam) on every parameter;
+- the draws, all from ``rng = numpy.random.default_rng(seed)`` in this order: the mean
+  ``mu = 0.5 * rng.standard_normal(D)``; ``xi = rng.standard_normal(P)`` for the start
+  ``ktied.init(mu, model, k, sigma0=0.3, xi=xi, jitter=0.5)``, i.e. rho = softplus^{-1}(c_l) +
+  0.5 xi, c_l = sqrt(0.3 / k_l) for R^U_l, R^V_l (U_l V_l^T = 0.3 before the jitter) and 0.3
+  for r^b_l (ktied.8), zero Adam moments, t = 0 (a jitter well above the library's default 0.1,
+  so that the k columns of each U_l and V_l differ visibly: equal columns hide a transposed or
+  mis-sliced factor); then ``idx = rng.permutation(N)[:M]``; then
+  ``eps = rng.standard_normal((D, S))`` (at seed 0 this stream is the recipe's, so mu and xi
+  repeat entries of X, as the other traces' draws repeat their problem's at seed 0);
+- printed in full as inputs: idx, the batch, xi, eps, the state's mu and rho and the positive
+  factors of ``ktied.scale_parameters`` (U_l = softplus(R^U_l), V_l, and the bias scales
+  softplus(r^b_l); ``state.U[0]`` is layer 1's);
+- ``KTiedTraceInfo``: the ``KTiedInfo`` fields sigma (ktied.1), theta (ktied.2), g (bbb.4),
+  g_hat (bbb.5), g_sigma (ktied.5), kl (ktied.4), grad_mu (bbb.9), grad_sigma (ktied.5),
+  grad_rho (ktied.6), loss_hat and elbo (ktied.3), delta, mu and rho (ktied.7), then the new
+  state's Adam moments m (adam.1) and v (adam.2) of [mu; rho]: with mu and rho, the whole new
+  state KTiedState(mu, rho, AdamState(m, v, 1), t = 1, k).
+
 ``TAGS`` maps every Info field to the Algorithm 1 line and equation tag written in the trailing
 comment of its NamedTuple field (tests/test_trace.py checks that the two agree, and that the
-SWAG trace's tags are those of the swag.SGDInfo, swag.SWAGInfo and swag.SWAGState fields and the
-Noisy K-FAC trace's those of the noisy_kfac.NoisyKFACInfo and NoisyKFACState fields).
+SWAG trace's tags are those of the swag.SGDInfo, swag.SWAGInfo and swag.SWAGState fields, the
+Noisy K-FAC trace's those of the noisy_kfac.NoisyKFACInfo and NoisyKFACState fields, and the
+k-tied trace's those of the ktied.KTiedInfo and adam.AdamState fields).
 """
 from __future__ import annotations
 
@@ -148,24 +183,27 @@ from refbayes._checks import check_in_range, check_int
 from refbayes.datasets import make_logistic_regression
 from refbayes.experiments._io import atomic_write_text
 from refbayes.linalg import kron, lowrank
-from refbayes.methods import laplace, ngvi, noisy_kfac, riemannian_laplace, slang, swag
+from refbayes.methods import ktied, laplace, ngvi, noisy_kfac, riemannian_laplace, slang, swag
 from refbayes.methods._estimates import Batch, check_curvature
+from refbayes.methods.adam import AdamState
 from refbayes.methods.driver import epoch_batches
 from refbayes.models import MLP, LogisticRegression
 
-__all__ = ["KFAC_METHODS", "LAPLACE_METHODS", "METHODS", "STEP_METHODS", "SWAG_METHODS", "TAGS",
-           "LaplaceInfo", "LaplaceTraceInputs", "MAPResult", "NoisyKFACTraceInfo",
-           "NoisyKFACTraceInputs", "RiemannianLaplaceInfo", "SWAGTraceInfo", "SWAGTraceInputs",
-           "TraceInputs", "add_arguments", "find_map", "format_trace", "format_values",
-           "make_inputs", "make_laplace_inputs", "make_noisy_kfac_inputs", "make_swag_inputs",
-           "run", "step", "tag_label", "to_json", "trace_laplace", "trace_noisy_kfac",
-           "trace_swag"]
+__all__ = ["KFAC_METHODS", "KTIED_METHODS", "LAPLACE_METHODS", "METHODS", "STEP_METHODS",
+           "SWAG_METHODS", "TAGS", "KTiedTraceInfo", "KTiedTraceInputs", "LaplaceInfo",
+           "LaplaceTraceInputs", "MAPResult", "NoisyKFACTraceInfo", "NoisyKFACTraceInputs",
+           "RiemannianLaplaceInfo", "SWAGTraceInfo", "SWAGTraceInputs", "TraceInputs",
+           "add_arguments", "find_map", "format_trace", "format_values", "make_inputs",
+           "make_ktied_inputs", "make_laplace_inputs", "make_noisy_kfac_inputs",
+           "make_swag_inputs", "run", "step", "tag_label", "to_json", "trace_ktied",
+           "trace_laplace", "trace_noisy_kfac", "trace_swag"]
 
 STEP_METHODS = ("slang", "ngvi-full", "ngvi-meanfield")
 LAPLACE_METHODS = ("laplace", "riemannian-laplace")
 SWAG_METHODS = ("swag",)
 KFAC_METHODS = ("noisy-kfac", "kfac")  # kfac: noisy_kfac.step with eps = None
-METHODS = STEP_METHODS + LAPLACE_METHODS + SWAG_METHODS + KFAC_METHODS
+KTIED_METHODS = ("ktied",)
+METHODS = STEP_METHODS + LAPLACE_METHODS + SWAG_METHODS + KFAC_METHODS + KTIED_METHODS
 
 # The shipped problem.
 N_ROWS = 50
@@ -205,6 +243,19 @@ NK_CONFIG = {"eta": 0.2, "kl_weight": 0.5, "alpha": 0.1, "beta": 0.2, "momentum"
              "gamma_ex": 0.01, "T_stats": 1, "T_inv": 1}
 NK_MEAN_SCALE = 0.5       # mu = NK_MEAN_SCALE * rng.standard_normal(D)
 NK_MOMENTUM_SCALE = 0.05  # m = NK_MOMENTUM_SCALE * rng.standard_normal(D): about |P|'s entries
+
+# The k-tied trace (module docstring): a 3-class problem drawn by a fixed recipe (X, a linear
+# teacher W, label noise, all from numpy.random.default_rng(KT_PROBLEM_SEED)), a tanh MLP whose
+# two weight matrices are both wider than the default rank, and a start jittered well above
+# ktied.init's default 0.1 so that the columns of each U_l, V_l differ.
+KT_ROWS = 30
+KT_SIZES = (4, 5, 3)
+KT_ACTIVATION = "tanh"
+KT_PROBLEM_SEED = 0
+KT_LAM = 1.0
+KT_MEAN_SCALE = 0.5  # mu = KT_MEAN_SCALE * rng.standard_normal(D)
+KT_SIGMA0 = 0.3      # ktied.init's sigma0: U_l V_l^T = sigma0 before the jitter
+KT_JITTER = 0.5      # ktied.init's jitter: rho = softplus^{-1}(start) + KT_JITTER * xi
 
 # Info field -> (Algorithm 1 line or None, equation tag), in the Info field order: the trailing
 # comments of SLANGInfo, ngvi.FullInfo and ngvi.MeanFieldInfo, transcribed.
@@ -310,6 +361,26 @@ TAGS: dict[str, dict[str, tuple[str | None, str]]] = {
     },
 }
 TAGS["kfac"] = dict(TAGS["noisy-kfac"])
+# the trailing comments of KTiedTraceInfo below: those of ktied.KTiedInfo (sigma .. rho), then
+# those of adam.AdamState (m, v) for the new state's Adam moments
+TAGS["ktied"] = {
+    "sigma": (None, "(ktied.1)"),
+    "theta": (None, "(ktied.2)"),
+    "g": (None, "(bbb.4)"),
+    "g_hat": (None, "(bbb.5)"),
+    "g_sigma": (None, "(ktied.5)"),
+    "kl": (None, "(ktied.4)"),
+    "grad_mu": (None, "(bbb.9)"),
+    "grad_sigma": (None, "(ktied.5)"),
+    "grad_rho": (None, "(ktied.6)"),
+    "loss_hat": (None, "(ktied.3)"),
+    "elbo": (None, "(ktied.3)"),
+    "delta": (None, "(ktied.7)"),
+    "mu": (None, "(ktied.7)"),
+    "rho": (None, "(ktied.7)"),
+    "m": (None, "(adam.1)"),
+    "v": (None, "(adam.2)"),
+}
 
 STEPS = {"slang": slang.step, "ngvi-full": ngvi.step_full, "ngvi-meanfield": ngvi.step_meanfield}
 
@@ -446,7 +517,8 @@ class TraceInputs(NamedTuple):
 _BUILDER = {**dict.fromkeys(STEP_METHODS, "make_inputs"),
             **dict.fromkeys(LAPLACE_METHODS, "make_laplace_inputs"),
             **dict.fromkeys(SWAG_METHODS, "make_swag_inputs"),
-            **dict.fromkeys(KFAC_METHODS, "make_noisy_kfac_inputs")}
+            **dict.fromkeys(KFAC_METHODS, "make_noisy_kfac_inputs"),
+            **dict.fromkeys(KTIED_METHODS, "make_ktied_inputs")}
 
 
 def _check_method(method) -> str:
@@ -1278,15 +1350,206 @@ def trace_noisy_kfac(inputs: NoisyKFACTraceInputs) -> NoisyKFACTraceInfo:
     return NoisyKFACTraceInfo(pi, *info, A=new.A, S=new.S)
 
 
+# ----------------------------------------------------------------------------- the k-tied Normal
+
+class KTiedTraceInfo(NamedTuple):
+    """The named intermediates of ``refbayes trace ktied``, in the printed order.
+
+    The fields sigma .. rho are those of ``ktied.KTiedInfo``; m and v are the new state's Adam
+    moments, so that mu, rho, m and v are the whole new state (with t = 1 and the same k).
+
+    Attributes
+    ----------
+    sigma : array of shape (D,)
+        Standard deviations, vec(U_l V_l^T) and softplus(r^b_l) in theta's order.  (ktied.1)
+    theta : array of shape (D, S)
+        Draws theta_s = mu + sigma * eps_s.  (ktied.2)
+    g : array of shape (S, D)
+        Summed minibatch gradients g_s = sum_{i in B} grad l_i(theta_s).  (bbb.4)
+    g_hat : array of shape (D,)
+        Data gradient in mu, (N / (M S)) sum_s g_s.  (bbb.5)
+    g_sigma : array of shape (D,)
+        Data gradient in sigma, (N / (M S)) sum_s g_s * eps_s.  (ktied.5)
+    kl : array of shape ()
+        KL(q || p).  (ktied.4)
+    grad_mu : array of shape (D,)
+        Objective gradient dF/dmu = g_hat + kl_weight * lam * mu.  (bbb.9)
+    grad_sigma : array of shape (D,)
+        Objective gradient dF/dsigma = g_sigma + kl_weight * (lam sigma - 1 / sigma).  (ktied.5)
+    grad_rho : array of shape (P,)
+        Objective gradient dF/drho through A = U V^T and the softplus.  (ktied.6)
+    loss_hat : array of shape ()
+        Data-term estimate (N / (M S)) sum_s sum_{i in B} l_i(theta_s).  (ktied.3)
+    elbo : array of shape ()
+        ELBO estimate -(loss_hat + kl_weight * kl).  (ktied.3)
+    delta : array of shape (D + P,)
+        Adam step on [mu; rho].  (ktied.7)
+    mu : array of shape (D,)
+        Mean mu_{t+1}.  (ktied.7)
+    rho : array of shape (P,)
+        Scale parameters rho_{t+1}.  (ktied.7)
+    m : array of shape (D + P,)
+        The new state's Adam first moment of [mu; rho].  (adam.1)
+    v : array of shape (D + P,)
+        The new state's Adam second moment of [mu; rho].  (adam.2)
+    """
+    sigma: Any       # vec(U V^T), softplus(r^b), (D,)  (ktied.1)
+    theta: Any       # theta_s = mu + sigma * eps_s, (D, S)  (ktied.2)
+    g: Any           # g_s = sum_{i in B} grad l_i(theta_s), (S, D)  (bbb.4)
+    g_hat: Any       # (N / (M S)) sum_s g_s, (D,)  (bbb.5)
+    g_sigma: Any     # (N / (M S)) sum_s g_s * eps_s, (D,)  (ktied.5)
+    kl: Any          # KL(q || p), 0-d  (ktied.4)
+    grad_mu: Any     # g_hat + kl_weight lam mu, (D,)  (bbb.9)
+    grad_sigma: Any  # g_sigma + kl_weight (lam sigma - 1 / sigma), (D,)  (ktied.5)
+    grad_rho: Any    # dF/drho, (P,)  (ktied.6)
+    loss_hat: Any    # (N / (M S)) sum_s sum_{i in B} l_i(theta_s), 0-d  (ktied.3)
+    elbo: Any        # -(loss_hat + kl_weight kl), 0-d  (ktied.3)
+    delta: Any       # Adam step on [mu; rho], (D + P,)  (ktied.7)
+    mu: Any          # mu_{t+1}, (D,)  (ktied.7)
+    rho: Any         # rho_{t+1}, (P,)  (ktied.7)
+    m: Any           # the new state's m_{t+1} of [mu; rho], (D + P,)  (adam.1)
+    v: Any           # the new state's v_{t+1} of [mu; rho], (D + P,)  (adam.2)
+
+
+class KTiedTraceInputs(NamedTuple):
+    """Everything one traced k-tied step consumes, and how it was drawn.
+
+    Attributes
+    ----------
+    method : str
+        "ktied".
+    seed : int
+        Seed of numpy.random.default_rng, the only source of the draws.
+    model : MLP
+        ``MLP([4, 5, 3], activation="tanh", likelihood="categorical")``, D = 43.
+    X : numpy.ndarray of shape (N, 4)
+        The training inputs of the module docstring's recipe.
+    y : numpy.ndarray of shape (N,)
+        Class labels in {0, 1, 2} (int64).
+    xi : numpy.ndarray of shape (P,)
+        Standard-normal draws of the start's jitter (ktied.8).
+    idx : numpy.ndarray of shape (M,)
+        Minibatch rows, rng.permutation(N)[:M].
+    eps : numpy.ndarray of shape (D, S)
+        Standard-normal draws of the step.
+    state : KTiedState
+        The starting state, ``ktied.init(mu, model, k, KT_SIGMA0, xi, KT_JITTER)``.
+    cfg : KTiedConfig
+        The step's config.
+    """
+    method: str       # "ktied"
+    seed: int         # of numpy.random.default_rng, the only source of the draws
+    model: Any        # MLP([4, 5, 3], "tanh", "categorical"), D = 43
+    X: np.ndarray     # (N, 4) the recipe's inputs
+    y: np.ndarray     # (N,) class labels in {0, 1, 2}
+    xi: np.ndarray    # (P,) the start's jitter draws (ktied.8)
+    idx: np.ndarray   # (M,) minibatch rows, rng.permutation(N)[:M]
+    eps: np.ndarray   # (D, S) standard-normal draws
+    state: Any        # KTiedState
+    cfg: Any          # KTiedConfig
+
+    @property
+    def batch(self) -> Batch:
+        return Batch(self.X[self.idx], self.y[self.idx])
+
+    @property
+    def layout(self):
+        """``ktied.layout(model, state.k)``: where R^U_l, R^V_l, r^b_l sit in rho."""
+        return ktied.layout(self.model, self.state.k)
+
+
+def _ktied_problem():
+    """(model, X, y) of the k-tied trace, by the module docstring's recipe."""
+    prng = np.random.default_rng(KT_PROBLEM_SEED)
+    n_in, _, n_out = KT_SIZES
+    X = prng.standard_normal((KT_ROWS, n_in))
+    W = prng.standard_normal((n_in, n_out))
+    y = np.argmax(X @ W + prng.standard_normal((KT_ROWS, n_out)), axis=1).astype(np.int64)
+    model = MLP(list(KT_SIZES), activation=KT_ACTIVATION, likelihood="categorical")
+    return model, X, y
+
+
+def make_ktied_inputs(method: str = "ktied", *, seed: int = 0, M: int = 8, S: int = 1,
+                      k: int = 2) -> KTiedTraceInputs:
+    """Build the problem, the starting state and the draws of one traced k-tied step.
+
+    The draws are made in the module docstring's order: mu, xi (the start), idx, eps.
+
+    Parameters
+    ----------
+    method : {"ktied"}, default "ktied"
+        The traced step.
+    seed : int, default 0
+        Seed of ``numpy.random.default_rng``.
+    M : int, default 8
+        Minibatch rows, in [1, N].
+    S : int, default 1
+        Monte Carlo draws, >= 1.
+    k : int, default 2
+        The rank of every layer's tie, >= 1.
+
+    Returns
+    -------
+    KTiedTraceInputs
+        The problem, state, config and draws.
+
+    Raises
+    ------
+    ValueError
+        If method is not ktied or an option is outside its range.
+    """
+    method = _check_method(method)
+    if method not in KTIED_METHODS:
+        raise ValueError(f"method: make_ktied_inputs traces {', '.join(KTIED_METHODS)}; "
+                         f"use {_BUILDER[method]} for {method!r}")
+    seed = check_int(seed, "seed", low=0)
+    N = KT_ROWS
+    M = check_int(M, "M", low=1, high=N)
+    S = check_int(S, "S", low=1)
+    k = check_int(k, "k", low=1)
+    model, X, y = _ktied_problem()
+    lay = ktied.layout(model, k)
+    cfg = ktied.KTiedConfig(N=N, lam=KT_LAM)
+
+    rng = np.random.default_rng(seed)
+    mu = KT_MEAN_SCALE * rng.standard_normal(lay.D)
+    xi = rng.standard_normal(lay.P)
+    state = ktied.init(mu, model, k, sigma0=KT_SIGMA0, xi=xi, jitter=KT_JITTER)  # (ktied.8)
+    idx = epoch_batches(rng, N, M)[0]
+    eps = rng.standard_normal((lay.D, S))
+    return KTiedTraceInputs(method, seed, model, X, y, xi, idx, eps, state, cfg)
+
+
+def trace_ktied(inputs: KTiedTraceInputs) -> KTiedTraceInfo:
+    """Take the traced step by a direct call of ``ktied.step``, and collect its intermediates.
+
+    sigma .. rho are the step's ``KTiedInfo``; m and v the new state's Adam moments.
+
+    Parameters
+    ----------
+    inputs : KTiedTraceInputs
+        From ``make_ktied_inputs``.
+
+    Returns
+    -------
+    KTiedTraceInfo
+        The intermediates, in the printed order.
+    """
+    new, info = ktied.step(inputs.state, inputs.batch, inputs.eps, inputs.cfg, inputs.model)
+    return KTiedTraceInfo(*info, m=new.adam.m, v=new.adam.v)
+
+
 def _info(inputs):
-    """The Info of a trace's inputs: the step's Info, or the Laplace, SWAG or Noisy K-FAC
-    intermediates."""
+    """The Info of a trace's inputs: the step's Info, or the Laplace, SWAG, Noisy K-FAC or
+    k-tied intermediates."""
     if isinstance(inputs, LaplaceTraceInputs):
         return trace_laplace(inputs)
     if isinstance(inputs, SWAGTraceInputs):
         return trace_swag(inputs)
     if isinstance(inputs, NoisyKFACTraceInputs):
         return trace_noisy_kfac(inputs)
+    if isinstance(inputs, KTiedTraceInputs):
+        return trace_ktied(inputs)
     return step(inputs)[1]
 
 
@@ -1561,17 +1824,77 @@ def _format_noisy_kfac_trace(inputs: NoisyKFACTraceInputs, info, precision: int)
     return "\n".join(lines).rstrip() + "\n"
 
 
+def _kt_layout_line(inputs: KTiedTraceInputs) -> str:
+    lay = inputs.layout
+    parts = []
+    for l in range(len(lay.k)):
+        m, n, c = lay.sizes[l], lay.sizes[l + 1], lay.k[l]
+        w, b = lay.w_theta[l], lay.b_theta[l]
+        u, v, r = lay.u_off[l], lay.v_off[l], lay.b_off[l]
+        i = l + 1
+        parts.append(f"layer {i}: W_{i} theta[{w}:{w + m * n}] ({m}, {n}), b_{i} "
+                     f"theta[{b}:{b + n}]; R^U_{i} rho[{u}:{u + m * c}] ({m}, {c}), R^V_{i} "
+                     f"rho[{v}:{v + n * c}] ({n}, {c}), r^b_{i} rho[{r}:{r + n}] (row-major)")
+    return (f"layout: ktied.layout(model, k={lay.k}), D = {lay.D}, P = {lay.P}; "
+            + "; ".join(parts))
+
+
+def _format_ktied_trace(inputs: KTiedTraceInputs, info, precision: int) -> str:
+    method, cfg, state, model = inputs.method, inputs.cfg, inputs.state, inputs.model
+    lay = inputs.layout
+    N, M, (D, S) = inputs.X.shape[0], inputs.idx.shape[0], inputs.eps.shape
+    n_in, _, n_out = KT_SIZES
+    counts = ", ".join(str(int(c)) for c in np.bincount(inputs.y, minlength=n_out))
+    fields = ", ".join(f"{k}={v!r}" for k, v in cfg._asdict().items())
+    lines = [
+        f"refbayes trace {method}: one step of refbayes.methods.ktied.step",
+        (f"problem: prng = numpy.random.default_rng({KT_PROBLEM_SEED}); X = prng.standard_normal("
+         f"({KT_ROWS}, {n_in})); W = prng.standard_normal(({n_in}, {n_out})); y = argmax(X @ W + "
+         f"prng.standard_normal(({KT_ROWS}, {n_out})), axis=1) (int64; class counts {counts}); "
+         f"{model!r}; D = {D}, N = {N}"),
+        _kt_layout_line(inputs),
+        (f"config: KTiedConfig = BBBConfig({fields}); prior N(0, I / lam); objective (ktied.3) "
+         f"F_hat = (N / (M S)) sum_s sum_{{i in B}} l_i(theta_s) + kl_weight KL(q || p), "
+         f"N / (M S) = {N} / ({M} * {S})"),
+        (f"start: ktied.init(mu, model, k={lay.k}, sigma0={KT_SIGMA0!r}, xi, "
+         f"jitter={KT_JITTER!r}) (ktied.8): rho = softplus^{{-1}}(c) + {KT_JITTER!r} xi, "
+         f"c = sqrt(sigma0 / k_l) on R^U_l, R^V_l (U_l V_l^T = sigma0 before the jitter) and "
+         f"sigma0 on r^b_l; zero Adam moments m, v of [mu; rho] (D + P = {D + lay.P} entries "
+         f"each), t = {state.t}"),
+        (f"draws: rng = numpy.random.default_rng({inputs.seed}), in order: "
+         f"mu = {KT_MEAN_SCALE!r} * rng.standard_normal({D}); xi = rng.standard_normal({lay.P}); "
+         f"idx = rng.permutation({N})[:{M}]; eps = rng.standard_normal({(D, S)})"),
+        (f"new state: KTiedState(mu, rho, AdamState(m, v, {state.t + 1}), t = {state.t + 1}, "
+         f"k = {lay.k}), mu, rho, m and v printed below"),
+        "",
+    ]
+    factors = ktied.scale_parameters(state, model)  # (ktied.1)
+    batch = inputs.batch
+    rows = [("idx", inputs.idx), ("batch.X", batch.X), ("batch.y", batch.y), ("xi", inputs.xi),
+            ("eps", inputs.eps), ("state.mu", state.mu), ("state.rho", state.rho)]
+    for l, (U, V, sigma_b) in enumerate(factors):  # layer by layer: U[l], V[l], sigma_b[l]
+        rows += [(f"state.U[{l}]", U), (f"state.V[{l}]", V), (f"state.sigma_b[{l}]", sigma_b)]
+    for name, value in rows:  # in full, whatever their size: they are to be fed back
+        lines += [_block("input", name, value, precision, full=True), ""]
+    lines.append(f"{type(info).__name__}, in order (m, v: the new state's Adam moments of "
+                 "[mu; rho]):")
+    for field, value in info._asdict().items():
+        lines += [_block(tag_label(method, field), field, value, precision), ""]
+    return "\n".join(lines).rstrip() + "\n"
+
+
 def format_trace(inputs, info, precision: int = 8) -> str:
     """Format the printed trace: header, inputs and draws, then one block per Info field.
 
     Parameters
     ----------
-    inputs : TraceInputs or LaplaceTraceInputs or SWAGTraceInputs or NoisyKFACTraceInputs
-        From ``make_inputs``, ``make_laplace_inputs``, ``make_swag_inputs`` or
-        ``make_noisy_kfac_inputs``.
+    inputs : NamedTuple
+        TraceInputs, LaplaceTraceInputs, SWAGTraceInputs, NoisyKFACTraceInputs or
+        KTiedTraceInputs, from ``make_inputs``, ``make_laplace_inputs``,
+        ``make_swag_inputs``, ``make_noisy_kfac_inputs`` or ``make_ktied_inputs``.
     info : NamedTuple
         The matching Info (``step(inputs)[1]``, ``trace_laplace(inputs)``,
-        ``trace_swag(inputs)`` or ``trace_noisy_kfac(inputs)``).
+        ``trace_swag(inputs)``, ``trace_noisy_kfac(inputs)`` or ``trace_ktied(inputs)``).
     precision : int, default 8
         Digits after the point; 16 round-trips float64.
 
@@ -1586,6 +1909,8 @@ def format_trace(inputs, info, precision: int = 8) -> str:
         return _format_swag_trace(inputs, info, precision)
     if isinstance(inputs, NoisyKFACTraceInputs):
         return _format_noisy_kfac_trace(inputs, info, precision)
+    if isinstance(inputs, KTiedTraceInputs):
+        return _format_ktied_trace(inputs, info, precision)
     method, state = inputs.method, inputs.state
     fn = STEPS[method]
     lines = [
@@ -1700,6 +2025,44 @@ def _noisy_kfac_json(inputs: NoisyKFACTraceInputs, info) -> dict:
     }
 
 
+def _kt_state_json(state) -> dict:
+    return {"mu": state.mu.tolist(), "rho": state.rho.tolist(),
+            "adam": {"m": state.adam.m.tolist(), "v": state.adam.v.tolist(),
+                     "t": int(state.adam.t)},
+            "t": int(state.t), "k": list(state.k)}
+
+
+def _ktied_json(inputs: KTiedTraceInputs, info) -> dict:
+    state, lay = inputs.state, inputs.layout
+    new = ktied.KTiedState(info.mu, info.rho, AdamState(info.m, info.v, state.adam.t + 1),
+                           state.t + 1, state.k)
+    factors = ktied.scale_parameters(state, inputs.model)  # (ktied.1)
+    return {
+        "method": inputs.method,
+        "seed": inputs.seed,
+        "problem": {"recipe": ("prng = numpy.random.default_rng(seed); X = "
+                               "prng.standard_normal((n, n_in)); W = prng.standard_normal((n_in, "
+                               "n_out)); y = argmax(X @ W + prng.standard_normal((n, n_out)), "
+                               "axis=1)"),
+                    "n": KT_ROWS, "seed": KT_PROBLEM_SEED,
+                    "model": {"class": "refbayes.models.MLP", "sizes": list(KT_SIZES),
+                              "activation": KT_ACTIVATION, "likelihood": "categorical"},
+                    "layout": {f: (list(v) if isinstance(v, tuple) else v)
+                               for f, v in lay._asdict().items()},
+                    "X": inputs.X.tolist(), "y": inputs.y.tolist()},
+        "config": {k: _jsonable(v) for k, v in inputs.cfg._asdict().items()},
+        "init": {"mean_scale": KT_MEAN_SCALE, "k": list(state.k), "sigma0": KT_SIGMA0,
+                 "jitter": KT_JITTER},
+        "draws": {"mu": state.mu.tolist(), "xi": inputs.xi.tolist(),
+                  "idx": inputs.idx.tolist(), "eps": inputs.eps.tolist()},
+        "state": _kt_state_json(state),
+        "factors": [{"U": U.tolist(), "V": V.tolist(), "sigma_b": _jsonable(b)}
+                    for U, V, b in factors],
+        "info": _info_json(inputs.method, info),
+        "new_state": _kt_state_json(new),
+    }
+
+
 def to_json(inputs, info) -> dict:
     """Collect the inputs, draws and every Info field as JSON-ready data.
 
@@ -1708,9 +2071,10 @@ def to_json(inputs, info) -> dict:
 
     Parameters
     ----------
-    inputs : TraceInputs or LaplaceTraceInputs or SWAGTraceInputs or NoisyKFACTraceInputs
-        From ``make_inputs``, ``make_laplace_inputs``, ``make_swag_inputs`` or
-        ``make_noisy_kfac_inputs``.
+    inputs : NamedTuple
+        TraceInputs, LaplaceTraceInputs, SWAGTraceInputs, NoisyKFACTraceInputs or
+        KTiedTraceInputs, from ``make_inputs``, ``make_laplace_inputs``,
+        ``make_swag_inputs``, ``make_noisy_kfac_inputs`` or ``make_ktied_inputs``.
     info : NamedTuple
         The matching Info.
 
@@ -1722,7 +2086,10 @@ def to_json(inputs, info) -> dict:
         and swag_diagonal configs, and draws theta0, idx (T, M), z1 and z2. For noisy-kfac and
         kfac, derived holds gamma_in and gamma, draws idx, eps, u, probs and y_tilde (None
         where not drawn), the state's factors and the info's tuples are lists with one matrix
-        per layer (their shape a list of shapes), and pi is None for exact damping.
+        per layer (their shape a list of shapes), and pi is None for exact damping. For ktied,
+        problem also holds the model and ktied.layout, init the start's mean_scale, k, sigma0
+        and jitter, draws mu, xi, idx and eps, state and new_state the whole KTiedState (mu,
+        rho, adam {m, v, t}, t, k), and factors the positive U, V and sigma_b of each layer.
     """
     if isinstance(inputs, LaplaceTraceInputs):
         return _laplace_json(inputs, info)
@@ -1730,6 +2097,8 @@ def to_json(inputs, info) -> dict:
         return _swag_json(inputs, info)
     if isinstance(inputs, NoisyKFACTraceInputs):
         return _noisy_kfac_json(inputs, info)
+    if isinstance(inputs, KTiedTraceInputs):
+        return _ktied_json(inputs, info)
     cfg = {k: _jsonable(v) for k, v in inputs.cfg._asdict().items()}
     return {
         "method": inputs.method,
@@ -1751,10 +2120,11 @@ def to_json(inputs, info) -> dict:
 # so an option given for a method it does not apply to is an error, not ignored.
 OPTIONS: dict[str, dict[str, Any]] = {
     "S": {**dict.fromkeys(STEP_METHODS, 1), **dict.fromkeys(LAPLACE_METHODS, 2),
-          **dict.fromkeys(SWAG_METHODS, 2), "noisy-kfac": 2},
+          **dict.fromkeys(SWAG_METHODS, 2), "noisy-kfac": 2,
+          **dict.fromkeys(KTIED_METHODS, 1)},
     "curvature": {**dict.fromkeys(STEP_METHODS, "ef"), **dict.fromkeys(LAPLACE_METHODS, "ggn"),
                   **dict.fromkeys(KFAC_METHODS, "ggn")},
-    "M": dict.fromkeys(STEP_METHODS + SWAG_METHODS + KFAC_METHODS, 8),
+    "M": dict.fromkeys(STEP_METHODS + SWAG_METHODS + KFAC_METHODS + KTIED_METHODS, 8),
     "L": dict.fromkeys(STEP_METHODS, 2),
     "momentum": {**dict.fromkeys(STEP_METHODS, 0.0), **dict.fromkeys(SWAG_METHODS, 0.9)},
     "t": dict.fromkeys(STEP_METHODS, 0),
@@ -1770,6 +2140,7 @@ OPTIONS: dict[str, dict[str, Any]] = {
     "alpha": dict.fromkeys(SWAG_METHODS, 2e-3),
     "damping": dict.fromkeys(KFAC_METHODS, "factored"),
     "kl_clip": dict.fromkeys(KFAC_METHODS, None),
+    "k": dict.fromkeys(KTIED_METHODS, 2),
 }
 
 
@@ -1785,8 +2156,8 @@ def add_arguments(parser) -> None:
     parser.add_argument("--seed", type=int, default=0, help="seed of the draws (default 0)")
     parser.add_argument("--S", type=int, default=None,
                         help="Monte Carlo draws: samples, and velocities for riemannian-laplace "
-                             "(default 1; laplace, riemannian-laplace, swag, noisy-kfac: 2; "
-                             "kfac draws none)")
+                             "(default 1, also for ktied; laplace, riemannian-laplace, swag, "
+                             "noisy-kfac: 2; kfac draws none)")
     parser.add_argument("--curvature", default=None,
                         help="ngvi: ef (default), hess or exact; slang: ef; laplace, "
                              "riemannian-laplace: ggn (default), hessian or ef; noisy-kfac, "
@@ -1798,7 +2169,7 @@ def add_arguments(parser) -> None:
                         help="also write the inputs, draws and every intermediate as JSON")
     step_group = parser.add_argument_group(
         f"step methods ({', '.join(STEP_METHODS)}); --M and --momentum also swag, --M also "
-        f"{', '.join(KFAC_METHODS)}")
+        f"{', '.join(KFAC_METHODS + KTIED_METHODS)}")
     step_group.add_argument("--M", type=int, default=None, help="minibatch rows (default 8)")
     step_group.add_argument("--L", type=int, default=None,
                             help="rank of U: SLANG's rank, and the low-rank part of the starting "
@@ -1858,6 +2229,14 @@ def add_arguments(parser) -> None:
     nk_group.add_argument("--kl-clip", dest="kl_clip", type=float, default=None,
                           help="KL-clipping bound kappa > 0 of (noisy_kfac.10) (official "
                                "kl_clip, 1e-3 in its configs; default: no clipping)")
+    kt_group = parser.add_argument_group(
+        f"k-tied Normal ({', '.join(KTIED_METHODS)})",
+        "One ktied.step of an MLP [4, 5, 3] classifier on a 3-class problem drawn by a fixed "
+        "recipe, from ktied.init with drawn mean and jitter; also --M and --S. Problem, layout, "
+        "config, draws and their order are printed, and described in the refbayes.trace module "
+        "docstring.")
+    kt_group.add_argument("--k", type=int, default=None,
+                          help="rank k of every layer's tie A_l = U_l V_l^T, >= 1 (default 2)")
 
 
 def _resolve(args) -> dict:
@@ -1922,6 +2301,8 @@ def run(args) -> int:
         inputs = make_laplace_inputs(args.method, seed=args.seed, **opts)
     elif args.method in KFAC_METHODS:
         inputs = make_noisy_kfac_inputs(args.method, seed=args.seed, **opts)
+    elif args.method in KTIED_METHODS:
+        inputs = make_ktied_inputs(args.method, seed=args.seed, **opts)
     else:
         inputs = make_swag_inputs(seed=args.seed, **opts)
     info = _info(inputs)

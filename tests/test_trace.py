@@ -18,15 +18,17 @@ from refbayes import trace
 from refbayes.cli import main
 from refbayes.datasets import make_logistic_regression
 from refbayes.linalg import kron
-from refbayes.methods import laplace, ngvi, noisy_kfac, riemannian_laplace, slang, swag
+from refbayes.methods import ktied, laplace, ngvi, noisy_kfac, riemannian_laplace, slang, swag
+from refbayes.methods.adam import AdamState
 from refbayes.methods._estimates import Batch
 from refbayes.models import MLP, LogisticRegression
+from tests.test_trace_tags import NOTE_OF, ROOT, _labels
 from tests.tolerances import EXACT_F64, ODE_F64, assert_close
 
 INFO = {"slang": slang.SLANGInfo, "ngvi-full": ngvi.FullInfo, "ngvi-meanfield": ngvi.MeanFieldInfo,
         "laplace": trace.LaplaceInfo, "riemannian-laplace": trace.RiemannianLaplaceInfo,
         "swag": trace.SWAGTraceInfo, "noisy-kfac": trace.NoisyKFACTraceInfo,
-        "kfac": trace.NoisyKFACTraceInfo}
+        "kfac": trace.NoisyKFACTraceInfo, "ktied": trace.KTiedTraceInfo}
 STATE = {"slang": slang.SLANGState, "ngvi-full": ngvi.FullState,
          "ngvi-meanfield": ngvi.MeanFieldState}
 
@@ -87,6 +89,9 @@ LIBRARY_FIELDS = {
     **{(m, f): [(noisy_kfac.NoisyKFACInfo, f)] for m in trace.KFAC_METHODS
        for f in noisy_kfac.NoisyKFACInfo._fields},
     **{(m, f): [(noisy_kfac.NoisyKFACState, f)] for m in trace.KFAC_METHODS for f in ("A", "S")},
+    **{("ktied", f): [(ktied.KTiedInfo, f)] for f in ktied.KTiedInfo._fields},
+    ("ktied", "m"): [(AdamState, "m")],
+    ("ktied", "v"): [(AdamState, "v")],
 }
 
 
@@ -102,6 +107,12 @@ def test_the_noisy_kfac_trace_is_pi_the_library_info_and_the_new_factors():
     A and S: a field renamed or added in noisy_kfac.py shows up here (and in the tag check)."""
     assert trace.NoisyKFACTraceInfo._fields == ("pi", *noisy_kfac.NoisyKFACInfo._fields, "A", "S")
     assert trace.TAGS["kfac"] == trace.TAGS["noisy-kfac"]
+
+
+def test_the_ktied_trace_is_the_library_info_and_the_new_adam_moments():
+    """KTiedTraceInfo is every KTiedInfo field in its order, then the new state's Adam moments:
+    a field renamed or added in ktied.py shows up here (and in the tag check)."""
+    assert trace.KTiedTraceInfo._fields == (*ktied.KTiedInfo._fields, "m", "v")
 
 
 @pytest.mark.parametrize("method, field", sorted(LIBRARY_FIELDS))
@@ -298,7 +309,7 @@ def test_same_seed_same_trace_other_seed_other_draws(capsys):
 
 @pytest.mark.parametrize("argv, message", [
     (["nosuch"], "method: expected one of slang, ngvi-full, ngvi-meanfield, laplace, "
-                 "riemannian-laplace, swag, noisy-kfac, kfac, got 'nosuch'"),
+                 "riemannian-laplace, swag, noisy-kfac, kfac, ktied, got 'nosuch'"),
     (["slang", "--M", "0"], "M: expected an integer in [1, 50], got 0"),
     (["slang", "--L", "7"], "L: expected an integer in [1, 6], got 7"),
     (["slang", "--curvature", "hess"], "curvature: SLANG uses the empirical Fisher only"),
@@ -325,7 +336,7 @@ def test_same_seed_same_trace_other_seed_other_draws(capsys):
     (["riemannian-laplace", "--atol", "-1"], "atol: expected a value in [0.0, inf), got -1.0"),
     (["laplace", "--rtol", "1e-3"], "--rtol: applies to riemannian-laplace only, not laplace"),
     (["laplace", "--M", "4"],
-     "--M: applies to slang, ngvi-full, ngvi-meanfield, swag, noisy-kfac, kfac only, "
+     "--M: applies to slang, ngvi-full, ngvi-meanfield, swag, noisy-kfac, kfac, ktied only, "
      "not laplace"),
     (["riemannian-laplace", "--momentum", "0.5"],
      "--momentum: applies to slang, ngvi-full, ngvi-meanfield, swag only, not riemannian-laplace"),
@@ -366,7 +377,7 @@ def test_same_seed_same_trace_other_seed_other_draws(capsys):
     (["noisy-kfac", "--S", "0"], "S: expected an integer in [1, None], got 0"),
     (["noisy-kfac", "--seed", "-1"], "seed: expected an integer in [0, None], got -1"),
     (["kfac", "--S", "2"], "--S: applies to slang, ngvi-full, ngvi-meanfield, laplace, "
-                           "riemannian-laplace, swag, noisy-kfac only, not kfac"),
+                           "riemannian-laplace, swag, noisy-kfac, ktied only, not kfac"),
     (["noisy-kfac", "--L", "2"], "--L: applies to slang, ngvi-full, ngvi-meanfield only, "
                                  "not noisy-kfac"),
     (["kfac", "--momentum", "0.5"], "--momentum: applies to slang, ngvi-full, ngvi-meanfield, "
@@ -374,6 +385,20 @@ def test_same_seed_same_trace_other_seed_other_draws(capsys):
     (["noisy-kfac", "--alpha", "0.1"], "--alpha: applies to swag only, not noisy-kfac"),
     (["slang", "--damping", "exact"], "--damping: applies to noisy-kfac, kfac only, not slang"),
     (["swag", "--kl-clip", "1e-3"], "--kl-clip: applies to noisy-kfac, kfac only, not swag"),
+    (["ktied", "--k", "0"], "k: expected an integer in [1, None], got 0"),
+    (["ktied", "--M", "31"], "M: expected an integer in [1, 30], got 31"),
+    (["ktied", "--M", "0"], "M: expected an integer in [1, 30], got 0"),
+    (["ktied", "--S", "0"], "S: expected an integer in [1, None], got 0"),
+    (["ktied", "--seed", "-1"], "seed: expected an integer in [0, None], got -1"),
+    (["ktied", "--curvature", "ef"], "--curvature: applies to slang, ngvi-full, ngvi-meanfield, "
+                                     "laplace, riemannian-laplace, noisy-kfac, kfac only, "
+                                     "not ktied"),
+    (["ktied", "--L", "2"], "--L: applies to slang, ngvi-full, ngvi-meanfield only, not ktied"),
+    (["ktied", "--K", "2"], "--K: applies to swag only, not ktied"),
+    (["ktied", "--alpha", "0.1"], "--alpha: applies to swag only, not ktied"),
+    (["ktied", "--damping", "exact"], "--damping: applies to noisy-kfac, kfac only, not ktied"),
+    (["slang", "--k", "2"], "--k: applies to ktied only, not slang"),
+    (["swag", "--k", "2"], "--k: applies to ktied only, not swag"),
 ])
 def test_bad_arguments_exit_2_with_one_line(capsys, argv, message):
     assert main(["trace", *argv]) == 2
@@ -389,10 +414,10 @@ def test_help_lists_trace(capsys):
     out = capsys.readouterr().out
     assert "METHOD" in out and "--json" in out and "--precision" in out
     for option in ("--prior-precision", "--structure", "--ode-method", "--rtol", "--atol",
-                   "--steps", "--K", "--scale", "--alpha", "--damping", "--kl-clip"):
+                   "--steps", "--K", "--scale", "--alpha", "--damping", "--kl-clip", "--k "):
         assert option in out, option
     assert "laplace" in out and "riemannian-laplace" in out and "swag" in out
-    assert "noisy-kfac" in out and "kfac" in out
+    assert "noisy-kfac" in out and "kfac" in out and "ktied" in out
 
 
 def test_json_creates_only_its_own_folder(capsys, tmp_path):
@@ -787,6 +812,12 @@ def test_builders_name_each_other():
         trace.make_laplace_inputs("kfac")
     with pytest.raises(ValueError, match="use make_swag_inputs for 'swag'"):
         trace.make_noisy_kfac_inputs("swag")
+    with pytest.raises(ValueError, match="use make_ktied_inputs for 'ktied'"):
+        trace.make_inputs("ktied")
+    with pytest.raises(ValueError, match="use make_ktied_inputs for 'ktied'"):
+        trace.make_noisy_kfac_inputs("ktied")
+    with pytest.raises(ValueError, match="use make_noisy_kfac_inputs for 'kfac'"):
+        trace.make_ktied_inputs("kfac")
 
 
 # ------------------------------------------------------------------------- the Noisy K-FAC trace
@@ -1080,3 +1111,261 @@ def test_kfac_takes_no_draws():
     with pytest.raises(ValueError, match=r"S: kfac draws no weights \(eps = None, S = 1\), got 3"):
         trace.make_noisy_kfac_inputs("kfac", S=3)
     assert trace.make_noisy_kfac_inputs("noisy-kfac").eps.shape == (34, 2)  # the default S
+
+
+# ----------------------------------------------------------------------------- the k-tied trace
+
+KT_SIZES = (4, 5, 3)  # MLP([4, 5, 3]): W_1 (4, 5), b_1 (5,), W_2 (5, 3), b_2 (3,); D = 43
+
+
+def _kt_problem():
+    """The module docstring's recipe, re-drawn here (not by calling trace)."""
+    prng = np.random.default_rng(0)
+    X = prng.standard_normal((30, 4))
+    W = prng.standard_normal((4, 3))
+    y = np.argmax(X @ W + prng.standard_normal((30, 3)), axis=1)
+    return X, y
+
+
+def _kt_layout(k):
+    """[(theta W slice, theta b slice, rho R^U slice, rho R^V slice, rho r^b slice, m, n)] and P,
+    by hand: theta is W_1 row-major, b_1, W_2, b_2; rho is vec R^U_1, vec R^V_1, r^b_1, ..."""
+    layers, t, r = [], 0, 0
+    for m, n in zip(KT_SIZES[:-1], KT_SIZES[1:]):
+        layers.append((slice(t, t + m * n), slice(t + m * n, t + m * n + n),
+                       slice(r, r + m * k), slice(r + m * k, r + (m + n) * k),
+                       slice(r + (m + n) * k, r + (m + n) * k + n), m, n))
+        t, r = t + m * n + n, r + (m + n) * k + n
+    return layers, r
+
+
+def _kt_settings(opts):
+    """The options with the documented defaults filled in."""
+    return {"seed": 0, "M": 8, "S": 1, "k": 2, **opts}
+
+
+def _kt_draws(o):
+    """The module docstring's draws, re-drawn here in its order (not by calling trace)."""
+    P = _kt_layout(o["k"])[1]
+    rng = np.random.default_rng(o["seed"])
+    mu = 0.5 * rng.standard_normal(43)
+    xi = rng.standard_normal(P)
+    idx = rng.permutation(30)[:o["M"]]
+    eps = rng.standard_normal((43, o["S"]))
+    return {"mu": mu, "xi": xi, "idx": idx, "eps": eps}
+
+
+def _softplus(r):
+    return np.logaddexp(0.0, r)
+
+
+def _sigmoid(r):
+    return 1.0 / (1.0 + np.exp(-r))
+
+
+def _kt_factors(rho, k):
+    """[(U_l, V_l, softplus(r^b_l))] from rho, by hand.  (ktied.1)"""
+    return [(_softplus(rho[su]).reshape(m, k), _softplus(rho[sv]).reshape(n, k), _softplus(rho[sb]))
+            for _, _, su, sv, sb, m, n in _kt_layout(k)[0]]
+
+
+def _kt_by_hand(draws, o):
+    """The start (ktied.8) and the step (ktied.1)-(ktied.7) from the equations of
+    derivations/ktied.md and bbb.md, in dense NumPy (the tanh-softmax network's gradient by hand,
+    Adam written out): no refbayes call."""
+    X, y = _kt_problem()
+    k, S, N = o["k"], o["S"], 30
+    layers, P = _kt_layout(k)
+    idx, eps, mu = draws["idx"], draws["eps"], draws["mu"]
+    Xb, yb = X[idx], y[idx]
+    M = len(idx)
+    start = np.empty(P)
+    for _, _, su, sv, sb, _, _ in layers:  # U_l V_l^T = sigma0 = 0.3 everywhere (ktied.8)
+        start[su] = start[sv] = np.sqrt(0.3 / k)
+        start[sb] = 0.3
+    rho = np.log(np.expm1(start)) + 0.5 * draws["xi"]                            # (ktied.8)
+    factors = _kt_factors(rho, k)
+    sigma = np.empty(43)
+    for (sw, sb_t, *_), (U, V, sb) in zip(layers, factors):
+        sigma[sw] = (U @ V.T).ravel()                                            # (ktied.1)
+        sigma[sb_t] = sb
+    theta = mu[:, None] + sigma[:, None] * eps                                   # (ktied.2)
+    g, losses = [], []
+    for s in range(S):
+        w = theta[:, s]
+        W1, b1 = w[0:20].reshape(4, 5), w[20:25]
+        W2, b2 = w[25:40].reshape(5, 3), w[40:43]
+        h = np.tanh(Xb @ W1 + b1)
+        f = h @ W2 + b2
+        f = f - f.max(axis=1, keepdims=True)
+        logp = f - np.log(np.exp(f).sum(axis=1, keepdims=True))
+        losses.append(-logp[np.arange(M), yb].sum())
+        r = np.exp(logp) - np.eye(3)[yb]  # dl_i / df_i
+        ds = (r @ W2.T) * (1 - h ** 2)
+        g.append(np.concatenate([(Xb.T @ ds).ravel(), ds.sum(0), (h.T @ r).ravel(), r.sum(0)]))
+    g = np.array(g)                                                              # (bbb.4)
+    c = N / (M * S)
+    g_hat = c * g.sum(axis=0)                                                    # (bbb.5)
+    g_sigma = c * (g * eps.T).sum(axis=0)                                        # (ktied.5)
+    kl = 0.5 * np.sum(sigma ** 2 + mu ** 2 - 1.0 - 2.0 * np.log(sigma))  # lam = 1 (ktied.4)
+    grad_mu = g_hat + mu                                                         # (bbb.9)
+    grad_sigma = g_sigma + sigma - 1.0 / sigma                                   # (ktied.5)
+    grad_rho = np.empty(P)
+    for (sw, sb_t, su, sv, sb, m, n), (U, V, _) in zip(layers, factors):
+        G = grad_sigma[sw].reshape(m, n)                                         # (ktied.6)
+        grad_rho[su] = ((G @ V) * _sigmoid(rho[su]).reshape(m, k)).ravel()
+        grad_rho[sv] = ((G.T @ U) * _sigmoid(rho[sv]).reshape(n, k)).ravel()
+        grad_rho[sb] = grad_sigma[sb_t] * _sigmoid(rho[sb])
+    loss_hat = c * sum(losses)                                                   # (ktied.3)
+    gvec = np.concatenate([grad_mu, grad_rho])
+    m1, v1 = 0.1 * gvec, 0.001 * gvec ** 2                                  # (adam.1), (adam.2)
+    delta = -1e-3 * (m1 / 0.1) / (np.sqrt(v1 / 0.001) + 1e-8)                   # (adam.3), (adam.4)
+    return {"rho0": rho, "factors": factors,
+            "sigma": sigma, "theta": theta, "g": g, "g_hat": g_hat, "g_sigma": g_sigma, "kl": kl,
+            "grad_mu": grad_mu, "grad_sigma": grad_sigma, "grad_rho": grad_rho,
+            "loss_hat": loss_hat, "elbo": -(loss_hat + kl), "delta": delta,
+            "mu": mu + delta[:43], "rho": rho + delta[43:], "m": m1, "v": v1}    # (ktied.7)
+
+
+def _kt_library(data):
+    """The step by a direct call of ktied.step on the recorded inputs: (new state, {field:
+    value} in KTiedTraceInfo's order)."""
+    X, y = np.array(data["problem"]["X"]), np.array(data["problem"]["y"])
+    model = MLP([4, 5, 3], activation="tanh", likelihood="categorical")
+    st = data["state"]
+    state = ktied.KTiedState(np.array(st["mu"]), np.array(st["rho"]),
+                             AdamState(np.array(st["adam"]["m"]), np.array(st["adam"]["v"]),
+                                       st["adam"]["t"]), st["t"], tuple(st["k"]))
+    cfg = ktied.KTiedConfig(**data["config"])
+    idx = np.array(data["draws"]["idx"])
+    new, info = ktied.step(state, Batch(X[idx], y[idx]), np.array(data["draws"]["eps"]), cfg,
+                           model)
+    return new, {**info._asdict(), "m": new.adam.m, "v": new.adam.v}
+
+
+KT_CASES = [
+    {},
+    {"seed": 3, "M": 30, "S": 3, "k": 1},  # full batch, three draws, the matrix-normal tie
+    {"seed": 5, "M": 1, "S": 2, "k": 3},   # one row; k = min(m, n) of layer 2
+    {"k": 4},                              # k above layer 2's min(m, n) = 3: still a valid tie
+]
+
+
+@pytest.mark.parametrize("opts", KT_CASES, ids=[f"ktied-{i}" for i in range(len(KT_CASES))])
+def test_ktied_json_equals_a_direct_step_and_the_equations(capsys, tmp_path, opts):
+    path = tmp_path / "out" / "trace.json"
+    out = _trace(capsys, *_argv("ktied", opts, path))
+    assert out.rstrip().endswith(f"json: {path}")
+    blocks, data = _blocks(out), json.loads(path.read_text())
+    o = _kt_settings(opts)
+    k = o["k"]
+    assert data["method"] == "ktied" and data["seed"] == o["seed"]
+    # the recorded problem is the documented recipe, and the printed inputs are the recorded ones
+    X, y = _kt_problem()
+    np.testing.assert_array_equal(data["problem"]["X"], X)
+    np.testing.assert_array_equal(data["problem"]["y"], y)
+    assert data["problem"]["model"] == {"class": "refbayes.models.MLP", "sizes": [4, 5, 3],
+                                        "activation": "tanh", "likelihood": "categorical"}
+    layers, P = _kt_layout(k)
+    lay = data["problem"]["layout"]
+    assert (lay["P"], lay["D"], lay["k"]) == (P, 43, [k, k])
+    assert lay["u_off"] == [s[2].start for s in layers] and lay["b_off"] == [s[4].start
+                                                                               for s in layers]
+    assert lay["w_theta"] == [s[0].start for s in layers]
+    assert data["config"] == {"N": 30, "lam": 1.0, "alpha": 1e-3, "beta1": 0.9, "beta2": 0.999,
+                              "eps_adam": 1e-8, "kl_weight": 1.0}
+    assert data["init"] == {"mean_scale": 0.5, "k": [k, k], "sigma0": 0.3, "jitter": 0.5}
+    # the draws are the documented ones, in the documented order, and the printed ones
+    draws = _kt_draws(o)
+    for name, value in draws.items():
+        np.testing.assert_array_equal(data["draws"][name], value, err_msg=name)
+    for name in ("idx", "xi", "eps"):
+        np.testing.assert_array_equal(_values(blocks[name]), draws[name], err_msg=name)
+    np.testing.assert_array_equal(_values(blocks["batch.X"]), X[draws["idx"]])
+    np.testing.assert_array_equal(_values(blocks["batch.y"]), y[draws["idx"]])
+    # the start: ktied.init of the draws (ktied.8), its positive factors (ktied.1), printed
+    by_hand = _kt_by_hand(draws, o)
+    st = data["state"]
+    assert (st["t"], st["k"], st["adam"]["t"]) == (0, [k, k], 0)
+    assert not np.any(st["adam"]["m"]) and not np.any(st["adam"]["v"])
+    np.testing.assert_array_equal(st["mu"], draws["mu"])
+    np.testing.assert_array_equal(_values(blocks["state.mu"]), draws["mu"])
+    np.testing.assert_array_equal(_values(blocks["state.rho"]), st["rho"])
+    assert_close(np.array(st["rho"]), by_hand["rho0"], EXACT_F64, "rho (ktied.8)")
+    for l, (U, V, sb) in enumerate(by_hand["factors"]):
+        recorded = data["factors"][l]
+        for name, hand in (("U", U), ("V", V), ("sigma_b", sb)):
+            np.testing.assert_array_equal(_values(blocks[f"state.{name}[{l}]"]),
+                                          np.array(recorded[name]), err_msg=f"{name}[{l}]")
+            assert_close(np.array(recorded[name]), hand, EXACT_F64, f"{name}[{l}] (ktied.1)")
+        if k >= 2:  # the jitter makes the tie's columns differ
+            assert not np.allclose(U[:, 0], U[:, 1]) and not np.allclose(V[:, 0], V[:, 1])
+    # the step: bit for bit a direct ktied.step on the recorded inputs, and the equations
+    new, library = _kt_library(data)
+    assert list(data["info"]) == list(trace.TAGS["ktied"]) == list(library)
+    for field, value in library.items():
+        entry = data["info"][field]
+        assert (entry["line"], entry["tag"]) == trace.TAGS["ktied"][field]
+        assert entry["shape"] == list(np.shape(value)), field
+        saved = np.asarray(entry["value"], dtype=float).reshape(np.shape(value))
+        np.testing.assert_array_equal(saved, value, err_msg=field)  # the same call, bit for bit
+        assert_close(saved, by_hand[field], EXACT_F64, f"ktied {field} vs the equations")
+        assert np.size(value) <= trace.SHOW_ALL  # printed in full: the print is the saved value
+        np.testing.assert_array_equal(_values(blocks[field]), saved, err_msg=field)
+    ns = data["new_state"]
+    assert (ns["t"], ns["k"], ns["adam"]["t"]) == (1, [k, k], 1)
+    for name, value in (("mu", new.mu), ("rho", new.rho), ("m", new.adam.m), ("v", new.adam.v)):
+        recorded = ns["adam"][name] if name in ("m", "v") else ns[name]
+        np.testing.assert_array_equal(recorded, value, err_msg=f"new_state {name}")
+
+
+def test_ktied_trace_prints_the_problem_draws_and_tags(capsys):
+    out = _trace(capsys, "ktied")
+    assert out.startswith("refbayes trace ktied: one step of refbayes.methods.ktied.step\n")
+    for text in ["prng = numpy.random.default_rng(0); X = prng.standard_normal((30, 4)); "
+                 "W = prng.standard_normal((4, 3)); y = argmax(X @ W + "
+                 "prng.standard_normal((30, 3)), axis=1)",
+                 "MLP([4, 5, 3], activation='tanh', likelihood='categorical'); D = 43, N = 30",
+                 "ktied.layout(model, k=(2, 2)), D = 43, P = 42; layer 1: W_1 theta[0:20] (4, 5), "
+                 "b_1 theta[20:25]; R^U_1 rho[0:8] (4, 2), R^V_1 rho[8:18] (5, 2), r^b_1 "
+                 "rho[18:23]",
+                 "KTiedConfig = BBBConfig(N=30, lam=1.0, alpha=0.001, beta1=0.9, beta2=0.999, "
+                 "eps_adam=1e-08, kl_weight=1.0)",
+                 "ktied.init(mu, model, k=(2, 2), sigma0=0.3, xi, jitter=0.5)",
+                 "draws: rng = numpy.random.default_rng(0), in order: mu = 0.5 * "
+                 "rng.standard_normal(43); xi = rng.standard_normal(42); "
+                 "idx = rng.permutation(30)[:8]; eps = rng.standard_normal((43, 1))",
+                 "new state: KTiedState(mu, rho, AdamState(m, v, 1), t = 1, k = (2, 2))"]:
+        assert text in out, text
+    for header in ["[input] idx (8,)", "[input] batch.X (8, 4)", "[input] batch.y (8,)",
+                   "[input] xi (42,)", "[input] eps (43, 1)", "[input] state.mu (43,)",
+                   "[input] state.rho (42,)", "[input] state.U[0] (4, 2)",
+                   "[input] state.V[0] (5, 2)", "[input] state.sigma_b[0] (5,)",
+                   "[input] state.U[1] (5, 2)", "[input] state.V[1] (3, 2)",
+                   "[input] state.sigma_b[1] (3,)",
+                   "[(ktied.1)] sigma (43,)", "[(ktied.2)] theta (43, 1)", "[(bbb.4)] g (1, 43)",
+                   "[(bbb.5)] g_hat (43,)", "[(ktied.5)] g_sigma (43,)", "[(ktied.4)] kl ()",
+                   "[(bbb.9)] grad_mu (43,)", "[(ktied.5)] grad_sigma (43,)",
+                   "[(ktied.6)] grad_rho (42,)", "[(ktied.3)] loss_hat ()",
+                   "[(ktied.3)] elbo ()", "[(ktied.7)] delta (85,)", "[(ktied.7)] mu (43,)",
+                   "[(ktied.7)] rho (42,)", "[(adam.1)] m (85,)", "[(adam.2)] v (85,)"]:
+        assert f"\n{header}\n" in out, header
+    # every tag printed is a numbered equation of its derivation note (ktied.md; bbb.md holds
+    # the bbb and adam equations the step reuses)
+    tags = {t for label, _, _ in _blocks(out).values() if label != "input"
+            for t in re.findall(r"\(([a-z_]+)\.(\d+)\)", label)}
+    assert {name for name, _ in tags} == {"ktied", "bbb", "adam"}
+    for name, n in tags:
+        note = ROOT / "derivations" / f"{NOTE_OF.get(name, name)}.md"
+        assert (name, int(n)) in _labels(note), f"({name}.{n}) not numbered in {note.name}"
+    assert "(ktied.8)" in out and ("ktied", 8) in _labels(ROOT / "derivations" / "ktied.md")
+
+
+def test_ktied_same_seed_same_trace_other_seed_other_draws(capsys):
+    a, b, c = (_trace(capsys, "ktied", "--seed", s) for s in ("3", "3", "4"))
+    assert a == b
+    A, C = _blocks(a), _blocks(c)
+    for name in ("state.mu", "xi", "state.rho", "state.U[0]", "idx", "eps", "grad_rho", "rho"):
+        assert A[name] != C[name], name
+    # the problem ignores the seed: the same recipe line (class counts 11, 7, 12) for both
+    assert a.splitlines()[1] == c.splitlines()[1] and "class counts 11, 7, 12)" in a

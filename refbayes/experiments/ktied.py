@@ -371,7 +371,8 @@ def _train(name, args, budget, data, settings, prov, progress) -> dict:
         state, record = resumed
     eval_eps = lambda t: _rng(args.seed, 4, t).standard_normal((model.D, budget["eval_draws"]))  # noqa: E731
     t0 = time.perf_counter() - record["seconds"]
-    window = []
+    window = record.pop("window", [])  # the minibatch -ELBOs since the last evaluation
+    t_start = state.t
     with progress.run_bar(T, name) as bar:
         bar.update(state.t)
         while True:
@@ -386,14 +387,19 @@ def _train(name, args, budget, data, settings, prov, progress) -> dict:
                 record["snr"] += _snr(method, state, data, args.seed, t, budget["snr_draws"], M)
             if t == T:
                 break
+            if t % budget["checkpoint_every"] == 0 and t != t_start:
+                record["seconds"] = time.perf_counter() - t0
+                _save_checkpoint(args.out, name, state, {**record, "window": window})
+                if progress.enabled and not progress.tty:  # a log file gets a line per checkpoint
+                    last = record["curve"][-1]
+                    progress.echo(f"ktied: {name} step {t}/{T}, -ELBO / N {last['neg_elbo']:.4f} "
+                                  f"at step {last['step']}, {record['seconds']:.0f} s",
+                                  file=progress.file)
             rows = _batch_rows(args.seed, t, N, M)
             eps = _rng(args.seed, 3, t).standard_normal((model.D, 1))
             state, info = method.step(state, ktied.Batch(X[rows], y[rows]), eps)
             window.append(-float(info.elbo))
             bar.update(1)
-            if state.t % budget["checkpoint_every"] == 0 and state.t < T:
-                record["seconds"] = time.perf_counter() - t0
-                _save_checkpoint(args.out, name, state, record)
     final_eps = _rng(args.seed, 7).standard_normal((model.D, budget["final_draws"]))
     record["final"] = _evaluate(method, state, model, data, final_eps)
     record["seconds"] = time.perf_counter() - t0

@@ -1,0 +1,140 @@
+"""`refbayes reproduce ktied` end to end on a tiny budget (MNIST 5k subset, 784-8-8-10, 40
+steps): files, tables, parameter counts, resume from a saved run and from a checkpoint (bit for
+bit the uninterrupted run), the refusal of a run with other settings, and bad arguments.
+
+The tiny run and the interrupted one take ~30 s together on an idle 2-core machine: slow."""
+import contextlib
+import io
+import json
+
+import numpy as np
+import pytest
+
+from refbayes.cli import main
+from refbayes.experiments import ktied as exp
+from refbayes.methods import ktied
+from refbayes.models import MLP
+
+TINY = ["--hidden", "8,8", "--steps", "40", "--n-train", "500", "--batch", "50",
+        "--eval-every", "20", "--snr-steps", "20,40", "--snr-draws", "4", "--final-draws", "3",
+        "--checkpoint-every", "15", "--no-progress"]
+
+
+def _run(argv):
+    o, e = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(o), contextlib.redirect_stderr(e):
+        status = main(["reproduce", "ktied", *argv])
+    return status, o.getvalue(), e.getvalue()
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory, data_dir):
+    out = tmp_path_factory.mktemp("ktied") / "out"
+    status, stdout, stderr = _run([*TINY, "--data-dir", str(data_dir), "--out", str(out)])
+    return out, status, stdout, stderr
+
+
+def _saved(out, name):
+    return json.loads((out / f"run_{name}.json").read_text())
+
+
+@pytest.mark.slow
+def test_tiny_run_writes_runs_tables_and_figures(tiny):
+    out, status, stdout, stderr = tiny
+    assert status == 0, stderr
+    model = MLP([784, 8, 8, 10], likelihood="categorical")
+    for name, k in (("meanfield", None), ("k1", 1), ("k2", 2), ("k3", 3)):
+        saved = _saved(out, name)
+        assert saved["settings"]["run"] == name and saved["settings"]["steps"] == 40
+        assert saved["n_params"] == ktied.n_variational_params(model, k)
+        assert [c["step"] for c in saved["curve"]] == [0, 20, 40]
+        assert sorted({r["step"] for r in saved["snr"]}) == [20, 40]
+        assert {(r["layer"], r["kind"]) for r in saved["snr"]} == {
+            (l, kind) for l in (1, 2, 3) for kind in ("scale", "mean")}
+        assert 0 <= saved["final"]["accuracy"] <= 1 and saved["final"]["nll"] > 0
+        assert not (out / f"{name}.ckpt.npz").exists()
+    posthoc = json.loads((out / "posthoc.json").read_text())
+    for sp in posthoc["spectra"]:
+        assert abs(sum(sp["A"]) - 1) < 1e-12 and abs(sum(sp["M"]) - 1) < 1e-12
+    assert [r["k"] for r in posthoc["truncation"]] == [1, 2, 3]
+    for name in ("trained.csv", "curves.csv", "snr.csv", "truncation.csv"):
+        assert (out / name).read_text().count("\n") >= 4
+    for name in ("spectra.png", "heatmap_A.png", "elbo_vs_step.png", "snr.png"):
+        assert (out / name).stat().st_size > 5_000
+    assert "post-hoc rank-k truncation" in stdout and "paper: -ELBO" in stdout
+    assert "0.501 / 0.133 / 96.8 / 957" in stdout  # the paper's row printed beside
+
+
+@pytest.mark.slow
+def test_saved_runs_are_reused_and_the_tables_reprinted(tiny, data_dir):
+    out, _, stdout, _ = tiny
+    status, again, stderr = _run([*TINY, "--data-dir", str(data_dir), "--out", str(out)])
+    assert status == 0, stderr
+    assert again.split("results:")[0] == stdout.split("results:")[0]
+
+
+@pytest.mark.slow
+def test_a_run_with_other_settings_is_refused_without_fresh(tiny, data_dir):
+    out = tiny[0]
+    argv = [*TINY, "--lr", "0.002", "--data-dir", str(data_dir), "--out", str(out)]
+    status, _, stderr = _run(argv)
+    assert status == 2
+    assert "run_meanfield.json holds a run with other settings (differs in lr)" in stderr
+    assert "--fresh" in stderr
+
+
+@pytest.mark.slow
+def test_an_interrupted_run_resumes_from_its_checkpoint_bit_for_bit(tiny, data_dir, tmp_path,
+                                                                    monkeypatch):
+    """Stop the k2 run right after its first checkpoint (step 15, between two evaluations, so
+    the minibatch -ELBOs since the last one must be saved too), rerun: the result equals the
+    uninterrupted run's exactly (the draws depend on (seed, step) only)."""
+    out = tmp_path / "out"
+    original = exp._save_checkpoint
+
+    def save_then_stop(*a, **kw):
+        original(*a, **kw)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(exp, "_save_checkpoint", save_then_stop)
+    argv = [*TINY, "--runs", "2", "--data-dir", str(data_dir), "--out", str(out)]
+    assert _run(argv)[0] == 130  # "refbayes: interrupted"
+    assert (out / "k2.ckpt.npz").exists() and not (out / "run_k2.json").exists()
+    monkeypatch.setattr(exp, "_save_checkpoint", original)
+    status, _, stderr = _run(argv)
+    assert status == 0, stderr
+    resumed, whole = _saved(out, "k2"), _saved(tiny[0], "k2")
+    for key in ("final", "curve", "snr", "settings"):
+        assert resumed[key] == whole[key], key
+    with np.load(out / "posterior_k2.npz") as a, np.load(tiny[0] / "posterior_k2.npz") as b:
+        assert np.array_equal(a["sigma"], b["sigma"]) and np.array_equal(a["mu"], b["mu"])
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--runs", "meanfield,x"], "expected meanfield, ranks k >= 1"),
+    (["--runs", "1,1"], "expected each run once"),
+    (["--hidden", "8,0"], "expected comma-separated integers >= 1"),
+    (["--lr", "-1"], "expected a finite number > 0"),
+])
+def test_bad_arguments_are_named(argv, message, capsys):
+    assert main(["reproduce", "ktied", *argv]) == 2
+    assert message in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--snr-draws", "1"], "--snr-draws: expected >= 2"),
+    (["--batch", "600", "--n-train", "500"], "--batch: expected <= --n-train = 500"),
+    (["--n-train", "4995"], "--n-train: expected 10..4990"),
+])
+def test_inconsistent_budgets_are_named(argv, message, data_dir, tmp_path, capsys):
+    status = main(["reproduce", "ktied", *argv, "--data-dir", str(data_dir),
+                   "--out", str(tmp_path)])
+    assert status == 2
+    assert message in capsys.readouterr().err
+
+
+def test_the_split_is_stratified_and_disjoint():
+    y = np.repeat(np.arange(10), 500)
+    tr, te = exp.split(y, 4000, np.random.default_rng(0))
+    assert len(tr) == 4000 and len(te) == 1000 and not set(tr) & set(te)
+    assert np.all(np.bincount(y[tr]) == 400)
