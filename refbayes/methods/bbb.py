@@ -193,11 +193,12 @@ def softplus(rho):
 def log_softplus(rho):
     """Compute log sigma = log softplus(rho), finite for every finite rho.
 
-    Finite even where sigma underflows.
-    For rho <= 0, with u = exp(rho) in (0, 1]: log softplus(rho) = rho + log(log1p(u) / u), and
-    log1p(u) / u -> 1 as u -> 0 (taken as 1 where u underflows to 0), so log sigma = rho there,
-    the exact limit. For rho > 0, sigma >= log 2 and the plain log is safe.  No validation.
-    (bbb.1)
+    Finite even where sigma underflows.  For rho < -36: with u = exp(rho) < 2.4e-16,
+    log softplus(rho) = rho + log(log1p(u) / u) = rho - u / 2 + O(u^2), which is rho to
+    rounding (|u / 2| < 1.2e-16 < half an ulp of |rho| >= 36), so log sigma = rho there, also
+    where u underflows (rho < -745).  For rho >= -36, sigma = logaddexp(0, rho) >= 2.3e-16 is a
+    normal number with relative accuracy, and its log is safe.  Two elementwise passes, no
+    cancellation.  No validation.  (bbb.1)
 
     Parameters
     ----------
@@ -210,12 +211,7 @@ def log_softplus(rho):
         The log standard deviation log sigma, shaped like rho.
     """
     xp = xp_of(rho)
-    neg = xp.minimum(rho, 0)
-    u = xp.exp(neg)
-    u_safe = xp.where(u > 0, u, 1)
-    ratio = xp.where(u > 0, xp.log1p(u_safe) / u_safe, 1)
-    pos = xp.log(xp.logaddexp(0.0, xp.maximum(rho, 0)))
-    return xp.where(rho > 0, pos, neg + xp.log(ratio))  # (bbb.1)
+    return xp.where(rho < -36.0, rho, xp.log(xp.logaddexp(0.0, xp.maximum(rho, -36.0))))  # (bbb.1)
 
 
 def _log_sigmoid(xp, rho):
@@ -261,22 +257,26 @@ def _log_lam(xp, lam):
     return math.log(lam) if isinstance(lam, float) else xp.log(lam)
 
 
-def _kl(xp, mu, rho, lam):
+def _kl(xp, mu, sigma, log_sigma, lam):
     """KL(N(mu, diag(sigma^2)) || N(0, diag(1 / lam)))
-    = (1/2) sum_j [lam_j (sigma_j^2 + mu_j^2) - 1 - log lam_j - 2 log sigma_j].  (bbb.7)"""
-    sigma = softplus(rho)
-    terms = lam * (sigma * sigma + mu * mu) - 1.0 - _log_lam(xp, lam) - 2.0 * log_softplus(rho)
+    = (1/2) sum_j [lam_j (sigma_j^2 + mu_j^2) - 1 - log lam_j - 2 log sigma_j], from sigma and
+    log sigma = log_softplus(rho) computed once by the caller.  (bbb.7)"""
+    terms = lam * (sigma * sigma + mu * mu) - 1.0 - _log_lam(xp, lam) - 2.0 * log_sigma
     return 0.5 * xp.sum(terms)  # (bbb.7)
 
 
-def _kl_grads(xp, mu, rho, lam):
+def _kl_grads(xp, mu, rho, sigma, log_sigma, s, lam):
     """(dKL/dmu, dKL/drho) = (lam mu, (lam sigma - 1 / sigma) sigmoid(rho)), with
     sigmoid(rho) / sigma = exp(log sigmoid(rho) - log softplus(rho)) so rho -> -inf gives the
-    exact limit -1 instead of 0 * inf.  (bbb.8)"""
-    sigma = softplus(rho)
-    s = _sigmoid(xp, rho)
-    sig_over_sigma = xp.exp(_log_sigmoid(xp, rho) - log_softplus(rho))
+    exact limit -1 instead of 0 * inf; sigma, log sigma and s = sigmoid(rho) from the caller.
+    (bbb.8)"""
+    sig_over_sigma = xp.exp(_log_sigmoid(xp, rho) - log_sigma)
     return lam * mu, lam * sigma * s - sig_over_sigma  # (bbb.8)
+
+
+def _scales(xp, rho):
+    """sigma = softplus(rho), log sigma and sigmoid(rho), each computed once.  (bbb.1)"""
+    return softplus(rho), log_softplus(rho), _sigmoid(xp, rho)
 
 
 def _check_mu_rho(mu, rho, prefix=""):
@@ -317,7 +317,8 @@ def kl_divergence(mu, rho, lam):
     xp = xp_of(mu, rho)
     D = _check_mu_rho(mu, rho)
     lam = check_lam(lam, D, mu.dtype, strict=True)
-    return _kl(xp, mu, rho, lam)
+    sigma, log_sigma, _ = _scales(xp, rho)
+    return _kl(xp, mu, sigma, log_sigma, lam)
 
 
 def kl_gradients(mu, rho, lam):
@@ -351,7 +352,7 @@ def kl_gradients(mu, rho, lam):
     xp = xp_of(mu, rho)
     D = _check_mu_rho(mu, rho)
     lam = check_lam(lam, D, mu.dtype, strict=True)
-    return _kl_grads(xp, mu, rho, lam)
+    return _kl_grads(xp, mu, rho, *_scales(xp, rho), lam)
 
 
 # ----------------------------------------------------------------------------- state
@@ -559,13 +560,13 @@ def step(state: BBBState, batch, eps, cfg: BBBConfig, model) -> tuple[BBBState, 
     S = check_draws(eps, D, dtype)
     mu, rho = state.mu, state.rho
     c = N / (M * S)
-    sigma = softplus(rho)                                                           # (bbb.1)
+    sigma, log_sigma, s = _scales(xp, rho)                                          # (bbb.1)
     theta = _draws(mu, sigma, eps)                                                  # (bbb.2)
     g = model.sample_moments(xp.ascontiguousarray(theta.T), X, y)[0]                # (bbb.4)
     g_hat = c * g.sum(axis=0)                                                       # (bbb.5)
-    g_rho = c * (g * eps.T).sum(axis=0) * _sigmoid(xp, rho)                         # (bbb.6)
-    kl = _kl(xp, mu, rho, lam)                                                      # (bbb.7)
-    dkl_dmu, dkl_drho = _kl_grads(xp, mu, rho, lam)                                 # (bbb.8)
+    g_rho = c * (g * eps.T).sum(axis=0) * s                                         # (bbb.6)
+    kl = _kl(xp, mu, sigma, log_sigma, lam)                                         # (bbb.7)
+    dkl_dmu, dkl_drho = _kl_grads(xp, mu, rho, sigma, log_sigma, s, lam)            # (bbb.8)
     grad_mu = g_hat + kl_weight * dkl_dmu                                           # (bbb.9)
     grad_rho = g_rho + kl_weight * dkl_drho                                         # (bbb.9)
     loss_hat = c * sum(model.loss(xp.ascontiguousarray(theta[:, s]), X, y)

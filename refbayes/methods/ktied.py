@@ -33,7 +33,7 @@ from refbayes.backend import xp_of
 from refbayes.methods import bbb
 from refbayes.methods._estimates import Batch, check_batch, check_draws, check_model, check_t
 from refbayes.methods.adam import AdamState, _adam, adam_init, check_adam_state, check_lam
-from refbayes.methods.bbb import BBBConfig, _sigmoid, inv_softplus, log_softplus, softplus
+from refbayes.methods.bbb import BBBConfig, _kl, _sigmoid, inv_softplus, log_softplus, softplus
 from refbayes.models import _layers
 
 __all__ = [
@@ -334,12 +334,6 @@ def _chain(xp, G_sigma, rho, lay, factors):
             Gb = G_sigma[lay.b_theta[l]:lay.b_theta[l] + n]
             out[lay.b_off[l]:lay.b_off[l] + n] = Gb * _sigmoid(xp, rb)      # (ktied.6)
     return out
-
-
-def _kl(xp, mu, sigma, log_sigma, lam):
-    """(1/2) sum_j [lam_j (sigma_j^2 + mu_j^2) - 1 - log lam_j - 2 log sigma_j]  (ktied.4)"""
-    log_lam = math.log(lam) if isinstance(lam, float) else xp.log(lam)
-    return 0.5 * xp.sum(lam * (sigma * sigma + mu * mu) - 1.0 - log_lam - 2.0 * log_sigma)
 
 
 # ----------------------------------------------------------------------------- state

@@ -170,6 +170,21 @@ def test_softplus_is_stable_at_plus_minus_800():
     assert np.isfinite(info.elbo)
 
 
+def test_log_softplus_equals_the_two_branch_formula():
+    """log softplus(rho) as log(logaddexp(0, rho)) above -36 and rho below (bbb.1) equals the
+    log1p form rho + log(log1p(u) / u), u = exp(rho), on both sides of the cut and far out."""
+    rho = np.concatenate([np.linspace(-60.0, 5.0, 20001), [-36.0, -35.999, -700.0, -745.5]])
+    u = np.exp(rho)
+    with np.errstate(under="ignore"):
+        two_branch = rho + np.log(np.where(u > 0, np.log1p(u) / np.where(u > 0, u, 1.0), 1.0))
+    err = np.max(np.abs(bbb.log_softplus(rho) - two_branch) / np.abs(two_branch))
+    assert err <= EXACT_F64, f"entrywise relative error {err:.2e}"
+    rho32 = np.linspace(-60.0, 5.0, 2001, dtype=np.float32)
+    assert bbb.log_softplus(rho32).dtype == np.float32
+    assert_close(bbb.log_softplus(rho32), bbb.log_softplus(rho32.astype(np.float64)), EXACT_F32,
+                 "float32")
+
+
 def test_inv_softplus_round_trip_and_init():
     sigma = np.array([1e-300, 1e-8, 0.3, 1.0, 50.0, 1e6])
     assert_close(bbb.softplus(bbb.inv_softplus(sigma)), sigma, EXACT_F64, "softplus(inv)")
