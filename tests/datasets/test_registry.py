@@ -8,6 +8,7 @@ from refbayes.datasets.registry import UCI_FOLDERS, load_checksums
 
 EXPECTED_NAMES = ["australian", "breast-cancer", "a1a", "usps", "mnist-5k", "digits", "boston",
                   "concrete", "energy", "kin8nm", "naval", "power", "protein", "wine", "yacht"]
+OPTIONAL_NAMES = ["mnist"]  # registered, not staged (tests/datasets/test_mnist.py)
 
 
 def _sha256sums(data_dir):
@@ -20,6 +21,9 @@ def _sha256sums(data_dir):
 
 def test_names():
     assert dataset_names() == EXPECTED_NAMES
+    every = dataset_names(include_optional=True)
+    assert every == EXPECTED_NAMES[:6] + ["mnist"] + EXPECTED_NAMES[6:]  # beside mnist-5k
+    assert [n for n, spec in DATASETS.items() if spec.optional] == OPTIONAL_NAMES
     assert set(UCI_FOLDERS.values()) == {"bostonHousing", "concrete", "energy", "kin8nm",
                                          "naval-propulsion-plant", "power-plant",
                                          "protein-tertiary-structure", "wine-quality-red", "yacht"}
@@ -27,10 +31,12 @@ def test_names():
 
 def test_every_file_belongs_to_exactly_one_dataset():
     owned = [f.path for spec in DATASETS.values() for f in spec.files]
-    assert len(owned) == len(set(owned)) == len(load_checksums()) == 420
+    assert len(owned) == len(set(owned)) == 420 + 4
+    staged = [f.path for spec in DATASETS.values() if not spec.optional for f in spec.files]
+    assert sorted(staged) == sorted(load_checksums()) and len(staged) == 420
 
 
-@pytest.mark.parametrize("name", EXPECTED_NAMES)
+@pytest.mark.parametrize("name", EXPECTED_NAMES + OPTIONAL_NAMES)
 def test_entries_are_complete(name):
     spec = get_dataset(name)
     assert spec.files and spec.citation and spec.source and spec.description
@@ -63,14 +69,14 @@ def test_specific_sources():
 
 
 def test_unknown_name():
-    with pytest.raises(ValueError, match="dataset: expected one of australian, .*; got 'mnist'"):
-        get_dataset("mnist")
+    with pytest.raises(ValueError, match="dataset: expected one of australian, .*, mnist, .*; got 'mnist-60k'"):
+        get_dataset("mnist-60k")
 
 
 def test_registry_matches_staged_sha256sums(staged_data_dir):
     data_dir = staged_data_dir
     staged = _sha256sums(data_dir)
-    registry = {f.path: f for spec in DATASETS.values() for f in spec.files}
+    registry = {f.path: f for spec in DATASETS.values() if not spec.optional for f in spec.files}
     assert set(staged) == set(registry)
     for rel, digest in staged.items():
         assert registry[rel].sha256 == digest, rel
