@@ -5,6 +5,8 @@ Protocol (derivations/ktied.md gives every decision and why):
 
 - data: ``load_mnist_subset`` (pixels / 255), split per class by ``default_rng(SeedSequence(
   [seed, 0]))``: --n-train images (default 4000, 400 per digit) to train, the rest (1000) to test;
+  or, with ``--mnist full``, full MNIST's 60,000 / 10,000 (``load_mnist``, the optional dataset
+  ``mnist``: the paper's data, for users who have it);
 - model: MLP 784-400-400-10 (--hidden), ReLU, categorical likelihood; prior N(0, I) (lam = 1);
 - runs: Gaussian mean-field VI (``methods.bbb``, the paper's GMFVI) and the k-tied Normal
   (``methods.ktied``) for k = 1, 2, 3 (--runs). All start from the same Glorot mean, the
@@ -48,7 +50,7 @@ from typing import Any, Callable, NamedTuple
 import numpy as np
 
 from refbayes._files import publish
-from refbayes.datasets import data_identity, load_mnist_subset
+from refbayes.datasets import data_identity, load_mnist, load_mnist_subset
 from refbayes.experiments._io import (
     Progress,
     atomic_write_text,
@@ -84,6 +86,8 @@ RHO0, RHO0_SD = -3.0, 0.1  # TensorFlow Probability's default mean-field start (
 LAM = 1.0                  # prior N(0, I)
 TRUNCATION_RANKS = (1, 2, 3)
 MNIST_FILE = "mnist/mnist_5k.csv.gz"
+MNIST_FULL_FILES = tuple(f"mnist-full/{p}-{k}.gz" for p in ("train", "t10k")
+                         for k in ("images-idx3-ubyte", "labels-idx1-ubyte"))
 
 DEFAULTS = dict(steps=10_000, batch=128, lr=1e-3, hidden=(400, 400), n_train=4000,
                 eval_every=250, eval_draws=2, snr_steps=(1000, 5000, 9000), snr_draws=50,
@@ -148,8 +152,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help=f"Adam step size (default {d['lr']})")
     parser.add_argument("--hidden", type=_ints, default=d["hidden"],
                         help="hidden widths, comma-separated (default 400,400)")
+    parser.add_argument("--mnist", choices=("subset", "full"), default="subset",
+                        help="subset: the staged 5000 images, split by --n-train (default); "
+                             "full: the 60,000 / 10,000 images of full MNIST (the paper's data; "
+                             "`refbayes data fetch mnist` first)")
     parser.add_argument("--n-train", type=positive_int, default=d["n_train"],
-                        help=f"training images of the 5000, the rest test (default {d['n_train']})")
+                        help=f"training images of the 5000 of the subset, the rest test "
+                             f"(default {d['n_train']}; not used with --mnist full)")
     parser.add_argument("--eval-every", type=positive_int, default=None,
                         help=f"steps between whole-set evaluations (default {d['eval_every']})")
     parser.add_argument("--snr-steps", type=_ints, default=None,
@@ -178,13 +187,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def _budget(args) -> dict:
     b = dict(QUICK if args.quick else DEFAULTS)
     b.update(batch=args.batch, lr=args.lr, hidden=tuple(args.hidden), n_train=args.n_train)
+    if args.mnist == "full":  # recorded only when full: a subset run's settings have no "mnist"
+        b.update(mnist="full", n_train=60_000)
     for key in ("steps", "eval_every", "snr_steps", "snr_draws", "final_draws",
                 "checkpoint_every"):
         if getattr(args, key) is not None:
             b[key] = getattr(args, key)
     if b["snr_draws"] < 2:
         raise ValueError(f"--snr-draws: expected >= 2 (a variance), got {b['snr_draws']}")
-    if not 10 <= b["n_train"] <= 4990:
+    if args.mnist == "subset" and not 10 <= b["n_train"] <= 4990:
         raise ValueError(f"--n-train: expected 10..4990 of the 5000 images, got {b['n_train']}")
     if b["batch"] > b["n_train"]:
         raise ValueError(f"--batch: expected <= --n-train = {b['n_train']}, got {b['batch']}")
@@ -213,6 +224,10 @@ class _Data(NamedTuple):
 
 
 def _load(args, budget) -> _Data:
+    if budget.get("mnist") == "full":
+        tt = load_mnist(args.data_dir)
+        return _Data(ktied.Batch(tt.X_train, tt.y_train), ktied.Batch(tt.X_test, tt.y_test),
+                     data_identity("mnist", args.data_dir, MNIST_FULL_FILES))
     X, y = load_mnist_subset(args.data_dir)
     tr, te = split(y, budget["n_train"], np.random.default_rng(np.random.SeedSequence([args.seed, 0])))
     return _Data(ktied.Batch(X[tr], y[tr]), ktied.Batch(X[te], y[te]),
@@ -451,8 +466,9 @@ def _label(name):
 def _tables(saved, posthoc, budget) -> str:
     names = _order(saved)
     s = budget
-    head = (f"k-tied Normal on the MNIST 5k subset ({s['n_train']} train / {5000 - s['n_train']} "
-            f"test), MLP 784-{'-'.join(map(str, s['hidden']))}-10, {s['steps']} steps of Adam "
+    data = (f"the MNIST 5k subset ({s['n_train']} train / {5000 - s['n_train']} test)"
+            if s.get("mnist", "subset") == "subset" else "full MNIST (60000 train / 10000 test)")
+    head = (f"k-tied Normal on {data}, MLP 784-{'-'.join(map(str, s['hidden']))}-10, {s['steps']} steps of Adam "
             f"({s['lr']:g}, M = {s['batch']}); +- one standard error over examples")
     rows = []
     for n in names:

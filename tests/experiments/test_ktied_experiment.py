@@ -133,6 +133,14 @@ def test_inconsistent_budgets_are_named(argv, message, data_dir, tmp_path, capsy
     assert message in capsys.readouterr().err
 
 
+def test_full_mnist_without_its_files_names_the_fetch(tmp_path, capsys):
+    status = main(["reproduce", "ktied", "--mnist", "full", "--data-dir", str(tmp_path),
+                   "--out", str(tmp_path / "out"), "--no-progress"])
+    assert status == 2
+    err = capsys.readouterr().err
+    assert "mnist-full/" in err and "refbayes data fetch mnist" in err
+
+
 def test_the_split_is_stratified_and_disjoint():
     y = np.repeat(np.arange(10), 500)
     tr, te = exp.split(y, 4000, np.random.default_rng(0))
