@@ -28,8 +28,9 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
+from refbayes import metrics
 from refbayes._checks import check_array, check_float, check_int, check_same_dtype
-from refbayes.backend import xp_of
+from refbayes.backend import to_numpy, xp_of
 from refbayes.methods import bbb
 from refbayes.methods._estimates import Batch, check_batch, check_draws, check_model, check_t
 from refbayes.methods.adam import AdamState, _adam, adam_init, check_adam_state, check_lam
@@ -906,9 +907,6 @@ def evaluate(mu, sigma, model, train, test, eps, lam) -> Evaluation:
         eps not a finite (D, S >= 1) array, lam not a finite precision > 0, or train / test are
         not (X, y) pairs of the model's shapes in mu's dtype.
     """
-    from refbayes import metrics
-    from refbayes.backend import to_numpy
-
     check_model(model, getattr(mu, "shape", (None,))[0])
     if model.likelihood.name not in ("bernoulli", "categorical"):
         raise ValueError(f"model: expected a classifier (bernoulli or categorical likelihood), "
@@ -969,7 +967,7 @@ def snr(G):
     if G.shape[0] < 2:
         raise ValueError(f"G: expected at least 2 gradients (rows) for a variance, got shape "
                          f"{tuple(G.shape)}")
-    xp = xp_of(G)
+    xp_of(G)  # one backend
     mean = G.mean(axis=0)
     # the variance of the rows shifted by the first (shift-invariant): exactly 0 where every
     # gradient is the same (a parameter no data term reaches, e.g. a weight of an input pixel
