@@ -33,7 +33,10 @@ steps while it runs (the run resumes from it), ``posterior_<name>.npz`` (mu, sig
 ``elbo_vs_step.png``, ``snr.png``. A saved run or checkpoint is reused only when its settings,
 data checksum and refbayes version match; otherwise the run stops naming the file, unless --fresh.
 
-Run times (MEASURED_SECONDS, 2-core AMD EPYC VM, one BLAS thread): see the constants below.
+Run times (MEASURED_SECONDS, 2-core AMD EPYC VM, one BLAS thread, under load): the default
+run about 69 minutes of compute (two processes side by side, ``--runs meanfield`` and
+``--runs 1,2,3`` into one --out, then one more call for the combined tables: about 40 minutes),
+--quick about 3 minutes.
 """
 from __future__ import annotations
 
@@ -95,11 +98,13 @@ DEFAULTS = dict(steps=10_000, batch=128, lr=1e-3, hidden=(400, 400), n_train=400
 QUICK = dict(DEFAULTS, steps=600, eval_every=100, snr_steps=(200, 400), snr_draws=10,
              final_draws=10, checkpoint_every=200)
 
-# Wall-clock seconds on the 2-core development VM, one BLAS thread per process: the default run
-# (the mean-field run is 60% of it: its step costs ~4x a k-tied one, see derivations/ktied.md)
-# and --quick. Remeasure when the budgets change.
-MEASURED_SECONDS = {"default": None, "quick": None}
-MEASURED_ON = "2 cores, one BLAS thread"
+# Seconds on the 2-core development VM (AMD EPYC), one BLAS thread per process, other jobs
+# keeping the load at 3-5: the default run is the sum of its four runs' recorded seconds
+# (mean field 2162, k = 1, 2, 3: 895, 506, 519; the mean-field run still with the BBB step before
+# its 1.6x speed-up, derivations/ktied.md, Performance) plus 60 s of post-hoc analysis, run as
+# two processes side by side; --quick is one process, wall clock. Remeasure when budgets change.
+MEASURED_SECONDS = {"default": 4140, "quick": 181}
+MEASURED_ON = "2 cores, one BLAS thread, under load"
 
 
 # ----------------------------------------------------------------------------- arguments
@@ -173,7 +178,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--quick", action="store_true",
                         help=f"smoke test: {QUICK['steps']} steps, SNR at "
                              f"{','.join(map(str, QUICK['snr_steps']))} from {QUICK['snr_draws']} "
-                             "gradients, 10 final draws")
+                             f"gradients, 10 final draws (about {MEASURED_SECONDS['quick']} s on "
+                             f"{MEASURED_ON}; the default run about "
+                             f"{round(MEASURED_SECONDS['default'] / 60)} minutes)")
     parser.add_argument("--out", type=Path, default=Path("results/ktied"),
                         help="output folder (default: results/ktied)")
     parser.add_argument("--fresh", action="store_true",
