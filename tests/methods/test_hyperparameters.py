@@ -27,6 +27,7 @@ from refbayes.linalg import kron
 from refbayes.methods import (
     adam,
     bbb,
+    ktied,
     driver,
     exact_vi,
     laplace,
@@ -309,6 +310,10 @@ FLOAT_ARGS = {
         lambda v: swag.swa_learning_rate(3, alpha_init=1.0, alpha_swa=v, swa_start=4),
     ("refbayes.methods.swag", "swa_learning_rate", "swa_start"):
         lambda v: swag.swa_learning_rate(3, alpha_init=1.0, alpha_swa=0.1, swa_start=v),
+    ("refbayes.methods.ktied", "init", "sigma0"):
+        lambda v: ktied.init(np.zeros(NET.D), NET, 2, v, np.zeros(ktied.layout(NET, 2).P)),
+    ("refbayes.methods.ktied", "init", "jitter"):
+        lambda v: ktied.init(np.zeros(NET.D), NET, 2, 0.1, np.zeros(ktied.layout(NET, 2).P), v),
     ("refbayes.models.likelihoods", "Gaussian", "noise_precision"): lambda v: Gaussian(v),
     ("refbayes.models.likelihoods", "make_likelihood", "noise_precision"):
         lambda v: make_likelihood("gaussian", v),
@@ -369,7 +374,7 @@ def test_float_argument_baseline_is_valid(key):
     good = {"p": 0.1, "tol": 1e-6, "v_max": 1.0, "damping": 0.5, "gamma": 0.5, "scale": 1.25,
             "alpha": 1e-3, "beta2": 0.9, "noise_precision": 2.0, "gtol": 1e-8,
             "init_prior_prec": 1.0, "lr": 0.1, "alpha_init": 1.0, "alpha_swa": 0.1,
-            "swa_start": 4.0}[key[2]]
+            "swa_start": 4.0, "sigma0": 0.1, "jitter": 0.1}[key[2]]
     FLOAT_ARGS[key](good)
 
 
