@@ -318,9 +318,11 @@ def _snr(method, state, data, seed, t, R, M) -> list:
         for kind, G in (("scale", G_rho[:, s_sl]), ("mean", G_mu[:, m_sl])):
             snr = ktied.snr(G)
             finite = snr[np.isfinite(snr)]
+            none = finite.size == 0  # every gradient deterministic: no SNR to summarise
             out.append({"step": t, "layer": l + 1, "kind": kind, "n": int(G.shape[1]),
-                        "n_finite": int(finite.size), "mean": float(np.mean(finite)),
-                        "median": float(np.median(finite))})
+                        "n_finite": int(finite.size),
+                        "mean": None if none else float(np.mean(finite)),
+                        "median": None if none else float(np.median(finite))})
     return out
 
 
@@ -515,7 +517,8 @@ def _tables(saved, posthoc, budget) -> str:
             for t in snr_steps:
                 r = next((r for r in saved[n]["snr"] if r["step"] == t and r["layer"] == 2
                           and r["kind"] == "scale"), None)
-                cells.append("-" if r is None else f"{r['median']:.3g} ({r['mean']:.3g})")
+                cells.append("-" if r is None or r["median"] is None
+                             else f"{r['median']:.3g} ({r['mean']:.3g})")
             srow.append([_label(n)] + cells)
         parts += ["", "gradient SNR E[g]^2 / Var[g] (ktied.15) of the scale parameters of the "
                       "second dense layer: median (mean) over its parameters with a random gradient",
@@ -607,7 +610,8 @@ def _figures(out, saved, posthoc) -> list:
     plt.close(fig)
     fig, ax = plt.subplots(figsize=(6, 4))
     for n in names:
-        rows = [r for r in saved[n]["snr"] if r["layer"] == 2 and r["kind"] == "scale"]
+        rows = [r for r in saved[n]["snr"] if r["layer"] == 2 and r["kind"] == "scale"
+                and r["median"] is not None]
         if rows:
             ax.plot([r["step"] for r in rows], [r["median"] for r in rows], "o-", label=_label(n))
     ax.set_yscale("log")
