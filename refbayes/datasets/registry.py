@@ -21,7 +21,8 @@ Sources are pinned to commits so the bytes cannot drift:
 
 An *optional* dataset (``DatasetSpec.optional``) is one a user supplies: it is registered (listed,
 fetched, verified on load, ``refbayes data verify NAME``), but :func:`dataset_names` leaves it out
-unless asked, so ``refbayes data verify`` without names does not fail on a folder that lacks it.
+unless asked, and ``refbayes data verify`` without names reports it "not present (optional)"
+instead of failing when all its files are absent.
 """
 from __future__ import annotations
 
