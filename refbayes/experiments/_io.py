@@ -25,12 +25,13 @@ import tempfile
 import time
 from pathlib import Path
 
+import numpy as np
 from tqdm import tqdm
 
 from refbayes import __version__
 from refbayes._files import publish
 
-__all__ = ["Progress", "ResultFileError", "atomic_write_text", "format_table", "git_commit", "pyplot",
+__all__ = ["Progress", "ResultFileError", "atomic_write_npz", "atomic_write_text", "format_table", "git_commit", "pyplot",
            "load_result", "output_writable", "positive_int", "provenance", "read_json", "reusable", "seed_arg",
            "sha256_arrays", "writable_error", "write_json"]
 
@@ -49,19 +50,30 @@ class ResultFileError(ValueError):
         super().__init__(f"{path}: {reason}" + (f"; {hint}" if hint else ""))
 
 
-def atomic_write_text(path: Path, text: str) -> Path:
-    """Write ``text`` to a temporary file beside ``path``, then rename it over ``path``."""
+def _atomic_write(path: Path, mode: str, write) -> Path:
+    """Call ``write(f)`` on a temporary file beside ``path`` opened in ``mode``, then rename it
+    over ``path``; the temporary file is removed if anything fails."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
+        with os.fdopen(fd, mode, **({"encoding": "utf-8"} if "b" not in mode else {})) as f:
+            write(f)
         publish(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
     return path
+
+
+def atomic_write_text(path: Path, text: str) -> Path:
+    """Write ``text`` to a temporary file beside ``path``, then rename it over ``path``."""
+    return _atomic_write(path, "w", lambda f: f.write(text))
+
+
+def atomic_write_npz(path: Path, **arrays) -> Path:
+    """Write ``arrays`` as an uncompressed .npz (no pickles), atomically like atomic_write_text."""
+    return _atomic_write(path, "wb", lambda f: np.savez(f, **arrays))
 
 
 def write_json(path: Path, obj) -> Path:

@@ -45,17 +45,16 @@ import csv
 import io
 import json
 import math
-import tempfile
 import time
 from pathlib import Path
 from typing import Any, Callable, NamedTuple
 
 import numpy as np
 
-from refbayes._files import publish
 from refbayes.datasets import data_identity, load_mnist, load_mnist_subset
 from refbayes.experiments._io import (
     Progress,
+    atomic_write_npz,
     atomic_write_text,
     format_table,
     load_result,
@@ -245,7 +244,6 @@ def _load(args, budget) -> _Data:
 
 class _Method(NamedTuple):
     name: str
-    k: Any              # None (mean field) or the rank
     state: Any          # the initial state
     step: Callable      # (state, batch, eps) -> (state, info)
     sigma: Callable     # state -> sigma (D,)
@@ -271,7 +269,7 @@ def _make(name, model, mu0, seed, N, lr) -> _Method:
                 for l in range(len(sizes) - 1)]
     if name == "meanfield":
         rho0 = RHO0 + RHO0_SD * _rng(seed, 1).standard_normal(model.D)
-        return _Method(name, None, bbb.init(mu0, rho0=rho0),
+        return _Method(name, bbb.init(mu0, rho0=rho0),
                        lambda s, b, e: bbb.step(s, b, e, cfg, model),
                        lambda s: bbb.softplus(s.rho), w_slices, w_slices,
                        ktied.n_variational_params(model))
@@ -281,7 +279,7 @@ def _make(name, model, mu0, seed, N, lr) -> _Method:
     sigma0 = float(bbb.softplus(np.array(RHO0)))
     tied = [slice(lay.u_off[l], lay.u_off[l] + (sizes[l] + sizes[l + 1]) * k)
             for l in range(len(sizes) - 1)]
-    return _Method(name, k, ktied.init(mu0, model, k, sigma0, xi, RHO0_SD),
+    return _Method(name, ktied.init(mu0, model, k, sigma0, xi, RHO0_SD),
                    lambda s, b, e: ktied.step(s, b, e, cfg, model),
                    lambda s: ktied.std(s, model), tied, w_slices,
                    ktied.n_variational_params(model, k))
@@ -332,21 +330,8 @@ def _ckpt_path(out, name) -> Path:
     return Path(out) / f"{name}.ckpt.npz"
 
 
-def _save_npz(path: Path, **arrays) -> Path:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.NamedTemporaryFile(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp",
-                                     delete=False) as f:
-        np.savez(f, **arrays)
-        tmp = f.name
-    try:
-        return publish(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
 def _save_checkpoint(out, name, state, record):
-    _save_npz(_ckpt_path(out, name), mu=state.mu, rho=state.rho, m=state.adam.m, v=state.adam.v,
+    atomic_write_npz(_ckpt_path(out, name), mu=state.mu, rho=state.rho, m=state.adam.m, v=state.adam.v,
               t=np.array(state.t), record=np.array(json.dumps(record)))
 
 
@@ -428,7 +413,7 @@ def _train(name, args, budget, data, settings, prov, progress) -> dict:
     record["final"] = _evaluate(method, state, model, data, final_eps)
     record["seconds"] = time.perf_counter() - t0
     record["citation"] = CITATION
-    _save_npz(Path(args.out) / f"posterior_{name}.npz", mu=state.mu, sigma=method.sigma(state))
+    atomic_write_npz(Path(args.out) / f"posterior_{name}.npz", mu=state.mu, sigma=method.sigma(state))
     return record
 
 
@@ -510,7 +495,7 @@ def _tables(saved, posthoc, budget) -> str:
     parts += ["", "-ELBO / N on the whole training set (2 draws) during training:",
               format_table(["posterior"] + [f"step {t}" for t in marks], crow)]
     snr_steps = sorted({r["step"] for n in names for r in saved[n]["snr"]})
-    if snr_steps and len(saved[names[0]]["snr"]) and len(budget["hidden"]) >= 1:
+    if snr_steps:
         srow = []
         for n in names:
             cells = []

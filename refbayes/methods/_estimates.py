@@ -103,29 +103,31 @@ def check_model(model, D=None):
     return model
 
 
-def check_batch(batch, model, N: int, dtype):
-    """The minibatch rows: 1 <= M <= N rows, finite, X (and real targets) in the state's dtype,
-    class labels as integers or in that dtype, binary labels for a Bernoulli likelihood."""
+def check_batch(batch, model, N, dtype, name: str = "batch"):
+    """The minibatch rows: 1 <= M <= N rows (any M >= 1 with N None: a whole data set), finite,
+    X (and real targets) in the state's dtype, class labels as integers or in that dtype, binary
+    labels for a Bernoulli likelihood. Errors name ``name``."""
     if not isinstance(batch, tuple) or len(batch) != 2:
-        raise ValueError("batch: expected a Batch(X, y) (or a pair of arrays), "
+        raise ValueError(f"{name}: expected a Batch(X, y) (or a pair of arrays), "
                          f"got {type(batch).__name__}")
     X, y = batch
-    check_array(X, "batch.X", shape=(None, model.sizes[0]))
-    check_array(y, "batch.y", ndim=(1, 2))
+    check_array(X, f"{name}.X", shape=(None, model.sizes[0]))
+    check_array(y, f"{name}.y", ndim=(1, 2))
     M = X.shape[0]
-    if not 1 <= M <= N:
-        raise ValueError(f"batch.X: expected 1 <= M <= N = {N} rows, got M = {M}")
+    if M < 1 or (N is not None and M > N):
+        want = "at least 1 row" if N is None else f"1 <= M <= N = {N} rows"
+        raise ValueError(f"{name}.X: expected {want}, got M = {M}")
     if y.shape[0] != M:
-        raise ValueError(f"batch.y: expected {M} rows (as batch.X), got shape {tuple(y.shape)}")
+        raise ValueError(f"{name}.y: expected {M} rows (as {name}.X), got shape {tuple(y.shape)}")
     if X.dtype != dtype:
-        raise ValueError(f"batch.X: expected dtype {dtype} (the state's), got {X.dtype}")
+        raise ValueError(f"{name}.X: expected dtype {dtype} (the state's), got {X.dtype}")
     # class labels may be integers; real targets must share the state's dtype
     if y.dtype != dtype and (isinstance(model.likelihood, Gaussian) or y.dtype.kind == "f"):
-        raise ValueError(f"batch.y: expected dtype {dtype} (the state's), got {y.dtype}")
+        raise ValueError(f"{name}.y: expected dtype {dtype} (the state's), got {y.dtype}")
     if isinstance(model.likelihood, Bernoulli):
         xp = xp_of(y)
         if not bool(xp.all((y == 0) | (y == 1))):
-            raise ValueError("batch.y: expected binary labels in {0, 1}, got other values")
+            raise ValueError(f"{name}.y: expected binary labels in {{0, 1}}, got other values")
     return X, y, M
 
 

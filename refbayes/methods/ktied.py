@@ -28,7 +28,6 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from refbayes import metrics
 from refbayes._checks import check_array, check_float, check_int, check_same_dtype
 from refbayes.backend import to_numpy, xp_of
 from refbayes.methods import bbb
@@ -343,9 +342,9 @@ def _check_state(state, model) -> KTiedLayout:
     if not isinstance(state, KTiedState):
         raise ValueError(f"state: expected a KTiedState, got {type(state).__name__}")
     check_model(model)
-    lay = layout(model, state.k) if isinstance(state.k, tuple) else None
-    if lay is None:
+    if not isinstance(state.k, tuple):
         raise ValueError(f"state.k: expected a tuple of integers >= 1, got {state.k!r}")
+    lay = layout(model, state.k)
     check_array(state.mu, "state.mu", shape=(lay.D,))
     check_float(state.mu, "state.mu")
     check_array(state.rho, "state.rho", shape=(lay.P,))
@@ -862,15 +861,6 @@ def truncate_sigma(sigma, model, k: int):
     return out
 
 
-def _check_set(data, name, model, dtype):
-    """A whole data set (X, y) checked as a batch of all its rows; errors name ``name``."""
-    rows = getattr(data[0], "shape", (0,))[0] if isinstance(data, tuple) and data else 0
-    try:
-        return check_batch(data, model, max(int(rows), 1), dtype)
-    except ValueError as err:
-        raise ValueError(str(err).replace("batch", name, 1)) from None
-
-
 def evaluate(mu, sigma, model, train, test, eps, lam) -> Evaluation:
     """Score the posterior N(mu, diag(sigma^2)) of a classifier (ktied.14).
 
@@ -920,24 +910,26 @@ def evaluate(mu, sigma, model, train, test, eps, lam) -> Evaluation:
         raise ValueError("sigma: expected >= 0 everywhere (standard deviations)")
     S = check_draws(eps, model.D, mu.dtype)
     lam = check_lam(lam, model.D, mu.dtype, strict=True)
-    X, y, N = _check_set(train, "train", model, mu.dtype)
-    X_te, y_te, _ = _check_set(test, "test", model, mu.dtype)
+    X, y, N = check_batch(train, model, None, mu.dtype, "train")
+    X_te, y_te, _ = check_batch(test, model, None, mu.dtype, "test")
     with np.errstate(divide="ignore"):
         log_sigma = xp.log(sigma)
-    kl = float(_kl(xp, mu, sigma, log_sigma, lam))
-    theta = mu[:, None] + sigma[:, None] * eps
+    kl = float(_kl(xp, mu, sigma, log_sigma, lam))                          # (ktied.4)
+    theta = mu[:, None] + sigma[:, None] * eps                                 # (ktied.2)
     losses = to_numpy(sum(model.per_example_losses(xp.ascontiguousarray(theta[:, s]), X, y)
-                          for s in range(S)) / S)                      # (1/S) sum_s l_n(theta_s)
-    probs = sum(model.predict(xp.ascontiguousarray(theta[:, s]), X_te) for s in range(S)) / S
-    probs, y_np = to_numpy(probs), to_numpy(y_te)
+                          for s in range(S)) / S)          # (1/S) sum_s l_n(theta_s) (ktied.14)
+    probs = sum(model.predict(xp.ascontiguousarray(theta[:, s]), X_te)
+                for s in range(S)) / S                     # the predictive (ktied.14)
+    probs, y_int = to_numpy(probs), to_numpy(y_te).astype(np.int64)
     if probs.ndim == 1:  # bernoulli: p(y = 1)
         probs = np.stack([1.0 - probs, probs], axis=1)
-    y_int = y_np.astype(np.int64)
+    # per-example terms, their means the scores and their spreads the standard errors; the
+    # clamp at the smallest normal float is metrics.nll's
     nll_n = -np.log(np.maximum(probs[np.arange(len(y_int)), y_int], np.finfo(probs.dtype).tiny))
     hits = (np.argmax(probs, axis=1) == y_int).astype(np.float64)
     se = lambda a: float(np.std(a, ddof=1) / math.sqrt(len(a))) if len(a) > 1 else math.nan  # noqa: E731
-    return Evaluation((float(losses.sum()) + kl) / N, metrics.nll(probs, y_int),
-                      metrics.accuracy(probs, y_int), kl, se(losses), se(nll_n), se(hits))
+    return Evaluation((float(losses.sum()) + kl) / N, float(nll_n.mean()), float(hits.mean()),
+                      kl, se(losses), se(nll_n), se(hits))                 # (ktied.14)
 
 
 def snr(G):
