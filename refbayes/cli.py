@@ -1,4 +1,5 @@
-"""The refbayes command: data list|fetch|verify, reproduce EXPERIMENT and trace METHOD.
+"""The refbayes command: data list|fetch|verify, reproduce EXPERIMENT, trace METHOD, verify TRACE
+YOURS and conformance NAME.
 
 This module only parses arguments and calls library functions (``refbayes.datasets``, the
 experiment modules registered in ``refbayes.experiments.EXPERIMENTS``, ``refbayes.trace``). A
@@ -164,12 +165,38 @@ def _add_trace(sub, load: bool) -> None:
     p.set_defaults(_handler=trace.run)
 
 
+def _add_verify(sub, load: bool) -> None:
+    p = sub.add_parser("verify", help="compare your implementation's dump with a golden trace",
+                       description="Compare YOURS.npz (any subset of a golden trace's named "
+                                   "quantities, step by step) with TRACE.npz (from `refbayes trace "
+                                   "METHOD --save`); report the first diverging quantity with its "
+                                   "equation tag; exit 0 when everything agrees, 1 otherwise.")
+    if not load:
+        return
+    from refbayes import verify
+    verify.add_arguments(p)
+    p.set_defaults(_handler=verify.run)
+
+
+def _add_conformance(sub, load: bool) -> None:
+    p = sub.add_parser("conformance", help="run a public library against refbayes on identical "
+                                           "inputs (needs the `conformance` extra: torch)",
+                       description="Run a public implementation (laplace-torch, ivon-opt) and "
+                                   "refbayes on identical inputs and draws; print quantity, max "
+                                   "relative error and verdict.")
+    if not load:
+        return
+    from refbayes import conformance
+    conformance.add_arguments(p)
+    p.set_defaults(_handler=conformance.run)
+
+
 def build_parser(load_experiments: bool = True, load_trace: bool = True) -> argparse.ArgumentParser:
     """The argument parser; ``load_experiments`` imports the experiment modules for ``reproduce``,
     ``load_trace`` the methods for ``trace``."""
     parser = argparse.ArgumentParser(prog="refbayes", description=__doc__.split("\n")[0])
     parser.add_argument("--version", action="version", version=f"refbayes {__version__}")
-    sub = parser.add_subparsers(dest="command", metavar="{data,reproduce,trace}", required=True)
+    sub = parser.add_subparsers(dest="command", metavar="{data,reproduce,trace,verify,conformance}", required=True)
     _add_data(sub)
     rep = sub.add_parser("reproduce", help="run a paper experiment (list: `reproduce --help`)",
                          description="Run one registered experiment.")
@@ -178,6 +205,8 @@ def build_parser(load_experiments: bool = True, load_trace: bool = True) -> argp
         _add_experiments(rsub)
         _add_uci(rsub)
     _add_trace(sub, load_trace)
+    _add_verify(sub, load_trace)
+    _add_conformance(sub, load_trace)
     return parser
 
 
@@ -187,7 +216,7 @@ def main(argv=None) -> int:
     # Experiment modules (and the methods, for `trace`) are imported only when asked for, so
     # `data ...` stays fast.
     parser = build_parser(load_experiments=argv[:1] == ["reproduce"],
-                          load_trace=argv[:1] == ["trace"])
+                          load_trace=argv[:1] in (["trace"], ["verify"], ["conformance"]))
     try:
         args = parser.parse_args(argv)
     except SystemExit as exc:  # argparse already printed usage/help or its error message

@@ -179,6 +179,7 @@ import numpy as np
 import scipy.linalg
 from scipy.optimize import minimize
 
+from refbayes import golden
 from refbayes._checks import check_in_range, check_int
 from refbayes.datasets import make_logistic_regression
 from refbayes.experiments._io import atomic_write_text
@@ -203,7 +204,12 @@ LAPLACE_METHODS = ("laplace", "riemannian-laplace")
 SWAG_METHODS = ("swag",)
 KFAC_METHODS = ("noisy-kfac", "kfac")  # kfac: noisy_kfac.step with eps = None
 KTIED_METHODS = ("ktied",)
-METHODS = STEP_METHODS + LAPLACE_METHODS + SWAG_METHODS + KFAC_METHODS + KTIED_METHODS
+# the methods with a tag table (TAGS) and a printed form of their own
+TABLE_METHODS = STEP_METHODS + LAPLACE_METHODS + SWAG_METHODS + KFAC_METHODS + KTIED_METHODS
+# traced by refbayes.golden only (K chained driver steps on its MLP problem), tags read off their
+# Info classes' field comments
+DRIVER_METHODS = tuple(golden.TRACERS)
+METHODS = TABLE_METHODS + DRIVER_METHODS
 
 # The shipped problem.
 N_ROWS = 50
@@ -518,7 +524,8 @@ _BUILDER = {**dict.fromkeys(STEP_METHODS, "make_inputs"),
             **dict.fromkeys(LAPLACE_METHODS, "make_laplace_inputs"),
             **dict.fromkeys(SWAG_METHODS, "make_swag_inputs"),
             **dict.fromkeys(KFAC_METHODS, "make_noisy_kfac_inputs"),
-            **dict.fromkeys(KTIED_METHODS, "make_ktied_inputs")}
+            **dict.fromkeys(KTIED_METHODS, "make_ktied_inputs"),
+            **dict.fromkeys(DRIVER_METHODS, "refbayes.golden.build")}
 
 
 def _check_method(method) -> str:
@@ -2134,7 +2141,6 @@ OPTIONS: dict[str, dict[str, Any]] = {
     "ode_method": {"riemannian-laplace": "RK45"},
     "rtol": {"riemannian-laplace": 1e-6},
     "atol": {"riemannian-laplace": 1e-3},
-    "steps": dict.fromkeys(SWAG_METHODS, 6),
     "K": dict.fromkeys(SWAG_METHODS, 4),
     "scale": dict.fromkeys(SWAG_METHODS, 0.5),
     "alpha": dict.fromkeys(SWAG_METHODS, 2e-3),
@@ -2142,6 +2148,117 @@ OPTIONS: dict[str, dict[str, Any]] = {
     "kl_clip": dict.fromkeys(KFAC_METHODS, None),
     "k": dict.fromkeys(KTIED_METHODS, 2),
 }
+for _m in DRIVER_METHODS:  # their options and defaults are their golden.Tracer's
+    for _dest, _default in golden.TRACERS[_m].options.items():
+        OPTIONS[_dest][_m] = _default
+
+
+# ----------------------------------------------------------------------------- golden traces
+
+def _tag_table(method: str) -> dict:
+    return {field: tag for field, (_, tag) in TAGS[method].items()}
+
+
+def _step_chain(method: str, seed: int, **opts) -> golden.Chain:
+    """slang, ngvi-full, ngvi-meanfield and ktied as a golden.Chain: step 1 is the printed
+    trace's step, with its draws; later steps draw idx, then eps of the same shape."""
+    if method in KTIED_METHODS:
+        inputs = make_ktied_inputs(method, seed=seed, **opts)
+        step_fn = ktied.step
+    else:
+        inputs = make_inputs(method, seed=seed, **opts)
+        step_fn = STEPS[method]
+    eps = inputs.eps
+
+    def draws(rng, M):
+        return (None if eps is None else rng.standard_normal(eps.shape)), {}
+
+    return golden.Chain(inputs.state, inputs.cfg, inputs.model, inputs.X, inputs.y,
+                        len(inputs.idx), step_fn, draws, None, _tag_table(method),
+                        first=(inputs.idx, eps, {}))
+
+
+def _fit_run(method: str):
+    """A golden Tracer.run for the methods traced as one fit (Laplace, RLA, Noisy K-FAC, K-FAC)
+    or one SGD run (swag, its T SGD steps the trace's ``steps``)."""
+    def run(seed, steps, dtype, **opts):
+        if method in SWAG_METHODS:
+            inputs = make_swag_inputs(seed=seed, steps=steps, **opts)
+        elif method in LAPLACE_METHODS:
+            inputs = make_laplace_inputs(method, seed=seed, **opts)
+        else:
+            inputs = make_noisy_kfac_inputs(method, seed=seed, **opts)
+        info = _info(inputs)
+        arrays, config = {}, {}
+        for name, value in inputs._asdict().items():
+            if name == "cfg":
+                config = golden.scalars_of(value)
+                arrays.update(golden.cfg_arrays(value))
+            elif name not in ("method", "seed", "model"):
+                arrays.update(golden.arrays_of("input.", {name: value}))
+        outputs = {n: a[None] for n, a in golden.arrays_of("", info).items()}
+        table = _tag_table(method)
+        tags = {n: table.get(n.split(".")[0], "") for n in outputs}
+        return arrays, outputs, tags, config, golden.model_spec(inputs.model), set()
+    return run
+
+
+def _options(method: str) -> dict:
+    return {dest: defaults[method] for dest, defaults in OPTIONS.items()
+            if method in defaults}
+
+
+def _chain_run(method: str):
+    """A golden Tracer.run for the chained methods of this module."""
+    def run(seed, steps, dtype, **opts):
+        return golden.run_chain(_step_chain(method, seed, **opts), seed, steps, dtype)
+    return run
+
+
+_NOTES = {"slang": "slang", "ngvi-full": "ngvi", "ngvi-meanfield": "ngvi", "ktied": "ktied",
+          "laplace": "laplace", "riemannian-laplace": "riemannian_laplace",
+          "noisy-kfac": "noisy_kfac", "kfac": "noisy_kfac", "swag": "swag"}
+for _m in STEP_METHODS + KTIED_METHODS:
+    golden.register(golden.Tracer(_m, f"derivations/{_NOTES[_m]}.md", _chain_run(_m),
+                                  _options(_m), sign_free=("U",) if _m == "slang" else ()))
+for _m in LAPLACE_METHODS + KFAC_METHODS + SWAG_METHODS:
+    golden.register(golden.Tracer(_m, f"derivations/{_NOTES[_m]}.md", _fit_run(_m), _options(_m),
+                                  chained=_m in SWAG_METHODS, float32=False,
+                                  default_steps=6 if _m in SWAG_METHODS else 1))
+
+
+def format_golden(trace: golden.Trace, precision: int = 8) -> str:
+    """Format a golden trace as printed: header, inputs, then each step's outputs by tag.
+
+    Parameters
+    ----------
+    trace : golden.Trace
+        From ``golden.build`` or ``golden.load``.
+    precision : int, default 8
+        Digits after the point; 16 round-trips float64.
+
+    Returns
+    -------
+    str
+        The trace, ending with a newline.
+    """
+    man = trace.manifest
+    K = next(iter(trace.outputs.values())).shape[0]
+    lines = [f"refbayes trace {trace.method}: {K} step(s), {man['options']['dtype']}; "
+             f"equations in {man['derivation']}",
+             f"command: {man['command']}",
+             f"model: {man['model']['repr']}, D = {man['model']['D']}",
+             "config: " + ", ".join(f"{k}={v!r}" for k, v in trace.config.items()),
+             "draws: step 1 after the start from numpy.random.default_rng(seed); step k + 1 >= 2 "
+             "from numpy.random.default_rng([seed, k]) (refbayes.golden)", ""]
+    for name, value in trace.inputs.items():
+        lines += [_block("input", name, value, precision, full=True), ""]
+    for k in range(K):
+        lines.append(f"step {k + 1}:")
+        for name, value in trace.outputs.items():
+            label = trace.tags.get(name) or "untagged"
+            lines += [_block(label, name, value[k], precision), ""]
+    return "\n".join(lines).rstrip() + "\n"
 
 
 def add_arguments(parser) -> None:
@@ -2166,7 +2283,19 @@ def add_arguments(parser) -> None:
     parser.add_argument("--precision", type=int, default=8,
                         help="digits after the point (default 8; 16 round-trips float64)")
     parser.add_argument("--json", metavar="PATH", default=None,
-                        help="also write the inputs, draws and every intermediate as JSON")
+                        help="also write the inputs, draws and every intermediate as JSON (the "
+                             "methods traced before the golden traces; see --save)")
+    parser.add_argument("--save", metavar="FILE", default=None,
+                        help="write the golden trace: FILE (.npz, no pickle: every input, draw "
+                             "and intermediate by name) and FILE.json (its manifest), for "
+                             "`refbayes verify`")
+    parser.add_argument("--steps", type=int, default=None,
+                        help="K chained steps (default 1; steps k + 1 >= 2 draw from "
+                             "default_rng([seed, k])); swag: the SGD steps T >= 2 (default 6); "
+                             "the Laplace and K-FAC traces are one fit (1)")
+    parser.add_argument("--dtype", default=None, choices=golden.DTYPES,
+                        help="precision of the traced run (default float64; float32 for the "
+                             "step and driver methods)")
     step_group = parser.add_argument_group(
         f"step methods ({', '.join(STEP_METHODS)}); --M and --momentum also swag, --M also "
         f"{', '.join(KFAC_METHODS + KTIED_METHODS)}")
@@ -2205,9 +2334,7 @@ def add_arguments(parser) -> None:
         "T SGD steps from a drawn start, a snapshot collected after each, then the SWAG and "
         "SWAG-Diagonal Gaussians, their draws and log densities; also --M, --momentum and --S. "
         "Problem, draws and order are printed, and described in the refbayes.trace module "
-        "docstring.")
-    swag_group.add_argument("--steps", type=int, default=None,
-                            help="SGD steps T, one snapshot after each, >= 2 (default 6)")
+        "docstring; --steps is T, the SGD steps, one snapshot after each, >= 2 (default 6).")
     swag_group.add_argument("--K", type=int, default=None,
                             help="deviation buffer size (official max_num_models), >= 2 "
                                  "(default 4: with 6 steps the ring buffer wraps)")
@@ -2254,7 +2381,7 @@ def _resolve(args) -> dict:
     return out
 
 
-def _json_folder(path: Path) -> None:
+def _json_folder(path: Path, flag: str = "--json") -> None:
     """Make ``path``'s folder ready: create it when its own parent exists, never more.
 
     A mistyped ``--json /nonexistent/dir/x.json`` is an error naming the path, not a tree of
@@ -2265,15 +2392,15 @@ def _json_folder(path: Path) -> None:
         return
     for folder in (parent, parent.parent):
         if folder.exists() and not folder.is_dir():
-            raise ValueError(f"--json: cannot write {path}: {folder} is not a folder")
+            raise ValueError(f"{flag}: cannot write {path}: {folder} is not a folder")
     if not parent.parent.is_dir():
-        raise ValueError(f"--json: cannot write {path}: the folder {parent.parent} does not exist "
+        raise ValueError(f"{flag}: cannot write {path}: the folder {parent.parent} does not exist "
                          "(only the file's own folder is created)")
     parent.mkdir()
 
 
 def run(args) -> int:
-    """Run the ``refbayes trace`` handler: print the trace to stdout, optionally write the JSON.
+    """Run the ``refbayes trace`` handler: print the trace, optionally write the JSON or golden trace.
 
     Parameters
     ----------
@@ -2289,25 +2416,55 @@ def run(args) -> int:
     ------
     ValueError
         For an unknown method, an option outside its range or given to a method it does not
-        apply to, or a --json path whose folder cannot be made.
+        apply to, --steps > 1 for a one-fit trace, float32 for a float64-only trace, or a
+        --json / --save path whose folder cannot be made.
     """
     precision = check_int(args.precision, "precision", low=0, high=17)
+    method = _check_method(args.method)
     if args.json is not None:
+        if method in DRIVER_METHODS:
+            raise ValueError(f"--json: {method} is traced by refbayes.golden only; use --save FILE")
         _json_folder(Path(args.json))
+    if args.save is not None:
+        if not str(args.save).endswith(".npz"):
+            raise ValueError(f"--save: expected a file name ending in .npz, got {args.save!r}")
+        _json_folder(Path(args.save), "--save")
     opts = _resolve(args)
-    if args.method in STEP_METHODS:
-        inputs = make_inputs(args.method, seed=args.seed, **opts)
-    elif args.method in LAPLACE_METHODS:
-        inputs = make_laplace_inputs(args.method, seed=args.seed, **opts)
-    elif args.method in KFAC_METHODS:
-        inputs = make_noisy_kfac_inputs(args.method, seed=args.seed, **opts)
-    elif args.method in KTIED_METHODS:
-        inputs = make_ktied_inputs(args.method, seed=args.seed, **opts)
+    dtype = args.dtype or "float64"
+    if not golden.TRACERS[method].chained and args.steps not in (None, 1):
+        raise ValueError(f"--steps: {method} is traced as one fit; expected 1, got {args.steps}")
+    # the methods with a printed form of their own keep it for one step (swag: one SGD run)
+    legacy = method in TABLE_METHODS and dtype == "float64" \
+        and (method in SWAG_METHODS or args.steps in (None, 1))
+    if args.json is not None and not legacy:
+        raise ValueError("--json: writes the one-step float64 trace only; use --save for "
+                         "--steps and --dtype")
+    trace = None
+    if args.save is not None or not legacy:
+        trace = golden.build(method, seed=args.seed, steps=args.steps, dtype=dtype, **opts)
+    if legacy:
+        inputs = _legacy_inputs(method, args.seed, args.steps, opts)
+        info = _info(inputs)
+        print(format_trace(inputs, info, precision), end="")
+        if args.json is not None:
+            path = atomic_write_text(args.json, json.dumps(to_json(inputs, info), indent=1) + "\n")
+            print(f"json: {path}")
     else:
-        inputs = make_swag_inputs(seed=args.seed, **opts)
-    info = _info(inputs)
-    print(format_trace(inputs, info, precision), end="")
-    if args.json is not None:
-        path = atomic_write_text(args.json, json.dumps(to_json(inputs, info), indent=1) + "\n")
-        print(f"json: {path}")
+        print(format_golden(trace, precision), end="")
+    if args.save is not None:
+        path = golden.save(trace, args.save)
+        print(f"saved: {path} and {path.name}.json")
     return 0
+
+
+def _legacy_inputs(method: str, seed: int, steps, opts: dict):
+    """The inputs of the printed one-step (one-fit, one-SGD-run) trace of the first methods."""
+    if method in STEP_METHODS:
+        return make_inputs(method, seed=seed, **opts)
+    if method in LAPLACE_METHODS:
+        return make_laplace_inputs(method, seed=seed, **opts)
+    if method in KFAC_METHODS:
+        return make_noisy_kfac_inputs(method, seed=seed, **opts)
+    if method in KTIED_METHODS:
+        return make_ktied_inputs(method, seed=seed, **opts)
+    return make_swag_inputs(seed=seed, steps=6 if steps is None else steps, **opts)

@@ -64,7 +64,7 @@ def _mismatches(cls, table: dict) -> list:
             for field in table if _line_and_tag(comments[field]) != table[field]]
 
 
-@pytest.mark.parametrize("method", trace.METHODS)
+@pytest.mark.parametrize("method", trace.TABLE_METHODS)
 def test_tag_table_agrees_with_the_info_comments(method):
     assert list(INFO[method]._fields) == list(trace.TAGS[method])
     assert _mismatches(INFO[method], trace.TAGS[method]) == []
@@ -179,7 +179,7 @@ def _values(block) -> np.ndarray:
 LAYER = re.compile(r"\[\d+\]$")  # a tuple field prints one block per layer: A_hat[0], A_hat[1]
 
 
-@pytest.mark.parametrize("method", trace.METHODS)
+@pytest.mark.parametrize("method", trace.TABLE_METHODS)
 def test_every_field_is_printed_with_its_tag(capsys, method):
     blocks = _blocks(_trace(capsys, method))
     printed = {}  # field -> the labels of its blocks
@@ -309,7 +309,7 @@ def test_same_seed_same_trace_other_seed_other_draws(capsys):
 
 @pytest.mark.parametrize("argv, message", [
     (["nosuch"], "method: expected one of slang, ngvi-full, ngvi-meanfield, laplace, "
-                 "riemannian-laplace, swag, noisy-kfac, kfac, ktied, got 'nosuch'"),
+                 "riemannian-laplace, swag, noisy-kfac, kfac, ktied, vogn, ogn, vadam, vprop, noisy-adam, bbb, mc-dropout, adam, slang-mlp, got 'nosuch'"),
     (["slang", "--M", "0"], "M: expected an integer in [1, 50], got 0"),
     (["slang", "--L", "7"], "L: expected an integer in [1, 6], got 7"),
     (["slang", "--curvature", "hess"], "curvature: SLANG uses the empirical Fisher only"),
@@ -336,7 +336,8 @@ def test_same_seed_same_trace_other_seed_other_draws(capsys):
     (["riemannian-laplace", "--atol", "-1"], "atol: expected a value in [0.0, inf), got -1.0"),
     (["laplace", "--rtol", "1e-3"], "--rtol: applies to riemannian-laplace only, not laplace"),
     (["laplace", "--M", "4"],
-     "--M: applies to slang, ngvi-full, ngvi-meanfield, swag, noisy-kfac, kfac, ktied only, "
+     "--M: applies to slang, ngvi-full, ngvi-meanfield, swag, noisy-kfac, kfac, ktied, "
+     "vogn, ogn, vadam, vprop, noisy-adam, bbb, mc-dropout, adam, slang-mlp only, "
      "not laplace"),
     (["riemannian-laplace", "--momentum", "0.5"],
      "--momentum: applies to slang, ngvi-full, ngvi-meanfield, swag only, not riemannian-laplace"),
@@ -355,12 +356,12 @@ def test_same_seed_same_trace_other_seed_other_draws(capsys):
     (["swag", "--S", "0"], "S: expected an integer in [1, None], got 0"),
     (["swag", "--seed", "-2"], "seed: expected an integer in [0, None], got -2"),
     (["swag", "--curvature", "ef"], "--curvature: applies to slang, ngvi-full, ngvi-meanfield, "
-                                    "laplace, riemannian-laplace, noisy-kfac, kfac only, "
+                                    "laplace, riemannian-laplace, noisy-kfac, kfac, vogn, ogn only, "
                                     "not swag"),
-    (["swag", "--L", "2"], "--L: applies to slang, ngvi-full, ngvi-meanfield only, not swag"),
+    (["swag", "--L", "2"], "--L: applies to slang, ngvi-full, ngvi-meanfield, slang-mlp only, not swag"),
     (["swag", "--prior-precision", "2"],
      "--prior-precision: applies to laplace, riemannian-laplace only, not swag"),
-    (["slang", "--steps", "3"], "--steps: applies to swag only, not slang"),
+    (["laplace", "--steps", "3"], "--steps: laplace is traced as one fit; expected 1, got 3"),
     (["laplace", "--K", "3"], "--K: applies to swag only, not laplace"),
     (["ngvi-full", "--scale", "1"], "--scale: applies to swag only, not ngvi-full"),
     (["riemannian-laplace", "--alpha", "0.1"],
@@ -377,8 +378,8 @@ def test_same_seed_same_trace_other_seed_other_draws(capsys):
     (["noisy-kfac", "--S", "0"], "S: expected an integer in [1, None], got 0"),
     (["noisy-kfac", "--seed", "-1"], "seed: expected an integer in [0, None], got -1"),
     (["kfac", "--S", "2"], "--S: applies to slang, ngvi-full, ngvi-meanfield, laplace, "
-                           "riemannian-laplace, swag, noisy-kfac, ktied only, not kfac"),
-    (["noisy-kfac", "--L", "2"], "--L: applies to slang, ngvi-full, ngvi-meanfield only, "
+                           "riemannian-laplace, swag, noisy-kfac, ktied, vogn, vadam, vprop, noisy-adam, bbb, slang-mlp only, not kfac"),
+    (["noisy-kfac", "--L", "2"], "--L: applies to slang, ngvi-full, ngvi-meanfield, slang-mlp only, "
                                  "not noisy-kfac"),
     (["kfac", "--momentum", "0.5"], "--momentum: applies to slang, ngvi-full, ngvi-meanfield, "
                                     "swag only, not kfac"),
@@ -391,9 +392,9 @@ def test_same_seed_same_trace_other_seed_other_draws(capsys):
     (["ktied", "--S", "0"], "S: expected an integer in [1, None], got 0"),
     (["ktied", "--seed", "-1"], "seed: expected an integer in [0, None], got -1"),
     (["ktied", "--curvature", "ef"], "--curvature: applies to slang, ngvi-full, ngvi-meanfield, "
-                                     "laplace, riemannian-laplace, noisy-kfac, kfac only, "
+                                     "laplace, riemannian-laplace, noisy-kfac, kfac, vogn, ogn only, "
                                      "not ktied"),
-    (["ktied", "--L", "2"], "--L: applies to slang, ngvi-full, ngvi-meanfield only, not ktied"),
+    (["ktied", "--L", "2"], "--L: applies to slang, ngvi-full, ngvi-meanfield, slang-mlp only, not ktied"),
     (["ktied", "--K", "2"], "--K: applies to swag only, not ktied"),
     (["ktied", "--alpha", "0.1"], "--alpha: applies to swag only, not ktied"),
     (["ktied", "--damping", "exact"], "--damping: applies to noisy-kfac, kfac only, not ktied"),

@@ -1,0 +1,359 @@
+"""Verify a PyTorch implementation of VOGN and SLANG against refbayes' golden traces.
+
+This is a worked example of ``refbayes verify``: an independent PyTorch (float64) implementation
+of one VOGN step and one SLANG step, written from the equations of ``derivations/vogn.md`` and
+``derivations/slang.md`` (not by calling refbayes' steps). refbayes is used only to read the
+golden trace (``refbayes.golden.load``) and to put its parameter axes into torch's order
+(``refbayes.layout.from_refbayes``). The script feeds the trace's inputs to the torch code (the
+starting state, then each step's minibatch and Gaussian draws ``eps``), chains the K steps, and
+writes every quantity the trace holds, in torch's parameter order, with ``numpy.savez``.
+
+The three commands (VOGN; for SLANG use ``refbayes trace slang --steps 2 --save slang.npz`` and
+``slang`` as the first argument; the ``slang-mlp`` trace, SLANG on an MLP, works the same)::
+
+    refbayes trace vogn --steps 2 --save vogn.npz
+    python examples/torch_verify.py vogn vogn.npz mine.npz
+    refbayes verify vogn.npz mine.npz --layout torch
+
+The last one prints one row per quantity and step, in the order the step computes them, and a
+verdict; it exits 0 (abridged)::
+
+    refbayes verify: vogn, 28 comparisons
+    step  quantity     tag                 max abs err  max rel err  tol       worst index  verdict
+    ----  -----------  ------------------  -----------  -----------  --------  -----------  -------
+    1     N_eff        (vogn.2)            0.00e+00     0.00e+00     1.00e-10  -            ok
+    1     delta_tilde  (vogn.2)            0.00e+00     0.00e+00     1.00e-10  -            ok
+    1     sigma        (vogn.4)            0.00e+00     0.00e+00     1.00e-10  -            ok
+    1     theta        (vogn.4)            0.00e+00     0.00e+00     1.00e-10  -            ok
+    1     g_k          (vogn.5)            4.86e-17     2.90e-16     1.00e-10  (0, 14)      ok
+    1     h_k          (vogn.5)            8.33e-17     3.36e-16     1.00e-10  (1, 13)      ok
+    ...
+    2     state.t      -                   0.00e+00     0.00e+00     0.00e+00  -            ok
+    note: parameter axes read in the 'torch' layout
+    OK: every compared quantity agrees (28 comparisons).
+
+With ``--bug`` the script plants one classic mistake, and ``refbayes verify`` names the equation
+where it first shows, and exits 1::
+
+    1     g_k          (vogn.5)            4.86e-17     2.90e-16     1.00e-10  (0, 14)      ok
+    1     h_k          (vogn.5)            2.20e-01     8.87e-01     1.00e-10  (0, 32)      DIVERGES
+    1     g_hat        (vogn.5), (vogn.6)  2.78e-17     1.98e-16     1.00e-10  (18,)        ok
+    1     h_hat        (vogn.5), (vogn.6)  2.13e-01     9.18e-01     1.00e-10  (32,)        DIVERGES
+    ...
+    FIRST DIVERGENCE: step 1, h_k (vogn.5), derived in derivations/vogn.md: diverges; max abs
+    err 2.20e-01, max rel err 8.87e-01 > tol 1.00e-10 at index (0, 32) (yours 0.02810441122,
+    trace 0.2477340315)
+    Every quantity compared before it agrees: check that equation first.
+    17 of 28 comparisons fail.
+
+(The worst index is a position in your dump, in its own (torch) order.)
+
+The planted mistakes:
+
+- vogn: the curvature from the square of the minibatch-MEAN gradient,
+  hhat_k = ((1/M) sum_i g_{k,i})^2, instead of the mean of the per-example squares
+  hhat_k = (1/M) sum_i g_{k,i}^2 (the "Gauss-Newton" mistake); it breaks (vogn.5), first seen
+  in h_k.
+- slang: the prior gradient left out of line 11, g_tilde = (N / (M S)) sum g_{s,i} instead of
+  (N / (M S)) sum g_{s,i} + lam * mu; it breaks (slang.7), first seen in g_tilde (everything
+  before it, including the new U and d, still agrees).
+
+Parameter order. refbayes' flat theta holds per layer W_l (n_in, n_out) row-major, then b_l;
+``torch.nn.utils.parameters_to_vector(net.parameters())`` holds weight (n_out, n_in) row-major,
+then bias. Every array below that runs over the D parameters is in torch's order; ``--layout
+torch`` tells ``refbayes verify`` so.
+
+Requires torch (CPU is enough). Usage::
+
+    python examples/torch_verify.py {vogn,slang} TRACE.npz OUT.npz [--bug]
+"""
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+
+import numpy as np
+import torch
+from torch import nn
+from torch.func import functional_call, grad, vmap
+
+from refbayes import golden, layout
+
+__all__ = ["METHODS", "main", "make_net", "per_example_grads", "slang_steps", "vogn_steps"]
+
+DTYPE = torch.float64
+
+
+# ----------------------------------------------------------------------------- the model in torch
+
+def make_net(spec: dict) -> nn.Sequential:
+    """The trace's model as a torch network: nn.Linear layers with Tanh between them.
+
+    Parameters
+    ----------
+    spec : dict
+        The trace's model spec (``Trace.model``): an MLP with tanh activations, or a
+        LogisticRegression with an intercept (one nn.Linear(n_features, 1)).
+
+    Returns
+    -------
+    torch.nn.Sequential
+        The network, float64.
+    """
+    if spec["class"] == "MLP" and spec["args"]["activation"] != "tanh":
+        raise ValueError(f"model: this example builds tanh MLPs, got {spec['repr']}")
+    if spec["class"] not in ("MLP", "LogisticRegression") or not spec["bias"]:
+        raise ValueError(f"model: expected an MLP or LogisticRegression with biases, got "
+                         f"{spec['repr']}")
+    sizes = spec["sizes"]
+    layers = []
+    for l in range(len(sizes) - 1):
+        if l > 0:
+            layers.append(nn.Tanh())
+        layers.append(nn.Linear(sizes[l], sizes[l + 1], bias=True))
+    net = nn.Sequential(*layers).to(DTYPE)
+    D = sum(p.numel() for p in net.parameters())
+    if D != spec["D"]:
+        raise ValueError(f"model: the torch network has {D} parameters, the trace says {spec['D']}")
+    return net
+
+
+def _likelihood(spec: dict) -> str:
+    if spec["class"] == "LogisticRegression":
+        return "bernoulli"
+    return spec["args"]["likelihood"]
+
+
+def per_example_grads(net: nn.Sequential, spec: dict):
+    """A function G(theta, X, y) -> (M, D): the gradients of l_i = -log p(y_i | x_i, theta).
+
+    theta is torch's flat vector (``parameters_to_vector`` order); the gradients come from
+    ``torch.func.vmap(torch.func.grad(...))`` over the rows, in the same order.
+    """
+    names = [n for n, _ in net.named_parameters()]
+    shapes = [p.shape for _, p in net.named_parameters()]
+    sizes = [p.numel() for _, p in net.named_parameters()]
+    kind = _likelihood(spec)
+    if kind not in ("categorical", "bernoulli"):
+        raise ValueError(f"model: this example handles categorical and bernoulli likelihoods, "
+                         f"got {kind!r}")
+
+    def loss_i(theta, x, y):
+        params = {n: t.reshape(s) for n, t, s in zip(names, torch.split(theta, sizes), shapes)}
+        f = functional_call(net, params, (x[None],))  # (1, n_out) logits
+        if kind == "categorical":  # l_i = logsumexp(f_i) - f_{i, y_i}
+            return nn.functional.cross_entropy(f, y.long()[None], reduction="sum")
+        return nn.functional.binary_cross_entropy_with_logits(f[:, 0], y[None], reduction="sum")
+
+    return vmap(grad(loss_i), in_dims=(None, 0, 0))
+
+
+# The parameter axes of each input, in refbayes order in the trace (leading step axis counted).
+_PARAM_AXES = {"input.state.mu": (0,), "input.state.s": (0,), "input.state.m": (0,),
+               "input.state.U": (0,), "input.state.d": (0,), "input.state.g_bar": (0,),
+               "input.cfg.lam": (0,), "input.cfg.delta": (0,), "input.eps": (1,)}
+
+
+def _inputs(trace):
+    """The trace's inputs as torch tensors, parameter axes converted to torch's order."""
+    model = golden.model_from_spec(trace.model)
+    out = {}
+    for name, a in trace.inputs.items():
+        a = np.asarray(a)
+        axes = _PARAM_AXES.get(name, ())
+        if axes and a.ndim > max(axes):  # a scalar delta has no parameter axis
+            a = layout.from_refbayes(a, model, "torch", axes=axes)
+        out[name] = torch.from_numpy(np.array(a))  # a copy; keeps 0-d arrays 0-d
+    return out
+
+
+def _stack(rows: list) -> dict:
+    return {n: np.stack([np.asarray(r[n]) for r in rows]) for n in rows[0]}
+
+
+def _np(x):
+    return x.detach().numpy().copy() if torch.is_tensor(x) else np.asarray(x)
+
+
+# ----------------------------------------------------------------------------- VOGN
+
+def vogn_steps(trace, bug: bool = False) -> dict:
+    """K chained VOGN steps (derivations/vogn.md, (vogn.2)-(vogn.9)) in torch.
+
+    Parameters
+    ----------
+    trace : refbayes.golden.Trace
+        A ``vogn`` golden trace (an MLP, curvature "ef").
+    bug : bool, default False
+        Plant the Gauss-Newton mistake: h_k from the square of the minibatch-mean gradient.
+
+    Returns
+    -------
+    dict of str to numpy.ndarray
+        Every output of the trace by name, leading step axis K, parameter axes in torch order.
+    """
+    if trace.method != "vogn" or trace.config["curvature"] != "ef":
+        raise ValueError(f"trace: expected a vogn trace with curvature 'ef', got {trace.method} "
+                         f"{trace.config.get('curvature')!r}")
+    c = trace.config
+    inp = _inputs(trace)
+    net = make_net(trace.model)
+    G_of = per_example_grads(net, trace.model)
+    mu, s, m = (inp[f"input.state.{n}"] for n in ("mu", "s", "m"))
+    t = int(inp["input.state.t"])
+    # the prior precision: a scalar (in the config) or a (D,) array (an input)
+    delta = inp["input.cfg.delta"] if "input.cfg.delta" in inp else float(c["delta"])
+    N, alpha, beta1, beta2 = c["N"], c["alpha"], c["beta1"], c["beta2"]
+    gamma, tau, rho = c["gamma"], c["tau"], c["rho"]
+    K = inp["input.eps"].shape[0]
+    rows = []
+    for k in range(K):
+        X, y, eps = inp["input.batch.X"][k], inp["input.batch.y"][k], inp["input.eps"][k]
+        N_eff = rho * N                                                    # (vogn.2)
+        delta_tilde = tau * delta / N_eff                                  # (vogn.2)
+        sigma = torch.sqrt(tau / (N_eff * (s + delta_tilde + gamma)))     # (vogn.4), old s
+        theta = mu[:, None] + sigma[:, None] * eps                         # (vogn.4), (D, S)
+        g_k, h_k = [], []
+        for j in range(theta.shape[1]):
+            G = G_of(theta[:, j], X, y)                                    # (M, D) per example
+            g_k.append(G.mean(dim=0))                                      # (vogn.5)
+            if bug:  # the Gauss-Newton mistake: square of the minibatch mean
+                h_k.append(G.mean(dim=0) ** 2)
+            else:    # mean of the per-example squares
+                h_k.append((G ** 2).mean(dim=0))                           # (vogn.5)
+        g_k, h_k = torch.stack(g_k), torch.stack(h_k)                      # (S, D)
+        g_hat, h_hat = g_k.mean(dim=0), h_k.mean(dim=0)                    # (vogn.5)
+        m = beta1 * m + (g_hat + delta_tilde * mu)                         # (vogn.7)
+        s = (1 - beta2) * s + beta2 * h_hat                                # (vogn.8)
+        prec_diag = (N_eff / tau) * (s + delta_tilde + gamma)              # (vogn.4), new s
+        Delta_mu = alpha * m / (s + delta_tilde + gamma)                   # (vogn.9)
+        mu = mu - Delta_mu                                                 # (vogn.9)
+        t += 1
+        rows.append({"N_eff": np.float64(N_eff), "delta_tilde": _np(delta_tilde),
+                     "sigma": _np(sigma), "theta": _np(theta), "g_k": _np(g_k),
+                     "h_k": _np(h_k), "g_hat": _np(g_hat), "h_hat": _np(h_hat), "m": _np(m),
+                     "s": _np(s), "prec_diag": _np(prec_diag), "Delta_mu": _np(Delta_mu),
+                     "mu": _np(mu), "state.t": np.int64(t)})
+    return _stack(rows)
+
+
+# ----------------------------------------------------------------------------- SLANG
+
+def _top_eig(A, L: int):
+    """U (D, L) with U U^T the best rank-L part of the PSD matrix A: eigh, top L, sqrt-scaled;
+    each column's sign fixed so that its largest-|entry| (the first on ties) is >= 0."""
+    lam, Q = torch.linalg.eigh(A)                     # ascending
+    lam, Q = lam.flip(0)[:L], Q.flip(1)[:, :L]
+    U = Q * torch.sqrt(torch.clamp(lam, min=0.0))
+    big = torch.argmax(U.abs(), dim=0)                # first index of the max on ties
+    sign = torch.where(U[big, torch.arange(L)] < 0, -1.0, 1.0).to(U.dtype)
+    return U * sign
+
+
+def slang_steps(trace, bug: bool = False) -> dict:
+    """K chained SLANG steps (derivations/slang.md, (slang.2)-(slang.8), (ngvi.12), (ngvi.13)).
+
+    Parameters
+    ----------
+    trace : refbayes.golden.Trace
+        A ``slang`` golden trace (exact fast_eig, symmetric sampler).
+    bug : bool, default False
+        Plant a mistake in (slang.7): leave the prior gradient lam * mu out of g_tilde.
+
+    Returns
+    -------
+    dict of str to numpy.ndarray
+        Every output of the trace by name, leading step axis K, parameter axes in torch order.
+    """
+    c = trace.config
+    if trace.method not in ("slang", "slang-mlp") or c["eig"] != "exact" \
+            or c["sampler"] != "symmetric":
+        raise ValueError(f"trace: expected a slang trace with eig 'exact' and sampler "
+                         f"'symmetric', got {trace.method} {c.get('eig')!r} {c.get('sampler')!r}")
+    inp = _inputs(trace)
+    net = make_net(trace.model)
+    G_of = per_example_grads(net, trace.model)
+    mu, U, d, g_bar = (inp[f"input.state.{n}"] for n in ("mu", "U", "d", "g_bar"))
+    t = int(inp["input.state.t"])
+    lam = inp["input.cfg.lam"]
+    N, L, alpha, beta, decay, b = c["N"], c["L"], c["alpha"], c["beta"], c["decay"], c["momentum"]
+    K = inp["input.eps"].shape[0]
+    D = mu.shape[0]
+    rows = []
+    for k in range(K):
+        X, y, eps = inp["input.batch.X"][k], inp["input.batch.y"][k], inp["input.eps"][k]
+        M, S = X.shape[0], eps.shape[1]
+        shrink = 1.0 if decay == 0 else 1.0 / (1.0 + (t + 1) ** decay)   # (ngvi.12)
+        alpha_t, beta_t = alpha * shrink, beta * shrink                   # (ngvi.12)
+        one_minus_beta = 1.0 - beta_t                                     # line 2: delta
+        # line 4, fast_sample (slang.2): theta = mu + d^{-1/2} T eps, T = (I + V V^T)^{-1/2}
+        V = U / torch.sqrt(d)[:, None]
+        ev, Q = torch.linalg.eigh(torch.eye(D, dtype=DTYPE) + V @ V.T)
+        T = (Q / torch.sqrt(ev)) @ Q.T
+        theta = mu[:, None] + (T @ eps) / torch.sqrt(d)[:, None]          # (slang.2), (D, S)
+        G = torch.stack([G_of(theta[:, j], X, y) for j in range(S)])      # (slang.3), (S, M, D)
+        scale = N / (M * S)
+        W = torch.cat([math.sqrt(one_minus_beta) * U,
+                       math.sqrt(beta_t * scale) * G.reshape(S * M, D).T], dim=1)  # (slang.4)
+        U_new = _top_eig(W @ W.T, L)                                      # lines 7, 9 (slang.4)
+        Delta_d = (W ** 2).sum(dim=1) - (U_new ** 2).sum(dim=1)           # line 8 (slang.5)
+        d_new = one_minus_beta * d + Delta_d + beta_t * lam               # line 10 (slang.6)
+        g_hat = scale * G.sum(dim=(0, 1))                                 # (ngvi.6)
+        if bug:  # the prior gradient forgotten
+            g_tilde = g_hat
+        else:
+            g_tilde = g_hat + lam * mu                                    # line 11 (slang.7)
+        if b == 0:                                                        # (ngvi.13)
+            direction = g_tilde
+        else:
+            g_bar = b * g_bar + (1 - b) * g_hat
+            direction = g_bar / (1 - b ** (t + 1)) + lam * mu
+        P = U_new @ U_new.T + torch.diag(d_new)                           # (slang.1)
+        Delta_mu = torch.linalg.solve(P, direction)                       # line 12 (slang.8)
+        mu = mu - alpha_t * Delta_mu                                      # line 13 (slang.8)
+        U, d, t = U_new, d_new, t + 1
+        rows.append({"alpha_t": np.float64(alpha_t), "beta_t": np.float64(beta_t),
+                     "theta": _np(theta), "G": _np(G), "W": _np(W), "U": _np(U),
+                     "Delta_d": _np(Delta_d), "d": _np(d), "g_tilde": _np(g_tilde),
+                     "direction": _np(direction), "Delta_mu": _np(Delta_mu), "mu": _np(mu),
+                     "state.g_bar": _np(g_bar), "state.t": np.int64(t)})
+    return _stack(rows)
+
+
+METHODS = {"vogn": vogn_steps, "slang": slang_steps}
+
+
+def main(argv=None) -> int:
+    """Run the example: read TRACE, take its K steps in torch, write OUT (npz, torch order).
+
+    Parameters
+    ----------
+    argv : list of str, optional
+        ``[METHOD, TRACE, OUT, (--bug)]`` (default: sys.argv[1:]).
+
+    Returns
+    -------
+    int
+        The exit status, 0.
+    """
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("method", choices=sorted(METHODS))
+    p.add_argument("trace", metavar="TRACE", help="golden trace from `refbayes trace METHOD "
+                                                  "--save TRACE`")
+    p.add_argument("out", metavar="OUT", help="npz to write (torch parameter order)")
+    p.add_argument("--bug", action="store_true", help="plant the method's classic mistake")
+    args = p.parse_args(argv)
+    torch.set_default_dtype(DTYPE)
+    trace = golden.load(args.trace)
+    dump = METHODS[args.method](trace, bug=args.bug)
+    np.savez(args.out, **dump)
+    K = next(iter(dump.values())).shape[0]
+    print(f"wrote {args.out}: {len(dump)} quantities x {K} steps of {trace.method} (torch order)"
+          f"{', with the planted bug' if args.bug else ''}; now run: refbayes verify "
+          f"{args.trace} {args.out} --layout torch")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,544 @@
+"""``refbayes verify``: compare another implementation's dump with a golden trace.
+
+The user runs their implementation on the trace's inputs (``refbayes.golden.load(TRACE).inputs``:
+the starting state, minibatches and draws), saves the quantities they compute under the trace's
+names (any subset, ``numpy.savez``), and calls ``compare`` (or ``refbayes verify TRACE
+YOURS.npz``). Every quantity is compared step by step in the order the method computes it, and the
+first one that diverges is reported with its equation tag and derivation note: the equations
+before it are right, the one it names is where to look.
+
+Shapes. A dumped array has the trace's shape (K, ...) for K steps, or (k, ...) for the first
+k <= K steps, or the per-step shape (...) for step 1 alone. Inputs (``input.*``) may be dumped too,
+to check that the right inputs were fed.
+
+Errors. For a quantity with reference b and dump a (both as float64), the error is
+``max|a - b| / max|b|`` (``max|b|`` taken as 1 when b is all zero, so the test is absolute), and the
+worst entry is the argmax of ``|a - b|``. Integer and boolean quantities must be equal.
+
+Tolerance rule. With d the less precise of the trace's and the dump's float types, u(d) its unit
+roundoff (2^-53 for float64, 2^-24 for float32) and kappa the quantity's condition number measured
+when the trace was built (``refbayes.golden``: the float32 run's error relative to the float64 run,
+in units of u32):
+
+    tol = max(exact(d), SAFETY * kappa * u(d))
+
+with exact(d) the exact-identity tolerance of ``refbayes._tolerances`` (1e-10 for float64, 1e-3 for
+float32) and SAFETY = 10, since a measured error is one sample of rounding, and another
+implementation's order of operations rounds differently. Where kappa was not measured (the
+methods traced in float64 only), tol = exact(d). ``rtol`` overrides the rule.
+
+Layouts. ``layout="torch"`` (or "flax") reads every parameter axis of the dump (an axis of length
+D, recorded in the manifest) in that framework's order and converts it to refbayes' flat theta
+(``refbayes.layout``); a quantity that fails in refbayes' order but passes in another layout is
+reported with that hint. SLANG's new U is compared up to the sign of each column, which no
+eigensolver fixes the same way.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import NamedTuple
+
+import numpy as np
+
+from refbayes import __version__, golden
+from refbayes._tolerances import exact
+
+__all__ = ["SAFETY", "Row", "Report", "tolerance", "load_dump", "compare", "assert_matches",
+           "add_arguments", "run"]
+
+SAFETY = 10.0
+_UNIT = {np.dtype(np.float64): 2.0 ** -53, np.dtype(np.float32): 2.0 ** -24}
+
+
+class Row(NamedTuple):
+    """One quantity at one step.
+
+    Attributes
+    ----------
+    name : str
+        The quantity's name in the trace.
+    step : int
+        The step, 1-based (1 for inputs without a step axis).
+    tag : str
+        Its equation tag ('' when untagged, 'input' for inputs).
+    derivation : str
+        The derivation note of the tag.
+    status : str
+        'ok', 'diverges', 'shape', 'non-finite' or 'dtype'.
+    max_abs : float
+        Max absolute error (nan when not compared).
+    max_rel : float
+        Max error relative to the reference's scale (nan when not compared).
+    tol : float
+        The tolerance applied.
+    worst : tuple of int
+        Index (within the step) of the worst entry, in the dump's layout, () for scalars or
+        when not compared.
+    yours : float
+        Your value there (nan when not compared).
+    reference : float
+        The trace's value there (nan when not compared).
+    detail : str
+        A hint (wrong shape, NaN position, another layout that matches), '' when ok.
+    """
+    name: str
+    step: int
+    tag: str
+    derivation: str
+    status: str
+    max_abs: float
+    max_rel: float
+    tol: float
+    worst: tuple
+    yours: float
+    reference: float
+    detail: str
+
+    @property
+    def ok(self) -> bool:
+        """Whether the quantity agrees."""
+        return self.status == "ok"
+
+
+class Report(NamedTuple):
+    """The comparison of a dump with a golden trace.
+
+    Attributes
+    ----------
+    method : str
+        The traced method.
+    rows : list of Row
+        Every comparison, inputs first, then step by step in the method's order.
+    not_dumped : list of str
+        The trace's quantities absent from the dump.
+    ignored : list of str
+        The dump's names that are not in the trace (not compared).
+    notes : list of str
+        Remarks (another refbayes version, the layout used).
+    """
+    method: str
+    rows: list
+    not_dumped: list
+    ignored: list
+    notes: list
+
+    @property
+    def ok(self) -> bool:
+        """Whether every compared quantity agrees."""
+        return all(r.ok for r in self.rows)
+
+    @property
+    def first_failure(self) -> Row | None:
+        """The first quantity (in the method's order) that does not agree, or None."""
+        return next((r for r in self.rows if not r.ok), None)
+
+    def __str__(self) -> str:
+        return format_report(self)
+
+
+def tolerance(dtype, condition: float | None) -> float:
+    """Give the tolerance of a quantity: max(exact(d), SAFETY kappa u(d)), see the module docstring.
+
+    Parameters
+    ----------
+    dtype : numpy dtype
+        The less precise float type of the two sides (float64 or float32).
+    condition : float or None
+        The measured condition number kappa >= 1, or None (not measured).
+
+    Returns
+    -------
+    float
+        The relative tolerance.
+    """
+    d = np.dtype(dtype)
+    base = exact(d)
+    if condition is None:
+        return base
+    return max(base, SAFETY * float(condition) * _UNIT[d])
+
+
+def load_dump(yours) -> dict:
+    """Read a dump: an npz file (no pickle) or a mapping of names to arrays.
+
+    Parameters
+    ----------
+    yours : str, pathlib.Path or mapping
+        The npz path, or e.g. ``{"g_hat": tensor.numpy()}``.
+
+    Returns
+    -------
+    dict of str to numpy.ndarray
+        The arrays.
+
+    Raises
+    ------
+    FileNotFoundError
+        If the file does not exist.
+    ValueError
+        If it is not an npz of numeric arrays (object arrays need pickle and are refused).
+    """
+    if isinstance(yours, (str, Path)):
+        path = Path(yours)
+        if not path.is_file():
+            raise FileNotFoundError(f"yours: no file {path}")
+        try:
+            with np.load(path, allow_pickle=False) as npz:
+                arrays = {k: npz[k] for k in npz.files}
+        except (OSError, ValueError) as err:
+            raise ValueError(f"yours: {path} is not an npz of numeric arrays ({err})") from None
+    elif hasattr(yours, "items"):
+        arrays = {str(k): np.asarray(v) for k, v in yours.items()}
+    else:
+        raise ValueError(f"yours: expected an npz path or a mapping of names to arrays, got "
+                         f"{type(yours).__name__}")
+    for name, a in arrays.items():
+        if a.dtype.kind not in "biuf":
+            raise ValueError(f"yours: {name} has dtype {a.dtype}; expected a numeric array")
+    return arrays
+
+
+def _precision(ref: np.ndarray, mine: np.ndarray):
+    kinds = [a.dtype for a in (ref, mine) if a.dtype.kind == "f"]
+    return np.dtype(np.float32) if any(d.itemsize < 8 for d in kinds) else np.dtype(np.float64)
+
+
+def _errors(mine: np.ndarray, ref: np.ndarray):
+    diff = np.abs(mine.astype(np.float64) - ref.astype(np.float64))
+    scale = float(np.max(np.abs(ref), initial=0.0))
+    scale = scale if scale > 0 else 1.0
+    if diff.size == 0:
+        return 0.0, 0.0, ()
+    flat = int(np.argmax(diff))
+    worst = np.unravel_index(flat, diff.shape) if diff.ndim else ()
+    return float(diff.reshape(-1)[flat]), float(diff.reshape(-1)[flat]) / scale, \
+        tuple(int(i) for i in worst)
+
+
+def _align_signs(mine: np.ndarray, ref: np.ndarray) -> np.ndarray:
+    """Flip each column of mine (..., D, L) to the sign of ref's column (eigenvector signs)."""
+    dots = np.sum(mine * ref, axis=-2, keepdims=True)
+    return mine * np.where(dots < 0, -1.0, 1.0)
+
+
+def _compare_one(name, step, mine, ref, tag, derivation, condition, rtol, sign_free) -> Row:
+    if ref.dtype.kind == "f" and mine.dtype.kind not in "f":
+        mine = mine.astype(np.float64)
+    tol = rtol if rtol is not None else tolerance(_precision(ref, mine), condition)
+
+    def row(status, max_abs=np.nan, max_rel=np.nan, worst=(), detail=""):
+        pick = (lambda a: float(a[worst]) if worst or a.ndim == 0 else np.nan)
+        return Row(name, step, tag, derivation, status, max_abs, max_rel, tol, worst,
+                   pick(mine) if status != "shape" else np.nan,
+                   pick(ref) if status != "shape" else np.nan, detail)
+
+    if ref.dtype.kind in "biu":
+        if mine.dtype.kind == "f" and not np.array_equal(mine, np.round(mine)):
+            return row("dtype", detail=f"expected integers ({ref.dtype}), got non-integral floats")
+        tol = 0.0
+    bad_ref, bad_mine = ~np.isfinite(ref.astype(np.float64)), ~np.isfinite(mine.astype(np.float64))
+    if np.any(bad_mine & ~bad_ref):
+        where = tuple(int(i) for i in np.argwhere(bad_mine & ~bad_ref)[0])
+        return row("non-finite", worst=where,
+                   detail=f"{int(np.sum(bad_mine & ~bad_ref))} non-finite entries where the trace "
+                          f"is finite, first at index {where}")
+    if sign_free and mine.ndim >= 2:
+        mine = _align_signs(mine, ref)
+    finite = ~bad_ref
+    m, r = np.where(finite, mine, 0.0), np.where(finite, ref, 0.0)
+    max_abs, max_rel, worst = _errors(m, r)
+    status = "ok" if max_rel <= tol and np.array_equal(bad_ref, bad_mine) else "diverges"
+    if ref.dtype.kind in "biu":
+        status = "ok" if max_abs == 0 else "diverges"
+    return Row(name, step, tag, derivation, status, max_abs, max_rel, tol, worst,
+               float(mine[worst]) if mine.size else np.nan,
+               float(ref[worst]) if ref.size else np.nan,
+               "" if status == "ok" else "compared up to column signs" if sign_free else "")
+
+
+def _steps_of(mine: np.ndarray, ref: np.ndarray, per_step: bool):
+    """mine as (k, ...) with k <= K, or None for a shape that fits neither form."""
+    if not per_step:
+        return mine[None] if mine.shape == ref.shape else None
+    K = ref.shape[0]
+    if mine.shape == ref.shape[1:]:
+        return mine[None]
+    if mine.ndim == ref.ndim and mine.shape[1:] == ref.shape[1:] and 1 <= mine.shape[0] <= K:
+        return mine
+    return None
+
+
+def _convert(mine: np.ndarray, axes: tuple, per_step: bool, full_ndim: int, model, layout: str):
+    from refbayes import layout as layouts
+    shift = full_ndim - mine.ndim  # 1 when the dump lacks the step axis
+    axes = tuple(a - shift for a in axes if a - shift >= 0)
+    if not axes:
+        return mine
+    return layouts.to_refbayes(mine, model, layout, axes=axes)
+
+
+def _index_in_layout(row: Row, trace, model, layout: str, per_step: bool) -> Row:
+    """Row with its worst index's parameter-axis entries mapped from refbayes' order to the
+    layout's (refbayes position j is the layout's position p[j], ``layout.permutation``)."""
+    from refbayes import layout as layouts
+    axes = [a - 1 if per_step else a for a in trace.param_axes.get(row.name, ())]
+    if not row.worst or not axes:
+        return row
+    p = layouts.permutation(model, layout)
+    worst = tuple(int(p[i]) if ax in axes else i for ax, i in enumerate(row.worst))
+    return row._replace(worst=worst)
+
+
+def compare(trace, yours, *, layout: str = "refbayes", rtol: float | None = None) -> Report:
+    """Compare a dump with a golden trace, quantity by quantity and step by step.
+
+    Parameters
+    ----------
+    trace : str, pathlib.Path or golden.Trace
+        The golden trace (``refbayes trace METHOD --save FILE``).
+    yours : str, pathlib.Path or mapping
+        Your dump: an npz path or a mapping of the trace's names to arrays.
+    layout : {"refbayes", "torch", "flax"}, default "refbayes"
+        The parameter order of your arrays' D axes (``refbayes.layout``).
+    rtol : float or None, default None
+        A relative tolerance for every float quantity instead of the rule of the module
+        docstring.
+
+    Returns
+    -------
+    Report
+        Every comparison; ``report.ok`` and ``report.first_failure`` summarise it.
+
+    Raises
+    ------
+    FileNotFoundError
+        If a file does not exist.
+    ValueError
+        If the trace is not a readable golden trace, the dump is not numeric, holds none of the
+        trace's quantities, the layout is unknown, or rtol is not a positive finite number.
+    """
+    from refbayes import layout as layouts
+    if not isinstance(trace, golden.Trace):
+        trace = golden.load(trace)
+    mine_all = load_dump(yours)
+    if layout not in layouts.LAYOUTS:
+        raise ValueError(f"layout: expected one of {', '.join(layouts.LAYOUTS)}, got {layout!r}")
+    if rtol is not None and not (isinstance(rtol, (int, float)) and np.isfinite(rtol)
+                                 and rtol > 0):
+        raise ValueError(f"rtol: expected a positive finite number, got {rtol!r}")
+    ref_all = {**trace.inputs, **trace.outputs}
+    known = [n for n in mine_all if n in ref_all]
+    if not known:
+        raise ValueError(f"yours: none of the {len(ref_all)} quantities of the {trace.method} "
+                         f"trace is in the dump (it has {', '.join(sorted(mine_all)) or 'nothing'})"
+                         f"; expected names such as {', '.join(list(trace.outputs)[:6])}")
+    notes = []
+    made_by = trace.manifest.get("refbayes_version")
+    if made_by != __version__:
+        notes.append(f"the trace was made by refbayes {made_by}; this is refbayes {__version__}: "
+                     f"its values are what refbayes {made_by} computed")
+    model = golden.model_from_spec(trace.model) if layout != "refbayes" else None
+    if model is None and any(trace.param_axes.get(n) for n in known):
+        try:
+            model = golden.model_from_spec(trace.model)
+        except ValueError:
+            model = None
+    if layout != "refbayes":
+        notes.append(f"parameter axes read in the {layout!r} layout")
+    sign_free = set(trace.manifest.get("sign_free", []))
+    default_note = trace.manifest.get("derivation", "")
+    rows = []
+    K = max((a.shape[0] for a in trace.outputs.values()), default=1)
+    per_step_names = set(trace.outputs) | set(trace.per_step)
+
+    def one(name, step_index, mine_k, ref_k):
+        tag = trace.tags.get(name, "") if name in trace.outputs else "input"
+        note = golden.derivation_of(tag, default_note)
+        cond = trace.condition.get(name) if name in trace.outputs else None
+        row = _compare_one(name, step_index + 1, mine_k, ref_k, tag, note, cond, rtol,
+                           name in sign_free)
+        if not row.ok and row.status == "diverges" and layout == "refbayes" and model is not None \
+                and trace.param_axes.get(name):
+            for other in layouts.LAYOUTS[1:]:
+                axes = tuple(a - 1 for a in trace.param_axes[name] if a >= 1) \
+                    if name in per_step_names else trace.param_axes[name]
+                alt = layouts.to_refbayes(mine_k, model, other, axes=axes)
+                if _compare_one(name, step_index + 1, alt, ref_k, tag, note, cond, rtol,
+                                name in sign_free).ok:
+                    row = row._replace(detail=f"matches in the {other!r} layout: rerun with "
+                                              f"--layout {other}")
+                    break
+        return row
+
+    prepared = {}
+    for name in known:
+        ref, mine = ref_all[name], mine_all[name]
+        per_step = name in per_step_names
+        if layout != "refbayes" and trace.param_axes.get(name):
+            try:
+                mine = _convert(mine, trace.param_axes[name], per_step, ref.ndim, model, layout)
+            except ValueError:
+                pass  # the shape check below reports it
+        steps = _steps_of(mine, ref, per_step)
+        if steps is None:
+            expected = (f"{tuple(ref.shape)} (all {K} steps), (k,) + {tuple(ref.shape[1:])} for the "
+                        f"first k steps, or {tuple(ref.shape[1:])} (step 1)" if per_step
+                        else f"{tuple(ref.shape)}")
+            per = ref.shape[1:] if per_step else ref.shape
+            hint = "; the same sizes in another order: transposed? (a torch weight is (n_out, " \
+                "n_in): see --layout)" if sorted(mine.shape) in (sorted(per), sorted(ref.shape)) else ""
+            tag = trace.tags.get(name, "") if name in trace.outputs else "input"
+            prepared[name] = Row(name, 1, tag, golden.derivation_of(tag, default_note), "shape",
+                                 np.nan, np.nan, np.nan, (), np.nan, np.nan,
+                                 f"expected shape {expected}, got {tuple(mine.shape)}{hint}")
+            continue
+        prepared[name] = (steps, ref)
+    for name in (n for n in trace.inputs if n in prepared):
+        if isinstance(prepared[name], Row):  # a wrong shape, in its place in the order
+            rows.append(prepared[name])
+            continue
+        steps, ref = prepared[name]
+        if name in per_step_names:
+            rows += [one(name, k, steps[k], ref[k]) for k in range(steps.shape[0])]
+        else:
+            rows.append(one(name, 0, steps[0], ref))
+    for k in range(K):
+        for name in (n for n in trace.outputs if n in prepared):
+            if isinstance(prepared[name], Row):
+                rows += [prepared[name]] if k == 0 else []
+                continue
+            steps, ref = prepared[name]
+            if k < steps.shape[0]:
+                rows.append(one(name, k, steps[k], ref[k]))
+    if layout != "refbayes":  # report positions as the dump holds them
+        rows = [_index_in_layout(r, trace, model, layout, r.name in per_step_names) for r in rows]
+    not_dumped = [n for n in trace.outputs if n not in mine_all]
+    ignored = sorted(n for n in mine_all if n not in ref_all)
+    return Report(trace.method, rows, not_dumped, ignored, notes)
+
+
+def _fmt(x: float) -> str:
+    return "-" if x != x else f"{x:.2e}"
+
+
+def format_report(report: Report) -> str:
+    """Format a report: the table of comparisons, then the first divergence in words.
+
+    Parameters
+    ----------
+    report : Report
+        From ``compare``.
+
+    Returns
+    -------
+    str
+        The text, ending with a newline.
+    """
+    from refbayes.experiments._io import format_table
+    table = format_table(
+        ["step", "quantity", "tag", "max abs err", "max rel err", "tol", "worst index", "verdict"],
+        [[r.step, r.name, r.tag or "-", _fmt(r.max_abs), _fmt(r.max_rel), _fmt(r.tol),
+          str(r.worst) if r.worst and r.max_abs != 0 else "-", "ok" if r.ok else r.status.upper()]
+         for r in report.rows])
+    lines = [f"refbayes verify: {report.method}, {len(report.rows)} comparisons", table]
+    lines += [f"note: {n}" for n in report.notes]
+    if report.ignored:
+        lines.append(f"ignored (not in the trace): {', '.join(report.ignored)}")
+    if report.not_dumped:
+        lines.append(f"not in your dump: {', '.join(report.not_dumped)}")
+    bad = report.first_failure
+    if bad is None:
+        lines.append(f"OK: every compared quantity agrees ({len(report.rows)} comparisons).")
+    else:
+        where = f" at index {bad.worst}" if bad.worst else ""
+        values = "" if bad.yours != bad.yours else \
+            f" (yours {bad.yours:.10g}, trace {bad.reference:.10g})"
+        lines.append(
+            f"FIRST DIVERGENCE: step {bad.step}, {bad.name} {bad.tag or '(untagged)'}, derived in "
+            f"{bad.derivation}: {bad.status}; max abs err {_fmt(bad.max_abs)}, max rel err "
+            f"{_fmt(bad.max_rel)} > tol {_fmt(bad.tol)}{where}{values}"
+            + (f"; {bad.detail}" if bad.detail else ""))
+        lines.append("Every quantity compared before it agrees: check that equation first.")
+        n_bad = sum(not r.ok for r in report.rows)
+        lines.append(f"{n_bad} of {len(report.rows)} comparisons fail.")
+    return "\n".join(lines) + "\n"
+
+
+def assert_matches(trace, yours, *, layout: str = "refbayes", rtol: float | None = None) -> Report:
+    """Assert that a dump matches a golden trace (for a pytest test), naming the first divergence.
+
+    Parameters
+    ----------
+    trace : str, pathlib.Path or golden.Trace
+        The golden trace.
+    yours : str, pathlib.Path or mapping
+        Your dump.
+    layout : {"refbayes", "torch", "flax"}, default "refbayes"
+        The parameter order of your arrays' D axes.
+    rtol : float or None, default None
+        A tolerance overriding the rule.
+
+    Returns
+    -------
+    Report
+        The report, when everything agrees.
+
+    Raises
+    ------
+    AssertionError
+        With the formatted report, when a quantity diverges or has the wrong shape.
+    """
+    report = compare(trace, yours, layout=layout, rtol=rtol)
+    if not report.ok:
+        raise AssertionError("\n" + format_report(report))
+    return report
+
+
+def add_arguments(parser) -> None:
+    """Add the ``refbayes verify`` arguments to an argparse parser.
+
+    Parameters
+    ----------
+    parser : argparse.ArgumentParser
+        The ``verify`` subcommand's parser.
+    """
+    parser.add_argument("trace", metavar="TRACE", help="golden trace (.npz) from `refbayes trace "
+                                                       "METHOD --save`")
+    parser.add_argument("yours", metavar="YOURS", help="your dump (.npz): any of the trace's "
+                                                       "names, (K, ...), (k, ...) or per step")
+    parser.add_argument("--layout", default="refbayes",
+                        help="parameter order of your D axes: refbayes (default), torch "
+                             "(nn.Linear weight (n_out, n_in), then bias) or flax")
+    parser.add_argument("--rtol", type=float, default=None,
+                        help="one relative tolerance for every quantity instead of the rule "
+                             "(float32/float64 and measured condition; see the module docstring)")
+    parser.add_argument("--json", metavar="PATH", default=None,
+                        help="also write the rows as JSON")
+
+
+def run(args) -> int:
+    """Run the ``refbayes verify`` handler: print the report; exit 0 when all agrees, else 1.
+
+    Parameters
+    ----------
+    args : argparse.Namespace
+        The parsed arguments of ``add_arguments``.
+
+    Returns
+    -------
+    int
+        0 when every compared quantity agrees, 1 otherwise.
+    """
+    report = compare(args.trace, args.yours, layout=args.layout, rtol=args.rtol)
+    print(format_report(report), end="")
+    if args.json is not None:
+        from refbayes.experiments._io import atomic_write_text
+        def clean(v):
+            return None if isinstance(v, float) and not np.isfinite(v) else v
+        rows = [{**{k: clean(v) for k, v in r._asdict().items()}, "worst": list(r.worst),
+                 "ok": r.ok} for r in report.rows]
+        doc = {"method": report.method, "ok": report.ok, "rows": rows,
+               "not_dumped": report.not_dumped, "ignored": report.ignored, "notes": report.notes}
+        print(f"json: {atomic_write_text(args.json, json.dumps(doc, indent=1) + chr(10))}")
+    return 0 if report.ok else 1

@@ -1,0 +1,247 @@
+"""refbayes verify: the comparison, its tolerance rule, its report, the wrong inputs it must name,
+the layouts, the pytest helper and the command line."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from refbayes import golden, layout, verify
+from refbayes.cli import main
+from tests.tolerances import EXACT_F32, EXACT_F64
+
+GOLDEN = Path(__file__).parent / "golden"
+VOGN = GOLDEN / "vogn.npz"
+
+
+@pytest.fixture(scope="module")
+def vogn_trace():
+    return golden.load(VOGN)
+
+
+def _dump(trace, names=None):
+    names = list(trace.outputs) if names is None else names
+    return {n: trace.outputs[n].copy() for n in names}
+
+
+def test_the_trace_itself_agrees_exactly(vogn_trace):
+    report = verify.compare(vogn_trace, _dump(vogn_trace))
+    assert report.ok and report.first_failure is None and report.not_dumped == []
+    assert all(r.max_abs == 0.0 for r in report.rows)
+    assert len(report.rows) == 2 * len(vogn_trace.outputs)  # two steps
+
+
+def test_the_first_divergence_is_the_earliest_in_the_method_order(vogn_trace):
+    dump = _dump(vogn_trace)
+    dump["h_hat"][0, 5] += 1e-3        # (vogn.5) at step 1
+    dump["mu"][0, 2] += 1.0            # later in step 1
+    dump["g_hat"][1, 0] += 1.0         # step 2
+    report = verify.compare(vogn_trace, dump)
+    bad = report.first_failure
+    assert (bad.step, bad.name, bad.tag, bad.derivation) == \
+        (1, "h_hat", "(vogn.5), (vogn.6)", "derivations/vogn.md")
+    assert bad.worst == (5,) and bad.status == "diverges"
+    assert bad.max_abs == pytest.approx(1e-3, rel=1e-6)
+    assert bad.reference == vogn_trace.outputs["h_hat"][0, 5]
+    assert sum(not r.ok for r in report.rows) == 3
+    text = str(report)
+    assert "FIRST DIVERGENCE: step 1, h_hat (vogn.5), (vogn.6), derived in derivations/vogn.md" \
+        in text and "at index (5,)" in text
+
+
+def test_a_subset_fewer_steps_and_per_step_shapes_are_accepted(vogn_trace):
+    dump = {"g_hat": vogn_trace.outputs["g_hat"][:1],     # the first step only, (1, D)
+            "mu": vogn_trace.outputs["mu"][0],             # step 1 without its step axis
+            "input.eps": vogn_trace.inputs["input.eps"]}   # the inputs fed, checked too
+    report = verify.compare(vogn_trace, dump)
+    assert report.ok
+    assert [(r.name, r.step) for r in report.rows] == \
+        [("input.eps", 1), ("input.eps", 2), ("g_hat", 1), ("mu", 1)]
+    assert "sigma" in report.not_dumped
+
+
+def test_tolerance_rule_knows_float32_and_the_measured_condition():
+    assert verify.tolerance(np.float64, None) == EXACT_F64
+    assert verify.tolerance(np.float32, None) == EXACT_F32
+    assert verify.tolerance(np.float64, 1.0) == EXACT_F64          # exact(d) is the floor
+    kappa = 1e8                                                     # ill-conditioned quantity
+    assert verify.tolerance(np.float64, kappa) == verify.SAFETY * kappa * 2.0 ** -53
+    assert verify.tolerance(np.float32, 1e5) == verify.SAFETY * 1e5 * 2.0 ** -24
+
+
+def test_a_float32_dump_is_held_to_the_float32_rule(vogn_trace):
+    dump = {n: a.astype(np.float32) for n, a in _dump(vogn_trace).items()
+            if a.dtype.kind == "f"}
+    report = verify.compare(vogn_trace, dump)
+    assert report.ok
+    assert {r.tol for r in report.rows} >= {EXACT_F32}
+    dump["mu"] = dump["mu"] * np.float32(1 + 1e-2)  # a 1% error is no float32 rounding
+    assert verify.compare(vogn_trace, dump).first_failure.name == "mu"
+
+
+def test_the_float32_golden_trace_matches_the_float64_one_within_its_rule():
+    f32 = golden.load(GOLDEN / "vogn-float32.npz")
+    f64 = golden.load(VOGN)
+    assert verify.compare(f64, {**f32.outputs}).ok
+
+
+def test_missing_quantities_are_an_error_naming_the_expected_names(vogn_trace):
+    with pytest.raises(ValueError, match="yours: none of the 22 quantities of the vogn trace is "
+                                         "in the dump .it has loss, theta_hat.; expected names "
+                                         "such as N_eff, delta_tilde"):
+        verify.compare(vogn_trace, {"loss": np.ones(2), "theta_hat": np.ones(3)})
+
+
+def test_a_wrong_shape_is_a_failing_row_with_the_expected_shapes(vogn_trace):
+    report = verify.compare(vogn_trace, {"g_k": np.zeros((2, 34, 2)), "mu": np.zeros(33)})
+    rows = {r.name: r for r in report.rows}
+    assert not report.ok and rows["g_k"].status == "shape"
+    assert "expected shape (2, 2, 34) (all 2 steps)" in rows["g_k"].detail
+    assert "transposed?" in rows["g_k"].detail
+    assert "got (33,)" in rows["mu"].detail and "transposed" not in rows["mu"].detail
+    assert [r.name for r in report.rows] == ["g_k", "mu"]  # in the method's order
+    with pytest.raises(AssertionError, match="SHAPE"):
+        verify.assert_matches(vogn_trace, {"mu": np.zeros(33)})
+
+
+def test_nan_in_a_dump_is_reported_at_its_first_index(vogn_trace):
+    dump = _dump(vogn_trace, ["sigma", "m"])
+    dump["m"][1, 7] = np.nan
+    report = verify.compare(vogn_trace, dump)
+    bad = report.first_failure
+    assert (bad.name, bad.step, bad.status, bad.worst) == ("m", 2, "non-finite", (7,))
+    assert "1 non-finite entries where the trace is finite, first at index (7,)" in bad.detail
+
+
+def test_integer_quantities_must_be_equal(vogn_trace):
+    dump = {"state.t": vogn_trace.outputs["state.t"] + 1}
+    bad = verify.compare(vogn_trace, dump).first_failure
+    assert bad.name == "state.t" and bad.tol == 0.0
+    dump = {"state.t": vogn_trace.outputs["state.t"] + 0.5}
+    assert verify.compare(vogn_trace, dump).first_failure.status == "dtype"
+
+
+def test_a_torch_layout_dump_is_read_with_layout_torch_and_hinted_without(vogn_trace):
+    model = golden.model_from_spec(vogn_trace.model)
+    dump = {}
+    for name in ("g_k", "h_hat", "theta", "mu"):
+        axes = vogn_trace.param_axes[name]
+        dump[name] = layout.from_refbayes(vogn_trace.outputs[name], model, "torch", axes=axes)
+    assert not np.array_equal(dump["mu"], vogn_trace.outputs["mu"])  # the orders differ
+    assert verify.compare(vogn_trace, dump, layout="torch").ok
+    report = verify.compare(vogn_trace, dump)
+    bad = report.first_failure
+    assert bad.name == "theta" and "matches in the 'torch' layout: rerun with --layout torch" \
+        in bad.detail
+    # the worst index is where the dump holds the entry, in its own (torch) order
+    moved = {"mu": dump["mu"].copy()}
+    moved["mu"][0, 14] += 1.0  # torch position 14: weight_1[2, 4], refbayes' W_1[4, 2]
+    bad = verify.compare(vogn_trace, moved, layout="torch").first_failure
+    assert bad.worst == (14,) and bad.yours == pytest.approx(moved["mu"][0, 14])
+    # a per-step (step-axis-less) dump converts along the right axis too
+    one = {"g_k": dump["g_k"][0]}
+    assert verify.compare(vogn_trace, one, layout="torch").ok
+    with pytest.raises(ValueError, match="layout: expected one of refbayes, torch, flax"):
+        verify.compare(vogn_trace, dump, layout="keras")
+
+
+def test_slang_u_is_compared_up_to_column_signs():
+    trace = golden.load(GOLDEN / "slang.npz")
+    U = trace.outputs["U"].copy()
+    U[:, :, 1] *= -1
+    assert verify.compare(trace, {"U": U}).ok
+    U[0, 0, 0] += 0.1
+    assert not verify.compare(trace, {"U": U}).ok
+
+
+def test_a_trace_from_another_refbayes_version_is_compared_with_a_note(tmp_path, vogn_trace):
+    with np.load(VOGN, allow_pickle=False) as npz:
+        arrays = {k: npz[k] for k in npz.files}
+    manifest = json.loads(str(arrays[golden.MANIFEST_KEY]))
+    manifest["refbayes_version"] = "0.0.9"
+    arrays[golden.MANIFEST_KEY] = np.array(json.dumps(manifest))
+    np.savez(tmp_path / "old.npz", **arrays)
+    report = verify.compare(tmp_path / "old.npz", _dump(vogn_trace, ["mu"]))
+    assert report.ok
+    assert any("made by refbayes 0.0.9" in n for n in report.notes)
+
+
+def test_bad_dumps_and_arguments(tmp_path, vogn_trace):
+    with pytest.raises(FileNotFoundError, match="yours: no file"):
+        verify.compare(vogn_trace, tmp_path / "none.npz")
+    np.save(tmp_path / "obj.npy", np.array([{"a": 1}], dtype=object), allow_pickle=True)
+    with open(tmp_path / "pickled.npz", "wb") as f:
+        np.savez(f, a=np.array([{"a": 1}], dtype=object))
+    with pytest.raises(ValueError, match="yours: .*pickled.npz is not an npz of numeric arrays"):
+        verify.compare(vogn_trace, tmp_path / "pickled.npz")
+    with pytest.raises(ValueError, match="yours: mu has dtype <U1; expected a numeric array"):
+        verify.compare(vogn_trace, {"mu": np.array(["a"])})
+    with pytest.raises(ValueError, match="yours: expected an npz path or a mapping"):
+        verify.compare(vogn_trace, [1, 2])
+    with pytest.raises(ValueError, match="rtol: expected a positive finite number"):
+        verify.compare(vogn_trace, _dump(vogn_trace, ["mu"]), rtol=float("nan"))
+
+
+def test_assert_matches_raises_with_the_report_and_returns_it_when_ok(vogn_trace):
+    assert verify.assert_matches(vogn_trace, _dump(vogn_trace, ["mu"])).ok
+    dump = _dump(vogn_trace, ["s"])
+    dump["s"][0, 0] *= 2
+    with pytest.raises(AssertionError) as err:
+        verify.assert_matches(VOGN, dump)
+    assert "FIRST DIVERGENCE: step 1, s (vogn.8), derived in derivations/vogn.md" in str(err.value)
+
+
+def test_cli_exit_status_report_and_json(tmp_path, capsys, vogn_trace):
+    good, bad = tmp_path / "good.npz", tmp_path / "bad.npz"
+    np.savez(good, **_dump(vogn_trace))
+    dump = _dump(vogn_trace)
+    dump["g_k"][0, 1, 3] += 0.5
+    np.savez(bad, **dump)
+    assert main(["verify", str(VOGN), str(good)]) == 0
+    assert "OK: every compared quantity agrees (28 comparisons)." in capsys.readouterr().out
+    out_json = tmp_path / "rows.json"
+    assert main(["verify", str(VOGN), str(bad), "--json", str(out_json)]) == 1
+    out = capsys.readouterr().out
+    assert "FIRST DIVERGENCE: step 1, g_k (vogn.5)" in out and "at index (1, 3)" in out
+    doc = json.loads(out_json.read_text())
+    assert doc["ok"] is False and doc["rows"][0]["name"] == "N_eff"
+    assert main(["verify", str(tmp_path / "nope.npz"), str(good)]) == 2
+    assert "refbayes: error: trace: no file" in capsys.readouterr().err
+    assert main(["verify", str(good), str(good)]) == 2
+    assert "not a golden trace" in capsys.readouterr().err
+
+
+def test_cli_trace_save_then_verify_round_trip(tmp_path, capsys):
+    path = tmp_path / "ogn.npz"
+    assert main(["trace", "ogn", "--steps", "3", "--save", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert "refbayes trace ogn: 3 step(s), float64" in out and f"saved: {path}" in out
+    trace = golden.load(path)
+    assert trace.options["steps"] == 3 and (tmp_path / "ogn.npz.json").is_file()
+    assert main(["verify", str(path), str(path)]) == 2  # a trace is no dump: its manifest key
+    capsys.readouterr()
+    np.savez(tmp_path / "mine.npz", **trace.outputs)
+    assert main(["verify", str(path), str(tmp_path / "mine.npz")]) == 0
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["trace", "vogn", "--save", "x.npy"], "--save: expected a file name ending in .npz"),
+    (["trace", "vogn", "--json", "x.json"], "--json: vogn is traced by refbayes.golden only"),
+    (["trace", "slang", "--steps", "2", "--json", "x.json"],
+     "--json: writes the one-step float64 trace only"),
+    (["trace", "laplace", "--dtype", "float32"], "dtype: laplace is traced in float64 only"),
+    (["trace", "kfac", "--steps", "2"], "--steps: kfac is traced as one fit"),
+    (["trace", "vogn", "--L", "2"], "--L: applies to"),
+])
+def test_cli_trace_refuses_bad_golden_options(capsys, argv, message):
+    assert main(argv) == 2
+    assert message in capsys.readouterr().err
+
+
+def test_cli_trace_prints_float32_and_chained_traces_of_the_printed_methods(capsys):
+    assert main(["trace", "slang", "--steps", "2", "--dtype", "float32"]) == 0
+    out = capsys.readouterr().out
+    assert "refbayes trace slang: 2 step(s), float32" in out
+    assert out.count("[(slang.4)] U (6, 2)") == 2
