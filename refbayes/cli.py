@@ -1,5 +1,7 @@
-"""The refbayes command: data list|fetch|verify, reproduce EXPERIMENT, trace METHOD, verify TRACE
-YOURS and conformance NAME.
+"""The refbayes command: data, reproduce, trace, verify and conformance.
+
+Subcommands: data list|fetch|verify, reproduce EXPERIMENT, trace METHOD, verify TRACE YOURS and
+conformance NAME.
 
 This module only parses arguments and calls library functions (``refbayes.datasets``, the
 experiment modules registered in ``refbayes.experiments.EXPERIMENTS``, ``refbayes.trace``). A
@@ -152,12 +154,15 @@ def _add_trace(sub, load: bool) -> None:
                                    "(laplace) and its geodesic samples (riemannian-laplace) at a "
                                    "deterministic MAP of a small shipped tanh-MLP regression, "
                                    "or one k-tied Normal step (ktied) of a small MLP "
-                                   "classifier; "
+                                   "classifier, or K steps of a driver method (vogn, ogn, vadam, "
+                                   "vprop, noisy-adam, bbb, mc-dropout, adam, slang-mlp) of a "
+                                   "small MLP classifier; "
                                    "prints the problem, the MAP, the draws and every named "
                                    "intermediate under its Algorithm 1 line and equation tag. "
                                    "--json writes them all exactly, to feed another "
                                    "implementation (laplace-torch, the official RLA or Noisy "
-                                   "K-FAC code).")
+                                   "K-FAC code); --save FILE writes the golden trace that "
+                                   "`refbayes verify` reads.")
     if not load:  # only `refbayes trace ...` pays for importing the methods
         return
     from refbayes import trace
@@ -165,30 +170,15 @@ def _add_trace(sub, load: bool) -> None:
     p.set_defaults(_handler=trace.run)
 
 
-def _add_verify(sub, load: bool) -> None:
-    p = sub.add_parser("verify", help="compare your implementation's dump with a golden trace",
-                       description="Compare YOURS.npz (any subset of a golden trace's named "
-                                   "quantities, step by step) with TRACE.npz (from `refbayes trace "
-                                   "METHOD --save`); report the first diverging quantity with its "
-                                   "equation tag; exit 0 when everything agrees, 1 otherwise.")
+def _add_tool(sub, name: str, load: bool, help: str, description: str) -> None:
+    """A subcommand whose module (refbayes.<name>) has ``add_arguments`` and ``run``."""
+    p = sub.add_parser(name, help=help, description=description)
     if not load:
         return
-    from refbayes import verify
-    verify.add_arguments(p)
-    p.set_defaults(_handler=verify.run)
-
-
-def _add_conformance(sub, load: bool) -> None:
-    p = sub.add_parser("conformance", help="run a public library against refbayes on identical "
-                                           "inputs (needs the `conformance` extra: torch)",
-                       description="Run a public implementation (laplace-torch, ivon-opt) and "
-                                   "refbayes on identical inputs and draws; print quantity, max "
-                                   "relative error and verdict.")
-    if not load:
-        return
-    from refbayes import conformance
-    conformance.add_arguments(p)
-    p.set_defaults(_handler=conformance.run)
+    import importlib
+    module = importlib.import_module(f"refbayes.{name}")
+    module.add_arguments(p)
+    p.set_defaults(_handler=module.run)
 
 
 def build_parser(load_experiments: bool = True, load_trace: bool = True) -> argparse.ArgumentParser:
@@ -205,8 +195,16 @@ def build_parser(load_experiments: bool = True, load_trace: bool = True) -> argp
         _add_experiments(rsub)
         _add_uci(rsub)
     _add_trace(sub, load_trace)
-    _add_verify(sub, load_trace)
-    _add_conformance(sub, load_trace)
+    _add_tool(sub, "verify", load_trace,
+              "compare your implementation's dump with a golden trace",
+              "Compare YOURS.npz (any subset of a golden trace's named quantities, step by step) "
+              "with TRACE.npz (from `refbayes trace METHOD --save`); report the first diverging "
+              "quantity with its equation tag; exit 0 when everything agrees, 1 otherwise.")
+    _add_tool(sub, "conformance", load_trace,
+              "run a public library against refbayes on identical inputs (needs the "
+              "`conformance` extra: torch)",
+              "Run a public implementation (laplace-torch, ivon-opt) and refbayes on identical "
+              "inputs and draws; print quantity, max relative error and verdict.")
     return parser
 
 

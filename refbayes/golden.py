@@ -54,7 +54,7 @@ from refbayes.methods._estimates import Batch
 from refbayes.models import MLP, LogisticRegression, SoftmaxRegression
 
 __all__ = ["FORMAT", "FORMAT_VERSION", "DTYPES", "Trace", "Tracer", "Chain", "TRACERS", "register",
-           "build", "save", "load", "bless", "run_chain", "field_tags", "derivation_of",
+           "build", "save", "load", "read_npz", "bless", "run_chain", "field_tags", "derivation_of",
            "arrays_of", "scalars_of", "cfg_arrays", "NOTE_OF", "model_spec", "model_from_spec", "command_line"]
 
 FORMAT = "refbayes-golden-trace"
@@ -736,6 +736,39 @@ def save(trace: Trace, path) -> Path:
     return path
 
 
+def read_npz(path, name: str) -> dict:
+    """Read every array of an npz file, refusing pickled entries.
+
+    Parameters
+    ----------
+    path : str or pathlib.Path
+        The file.
+    name : str
+        The argument's name, for the messages.
+
+    Returns
+    -------
+    dict of str to numpy.ndarray
+        The arrays by name.
+
+    Raises
+    ------
+    FileNotFoundError
+        If the file does not exist.
+    ValueError
+        If it is not an npz file, or an entry needs pickle (an object array).
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"{name}: no file {path}")
+    try:
+        with np.load(path, allow_pickle=False) as npz:
+            return {k: npz[k] for k in npz.files}
+    except (OSError, ValueError) as err:
+        raise ValueError(f"{name}: {path} is not a readable npz file of numeric arrays "
+                         f"({err})") from None
+
+
 def load(path) -> Trace:
     """Read a golden trace written by ``save``.
 
@@ -758,13 +791,7 @@ def load(path) -> Trace:
         cannot read) or its arrays disagree with the manifest.
     """
     path = Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"trace: no file {path}")
-    try:
-        with np.load(path, allow_pickle=False) as npz:
-            arrays = {k: npz[k] for k in npz.files}
-    except (OSError, ValueError) as err:
-        raise ValueError(f"trace: {path} is not a readable npz file ({err})") from None
+    arrays = read_npz(path, "trace")
     if MANIFEST_KEY not in arrays:
         raise ValueError(f"trace: {path} has no {MANIFEST_KEY} entry; it is not a golden trace "
                          "(make one with `refbayes trace METHOD --save FILE`)")

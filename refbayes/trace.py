@@ -166,6 +166,13 @@ comment of its NamedTuple field (tests/test_trace.py checks that the two agree, 
 SWAG trace's tags are those of the swag.SGDInfo, swag.SWAGInfo and swag.SWAGState fields, the
 Noisy K-FAC trace's those of the noisy_kfac.NoisyKFACInfo and NoisyKFACState fields, and the
 k-tied trace's those of the ktied.KTiedInfo and adam.AdamState fields).
+
+The driver methods (vogn, ogn, vadam, vprop, noisy-adam, bbb, mc-dropout, adam, slang-mlp) are
+traced by ``refbayes.golden`` (its module docstring gives the problem, the starts and the draws),
+their tags read off their Info classes' field comments. Every method here registers a
+``golden.Tracer``, so ``--save FILE`` writes a golden trace of any of them, ``--steps K`` chains
+K steps (step 1 is the step printed above) and ``--dtype float32`` runs the step and driver
+methods in float32; those runs are printed in the golden form (``format_golden``).
 """
 from __future__ import annotations
 

@@ -180,14 +180,7 @@ def load_dump(yours) -> dict:
         If it is not an npz of numeric arrays (object arrays need pickle and are refused).
     """
     if isinstance(yours, (str, Path)):
-        path = Path(yours)
-        if not path.is_file():
-            raise FileNotFoundError(f"yours: no file {path}")
-        try:
-            with np.load(path, allow_pickle=False) as npz:
-                arrays = {k: npz[k] for k in npz.files}
-        except (OSError, ValueError) as err:
-            raise ValueError(f"yours: {path} is not an npz of numeric arrays ({err})") from None
+        arrays = golden.read_npz(yours, "yours")
     elif hasattr(yours, "items"):
         arrays = {str(k): np.asarray(v) for k, v in yours.items()}
     else:

@@ -102,8 +102,9 @@ SUBSETS = ("all", "last_layer")
 class LaplaceConfig(NamedTuple):
     """Laplace approximation hyperparameters.
 
-    Defaults follow laplace-torch's prior_precision = 1.0, its GGN curvature and its default
-    subset of weights "all"; structure defaults to "full" (laplace-torch's default is "kron").
+    Defaults follow laplace-torch's prior_precision = 1.0 and its GGN curvature; subset
+    defaults to "all" and structure to "full" (laplace-torch's ``Laplace`` defaults are
+    "last_layer" and "kron").
 
     Attributes
     ----------
