@@ -244,3 +244,18 @@ def test_cli_trace_prints_float32_and_chained_traces_of_the_printed_methods(caps
     out = capsys.readouterr().out
     assert "refbayes trace slang: 2 step(s), float32" in out
     assert out.count("[(slang.4)] U (6, 2)") == 2
+
+
+def test_a_vanishing_quantity_is_compared_by_its_absolute_error():
+    """The RLA trace's g = grad L(theta_map) is zero up to the MAP's stopping rule (MAP_GTOL):
+    rounding-level noise, which another BLAS thread count changes completely."""
+    from refbayes.trace import MAP_GTOL
+    trace = golden.load(GOLDEN / "riemannian-laplace.npz")
+    assert trace.manifest["absolute"] == {"g": MAP_GTOL}
+    g = trace.outputs["g"]
+    assert np.max(np.abs(g)) < MAP_GTOL
+    near = {"g": g + 0.5 * MAP_GTOL}  # relative to g's own scale: an error of orders of magnitude
+    row = verify.compare(trace, near).rows[0]
+    assert row.ok and row.tol == MAP_GTOL and row.max_rel > 1.0
+    far = {"g": g + 2 * MAP_GTOL}
+    assert verify.compare(trace, far).first_failure.name == "g"
