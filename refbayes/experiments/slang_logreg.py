@@ -30,11 +30,13 @@ and ``<dataset>_convergence.png``; the table shows the methods asked for.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import csv
 import io
 import math
 import sys
 import time
+import types
 from pathlib import Path
 from typing import NamedTuple
 
@@ -49,6 +51,7 @@ from refbayes.datasets import (
     make_logistic_regression,
     random_split,
 )
+from refbayes.experiments import _parallel
 from refbayes.experiments._io import (
     Progress,
     ResultFileError,
@@ -150,6 +153,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="output folder (default: results/slang-logreg)")
     parser.add_argument("--fresh", action="store_true",
                         help="recompute runs whose saved settings differ instead of stopping")
+    _parallel.add_arguments(parser)
 
 
 # ----------------------------------------------------------------------------- data
@@ -376,42 +380,88 @@ def _read_other(path, schema):
         return None
 
 
-def _compute(args, plan, progress, write) -> None:
-    """Run the plan's missing runs, writing each result file as it finishes."""
-    name = plan.name
+def _restart(name, r, runs, with_mf, epochs, seed, data_dir, prov, bar) -> dict:
+    """One restart of one dataset: the exact VI fit, then each of ``runs`` (and, ``with_mf``, the
+    exact mean-field optimum); returns {method: result to save}. Its randomness is
+    (seed, r, method) only, so it runs anywhere (``_parallel.run_jobs``). ``bar(steps, label)``
+    gives a run's progress bar context."""
     prior, M, _ = DATASETS[name]
-    for r in range(plan.restarts):
-        runs = [m for rr, m in plan.todo if rr == r]
-        if not runs and r not in plan.mf_todo:
-            continue
-        X_tr, y_tr, X_te, y_te = _load(name, args.data_dir, r, args.seed)
-        Xd_tr, Xd_te = add_intercept(X_tr), add_intercept(X_te)
-        lam = _prior(Xd_tr.shape[1], prior)
-        exact = exact_vi.fit_full(Xd_tr, y_tr, lam)
-        exact_saved = {"nll": _test_nll(exact.mu, exact.Sigma, Xd_te, y_te),
-                       "grad_norm": exact.grad_norm, "n_iter": exact.n_iter,
-                       "mu": exact.mu.tolist(), "Sigma": exact.Sigma.tolist()}
-        for method in runs:
-            seq = np.random.SeedSequence([args.seed, r, METHODS.index(method)])
-            steps = plan.epochs * math.ceil(X_tr.shape[0] / M)
-            with progress.run_bar(steps, f"{name} r{r} {method}") as bar:
-                try:
-                    result = _run_one(method, (X_tr, y_tr, Xd_te, y_te), lam, M, plan.epochs,
-                                      np.random.default_rng(seq), exact, bar.update)
-                except driver.TrainingError as err:
-                    raise ValueError(f"{name}, restart {r}, {method}: {err}") from err
-            saved = {"settings": _settings(name, method, r, plan.epochs, args.seed, M, prior),
-                     **result, "exact_vi": exact_saved, "provenance": plan.provenance}
-            write_json(_path(args.out, name, r, method), saved)
-            _keep(plan, r, method, saved)
-            progress.advance(f"{name} r{r} {method}")
-        if r in plan.mf_todo:
-            saved = _meanfield_optimum(_settings(name, "exact-mf-vi", r, 0, args.seed, M, prior),
-                                       (Xd_tr, y_tr, Xd_te, y_te), lam, exact)
-            write_json(_path(args.out, name, r, "exact-mf-vi"), {**saved, "provenance": plan.provenance})
-            _keep(plan, r, "exact-mf-vi", saved)
+    X_tr, y_tr, X_te, y_te = _load(name, data_dir, r, seed)
+    Xd_tr, Xd_te = add_intercept(X_tr), add_intercept(X_te)
+    lam = _prior(Xd_tr.shape[1], prior)
+    exact = exact_vi.fit_full(Xd_tr, y_tr, lam)
+    exact_saved = {"nll": _test_nll(exact.mu, exact.Sigma, Xd_te, y_te),
+                   "grad_norm": exact.grad_norm, "n_iter": exact.n_iter,
+                   "mu": exact.mu.tolist(), "Sigma": exact.Sigma.tolist()}
+    out = {}
+    for method in runs:
+        seq = np.random.SeedSequence([seed, r, METHODS.index(method)])
+        steps = epochs * math.ceil(X_tr.shape[0] / M)
+        with bar(steps, f"{name} r{r} {method}") as b:
+            try:
+                result = _run_one(method, (X_tr, y_tr, Xd_te, y_te), lam, M, epochs,
+                                  np.random.default_rng(seq), exact, b.update)
+            except driver.TrainingError as err:
+                raise ValueError(f"{name}, restart {r}, {method}: {err}") from err
+        out[method] = {"settings": _settings(name, method, r, epochs, seed, M, prior),
+                       **result, "exact_vi": exact_saved, "provenance": prov}
+    if with_mf:
+        saved = _meanfield_optimum(_settings(name, "exact-mf-vi", r, 0, seed, M, prior),
+                                   (Xd_tr, y_tr, Xd_te, y_te), lam, exact)
+        out["exact-mf-vi"] = {**saved, "provenance": prov}
+    return out
+
+
+def _quiet_bar(steps, label):
+    """A worker's run bar: nothing shown (the main process reports finished restarts)."""
+    return contextlib.nullcontext(types.SimpleNamespace(update=lambda n=1: None))
+
+
+def _restart_jobs(args, plan) -> list:
+    """The restarts of ``plan`` with something to compute, as (r, runs, with_mf)."""
+    return [(r, [m for rr, m in plan.todo if rr == r], r in plan.mf_todo)
+            for r in range(plan.restarts)
+            if any(rr == r for rr, _ in plan.todo) or r in plan.mf_todo]
+
+
+def _save_restart(args, plan, r, results, progress) -> None:
+    for method, saved in results.items():
+        write_json(_path(args.out, plan.name, r, method), saved)
+        _keep(plan, r, method, saved)
+        if method != "exact-mf-vi":
+            progress.advance(f"{plan.name} r{r} {method}")
+
+
+def _compute(args, plan, progress, write) -> None:
+    """Run the plan's missing runs in this process, writing each restart's files as it finishes."""
+    for r, runs, with_mf in _restart_jobs(args, plan):
+        results = _restart(plan.name, r, runs, with_mf, plan.epochs, args.seed, args.data_dir,
+                           plan.provenance, progress.run_bar)
+        _save_restart(args, plan, r, results, progress)
         if write:
-            _write_summary(Path(args.out), name, _rows(plan))
+            _write_summary(Path(args.out), plan.name, _rows(plan))
+
+
+def _compute_jobs(args, plans, progress, write) -> None:
+    """Every missing restart of every plan as one job (local processes or a Dask cluster),
+    each restart's files written as it comes back."""
+    owner, jobs = {}, []
+    for plan in plans:
+        for r, runs, with_mf in _restart_jobs(args, plan):
+            key = f"{plan.name}/restart_{r}"
+            owner[key] = (plan, r)
+            jobs.append(_parallel.Job(key, _restart, (plan.name, r, runs, with_mf, plan.epochs,
+                                                      args.seed, args.data_dir, plan.provenance,
+                                                      _quiet_bar)))
+
+    def done(key, results):
+        plan, r = owner[key]
+        _save_restart(args, plan, r, results, progress)
+        if write:
+            _write_summary(Path(args.out), plan.name, _rows(plan))
+
+    _parallel.run_jobs(jobs, done, n_jobs=args.jobs, scheduler=args.dask_scheduler,
+                       threads=args.threads)
 
 
 def _rows(plan, methods=METHODS) -> list:
@@ -524,11 +574,15 @@ def run(args: argparse.Namespace) -> int:
     todo = sum(len(p.todo) + len(p.mf_todo) for p in plans)
     write = output_writable(out, needed=todo > 0)
     total = sum(p.restarts for p in plans) * len(args.methods)
+    parallel = args.jobs > 1 or args.dask_scheduler is not None
     with Progress(total, total - sum(len(p.todo) for p in plans), "slang-logreg") as progress:
+        if parallel:  # every restart of every dataset at once
+            _compute_jobs(args, plans, progress, write)
         for plan in plans:
             name = plan.name
             progress.echo(_head(name, plan.epochs, plan.restarts))
-            _compute(args, plan, progress, write)
+            if not parallel:
+                _compute(args, plan, progress, write)
             progress.echo(_table(name, _rows(plan, args.methods), args.methods))
             present = [m for m in METHODS if any((r, m) in plan.rows for r in range(plan.restarts))]
             lines = [f"\nresults: {out / name}/, {out / (name + '_summary.csv')}"]

@@ -78,7 +78,7 @@ from scipy.special import logsumexp
 
 from refbayes.datasets import data_identity, fit_standardizer, validation_split
 from refbayes.datasets.uci import UCI_NAMES, load_uci, uci_n_splits, uci_split_files
-from refbayes.experiments import uci_methods
+from refbayes.experiments import _parallel, uci_methods
 from refbayes.experiments._io import (
     Progress,
     ResultFileError,
@@ -496,9 +496,56 @@ def _execute(plan, progress, write=True) -> dict:
     return summary
 
 
+class _Quiet:
+    """The inner progress bar of a split run in a worker: nothing to show there."""
+
+    def set_postfix_str(self, *args, **kwargs):
+        pass
+
+    def update(self, n=1):
+        pass
+
+
+def _split_job(method: str, dataset: str, split: int, budget, settings: dict, seed: int,
+               data_dir):
+    """One split of one method on one dataset, as a job of ``_parallel.run_jobs``."""
+    return _run_split(uci_methods.METHODS[method], dataset, split, budget, settings, seed,
+                      data_dir, _Quiet())
+
+
+def _execute_jobs(plans, progress, n_jobs: int, scheduler, threads: int) -> None:
+    """Compute the missing splits of every plan as independent jobs (local processes or a Dask
+    cluster); each is written, and leaves its plan's todo, as it finishes."""
+    owner, jobs = {}, []
+    for plan in plans:
+        for item in plan.todo:
+            k, _, settings = item
+            key = f"{plan.spec.name}/{plan.dataset}/split_{k}"
+            owner[key] = (plan, item)
+            jobs.append(_parallel.Job(key, _split_job, (plan.spec.name, plan.dataset, k,
+                                                        plan.budget, settings, plan.seed,
+                                                        plan.data_dir)))
+
+    def done(key, result):
+        plan, (k, path, _) = owner[key]
+        write_json(path, {**result, "provenance": _split_provenance(plan, k)})
+        plan.todo.remove(owner[key][1])
+        summary, rows = _summary(plan)
+        _write_summaries(plan, summary, rows)
+        progress.advance(key)
+
+    try:
+        _parallel.run_jobs(jobs, done, n_jobs=n_jobs, scheduler=scheduler, threads=threads)
+    except uci_methods.TrainingError as err:
+        kept = sum(len(p.splits) - len(p.todo) for p in plans)
+        raise uci_methods.TrainingError(
+            f"{err}. Finished splits ({kept}) kept under {plans[0].out}") from err
+
+
 def run(method: str, dataset: str, splits=None, quick: bool = False, out=Path("results/uci"),
         fresh: bool = False, data_dir=None, seed: int = 0, epochs: int | None = None,
-        progress: bool = True) -> dict:
+        progress: bool = True, jobs: int = 1, dask_scheduler: str | None = None,
+        threads: int = 1) -> dict:
     """Run (or resume) ``method`` on ``dataset`` over ``splits`` (None: all); returns the summary.
 
     A split whose result file exists with the same settings, data checksums and refbayes
@@ -507,13 +554,20 @@ def run(method: str, dataset: str, splits=None, quick: bool = False, out=Path("r
     to be writable, before anything is computed; with nothing to compute a read-only ``out``
     only skips the summary files (note on stderr). A TrainingError (non-finite values) stops
     the run with a message naming method, dataset, split, phase and hyperparameters; the splits
-    finished before it stay on disk and in the summary files.
+    finished before it stay on disk and in the summary files. ``jobs`` > 1 runs the splits in
+    that many local processes, ``dask_scheduler`` on a Dask cluster (``_parallel.run_jobs``),
+    each with ``threads`` BLAS threads; the results equal the serial run's (each split's draws
+    come from its coordinates, ``_seeds``).
     """
     plan = _plan(method, dataset, splits, quick, out, fresh, data_dir, seed, epochs)
     write = output_writable(plan.out, needed=bool(plan.todo))
     n = len(plan.splits)
     with Progress(n, n - len(plan.todo), f"uci {method} {dataset}", enabled=progress) as bar:
-        return _execute(plan, bar, write)
+        if jobs > 1 or dask_scheduler is not None:
+            _execute_jobs([plan], bar, jobs, dask_scheduler, threads)
+            return _execute(plan, bar, write)
+        with _parallel.thread_limit(threads):
+            return _execute(plan, bar, write)
 
 
 # ----------------------------------------------------------------------------- published
@@ -644,6 +698,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--fresh", action="store_true",
                         help="recompute splits whose saved settings differ instead of stopping")
     parser.add_argument("--seed", type=seed_arg, default=0, help="master seed (default 0)")
+    _parallel.add_arguments(parser)
     parser.add_argument("--data-dir", type=Path, default=None,
                         help="folder of the benchmark data (default: $REFBAYES_DATA, then the user cache)")
 
@@ -676,6 +731,8 @@ def main(args: argparse.Namespace) -> int:
     published = load_published()
     sources = set()
     with Progress(total, total - sum(len(p.todo) for p in every), "uci") as progress:
+        if args.jobs > 1 or args.dask_scheduler is not None:  # every split of every plan at once
+            _execute_jobs(every, progress, args.jobs, args.dask_scheduler, args.threads)
         for d, ps in plans:
             progress.echo(_head(d))
             summaries = [_execute(p, progress, write) for p in ps]

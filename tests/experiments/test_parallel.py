@@ -1,0 +1,210 @@
+"""Independent jobs in local processes and on a real Dask cluster (distributed.LocalCluster, two
+worker processes): the same results as the serial run, bit for bit; a killed worker's job rerun;
+an interrupted run resumed from the files it wrote."""
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from refbayes.cli import main
+from refbayes.experiments import _parallel, uci
+
+ROOT = Path(__file__).resolve().parents[2]
+DATASET = "yacht"  # 308 rows: a quick split takes about a second
+
+
+# Module-level job functions: workers import them by name.
+def square_plus(x, seed):
+    rng = np.random.default_rng([seed, x])  # randomness from the job's coordinates only
+    return x * x + float(rng.standard_normal())
+
+
+def die_once(marker, x):
+    """Kill the worker process the first time (the marker file records it), then answer."""
+    path = Path(marker)
+    if not path.exists():
+        path.write_text("died once")
+        os._exit(1)
+    return 10 * x
+
+
+def fail(x):
+    raise ValueError(f"job {x} failed")
+
+
+def _jobs(n=5, seed=3):
+    return [_parallel.Job(f"j{x}", square_plus, (x, seed)) for x in range(n)]
+
+
+def _collect(**kwargs):
+    out = {}
+    _parallel.run_jobs(_jobs(), out.__setitem__, **kwargs)
+    return out
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    distributed = pytest.importorskip("distributed")
+    old = os.environ.get("PYTHONPATH")
+    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), old]))  # workers import tests
+    try:
+        with distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True,
+                                      dashboard_address=None, host="127.0.0.1") as c:
+            yield c
+    finally:
+        if old is None:
+            os.environ.pop("PYTHONPATH", None)
+        else:
+            os.environ["PYTHONPATH"] = old
+
+
+def test_processes_and_dask_give_the_serial_results(cluster):
+    serial = _collect()
+    assert _collect(n_jobs=2) == serial
+    assert _collect(scheduler=cluster.scheduler_address) == serial
+    assert list(serial) == [f"j{x}" for x in range(5)]
+
+
+def test_a_killed_worker_job_is_rerun(cluster, tmp_path):
+    marker = tmp_path / "marker"
+    out = {}
+    _parallel.run_jobs([_parallel.Job("a", die_once, (str(marker), 4))], out.__setitem__,
+                       scheduler=cluster.scheduler_address)
+    assert marker.read_text() == "died once" and out == {"a": 40}
+
+
+@pytest.mark.parametrize("where", ["processes", "dask"])
+def test_a_failing_job_raises_its_error_and_keeps_the_finished(cluster, where):
+    kwargs = {"n_jobs": 2} if where == "processes" else {"scheduler": cluster.scheduler_address}
+    out = {}
+    jobs = [_parallel.Job("ok", square_plus, (1, 0)), _parallel.Job("bad", fail, (7,))]
+    with pytest.raises(ValueError, match="job 7 failed"):
+        _parallel.run_jobs(jobs, out.__setitem__, **kwargs)
+    assert set(out) <= {"ok"}
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"n_jobs": 0}, "jobs: expected an integer"),
+    ({"threads": 0}, "threads: expected an integer"),
+    ({"scheduler": "nohost"}, "dask_scheduler: expected an address such as tcp://"),
+])
+def test_run_jobs_refuses_bad_arguments(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        _parallel.run_jobs(_jobs(), lambda k, r: None, **kwargs)
+
+
+def test_an_unreachable_scheduler_is_a_clear_error(monkeypatch):
+    pytest.importorskip("distributed")
+    monkeypatch.setattr(_parallel, "CONNECT_TIMEOUT", "1s")
+    with pytest.raises(ValueError, match="dask_scheduler: cannot connect to tcp://127.0.0.1:9"):
+        _parallel.run_jobs(_jobs(1), lambda k, r: None, scheduler="tcp://127.0.0.1:9")
+
+
+def test_thread_limit_sets_the_blas_pools():
+    from threadpoolctl import threadpool_info
+    with _parallel.thread_limit(1):
+        assert all(p["num_threads"] == 1 for p in threadpool_info())
+
+
+# ----------------------------------------------------------------------------- uci
+
+
+def _numbers(out, k):
+    """A split's result without its timings and provenance (which differ run to run)."""
+    def strip(d):
+        if isinstance(d, dict):
+            return {key: strip(v) for key, v in d.items()
+                    if "seconds" not in key and key != "provenance"}
+        if isinstance(d, list):
+            return [strip(v) for v in d]
+        return d
+    return strip(json.loads((out / "slang" / DATASET / f"split_{k}.json").read_text()))
+
+
+def _uci(out, data_dir, *extra):
+    return main(["reproduce", "uci", "--method", "slang", "--dataset", DATASET, "--splits",
+                 "0,1,2", "--quick", "--epochs", "2", "--out", str(out), "--data-dir",
+                 str(data_dir), *map(str, extra)])
+
+
+@pytest.fixture(scope="module")
+def serial_uci(tmp_path_factory, data_dir):
+    out = tmp_path_factory.mktemp("serial")
+    assert _uci(out, data_dir) == 0
+    return out
+
+
+def test_uci_jobs_equal_the_serial_run_bit_for_bit(serial_uci, data_dir, tmp_path):
+    assert _uci(tmp_path, data_dir, "--jobs", "2") == 0
+    for k in range(3):
+        assert _numbers(tmp_path, k) == _numbers(serial_uci, k)
+
+
+def test_uci_on_a_dask_cluster_equals_the_serial_run(cluster, serial_uci, data_dir, tmp_path,
+                                                    capsys):
+    assert _uci(tmp_path, data_dir, "--dask-scheduler", cluster.scheduler_address) == 0
+    for k in range(3):
+        assert _numbers(tmp_path, k) == _numbers(serial_uci, k)
+    summary = json.loads((tmp_path / "slang" / DATASET / "summary.json").read_text())
+    assert summary["summary"]["splits_done"] == 3
+
+
+def test_an_interrupted_dask_run_resumes_from_its_files(cluster, serial_uci, data_dir, tmp_path,
+                                                        monkeypatch):
+    written = []
+    real = uci.write_json
+
+    def write_then_interrupt(path, obj):
+        real(path, obj)
+        if Path(path).name.startswith("split_"):
+            written.append(Path(path))
+            if len(written) == 1:
+                raise KeyboardInterrupt  # the user's Ctrl-C after the first split came back
+
+    monkeypatch.setattr(uci, "write_json", write_then_interrupt)
+    with pytest.raises(KeyboardInterrupt):
+        uci.run("slang", DATASET, (0, 1, 2), quick=True, out=tmp_path, data_dir=data_dir,
+                epochs=2, progress=False, dask_scheduler=cluster.scheduler_address)
+    monkeypatch.setattr(uci, "write_json", real)
+    first = written[0]
+    stamp = first.stat().st_mtime_ns
+    assert len(list((tmp_path / "slang" / DATASET).glob("split_*.json"))) == 1
+    uci.run("slang", DATASET, (0, 1, 2), quick=True, out=tmp_path, data_dir=data_dir, epochs=2,
+            progress=False, dask_scheduler=cluster.scheduler_address)
+    assert first.stat().st_mtime_ns == stamp  # reused, not recomputed
+    for k in range(3):
+        assert _numbers(tmp_path, k) == _numbers(serial_uci, k)
+
+
+# ----------------------------------------------------------------------------- slang-logreg
+
+
+def _json_numbers(folder: Path) -> dict:
+    def strip(d):
+        if isinstance(d, dict):
+            return {key: strip(v) for key, v in d.items()
+                    if "seconds" not in key and key != "provenance"}
+        if isinstance(d, list):
+            return [strip(v) for v in d]
+        return d
+    return {str(p.relative_to(folder)): strip(json.loads(p.read_text()))
+            for p in sorted(folder.rglob("*.json"))}
+
+
+def _slang_logreg(out, *extra):
+    return main(["reproduce", "slang-logreg", "--epochs", "3", "--restarts", "3", "--methods",
+                 "mf-ef,slang-2,full-ef", "--out", str(out), *map(str, extra)])
+
+
+def test_slang_logreg_restarts_in_processes_and_on_dask_equal_the_serial_run(cluster, tmp_path):
+    assert _slang_logreg(tmp_path / "serial") == 0
+    assert _slang_logreg(tmp_path / "jobs", "--jobs", "2") == 0
+    assert _slang_logreg(tmp_path / "dask", "--dask-scheduler", cluster.scheduler_address) == 0
+    serial = _json_numbers(tmp_path / "serial")
+    assert len(serial) == 3 * 3 + 3 + 1  # runs, exact mean-field optima, the summary
+    assert _json_numbers(tmp_path / "jobs") == serial
+    assert _json_numbers(tmp_path / "dask") == serial
