@@ -5,13 +5,48 @@ nothing is broadcast, clipped or cast silently.
 """
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import math
 import numbers
 
 from refbayes.backend import cholesky, xp_of
 
 __all__ = ["check_array", "check_float", "check_finite", "check_positive", "check_int", "check_in_range",
-           "check_same_dtype"]
+           "check_same_dtype", "unchecked", "value_checks"]
+
+# Whether the checks scan array VALUES (finite, positive, symmetric: O(size) each); the O(1)
+# checks (types, shapes, dtypes, scalars) run always. A ContextVar, so a thread or task that
+# turns the scans off does not turn them off for another.
+_VALUE_CHECKS = contextvars.ContextVar("refbayes_value_checks", default=True)
+
+
+def value_checks() -> bool:
+    """Whether the checks scan array values here (False inside ``unchecked``)."""
+    return _VALUE_CHECKS.get()
+
+
+@contextlib.contextmanager
+def unchecked():
+    """Skip the value scans of every input check inside the block: the public switch.
+
+    Every public function checks its inputs; a scan over an array's values (finite, > 0,
+    symmetric, the low-rank factors' bounds) costs O(size) per array per call, which a driver
+    taking thousands of steps on arrays it produced itself pays for nothing. The drivers
+    (``refbayes.methods.driver.run``, ``vogn_mpi.run``) take their first step checked and the
+    rest inside this block; the structural checks (types, shapes, dtypes, scalar ranges) still
+    run, and the results are the same bit for bit (tested). A caller's own loop may do the same
+    after validating its inputs once::
+
+        with refbayes.unchecked():
+            for batch, eps in ...:
+                state, info = slang.step(state, batch, eps, cfg, model)
+    """
+    token = _VALUE_CHECKS.set(False)
+    try:
+        yield
+    finally:
+        _VALUE_CHECKS.reset(token)
 
 
 def _as_float(x) -> float:
@@ -53,6 +88,8 @@ def check_float(a, name: str):
 
 
 def check_finite(a, name: str):
+    if not _VALUE_CHECKS.get():
+        return a
     xp = xp_of(a)
     if a.dtype.kind == "f" and not bool(xp.all(xp.isfinite(a))):
         raise ValueError(f"{name}: expected finite values, got NaN or inf")
@@ -67,6 +104,8 @@ def check_positive(a, name: str, *, strict: bool = True, finite: bool = True):
     """
     what = "> 0" if strict else ">= 0"
     if hasattr(a, "shape"):
+        if not _VALUE_CHECKS.get():
+            return a
         xp = xp_of(a)
         if a.size == 0:
             return a
@@ -92,7 +131,7 @@ def check_invertible_positive(a, name: str):
     its dtype (``finfo(dtype).tiny``), so that 1 / a is finite (the reciprocal of a subnormal
     overflows; that of tiny, ~4.5e307 in float64, does not); return it."""
     check_positive(a, name)
-    if a.size == 0:
+    if a.size == 0 or not _VALUE_CHECKS.get():
         return a
     tiny = float(xp_of(a).finfo(a.dtype).tiny)
     low = float(a.min())
@@ -149,7 +188,7 @@ def check_symmetric(M, name: str):
         raise ValueError(f"{name}: expected a square matrix, got shape {tuple(M.shape)}")
     if M.dtype.kind != "f":
         raise ValueError(f"{name}: expected a floating dtype (float64 or float32), got {M.dtype}")
-    if M.shape[0] == 0:
+    if M.shape[0] == 0 or not _VALUE_CHECKS.get():
         return M
     asym = float(xp.max(xp.abs(M - M.T)))
     bound = 100 * float(xp.finfo(M.dtype).eps) * float(xp.max(xp.abs(M)))

@@ -149,3 +149,68 @@ def test_in_range_huge_integer_is_treated_as_infinite():
         C.check_in_range(10**400, "n", 0.0, math.inf, high_open=True)
     with pytest.raises(ValueError, match=r"n: expected finite values > 0"):
         C.check_positive(10**400, "n")
+
+
+def test_unchecked_skips_value_scans_but_not_structure():
+    import numpy as np
+
+    import refbayes
+    from refbayes._checks import check_array, check_positive, value_checks
+    bad = np.array([1.0, np.nan])
+    with pytest.raises(ValueError, match="x: expected finite values"):
+        check_array(bad, "x")
+    with refbayes.unchecked():
+        assert not value_checks()
+        assert check_array(bad, "x") is bad            # the O(size) scan is skipped
+        assert check_positive(-np.ones(2), "p") is not None
+        with pytest.raises(ValueError, match="x: expected shape .3."):
+            check_array(bad, "x", shape=(3,))        # the O(1) checks still run
+        with pytest.raises(ValueError, match="n: expected an integer"):
+            from refbayes._checks import check_int
+            check_int(0.5, "n")
+    assert value_checks()                             # restored on exit
+    with pytest.raises(RuntimeError):
+        with refbayes.unchecked():
+            raise RuntimeError
+    assert value_checks()                             # restored on an exception too
+
+
+def test_the_driver_skips_the_scans_after_its_first_step_with_the_same_results():
+    """driver.run (first step checked, then refbayes.unchecked) equals the same steps taken
+    one by one with every check, bit for bit."""
+    import numpy as np
+
+    from refbayes.datasets import make_logistic_regression
+    from refbayes.methods import driver, slang
+    from refbayes.methods._estimates import Batch
+    from refbayes.models import LogisticRegression
+    X, y, _ = make_logistic_regression(40, 5, 0)
+    model = LogisticRegression(5)
+    D = model.D
+    state = slang.init(np.zeros(D), 0.1 * np.ones((D, 2)), np.ones(D))
+    cfg = slang.SLANGConfig(N=40, lam=np.ones(D), L=2)
+    got = driver.run(state, cfg, model, X, y, rng=np.random.default_rng(1), epochs=3, M=8, S=2)
+    rng = np.random.default_rng(1)
+    ref = state
+    for _ in range(3):
+        for idx in driver.epoch_batches(rng, 40, 8):
+            eps = rng.standard_normal((D, 2))
+            ref, _ = slang.step(ref, Batch(X[idx], y[idx]), eps, cfg, model)
+    for field in ("mu", "U", "d", "g_bar"):
+        np.testing.assert_array_equal(getattr(got, field), getattr(ref, field))
+
+
+def test_the_driver_still_checks_its_data_whole():
+    import numpy as np
+
+    from refbayes.datasets import make_logistic_regression
+    from refbayes.methods import driver, vogn
+    from refbayes.models import LogisticRegression
+    X, y, _ = make_logistic_regression(40, 5, 0)
+    y = y.astype(float)
+    y[-1] = np.nan  # a row no first minibatch may contain
+    model = LogisticRegression(5)
+    state = vogn.init(np.zeros(model.D), np.ones(model.D))
+    with pytest.raises(ValueError, match="y: expected finite values"):
+        driver.run(state, vogn.VOGNConfig(40, delta=1.0), model, X, y,
+                   rng=np.random.default_rng(0), epochs=1, M=8)

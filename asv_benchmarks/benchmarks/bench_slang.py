@@ -2,11 +2,13 @@
 exact-VI solve that is their ground truth.
 
 Issue targets: the SLANG step at D = 1e4, L = 10, M = 32 (S = 1) runs in under 10 ms on one
-core; SLANG scales linearly in D, the full Gaussian cubically. asv times whatever BLAS threading
-the process starts with; for the one-core figures run with the thread count fixed in the
-environment (threadpoolctl is not a dependency, and OpenBLAS reads these once, at import):
+core; SLANG scales linearly in D, the full Gaussian cubically. The benchmark package limits
+BLAS to one thread (benchmarks/__init__.py; REFBAYES_BENCH_THREADS to change it).
 
-    OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 MKL_NUM_THREADS=1 asv run --python=same -b bench_slang
+The driven step (``SLANGStepUnchecked``: inside ``refbayes.unchecked()``, as the drivers take
+every step after their first) is compared with its floor, ``SLANGStepPlain``: the same arithmetic
+written plainly in NumPy for logistic regression, with no checks, no Info and no sign fixing
+(its setup checks that it equals slang.step to 1e-10).
 
 ``python -m benchmarks.bench_slang`` (from asv_benchmarks/) prints the median step time and the
 page faults per step of every case with timeit, on the same inputs, each in a fresh process.
@@ -25,6 +27,7 @@ import timeit
 
 import numpy as np
 
+import refbayes
 from refbayes.datasets import make_logistic_regression
 from refbayes.linalg import lowrank
 from refbayes.methods import exact_vi, ngvi, slang
@@ -90,6 +93,72 @@ class SLANGStep:
         sync(self.xp)
 
     def peakmem_step(self, name, D, L):
+        self.run()
+
+
+class SLANGStepUnchecked(SLANGStep):
+    """slang.step inside refbayes.unchecked(): the step a driver takes after its first."""
+
+    def run(self):
+        with refbayes.unchecked():
+            return slang.step(self.state, self.batch, self.eps, self.cfg, self.model)
+
+
+def plain_step(state, X, y, eps, lam, N, alpha_t, beta_t):
+    """SLANG's step on logistic regression in plain NumPy: the floor of ``slang.step``.
+
+    The arithmetic of (slang.2)-(slang.8) with momentum 0 and the exact fast_eig, written for
+    speed (W^T filled in place, the intercept column never materialised), with nothing else: no
+    checks, no Info, no sign fixing. Returns (mu, U, d) of the new state."""
+    mu, U, d = state.mu, state.U, state.d
+    (M, p), S, L = X.shape, eps.shape[1], U.shape[1]
+    D = p + 1
+    s = np.sqrt(d)
+    V = U / s[:, None]
+    lam_v, Q = np.linalg.eigh(V.T @ V)
+    F = (Q * (1.0 / (lam_v + 1.0 + np.sqrt(lam_v + 1.0)))) @ Q.T  # (lowrank.8)
+    theta = mu[:, None] + (eps - V @ (F @ (V.T @ eps))) / s[:, None]
+    r = 1.0 / (1.0 + np.exp(-(X @ theta[:-1] + theta[-1]))) - y[:, None]  # (M, S) residuals
+    c = N / (M * S)
+    W_T = np.empty((L + M * S, D))
+    np.multiply(U.T, np.sqrt(1.0 - beta_t), out=W_T[:L])
+    G = W_T[L:].reshape(S, M, D)                                   # per-example gradients
+    np.multiply(r.T[:, :, None], X[None], out=G[:, :, :p])
+    G[:, :, p] = r.T
+    g = c * G.sum(axis=(0, 1)) + lam * mu
+    G *= np.sqrt(beta_t * c)
+    _, R = np.linalg.eigh(W_T @ W_T.T)
+    U_new = W_T.T @ R[:, ::-1][:, :L]
+    d_new = (1.0 - beta_t) * d + np.einsum("kd,kd->d", W_T, W_T) \
+        - np.einsum("dl,dl->d", U_new, U_new) + beta_t * lam
+    Vn = U_new / d_new[:, None]
+    cap = np.eye(L) + U_new.T @ Vn
+    Delta = g / d_new - Vn @ np.linalg.solve(cap, Vn.T @ g)       # Woodbury (lowrank.2)
+    return mu - alpha_t * Delta, U_new, d_new
+
+
+class SLANGStepPlain:
+    """``plain_step``: the floor the driven SLANG step is measured against (NumPy only)."""
+    params = ([10000],  LS)
+    param_names = ["D", "L"]
+
+    def setup(self, D, L):
+        model, batch, mu, U, d, self.eps, self.lam = step_inputs(np, D, L)
+        self.X, self.y = batch
+        self.state = slang.init(mu, U, d)._replace(t=T)
+        cfg = slang.SLANGConfig(N=N, lam=self.lam, L=L)
+        self.alpha_t, self.beta_t = slang.step(self.state, batch, self.eps, cfg, model)[1][:2]
+        new = slang.step(self.state, batch, self.eps, cfg, model)[0]
+        mine = self.run()
+        err = float(np.max(np.abs(mine[0] - new.mu)) / np.max(np.abs(new.mu)))
+        if not err <= 1e-10:  # the floor must be the same arithmetic
+            raise ValueError(f"plain_step differs from slang.step: mu rel err {err:.2e}")
+
+    def run(self):
+        return plain_step(self.state, self.X, self.y, self.eps, self.lam, N, self.alpha_t,
+                          self.beta_t)
+
+    def time_step(self, D, L):
         self.run()
 
 

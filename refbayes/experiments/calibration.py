@@ -35,6 +35,12 @@ SWAG-Diagonal and SWAG: one SGD run serves all three) and a prediction generator
 ``SeedSequence([seed, dataset, task, 2, crc32(method)])``. So a job's numbers do not depend on
 which other jobs ran, in this invocation or before it.
 
+Parallel runs (``--jobs N`` local processes or ``--dask-scheduler ADDRESS``,
+``refbayes.experiments._parallel``): one job is one training run of one (dataset, task, seed)
+with the methods it serves (map; swa, swag-diag and swag together; bbb; mc_dropout; vogn), so a
+shared fit still trains once; the worker reloads the data from --data-dir (and refuses data
+whose checksums differ from the main process's). The results equal the serial run's bit for bit.
+
 Output (``--out``, default results/calibration), written as the jobs finish:
 ``<dataset>/<task>/seed_<k>/<method>.json`` (atomic; settings, provenance, status "ok" or
 "diverged" with the error, metrics, reliability curve, seconds), then ``results.csv`` (one row
@@ -59,6 +65,7 @@ import json
 import math
 import sys
 import time
+import types
 import zlib
 from pathlib import Path
 from typing import NamedTuple
@@ -67,7 +74,7 @@ import numpy as np
 
 from refbayes import metrics
 from refbayes.datasets import data_identity, load_digits, load_mnist_subset
-from refbayes.experiments import calibration_methods
+from refbayes.experiments import _parallel, calibration_methods
 from refbayes.experiments._io import (
     Progress,
     ResultFileError,
@@ -203,6 +210,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="folder of the benchmark data (default: $REFBAYES_DATA, then the "
                              "user cache)")
     parser.add_argument("--no-progress", action="store_true", help="no progress output")
+    _parallel.add_arguments(parser)
 
 
 # ----------------------------------------------------------------------------- jobs
@@ -364,6 +372,54 @@ def _run_job(job, td, cache, bar) -> dict:
     result["seconds"] = {"fit": fit_seconds, "predict": predict_seconds,
                          "total": (0.0 if reused else fit_seconds) + predict_seconds}
     return result
+
+
+def _train_job(dataset, task, seed, methods, settings, prov, data_dir) -> dict:
+    """One training run of (dataset, task, seed) with the methods it serves, in order, as a job
+    of ``_parallel.run_jobs``: {method: result}. The data are reloaded here (from ``data_dir``)
+    and checked against the main process's checksums (``prov``)."""
+    X, y, identity = load_data(dataset, data_dir)
+    if provenance(identity)["data_sha256"] != prov["data_sha256"]:
+        raise ValueError(f"calibration {dataset}: the worker read other data than the main "
+                         f"process ({identity} vs {prov['data_sha256']}); give --data-dir a "
+                         "folder every worker sees")
+    train, test = stratified_split(y, TEST_FRAC, _split_rng(seed, dataset))
+    td = task_data(X, y, train, test, task)
+    cache, out = {}, {}
+    quiet = types.SimpleNamespace(update=lambda n=1: None)  # the main process shows progress
+    for method, s in zip(methods, settings):
+        job = _Job(dataset, task, seed, calibration_methods.METHODS[method], None, s, prov)
+        out[method] = _run_job(job, td, cache, quiet)
+    return out
+
+
+def _run_jobs(todo, progress, args) -> None:
+    """The missing jobs grouped by training run (dataset, task, seed, train name), one
+    ``_parallel`` job each (local processes or a Dask cluster); each method's file written as
+    its group comes back."""
+    groups = {}
+    for job in todo:  # todo is in (dataset, task, seed, method) order: kept within a group
+        groups.setdefault((job.dataset, job.task, job.seed, _train_name(job.spec)), []).append(job)
+    data_dir = None if args.data_dir is None else Path(args.data_dir).resolve()
+    jobs, owner = [], {}
+    for (d, task, seed, train), members in groups.items():
+        key = f"{d}/{task}/seed_{seed}/{train}"
+        owner[key] = {j.spec.name: j for j in members}
+        jobs.append(_parallel.Job(key, _train_job, (
+            d, task, seed, tuple(j.spec.name for j in members),
+            [j.settings for j in members], members[0].provenance, data_dir)))
+
+    def done(key, results):
+        for method, result in results.items():
+            job = owner[key][method]
+            write_json(job.path, result)
+            label = f"{method} {job.dataset} {job.task} seed {job.seed}"
+            if result["status"] != "ok":
+                progress.echo(f"note: {label} diverged: {result['error']}", file=sys.stderr)
+            progress.advance(label)
+
+    _parallel.run_jobs(jobs, done, n_jobs=args.jobs, scheduler=args.dask_scheduler,
+                       threads=getattr(args, "threads", 1))
 
 
 # ----------------------------------------------------------------------------- summaries
@@ -569,6 +625,8 @@ def run(args: argparse.Namespace) -> int:
     be computed) before training anything; then runs the missing jobs in (dataset, task, seed,
     method) order, each written when it finishes, and ends with results.csv, summary.json, a
     markdown table per dataset (stdout and table_<dataset>.md) and the reliability diagrams.
+    With --jobs > 1 or --dask-scheduler the missing jobs run as independent jobs of
+    ``_parallel`` (one per training run, ``_run_jobs``), then the same summaries are written.
     """
     quick = bool(args.quick)
     datasets = args.dataset if args.dataset is not None else (("digits",) if quick else DATASETS)
@@ -584,6 +642,9 @@ def run(args: argparse.Namespace) -> int:
     cache, current = {}, None
     with Progress(len(jobs), len(jobs) - len(todo), "calibration",
                   enabled=not args.no_progress) as progress:
+        if todo and (args.jobs > 1 or args.dask_scheduler is not None):
+            _run_jobs(todo, progress, args)
+            todo = []
         for job in todo:
             group = (job.dataset, job.task, job.seed)
             if group != current:  # shared fits live for one (dataset, task, seed)

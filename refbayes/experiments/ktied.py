@@ -33,6 +33,15 @@ steps while it runs (the run resumes from it), ``posterior_<name>.npz`` (mu, sig
 ``elbo_vs_step.png``, ``snr.png``. A saved run or checkpoint is reused only when its settings,
 data checksum and refbayes version match; otherwise the run stops naming the file, unless --fresh.
 
+Parallel runs: the runs are independent jobs (``--jobs N`` local processes or
+``--dask-scheduler ADDRESS``, ``refbayes.experiments._parallel``): every draw comes from a
+generator seeded by (seed, purpose, step), none shared between runs, so the results equal the
+serial run's bit for bit. A worker rebuilds the data from --data-dir and refuses other data than
+the main process read. Local processes checkpoint and resume under --out as the serial run
+does; Dask workers (which may not see --out) neither read nor write checkpoints, so an
+interrupted run restarts from step 0 there (same numbers). Files are written by the main process
+as the runs come back.
+
 Run times (MEASURED_SECONDS, 2-core AMD EPYC VM, one BLAS thread, under load): the default
 run about 69 minutes of compute (two processes side by side, ``--runs meanfield`` and
 ``--runs 1,2,3`` into one --out, then one more call for the combined tables: about 40 minutes),
@@ -41,17 +50,20 @@ run about 69 minutes of compute (two processes side by side, ``--runs meanfield`
 from __future__ import annotations
 
 import argparse
+import contextlib
 import csv
 import io
 import json
 import math
 import time
+import types
 from pathlib import Path
 from typing import Any, Callable, NamedTuple
 
 import numpy as np
 
 from refbayes.datasets import data_identity, load_mnist, load_mnist_subset
+from refbayes.experiments import _parallel
 from refbayes.experiments._io import (
     Progress,
     atomic_write_npz,
@@ -184,6 +196,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="output folder (default: results/ktied)")
     parser.add_argument("--fresh", action="store_true",
                         help="recompute runs whose saved settings differ instead of stopping")
+    _parallel.add_arguments(parser)
     parser.add_argument("--data-dir", type=Path, default=None,
                         help="folder of the benchmark data (default: $REFBAYES_DATA, then the "
                              "user cache)")
@@ -335,15 +348,16 @@ def _save_checkpoint(out, name, state, record):
               t=np.array(state.t), record=np.array(json.dumps(record)))
 
 
-def _load_checkpoint(out, name, method, settings, prov, fresh):
-    """(state, record) from a matching checkpoint, or None."""
+def _read_checkpoint(out, name, settings, prov, fresh, keys=("mu", "rho", "m", "v", "t")):
+    """(record, {key: array}) of a matching checkpoint, or None (none there, or, with fresh,
+    one that does not match); ValueError naming the file for an unreadable or differing one."""
     path = _ckpt_path(out, name)
     if not path.exists():
         return None
     try:
         with np.load(path, allow_pickle=False) as z:
             record = json.loads(str(z["record"]))
-            arrays = {k: z[k] for k in ("mu", "rho", "m", "v", "t")}
+            arrays = {k: z[k] for k in keys}
     except (OSError, ValueError, KeyError) as err:
         if fresh:
             return None
@@ -351,6 +365,15 @@ def _load_checkpoint(out, name, method, settings, prov, fresh):
                          "to start the run again") from err
     if not reusable(path, record, settings, prov, fresh):
         return None
+    return record, arrays
+
+
+def _load_checkpoint(out, name, method, settings, prov, fresh):
+    """(state, record) from a matching checkpoint, or None."""
+    read = _read_checkpoint(out, name, settings, prov, fresh)
+    if read is None:
+        return None
+    record, arrays = read
     s0 = method.state
     t = int(arrays["t"])
     adam = s0.adam._replace(m=arrays["m"], v=arrays["v"], t=t)
@@ -366,12 +389,22 @@ def _settings(name, args, budget) -> dict:
 
 
 def _train(name, args, budget, data, settings, prov, progress) -> dict:
+    """Train the run ``name`` (checkpoints under --out), write its posterior; its record."""
+    record, mu, sigma = _fit(name, args, budget, data, settings, prov, progress, args.out)
+    atomic_write_npz(Path(args.out) / f"posterior_{name}.npz", mu=mu, sigma=sigma)
+    return record
+
+
+def _fit(name, args, budget, data, settings, prov, progress, ckpt_dir):
+    """(record, mu, sigma) of the run ``name``; it resumes from and writes checkpoints in
+    ``ckpt_dir`` (None: neither)."""
     model = _model(budget["hidden"])
     X, y = data.train
     N, M, T = X.shape[0], budget["batch"], budget["steps"]
     mu0 = model.init_theta(_rng(args.seed, 6))
     method = _make(name, model, mu0, args.seed, N, budget["lr"])
-    resumed = _load_checkpoint(args.out, name, method, settings, prov, args.fresh)
+    resumed = None if ckpt_dir is None else \
+        _load_checkpoint(ckpt_dir, name, method, settings, prov, args.fresh)
     if resumed is None:
         state = method.state
         record = {"settings": settings, "provenance": prov, "curve": [], "snr": [],
@@ -396,9 +429,9 @@ def _train(name, args, budget, data, settings, prov, progress) -> dict:
                 record["snr"] += _snr(method, state, data, args.seed, t, budget["snr_draws"], M)
             if t == T:
                 break
-            if t % budget["checkpoint_every"] == 0 and t != t_start:
+            if ckpt_dir is not None and t % budget["checkpoint_every"] == 0 and t != t_start:
                 record["seconds"] = time.perf_counter() - t0
-                _save_checkpoint(args.out, name, state, {**record, "window": window})
+                _save_checkpoint(ckpt_dir, name, state, {**record, "window": window})
                 if progress.enabled and not progress.tty:  # a log file gets a line per checkpoint
                     last = record["curve"][-1]
                     progress.echo(f"ktied: {name} step {t}/{T}, -ELBO / N {last['neg_elbo']:.4f} "
@@ -413,8 +446,57 @@ def _train(name, args, budget, data, settings, prov, progress) -> dict:
     record["final"] = _evaluate(method, state, model, data, final_eps)
     record["seconds"] = time.perf_counter() - t0
     record["citation"] = CITATION
-    atomic_write_npz(Path(args.out) / f"posterior_{name}.npz", mu=state.mu, sigma=method.sigma(state))
-    return record
+    return record, state.mu, method.sigma(state)
+
+
+class _QuietProgress:
+    """The progress of a run trained as a job in a worker: nothing shown there (the main
+    process reports finished runs)."""
+    enabled = tty = False
+
+    def run_bar(self, total, desc, unit="step"):
+        return contextlib.nullcontext(types.SimpleNamespace(update=lambda n=1: None))
+
+    def echo(self, text="", file=None):
+        pass
+
+
+def _run_job(name, seed, data_dir, budget, settings, prov, ckpt_dir, fresh):
+    """One run, as a job of ``_parallel.run_jobs``: (record, mu, sigma). The worker reloads the
+    data and checks that it is what the main process read (its checksums)."""
+    args = argparse.Namespace(seed=seed, data_dir=data_dir, out=ckpt_dir, fresh=fresh)
+    data = _load(args, budget)
+    if provenance(data.identity)["data_sha256"] != prov["data_sha256"]:
+        raise ValueError(f"ktied run {name}: the worker read other data than the main process "
+                         f"({data.identity} vs {prov['data_sha256']}); give --data-dir a "
+                         "folder every worker sees")
+    return _fit(name, args, budget, data, settings, prov, _QuietProgress(), ckpt_dir)
+
+
+def _train_jobs(args, budget, todo, saved, prov, progress) -> None:
+    """Every missing run as one job (local processes or a Dask cluster); each run's posterior
+    and result file written, and its checkpoint removed, as it comes back."""
+    out = Path(args.out)
+    # local processes share this file system: checkpoints as the serial run; Dask: none
+    ckpt_dir = out.resolve() if args.dask_scheduler is None else None
+    data_dir = None if args.data_dir is None else Path(args.data_dir).resolve()
+    for name, settings in todo:  # refused here, before any job runs, as the serial run would
+        _read_checkpoint(out, name, settings, prov, args.fresh, keys=())
+    jobs = [_parallel.Job(f"ktied/{name}", _run_job, (name, args.seed, data_dir, budget,
+                                                      settings, prov, ckpt_dir, args.fresh))
+            for name, settings in todo]
+
+    def done(key, result):
+        name = key.split("/", 1)[1]
+        record, mu, sigma = result
+        atomic_write_npz(out / f"posterior_{name}.npz", mu=mu, sigma=sigma)
+        saved[name] = record
+        write_json(_path(out, name), record)
+        _ckpt_path(out, name).unlink(missing_ok=True)
+        progress.advance(name)
+
+    _parallel.run_jobs(jobs, done, n_jobs=args.jobs, scheduler=args.dask_scheduler,
+                       threads=getattr(args, "threads", 1))
 
 
 # ----------------------------------------------------------------------------- post-hoc
@@ -625,6 +707,8 @@ def run(args: argparse.Namespace) -> int:
     Saved runs under --out are read and checked first; each missing run is trained (resuming
     from its checkpoint), saved, and the tables printed; the post-hoc analysis needs the
     mean-field run. Progress (one line over the runs, a bar over each run's steps) on stderr.
+    With --jobs > 1 or --dask-scheduler the missing runs are trained first as independent jobs
+    (each saved as it comes back), then the same post-hoc analysis, tables and figures.
     """
     budget = _budget(args)
     out = Path(args.out)
@@ -640,6 +724,9 @@ def run(args: argparse.Namespace) -> int:
             todo.append((name, settings))
     write = output_writable(out, needed=bool(todo))
     with Progress(len(args.runs), len(saved), "ktied", enabled=not args.no_progress) as progress:
+        if todo and (args.jobs > 1 or args.dask_scheduler is not None):  # every run at once
+            _train_jobs(args, budget, todo, saved, prov, progress)
+            todo = []
         for name, settings in todo:
             saved[name] = _train(name, args, budget, data, settings, prov, progress)
             write_json(_path(out, name), saved[name])

@@ -11,12 +11,18 @@ On a seeded synthetic logistic-regression problem it checks, and times:
 Each check has a float64 tolerance from ``refbayes._tolerances``; the command exits 1 when one fails.
 Results go to ``<out>/selfcheck.json`` as they are produced (with their provenance: the sha256 of
 the generated data, the refbayes version and the git commit), a figure to ``<out>/selfcheck.png``.
+
+The four groups of checks are independent jobs (``--jobs N`` local processes or
+``--dask-scheduler ADDRESS``, ``refbayes.experiments._parallel``): each rebuilds the seeded
+problem, so the errors equal the serial run's bit for bit; the timings are then taken while
+the other groups run (use the serial run to time).
 """
 from __future__ import annotations
 
 import argparse
 import sys
 import time
+import types
 from pathlib import Path
 
 import numpy as np
@@ -24,6 +30,7 @@ from tqdm import tqdm
 
 from refbayes._tolerances import EXACT_F64, rel_err
 from refbayes.datasets import make_logistic_regression
+from refbayes.experiments import _parallel
 from refbayes.experiments._io import (
     format_table,
     output_writable,
@@ -53,6 +60,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="output folder (default: results/selfcheck)")
     parser.add_argument("--seed", type=seed_arg, default=0, help="seed of the synthetic data (default 0)")
     parser.add_argument("--quick", action="store_true", help="smaller problem (smoke test)")
+    _parallel.add_arguments(parser)
 
 
 def _best_time(fn, repeat=5) -> float:
@@ -150,34 +158,82 @@ def _logistic_ggn_factor(model, theta, X):
     return (add_intercept(X) * np.sqrt(s * (1.0 - s))[:, None]).T
 
 
-def run(args: argparse.Namespace) -> int:
-    output_writable(Path(args.out), needed=True)  # before any check runs
-    n, p, width, L = (200, 10, 20, 3) if args.quick else (1000, 30, 50, 5)
-    data = make_logistic_regression(n, p, args.seed)
-    X, y = data.X, data.y
-    rng = np.random.default_rng(args.seed)
+CHECKS = ("per-example gradients, logistic", "per-example gradients, MLP", "curvature",
+          "low-rank algebra")
+
+
+def _problem(quick: bool, seed: int):
+    """The seeded synthetic problem: data, the two models and their parameters."""
+    n, p, width, L = (200, 10, 20, 3) if quick else (1000, 30, 50, 5)
+    data = make_logistic_regression(n, p, seed)
+    rng = np.random.default_rng(seed)
     logreg = LogisticRegression(p, intercept=True)
     mlp = MLP([p, width, 1], activation="tanh", likelihood="bernoulli")
     theta_lr = 0.5 * rng.standard_normal(logreg.D)
     theta_mlp = mlp.init_theta(rng)
-    checks = {
-        "per-example gradients, logistic": lambda: _gradient_checks("logistic", logreg, theta_lr, X, y),
-        "per-example gradients, MLP": lambda: _gradient_checks(f"mlp[{p},{width},1]", mlp, theta_mlp, X, y),
-        "curvature": lambda: (_curvature_checks(logreg, theta_lr, X, y), {}),
-        "low-rank algebra": lambda: (_lowrank_checks(_logistic_ggn_factor(logreg, theta_lr, X), 1.0, L), {}),
-    }
+    return types.SimpleNamespace(n=n, p=p, width=width, L=L, X=data.X, y=data.y, logreg=logreg,
+                                 mlp=mlp, theta_lr=theta_lr, theta_mlp=theta_mlp)
+
+
+def _check(label: str, pb):
+    """(rows [(check, error)], timings {name: seconds}) of the group of checks ``label``."""
+    X, y = pb.X, pb.y
+    if label == CHECKS[0]:
+        return _gradient_checks("logistic", pb.logreg, pb.theta_lr, X, y)
+    if label == CHECKS[1]:
+        return _gradient_checks(f"mlp[{pb.p},{pb.width},1]", pb.mlp, pb.theta_mlp, X, y)
+    if label == CHECKS[2]:
+        return _curvature_checks(pb.logreg, pb.theta_lr, X, y), {}
+    return _lowrank_checks(_logistic_ggn_factor(pb.logreg, pb.theta_lr, X), 1.0, pb.L), {}
+
+
+def _check_job(label: str, quick: bool, seed: int):
+    """One group of checks, as a job of ``_parallel.run_jobs`` (the problem rebuilt here)."""
+    return _check(label, _problem(quick, seed))
+
+
+def _rows(new):
+    return [{"check": c, "error": e, "tolerance": EXACT_F64, "ok": bool(e <= EXACT_F64)}
+            for c, e in new]
+
+
+def run(args: argparse.Namespace) -> int:
+    output_writable(Path(args.out), needed=True)  # before any check runs
+    pb = _problem(args.quick, args.seed)
+    n, p, width, L = pb.n, pb.p, pb.width, pb.L
     out = Path(args.out)
-    prov = provenance({"synthetic": sha256_arrays(X, y)})
+    prov = provenance({"synthetic": sha256_arrays(pb.X, pb.y)})
     rows, timings = [], {}
-    for label in tqdm(checks, desc="selfcheck", file=sys.stderr):
-        new, t = checks[label]()
-        timings.update(t)
-        rows.extend({"check": c, "error": e, "tolerance": EXACT_F64, "ok": bool(e <= EXACT_F64)}
-                    for c, e in new)
+
+    def write():
         write_json(out / "selfcheck.json", {"problem": {"n": n, "p": p, "width": width, "L": L,
                                                          "seed": args.seed},
                                              "checks": rows, "timings_s": timings,
                                              "provenance": prov})
+
+    if args.jobs > 1 or args.dask_scheduler is not None:
+        finished = {}
+        with tqdm(total=len(CHECKS), desc="selfcheck", file=sys.stderr) as bar:
+            def done(label, result):  # the file holds the finished groups, in CHECKS order
+                finished[label] = result
+                rows.clear()
+                timings.clear()
+                for c in CHECKS:
+                    if c in finished:
+                        rows.extend(_rows(finished[c][0]))
+                        timings.update(finished[c][1])
+                write()
+                bar.update(1)
+
+            _parallel.run_jobs([_parallel.Job(c, _check_job, (c, bool(args.quick), args.seed))
+                                for c in CHECKS], done, n_jobs=args.jobs,
+                               scheduler=args.dask_scheduler, threads=getattr(args, "threads", 1))
+    else:
+        for label in tqdm(CHECKS, desc="selfcheck", file=sys.stderr):
+            new, t = _check(label, pb)
+            timings.update(t)
+            rows.extend(_rows(new))
+            write()
     print(format_table(["check", "relative error", "tolerance", "ok"],
                        [[r["check"], f"{r['error']:.2e}", f"{r['tolerance']:.0e}", "yes" if r["ok"] else "NO"]
                         for r in rows]))

@@ -21,12 +21,13 @@ saw before stays with the caller.
 """
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
 import numpy as np
 
-from refbayes._checks import check_array, check_in_range, check_int
+from refbayes._checks import check_array, check_in_range, check_int, unchecked
 from refbayes.backend import xp_of
 from refbayes.methods import adam, bbb, mc_dropout, ngvi, noisy_adam, slang, swag, vadam, vogn
 from refbayes.methods._estimates import Batch
@@ -186,7 +187,9 @@ def run(state, cfg, model, X, y, *, rng: np.random.Generator, epochs: int, M: in
     """Train for ``epochs`` epochs of shuffled minibatches, drawing every random number.
 
     The draws follow the order in the module docstring, so another implementation can replay
-    them.
+    them. X and y are checked whole once; the first step checks all its inputs, the later ones
+    run inside ``refbayes.unchecked()`` (no value scans of the driver's own arrays: the same
+    results, bit for bit), and the state is checked finite after every step.
 
     Parameters
     ----------
@@ -249,16 +252,22 @@ def run(state, cfg, model, X, y, *, rng: np.random.Generator, epochs: int, M: in
     first = next(iter(_arrays(state).values()))
     xp = xp_of(first, X, y)
     dtype = first.dtype
+    check_array(y, "y")  # every row's values once: the steps after the first skip the scans
+    taken = 0
     for epoch in range(1, epochs + 1):
         for idx in epoch_batches(rng, N, M):
             idx_x = xp.asarray(idx)
             batch = Batch(X[idx_x], y[idx_x])
             noise, kwargs = method.draws(rng, cfg, model, len(idx), S, oversample, dtype, xp)
             t = state.t + 1  # the step being taken, counted as the state counts them
+            # the first step checks everything; the state is checked finite after each step
+            # below, the data and the draws are the driver's own: the rest skip the value scans
+            scope = contextlib.nullcontext() if taken == 0 else unchecked()
             try:
                 # overflow inside the step raises here (NumPy); CuPy is caught by the check below
-                with np.errstate(over="raise", invalid="raise", divide="raise"):
+                with scope, np.errstate(over="raise", invalid="raise", divide="raise"):
                     state, _ = method.step(state, batch, noise, cfg, model, **kwargs)
+                taken += 1
             except FloatingPointError as err:
                 raise TrainingError(f"step {t} (epoch {epoch}): {err} in the step; the loss or "
                                     "its gradient overflowed (lower the step sizes or check the "

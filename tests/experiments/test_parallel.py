@@ -46,22 +46,6 @@ def _collect(**kwargs):
     return out
 
 
-@pytest.fixture(scope="module")
-def cluster():
-    distributed = pytest.importorskip("distributed")
-    old = os.environ.get("PYTHONPATH")
-    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), old]))  # workers import tests
-    try:
-        with distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True,
-                                      dashboard_address=None, host="127.0.0.1") as c:
-            yield c
-    finally:
-        if old is None:
-            os.environ.pop("PYTHONPATH", None)
-        else:
-            os.environ["PYTHONPATH"] = old
-
-
 def test_processes_and_dask_give_the_serial_results(cluster):
     serial = _collect()
     assert _collect(n_jobs=2) == serial
@@ -208,3 +192,115 @@ def test_slang_logreg_restarts_in_processes_and_on_dask_equal_the_serial_run(clu
     assert len(serial) == 3 * 3 + 3 + 1  # runs, exact mean-field optima, the summary
     assert _json_numbers(tmp_path / "jobs") == serial
     assert _json_numbers(tmp_path / "dask") == serial
+
+
+# ----------------------------------------------------------------------------- the other experiments
+
+
+def _quiet_main(argv, monkeypatch=None, module=None):
+    """``main(argv)`` with stdout captured (figures off when ``module`` is given: they are not
+    results, and matplotlib costs seconds); (status, stdout)."""
+    import contextlib
+    import io
+    if module is not None:
+        monkeypatch.setattr(module, "pyplot", lambda: None)
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(io.StringIO()):
+        status = main(argv)
+    return status, out.getvalue()
+
+
+def _three_ways(tmp_path, cluster, argv, monkeypatch=None, module=None):
+    """Run ``argv`` serially, with --jobs 2 and on the Dask cluster into three folders; the
+    folders and the stdout of each (with its folder's name replaced by OUT)."""
+    runs = {}
+    for where, extra in (("serial", []), ("jobs", ["--jobs", "2"]),
+                         ("dask", ["--dask-scheduler", cluster.scheduler_address])):
+        out = tmp_path / where
+        status, stdout = _quiet_main([*argv, "--out", str(out), *extra], monkeypatch, module)
+        assert status == 0, (where, stdout)
+        runs[where] = (out, stdout.replace(str(out), "OUT"))
+    return runs
+
+
+def _npz_equal(a: Path, b: Path) -> bool:
+    with np.load(a, allow_pickle=False) as x, np.load(b, allow_pickle=False) as y:
+        return sorted(x.files) == sorted(y.files) and all(
+            x[k].dtype == y[k].dtype and np.array_equal(x[k], y[k]) for k in x.files)
+
+
+def test_calibration_training_runs_in_processes_and_on_dask_equal_the_serial_run(
+        cluster, data_dir, tmp_path, monkeypatch):
+    """One job per training run: map alone, swa and swag on one shared SGD run (``fit_reused``
+    as in the serial run)."""
+    from refbayes.experiments import calibration
+    argv = ["reproduce", "calibration", "--quick", "--task", "main", "--method", "map,swa,swag",
+            "--data-dir", str(data_dir), "--no-progress"]
+    runs = _three_ways(tmp_path, cluster, argv, monkeypatch, calibration)
+    serial = _json_numbers(runs["serial"][0])
+    assert len(serial) == 3 + 1  # one file per method, the summary
+    assert serial["digits/main/seed_0/swag.json"]["fit_reused"] is True
+    for where in ("jobs", "dask"):
+        assert _json_numbers(runs[where][0]) == serial, where
+        assert (runs[where][0] / "results.csv").is_file()
+
+
+def test_ktied_runs_in_processes_and_on_dask_equal_the_serial_run(cluster, data_dir, tmp_path,
+                                                                  monkeypatch):
+    """One job per run; the result files, posteriors (exactly), post-hoc analysis and printed
+    tables are the serial run's; no checkpoint is left behind."""
+    from refbayes.experiments import ktied
+    argv = ["reproduce", "ktied", "--runs", "meanfield,1", "--hidden", "4,4", "--steps", "6",
+            "--n-train", "100", "--batch", "50", "--eval-every", "3", "--snr-steps", "3",
+            "--snr-draws", "2", "--final-draws", "2", "--checkpoint-every", "4",
+            "--no-progress", "--data-dir", str(data_dir)]
+    runs = _three_ways(tmp_path, cluster, argv, monkeypatch, ktied)
+    out, stdout = runs["serial"]
+    serial = _json_numbers(out)
+    assert sorted(serial) == ["posthoc.json", "run_k1.json", "run_meanfield.json"]
+    for where in ("jobs", "dask"):
+        other, other_stdout = runs[where]
+        assert _json_numbers(other) == serial, where
+        for name in ("meanfield", "k1"):
+            assert _npz_equal(other / f"posterior_{name}.npz", out / f"posterior_{name}.npz")
+        assert not list(other.glob("*.ckpt.npz"))
+        assert other_stdout == stdout, where
+
+
+def test_riemannian_laplace_parts_in_processes_and_on_dask_equal_the_serial_run(
+        cluster, tmp_path, monkeypatch):
+    """The CLI with one part (--jobs runs a single job in this process, Dask on a worker), and
+    two parts' jobs in two spawned processes against the same jobs run here."""
+    from refbayes.experiments import riemannian_laplace as rl
+    argv = ["reproduce", "riemannian-laplace", "--part", "a", "--quick", "--samples", "5"]
+    runs = _three_ways(tmp_path, cluster, argv, monkeypatch, rl)
+    serial = _json_numbers(runs["serial"][0])
+    assert list(serial) == ["part_a.json"]
+    for where in ("jobs", "dask"):
+        assert _json_numbers(runs[where][0]) == serial, where
+
+    budget = {"samples": 3, "grid": 20}
+    jobs = [_parallel.Job(f"a{seed}", rl._part_job, ("a", seed, budget)) for seed in (0, 1)]
+    here, there = {}, {}
+    _parallel.run_jobs(jobs, lambda k, r: here.__setitem__(k, r[0]))
+    _parallel.run_jobs(jobs, lambda k, r: there.__setitem__(k, r[0]), n_jobs=2)
+    strip = lambda r: {**r, "geodesics": {m: g["mean_nfev"] for m, g in r["geodesics"].items()}}  # noqa: E731
+    assert {k: strip(r) for k, r in there.items()} == {k: strip(r) for k, r in here.items()}
+    assert here["a0"]["la_samples"] != here["a1"]["la_samples"]  # the seed reaches the job
+
+
+def test_selfcheck_groups_in_processes_and_on_dask_equal_the_serial_run(cluster, tmp_path,
+                                                                       monkeypatch):
+    """The four groups of checks as jobs: the same errors, rows and timing names, in order."""
+    from refbayes.experiments import selfcheck
+    runs = _three_ways(tmp_path, cluster, ["reproduce", "selfcheck", "--quick"], monkeypatch,
+                       selfcheck)
+
+    def numbers(out):
+        saved = json.loads((out / "selfcheck.json").read_text())
+        return saved["problem"], saved["checks"], list(saved["timings_s"])
+
+    serial = numbers(runs["serial"][0])
+    assert len(serial[1]) == 4 + 4 + 2 + 5 and len(serial[2]) == 6
+    for where in ("jobs", "dask"):
+        assert numbers(runs[where][0]) == serial, where

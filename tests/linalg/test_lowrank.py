@@ -16,7 +16,7 @@ from hypothesis.extra import numpy as hnp
 
 from refbayes.linalg import lowrank
 from tests.reference import dense
-from tests.tolerances import assert_close, exact
+from tests.tolerances import EXACT_F64, assert_close, exact
 
 HYP = settings(suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 DTYPES = [pytest.param(np.float64, id="f64"), pytest.param(np.float32, id="f32")]
@@ -606,3 +606,34 @@ def test_top_eig_bad_inputs_raise(kwargs, match):
         args["Omega"] = Omega.astype(np.float32) if args["Omega"] == "f32" else Omega
     with pytest.raises(ValueError, match=match):
         lowrank.top_eig(args.pop("W"), args.pop("L"), **args)
+
+
+def test_fix_signs_keeps_the_first_largest_entry_rule_on_ties():
+    """The max / min shortcut of _fix_signs gives the argmax rule's signs, ties included."""
+    from refbayes.linalg.lowrank import _fix_signs
+    V = np.array([[1.0, -2.0, 2.0, 0.0, -3.0],
+                  [-1.0, 2.0, -2.0, 0.0, 3.0],
+                  [0.5, 1.0, 1.0, 0.0, 1.0]])
+    # columns: tie (+1 first), tie (-2 first), tie (+2 first), all zero, tie (-3 first)
+    want = V * np.array([1.0, -1.0, 1.0, 1.0, -1.0])
+    np.testing.assert_array_equal(_fix_signs(V.copy()), want)
+    rng = np.random.default_rng(0)
+    W = rng.standard_normal((50, 7))
+    idx = np.argmax(np.abs(W), axis=0)
+    s = np.sign(W[idx, np.arange(7)])
+    np.testing.assert_array_equal(_fix_signs(W.copy()), W * s)
+
+
+def test_orth_is_orthonormal_and_spans_y_on_both_paths():
+    """CholeskyQR2 for well-conditioned Y, Householder when Y is near rank-deficient: both give
+    an orthonormal basis of Y's columns."""
+    from refbayes.linalg import lowrank as lr
+    rng = np.random.default_rng(3)
+    good = rng.standard_normal((500, 12))
+    bad = good.copy()
+    bad[:, -1] = bad[:, 0] + 1e-9 * rng.standard_normal(500)  # cond ~ 1e9: Householder
+    assert lr._chol_qr(good) is not None and lr._chol_qr(bad) is None
+    for Y in (good, bad):
+        Q = lr._orth(Y)
+        assert_close(Q.T @ Q, np.eye(12), EXACT_F64, "Q^T Q")
+        assert_close(Q @ (Q.T @ Y), Y, EXACT_F64, "projection onto span(Q)")
