@@ -97,16 +97,19 @@ def test_thread_limit_sets_the_blas_pools():
 # ----------------------------------------------------------------------------- uci
 
 
+def _strip(d):
+    """A result without its timings and provenance (which differ run to run)."""
+    if isinstance(d, dict):
+        return {key: _strip(v) for key, v in d.items()
+                if "seconds" not in key and key != "provenance"}
+    if isinstance(d, list):
+        return [_strip(v) for v in d]
+    return d
+
+
 def _numbers(out, k):
-    """A split's result without its timings and provenance (which differ run to run)."""
-    def strip(d):
-        if isinstance(d, dict):
-            return {key: strip(v) for key, v in d.items()
-                    if "seconds" not in key and key != "provenance"}
-        if isinstance(d, list):
-            return [strip(v) for v in d]
-        return d
-    return strip(json.loads((out / "slang" / DATASET / f"split_{k}.json").read_text()))
+    """A split's result without its timings and provenance."""
+    return _strip(json.loads((out / "slang" / DATASET / f"split_{k}.json").read_text()))
 
 
 def _uci(out, data_dir, *extra):
@@ -168,14 +171,7 @@ def test_an_interrupted_dask_run_resumes_from_its_files(cluster, serial_uci, dat
 
 
 def _json_numbers(folder: Path) -> dict:
-    def strip(d):
-        if isinstance(d, dict):
-            return {key: strip(v) for key, v in d.items()
-                    if "seconds" not in key and key != "provenance"}
-        if isinstance(d, list):
-            return [strip(v) for v in d]
-        return d
-    return {str(p.relative_to(folder)): strip(json.loads(p.read_text()))
+    return {str(p.relative_to(folder)): _strip(json.loads(p.read_text()))
             for p in sorted(folder.rglob("*.json"))}
 
 
