@@ -65,7 +65,7 @@ __all__ = ["FORMAT", "FORMAT_VERSION", "DTYPES", "Trace", "Tracer", "Chain", "TR
 FORMAT = "refbayes-golden-trace"
 FORMAT_VERSION = 1
 DTYPES = ("float64", "float32")
-U32 = 2.0 ** -24  # float32 unit roundoff
+U32 = float(np.finfo(np.float32).eps) / 2  # float32 unit roundoff, 2^-24
 MANIFEST_KEY = "__manifest__"
 
 

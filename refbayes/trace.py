@@ -2189,12 +2189,7 @@ def _fit_run(method: str):
     """A golden Tracer.run for the methods traced as one fit (Laplace, RLA, Noisy K-FAC, K-FAC)
     or one SGD run (swag, its T SGD steps the trace's ``steps``)."""
     def run(seed, steps, dtype, **opts):
-        if method in SWAG_METHODS:
-            inputs = make_swag_inputs(seed=seed, steps=steps, **opts)
-        elif method in LAPLACE_METHODS:
-            inputs = make_laplace_inputs(method, seed=seed, **opts)
-        else:
-            inputs = make_noisy_kfac_inputs(method, seed=seed, **opts)
+        inputs = _printed_inputs(method, seed, steps, opts)
         info = _info(inputs)
         arrays, config = {}, {}
         for name, value in inputs._asdict().items():
@@ -2447,16 +2442,16 @@ def run(args) -> int:
     if not golden.TRACERS[method].chained and args.steps not in (None, 1):
         raise ValueError(f"--steps: {method} is traced as one fit; expected 1, got {args.steps}")
     # the methods with a printed form of their own keep it for one step (swag: one SGD run)
-    legacy = method in TABLE_METHODS and dtype == "float64" \
+    printed = method in TABLE_METHODS and dtype == "float64" \
         and (method in SWAG_METHODS or args.steps in (None, 1))
-    if args.json is not None and not legacy:
+    if args.json is not None and not printed:
         raise ValueError("--json: writes the one-step float64 trace only; use --save for "
                          "--steps and --dtype")
     trace = None
-    if args.save is not None or not legacy:
+    if args.save is not None or not printed:
         trace = golden.build(method, seed=args.seed, steps=args.steps, dtype=dtype, **opts)
-    if legacy:
-        inputs = _legacy_inputs(method, args.seed, args.steps, opts)
+    if printed:
+        inputs = _printed_inputs(method, args.seed, args.steps, opts)
         info = _info(inputs)
         print(format_trace(inputs, info, precision), end="")
         if args.json is not None:
@@ -2470,7 +2465,7 @@ def run(args) -> int:
     return 0
 
 
-def _legacy_inputs(method: str, seed: int, steps, opts: dict):
+def _printed_inputs(method: str, seed: int, steps, opts: dict):
     """The inputs of the printed one-step (one-fit, one-SGD-run) trace of the first methods."""
     if method in STEP_METHODS:
         return make_inputs(method, seed=seed, **opts)

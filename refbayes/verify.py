@@ -50,7 +50,6 @@ __all__ = ["SAFETY", "Row", "Report", "tolerance", "load_dump", "compare", "asse
            "add_arguments", "run"]
 
 SAFETY = 10.0
-_UNIT = {np.dtype(np.float64): 2.0 ** -53, np.dtype(np.float32): 2.0 ** -24}
 
 
 class Row(NamedTuple):
@@ -158,7 +157,7 @@ def tolerance(dtype, condition: float | None) -> float:
     base = exact(d)
     if condition is None:
         return base
-    return max(base, SAFETY * float(condition) * _UNIT[d])
+    return max(base, SAFETY * float(condition) * float(np.finfo(d).eps) / 2)  # u = eps / 2
 
 
 def load_dump(yours) -> dict:
@@ -221,20 +220,21 @@ def _compare_one(name, step, mine, ref, tag, derivation, condition, rtol, sign_f
                  atol=None) -> Row:
     if ref.dtype.kind == "f" and mine.dtype.kind not in "f":
         mine = mine.astype(np.float64)
-    tol = rtol if rtol is not None else tolerance(_precision(ref, mine), condition)
-    if atol is not None:  # a quantity that vanishes in exact arithmetic: an absolute test
+    if ref.dtype.kind in "biu":
+        tol = 0.0
+    elif atol is not None:  # a quantity that vanishes in exact arithmetic: an absolute test
         tol = atol
+    else:
+        tol = rtol if rtol is not None else tolerance(_precision(ref, mine), condition)
 
     def row(status, max_abs=np.nan, max_rel=np.nan, worst=(), detail=""):
-        pick = (lambda a: float(a[worst]) if worst or a.ndim == 0 else np.nan)
-        return Row(name, step, tag, derivation, status, max_abs, max_rel, tol, worst,
-                   pick(mine) if status != "shape" else np.nan,
-                   pick(ref) if status != "shape" else np.nan, detail)
+        at = (lambda a: float(a[worst]) if a.size and (worst or a.ndim == 0) else np.nan)
+        return Row(name, step, tag, derivation, status, max_abs, max_rel, tol, worst, at(mine),
+                   at(ref), detail)
 
-    if ref.dtype.kind in "biu":
-        if mine.dtype.kind == "f" and not np.array_equal(mine, np.round(mine)):
-            return row("dtype", detail=f"expected integers ({ref.dtype}), got non-integral floats")
-        tol = 0.0
+    if ref.dtype.kind in "biu" and mine.dtype.kind == "f" \
+            and not np.array_equal(mine, np.round(mine)):
+        return row("dtype", detail=f"expected integers ({ref.dtype}), got non-integral floats")
     bad_ref, bad_mine = ~np.isfinite(ref.astype(np.float64)), ~np.isfinite(mine.astype(np.float64))
     if np.any(bad_mine & ~bad_ref):
         where = tuple(int(i) for i in np.argwhere(bad_mine & ~bad_ref)[0])
@@ -244,18 +244,14 @@ def _compare_one(name, step, mine, ref, tag, derivation, condition, rtol, sign_f
     if sign_free and mine.ndim >= 2:
         mine = _align_signs(mine, ref)
     finite = ~bad_ref
-    m, r = np.where(finite, mine, 0.0), np.where(finite, ref, 0.0)
-    max_abs, max_rel, worst = _errors(m, r)
-    status = "ok" if (max_abs if atol is not None else max_rel) <= tol \
-        and np.array_equal(bad_ref, bad_mine) else "diverges"
-    if ref.dtype.kind in "biu":
-        status = "ok" if max_abs == 0 else "diverges"
-    return Row(name, step, tag, derivation, status, max_abs, max_rel, tol, worst,
-               float(mine[worst]) if mine.size else np.nan,
-               float(ref[worst]) if ref.size else np.nan,
-               "absolute error against tol: the quantity vanishes in exact arithmetic"
-               if atol is not None else
-               "" if status == "ok" else "compared up to column signs" if sign_free else "")
+    max_abs, max_rel, worst = _errors(np.where(finite, mine, 0.0), np.where(finite, ref, 0.0))
+    error = max_abs if atol is not None or ref.dtype.kind in "biu" else max_rel
+    ok = error <= tol and np.array_equal(bad_ref, bad_mine)
+    if atol is not None:
+        detail = "absolute error against tol: the quantity vanishes in exact arithmetic"
+    else:
+        detail = "compared up to column signs" if sign_free and not ok else ""
+    return row("ok" if ok else "diverges", max_abs, max_rel, worst, detail)
 
 
 def _steps_of(mine: np.ndarray, ref: np.ndarray, per_step: bool):
@@ -270,25 +266,34 @@ def _steps_of(mine: np.ndarray, ref: np.ndarray, per_step: bool):
     return None
 
 
-def _convert(mine: np.ndarray, axes: tuple, per_step: bool, full_ndim: int, model, layout: str):
+def _convert(mine: np.ndarray, axes: tuple, full_ndim: int, model, layout: str):
+    """mine's parameter axes read in ``layout`` and put in refbayes' order; ``axes`` are those
+    of the trace's full array (full_ndim dimensions), one fewer when the dump has no step axis."""
     from refbayes import layout as layouts
-    shift = full_ndim - mine.ndim  # 1 when the dump lacks the step axis
+    shift = full_ndim - mine.ndim
     axes = tuple(a - shift for a in axes if a - shift >= 0)
-    if not axes:
-        return mine
-    return layouts.to_refbayes(mine, model, layout, axes=axes)
+    return layouts.to_refbayes(mine, model, layout, axes=axes) if axes else mine
 
 
-def _index_in_layout(row: Row, trace, model, layout: str, per_step: bool) -> Row:
+def _step_axes(trace, name: str, per_step: bool) -> tuple:
+    """The parameter axes of one step's array of ``name`` (the step axis removed)."""
+    axes = trace.param_axes.get(name, ())
+    return tuple(a - 1 for a in axes if a >= 1) if per_step else tuple(axes)
+
+
+def _tag(trace, name: str) -> str:
+    return trace.tags.get(name, "") if name in trace.outputs else "input"
+
+
+def _index_in_layout(row: Row, model, layout: str, axes: tuple) -> Row:
     """Row with its worst index's parameter-axis entries mapped from refbayes' order to the
     layout's (refbayes position j is the layout's position p[j], ``layout.permutation``)."""
     from refbayes import layout as layouts
-    axes = [a - 1 if per_step else a for a in trace.param_axes.get(row.name, ())]
     if not row.worst or not axes:
         return row
     p = layouts.permutation(model, layout)
-    worst = tuple(int(p[i]) if ax in axes else i for ax, i in enumerate(row.worst))
-    return row._replace(worst=worst)
+    return row._replace(worst=tuple(int(p[i]) if ax in axes else i
+                                    for ax, i in enumerate(row.worst)))
 
 
 def compare(trace, yours, *, layout: str = "refbayes", rtol: float | None = None) -> Report:
@@ -339,12 +344,12 @@ def compare(trace, yours, *, layout: str = "refbayes", rtol: float | None = None
     if made_by != __version__:
         notes.append(f"the trace was made by refbayes {made_by}; this is refbayes {__version__}: "
                      f"its values are what refbayes {made_by} computed")
-    model = golden.model_from_spec(trace.model) if layout != "refbayes" else None
-    if model is None and any(trace.param_axes.get(n) for n in known):
-        try:
-            model = golden.model_from_spec(trace.model)
-        except ValueError:
-            model = None
+    try:
+        model = golden.model_from_spec(trace.model)
+    except ValueError:
+        if layout != "refbayes":
+            raise
+        model = None  # no layout hints for a model that cannot be rebuilt
     if layout != "refbayes":
         notes.append(f"parameter axes read in the {layout!r} layout")
     sign_free = set(trace.manifest.get("sign_free", []))
@@ -355,22 +360,21 @@ def compare(trace, yours, *, layout: str = "refbayes", rtol: float | None = None
     per_step_names = set(trace.outputs) | set(trace.per_step)
 
     def one(name, step_index, mine_k, ref_k):
-        tag = trace.tags.get(name, "") if name in trace.outputs else "input"
-        note = golden.derivation_of(tag, default_note)
-        cond = trace.condition.get(name) if name in trace.outputs else None
-        row = _compare_one(name, step_index + 1, mine_k, ref_k, tag, note, cond, rtol,
-                           name in sign_free, absolute.get(name))
-        if not row.ok and row.status == "diverges" and layout == "refbayes" and model is not None \
-                and trace.param_axes.get(name):
+        tag = _tag(trace, name)
+        axes = _step_axes(trace, name, name in per_step_names)
+        args = (name, step_index + 1)
+        rest = (ref_k, tag, golden.derivation_of(tag, default_note),
+                trace.condition.get(name) if name in trace.outputs else None, rtol,
+                name in sign_free, absolute.get(name))
+        row = _compare_one(*args, mine_k, *rest)
+        if row.status == "diverges" and layout == "refbayes" and model is not None and axes:
             for other in layouts.LAYOUTS[1:]:
-                axes = tuple(a - 1 for a in trace.param_axes[name] if a >= 1) \
-                    if name in per_step_names else trace.param_axes[name]
-                alt = layouts.to_refbayes(mine_k, model, other, axes=axes)
-                if _compare_one(name, step_index + 1, alt, ref_k, tag, note, cond, rtol,
-                                name in sign_free).ok:
-                    row = row._replace(detail=f"matches in the {other!r} layout: rerun with "
-                                              f"--layout {other}")
-                    break
+                if _compare_one(*args, layouts.to_refbayes(mine_k, model, other, axes=axes),
+                                *rest).ok:
+                    return row._replace(detail=f"matches in the {other!r} layout: rerun with "
+                                               f"--layout {other}")
+        if layout != "refbayes":  # report positions as the dump holds them
+            row = _index_in_layout(row, model, layout, axes)
         return row
 
     prepared = {}
@@ -379,7 +383,7 @@ def compare(trace, yours, *, layout: str = "refbayes", rtol: float | None = None
         per_step = name in per_step_names
         if layout != "refbayes" and trace.param_axes.get(name):
             try:
-                mine = _convert(mine, trace.param_axes[name], per_step, ref.ndim, model, layout)
+                mine = _convert(mine, trace.param_axes[name], ref.ndim, model, layout)
             except ValueError:
                 pass  # the shape check below reports it
         steps = _steps_of(mine, ref, per_step)
@@ -390,7 +394,7 @@ def compare(trace, yours, *, layout: str = "refbayes", rtol: float | None = None
             per = ref.shape[1:] if per_step else ref.shape
             hint = "; the same sizes in another order: transposed? (a torch weight is (n_out, " \
                 "n_in): see --layout)" if sorted(mine.shape) in (sorted(per), sorted(ref.shape)) else ""
-            tag = trace.tags.get(name, "") if name in trace.outputs else "input"
+            tag = _tag(trace, name)
             prepared[name] = Row(name, 1, tag, golden.derivation_of(tag, default_note), "shape",
                                  np.nan, np.nan, np.nan, (), np.nan, np.nan,
                                  f"expected shape {expected}, got {tuple(mine.shape)}{hint}")
@@ -413,8 +417,6 @@ def compare(trace, yours, *, layout: str = "refbayes", rtol: float | None = None
             steps, ref = prepared[name]
             if k < steps.shape[0]:
                 rows.append(one(name, k, steps[k], ref[k]))
-    if layout != "refbayes":  # report positions as the dump holds them
-        rows = [_index_in_layout(r, trace, model, layout, r.name in per_step_names) for r in rows]
     not_dumped = [n for n in trace.outputs if n not in mine_all]
     ignored = sorted(n for n in mine_all if n not in ref_all)
     return Report(trace.method, rows, not_dumped, ignored, notes)

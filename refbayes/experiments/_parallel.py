@@ -32,7 +32,8 @@ from typing import Callable, Iterable, NamedTuple
 
 from refbayes._checks import check_int
 
-__all__ = ["Job", "thread_limit", "run_jobs", "add_arguments", "check_scheduler"]
+__all__ = ["Job", "QUIET", "Quiet", "thread_limit", "run_jobs", "add_arguments",
+           "check_scheduler", "check_worker_data"]
 
 DASK_HINT = 'pip install "refbayes[dask]"'
 CONNECT_TIMEOUT = "20s"  # how long to wait for the scheduler before giving up
@@ -43,6 +44,41 @@ class Job(NamedTuple):
     key: str
     fn: Callable
     args: tuple
+
+
+class Quiet:
+    """The progress of a job running in a worker: nothing is shown there (the main process
+    reports each finished job). It stands for an experiment's ``Progress`` (``run_bar``,
+    ``echo``) and for the bar ``run_bar`` yields (``update``, ``set_postfix_str``)."""
+    enabled = tty = False
+    file = None
+
+    def run_bar(self, total=None, desc="", unit="step"):
+        return contextlib.nullcontext(self)
+
+    def update(self, n=1):
+        pass
+
+    def set_postfix_str(self, *args, **kwargs):
+        pass
+
+    def echo(self, text="", file=None):
+        pass
+
+
+QUIET = Quiet()
+
+
+def check_worker_data(what: str, identity, prov: dict) -> None:
+    """Refuse a job whose worker read other data than the main process (checksums differ).
+
+    ``identity`` is the data's identity as ``_io.provenance`` takes it, ``prov`` the main
+    process's provenance; the message names ``what`` and the --data-dir remedy.
+    """
+    from refbayes.experiments._io import provenance
+    if provenance(identity)["data_sha256"] != prov["data_sha256"]:
+        raise ValueError(f"{what}: the worker read other data than the main process ({identity} "
+                         f"vs {prov['data_sha256']}); give --data-dir a folder every worker sees")
 
 
 def thread_limit(threads: int):

@@ -65,7 +65,6 @@ import json
 import math
 import sys
 import time
-import types
 import zlib
 from pathlib import Path
 from typing import NamedTuple
@@ -379,17 +378,13 @@ def _train_job(dataset, task, seed, methods, settings, prov, data_dir) -> dict:
     of ``_parallel.run_jobs``: {method: result}. The data are reloaded here (from ``data_dir``)
     and checked against the main process's checksums (``prov``)."""
     X, y, identity = load_data(dataset, data_dir)
-    if provenance(identity)["data_sha256"] != prov["data_sha256"]:
-        raise ValueError(f"calibration {dataset}: the worker read other data than the main "
-                         f"process ({identity} vs {prov['data_sha256']}); give --data-dir a "
-                         "folder every worker sees")
+    _parallel.check_worker_data(f"calibration {dataset}", identity, prov)
     train, test = stratified_split(y, TEST_FRAC, _split_rng(seed, dataset))
     td = task_data(X, y, train, test, task)
     cache, out = {}, {}
-    quiet = types.SimpleNamespace(update=lambda n=1: None)  # the main process shows progress
     for method, s in zip(methods, settings):
         job = _Job(dataset, task, seed, calibration_methods.METHODS[method], None, s, prov)
-        out[method] = _run_job(job, td, cache, quiet)
+        out[method] = _run_job(job, td, cache, _parallel.QUIET)
     return out
 
 

@@ -50,13 +50,11 @@ run about 69 minutes of compute (two processes side by side, ``--runs meanfield`
 from __future__ import annotations
 
 import argparse
-import contextlib
 import csv
 import io
 import json
 import math
 import time
-import types
 from pathlib import Path
 from typing import Any, Callable, NamedTuple
 
@@ -449,28 +447,13 @@ def _fit(name, args, budget, data, settings, prov, progress, ckpt_dir):
     return record, state.mu, method.sigma(state)
 
 
-class _QuietProgress:
-    """The progress of a run trained as a job in a worker: nothing shown there (the main
-    process reports finished runs)."""
-    enabled = tty = False
-
-    def run_bar(self, total, desc, unit="step"):
-        return contextlib.nullcontext(types.SimpleNamespace(update=lambda n=1: None))
-
-    def echo(self, text="", file=None):
-        pass
-
-
 def _run_job(name, seed, data_dir, budget, settings, prov, ckpt_dir, fresh):
     """One run, as a job of ``_parallel.run_jobs``: (record, mu, sigma). The worker reloads the
     data and checks that it is what the main process read (its checksums)."""
     args = argparse.Namespace(seed=seed, data_dir=data_dir, out=ckpt_dir, fresh=fresh)
     data = _load(args, budget)
-    if provenance(data.identity)["data_sha256"] != prov["data_sha256"]:
-        raise ValueError(f"ktied run {name}: the worker read other data than the main process "
-                         f"({data.identity} vs {prov['data_sha256']}); give --data-dir a "
-                         "folder every worker sees")
-    return _fit(name, args, budget, data, settings, prov, _QuietProgress(), ckpt_dir)
+    _parallel.check_worker_data(f"ktied run {name}", data.identity, prov)
+    return _fit(name, args, budget, data, settings, prov, _parallel.QUIET, ckpt_dir)
 
 
 def _train_jobs(args, budget, todo, saved, prov, progress) -> None:

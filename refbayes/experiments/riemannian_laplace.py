@@ -50,12 +50,10 @@ Run times (MEASURED_SECONDS, 2-core AMD EPYC VM, nothing else running, all parts
 from __future__ import annotations
 
 import argparse
-import contextlib
 import csv
 import io
 import json
 import time
-import types
 from pathlib import Path
 
 import numpy as np
@@ -557,19 +555,11 @@ def _figures(out, saved) -> list:
     return paths
 
 
-class _QuietProgress:
-    """The progress of a part run as a job in a worker: nothing shown there (the main process
-    reports finished parts)."""
-
-    def run_bar(self, total, desc, unit="step"):
-        return contextlib.nullcontext(types.SimpleNamespace(update=lambda n=1: None))
-
-
 def _part_job(part: str, seed: int, budget: dict):
     """One part, as a job of ``_parallel.run_jobs``: (results, seconds). Its randomness is
     ``_rng(seed, part)`` only, so it runs anywhere."""
     t0 = time.perf_counter()
-    results, _ = COMPUTE[part](_rng(seed, part), budget, _QuietProgress())
+    results, _ = COMPUTE[part](_rng(seed, part), budget, _parallel.QUIET)
     return results, time.perf_counter() - t0
 
 

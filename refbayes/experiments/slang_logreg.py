@@ -30,13 +30,11 @@ and ``<dataset>_convergence.png``; the table shows the methods asked for.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import csv
 import io
 import math
 import sys
 import time
-import types
 from pathlib import Path
 from typing import NamedTuple
 
@@ -412,11 +410,6 @@ def _restart(name, r, runs, with_mf, epochs, seed, data_dir, prov, bar) -> dict:
     return out
 
 
-def _quiet_bar(steps, label):
-    """A worker's run bar: nothing shown (the main process reports finished restarts)."""
-    return contextlib.nullcontext(types.SimpleNamespace(update=lambda n=1: None))
-
-
 def _restart_jobs(args, plan) -> list:
     """The restarts of ``plan`` with something to compute, as (r, runs, with_mf)."""
     return [(r, [m for rr, m in plan.todo if rr == r], r in plan.mf_todo)
@@ -452,7 +445,7 @@ def _compute_jobs(args, plans, progress, write) -> None:
             owner[key] = (plan, r)
             jobs.append(_parallel.Job(key, _restart, (plan.name, r, runs, with_mf, plan.epochs,
                                                       args.seed, args.data_dir, plan.provenance,
-                                                      _quiet_bar)))
+                                                      _parallel.QUIET.run_bar)))
 
     def done(key, results):
         plan, r = owner[key]

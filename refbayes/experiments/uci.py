@@ -496,21 +496,11 @@ def _execute(plan, progress, write=True) -> dict:
     return summary
 
 
-class _Quiet:
-    """The inner progress bar of a split run in a worker: nothing to show there."""
-
-    def set_postfix_str(self, *args, **kwargs):
-        pass
-
-    def update(self, n=1):
-        pass
-
-
 def _split_job(method: str, dataset: str, split: int, budget, settings: dict, seed: int,
                data_dir):
     """One split of one method on one dataset, as a job of ``_parallel.run_jobs``."""
     return _run_split(uci_methods.METHODS[method], dataset, split, budget, settings, seed,
-                      data_dir, _Quiet())
+                      data_dir, _parallel.QUIET)
 
 
 def _execute_jobs(plans, progress, n_jobs: int, scheduler, threads: int) -> None:
