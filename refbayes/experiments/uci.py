@@ -110,7 +110,9 @@ __all__ = [
     "phase_data",
     "predictive_ll",
     "rmse",
+    "fits_per_split",
     "run",
+    "standardized_noise_precision",
 ]
 
 DESCRIPTION = "UCI regression: test RMSE and log-likelihood over the standard splits (Table 2)"
@@ -242,9 +244,23 @@ def _seeds(seed: int, dataset: str, split: int, phase: str, point: int):
     return np.random.default_rng(fit_seq), np.random.default_rng(predict_seq)
 
 
+def standardized_noise_precision(hyper: dict, y_std: float) -> dict:
+    """``hyper`` with ``noise_precision`` on the standardized scale of the rows trained on.
+
+    A grid that gives ``noise_precision_raw`` (a precision in the original target units, as Gal's
+    per-dataset BO values are) gets noise_precision = noise_precision_raw * s_y^2, s_y the
+    population std of those rows' targets (uci.4), so that the scored predictive has exactly the
+    raw precision; a grid with ``noise_precision`` is returned unchanged.
+    """
+    if "noise_precision_raw" not in hyper:
+        return hyper
+    return {**hyper, "noise_precision": hyper["noise_precision_raw"] * y_std ** 2}  # (uci.4)
+
+
 def _fit_and_score(spec, data, hyper, settings, rngs, hidden, progress):
     """Train ``spec`` on the phase's fit rows with ``hyper``; score on its evaluation rows."""
     X_fit, y_fit, X_eval, y_eval, stats = data
+    hyper = standardized_noise_precision(hyper, float(stats.y_std))
     model = MLP([X_fit.shape[1], hidden, 1], "relu", "gaussian",
                 noise_precision=hyper["noise_precision"])
     t0 = time.perf_counter()
@@ -269,6 +285,47 @@ def _fit_and_score(spec, data, hyper, settings, rngs, hidden, progress):
             "S": int(F.shape[0]), "fit_seconds": t1 - t0, "predict_seconds": time.perf_counter() - t1}
 
 
+def fits_per_split(budget) -> int:
+    """Trainings per split: one per grid point and the final one; a one-point grid only the final."""
+    n = len(uci_methods.grid_points(budget.grid))
+    return 1 if n == 1 else n + 1
+
+
+def _validate(spec, dataset, split, budget, points, seed, tt, hidden, bar) -> list:
+    """Every grid point trained on the fit rows and scored on the validation rows (uci.7); a
+    point whose training or prediction is not finite is recorded with ``diverged`` (the reason)
+    and ``ll`` None instead. A one-point grid has nothing to choose: no validation fit, []."""
+    if len(points) == 1:
+        return []
+    val = phase_data(tt, "validation")
+    scores = []
+    for i, point in enumerate(points):
+        phase = f"validation fit {i + 1}/{len(points)}"
+        bar.set_postfix_str(phase)
+        try:
+            res = _fit_and_score(spec, val, {**budget.settings, **point}, budget.settings,
+                                 _seeds(seed, dataset, split, "validation", i), hidden, bar.update)
+        except uci_methods.TrainingError as err:
+            res = {"ll": None,
+                   "diverged": f"{_context(spec, dataset, split, phase, point)}: {err}"}
+        scores.append({"hyper": point, **res})
+    return scores
+
+
+def _choose(spec, dataset, split, points, scores) -> dict:
+    """j* = argmax of the validation LL over the points that did not diverge, the first in grid
+    order on a tie (uci.7); the only point of a one-point grid. Every point diverged: a
+    TrainingError naming the run and the first point's reason."""
+    if not scores:
+        return points[0]
+    finite = [i for i, s in enumerate(scores) if s["ll"] is not None]
+    if not finite:
+        raise uci_methods.TrainingError(
+            f"{spec.name} on {dataset}, split {split}: every one of the {len(points)} grid points "
+            f"diverged in the validation phase; the first: {scores[0]['diverged']}")
+    return points[max(finite, key=lambda i: (scores[i]["ll"], -i))]  # (uci.7)
+
+
 def _settings(spec, dataset, split, budget, seed, quick):
     s = {"protocol": PROTOCOL, "method": spec.name, "dataset": dataset, "split": split,
          "seed": seed, "budget": "quick" if quick else "full", "hidden": hidden_units(dataset),
@@ -288,20 +345,8 @@ def _run_split(spec, dataset, split, budget, settings, seed, data_dir, bar):
     hidden = hidden_units(dataset)
     points = uci_methods.grid_points(budget.grid)
     t0 = time.perf_counter()
-    val = phase_data(tt, "validation")
-    scores = []
-    for i, point in enumerate(points):
-        hyper = {**budget.settings, **point}
-        phase = f"validation fit {i + 1}/{len(points)}"
-        bar.set_postfix_str(phase)
-        try:
-            res = _fit_and_score(spec, val, hyper, budget.settings,
-                                 _seeds(seed, dataset, split, "validation", i), hidden, bar.update)
-        except uci_methods.TrainingError as err:
-            raise uci_methods.TrainingError(f"{_context(spec, dataset, split, phase, point)}: {err}") from err
-        scores.append({"hyper": point, **res})
-    best = max(range(len(points)), key=lambda i: (scores[i]["ll"], -i))  # (uci.7)
-    chosen = points[best]
+    scores = _validate(spec, dataset, split, budget, points, seed, tt, hidden, bar)
+    chosen = _choose(spec, dataset, split, points, scores)
     t1 = time.perf_counter()
     bar.set_postfix_str("final fit")
     final = phase_data(tt, "final")
@@ -312,13 +357,14 @@ def _run_split(spec, dataset, split, budget, settings, seed, data_dir, bar):
         raise uci_methods.TrainingError(
             f"{_context(spec, dataset, split, 'final fit on the whole training split', chosen)}: {err}") from err
     stats = final[4]
+    n_fit = validation_split(tt.X_train, tt.y_train, VAL_FRAC)[1].shape[0]
     return {"settings": settings, "hyper": chosen, "validation": scores,
             "test": {"rmse": test["rmse"], "ll": test["ll"], "ll_joint": test["ll_joint"],
                      "S": test["S"],
                      "noise_precision": test["noise_precision"],
                      "noise_precision_original": test["noise_precision_original"]},
-            "n": {"train": int(tt.y_train.shape[0]), "fit": int(val[1].shape[0]),
-                  "validation": int(val[3].shape[0]), "test": int(tt.y_test.shape[0])},
+            "n": {"train": int(tt.y_train.shape[0]), "fit": int(n_fit),
+                  "validation": int(tt.y_train.shape[0] - n_fit), "test": int(tt.y_test.shape[0])},
             "y_mean": float(stats.y_mean), "y_std": float(stats.y_std),
             "seconds": {"validation": t1 - t0, "final": time.perf_counter() - t1,
                         "total": time.perf_counter() - t0}}
@@ -473,7 +519,7 @@ def _plan(method, dataset, splits=None, quick=False, out=Path("results/uci"), fr
 def _execute(plan, progress, write=True) -> dict:
     """Compute the plan's missing splits (each written when it finishes); return the summary."""
     spec, dataset, budget = plan.spec, plan.dataset, plan.budget
-    n_epochs = budget.settings["epochs"] * (len(uci_methods.grid_points(budget.grid)) + 1)
+    n_epochs = budget.settings["epochs"] * fits_per_split(budget)
     for k, path, settings in plan.todo:
         label = f"{spec.name} {dataset} split {k}"
         with progress.run_bar(n_epochs, label, unit="epoch") as inner:

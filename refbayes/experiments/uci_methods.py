@@ -6,9 +6,12 @@ the metrics; a spec only says how to train on standardized data and how to draw 
 
 - ``grid``: hyperparameter -> tuple of candidates. The runner tries every point of the product
   (keys in sorted order, values in the order given) and keeps the best validation
-  log-likelihood. Every grid has ``noise_precision`` (tau on the STANDARDIZED target scale:
-  the runner builds ``MLP([p, H, 1], "relu", "gaussian", noise_precision=tau)``; tau_orig =
-  tau / sd_y^2 in the original units).
+  log-likelihood; a point whose training diverges is recorded and never chosen, and a one-point
+  grid is trained once, on the whole training split, without a validation phase. Every grid has
+  either ``noise_precision`` (tau on the STANDARDIZED target scale: the runner builds
+  ``MLP([p, H, 1], "relu", "gaussian", noise_precision=tau)``; tau_orig = tau / sd_y^2 in the
+  original units) or ``noise_precision_raw`` (tau_orig; the runner passes the fit both, with
+  noise_precision = tau_orig sd_y^2 from the rows trained on).
 - ``defaults``: everything fixed: ``epochs``, ``M`` (minibatch size), ``S_test`` (Monte Carlo
   draws of the predictive), and the method's own settings (step sizes, S_train, ...).
 - ``quick``: overrides of ``defaults`` under ``--quick``, and optionally a ``"grid"`` entry; without
@@ -76,11 +79,32 @@ VOGN (ours; no published UCI setting): the SLANG grid, 120 epochs, minibatch 10,
 SLANG, lr 1e-3 with raw momentum 0.9 (an effective step 1e-2, SLANG's), beta2 = 0.01 (SLANG's
 beta), per-example squared gradients.
 
-MC dropout (Gal's protocol where this module can follow it): dropout p in (0.005, 0.05), the
-SLANG noise-precision candidates, lengthscale 1e-2, 40 epochs (our choice: Gal's per-dataset
-epoch counts were not readable), minibatch 32,
-Adam 1e-3, 100 test passes (Gal uses 10,000); the prior precision of (mc_dropout.4) with
-inverted dropout (derivations/mc_dropout.md, E-mc_dropout.2).
+MC dropout (Gal and Ghahramani 2016, Table 1: the "original" column of
+yaringal/DropoutUncertaintyExps' readme, which the SLANG paper quotes), read at the commits of
+each dataset's ``<dataset>/net/net/net.py`` (3e9e1541, 889f56d4, 928e719c, 6e334c17, 84542561),
+``energy/net/experiment.py`` (84542561) and ``yacht/net/experiment_10x_epochs.py``: one run per
+split with the per-dataset settings the authors fixed by Bayesian optimization, trained on the
+whole training split (no grid, no validation phase), Keras Adam (lr 1e-3, 0.9, 0.999, 1e-8),
+minibatch 32, n_epochs.txt x 10 epochs (40 x 10 = 400; protein 20 x 10 = 200: experiment.py
+multiplies by 10, the readme's "10x epochs" update by 100), 10,000 test passes, dropout on the
+inputs and on every hidden layer's input, weights decayed, biases not:
+
+    dataset   p      tau (raw units, "obtained from BO")   lengthscale l_G
+    boston    0.05   0.159707652696                        1e2
+    concrete  0.01   0.0557319157756                       1e2
+    energy    0.05   0.427114830213                        1e2
+    kin8nm    0.05   192.482910156                         1e2
+    naval     0.05   42173.5152106                         1e0
+    power     0.005  0.0871109017617                       1e2
+    protein   0.005  0.0644419184588                       1e2
+    wine      0.05   2.95833720839                         1e2
+    yacht     0.01   0.541869562034                        1e1
+
+The code's decay is reg = (1 - p) / (2 N l_G^2 tau) with Keras' mean squared error on the
+standardized targets; the summed objective with the same minimizer and Adam path (but for
+Adam's eps) has the prior precision lam_W = tau_s (1 - p) / (2 l_G^2 tau), tau_s = tau s_y^2
+(mc_dropout.9): refbayes trains exactly that (``_gal_code_lengthscale``), not the derivation's
+(mc_dropout.4) decay (errata E-mc_dropout.1-2).
 
 MAP baseline (ours): Adam (lr 0.01, betas 0.9 / 0.999, eps 1e-8, bias-corrected) on the
 per-example-scaled objective (1 / N) [(N / M) sum_{i in B} l_i(theta) + (1/2) theta^T diag(lam)
@@ -223,6 +247,7 @@ class MethodSpec(NamedTuple):
 # name: (low, high, low_open, high_open); integers are the names in _INTEGER
 COMMON_RANGES = {
     "noise_precision": (0.0, math.inf, True, True),
+    "noise_precision_raw": (0.0, math.inf, True, True),
     "prior_precision": (0.0, math.inf, True, True),
     "bias_prior_precision": (0.0, math.inf, True, True),
     "lr": (0.0, 1.0, True, False),
@@ -234,6 +259,7 @@ COMMON_RANGES = {
     "adam_beta2": (0.0, 1.0, False, True),
     "adam_eps": (0.0, math.inf, True, True),
 }
+_NOISE_KEYS = ("noise_precision", "noise_precision_raw")  # standardized / original units
 _INTEGER = ("epochs", "M", "S_test", "S_train", "L", "lr_decay_every", "T_stats", "T_inv")
 _CHOICES = {"squares": vadam.SQUARES,  # name: the allowed values
             "bias_correction": (True, False), "factor_init": ("tau", "identity")}
@@ -287,13 +313,13 @@ def resolve(spec: MethodSpec, dataset: str, quick: bool = False, epochs: int | N
         if "grid" in spec.quick:
             grid = {**grid, **spec.quick["grid"]}
         else:  # 2 points: the extreme noise precisions, every other key at its middle candidate
-            grid = {k: tuple(dict.fromkeys((v[0], v[-1]))) if k == "noise_precision"
+            grid = {k: tuple(dict.fromkeys((v[0], v[-1]))) if k in _NOISE_KEYS
                     else (v[len(v) // 2],) for k, v in grid.items()}
     if epochs is not None:
         settings["epochs"] = epochs
-    if "noise_precision" not in grid:
-        raise ValueError(f"{spec.name}: the grid must list noise_precision candidates, got keys "
-                         f"{sorted(grid)}")
+    if sum(k in grid for k in _NOISE_KEYS) != 1:
+        raise ValueError(f"{spec.name}: the grid must list candidates of exactly one of "
+                         f"{_NOISE_KEYS}, got keys {sorted(grid)}")
     for key in ("epochs", "M", "S_test"):
         if key not in settings:
             raise ValueError(f"{spec.name}: defaults must set {key}, got keys {sorted(settings)}")
@@ -493,38 +519,64 @@ class _Dropout(NamedTuple):
     cfg: Any
 
 
+def _gal_code_lengthscale(p: float, code_lengthscale: float, tau_raw: float, tau_s: float) -> float:
+    """The refbayes length-scale l whose inverted-dropout prior precision l^2 / (1 - p)
+    (mc_dropout.4) is the weight decay of Gal's per-dataset code in the summed objective:
+    lam_W = tau_s (1 - p) / (2 l_G^2 tau_raw)  (mc_dropout.9), so l = sqrt(lam_W (1 - p))."""
+    lam_W = tau_s * (1.0 - p) / (2.0 * code_lengthscale ** 2 * tau_raw)  # (mc_dropout.9)
+    return math.sqrt(lam_W * (1.0 - p))
+
+
 def _dropout_fit(model, X, y, hyper, rng, epochs, M, progress):
-    """MC dropout (refbayes.methods.mc_dropout): Adam on the summed objective with the prior
-    precision of (mc_dropout.4) (inverted dropout, biases decayed), masks from the driver."""
-    N = X.shape[0]
-    a = _adam(hyper, N)
-    cfg = mc_dropout.MCDropoutConfig(N, p=hyper["p"], lengthscale=hyper["lengthscale"],
-                                     noise_precision=hyper["noise_precision"], alpha=a.alpha,
-                                     beta1=a.beta1, beta2=a.beta2, eps_adam=a.eps_adam)
+    """MC dropout (refbayes.methods.mc_dropout) as Gal's per-dataset code trains it: Adam on the
+    summed objective N tau_s / 2 times Keras' (mean squared error + reg ||W||^2), i.e. the prior
+    precision (mc_dropout.9) on the weights, none on the biases, and eps_adam = (N tau_s / 2)
+    eps (Adam is invariant to the objective's scale but for eps); masks from the driver."""
+    N, p = X.shape[0], hyper["p"]
+    tau_s = hyper["noise_precision"]
+    ls = _gal_code_lengthscale(p, hyper["code_lengthscale"], hyper["noise_precision_raw"], tau_s)
+    cfg = mc_dropout.MCDropoutConfig(N, p=p, lengthscale=ls, noise_precision=tau_s,
+                                     alpha=hyper["lr"], beta1=hyper["adam_beta1"],
+                                     beta2=hyper["adam_beta2"],
+                                     eps_adam=N * tau_s / 2 * hyper["adam_eps"],
+                                     inverted=True, decay_biases=False)
     state = _train(mc_dropout.init(model.init_theta(rng)), cfg, model, X, y, hyper, rng, epochs,
                    M, progress)
     return _Dropout(state, cfg)
 
 
 def _dropout_predict(post, model, X, rng, S):
-    """S stochastic forward passes with fresh masks (mc_dropout.7), drawn as the driver does."""
-    masks = [driver.draw_masks(rng, model, X.shape[0], post.cfg.p) for _ in range(S)]
-    F = mc_dropout.predict_samples(post.state, X, masks, post.cfg, model)
-    return F[:, :, 0], model.likelihood.noise_precision
+    """S stochastic forward passes with fresh masks (mc_dropout.7), drawn as the driver does, in
+    chunks of _FORWARD_CHUNK * 64 passes (10,000 passes at once would hold every mask)."""
+    chunk = _FORWARD_CHUNK * 64
+    F = [mc_dropout.predict_samples(
+            post.state, X, [driver.draw_masks(rng, model, X.shape[0], post.cfg.p)
+                            for _ in range(min(chunk, S - s0))], post.cfg, model)[:, :, 0]
+         for s0 in range(0, S, chunk)]
+    return np.concatenate(F), model.likelihood.noise_precision
 
+
+# Gal's per-dataset (p, tau in raw units, l_G): <dataset>/net/net/net.py, "obtained from BO"
+_GAL = {"boston": (0.05, 0.159707652696, 1e2), "concrete": (0.01, 0.0557319157756, 1e2),
+        "energy": (0.05, 0.427114830213, 1e2), "kin8nm": (0.05, 192.482910156, 1e2),
+        "naval": (0.05, 42173.5152106, 1e0), "power": (0.005, 0.0871109017617, 1e2),
+        "protein": (0.005, 0.0644419184588, 1e2), "wine": (0.05, 2.95833720839, 1e2),
+        "yacht": (0.01, 0.541869562034, 1e1)}
 
 MC_DROPOUT = MethodSpec(
     name="mc_dropout",
-    description="MC dropout (Gal and Ghahramani 2016): dropout on inputs and hidden units",
-    grid={"noise_precision": SLANG.grid["noise_precision"], "p": (0.005, 0.05)},
-    defaults={"epochs": 40, "M": 32, "S_test": 100, "lr": 1e-3, "adam_beta1": 0.9,
-              "adam_beta2": 0.999, "adam_eps": 1e-8, "lengthscale": 1e-2},
+    description="MC dropout (Gal and Ghahramani 2016): dropout on inputs and hidden units, "
+                "the authors' per-dataset settings",
+    grid={"noise_precision_raw": (_GAL["boston"][1],), "p": (_GAL["boston"][0],)},
+    defaults={"epochs": 400, "M": 32, "S_test": 10_000, "lr": 1e-3, "adam_beta1": 0.9,
+              "adam_beta2": 0.999, "adam_eps": 1e-8, "code_lengthscale": _GAL["boston"][2]},
     quick={"epochs": 5, "S_test": 10},
     fit=_dropout_fit,
     predict=_dropout_predict,
-    per_dataset={d: {"grid": {"noise_precision": o["grid"]["noise_precision"]}}
-                 for d, o in SLANG.per_dataset.items()},
-    ranges={"p": (0.0, 1.0, False, True), "lengthscale": (0.0, math.inf, True, True)},
+    per_dataset={d: {"grid": {"noise_precision_raw": (tau,), "p": (p,)},
+                     "defaults": {"code_lengthscale": l_G, **({"epochs": 200} if d == "protein" else {})}}
+                 for d, (p, tau, l_G) in _GAL.items()},
+    ranges={"p": (0.0, 1.0, False, True), "code_lengthscale": (0.0, math.inf, True, True)},
 )
 
 
