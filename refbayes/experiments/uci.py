@@ -31,8 +31,9 @@ reported beside (uci.3) as ``ll_joint`` so that those figures are compared with 
 
 (uci.2) is the standardized-scale mixture's log-likelihood minus log s_y, the Jacobian of
 y = m_y + s_y y~ (uci.4); ``predictive_ll`` evaluates it with scipy.special.logsumexp.
-Reported: mean +- standard error (sample std with ddof = 1, over sqrt(n)) over the splits done
-(uci.8); the SLANG repository's table used ddof = 0.
+Reported: mean +- standard error (std over sqrt(K)) over the K splits done (uci.8), the std with
+ddof 1 (default) or 0 (``se_ddof``, --se-ddof; the SLANG repository's table used 0), stated in
+the table's header.
 
 Randomness: one numpy Generator per (dataset, split, phase, grid point), from
 SeedSequence([seed, dataset index in UCI_NAMES, split, phase (0 validation, 1 final), point]),
@@ -373,6 +374,7 @@ def _run_split(spec, dataset, split, budget, settings, seed, data_dir, bar):
 # ----------------------------------------------------------------------------- driver
 
 SUMMARY_FIELDS = ("method", "dataset", "budget", "splits_done", "n_splits", "splits", "epochs",
+                  "se_ddof",
                   "rmse_mean", "rmse_se", "ll_mean", "ll_se", "ll_joint_mean", "ll_joint_se",
                   "seconds_per_split")
 
@@ -382,10 +384,14 @@ SPLIT_SCHEMA = {"settings": dict, "hyper": dict, "test": {"rmse": float, "ll": f
                 "seconds": {"total": float}}
 
 
-def _mean_se(values):
-    """Mean and standard error (ddof = 1); the error is None (JSON null) for one value."""
+SE_DDOF = (0, 1)  # the standard error's std: ddof 1 (sample std, default) or 0 (SLANG's table)
+
+
+def _mean_se(values, ddof: int = 1):
+    """Mean and standard error std(ddof) / sqrt(K) over the K values; the error is None (JSON
+    null) for one value."""
     v = np.asarray(values, dtype=float)
-    se = float(v.std(ddof=1) / math.sqrt(len(v))) if len(v) > 1 else None  # (uci.8)
+    se = float(v.std(ddof=ddof) / math.sqrt(len(v))) if len(v) > 1 else None  # (uci.8)
     return float(v.mean()), se
 
 
@@ -403,6 +409,7 @@ class _Plan(NamedTuple):
     quick: bool
     data_dir: Any
     noted: set         # damaged files already reported (one note each)
+    se_ddof: int = 1   # the standard error's ddof (SE_DDOF)
 
 
 def _split_provenance(plan, k) -> dict:
@@ -445,11 +452,12 @@ def _summary(plan):
                "epochs": budget.settings["epochs"], "splits_done": len(rows),
                "n_splits": n_splits, "splits": [r["split"] for r in rows]}
     if rows:
-        summary["rmse_mean"], summary["rmse_se"] = _mean_se([r["rmse"] for r in rows])
-        summary["ll_mean"], summary["ll_se"] = _mean_se([r["ll"] for r in rows])
+        ddof = summary["se_ddof"] = plan.se_ddof
+        summary["rmse_mean"], summary["rmse_se"] = _mean_se([r["rmse"] for r in rows], ddof)
+        summary["ll_mean"], summary["ll_se"] = _mean_se([r["ll"] for r in rows], ddof)
         if all(r["ll_joint"] is not None for r in rows):
             summary["ll_joint_mean"], summary["ll_joint_se"] = _mean_se(
-                [r["ll_joint"] for r in rows])
+                [r["ll_joint"] for r in rows], ddof)
         summary["seconds_per_split"] = float(np.mean([r["seconds"] for r in rows]))
     return summary, rows
 
@@ -489,7 +497,7 @@ def _write_summaries(plan, summary, rows):
 
 
 def _plan(method, dataset, splits=None, quick=False, out=Path("results/uci"), fresh=False,
-          data_dir=None, seed=0, epochs=None) -> _Plan:
+          data_dir=None, seed=0, epochs=None, se_ddof=1) -> _Plan:
     """Check the arguments and every saved file of the requested splits; nothing is computed.
 
     A saved split is reused when its settings, data checksums and refbayes version match;
@@ -501,11 +509,13 @@ def _plan(method, dataset, splits=None, quick=False, out=Path("results/uci"), fr
                          f"underscores), got {method!r}")
     if dataset not in DATASETS:
         raise ValueError(f"dataset: expected one of {', '.join(DATASETS)}, got {dataset!r}")
+    if se_ddof not in SE_DDOF:
+        raise ValueError(f"se_ddof: expected 0 or 1, got {se_ddof!r}")
     spec = uci_methods.METHODS[method]
     splits = check_splits(splits, dataset)
     budget = uci_methods.resolve(spec, dataset, quick, epochs)
     plan = _Plan(spec, dataset, budget, Path(out), Path(out) / method / dataset, splits, [],
-                 {}, seed, quick, data_dir, set())
+                 {}, seed, quick, data_dir, set(), se_ddof)
     for k in splits:  # check the data and every saved file before computing anything
         path = plan.folder / f"split_{k}.json"
         settings = _settings(spec, dataset, k, budget, seed, quick)
@@ -581,8 +591,9 @@ def _execute_jobs(plans, progress, n_jobs: int, scheduler, threads: int) -> None
 def run(method: str, dataset: str, splits=None, quick: bool = False, out=Path("results/uci"),
         fresh: bool = False, data_dir=None, seed: int = 0, epochs: int | None = None,
         progress: bool = True, jobs: int = 1, dask_scheduler: str | None = None,
-        threads: int = 1) -> dict:
-    """Run (or resume) ``method`` on ``dataset`` over ``splits`` (None: all); returns the summary.
+        threads: int = 1, se_ddof: int = 1) -> dict:
+    """Run (or resume) ``method`` on ``dataset`` over ``splits`` (None: all); returns the summary
+    (mean +- standard error over the splits done, std with ``se_ddof``, (uci.8)).
 
     A split whose result file exists with the same settings, data checksums and refbayes
     version is loaded; otherwise (or when the file is damaged) it is an error naming the file
@@ -595,7 +606,7 @@ def run(method: str, dataset: str, splits=None, quick: bool = False, out=Path("r
     each with ``threads`` BLAS threads; the results equal the serial run's (each split's draws
     come from its coordinates, ``_seeds``).
     """
-    plan = _plan(method, dataset, splits, quick, out, fresh, data_dir, seed, epochs)
+    plan = _plan(method, dataset, splits, quick, out, fresh, data_dir, seed, epochs, se_ddof)
     write = output_writable(plan.out, needed=bool(plan.todo))
     n = len(plan.splits)
     with Progress(n, n - len(plan.todo), f"uci {method} {dataset}", enabled=progress) as bar:
@@ -651,9 +662,10 @@ def _fmt_pub(row, key):
             + (" (sd)" if row["pm"] == "sd" else ""))
 
 
-def _head(dataset) -> str:
+def _head(dataset, ddof=1) -> str:
     return (f"{dataset}: test RMSE and test log-likelihood per point (original units), "
-            "mean +- s.e. over splits")
+            f"mean +- s.e. over splits (s.e. = std with ddof {ddof} / sqrt(splits); published: "
+            "as printed, (sd) marks a standard deviation)")
 
 
 def _table(dataset, summaries, published) -> str:
@@ -734,6 +746,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--fresh", action="store_true",
                         help="recompute splits whose saved settings differ instead of stopping")
     parser.add_argument("--seed", type=seed_arg, default=0, help="master seed (default 0)")
+    parser.add_argument("--se-ddof", type=int, choices=SE_DDOF, default=1,
+                        help="standard error over the splits: std with this ddof / sqrt(splits); "
+                             "1 (default, the sample std) or 0 (the SLANG repository's table)")
     _parallel.add_arguments(parser)
     parser.add_argument("--data-dir", type=Path, default=None,
                         help="folder of the benchmark data (default: $REFBAYES_DATA, then the user cache)")
@@ -759,7 +774,8 @@ def main(args: argparse.Namespace) -> int:
         raise ValueError(f"--splits: no dataset has split {', '.join(map(str, args.splits))}")
     # every saved file of every (method, dataset) is checked before anything is computed
     plans = [(d, [_plan(m, d, splits, quick=args.quick, out=args.out, fresh=args.fresh,
-                        data_dir=args.data_dir, seed=args.seed, epochs=args.epochs)
+                        data_dir=args.data_dir, seed=args.seed, epochs=args.epochs,
+                        se_ddof=args.se_ddof)
                   for m in methods]) for d, splits in plan]
     every = [p for _, ps in plans for p in ps]
     write = output_writable(Path(args.out), needed=any(p.todo for p in every))
@@ -770,7 +786,7 @@ def main(args: argparse.Namespace) -> int:
         if args.jobs > 1 or args.dask_scheduler is not None:  # every split of every plan at once
             _execute_jobs(every, progress, args.jobs, args.dask_scheduler, args.threads)
         for d, ps in plans:
-            progress.echo(_head(d))
+            progress.echo(_head(d, args.se_ddof))
             summaries = [_execute(p, progress, write) for p in ps]
             lines = [_table(d, summaries, published)]
             sources |= {r["source"] for r in published if r["dataset"] == d}

@@ -208,6 +208,24 @@ def test_one_point_grid_trains_once_on_the_whole_training_split(data_dir, tmp_pa
     assert saved["seconds"]["validation"] < saved["seconds"]["final"]
 
 
+def test_standard_error_ddof_is_selectable_and_stated(data_dir, tmp_path, capsys):
+    """(uci.8): ddof 0 (the SLANG repository's tables) or 1, in the summary and the header."""
+    args = ["--method", "map", "--dataset", DATASET, "--splits", "0-2", "--quick", "--epochs",
+            "1", "--out", tmp_path, "--data-dir", data_dir]
+    assert _reproduce(*args) == 0
+    assert "s.e. = std with ddof 1 / sqrt(splits)" in capsys.readouterr().out
+    one = json.loads((tmp_path / "map" / DATASET / "summary.json").read_text())["summary"]
+    assert _reproduce(*args, "--se-ddof", "0") == 0
+    assert "s.e. = std with ddof 0 / sqrt(splits)" in capsys.readouterr().out
+    zero = json.loads((tmp_path / "map" / DATASET / "summary.json").read_text())["summary"]
+    rmse = [_split_json(tmp_path, "map", k)["test"]["rmse"] for k in range(3)]
+    assert (one["se_ddof"], zero["se_ddof"]) == (1, 0) and one["rmse_mean"] == zero["rmse_mean"]
+    assert_close(one["rmse_se"], np.std(rmse, ddof=1) / np.sqrt(3), EXACT_F64, "ddof 1")
+    assert_close(zero["rmse_se"], np.std(rmse, ddof=0) / np.sqrt(3), EXACT_F64, "ddof 0")
+    with pytest.raises(ValueError, match="se_ddof: expected 0 or 1, got 2"):
+        uci.run("map", DATASET, [0], quick=True, out=tmp_path, data_dir=data_dir, se_ddof=2)
+
+
 def test_standardized_noise_precision():
     assert uci.standardized_noise_precision({"noise_precision": 3.0}, 2.0) == {"noise_precision": 3.0}
     assert uci.standardized_noise_precision({"noise_precision_raw": 0.5, "p": 0.1}, 2.0) == {
