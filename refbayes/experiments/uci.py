@@ -10,7 +10,9 @@ of derivations/uci.md):
    population std; the official SLANG code uses the n - 1 std, Gal's the population one). Every
    point of the method's grid (refbayes.experiments.uci_methods) is trained on the 80% and
    scored by the mean validation log-likelihood in the original units; the best one wins (the
-   first in grid order on a tie). The test rows are never read in this phase.
+   first in grid order on a tie). A point whose training or prediction is not finite is recorded
+   (``diverged``) and never chosen; if every point diverges the split fails, naming the run. A
+   one-point grid skips this phase. The test rows are never read in this phase.
 3. Final phase: the chosen hyperparameters are trained again on the whole training split,
    standardized with its own statistics, and scored on the test rows.
 
@@ -103,6 +105,7 @@ __all__ = [
     "VAL_FRAC",
     "add_arguments",
     "check_splits",
+    "fits_per_split",
     "hidden_units",
     "load_published",
     "load_split",
@@ -111,7 +114,6 @@ __all__ = [
     "phase_data",
     "predictive_ll",
     "rmse",
-    "fits_per_split",
     "run",
     "standardized_noise_precision",
 ]
@@ -599,8 +601,10 @@ def run(method: str, dataset: str, splits=None, quick: bool = False, out=Path("r
     version is loaded; otherwise (or when the file is damaged) it is an error naming the file
     unless ``fresh`` (then it is recomputed). Every saved file is checked, and ``out`` checked
     to be writable, before anything is computed; with nothing to compute a read-only ``out``
-    only skips the summary files (note on stderr). A TrainingError (non-finite values) stops
-    the run with a message naming method, dataset, split, phase and hyperparameters; the splits
+    only skips the summary files (note on stderr). A diverging validation grid point is
+    recorded and skipped (uci.7); a TrainingError (non-finite values) of every grid point or of
+    the final fit stops the run with a message naming method, dataset, split, phase and
+    hyperparameters; the splits
     finished before it stay on disk and in the summary files. ``jobs`` > 1 runs the splits in
     that many local processes, ``dask_scheduler`` on a Dask cluster (``_parallel.run_jobs``),
     each with ``threads`` BLAS threads; the results equal the serial run's (each split's draws
