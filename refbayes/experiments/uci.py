@@ -110,6 +110,7 @@ __all__ = [
     "load_published",
     "load_split",
     "main",
+    "parse_grid",
     "parse_splits",
     "phase_data",
     "predictive_ll",
@@ -159,12 +160,25 @@ def check_splits(splits, dataset: str) -> tuple[int, ...]:
     return tuple(splits)
 
 
+def parse_grid(text: str) -> tuple[str, tuple[float, ...]]:
+    """'noise_precision=46.3' or 'prior_precision=0.1,1,10' -> (key, candidates)."""
+    key, eq, values = str(text).partition("=")
+    try:
+        cands = tuple(float(v) for v in values.split(","))
+    except ValueError:
+        cands = ()
+    if not eq or not key.strip() or not cands:
+        raise ValueError(f"--grid: expected KEY=V1,V2,... (e.g. noise_precision=46.3), got {text!r}")
+    return key.strip(), cands
+
+
 def _argtype(fn):
     def wrapped(text):
         try:
             return fn(text)
         except ValueError as err:
-            raise argparse.ArgumentTypeError(str(err).removeprefix("--splits: ")) from err
+            raise argparse.ArgumentTypeError(
+                str(err).removeprefix("--splits: ").removeprefix("--grid: ")) from err
     wrapped.__name__ = fn.__name__
     return wrapped
 
@@ -499,7 +513,7 @@ def _write_summaries(plan, summary, rows):
 
 
 def _plan(method, dataset, splits=None, quick=False, out=Path("results/uci"), fresh=False,
-          data_dir=None, seed=0, epochs=None, se_ddof=1) -> _Plan:
+          data_dir=None, seed=0, epochs=None, se_ddof=1, grid=None) -> _Plan:
     """Check the arguments and every saved file of the requested splits; nothing is computed.
 
     A saved split is reused when its settings, data checksums and refbayes version match;
@@ -515,7 +529,7 @@ def _plan(method, dataset, splits=None, quick=False, out=Path("results/uci"), fr
         raise ValueError(f"se_ddof: expected 0 or 1, got {se_ddof!r}")
     spec = uci_methods.METHODS[method]
     splits = check_splits(splits, dataset)
-    budget = uci_methods.resolve(spec, dataset, quick, epochs)
+    budget = uci_methods.resolve(spec, dataset, quick, epochs, grid)
     plan = _Plan(spec, dataset, budget, Path(out), Path(out) / method / dataset, splits, [],
                  {}, seed, quick, data_dir, set(), se_ddof)
     for k in splits:  # check the data and every saved file before computing anything
@@ -593,9 +607,10 @@ def _execute_jobs(plans, progress, n_jobs: int, scheduler, threads: int) -> None
 def run(method: str, dataset: str, splits=None, quick: bool = False, out=Path("results/uci"),
         fresh: bool = False, data_dir=None, seed: int = 0, epochs: int | None = None,
         progress: bool = True, jobs: int = 1, dask_scheduler: str | None = None,
-        threads: int = 1, se_ddof: int = 1) -> dict:
+        threads: int = 1, se_ddof: int = 1, grid: dict | None = None) -> dict:
     """Run (or resume) ``method`` on ``dataset`` over ``splits`` (None: all); returns the summary
-    (mean +- standard error over the splits done, std with ``se_ddof``, (uci.8)).
+    (mean +- standard error over the splits done, std with ``se_ddof``, (uci.8)). ``grid``
+    (hyperparameter -> candidates) replaces those candidates of the method's grid.
 
     A split whose result file exists with the same settings, data checksums and refbayes
     version is loaded; otherwise (or when the file is damaged) it is an error naming the file
@@ -610,7 +625,7 @@ def run(method: str, dataset: str, splits=None, quick: bool = False, out=Path("r
     each with ``threads`` BLAS threads; the results equal the serial run's (each split's draws
     come from its coordinates, ``_seeds``).
     """
-    plan = _plan(method, dataset, splits, quick, out, fresh, data_dir, seed, epochs, se_ddof)
+    plan = _plan(method, dataset, splits, quick, out, fresh, data_dir, seed, epochs, se_ddof, grid)
     write = output_writable(plan.out, needed=bool(plan.todo))
     n = len(plan.splits)
     with Progress(n, n - len(plan.todo), f"uci {method} {dataset}", enabled=progress) as bar:
@@ -750,6 +765,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--fresh", action="store_true",
                         help="recompute splits whose saved settings differ instead of stopping")
     parser.add_argument("--seed", type=seed_arg, default=0, help="master seed (default 0)")
+    parser.add_argument("--grid", type=_argtype(parse_grid), action="append", default=[],
+                        metavar="KEY=V1,V2,...",
+                        help="replace the candidates of one hyperparameter of the method's grid "
+                             "(repeatable; e.g. --grid noise_precision=46.3); the grid is part of "
+                             "the saved settings, so use another --out")
     parser.add_argument("--se-ddof", type=int, choices=SE_DDOF, default=1,
                         help="standard error over the splits: std with this ddof / sqrt(splits); "
                              "1 (default, the sample std) or 0 (the SLANG repository's table)")
@@ -779,7 +799,7 @@ def main(args: argparse.Namespace) -> int:
     # every saved file of every (method, dataset) is checked before anything is computed
     plans = [(d, [_plan(m, d, splits, quick=args.quick, out=args.out, fresh=args.fresh,
                         data_dir=args.data_dir, seed=args.seed, epochs=args.epochs,
-                        se_ddof=args.se_ddof)
+                        se_ddof=args.se_ddof, grid=dict(args.grid))
                   for m in methods]) for d, splits in plan]
     every = [p for _, ps in plans for p in ps]
     write = output_writable(Path(args.out), needed=any(p.todo for p in every))

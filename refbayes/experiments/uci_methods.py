@@ -302,9 +302,13 @@ def _check_value(spec: MethodSpec, key: str, value):
     return value
 
 
-def resolve(spec: MethodSpec, dataset: str, quick: bool = False, epochs: int | None = None) -> Budget:
+def resolve(spec: MethodSpec, dataset: str, quick: bool = False, epochs: int | None = None,
+            grid: dict | None = None) -> Budget:
     """The grid and fixed settings of ``spec`` on ``dataset``: defaults, then the dataset's
-    overrides, then --quick's, then ``epochs``; every value checked against its range."""
+    overrides, then --quick's, then ``epochs`` and the candidates of ``grid`` (hyperparameter
+    -> tuple, replacing that key's candidates; the key must be in the method's grid); every
+    value checked against its range."""
+    override = dict(grid or {})
     over = spec.per_dataset.get(dataset, {})
     grid = {**spec.grid, **over.get("grid", {})}
     settings = {**spec.defaults, **over.get("defaults", {})}
@@ -317,6 +321,11 @@ def resolve(spec: MethodSpec, dataset: str, quick: bool = False, epochs: int | N
                     else (v[len(v) // 2],) for k, v in grid.items()}
     if epochs is not None:
         settings["epochs"] = epochs
+    unknown = sorted(set(override) - set(grid))
+    if unknown:
+        raise ValueError(f"{spec.name} grid: {', '.join(unknown)} is not a hyperparameter of its "
+                         f"grid; expected one of {sorted(grid)}")
+    grid = {**grid, **override}
     if sum(k in grid for k in _NOISE_KEYS) != 1:
         raise ValueError(f"{spec.name}: the grid must list candidates of exactly one of "
                          f"{_NOISE_KEYS}, got keys {sorted(grid)}")

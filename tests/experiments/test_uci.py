@@ -226,6 +226,27 @@ def test_standard_error_ddof_is_selectable_and_stated(data_dir, tmp_path, capsys
         uci.run("map", DATASET, [0], quick=True, out=tmp_path, data_dir=data_dir, se_ddof=2)
 
 
+def test_grid_option_replaces_candidates(data_dir, tmp_path, capsys):
+    assert uci.parse_grid("noise_precision=46.3") == ("noise_precision", (46.3,))
+    assert uci.parse_grid(" prior_precision=0.1,1 ") == ("prior_precision", (0.1, 1.0))
+    for bad in ("noise_precision", "=1", "noise_precision=a", "noise_precision="):
+        with pytest.raises(ValueError, match="--grid: expected KEY=V1,V2"):
+            uci.parse_grid(bad)
+    spec = uci_methods.METHODS["slang"]
+    budget = uci_methods.resolve(spec, DATASET, grid={"noise_precision": (46.3,)})
+    assert budget.grid == {**uci_methods.resolve(spec, DATASET).grid, "noise_precision": (46.3,)}
+    with pytest.raises(ValueError, match="slang grid: lr is not a hyperparameter of its grid"):
+        uci_methods.resolve(spec, DATASET, grid={"lr": (0.1,)})
+    with pytest.raises(ValueError, match=r"noise_precision: expected a value in \(0.0, inf\)"):
+        uci_methods.resolve(spec, DATASET, grid={"noise_precision": (-1.0,)})
+    assert _reproduce("--method", "map", "--dataset", DATASET, "--splits", "0", "--quick",
+                      "--epochs", "1", "--grid", "noise_precision=3", "--out", tmp_path,
+                      "--data-dir", data_dir) == 0
+    saved = _split_json(tmp_path, "map", 0)
+    assert saved["settings"]["grid"]["noise_precision"] == [3.0]
+    assert all(v["hyper"]["noise_precision"] == 3.0 for v in saved["validation"])
+
+
 def test_standardized_noise_precision():
     assert uci.standardized_noise_precision({"noise_precision": 3.0}, 2.0) == {"noise_precision": 3.0}
     assert uci.standardized_noise_precision({"noise_precision_raw": 0.5, "p": 0.1}, 2.0) == {
