@@ -214,3 +214,30 @@ def test_the_driver_still_checks_its_data_whole():
     with pytest.raises(ValueError, match="y: expected finite values"):
         driver.run(state, vogn.VOGNConfig(40, delta=1.0), model, X, y,
                    rng=np.random.default_rng(0), epochs=1, M=8)
+
+
+@pytest.mark.parametrize("label", [2.0, 0.5, -1.0])
+def test_the_driver_checks_every_label_once_and_the_steps_skip_the_label_scans(label):
+    """A classifier's labels are checked whole by driver.run (a bad one anywhere is refused
+    before any step), so the per-minibatch label scans can be skipped inside unchecked()."""
+    import numpy as np
+
+    import refbayes
+    from refbayes.datasets import make_logistic_regression
+    from refbayes.methods import driver, vogn
+    from refbayes.models import LogisticRegression
+    X, y, _ = make_logistic_regression(40, 5, 0)
+    y = y.astype(float)
+    y[-1] = label
+    model = LogisticRegression(5)
+    state = vogn.init(np.zeros(model.D), np.ones(model.D))
+    with pytest.raises(ValueError, match=r"y: expected (integer class )?labels in \{0, ..., 1\}"):
+        driver.run(state, vogn.VOGNConfig(40, delta=1.0), model, X, y,
+                   rng=np.random.default_rng(0), epochs=1, M=8)
+    f = np.zeros((1, 1))
+    with pytest.raises(ValueError, match="labels"):
+        model.likelihood.losses(f, y[-1:])
+    with refbayes.unchecked():  # the scan is skipped, the shape check is not
+        model.likelihood.losses(f, y[-1:])
+        with pytest.raises(ValueError, match=r"y: expected shape \(1\), got \(2,\)"):
+            model.likelihood.losses(f, y[-2:])

@@ -252,7 +252,9 @@ def run(state, cfg, model, X, y, *, rng: np.random.Generator, epochs: int, M: in
     first = next(iter(_arrays(state).values()))
     xp = xp_of(first, X, y)
     dtype = first.dtype
-    check_array(y, "y")  # every row's values once: the steps after the first skip the scans
+    # every row's targets once (labels in range for a classifier, finite values): the steps
+    # after the first skip the value scans
+    model.likelihood.check_targets(y, N, model.sizes[-1], dtype)
     taken = 0
     for epoch in range(1, epochs + 1):
         for idx in epoch_batches(rng, N, M):

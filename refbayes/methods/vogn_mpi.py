@@ -184,7 +184,9 @@ def run(state: vogn.VOGNState, cfg: vogn.VOGNConfig, model, X, y, *, rng: np.ran
     S = check_int(S, "S", low=0)
     rank, size = comm.Get_rank(), comm.Get_size()
     check_array(X, "X", ndim=2)
-    check_array(y, "y")  # every row's values once; the steps after the first skip the scans
+    # every row's targets once (labels in range for a classifier, finite values): the steps
+    # after the first skip the value scans
+    model.likelihood.check_targets(y, N, model.sizes[-1], state.mu.dtype)
     taken = 0
     for _ in range(epochs):
         for idx in driver.epoch_batches(rng, N, M):
