@@ -40,3 +40,33 @@ class PerExampleGradsBackend:
     def time_vectorized(self, name, width, M):
         self.model.per_example_grads(self.theta, self.X, self.y, impl="vectorized")
         sync(self.xp)
+
+
+class PerExampleGradsDraws:
+    """G (S, M, D) at S Monte Carlo draws (what SLANG and full NGVI-EF take per step): a loop
+    of S per_example_grads calls (the default implementation) against one batched pass,
+    on the UCI SLANG shape ([8, 50, 1], M = 10, S = 4), logistic regression (australian:
+    D = 15, M = 32, S = 12) and an MNIST MLP ([784, 100, 10], M = 128, S = 10)."""
+    params = (["loop", "batched"], ["uci", "logreg", "mnist-mlp"])
+    param_names = ["impl", "shape"]
+    SHAPES = {"uci": ([8, 50, 1], "gaussian", 10, 4), "logreg": ([14, 1], "bernoulli", 32, 12),
+              "mnist-mlp": ([784, 100, 10], "categorical", 128, 10)}
+
+    def setup(self, impl, shape):
+        sizes, lik, M, S = self.SHAPES[shape]
+        rng = np.random.default_rng(0)
+        self.model = MLP(sizes, activation="relu", likelihood=lik)
+        self.thetas = 0.1 * rng.standard_normal((S, self.model.D))
+        self.X = rng.standard_normal((M, sizes[0]))
+        self.y = rng.standard_normal(M) if lik == "gaussian" else rng.integers(0, max(2, sizes[-1]), M)
+        loop = np.stack([self.model.per_example_grads(t, self.X, self.y) for t in self.thetas])
+        batched = self.model.per_example_grads_batched(self.thetas, self.X, self.y)
+        if not np.allclose(loop, batched, rtol=1e-12, atol=1e-14):
+            raise AssertionError("batched per-example gradients differ from the loop")
+
+    def time_draws(self, impl, shape):
+        if impl == "loop":
+            for t in self.thetas:
+                self.model.per_example_grads(t, self.X, self.y)
+        else:
+            self.model.per_example_grads_batched(self.thetas, self.X, self.y)

@@ -193,11 +193,16 @@ def momentum_direction(g_bar, g_hat, lam, mu, b, t):
 # ----------------------------------------------------------------------------- Monte Carlo estimates
 
 def per_example_grads(model, theta, X, y):
-    """G (S, M, D): G[s, i] = grad l_i(theta_s) for theta (D, S), one column per draw.  (ngvi.5)"""
+    """G (S, M, D): G[s, i] = grad l_i(theta_s) for theta (D, S), one column per draw.  (ngvi.5)
+
+    S = 1: the model's per_example_grads (a view, no copy); S > 1: one batched pass over the S
+    draws (``per_example_grads_batched``, equal to S calls to rounding and 1.3-5.8x faster on
+    the UCI, logistic-regression and MNIST-MLP shapes: asv bench_per_example.PerExampleGradsDraws).
+    """
     xp = xp_of(theta)
-    rows = [model.per_example_grads(xp.ascontiguousarray(theta[:, s]), X, y)
-            for s in range(theta.shape[1])]
-    return rows[0][None] if len(rows) == 1 else xp.stack(rows)  # S = 1: a view, no copy
+    if theta.shape[1] == 1:
+        return model.per_example_grads(xp.ascontiguousarray(theta[:, 0]), X, y)[None]
+    return model.per_example_grads_batched(xp.ascontiguousarray(theta.T), X, y)  # (ngvi.5)
 
 
 def grad_estimate(G, N: int):

@@ -757,9 +757,48 @@ class FlatModel:
             e = [d * d for d in dq] if e is None else [a + d * d for a, d in zip(e, dq)]
         return g, _layers.sum_sq_blocks_batched(xp, acts, e, self.bias)  # (peg.10)
 
-    def _batched_gradient_pass(self, xp, thetas, X, y, S):
+    def per_example_grads_batched(self, thetas, X, y):
+        """Compute the per-example gradients at S parameter vectors in one batched pass.
+
+        G[s] = ``per_example_grads(thetas[s], X, y)`` (peg.4), to rounding: one forward and one
+        backward matmul per layer for all S vectors (Monte Carlo samples) instead of a Python
+        loop of S calls.
+
+        Parameters
+        ----------
+        thetas : array of shape (S, D)
+            S >= 1 parameter vectors (float64 or float32).
+        X : array of shape (M, n_in)
+            Inputs, M >= 1, same dtype as thetas.
+        y : array of shape (M,) or (M, n_out)
+            Targets: labels (M,) for classification; reals (M,) or (M, n_out) for the gaussian
+            likelihood.
+
+        Returns
+        -------
+        array of shape (S, M, D)
+            The per-example gradients G.
+
+        Raises
+        ------
+        ValueError
+            If thetas is not a finite float (S, D) array with S >= 1, X is not a finite float
+            (M, n_in) array with M >= 1 in thetas' dtype, or the arrays mix NumPy and CuPy.
+        Also if y is None or does not fit the likelihood (see its ``check_targets``).
+        """
+        xp, X, y, S = self._inputs_batched(thetas, X, y)
+        _, acts, _, _, deltas = self._batched_residual_pass(xp, thetas, X, y, S)
+        M = X.shape[0]
+        # rows (s, i) flattened to S M rows: acts[0] = X is shared by the S vectors
+        rows = [xp.broadcast_to(a, (S,) + a.shape) if a.ndim == 2 else a for a in acts]
+        G = _layers.per_example_blocks(xp, [a.reshape(S * M, a.shape[-1]) for a in rows],
+                                       [d.reshape(S * M, d.shape[-1]) for d in deltas],
+                                       self.bias)  # (peg.4)
+        return G.reshape(S, M, self.D)
+
+    def _batched_residual_pass(self, xp, thetas, X, y, S):
         """One forward and one backward pass at the S vectors (validated inputs): (params, the
-        layer inputs, f (S M, K), the targets repeated S times, the deltas, g (S, D))."""
+        layer inputs, f (S M, K), the targets repeated S times, the deltas (S, M, n_l))."""
         params = _layers.unflatten_batched(thetas, self.sizes, self.bias)
         acts, f = _layers.forward_batched(xp, params, X, self.activation)
         M, K = X.shape[0], f.shape[-1]
@@ -767,6 +806,11 @@ class FlatModel:
         yy = xp.concatenate([y] * S) if S > 1 else y
         r = self.likelihood._grad_f(f, yy).reshape(S, M, K)  # (peg.2)
         deltas = _layers.backward_batched(xp, params, acts, r, self.activation)
+        return params, acts, f, yy, deltas
+
+    def _batched_gradient_pass(self, xp, thetas, X, y, S):
+        """:meth:`_batched_residual_pass` and g (S, D), the S summed gradients."""
+        params, acts, f, yy, deltas = self._batched_residual_pass(xp, thetas, X, y, S)
         g = _layers.summed_blocks_batched(xp, acts, deltas, self.bias)  # (peg.6)
         return params, acts, f, yy, deltas, g
 

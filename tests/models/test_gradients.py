@@ -146,3 +146,23 @@ def test_relu_derivative_at_zero_is_zero(impl):
     G = model.per_example_grads(theta, X, y, impl=impl)
     np.testing.assert_array_equal(G[0, :6], np.zeros(6))
     assert G[0, 6] == -1.0  # d/db_2 of (f - y)^2 / 2 at f = 0, y = 1
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("case", CASES, ids=ids(CASES))
+def test_per_example_grads_batched_over_parameter_vectors(case, dtype, xp):
+    """per_example_grads_batched at S = 3 parameter vectors: G[s] against the autograd
+    per-example loop at theta_s (peg.4); S = 1 too."""
+    spec = ref.spec_of(case.model)
+    rows = [batch(case, seed=s) for s in range(3)]
+    _, X, y = rows[0]
+    thetas = np.stack([r[0] for r in rows])
+    want = np.stack([ref.per_example_grads_loop(spec, th, X, y) for th in thetas])
+    args = (xp.asarray(X.astype(dtype)), xp.asarray(y))
+    G = case.model.per_example_grads_batched(xp.asarray(thetas.astype(dtype)), *args)
+    assert G.dtype == dtype and G.shape == (3, case.M, case.model.D)
+    assert_close(G, want, exact(dtype), "G[s] per theta_s")
+    G1 = case.model.per_example_grads_batched(xp.asarray(thetas[:1].astype(dtype)), *args)
+    assert_close(G1, want[:1], exact(dtype), "S = 1")
+    with pytest.raises(ValueError, match="thetas: expected shape"):
+        case.model.per_example_grads_batched(xp.asarray(thetas[:, 1:].astype(dtype)), *args)
