@@ -47,6 +47,7 @@ def test_quick_split_end_to_end(method, data_dir, tmp_path, capsys):
         best = max(saved["validation"], key=lambda s: s["ll"])
         assert saved["hyper"] == best["hyper"]  # chosen on validation log-likelihood
     assert saved["n"] == {"train": 277, "fit": 221, "validation": 56, "test": 31}
+    assert 0 < saved["seconds"]["cpu"] and 0 < saved["seconds"]["total"]
     assert np.isfinite(saved["test"]["rmse"]) and np.isfinite(saved["test"]["ll"])
     summary = json.loads((out / method / DATASET / "summary.json").read_text())["summary"]
     assert summary["splits_done"] == 1 and summary["n_splits"] == 20
