@@ -57,33 +57,48 @@ def check_factor_values(U, d, names=("U", "d"), *, inverse=True):
     finite (1 / 1e-320 overflows float64). U: every row norm at most sqrt(max float), so that
     U U^T is finite (its entries are bounded by its diagonal, by Cauchy-Schwarz). With
     ``inverse`` also every column norm of d^{-1/2} U, so that the capacitance
-    I + U^T diag(d)^{-1} U (lowrank.2) is finite. The norms are computed from U / max|U| and
-    scaled by 1 / sqrt(D), so the check itself cannot overflow. Raises ValueError naming
-    ``names``; not part of the public API (shared with refbayes.linalg.gaussian and the methods).
+    I + U^T diag(d)^{-1} U (lowrank.2) is finite. The squared norms are summed directly (a
+    finite one is in bounds); only when one overflows are the norms recomputed from U / max|U|,
+    which cannot overflow, for the message. Raises ValueError naming ``names``; not part of the
+    public API (shared with refbayes.linalg.gaussian and the methods).
     """
     if not value_checks():  # refbayes.unchecked(): a driver's own arrays
         return
     xp = xp_of(U, d)
     name_U, name_d = names
     check_invertible_positive(d, name_d)
-    big = float(xp.max(xp.abs(U))) if U.size else 0.0
-    if big == 0.0:
+    if U.size == 0:
         return
+    # The squared norms in one pass each and no D x L temporary: a finite r^2 is <= max float,
+    # i.e. r <= sqrt(max), so only an overflow (inf) needs the scaled norms, which name it.
+    if not bool(xp.isfinite(xp.max(xp.einsum("ij,ij->i", U, U)))):
+        _raise_scaled_norm(U, d, names, columns=False)
+    if inverse and not bool(xp.all(xp.isfinite(xp.einsum("ij,ij,i->j", U, U, 1 / d)))):
+        _raise_scaled_norm(U, d, names, columns=True)
+
+
+def _raise_scaled_norm(U, d, names, *, columns):
+    """Raise for the row norm of U (or column norm of d^{-1/2} U) that exceeds sqrt(max float).
+
+    The norms are computed from U / max|U| and scaled by 1 / sqrt(D), so that they cannot
+    overflow themselves. ``check_factor_values`` calls this only once a squared norm overflowed.
+    """
+    xp = xp_of(U, d)
+    name_U, name_d = names
+    big = float(xp.max(xp.abs(U)))
     root_max = math.sqrt(float(xp.finfo(U.dtype).max))
     Us = U / big  # entries in [-1, 1]
-    row = big * math.sqrt(float(xp.max(xp.sum(Us * Us, axis=1))))
-    if not row <= root_max:
+    if not columns:
+        row = big * math.sqrt(float(xp.max(xp.sum(Us * Us, axis=1))))
         raise ValueError(f"{name_U}: expected entries small enough that U U^T is finite in "
                          f"{U.dtype}, got a row of norm {row:.3e} > sqrt(max {U.dtype}) = "
                          f"{root_max:.3e}")
-    if inverse:
-        D = U.shape[0]
-        Vs = Us / (xp.sqrt(d) * math.sqrt(D))[:, None]  # each squared entry <= 1 / (D tiny)
-        col = big * math.sqrt(float(xp.max(xp.sum(Vs * Vs, axis=0)))) * math.sqrt(D)
-        if not col <= root_max:
-            raise ValueError(f"{name_U}, {name_d}: expected U^T diag(d)^{{-1}} U (the capacitance) "
-                             f"finite in {U.dtype}, got a column of d^(-1/2) U of norm "
-                             f"{col:.3e} > sqrt(max {U.dtype}) = {root_max:.3e}")
+    D = U.shape[0]
+    Vs = Us / (xp.sqrt(d) * math.sqrt(D))[:, None]  # each squared entry <= 1 / (D tiny)
+    col = big * math.sqrt(float(xp.max(xp.sum(Vs * Vs, axis=0)))) * math.sqrt(D)
+    raise ValueError(f"{name_U}, {name_d}: expected U^T diag(d)^{{-1}} U (the capacitance) "
+                     f"finite in {U.dtype}, got a column of d^(-1/2) U of norm "
+                     f"{col:.3e} > sqrt(max {U.dtype}) = {root_max:.3e}")
 
 
 def _check_rhs(x, name, D, dtype):
@@ -105,18 +120,38 @@ def _col(v, like):
 
 # ----------------------------------------------------------------------------- private kernels
 
-def _capacitance_chol(U, d):
-    """R lower with R R^T = C = I_L + U^T diag(d)^{-1} U, and d^{-1} U.  (lowrank.2)"""
+# Rows per block of the capacitance sum on NumPy: a block of d^{-1} U then stays in cache
+# (2048 x L doubles, 160 kB at L = 10) instead of a D x L temporary streamed through memory;
+# measured 1.6x faster at D = 1e6, L = 10. CuPy takes all rows in one product.
+_ROWS_PER_BLOCK = 2048
+
+
+def _weighted_gram(U, d):
+    """U^T diag(d)^{-1} U (L, L), summed over blocks of rows: sum_b U_b^T (d_b^{-1} U_b).
+
+    On NumPy no D x L temporary is formed; CuPy takes all rows in one product.
+    """
     xp = xp_of(U, d)
-    Ud = U / d[:, None]
-    C = xp.eye(U.shape[1], dtype=U.dtype) + U.T @ Ud  # capacitance of (lowrank.2)
-    return xp.linalg.cholesky(C), Ud
+    D, L = U.shape
+    rows = _ROWS_PER_BLOCK if xp is np else max(D, 1)
+    G = xp.zeros((L, L), dtype=U.dtype)
+    for start in range(0, D, rows):
+        U_b = U[start:start + rows]
+        G += U_b.T @ (U_b / d[start:start + rows, None])
+    return G
 
 
-def _whitened_rhs(R, Ud, x):
-    """Y = R^{-1} U^T d^{-1} x, the half-solve shared by solve, diag_inv and inv_quad."""
+def _capacitance_chol(U, d):
+    """R lower with R R^T = C = I_L + U^T diag(d)^{-1} U.  (lowrank.2)"""
+    xp = xp_of(U, d)
+    C = xp.eye(U.shape[1], dtype=U.dtype) + _weighted_gram(U, d)  # capacitance of (lowrank.2)
+    return xp.linalg.cholesky(C)
+
+
+def _whitened_rhs(R, U, h):
+    """Y = R^{-1} U^T h with h = d^{-1} x: the half-solve shared by solve and inv_quad."""
     sla = linalg_of(xp_of(R))
-    return sla.solve_triangular(R, Ud.T @ x, lower=True)
+    return sla.solve_triangular(R, U.T @ h, lower=True)
 
 
 def _sqrt_weight(lam):
@@ -229,10 +264,10 @@ def solve(U, d, g):
     D, _ = _check_factors(U, d)
     _check_rhs(g, "g", D, U.dtype)
     sla = linalg_of(xp)
-    R, Ud = _capacitance_chol(U, d)
+    R = _capacitance_chol(U, d)
     h = g / _col(d, g)
-    z = sla.solve_triangular(R, _whitened_rhs(R, Ud, g), lower=True, trans="T")  # C^{-1} U^T h
-    return h - Ud @ z  # (lowrank.3)
+    z = sla.solve_triangular(R, _whitened_rhs(R, U, h), lower=True, trans="T")  # C^{-1} U^T h
+    return h - (U @ z) / _col(d, g)  # (lowrank.3): two thin products, no D x L temporary
 
 
 def logdet(U, d):
@@ -261,7 +296,7 @@ def logdet(U, d):
     """
     xp = xp_of(U, d)
     _check_factors(U, d)
-    R, _ = _capacitance_chol(U, d)
+    R = _capacitance_chol(U, d)
     return 2 * xp.sum(xp.log(xp.diagonal(R))) + xp.sum(xp.log(d))  # (lowrank.4)
 
 
@@ -291,8 +326,8 @@ def diag_inv(U, d):
     """
     xp = xp_of(U, d)
     D, _ = _check_factors(U, d)
-    R, Ud = _capacitance_chol(U, d)
-    Y = linalg_of(xp).solve_triangular(R, Ud.T, lower=True)
+    R = _capacitance_chol(U, d)
+    Y = linalg_of(xp).solve_triangular(R, (U / d[:, None]).T, lower=True)
     return 1 / d - xp.sum(Y * Y, axis=0)  # (lowrank.5)
 
 
@@ -386,9 +421,10 @@ def inv_quad(U, d, x):
     xp = xp_of(U, d, x)
     D, _ = _check_factors(U, d)
     _check_rhs(x, "x", D, U.dtype)
-    R, Ud = _capacitance_chol(U, d)
-    Y = _whitened_rhs(R, Ud, x)
-    return xp.sum(x * x / _col(d, x), axis=0) - xp.sum(Y * Y, axis=0)  # (lowrank.7)
+    R = _capacitance_chol(U, d)
+    h = x / _col(d, x)
+    Y = _whitened_rhs(R, U, h)
+    return xp.sum(x * h, axis=0) - xp.sum(Y * Y, axis=0)  # (lowrank.7)
 
 
 # ----------------------------------------------------------------------------- sampling
@@ -439,12 +475,12 @@ def sample(mu, U, d, eps):
     """
     xp = xp_of(mu, U, d, eps)
     _check_sample_args(mu, U, d, eps)
-    s = xp.sqrt(d)
-    V = U / s[:, None]
-    lam, Q = xp.linalg.eigh(V.T @ V)
+    s = _col(xp.sqrt(d), eps)
+    lam, Q = xp.linalg.eigh(_weighted_gram(U, d))  # V^T V = U^T d^{-1} U
     F = (Q * _sqrt_weight(lam)) @ Q.T  # f(V^T V)  (lowrank.8)
-    T_eps = eps - V @ (F @ (V.T @ eps))  # (I + V V^T)^{-1/2} eps  (lowrank.8)
-    return _col(mu, eps) + T_eps / _col(s, eps)  # (lowrank.8)
+    # V a = d^{-1/2} U a and V^T b = U^T (d^{-1/2} b): V = d^{-1/2} U is never formed
+    T_eps = eps - (U @ (F @ (U.T @ (eps / s)))) / s  # (I + V V^T)^{-1/2} eps  (lowrank.8)
+    return _col(mu, eps) + T_eps / s  # (lowrank.8)
 
 
 def sample_alg3(mu, U, d, eps):
@@ -699,6 +735,6 @@ def dense_covariance(U, d):
     """
     xp = xp_of(U, d)
     _check_factors(U, d)
-    R, Ud = _capacitance_chol(U, d)
-    Y = linalg_of(xp).solve_triangular(R, Ud.T, lower=True)
+    R = _capacitance_chol(U, d)
+    Y = linalg_of(xp).solve_triangular(R, (U / d[:, None]).T, lower=True)
     return xp.diag(1 / d) - Y.T @ Y  # (lowrank.2)

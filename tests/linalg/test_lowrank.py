@@ -166,6 +166,28 @@ def test_dense_twins_match_oracles(xp, dtype, data):
     assert_close(got_cov, dense.inverse(P), exact(dtype), "dense P^{-1}")
 
 
+@pytest.mark.parametrize("rows", [1, 3, 7, 2048])
+def test_row_blocked_capacitance_matches_dense(monkeypatch, rows):
+    # The capacitance U^T d^{-1} U is summed over blocks of _ROWS_PER_BLOCK rows (2048 on NumPy,
+    # more than the hypothesis cases' D <= 40): small blocks, a last partial block (D = 23 is
+    # no multiple of 3 or 7) and one block of every row give the dense answers.
+    monkeypatch.setattr(lowrank, "_ROWS_PER_BLOCK", rows)
+    rng = np.random.default_rng(rows)
+    D, L = 23, 5
+    U = rng.uniform(-1, 1, (D, L)) / np.sqrt(L)
+    d = rng.uniform(0.1, 10, D)
+    X = rng.standard_normal((D, 3))
+    P = dense.lowrank_precision(U, d)
+    cov = dense.inverse(P)
+    assert_close(lowrank.solve(U, d, X), cov @ X, EXACT_F64, "P^{-1} X")
+    assert_close(lowrank.logdet(U, d), dense.logdet(P), EXACT_F64, "log det P")
+    assert_close(lowrank.diag_inv(U, d), np.diag(cov), EXACT_F64, "diag(P^{-1})")
+    assert_close(lowrank.inv_quad(U, d, X), np.einsum("ik,ik->k", X, cov @ X), EXACT_F64,
+                 "x^T P^{-1} x")
+    S = lowrank.sample(np.zeros(D), U, d, np.eye(D))
+    assert_close(S @ S.T, cov, EXACT_F64, "S S^T")
+
+
 # ----------------------------------------------------------------------------- sampling
 
 def _factor_of(sampler, xp, U, d):
