@@ -385,12 +385,9 @@ def _read_other(path, schema):
         return None
 
 
-def _restart(name, r, runs, with_mf, epochs, seed, data_dir, prov, bar) -> dict:
-    """One restart of one dataset: the exact VI fit, then each of ``runs`` (and, ``with_mf``, the
-    exact mean-field optimum); returns {method: result to save}. Its randomness is
-    (seed, r, method) only, so it runs anywhere (``_parallel.run_jobs``). ``bar(steps, label)``
-    gives a run's progress bar context."""
-    prior, M, _ = DATASETS[name]
+def _restart_data(name, r, seed, data_dir):
+    """Restart r's split (with intercepts), prior precisions, exact VI fit and its saved form."""
+    prior, _, _ = DATASETS[name]
     X_tr, y_tr, X_te, y_te = _load(name, data_dir, r, seed)
     Xd_tr, Xd_te = add_intercept(X_tr), add_intercept(X_te)
     lam = _prior(Xd_tr.shape[1], prior)
@@ -398,33 +395,43 @@ def _restart(name, r, runs, with_mf, epochs, seed, data_dir, prov, bar) -> dict:
     exact_saved = {"nll": _test_nll(exact.mu, exact.Sigma, Xd_te, y_te),
                    "grad_norm": exact.grad_norm, "n_iter": exact.n_iter,
                    "mu": exact.mu.tolist(), "Sigma": exact.Sigma.tolist()}
-    out = {}
-    for method in runs:
-        seq = np.random.SeedSequence([seed, r, METHODS.index(method)])
-        steps = epochs * math.ceil(X_tr.shape[0] / M)
-        with bar(steps, f"{name} r{r} {method}") as b:
-            try:
-                result = _run_one(method, (X_tr, y_tr, Xd_te, y_te), lam, M, epochs,
-                                  np.random.default_rng(seq), exact, b.update)
-            except driver.TrainingError as err:
-                raise ValueError(f"{name}, restart {r}, {method}: {err}") from err
-        out[method] = {"settings": _settings(name, method, r, epochs, seed, M, prior),
-                       **result, "exact_vi": exact_saved, "provenance": prov}
-    if with_mf:
-        saved = _meanfield_optimum(_settings(name, "exact-mf-vi", r, 0, seed, M, prior),
+    return (X_tr, y_tr, Xd_tr, Xd_te, y_te), lam, exact, exact_saved
+
+
+def _run_job(name, r, method, epochs, seed, data_dir, prov, bar) -> dict:
+    """One run: ``method`` (or the exact mean-field optimum, "exact-mf-vi") on restart r of
+    ``name``, after the restart's exact VI fit (deterministic, so every job of a restart fits
+    the same one); returns {method: result to save}. Its randomness is (seed, r, method) only,
+    so it runs anywhere (``_parallel.run_jobs``), and a restart's methods run side by side.
+    ``bar(steps, label)`` gives the run's progress bar context."""
+    prior, M, _ = DATASETS[name]
+    (X_tr, y_tr, Xd_tr, Xd_te, y_te), lam, exact, exact_saved = _restart_data(name, r, seed,
+                                                                              data_dir)
+    if method == "exact-mf-vi":
+        saved = _meanfield_optimum(_settings(name, method, r, 0, seed, M, prior),
                                    (Xd_tr, y_tr, Xd_te, y_te), lam, exact)
-        out["exact-mf-vi"] = {**saved, "provenance": prov}
-    return out
+        return {method: {**saved, "provenance": prov}}
+    seq = np.random.SeedSequence([seed, r, METHODS.index(method)])
+    steps = epochs * math.ceil(X_tr.shape[0] / M)
+    with bar(steps, f"{name} r{r} {method}") as b:
+        try:
+            result = _run_one(method, (X_tr, y_tr, Xd_te, y_te), lam, M, epochs,
+                              np.random.default_rng(seq), exact, b.update)
+        except driver.TrainingError as err:
+            raise ValueError(f"{name}, restart {r}, {method}: {err}") from err
+    return {method: {"settings": _settings(name, method, r, epochs, seed, M, prior),
+                     **result, "exact_vi": exact_saved, "provenance": prov}}
 
 
-def _restart_jobs(args, plan) -> list:
-    """The restarts of ``plan`` with something to compute, as (r, runs, with_mf)."""
-    return [(r, [m for rr, m in plan.todo if rr == r], r in plan.mf_todo)
-            for r in range(plan.restarts)
-            if any(rr == r for rr, _ in plan.todo) or r in plan.mf_todo]
+def _run_jobs(plan) -> list:
+    """The plan's runs to compute, as (r, method): each restart's methods in the paper's order,
+    then its exact mean-field optimum."""
+    return [(r, m) for r in range(plan.restarts)
+            for m in [m for rr, m in plan.todo if rr == r]
+            + (["exact-mf-vi"] if r in plan.mf_todo else [])]
 
 
-def _save_restart(args, plan, r, results, progress) -> None:
+def _save_run(args, plan, r, results, progress) -> None:
     for method, saved in results.items():
         write_json(_path(args.out, plan.name, r, method), saved)
         _keep(plan, r, method, saved)
@@ -433,30 +440,30 @@ def _save_restart(args, plan, r, results, progress) -> None:
 
 
 def _compute(args, plan, progress, write) -> None:
-    """Run the plan's missing runs in this process, writing each restart's files as it finishes."""
-    for r, runs, with_mf in _restart_jobs(args, plan):
-        results = _restart(plan.name, r, runs, with_mf, plan.epochs, args.seed, args.data_dir,
+    """Run the plan's missing runs in this process, writing each run's file as it finishes."""
+    for r, method in _run_jobs(plan):
+        results = _run_job(plan.name, r, method, plan.epochs, args.seed, args.data_dir,
                            plan.provenance, progress.run_bar)
-        _save_restart(args, plan, r, results, progress)
+        _save_run(args, plan, r, results, progress)
         if write:
             _write_summary(Path(args.out), plan.name, _rows(plan))
 
 
 def _compute_jobs(args, plans, progress, write) -> None:
-    """Every missing restart of every plan as one job (local processes or a Dask cluster),
-    each restart's files written as it comes back."""
+    """Every missing run of every plan as one job (local processes or a Dask cluster), each
+    run's file written as it comes back."""
     owner, jobs = {}, []
     for plan in plans:
-        for r, runs, with_mf in _restart_jobs(args, plan):
-            key = f"{plan.name}/restart_{r}"
+        for r, method in _run_jobs(plan):
+            key = f"{plan.name}/restart_{r}/{method}"
             owner[key] = (plan, r)
-            jobs.append(_parallel.Job(key, _restart, (plan.name, r, runs, with_mf, plan.epochs,
+            jobs.append(_parallel.Job(key, _run_job, (plan.name, r, method, plan.epochs,
                                                       args.seed, args.data_dir, plan.provenance,
                                                       _parallel.QUIET.run_bar)))
 
     def done(key, results):
         plan, r = owner[key]
-        _save_restart(args, plan, r, results, progress)
+        _save_run(args, plan, r, results, progress)
         if write:
             _write_summary(Path(args.out), plan.name, _rows(plan))
 
@@ -576,7 +583,7 @@ def run(args: argparse.Namespace) -> int:
     total = sum(p.restarts for p in plans) * len(args.methods)
     parallel = args.jobs > 1 or args.dask_scheduler is not None
     with Progress(total, total - sum(len(p.todo) for p in plans), "slang-logreg") as progress:
-        if parallel:  # every restart of every dataset at once
+        if parallel:  # every run of every dataset at once
             _compute_jobs(args, plans, progress, write)
         for plan in plans:
             name = plan.name

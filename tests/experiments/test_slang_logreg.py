@@ -195,6 +195,33 @@ def test_damaged_result_file_is_named_and_fresh_recomputes_it(no_figures, tmp_pa
     assert json.loads(path.read_text())["settings"]["restart"] == 0
 
 
+def test_each_run_is_written_as_it_finishes_and_an_interrupted_restart_resumes(
+        no_figures, tmp_path, monkeypatch, capsys):
+    # A restart's methods are separate jobs: the one that finished before an interruption is on
+    # disk, and the next invocation computes only the one that did not.
+    out = tmp_path / "out"
+    real, calls = slang_logreg._run_one, []
+
+    def interrupted(method, *args):
+        calls.append(method)
+        if method == "full-hess":
+            raise KeyboardInterrupt
+        return real(method, *args)
+
+    monkeypatch.setattr(slang_logreg, "_run_one", interrupted)
+    assert main(_syn(out, methods="mf-ef,full-hess")) == 130  # Ctrl-C: "refbayes: interrupted"
+    restart = out / "synthetic" / "restart_0"
+    assert sorted(p.name for p in restart.iterdir()) == ["mf-ef.json"]
+    calls.clear()
+    monkeypatch.setattr(slang_logreg, "_run_one",
+                        lambda method, *args: calls.append(method) or real(method, *args))
+    capsys.readouterr()
+    assert main(_syn(out, methods="mf-ef,full-hess")) == 0
+    assert calls == ["full-hess"]
+    assert sorted(p.name for p in restart.iterdir()) == ["exact-mf-vi.json", "full-hess.json",
+                                                         "mf-ef.json"]
+
+
 def test_one_restart_prints_a_dash_not_nan(no_figures, tmp_path, capsys):
     assert main(_syn(tmp_path / "out", restarts="1")) == 0
     out = capsys.readouterr().out
