@@ -88,14 +88,16 @@ def _unavailable(name: str, err: Exception):
 
 
 def _with_threads(parser, handler):
-    """Give an experiment's parser --threads, and run its handler under that BLAS limit."""
+    """Give an experiment's parser --threads, and run its handler under that BLAS limit, with
+    freed memory kept for reuse (``_parallel.retain_freed_memory``)."""
     from refbayes.experiments._io import positive_int
     parser.add_argument("--threads", type=positive_int, default=1,
                         help="BLAS / OpenMP threads per process (default 1: on a loaded 2-core "
                              "machine an unpinned BLAS ran 30-65x slower; with --jobs, per job)")
 
     def run(args) -> int:
-        from refbayes.experiments._parallel import thread_limit
+        from refbayes.experiments._parallel import retain_freed_memory, thread_limit
+        retain_freed_memory()  # no page faults per step on the temporaries (see there)
         with thread_limit(args.threads):
             return handler(args)
     return run

@@ -5,12 +5,24 @@ threads (default 1), set here through threadpoolctl when asv imports the package
 machines these figures come from, an unpinned BLAS under load made BLAS-heavy cases 30-65x
 slower (SLANG step at D = 1e4: 240 ms against 7.5 ms), so ratios measured in one run would say
 more about the load than the code. Set REFBAYES_BENCH_THREADS to time a threaded case on purpose.
+
+Freed memory is kept for reuse, as in every ``refbayes reproduce`` process
+(refbayes.experiments._parallel.retain_freed_memory): with glibc's defaults a step with (S, M, n)
+temporaries of a few hundred kB faults their pages in on every call (VOGN at M = 128, S = 10:
+2.8x its CPU time). REFBAYES_BENCH_MALLOC=default times glibc's defaults instead.
 """
 import os
 
 from threadpoolctl import threadpool_limits
 
+from refbayes.experiments._parallel import retain_freed_memory
+
 BENCH_THREADS = int(os.environ.get("REFBAYES_BENCH_THREADS", "1"))
 if BENCH_THREADS < 1:
     raise ValueError(f"REFBAYES_BENCH_THREADS: expected an integer >= 1, got {BENCH_THREADS}")
 _LIMIT = threadpool_limits(limits=BENCH_THREADS)  # kept: the limit lasts for the process
+BENCH_MALLOC = os.environ.get("REFBAYES_BENCH_MALLOC", "retain")
+if BENCH_MALLOC not in ("retain", "default"):
+    raise ValueError(f"REFBAYES_BENCH_MALLOC: expected 'retain' or 'default', got {BENCH_MALLOC!r}")
+if BENCH_MALLOC == "retain":
+    retain_freed_memory()

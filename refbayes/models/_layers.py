@@ -199,13 +199,15 @@ def backward_batched(xp, params, acts, seed, activation):
 
 def _blocks_batched(xp, acts, e, bias, square):
     """(S, D) rows: per layer sum_i a_i (x) e_i (square=False) or sum_i a_i^2 (x) e_i, then 1^T e."""
-    S = e[0].shape[0]
+    S, M = e[0].shape[:2]
+    ones = xp.ones(M, dtype=e[0].dtype)
     blocks = []
     for a, el in zip(acts, e):
         a = a * a if square else a
         blocks.append((xp.swapaxes(a, -1, -2) @ el).reshape(S, -1))  # (peg.6) / (peg.10)
         if bias:
-            blocks.append(el.sum(axis=1))
+            # 1^T e as a product: 3-4x faster than a sum over the middle axis of (S, M, n)
+            blocks.append(ones @ el)
     return xp.concatenate(blocks, axis=1)
 
 

@@ -300,3 +300,43 @@ def test_selfcheck_groups_in_processes_and_on_dask_equal_the_serial_run(cluster,
     assert len(serial[1]) == 4 + 4 + 2 + 5 and len(serial[2]) == 6
     for where in ("jobs", "dask"):
         assert numbers(runs[where][0]) == serial, where
+
+
+# ----------------------------------------------------------------------------- freed memory
+
+_FAULTS = """
+import resource, sys
+import numpy as np
+from refbayes.experiments import _parallel
+from refbayes.models import MLP
+applied = _parallel.retain_freed_memory() if sys.argv[1] == "retain" else None
+net = MLP([8, 50, 1], "relu", "gaussian", noise_precision=1.0)
+rng = np.random.default_rng(0)
+thetas = net.init_theta(rng) + 0.01 * rng.standard_normal((10, net.D))
+X, y = rng.standard_normal((128, 8)), rng.standard_normal(128)
+net.sample_moments(thetas, X, y, "ef")
+before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+for _ in range(50):
+    net.sample_moments(thetas, X, y, "ef")
+print(applied, resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
+"""
+
+
+@pytest.mark.skipif(__import__("platform").libc_ver()[0] != "glibc", reason="glibc's mallopt")
+def test_retained_freed_memory_stops_the_page_faults_of_a_monte_carlo_step():
+    # VOGN's batched moments at M = 128, S = 10 allocate (10, 128, 50) temporaries of 500 kB:
+    # with glibc's defaults each call faults their pages in again; with the experiments'
+    # setting (every job and the CLI) the steady state faults none. Fresh processes, since
+    # mallopt is process-wide.
+    import subprocess
+    import sys
+
+    def faults(mode):
+        res = subprocess.run([sys.executable, "-c", _FAULTS, mode], capture_output=True,
+                             text=True, check=True, cwd=ROOT, env={**os.environ, "OMP_NUM_THREADS": "1"})
+        applied, n = res.stdout.split()
+        return applied, int(n)
+
+    assert faults("retain") == ("True", 0)
+    default = faults("default")
+    assert default[0] == "None" and default[1] >= 50, default  # at least one fault per call
