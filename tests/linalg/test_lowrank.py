@@ -166,9 +166,9 @@ def test_dense_twins_match_oracles(xp, dtype, data):
     assert_close(got_cov, dense.inverse(P), exact(dtype), "dense P^{-1}")
 
 
-@pytest.mark.parametrize("rows", [1, 3, 7, 2048])
+@pytest.mark.parametrize("rows", [1, 3, 7, 8192])
 def test_row_blocked_capacitance_matches_dense(monkeypatch, rows):
-    # The capacitance U^T d^{-1} U is summed over blocks of _ROWS_PER_BLOCK rows (2048 on NumPy,
+    # The Gram matrix U^T d^{-1} U is summed over blocks of _ROWS_PER_BLOCK rows (8192 on NumPy,
     # more than the hypothesis cases' D <= 40): small blocks, a last partial block (D = 23 is
     # no multiple of 3 or 7) and one block of every row give the dense answers.
     monkeypatch.setattr(lowrank, "_ROWS_PER_BLOCK", rows)
