@@ -78,7 +78,9 @@ class FlatModel:
     """
 
     __slots__ = ("sizes", "activation", "likelihood", "bias", "D")
-    _numpy_impl = "numba"  # default per-example-gradient implementation on NumPy
+    # default per-example-gradient implementation on NumPy, chosen by measurement
+    # (bench_per_example.PerExampleGrads: numba at 0.57-1.05x the vectorized time on nine MLP shapes)
+    _numpy_impl = "numba"
 
     def __init__(self, sizes, activation, likelihood, bias):
         object.__setattr__(self, "sizes", tuple(int(s) for s in sizes))
