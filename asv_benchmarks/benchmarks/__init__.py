@@ -8,8 +8,8 @@ more about the load than the code. Set REFBAYES_BENCH_THREADS to time a threaded
 
 Freed memory is kept for reuse, as in every ``refbayes reproduce`` process
 (refbayes.experiments._parallel.retain_freed_memory): with glibc's defaults a step with (S, M, n)
-temporaries of a few hundred kB faults their pages in on every call (VOGN at M = 128, S = 10:
-2.8x its CPU time). REFBAYES_BENCH_MALLOC=default times glibc's defaults instead.
+temporaries of a few hundred kB faults their pages in on every call (VOGN's step at M = 128, S = 10:
+2.3x its CPU time). REFBAYES_BENCH_MALLOC=default times glibc's defaults instead.
 """
 import os
 
