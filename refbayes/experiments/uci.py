@@ -492,12 +492,13 @@ def _write_csv(path, rows):
 
 
 def _saved_summaries(plan, pattern):
-    """{method folder name: its summary.json} for the files under out matching ``pattern``;
-    a damaged one is left out with a note."""
+    """{(method, dataset) folder names: its summary.json} for the files under out matching
+    ``pattern``; a damaged one is left out with a note."""
     saved = {}
     for p in sorted(Path(plan.out).glob(pattern)):
         try:
-            saved[p.parent.parent.name] = load_result(p, {"summary": dict, "splits": list})
+            saved[p.parent.parent.name, p.parent.name] = load_result(p, {"summary": dict,
+                                                                       "splits": list})
         except ResultFileError as err:
             _note_damaged(plan, err)
     return saved
@@ -718,7 +719,7 @@ def _figure(plan, summaries, published):
     out, dataset = plan.out, plan.dataset
     pub = [r for r in published if r["dataset"] == dataset]
     # every method with results for this dataset under out, not only this invocation's
-    saved = _saved_summaries(plan, f"*/{dataset}/summary.json")
+    saved = {m: v for (m, _), v in _saved_summaries(plan, f"*/{dataset}/summary.json").items()}
     summaries = [s for s in summaries if s["method"] not in saved] + [v["summary"] for v in saved.values()]
     fig, axes = plt.subplots(1, 2, figsize=(11, 4))
     colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]

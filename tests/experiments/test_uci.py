@@ -510,6 +510,18 @@ def test_methods_run_separately_share_one_summary(data_dir, tmp_path, capsys):
     assert len((tmp_path / "summary.csv").read_text().splitlines()) == 3
 
 
+def test_one_summary_covers_every_method_and_dataset(data_dir, tmp_path, capsys):
+    # The top-level summary lists each (method, dataset) with results under --out: a method's
+    # second dataset must not replace its first.
+    assert _reproduce(*_quick(tmp_path, data_dir)) == 0
+    assert _reproduce("--method", "map", "--dataset", "boston", "--splits", "0", "--quick",
+                      "--epochs", 1, "--out", tmp_path, "--data-dir", data_dir) == 0
+    assert _reproduce(*_quick(tmp_path, data_dir, method="bbb")) == 0
+    pairs = {(s["method"], s["dataset"]) for s in json.loads((tmp_path / "summary.json").read_text())}
+    assert pairs == {("map", "boston"), ("map", DATASET), ("bbb", DATASET)}
+    assert len((tmp_path / "summary.csv").read_text().splitlines()) == 4
+
+
 def test_one_split_prints_a_dash_for_the_spread(data_dir, tmp_path, capsys):
     assert _reproduce(*_quick(tmp_path, data_dir)) == 0
     row = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("map "))
