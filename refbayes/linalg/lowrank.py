@@ -65,8 +65,7 @@ def check_factor_values(U, d, names=("U", "d"), *, inverse=True):
     if not value_checks():  # refbayes.unchecked(): a driver's own arrays
         return
     xp = xp_of(U, d)
-    name_U, name_d = names
-    check_invertible_positive(d, name_d)
+    check_invertible_positive(d, names[1])
     if U.size == 0:
         return
     # The squared norms in one pass each and no D x L temporary: a finite r^2 is <= max float,
@@ -138,7 +137,7 @@ def _weighted_gram(U, d):
     G = xp.zeros((L, L), dtype=U.dtype)
     for start in range(0, D, rows):
         V_b = U[start:start + rows] * w[start:start + rows, None]
-        G += V_b.T @ V_b
+        G += V_b.T @ V_b  # U_b^T d_b^{-1} U_b, the capacitance's Gram term of (lowrank.2)
     return G
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import platform
 from pathlib import Path
 
 import numpy as np
@@ -322,7 +323,7 @@ print(applied, resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
 """
 
 
-@pytest.mark.skipif(__import__("platform").libc_ver()[0] != "glibc", reason="glibc's mallopt")
+@pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="glibc's mallopt")
 def test_retained_freed_memory_stops_the_page_faults_of_a_monte_carlo_step():
     # VOGN's batched moments at M = 128, S = 10 allocate (10, 128, 50) temporaries of 500 kB:
     # with glibc's defaults each call faults their pages in again; with the experiments'
