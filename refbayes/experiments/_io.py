@@ -24,6 +24,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 from tqdm import tqdm
@@ -31,7 +32,7 @@ from tqdm import tqdm
 from refbayes import __version__
 from refbayes._files import publish
 
-__all__ = ["Progress", "ResultFileError", "atomic_write_npz", "atomic_write_text", "format_table", "git_commit", "pyplot",
+__all__ = ["MayLack", "Progress", "ResultFileError", "atomic_write_npz", "atomic_write_text", "format_table", "git_commit", "pyplot",
            "load_result", "output_writable", "positive_int", "provenance", "read_json", "reusable", "seed_arg",
            "sha256_arrays", "writable_error", "write_json"]
 
@@ -104,15 +105,24 @@ def _kind(value) -> str:
     return _JSON_KIND.get(type(value), type(value).__name__)
 
 
+class MayLack(NamedTuple):
+    """A schema entry that files written before it existed lack: checked only when present."""
+    want: object
+
+
 def _schema_errors(obj, schema, prefix="") -> list[str]:
-    """What is wrong with ``obj`` against ``schema`` ({key: type or nested schema}); float means
-    any JSON number (not a boolean)."""
+    """What is wrong with ``obj`` against ``schema`` ({key: type, nested schema or MayLack});
+    float means any JSON number (not a boolean)."""
     if not isinstance(obj, dict):
         where = f"{prefix[:-1]}: " if prefix else ""
         return [f"{where}expected a JSON object, got {_kind(obj)}"]
     errors = []
     for key, want in schema.items():
         name = prefix + key
+        if isinstance(want, MayLack):
+            if key not in obj:
+                continue
+            want = want.want
         if key not in obj:
             errors.append(f"missing {name!r}")
         elif isinstance(want, dict):

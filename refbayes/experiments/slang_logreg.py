@@ -53,6 +53,7 @@ from refbayes.datasets import (
 )
 from refbayes.experiments import _parallel
 from refbayes.experiments._io import (
+    MayLack,
     Progress,
     ResultFileError,
     atomic_write_text,
@@ -259,13 +260,14 @@ def _run_one(method, data, lam, M, epochs, rng, exact, progress):
         if epoch in marks:
             curve.append([epoch, float(gaussian.symmetric_kl(ex_q, _q(st)))])
 
-    t0 = time.perf_counter()
+    t0, cpu0 = time.perf_counter(), time.process_time()
     state = driver.run(state, cfg, model, X_tr, y_tr, rng=rng, epochs=epochs, M=M, S=SAMPLES,
                        callback=record, progress=progress)
     Sigma = _covariance(state)
     return {"kl": float(gaussian.symmetric_kl(ex_q, _q(state))),
             "nll": _test_nll(state.mu, Sigma, Xd_te, y_te),
-            "seconds": time.perf_counter() - t0, "curve": curve,
+            "seconds": time.perf_counter() - t0, "cpu_seconds": time.process_time() - cpu0,
+            "curve": curve,
             "mu": state.mu.tolist(), "Sigma": Sigma.tolist()}
 
 
@@ -294,12 +296,12 @@ def _budget(args, name):
 
 
 # Result files: what a run's and an exact mean-field optimum's JSON must hold to be read back.
-RUN_SCHEMA = {"settings": dict, "kl": float, "nll": float, "seconds": float, "curve": list,
-              "mu": list, "Sigma": list,
+RUN_SCHEMA = {"settings": dict, "kl": float, "nll": float, "seconds": float,
+              "cpu_seconds": MayLack(float), "curve": list, "mu": list, "Sigma": list,
               "exact_vi": {"nll": float, "grad_norm": float, "n_iter": float, "mu": list,
                            "Sigma": list}}
-MF_SCHEMA = {"settings": dict, "kl": float, "nll": float, "seconds": float, "grad_norm": float,
-             "mu": list, "var": list}
+MF_SCHEMA = {"settings": dict, "kl": float, "nll": float, "seconds": float,
+             "cpu_seconds": MayLack(float), "grad_norm": float, "mu": list, "var": list}
 REFERENCE_ROWS = ("exact-vi", "exact-mf-vi")
 
 
@@ -321,8 +323,10 @@ def _path(out, name, restart, method) -> Path:
 
 
 def _row(name, restart, method, epochs, saved) -> dict:
+    """A summary row; cpu_seconds is None for files written before it was recorded."""
     return {"dataset": name, "restart": restart, "method": method, "epochs": epochs,
-            "nll": saved["nll"], "kl": saved["kl"], "seconds": saved["seconds"]}
+            "nll": saved["nll"], "kl": saved["kl"], "seconds": saved["seconds"],
+            "cpu_seconds": saved.get("cpu_seconds")}
 
 
 def _keep(plan, restart, method, saved) -> None:
@@ -334,7 +338,7 @@ def _keep(plan, restart, method, saved) -> None:
     plan.rows[restart, method] = _row(name, restart, method, plan.epochs, saved)
     plan.rows.setdefault((restart, "exact-vi"), {
         "dataset": name, "restart": restart, "method": "exact-vi", "epochs": 0,
-        "nll": saved["exact_vi"]["nll"], "kl": 0.0, "seconds": 0.0})
+        "nll": saved["exact_vi"]["nll"], "kl": 0.0, "seconds": 0.0, "cpu_seconds": 0.0})
     plan.curves[restart, method] = saved["curve"]
     if restart == 0:
         plan.states[method] = saved
@@ -481,10 +485,11 @@ def _meanfield_optimum(settings, data, lam, exact):
     """The exact mean-field optimum (exact_vi.fit_meanfield), which is what the paper's
     "mf-exact" row is (a batch optimizer, not a natural-gradient run); cached like the runs."""
     Xd_tr, y_tr, Xd_te, y_te = data
-    t0 = time.perf_counter()
+    t0, cpu0 = time.perf_counter(), time.process_time()
     mf = exact_vi.fit_meanfield(Xd_tr, y_tr, lam, max_iter=5000)
     ex_q = gaussian.DenseCov(exact.mu, exact.Sigma)
     return {"settings": settings, "seconds": time.perf_counter() - t0,
+            "cpu_seconds": time.process_time() - cpu0,
             "kl": float(gaussian.symmetric_kl(ex_q, gaussian.DiagCov(mf.mu, mf.var))),
             "nll": _test_nll(mf.mu, np.diag(mf.var), Xd_te, y_te), "grad_norm": mf.grad_norm,
             "mu": mf.mu.tolist(), "var": mf.var.tolist()}

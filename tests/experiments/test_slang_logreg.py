@@ -172,6 +172,33 @@ def test_another_commit_is_reused(no_figures, tmp_path, capsys):
     assert path.stat().st_mtime_ns == mtime and capsys.readouterr().out == first
 
 
+def test_files_and_rows_record_cpu_seconds_and_older_files_still_load(no_figures, tmp_path,
+                                                                      capsys):
+    out = tmp_path / "out"
+    assert main(_syn(out)) == 0
+    restart = out / "synthetic" / "restart_0"
+    for name in ("mf-ef.json", "exact-mf-vi.json"):
+        saved = json.loads((restart / name).read_text())
+        assert 0 < saved["cpu_seconds"] and isinstance(saved["cpu_seconds"], float)
+    rows = {r["method"]: r for r in json.loads((out / "synthetic_summary.json").read_text())}
+    assert rows["mf-ef"]["cpu_seconds"] == json.loads((restart / "mf-ef.json").read_text())["cpu_seconds"]
+    assert rows["exact-vi"]["cpu_seconds"] == 0.0
+    # a file written before CPU time was recorded is reused, its row's CPU time left empty
+    _edit(restart / "mf-ef.json", lambda s: s.pop("cpu_seconds"))
+    mtime = (restart / "mf-ef.json").stat().st_mtime_ns
+    assert main(_syn(out)) == 0
+    assert (restart / "mf-ef.json").stat().st_mtime_ns == mtime
+    rows = {r["method"]: r for r in json.loads((out / "synthetic_summary.json").read_text())}
+    assert rows["mf-ef"]["cpu_seconds"] is None
+    header, mf_ef = (out / "synthetic_summary.csv").read_text().splitlines()[:2]
+    assert header.endswith(",seconds,cpu_seconds") and mf_ef.endswith(",")
+    # present but not a number: a damaged file, named
+    _edit(restart / "mf-ef.json", lambda s: s.update(cpu_seconds="1 s"))
+    capsys.readouterr()
+    assert main(_syn(out)) == 2
+    assert "cpu_seconds: expected a number, got a JSON string" in capsys.readouterr().err
+
+
 @pytest.mark.parametrize("name, damage, what", [
     ("mf-ef.json", lambda text: text[: len(text) // 2], "not valid JSON ("),
     ("exact-mf-vi.json", lambda text: text[: len(text) // 2], "not valid JSON ("),
