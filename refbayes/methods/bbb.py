@@ -515,8 +515,8 @@ def step(state: BBBState, batch, eps, cfg: BBBConfig, model) -> tuple[BBBState, 
     """Take one Bayes-by-Backprop step, Adam on [mu; rho].
 
     (bbb.1)-(bbb.10), Adam (adam.1)-(adam.4).  Deterministic given its inputs.  Costs one
-    batched gradient pass over the S draws (``model.sample_moments``) and S loss evaluations
-    (for the ELBO estimate in the info).
+    batched forward and backward pass over the S draws (``model.sample_losses_and_grads``),
+    which gives the gradients and the losses of the ELBO estimate in the info.
 
     Parameters
     ----------
@@ -562,15 +562,14 @@ def step(state: BBBState, batch, eps, cfg: BBBConfig, model) -> tuple[BBBState, 
     c = N / (M * S)
     sigma, log_sigma, s = _scales(xp, rho)                                          # (bbb.1)
     theta = _draws(mu, sigma, eps)                                                  # (bbb.2)
-    g = model.sample_moments(xp.ascontiguousarray(theta.T), X, y)[0]                # (bbb.4)
+    losses, g = model.sample_losses_and_grads(xp.ascontiguousarray(theta.T), X, y)  # (bbb.3), (bbb.4)
     g_hat = c * g.sum(axis=0)                                                       # (bbb.5)
     g_rho = c * (g * eps.T).sum(axis=0) * s                                         # (bbb.6)
     kl = _kl(xp, mu, sigma, log_sigma, lam)                                         # (bbb.7)
     dkl_dmu, dkl_drho = _kl_grads(xp, mu, rho, sigma, log_sigma, s, lam)            # (bbb.8)
     grad_mu = g_hat + kl_weight * dkl_dmu                                           # (bbb.9)
     grad_rho = g_rho + kl_weight * dkl_drho                                         # (bbb.9)
-    loss_hat = c * sum(model.loss(xp.ascontiguousarray(theta[:, s]), X, y)
-                       for s in range(S))                                           # (bbb.3)
+    loss_hat = c * losses.sum()                                                     # (bbb.3)
     elbo = -(loss_hat + kl_weight * kl)                                             # (bbb.3)
     delta, adam = _adam(xp, xp.concatenate([grad_mu, grad_rho]), state.adam,
                         alpha, beta1, beta2, eps_adam, state.t)                     # (adam.1)-(adam.4)

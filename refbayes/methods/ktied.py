@@ -690,9 +690,9 @@ def step(state: KTiedState, batch, eps, cfg: KTiedConfig, model) -> tuple[KTiedS
     """Take one k-tied step: reparameterisation gradients through A = U V^T, Adam on [mu; rho].
 
     (ktied.1)-(ktied.7), with (bbb.4), (bbb.5), (bbb.9) and Adam (adam.1)-(adam.4).
-    Deterministic given its inputs.  Costs one batched gradient pass over the S draws
-    (``model.sample_moments``), S loss evaluations (for the ELBO estimate in the info), and two
-    (m, n) x (n or m, k) products per layer.
+    Deterministic given its inputs.  Costs one batched forward and backward pass over the S
+    draws (``model.sample_losses_and_grads``: the gradients and the losses of the ELBO estimate
+    in the info) and two (m, n) x (n or m, k) products per layer.
 
     Parameters
     ----------
@@ -733,7 +733,7 @@ def step(state: KTiedState, batch, eps, cfg: KTiedConfig, model) -> tuple[KTiedS
     c = N / (M * S)
     sigma, factors = _sigma(xp, rho, lay)                                           # (ktied.1)
     theta = mu[:, None] + sigma[:, None] * eps                                      # (ktied.2)
-    g = model.sample_moments(xp.ascontiguousarray(theta.T), X, y)[0]                # (bbb.4)
+    losses, g = model.sample_losses_and_grads(xp.ascontiguousarray(theta.T), X, y)  # (ktied.3), (bbb.4)
     g_hat = c * g.sum(axis=0)                                                       # (bbb.5)
     g_sigma = c * (g * eps.T).sum(axis=0)                                           # (ktied.5)
     log_sigma = _log_sigma(xp, rho, lay, sigma)
@@ -741,8 +741,7 @@ def step(state: KTiedState, batch, eps, cfg: KTiedConfig, model) -> tuple[KTiedS
     grad_mu = g_hat + kl_weight * (lam * mu)                                        # (bbb.9)
     grad_sigma = g_sigma + kl_weight * (lam * sigma - xp.exp(-log_sigma))           # (ktied.5)
     grad_rho = _chain(xp, grad_sigma, rho, lay, factors)                            # (ktied.6)
-    loss_hat = c * sum(model.loss(xp.ascontiguousarray(theta[:, s]), X, y)
-                       for s in range(S))                                           # (ktied.3)
+    loss_hat = c * losses.sum()                                                     # (ktied.3)
     elbo = -(loss_hat + kl_weight * kl)                                             # (ktied.3)
     delta, adam = _adam(xp, xp.concatenate([grad_mu, grad_rho]), state.adam,
                         alpha, beta1, beta2, eps_adam, state.t)                     # (ktied.7)

@@ -759,6 +759,42 @@ class FlatModel:
             e = [d * d for d in dq] if e is None else [a + d * d for a, d in zip(e, dq)]
         return g, _layers.sum_sq_blocks_batched(xp, acts, e, self.bias)  # (peg.10)
 
+    def sample_losses_and_grads(self, thetas, X, y):
+        """Compute the summed losses and gradients at S parameter vectors in one batched pass.
+
+        loss[s] = sum_i l_i(theta_s) (peg.13)-(peg.15) and g[s] = sum_i dl_i/dtheta at theta_s
+        (peg.6): equal to S calls of ``loss`` and ``grad``, from the one forward pass that the
+        gradient's backward pass needs (what a Monte Carlo ELBO and its gradient take).
+
+        Parameters
+        ----------
+        thetas : array of shape (S, D)
+            S >= 1 parameter vectors (float64 or float32).
+        X : array of shape (M, n_in)
+            Inputs, M >= 1, same dtype as thetas.
+        y : array of shape (M,) or (M, n_out)
+            Targets: labels (M,) for classification; reals (M,) or (M, n_out) for the gaussian
+            likelihood.
+
+        Returns
+        -------
+        loss : array of shape (S,)
+            The summed negative log-likelihoods.
+        g : array of shape (S, D)
+            The summed gradients.
+
+        Raises
+        ------
+        ValueError
+            If thetas is not a finite float (S, D) array with S >= 1, X is not a finite float
+            (M, n_in) array with M >= 1 in thetas' dtype, or the arrays mix NumPy and CuPy.
+        Also if y is None or does not fit the likelihood (see its ``check_targets``).
+        """
+        xp, X, y, S = self._inputs_batched(thetas, X, y)
+        _, _, f, yy, _, g = self._batched_gradient_pass(xp, thetas, X, y, S)
+        loss = self.likelihood._losses(xp, f, yy).reshape(S, -1).sum(axis=1)  # (peg.13)-(peg.15)
+        return loss, g
+
     def per_example_grads_batched(self, thetas, X, y):
         """Compute the per-example gradients at S parameter vectors in one batched pass.
 

@@ -127,6 +127,29 @@ def test_sample_moments_batched_over_parameter_vectors(case, dtype, xp):
 
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("case", CASES, ids=ids(CASES))
+def test_sample_losses_and_grads_batched_over_parameter_vectors(case, dtype, xp):
+    """sample_losses_and_grads at S = 3 parameter vectors in one batched pass: loss[s] is
+    sum_i l_i(theta_s) against the naive per-example loop (peg.13)-(peg.15), g[s] against the
+    autograd per-example loop (peg.6), and g equals sample_moments' g."""
+    spec = ref.spec_of(case.model)
+    rows = [batch(case, seed=s) for s in range(3)]
+    _, X, y = rows[0]
+    thetas = np.stack([r[0] for r in rows])
+    args = (xp.asarray(thetas.astype(dtype)), xp.asarray(X.astype(dtype)), xp.asarray(y))
+    loss, g = case.model.sample_losses_and_grads(*args)
+    assert loss.dtype == g.dtype == dtype and loss.shape == (3,) and g.shape == (3, case.model.D)
+    targets = ref._targets(spec, y)
+    assert_close(loss, [sum(ref.example_loss(spec, th, X[i], targets[i]) for i in range(len(X)))
+                        for th in thetas], exact(dtype), "sum_i l_i per theta_s")
+    assert_close(g, np.stack([ref.per_example_grads_loop(spec, th, X, y).sum(0)
+                              for th in thetas]), exact(dtype), "sum_i g_i per theta_s")
+    assert_close(g, case.model.sample_moments(*args)[0], exact(dtype), "as sample_moments")
+    with pytest.raises(ValueError, match="thetas: expected shape"):
+        case.model.sample_losses_and_grads(args[0][:, 1:], args[1], args[2])
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("case", CASES, ids=ids(CASES))
 def test_kfac_moments_is_the_mean_of_kfac_curvature_over_vectors(case, dtype, xp):
     """kfac_moments at S = 3 parameter vectors in one batched pass (peg.21): g[s] against the
     autograd per-example loop at theta_s (peg.6); each layer's (A_l, B_l) against the mean over s
