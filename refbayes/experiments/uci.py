@@ -302,17 +302,23 @@ def _fit_and_score(spec, data, hyper, settings, rngs, hidden, progress):
             "S": int(F.shape[0]), "fit_seconds": t1 - t0, "predict_seconds": time.perf_counter() - t1}
 
 
+def _has_validation(points) -> bool:
+    """Whether a split's grid points are trained and scored on the validation rows first: a
+    one-point grid has nothing to choose, and is only trained once, on the whole training split."""
+    return len(points) > 1
+
+
 def fits_per_split(budget) -> int:
     """Trainings per split: one per grid point and the final one; a one-point grid only the final."""
-    n = len(uci_methods.grid_points(budget.grid))
-    return 1 if n == 1 else n + 1
+    points = uci_methods.grid_points(budget.grid)
+    return len(points) + 1 if _has_validation(points) else 1
 
 
 def _validate(spec, dataset, split, budget, points, seed, tt, hidden, bar) -> list:
     """Every grid point trained on the fit rows and scored on the validation rows (uci.7); a
     point whose training or prediction is not finite is recorded with ``diverged`` (the reason)
     and ``ll`` None instead. A one-point grid has nothing to choose: no validation fit, []."""
-    if len(points) == 1:
+    if not _has_validation(points):
         return []
     val = phase_data(tt, "validation")
     scores = []
