@@ -27,7 +27,7 @@ from refbayes.backend import xp_of
 from refbayes.methods import exact_vi
 from refbayes.models.base import FlatModel
 from refbayes.models.likelihoods import Bernoulli, Gaussian
-from refbayes.models.linear import add_intercept
+from refbayes.models.linear import _LinearModel, add_intercept
 
 Array = Any
 
@@ -225,17 +225,26 @@ def ef_diag_estimate(G, N: int):
 
 
 def hess_estimate(model, theta, X, y, N: int):
-    """H_hat = (N / M) (1 / S) sum_s sum_i grad^2 l_i(theta_s) (D, D).  (ngvi.8)"""
+    """H_hat = (N / M) (1 / S) sum_s sum_i grad^2 l_i(theta_s) (D, D).  (ngvi.8)
+
+    Linear models: Hessian = GGN, linear in the per-example curvatures, so the S draws cost one
+    batched pass (``ggn_sum``, peg.16); other models: S calls of ``model.hessian``.
+    """
     M, S = X.shape[0], theta.shape[1]
     xp = xp_of(theta)
+    if isinstance(model, _LinearModel):
+        return (N / (M * S)) * model.ggn_sum(xp.ascontiguousarray(theta.T), X, y)  # (ngvi.8)
     return (N / (M * S)) * sum(model.hessian(xp.ascontiguousarray(theta[:, s]), X, y)
                                for s in range(S))  # (ngvi.8)
 
 
 def hess_diag_estimate(model, theta, X, y, N: int):
-    """diag of (ngvi.8) (D,), from the model's Hessian (closed form for linear models)."""
+    """diag of (ngvi.8) (D,): linear models in closed form without the D x D matrices
+    (``diag_ggn_sum``, peg.16), other models from S calls of ``model.hessian``."""
     M, S = X.shape[0], theta.shape[1]
     xp = xp_of(theta)
+    if isinstance(model, _LinearModel):
+        return (N / (M * S)) * model.diag_ggn_sum(xp.ascontiguousarray(theta.T), X, y)  # (ngvi.8)
     return (N / (M * S)) * sum(xp.diagonal(model.hessian(xp.ascontiguousarray(theta[:, s]), X, y))
                                for s in range(S))  # (ngvi.8)
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from refbayes._checks import check_array, check_int
 from refbayes.backend import xp_of
+from refbayes.models import _layers
 from refbayes.models.base import FlatModel
 from refbayes.models.likelihoods import Bernoulli, Categorical
 
@@ -41,6 +42,20 @@ def add_intercept(X):
     return xp.concatenate([X, xp.ones((X.shape[0], 1), dtype=X.dtype)], axis=1)
 
 
+def _ggn_closed_form(xp, Xd, H):
+    """sum_i (x~_i x~_i^T) kron H_i (P C, P C), rows (p, c) and columns (q, d) in theta's
+    row-major (feature, class) order, for the design X~ (M, P) and H (M, C, C).  (peg.16)"""
+    P, C = Xd.shape[1], H.shape[1]
+    if C == 1:
+        return Xd.T @ (Xd * H[:, 0, :])  # X~^T diag(h) X~: one GEMM  (peg.16)
+    return xp.einsum("mp,mq,mcd->pcqd", Xd, Xd, H).reshape(P * C, P * C)  # (peg.16)
+
+
+def _diag_ggn_closed_form(xp, Xd, H):
+    """diag of ``_ggn_closed_form``: sum_i (x~_ip)^2 H_i[c, c] at entry (p, c).  (peg.16)"""
+    return ((Xd * Xd).T @ xp.diagonal(H, axis1=1, axis2=2)).reshape(-1)  # (peg.16)
+
+
 class _LinearModel(FlatModel):
     __slots__ = ()
     # One layer: the vectorized rows r_i x~_i are a single BLAS-backed outer product, measured
@@ -55,6 +70,78 @@ class _LinearModel(FlatModel):
         xp, theta, X, y = self._inputs(theta, X, y)
         f = self._forward(xp, theta, X)[2]
         return xp, self._design(xp, X), self.likelihood._hess_f(f, y)
+
+    def _summed_curvature_inputs(self, thetas, X, y):
+        """(xp, X~ (M, P), sum_s H_i(theta_s) (M, C, C)) for S parameter vectors, from one batched
+        forward pass f_s = X~ W~_s."""
+        xp, X, y, S = self._inputs_batched(thetas, X, y)
+        M, C = X.shape[0], self.sizes[-1]
+        F = _layers.forward_batched(xp, _layers.unflatten_batched(thetas, self.sizes, self.bias),
+                                    X, self.activation)[1]  # (S, M, C)  (peg.1)
+        yy = xp.concatenate([y] * S) if S > 1 else y
+        H = self.likelihood._hess_f(F.reshape(S * M, C), yy).reshape(S, M, C, C)
+        return xp, self._design(xp, X), H.sum(axis=0)
+
+    def ggn_sum(self, thetas, X, y):
+        """Form sum_s GGN(theta_s) over S parameter vectors in closed form.
+
+        (peg.16) is linear in H_i, so the sum is sum_i (x~_i x~_i^T) kron (sum_s H_i(theta_s)):
+        one batched forward pass and one contraction for the S vectors (Monte Carlo samples),
+        instead of S calls of ``ggn``. Equal to the Hessian's sum, as for ``hessian``.
+
+        Parameters
+        ----------
+        thetas : array of shape (S, D)
+            S >= 1 parameter vectors (float64 or float32).
+        X : array of shape (M, n_features)
+            Inputs without the ones column, M >= 1, same dtype as thetas.
+        y : array of shape (M,)
+            Class labels.
+
+        Returns
+        -------
+        array of shape (D, D)
+            The summed GGN.
+
+        Raises
+        ------
+        ValueError
+            If thetas is not a finite float (S, D) array with S >= 1, X is not a finite float
+            (M, n_features) array with M >= 1 in thetas' dtype, y is not valid labels, or the
+            arrays mix NumPy and CuPy.
+        """
+        xp, Xd, H = self._summed_curvature_inputs(thetas, X, y)
+        return _ggn_closed_form(xp, Xd, H)  # (peg.16)
+
+    def diag_ggn_sum(self, thetas, X, y):
+        """Compute sum_s diag GGN(theta_s) over S parameter vectors in closed form.
+
+        (peg.16) with sum_s H_i(theta_s) in place of H_i, as in ``ggn_sum``: the diagonal
+        sum_i (x~_ip)^2 sum_s H_i(theta_s)[c, c] at entry (p, c).
+
+        Parameters
+        ----------
+        thetas : array of shape (S, D)
+            S >= 1 parameter vectors (float64 or float32).
+        X : array of shape (M, n_features)
+            Inputs without the ones column, M >= 1, same dtype as thetas.
+        y : array of shape (M,)
+            Class labels.
+
+        Returns
+        -------
+        array of shape (D,)
+            The summed GGN diagonal.
+
+        Raises
+        ------
+        ValueError
+            If thetas is not a finite float (S, D) array with S >= 1, X is not a finite float
+            (M, n_features) array with M >= 1 in thetas' dtype, y is not valid labels, or the
+            arrays mix NumPy and CuPy.
+        """
+        xp, Xd, H = self._summed_curvature_inputs(thetas, X, y)
+        return _diag_ggn_closed_form(xp, Xd, H)  # (peg.16)
 
     def ggn(self, theta, X, y):
         """Form the GGN sum_i (x~_i x~_i^T) kron H_i in closed form.
@@ -84,8 +171,7 @@ class _LinearModel(FlatModel):
             arrays mix NumPy and CuPy.
         """
         xp, Xd, H = self._curvature_inputs(theta, X, y)
-        P, C = Xd.shape[1], self.sizes[-1]
-        return xp.einsum("mp,mq,mcd->pcqd", Xd, Xd, H).reshape(P * C, P * C)  # (peg.16)
+        return _ggn_closed_form(xp, Xd, H)  # (peg.16)
 
     def hessian(self, theta, X, y):
         """Form the Hessian of sum_i l_i, which equals the GGN since d^2 f / d theta^2 = 0.
@@ -142,7 +228,7 @@ class _LinearModel(FlatModel):
             arrays mix NumPy and CuPy.
         """
         xp, Xd, H = self._curvature_inputs(theta, X, y)
-        return ((Xd * Xd).T @ xp.diagonal(H, axis1=1, axis2=2)).reshape(-1)  # (peg.16)
+        return _diag_ggn_closed_form(xp, Xd, H)  # (peg.16)
 
 
 class LogisticRegression(_LinearModel):
@@ -175,35 +261,6 @@ class LogisticRegression(_LinearModel):
     def intercept(self) -> bool:
         """Whether theta ends with an intercept (the same as ``bias``)."""
         return self.bias
-
-    def ggn(self, theta, X, y):
-        """Form the GGN X~^T diag(s (1 - s)) X~, s = sigma(X~ theta), in closed form.
-
-        (peg.16)
-
-        Parameters
-        ----------
-        theta : array of shape (D,)
-            Flat parameter vector (float64 or float32).
-        X : array of shape (M, n_features)
-            Inputs without the ones column, M >= 1, same dtype as theta.
-        y : array of shape (M,)
-            Labels in {0, 1}.
-
-        Returns
-        -------
-        array of shape (D, D)
-            The GGN (equal to the Hessian).
-
-        Raises
-        ------
-        ValueError
-            If theta is not a finite float (D,) array, X is not a finite float
-            (M, n_features) array with M >= 1 in theta's dtype, y is not valid labels, or the
-            arrays mix NumPy and CuPy.
-        """
-        xp, Xd, H = self._curvature_inputs(theta, X, y)
-        return Xd.T @ (Xd * H[:, 0, :])  # (peg.16)
 
     def __repr__(self):
         return f"LogisticRegression({self.sizes[0]}, intercept={self.bias})"

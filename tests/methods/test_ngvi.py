@@ -37,6 +37,23 @@ def _batches(steps, S, seed=2):
     return [(rng.permutation(N)[:M], rng.standard_normal((D, S))) for _ in range(steps)]
 
 
+@pytest.mark.parametrize("S", [1, 3])
+def test_linear_hessian_estimates_take_the_summed_closed_form(S):
+    """(ngvi.8) for LogisticRegression goes through ggn_sum / diag_ggn_sum (one batched pass);
+    MLP([P, 1], "bernoulli") is the same function of the same theta and takes S model.hessian
+    calls (autograd): both give the same H_hat and diagonal."""
+    from refbayes.methods._estimates import hess_diag_estimate, hess_estimate
+    X, y, model = _problem()
+    mlp = MLP([P, 1], likelihood="bernoulli")
+    theta = 0.5 * np.random.default_rng(3).standard_normal((D, S))
+    H = hess_estimate(model, theta, X[:M], y[:M], N)
+    assert_close(H, hess_estimate(mlp, theta, X[:M], y[:M], N), EXACT_F64, "H_hat")
+    assert_close(hess_diag_estimate(model, theta, X[:M], y[:M], N), np.diag(H), EXACT_F64,
+                 "diag H_hat")
+    assert_close(hess_diag_estimate(mlp, theta, X[:M], y[:M], N), np.diag(H), EXACT_F64,
+                 "diag H_hat, autograd path")
+
+
 @pytest.mark.parametrize("curvature", ["ef", "hess", "exact"])
 @pytest.mark.parametrize("momentum", [0.0, 0.9])
 @pytest.mark.parametrize("decay", [0.0, 0.51])

@@ -65,6 +65,31 @@ def test_hessian_numpy(case, dtype, oracle):
     assert_close(H, oracle(case, "hess"), exact(dtype), "Hessian vs autograd.hessian")
 
 
+SUMMED_CASES = [c for c in LINEAR_CASES if not isinstance(c.model, MLP)]
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("case", SUMMED_CASES, ids=ids(SUMMED_CASES))
+def test_linear_ggn_sum_over_parameter_vectors(case, dtype, xp):
+    """ggn_sum and diag_ggn_sum at S = 3 parameter vectors: sum_s of the oracle GGN (autograd
+    J_i^T H_i J_i) at each theta_s, i.e. (peg.16) with sum_s H_i(theta_s) in place of H_i."""
+    spec = ref.spec_of(case.model)
+    rows = [batch(case, seed=s) for s in range(3)]
+    _, X, y = rows[0]
+    thetas = np.stack([r[0] for r in rows])
+    want = sum(ref.ggn_oracle(spec, th, X, y) for th in thetas)
+    args = (xp.asarray(thetas.astype(dtype)), xp.asarray(X.astype(dtype)), xp.asarray(y))
+    A = case.model.ggn_sum(*args)
+    assert A.dtype == dtype and A.shape == (case.model.D, case.model.D)
+    assert_close(A, want, exact(dtype), "sum_s GGN(theta_s)")
+    d = case.model.diag_ggn_sum(*args)
+    assert d.dtype == dtype and d.shape == (case.model.D,)
+    assert_close(d, np.diag(want), exact(dtype), "sum_s diag GGN(theta_s)")
+    for method in (case.model.ggn_sum, case.model.diag_ggn_sum):
+        with pytest.raises(ValueError, match="thetas: expected shape"):
+            method(args[0][:, 1:], args[1], args[2])
+
+
 @pytest.mark.parametrize("case", LINEAR_CASES, ids=ids(LINEAR_CASES))
 def test_linear_hessian_equals_ggn(case, xp, oracle):
     """f is linear in theta, so the Hessian is exactly the GGN (peg.16); checked against autograd."""
