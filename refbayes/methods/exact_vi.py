@@ -145,6 +145,23 @@ def gh_nodes(v_max: float) -> int:
     return n
 
 
+# The rungs n = 64 * 2^k up to the one that covers V_MAX, and the variance each covers (n / 32)
+_RUNGS = tuple(_N_MIN * 2 ** k for k in range(int(math.ceil(math.log2(32 * V_MAX / _N_MIN))) + 1))
+_RUNG_COVERS = tuple(n / 32 for n in _RUNGS)
+
+
+def _gh_rungs(v):
+    """gh_nodes(v_i) for every entry of the host array v at once (int64): the first rung whose
+    n / 32 is >= v_i, by exact comparisons (searchsorted).  (exact_vi.4)  An entry outside
+    [0, V_MAX] (or NaN) raises gh_nodes' ValueError."""
+    v = np.asarray(v, dtype=np.float64)
+    if v.size and not (float(v.min()) >= 0.0 and float(v.max()) <= V_MAX):
+        bad = v[~((v >= 0.0) & (v <= V_MAX))][0]
+        gh_nodes(float(bad))  # raises, naming v_max and the range
+    k = np.searchsorted(np.asarray(_RUNG_COVERS), v, side="left")
+    return np.asarray(_RUNGS, dtype=np.int64)[k]
+
+
 @functools.cache
 def _gh_rule(n: int):
     """Physicists' Gauss-Hermite nodes t_k and weights w_k / sqrt(pi) (they sum to 1), on the host."""
@@ -157,10 +174,10 @@ def _gh_expect(xp, m, v, fn):
     """E f(a_i) = sum_k w_k f(m_i + sqrt(2 v_i) t_k) (exact_vi.3), each datum with the rung of
     its own v_i (exact_vi.4), so one large v_i does not cost every datum thousands of nodes.
     ``fn(a, rows)`` returns f at the (n_rows, n) points a for the data ``rows``."""
-    rungs = xp.asarray([gh_nodes(float(vi)) for vi in (v.get() if hasattr(v, "get") else v)],
-                       dtype=xp.int64) if v.size else xp.zeros(0, dtype=xp.int64)
+    host_rungs = _gh_rungs(v.get() if hasattr(v, "get") else v)  # (exact_vi.4)
+    rungs = xp.asarray(host_rungs)
     out = None
-    for n in sorted({int(r) for r in (rungs.get() if hasattr(rungs, "get") else rungs)}):
+    for n in np.unique(host_rungs).tolist():
         rows = xp.nonzero(rungs == n)[0]
         t, w = _gh_rule(n)
         t, w = xp.asarray(t, dtype=m.dtype), xp.asarray(w, dtype=m.dtype)

@@ -50,6 +50,22 @@ def test_gh_matches_quad(v):
             assert err <= _quad_tol(v), f"{kind} at m={mi}, v={v}: |GH - quad| = {err:.2e}"
 
 
+def test_vectorized_rungs_are_gh_nodes_per_datum():
+    """The per-datum rungs of the quadrature (exact_vi.4), found at once by exact comparisons,
+    equal gh_nodes(v_i) everywhere, at every rung's boundary n / 32 and the doubles beside it;
+    a variance outside [0, V_MAX] raises gh_nodes' error."""
+    covers = [n / 32 for n in (64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768, 65536)]
+    v = [0.0, 1e-300, 0.3, ev.V_MAX, np.nextafter(ev.V_MAX, 0)]
+    v += [x for c in covers if c <= ev.V_MAX for x in (c, np.nextafter(c, 0), np.nextafter(c, 3e3))
+          if x <= ev.V_MAX]
+    v += list(np.random.default_rng(0).uniform(0, ev.V_MAX, 200))
+    assert ev._gh_rungs(np.array(v)).tolist() == [ev.gh_nodes(float(x)) for x in v]
+    assert ev._gh_rungs(np.zeros(0)).shape == (0,)
+    for bad in (-1e-300, np.nextafter(ev.V_MAX, 3e3), np.nan):
+        with pytest.raises(ValueError, match="v_max"):
+            ev._gh_rungs(np.array([1.0, bad]))
+
+
 @pytest.mark.parametrize("m, v, match", [(np.array([501.0]), np.array([1.0]), "m: expected"),
                                          (np.array([0.0]), np.array([1601.0]), "v: expected"),
                                          (np.array([0.0]), np.array([-1.0]), "v: expected")])
