@@ -409,6 +409,27 @@ def test_top_eig_exact_is_the_rank_L_truncation(xp, dtype, data):
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("D, K, L", [(100, 300, 5), (300, 80, 10), (300, 80, 1), (80, 300, 14),
+                                     (300, 64, 10), (300, 63, 10)])
+def test_top_eig_exact_top_L_eigensolver_matches_the_truncation(xp, dtype, D, K, L):
+    """Gram matrices of n >= 64 rows with L <= n / 6 take the subset eigensolver (only the top L
+    pairs), both for K > D (n = D) and K <= D (n = K); the others the full one (L = 14 > 80 / 6,
+    n = 63): every case gives [W W^T]_L, decreasing columns and the sign rule."""
+    uses_subset = min(D, K) >= lowrank.SUBSET_EIGH_MIN_N and L <= min(D, K) / 6
+    assert uses_subset == ((D, K, L) in [(100, 300, 5), (300, 80, 10), (300, 80, 1), (300, 64, 10)])
+    rng = np.random.default_rng(D + K + L)
+    r = min(D, K)
+    sigma = np.concatenate([rng.uniform(2, 4, L), rng.uniform(0, 1, r - L)])
+    W = ((_orthonormal(rng, D, r) * sigma) @ _orthonormal(rng, K, r).T).astype(dtype)
+    V = lowrank.top_eig(xp.asarray(W), L)
+    _assert_dtype(V, dtype, "top_eig")
+    Vh = dense.host64(V)
+    want = dense.rank_truncation(dense.host64(W) @ dense.host64(W).T, L)
+    assert_close(Vh @ Vh.T, want, exact(dtype), "V V^T = [W W^T]_L")
+    _check_columns(V, W, L, dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
 @HYP
 @given(data=st.data(), n_iter=st.integers(0, 3))
 def test_top_eig_randomized_exact_when_rank_at_most_L_plus_p(xp, dtype, data, n_iter):
