@@ -245,6 +245,43 @@ class ExactVI:
     track_n_iter.unit = "iterations"
 
 
+@functools.lru_cache(maxsize=None)
+def table_problem(dataset):
+    """(model, X_train, y_train, lam, M) of restart 0 (seed 0) of ``refbayes reproduce
+    slang-logreg``: its own split, priors and minibatch size. Reads REFBAYES_DATA;
+    NotImplementedError (asv: skip) when the files are not there."""
+    from refbayes.experiments import slang_logreg
+    try:
+        X, y = slang_logreg._load(dataset, None, 0, 0)[:2]
+    except FileNotFoundError as err:
+        first_line = str(err).splitlines()[0]
+        raise NotImplementedError(f"{first_line}; set REFBAYES_DATA") from None
+    prior, M, _ = slang_logreg.DATASETS[dataset]
+    return LogisticRegression(X.shape[1]), X, y, slang_logreg._prior(X.shape[1] + 1, prior), M
+
+
+class SLANGTableEpoch:
+    """One driven epoch (``driver.run``, S = 12) of each method of the SLANG logistic-regression
+    table, from the experiment's own starting state, on its data: where the table's CPU-hours
+    go (derivations/slang.md). australian: 345 rows, D = 15, M = 32; a1a: 1605 rows, D = 120,
+    M = 128; usps-3vs5: D = 257, M = 64."""
+    params = (["australian", "a1a", "usps-3vs5"],
+              ["mf-ef", "mf-hess", "mf-exact", "slang-1", "slang-10", "full-ef", "full-hess",
+               "full-exact"])
+    param_names = ["dataset", "method"]
+
+    def setup(self, dataset, method):
+        from refbayes.experiments import slang_logreg
+        self.model, self.X, self.y, lam, self.M = table_problem(dataset)
+        self.state, self.cfg = slang_logreg._init(method, self.model.D, self.X.shape[0], lam)
+
+    def time_epoch(self, dataset, method):
+        from refbayes.experiments import slang_logreg
+        from refbayes.methods import driver
+        driver.run(self.state, self.cfg, self.model, self.X, self.y,
+                   rng=np.random.default_rng(0), epochs=1, M=self.M, S=slang_logreg.SAMPLES)
+
+
 # ----------------------------------------------------------------------------- without asv
 
 def _median_ms(fn, min_time=0.5, repeat=9):
