@@ -660,6 +660,19 @@ def test_published_rows_need_a_metric_and_its_spread(monkeypatch):
             uci.load_published()
 
 
+def test_bbb_and_slang_settings_follow_the_official_small_and_large_parameters():
+    """The SLANG repository's uci_default_parameters: UCI_SMALL_* minibatch 10 and 4 training
+    draws; UCI_LARGE_BBB minibatch 100 and 2 draws, UCI_LARGE_SLANG minibatch 10 and 2 draws
+    (kin8nm, naval, power; protein, with no official setting, takes the large ones)."""
+    large = ("kin8nm", "naval", "power", "protein")
+    for d in uci.DATASETS:
+        bbb, slang = (uci_methods.resolve(uci_methods.METHODS[m], d).settings
+                      for m in ("bbb", "slang"))
+        assert (bbb["M"], bbb["S_train"]) == ((100, 2) if d in large else (10, 4)), d
+        assert (slang["M"], slang["S_train"]) == ((10, 2) if d in large else (10, 4)), d
+        assert (bbb["epochs"], bbb["lr"], slang["epochs"]) == (120, 0.01, 120), d
+
+
 def test_vadam_and_noisy_adam_settings():
     vadam_spec, noisy = uci_methods.METHODS["vadam"], uci_methods.METHODS["noisy_adam"]
     small = uci_methods.resolve(vadam_spec, "boston")
