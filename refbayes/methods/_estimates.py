@@ -27,7 +27,7 @@ from refbayes.backend import xp_of
 from refbayes.methods import exact_vi
 from refbayes.models.base import FlatModel
 from refbayes.models.likelihoods import Bernoulli, Gaussian
-from refbayes.models.linear import _LinearModel, add_intercept
+from refbayes.models.linear import add_intercept
 
 Array = Any
 
@@ -227,26 +227,20 @@ def ef_diag_estimate(G, N: int):
 def hess_estimate(model, theta, X, y, N: int):
     """H_hat = (N / M) (1 / S) sum_s sum_i grad^2 l_i(theta_s) (D, D).  (ngvi.8)
 
-    Linear models: Hessian = GGN, linear in the per-example curvatures, so the S draws cost one
-    batched pass (``ggn_sum``, peg.16); other models: S calls of ``model.hessian``.
+    The sum over the S draws is the model's (``_hessian_sum``): S Hessian calls in general, one
+    batched pass for linear models, whose Hessian is the GGN (``ggn_sum``, peg.16).
     """
     M, S = X.shape[0], theta.shape[1]
-    xp = xp_of(theta)
-    if isinstance(model, _LinearModel):
-        return (N / (M * S)) * model.ggn_sum(xp.ascontiguousarray(theta.T), X, y)  # (ngvi.8)
-    return (N / (M * S)) * sum(model.hessian(xp.ascontiguousarray(theta[:, s]), X, y)
-                               for s in range(S))  # (ngvi.8)
+    thetas = xp_of(theta).ascontiguousarray(theta.T)
+    return (N / (M * S)) * model._hessian_sum(thetas, X, y)  # (ngvi.8)
 
 
 def hess_diag_estimate(model, theta, X, y, N: int):
-    """diag of (ngvi.8) (D,): linear models in closed form without the D x D matrices
-    (``diag_ggn_sum``, peg.16), other models from S calls of ``model.hessian``."""
+    """diag of (ngvi.8) (D,): the model's ``_hessian_sum`` of diagonals (linear models in closed
+    form, without D x D matrices)."""
     M, S = X.shape[0], theta.shape[1]
-    xp = xp_of(theta)
-    if isinstance(model, _LinearModel):
-        return (N / (M * S)) * model.diag_ggn_sum(xp.ascontiguousarray(theta.T), X, y)  # (ngvi.8)
-    return (N / (M * S)) * sum(xp.diagonal(model.hessian(xp.ascontiguousarray(theta[:, s]), X, y))
-                               for s in range(S))  # (ngvi.8)
+    thetas = xp_of(theta).ascontiguousarray(theta.T)
+    return (N / (M * S)) * model._hessian_sum(thetas, X, y, diag=True)  # (ngvi.8)
 
 
 # ----------------------------------------------------------------------------- exact expectations

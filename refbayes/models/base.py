@@ -846,6 +846,13 @@ class FlatModel:
         deltas = _layers.backward_batched(xp, params, acts, r, self.activation)
         return params, acts, f, yy, deltas
 
+    def _hessian_sum(self, thetas, X, y, diag=False):
+        """sum_s of ``hessian(thetas[s], X, y)`` (or of its diagonal) over the rows of thetas
+        (S, D): S Hessian calls here; models with a closed form for the sum override it."""
+        xp = xp_of(thetas)
+        H = [self.hessian(xp.ascontiguousarray(th), X, y) for th in thetas]  # (peg.17)
+        return sum(xp.diagonal(h) for h in H) if diag else sum(H)
+
     def _batched_gradient_pass(self, xp, thetas, X, y, S):
         """:meth:`_batched_residual_pass` and g (S, D), the S summed gradients."""
         params, acts, f, yy, deltas = self._batched_residual_pass(xp, thetas, X, y, S)

@@ -143,6 +143,10 @@ class _LinearModel(FlatModel):
         xp, Xd, H = self._summed_curvature_inputs(thetas, X, y)
         return _diag_ggn_closed_form(xp, Xd, H)  # (peg.16)
 
+    def _hessian_sum(self, thetas, X, y, diag=False):
+        """The Hessian is the GGN (peg.16): its sum over the S vectors in one pass."""
+        return self.diag_ggn_sum(thetas, X, y) if diag else self.ggn_sum(thetas, X, y)
+
     def ggn(self, theta, X, y):
         """Form the GGN sum_i (x~_i x~_i^T) kron H_i in closed form.
 
