@@ -188,6 +188,39 @@ def test_row_blocked_capacitance_matches_dense(monkeypatch, rows):
     assert_close(S @ S.T, cov, EXACT_F64, "S S^T")
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("layout", ["C", "F", "rows"])
+def test_scale_rows_equals_the_broadcast_product_bit_for_bit(dtype, layout):
+    # The numba loop of the Gram sum multiplies each entry once, as U * w[:, None] does, on
+    # C-ordered, F-ordered and row-strided (every other row) inputs alike.
+    from refbayes.linalg._kernels import scale_rows
+    rng = np.random.default_rng(3)
+    U = rng.standard_normal((2 * 37, 6)).astype(dtype)
+    U = {"C": U[:37], "F": np.asfortranarray(U[:37]), "rows": U[::2]}[layout]
+    w = rng.uniform(0.1, 3, 37).astype(dtype)
+    out = np.full(U.shape, np.nan, dtype)
+    got = scale_rows(U, w, out)
+    assert got is out
+    np.testing.assert_array_equal(out, U * w[:, None])
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape", [(5,), (5, 3), (0,)])
+def test_chol_solve_is_the_inverse_of_R_RT(dtype, shape):
+    # C^{-1} B through C's Cholesky factor (LAPACK potrs on NumPy; L = 0 takes the
+    # solve_triangular fallback) against the dense solve of C = R R^T.
+    rng = np.random.default_rng(4)
+    L = shape[0]
+    A = rng.standard_normal((L, L))
+    R = np.linalg.cholesky(np.eye(L) + A @ A.T / max(L, 1)).astype(dtype)
+    B = rng.standard_normal(shape).astype(dtype)
+    got = lowrank._chol_solve(R, B)
+    assert got.dtype == dtype and got.shape == B.shape
+    C = R.astype(np.float64) @ R.T.astype(np.float64)
+    want = np.linalg.solve(C, B.astype(np.float64)) if L else B.astype(np.float64)
+    assert_close(got, want, exact(dtype), "C^{-1} B")
+
+
 # ----------------------------------------------------------------------------- sampling
 
 def _factor_of(sampler, xp, U, d):
