@@ -595,7 +595,8 @@ def run(args: argparse.Namespace) -> int:
             progress.echo(_head(name, plan.epochs, plan.restarts))
             if not parallel:
                 _compute(args, plan, progress, write)
-            progress.echo(_table(name, _rows(plan, args.methods), args.methods))
+            shown = tuple(m for m in METHODS if m in args.methods)  # the summary's order, not --methods's
+            progress.echo(_table(name, _rows(plan, shown), shown))
             present = [m for m in METHODS if any((r, m) in plan.rows for r in range(plan.restarts))]
             lines = [f"\nresults: {out / name}/, {out / (name + '_summary.csv')}"]
             if set(present) != set(args.methods):
