@@ -12,6 +12,11 @@ jobs run, and ``run_jobs`` runs them:
   package: the optional extra ``dask``). The scheduler reruns the job of a worker that dies
   (``distributed.scheduler.allowed-failures``, 3 by default); a job that raises is not rerun.
 
+Order. Local processes and a Dask cluster start the jobs longest first, by the ``cost`` each
+job carries (a relative estimate of its run time; equal costs keep their given order): with more
+jobs than workers, a long job started last runs alone at the end while the other workers idle.
+A serial run keeps the given order, which has no tail to shorten.
+
 ``on_result(key, result)`` is called in this process as each job finishes (in completion order),
 so results are written as they come and a progress line advances; an interrupted run loses only
 the jobs in flight, and the experiment's resume rule reuses what was written.
@@ -37,7 +42,7 @@ from typing import Callable, Iterable, NamedTuple
 
 from refbayes._checks import check_int
 
-__all__ = ["Job", "QUIET", "Quiet", "thread_limit", "retain_freed_memory", "run_jobs", "add_arguments",
+__all__ = ["Job", "QUIET", "Quiet", "launch_order", "thread_limit", "retain_freed_memory", "run_jobs", "add_arguments",
            "check_scheduler", "check_worker_data"]
 
 DASK_HINT = 'pip install "refbayes[dask]"'
@@ -45,10 +50,17 @@ CONNECT_TIMEOUT = "20s"  # how long to wait for the scheduler before giving up
 
 
 class Job(NamedTuple):
-    """One independent unit of an experiment: ``fn(*args)``, named ``key`` in results."""
+    """One independent unit of an experiment: ``fn(*args)``, named ``key`` in results; ``cost``
+    estimates its run time relative to the other jobs (only the order they start in uses it)."""
     key: str
     fn: Callable
     args: tuple
+    cost: float = 1.0
+
+
+def launch_order(jobs: list) -> list:
+    """The jobs longest first (decreasing ``cost``; a stable sort, so ties keep their order)."""
+    return sorted(jobs, key=lambda job: -job.cost)
 
 
 class Quiet:
@@ -155,6 +167,7 @@ def run_jobs(jobs: Iterable[Job], on_result: Callable[[str, object], None], *, n
     ----------
     jobs : iterable of Job
         The jobs; their functions must be importable module-level functions (they are pickled).
+        Processes and Dask start them longest first (``launch_order``).
     on_result : callable
         ``on_result(key, result)``, in this process, as each job finishes.
     n_jobs : int, default 1
@@ -177,13 +190,13 @@ def run_jobs(jobs: Iterable[Job], on_result: Callable[[str, object], None], *, n
     threads = check_int(threads, "threads", low=1)
     scheduler = check_scheduler(scheduler)
     if scheduler is not None:
-        _run_dask(jobs, on_result, scheduler, threads)
+        _run_dask(launch_order(jobs), on_result, scheduler, threads)
     elif n_jobs == 1 or len(jobs) <= 1:
         with thread_limit(threads):
             for job in jobs:
                 on_result(job.key, job.fn(*job.args))
     else:
-        _run_processes(jobs, on_result, min(n_jobs, len(jobs)), threads)
+        _run_processes(launch_order(jobs), on_result, min(n_jobs, len(jobs)), threads)
 
 
 def _run_processes(jobs, on_result, n_jobs, threads):
@@ -203,9 +216,10 @@ def _run_dask(jobs, on_result, scheduler, threads):
     from distributed import as_completed
     client = _dask_client(scheduler)
     with contextlib.closing(client), client.as_current():  # as_completed finds it there
-        # pure=False: two jobs with equal arguments are still two runs; keys name the jobs
+        # pure=False: two jobs with equal arguments are still two runs; keys name the jobs;
+        # the scheduler runs higher priorities first
         futures = {client.submit(_call, job.fn, job.args, threads, key=f"refbayes-{job.key}",
-                                 pure=False): job.key for job in jobs}
+                                 pure=False, priority=job.cost): job.key for job in jobs}
         try:
             for future in as_completed(futures):
                 on_result(futures[future], future.result())

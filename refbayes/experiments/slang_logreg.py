@@ -522,7 +522,7 @@ def _head(name, epochs, restarts) -> str:
 def _table(name, rows, methods):
     """The table under :func:`_head`: ``methods`` and the two references, mean +- s.e."""
     lines = []
-    for method in (*methods, "exact-mf-vi", "exact-vi"):
+    for method in (*methods, *REFERENCE_ROWS):  # the summary's order
         sel = [r for r in rows if r["method"] == method]
         nll, nll_se = _mean_se([r["nll"] for r in sel])
         kl, kl_se = _mean_se([r["kl"] for r in sel])

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import platform
+import time
 from pathlib import Path
 
 import numpy as np
@@ -35,6 +36,14 @@ def die_once(marker, x):
 
 def fail(x):
     raise ValueError(f"job {x} failed")
+
+
+def note_start(log, key):
+    """Append ``key`` to the file ``log`` as the job starts, then hold the worker a while."""
+    with open(log, "a") as f:
+        f.write(key + "\n")
+    time.sleep(0.5)
+    return key
 
 
 def _jobs(n=5, seed=3):
@@ -70,6 +79,27 @@ def test_a_failing_job_raises_its_error_and_keeps_the_finished(cluster, where):
     with pytest.raises(ValueError, match="job 7 failed"):
         _parallel.run_jobs(jobs, out.__setitem__, **kwargs)
     assert set(out) <= {"ok"}
+
+
+def test_launch_order_is_longest_first_and_keeps_ties_in_order():
+    jobs = [_parallel.Job(k, square_plus, (0, 0), c) for k, c in
+            [("a", 1.0), ("b", 5.0), ("c", 1.0), ("d", 9.0), ("e", 5.0)]]
+    assert [j.key for j in _parallel.launch_order(jobs)] == ["d", "b", "e", "a", "c"]
+    assert _parallel.Job("k", square_plus, ()).cost == 1.0
+
+
+@pytest.mark.parametrize("where", ["processes", "dask"])
+def test_parallel_runs_start_the_costliest_jobs_first(cluster, tmp_path, where):
+    kwargs = {"n_jobs": 2} if where == "processes" else {"scheduler": cluster.scheduler_address}
+    log = tmp_path / "starts"
+    jobs = [_parallel.Job(k, note_start, (str(log), k), c)
+            for k, c in [("a", 1.0), ("b", 2.0), ("c", 5.0), ("d", 9.0)]]
+    out = {}
+    _parallel.run_jobs(jobs, out.__setitem__, **kwargs)
+    started = log.read_text().split()
+    # two workers: the two costliest start first (in either order: they start together)
+    assert set(started[:2]) == {"c", "d"} and set(started[2:]) == {"a", "b"}
+    assert out == {k: k for k in "abcd"}
 
 
 @pytest.mark.parametrize("kwargs, message", [

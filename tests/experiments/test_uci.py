@@ -6,6 +6,7 @@ import re
 import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -863,3 +864,19 @@ def test_bias_corrected_step_is_the_official_momentum_for_a_fixed_preconditioner
                                                           state.A_ref, state.S_ref)])
         mu = mu - 0.01 * P
         assert_close(state.mu, mu, EXACT_F64, f"mean after step {t}")
+
+
+def test_rows_match_the_data(data_dir):
+    for name in uci.DATASETS:
+        tt = uci.load_uci(name, 0, data_dir)
+        assert len(tt.y_train) + len(tt.y_test) == uci.ROWS[name], name
+
+
+def test_split_steps_orders_the_costliest_splits_first(data_dir):
+    """The job cost: fits x epochs x ceil(rows / M); SLANG kin8nm (10 fits, 120 epochs, M = 10:
+    984,000) starts before BBB kin8nm (M = 100: 98,400) and MC dropout yacht (one fit, 400 epochs,
+    M = 32: 4,000)."""
+    plans = {(m, d): uci._plan(m, d, splits=(0,), out=Path("unused"), data_dir=data_dir)
+             for m, d in [("mc_dropout", "yacht"), ("bbb", "kin8nm"), ("slang", "kin8nm")]}
+    assert {k: uci._split_steps(p) for k, p in plans.items()} == {
+        ("mc_dropout", "yacht"): 4000, ("bbb", "kin8nm"): 98400, ("slang", "kin8nm"): 984000}
