@@ -42,8 +42,8 @@ from typing import Callable, Iterable, NamedTuple
 
 from refbayes._checks import check_int
 
-__all__ = ["Job", "QUIET", "Quiet", "launch_order", "thread_limit", "retain_freed_memory", "run_jobs", "add_arguments",
-           "check_scheduler", "check_worker_data"]
+__all__ = ["Job", "QUIET", "Quiet", "launch_order", "thread_limit", "retain_freed_memory",
+           "run_jobs", "add_arguments", "check_scheduler", "check_worker_data"]
 
 DASK_HINT = 'pip install "refbayes[dask]"'
 CONNECT_TIMEOUT = "20s"  # how long to wait for the scheduler before giving up

@@ -589,7 +589,8 @@ def _split_steps(plan) -> int:
     kin8nm) while their time per counted step stays within 0.36-2.4 ms (median split per method
     and set; CPU time, wall time in the files that predate it)."""
     settings = plan.budget.settings
-    return fits_per_split(plan.budget) * settings["epochs"] * math.ceil(ROWS[plan.dataset] / settings["M"])
+    minibatches = math.ceil(ROWS[plan.dataset] / settings["M"])
+    return fits_per_split(plan.budget) * settings["epochs"] * minibatches
 
 
 def _split_job(method: str, dataset: str, split: int, budget, settings: dict, seed: int,

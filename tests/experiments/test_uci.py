@@ -872,7 +872,7 @@ def test_rows_match_the_data(data_dir):
         assert len(tt.y_train) + len(tt.y_test) == uci.ROWS[name], name
 
 
-def test_split_steps_orders_the_costliest_splits_first(data_dir):
+def test_split_steps_is_fits_times_epochs_times_minibatches(data_dir):
     """The job cost: fits x epochs x ceil(rows / M); SLANG kin8nm (10 fits, 120 epochs, M = 10:
     984,000) starts before BBB kin8nm (M = 100: 98,400) and MC dropout yacht (one fit, 400 epochs,
     M = 32: 4,000)."""
