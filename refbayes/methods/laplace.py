@@ -968,7 +968,10 @@ def optimize_prior_precision(model, state: LaplaceState, X, y, cfg: LaplaceConfi
     ``method="marglik"``: n_steps Adam steps of size lr on -log Z from init_prior_prec and the
     model's tau), "grid" (a scalar delta over ``grid``, laplace-torch's ``"gridsearch"``
     interval logspace(-4, 4, 100) by default, scored by the evidence where laplace-torch
-    scores a validation loss).  The optimiser runs on the host in float64.
+    scores a validation loss).  The optimiser runs on the host in float64.  A group whose mean
+    entries are all zero has no finite maximiser (d log Z / d log delta_j >= 0 there,
+    (laplace.11)): "lbfgs" drives its delta_g towards infinity and may report
+    ``converged=False``.
 
     Parameters
     ----------
