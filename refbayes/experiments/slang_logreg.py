@@ -427,6 +427,36 @@ def _run_job(name, r, method, epochs, seed, data_dir, prov, bar) -> dict:
                      **result, "exact_vi": exact_saved, "provenance": prov}}
 
 
+# Seconds per 1,000 epochs of one run, read off the committed runs (reproductions/slang-logreg-*,
+# two significant digits; synthetic measured the same way at 1,000 epochs): the relative cost by
+# which parallel runs start longest first (``_job_cost``). They come from two 2-core VMs whose
+# speeds differ up to 3.5x, so they order the jobs; they do not predict a run's time.
+RUN_SECONDS_PER_1000_EPOCHS = {
+    "synthetic": {"mf-ef": 0.68, "mf-hess": 0.89, "mf-exact": 1.2, "slang-1": 1.6,
+                  "slang-2": 1.8, "slang-5": 1.7, "slang-10": 1.7, "full-ef": 1.0,
+                  "full-hess": 1.2, "full-exact": 1.7},
+    "australian": {"mf-ef": 11, "mf-hess": 35, "mf-exact": 19, "slang-1": 27, "slang-2": 29,
+                   "slang-5": 29, "slang-10": 30, "full-ef": 16, "full-hess": 36,
+                   "full-exact": 21},
+    "breast-cancer": {"mf-ef": 11, "mf-hess": 53, "mf-exact": 30, "slang-1": 30, "slang-2": 33,
+                      "slang-5": 36, "slang-10": 37, "full-ef": 21, "full-hess": 44,
+                      "full-exact": 26},
+    "a1a": {"mf-ef": 14, "mf-hess": 15, "mf-exact": 18, "slang-1": 56, "slang-2": 49,
+            "slang-5": 48, "slang-10": 58, "full-ef": 64, "full-hess": 100, "full-exact": 64},
+    "usps-3vs5": {"mf-ef": 22, "mf-hess": 24, "mf-exact": 16, "slang-1": 120, "slang-2": 130,
+                  "slang-5": 140, "slang-10": 140, "full-ef": 78, "full-hess": 53,
+                  "full-exact": 53},
+}
+EXACT_MF_SECONDS = 2.0  # the exact mean-field optimum, any epochs: 0.04-1.8 s measured
+
+
+def _job_cost(name: str, method: str, epochs: int) -> float:
+    """A run's relative cost: RUN_SECONDS_PER_1000_EPOCHS scaled to its epochs."""
+    if method == "exact-mf-vi":
+        return EXACT_MF_SECONDS
+    return RUN_SECONDS_PER_1000_EPOCHS[name][method] * epochs / 1000
+
+
 def _run_jobs(plan) -> list:
     """The plan's runs to compute, as (r, method): each restart's methods in the paper's order,
     then its exact mean-field optimum."""
@@ -463,7 +493,8 @@ def _compute_jobs(args, plans, progress, write) -> None:
             owner[key] = (plan, r)
             jobs.append(_parallel.Job(key, _run_job, (plan.name, r, method, plan.epochs,
                                                       args.seed, args.data_dir, plan.provenance,
-                                                      _parallel.QUIET.run_bar)))
+                                                      _parallel.QUIET.run_bar),
+                                      _job_cost(plan.name, method, plan.epochs)))
 
     def done(key, results):
         plan, r = owner[key]

@@ -10,7 +10,7 @@ import pytest
 
 import refbayes
 from refbayes.cli import main
-from refbayes.experiments import _io, slang_logreg
+from refbayes.experiments import _io, _parallel, slang_logreg
 
 ORDERED = ("mf-exact", "slang-1", "slang-10", "full-exact")
 
@@ -95,6 +95,41 @@ def test_budget_follows_the_protocol():
     assert slang_logreg._budget(ns(restarts=7), "a1a")[1] == 1
 
 
+def test_job_costs_cover_every_run_and_start_the_longest_first():
+    """Every dataset x method has a measured cost; at the paper's budget the launch order of all
+    four datasets' runs starts with usps-3vs5's SLANG runs and ends with the exact mean-field
+    optima; a cost scales with the epochs."""
+    for name in slang_logreg.DATASETS:
+        assert set(slang_logreg.RUN_SECONDS_PER_1000_EPOCHS[name]) == set(slang_logreg.METHODS)
+    names = ("australian", "breast-cancer", "a1a", "usps-3vs5")
+    jobs = [_parallel.Job(f"{n}/{m}", None, (), slang_logreg._job_cost(n, m, 10_000))
+            for n in names for m in (*slang_logreg.METHODS, "exact-mf-vi")]
+    order = [job.key for job in _parallel.launch_order(jobs)]
+    assert order[:4] == ["usps-3vs5/slang-5", "usps-3vs5/slang-10", "usps-3vs5/slang-2",
+                         "usps-3vs5/slang-1"]
+    assert set(order[-4:]) == {f"{n}/exact-mf-vi" for n in names}
+    assert slang_logreg._job_cost("a1a", "mf-ef", 1000) * 10 == slang_logreg._job_cost(
+        "a1a", "mf-ef", 10_000)
+
+
+def test_parallel_runs_carry_their_costs(no_figures, tmp_path, monkeypatch):
+    """The jobs handed to the parallel runner carry _job_cost of their dataset, method and epochs."""
+    seen = {}
+
+    class Captured(Exception):
+        pass
+
+    def capture(jobs, done, **kwargs):
+        seen.update({job.key: job.cost for job in jobs})
+        raise Captured  # nothing is run
+
+    monkeypatch.setattr(_parallel, "run_jobs", capture)
+    with pytest.raises(Captured):
+        main(_syn(tmp_path / "out", "--jobs", "2", methods="mf-ef,slang-1"))
+    assert seen == {f"synthetic/restart_0/{m}": slang_logreg._job_cost("synthetic", m, 2)
+                    for m in ("mf-ef", "slang-1", "exact-mf-vi")}
+
+
 # ----------------------------------------------------------------------------- provenance, damage, progress, --out
 
 @pytest.fixture
@@ -110,8 +145,8 @@ def _syn(out, *extra, methods="mf-ef", restarts="1", epochs="2"):
 
 def test_table_lists_methods_in_the_summarys_order_whatever_the_methods_order(no_figures, tmp_path,
                                                                              capsys):
-    # --methods may list the costly runs first (for --jobs); the printed table lists the rows in
-    # the summary files' order: METHODS, then exact VI, then exact mean-field VI.
+    # --methods may list the methods in any order; the printed table lists the rows in the
+    # summary files' order: METHODS, then exact VI, then exact mean-field VI.
     out = tmp_path / "out"
     assert main(_syn(out, methods="full-hess,slang-2,mf-ef")) == 0
     table = [line.split()[0] for line in capsys.readouterr().out.splitlines()
