@@ -19,7 +19,9 @@ default use smaller budgets, stated in the table header.
 The staged USPS file is Roweis' usps_all.mat, not the GPML usps_resampled set the paper used; the
 3-vs-5 task is built from it (2200 images, not 1540), so its numbers are not the paper's.
 
-Output (``--out``): ``<dataset>/restart_<r>/<method>.json`` as each run finishes, with its
+Output (``--out``): ``<dataset>/restart_<r>/<method>.json`` as each run finishes (its mu,
+Sigma, KL curve and the exact fit's scalars), ``exact-vi.json`` once per restart (the exact VI
+fit's mu and Sigma, which every run of the restart is measured against), each with its
 provenance (the sha256 of the data files the loader read, DATA_FILES, or of the generated
 arrays for synthetic; the refbayes version; the git commit). Resumable: a finished file whose
 settings, data checksums and refbayes version match is loaded, not recomputed; otherwise, or
@@ -296,10 +298,13 @@ def _budget(args, name):
 
 
 # Result files: what a run's and an exact mean-field optimum's JSON must hold to be read back.
+# A run's file holds the exact VI fit's scalars; its mu and Sigma are in the restart's one
+# exact-vi.json (files written before it existed also hold them, and still load).
 RUN_SCHEMA = {"settings": dict, "kl": float, "nll": float, "seconds": float,
               "cpu_seconds": MayLack(float), "curve": list, "mu": list, "Sigma": list,
-              "exact_vi": {"nll": float, "grad_norm": float, "n_iter": float, "mu": list,
-                           "Sigma": list}}
+              "exact_vi": {"nll": float, "grad_norm": float, "n_iter": float}}
+EXACT_SCHEMA = {"settings": dict, "nll": float, "grad_norm": float, "n_iter": float,
+                "mu": list, "Sigma": list}
 MF_SCHEMA = {"settings": dict, "kl": float, "nll": float, "seconds": float,
              "cpu_seconds": MayLack(float), "grad_norm": float, "mu": list, "var": list}
 REFERENCE_ROWS = ("exact-vi", "exact-mf-vi")
@@ -313,9 +318,11 @@ class _Plan(NamedTuple):
     provenance: dict
     todo: list      # [(restart, method)] to compute, in order
     mf_todo: list   # restarts whose exact mean-field optimum is to compute
+    exact_todo: list  # restarts whose exact-vi.json is absent (or stale, with --fresh)
     rows: dict      # (restart, method) -> summary row, every method with a reusable result
     curves: dict    # (restart, method) -> convergence curve
     states: dict    # method -> its restart-0 result (for the covariance figure)
+    exact: dict     # restart -> its exact VI fit as saved (exact-vi.json), when on disk
 
 
 def _path(out, name, restart, method) -> Path:
@@ -332,6 +339,12 @@ def _row(name, restart, method, epochs, saved) -> dict:
 def _keep(plan, restart, method, saved) -> None:
     """Record a reusable or new result in the plan's rows (and curve, and restart-0 state)."""
     name = plan.name
+    if method == "exact-vi":
+        plan.exact[restart] = saved
+        plan.rows[restart, method] = _row(name, restart, method, 0, {**saved, "kl": 0.0,
+                                                                    "seconds": 0.0,
+                                                                    "cpu_seconds": 0.0})
+        return
     if method == "exact-mf-vi":
         plan.rows[restart, method] = _row(name, restart, method, 0, saved)
         return
@@ -355,8 +368,9 @@ def _plan(args, name) -> _Plan:
     prior, M, _ = DATASETS[name]
     epochs, restarts = _budget(args, name)
     prov = provenance(_data_identity(name, args.data_dir))
-    plan = _Plan(name, epochs, restarts, prov, [], [], {}, {}, {})
+    plan = _Plan(name, epochs, restarts, prov, [], [], [], {}, {}, {}, {})
     for r in range(restarts):
+        _plan_exact(args, plan, r, M, prior)
         for method in (*METHODS, "exact-mf-vi"):
             asked = method in args.methods or method == "exact-mf-vi"
             path = _path(args.out, name, r, method)
@@ -378,6 +392,19 @@ def _plan(args, name) -> _Plan:
     return plan
 
 
+def _plan_exact(args, plan, r, M, prior) -> None:
+    """Keep restart r's exact-vi.json when it is reusable. Every run of the restart refits it
+    (deterministic, under a second) and the first to finish writes it; a restart with no run
+    to compute gets a job of its own (``_run_jobs``)."""
+    path = _path(args.out, plan.name, r, "exact-vi")
+    saved = load_result(path, EXACT_SCHEMA, fresh=args.fresh)
+    settings = _settings(plan.name, "exact-vi", r, 0, args.seed, M, prior)
+    if saved is not None and reusable(path, saved, settings, plan.provenance, args.fresh):
+        _keep(plan, r, "exact-vi", saved)
+    else:
+        plan.exact_todo.append(r)
+
+
 def _read_other(path, schema):
     """A result this invocation only reads (another method's); a damaged one is left out, with
     a note naming it."""
@@ -390,7 +417,8 @@ def _read_other(path, schema):
 
 
 def _restart_data(name, r, seed, data_dir):
-    """Restart r's split (with intercepts), prior precisions, exact VI fit and its saved form."""
+    """Restart r's split (with intercepts), prior precisions, exact VI fit and its saved form
+    (the scalars a run's file keeps, then mu and Sigma for exact-vi.json)."""
     prior, _, _ = DATASETS[name]
     X_tr, y_tr, X_te, y_te = _load(name, data_dir, r, seed)
     Xd_tr, Xd_te = add_intercept(X_tr), add_intercept(X_te)
@@ -411,10 +439,14 @@ def _run_job(name, r, method, epochs, seed, data_dir, prov, bar) -> dict:
     prior, M, _ = DATASETS[name]
     (X_tr, y_tr, Xd_tr, Xd_te, y_te), lam, exact, exact_saved = _restart_data(name, r, seed,
                                                                               data_dir)
+    exact_file = {"exact-vi": {"settings": _settings(name, "exact-vi", r, 0, seed, M, prior),
+                               **exact_saved, "provenance": prov}}
+    if method == "exact-vi":
+        return exact_file
     if method == "exact-mf-vi":
         saved = _meanfield_optimum(_settings(name, method, r, 0, seed, M, prior),
                                    (Xd_tr, y_tr, Xd_te, y_te), lam, exact)
-        return {method: {**saved, "provenance": prov}}
+        return {method: {**saved, "provenance": prov}, **exact_file}
     seq = np.random.SeedSequence([seed, r, METHODS.index(method)])
     steps = epochs * math.ceil(X_tr.shape[0] / M)
     with bar(steps, f"{name} r{r} {method}") as b:
@@ -423,8 +455,9 @@ def _run_job(name, r, method, epochs, seed, data_dir, prov, bar) -> dict:
                               np.random.default_rng(seq), exact, b.update)
         except driver.TrainingError as err:
             raise ValueError(f"{name}, restart {r}, {method}: {err}") from err
+    scalars = {k: exact_saved[k] for k in ("nll", "grad_norm", "n_iter")}
     return {method: {"settings": _settings(name, method, r, epochs, seed, M, prior),
-                     **result, "exact_vi": exact_saved, "provenance": prov}}
+                     **result, "exact_vi": scalars, "provenance": prov}, **exact_file}
 
 
 # Seconds per 1,000 epochs of one run, read off the committed runs (reproductions/slang-logreg-*,
@@ -447,35 +480,46 @@ RUN_SECONDS_PER_1000_EPOCHS = {
                   "slang-5": 140, "slang-10": 140, "full-ef": 78, "full-hess": 53,
                   "full-exact": 53},
 }
-EXACT_MF_SECONDS = 2.0  # the exact mean-field optimum, any epochs: 0.04-1.8 s measured
+# An exact VI fit or exact mean-field optimum, any epochs: 0.04-1.8 s measured.
+REFERENCE_SECONDS = 2.0
 
 
 def _job_cost(name: str, method: str, epochs: int) -> float:
     """A run's relative cost: RUN_SECONDS_PER_1000_EPOCHS scaled to its epochs."""
-    if method == "exact-mf-vi":
-        return EXACT_MF_SECONDS
+    if method in REFERENCE_ROWS:
+        return REFERENCE_SECONDS
     return RUN_SECONDS_PER_1000_EPOCHS[name][method] * epochs / 1000
 
 
-def _run_jobs(plan) -> list:
+def _run_jobs(plan, write=True) -> list:
     """The plan's runs to compute, as (r, method): each restart's methods in the paper's order,
-    then its exact mean-field optimum."""
-    return [(r, m) for r in range(plan.restarts)
-            for m in [m for rr, m in plan.todo if rr == r]
-            + (["exact-mf-vi"] if r in plan.mf_todo else [])]
+    then its exact mean-field optimum; "exact-vi" alone for a restart whose exact-vi.json is
+    missing and which has nothing else to compute (not in a read-only --out, where the runs'
+    own copy of its scalars serves: ``_keep``)."""
+    jobs = []
+    for r in range(plan.restarts):
+        todo = ([m for rr, m in plan.todo if rr == r]
+                + (["exact-mf-vi"] if r in plan.mf_todo else []))
+        if not todo and r in plan.exact_todo and write:
+            todo = ["exact-vi"]
+        jobs += [(r, m) for m in todo]
+    return jobs
 
 
 def _save_run(args, plan, r, results, progress) -> None:
+    """Write a job's files: its run, and the restart's exact-vi.json unless already kept."""
     for method, saved in results.items():
+        if method == "exact-vi" and r in plan.exact:
+            continue
         write_json(_path(args.out, plan.name, r, method), saved)
         _keep(plan, r, method, saved)
-        if method != "exact-mf-vi":
+        if method not in REFERENCE_ROWS:
             progress.advance(f"{plan.name} r{r} {method}")
 
 
 def _compute(args, plan, progress, write) -> None:
     """Run the plan's missing runs in this process, writing each run's file as it finishes."""
-    for r, method in _run_jobs(plan):
+    for r, method in _run_jobs(plan, write):
         results = _run_job(plan.name, r, method, plan.epochs, args.seed, args.data_dir,
                            plan.provenance, progress.run_bar)
         _save_run(args, plan, r, results, progress)
@@ -488,7 +532,7 @@ def _compute_jobs(args, plans, progress, write) -> None:
     run's file written as it comes back."""
     owner, jobs = {}, []
     for plan in plans:
-        for r, method in _run_jobs(plan):
+        for r, method in _run_jobs(plan, write):
             key = f"{plan.name}/restart_{r}/{method}"
             owner[key] = (plan, r)
             jobs.append(_parallel.Job(key, _run_job, (plan.name, r, method, plan.epochs,
@@ -565,12 +609,21 @@ def _table(name, rows, methods):
         ["method", "test NLL (nats)", "sym KL to exact VI", "KL / 1e4", "paper NLL / KL / 1e4"], lines)
 
 
-def _figures(out, name, states, curves_by_run, methods):
+def _exact_Sigma(plan):
+    """Restart 0's exact VI covariance: from exact-vi.json, or embedded in a run's file written
+    before exact-vi.json existed."""
+    if 0 in plan.exact:
+        return plan.exact[0]["Sigma"]
+    return next((s["exact_vi"]["Sigma"] for s in plan.states.values() if "Sigma" in s["exact_vi"]),
+                None)
+
+
+def _figures(out, name, states, exact_Sigma, curves_by_run, methods):
     plt = pyplot()
     if plt is None:
         return []
     paths = []
-    panels = [("exact VI", np.asarray(next(iter(states.values()))["exact_vi"]["Sigma"]))]
+    panels = [] if exact_Sigma is None else [("exact VI", np.asarray(exact_Sigma))]
     panels += [(m, np.asarray(states[m]["Sigma"])) for m in
                ("slang-1", "slang-5", "slang-10", "mf-exact", "full-ef") if m in states]
     fig, axes = plt.subplots(1, len(panels), figsize=(3.2 * len(panels), 3.4), squeeze=False)
@@ -636,7 +689,8 @@ def run(args: argparse.Namespace) -> int:
                 _write_summary(out, name, _rows(plan))
                 if plan.states:
                     lines += [f"figure: {path}" for path in
-                              _figures(out, name, plan.states, plan.curves, present)]
+                              _figures(out, name, plan.states, _exact_Sigma(plan), plan.curves,
+                                       present)]
             if name == "australian":
                 lines.append("\nThe paper's numbers come from 10,000 epochs and an 'exact' "
                              "reference computed with a piecewise bound on E[log sigmoid]; ours is "

@@ -130,6 +130,59 @@ def test_parallel_runs_carry_their_costs(no_figures, tmp_path, monkeypatch):
                     for m in ("mf-ef", "slang-1", "exact-mf-vi")}
 
 
+def test_exact_vi_fit_is_stored_once_per_restart(no_figures, tmp_path, capsys):
+    """A restart's exact VI mu and Sigma go to its exact-vi.json (the exact_vi.fit_full
+    optimum of its data), not into every run's file, which keeps the scalars."""
+    out = tmp_path / "out"
+    assert main(_syn(out, methods="mf-ef,full-ef", restarts="2")) == 0
+    for r in range(2):
+        folder = out / "synthetic" / f"restart_{r}"
+        exact = json.loads((folder / "exact-vi.json").read_text())
+        with _parallel.thread_limit(1):  # the command's BLAS threads (--threads 1)
+            fit = slang_logreg._restart_data("synthetic", r, 0, None)[2]
+        np.testing.assert_array_equal(exact["Sigma"], fit.Sigma)
+        np.testing.assert_array_equal(exact["mu"], fit.mu)
+        assert exact["settings"]["method"] == "exact-vi"
+        for m in ("mf-ef", "full-ef"):
+            run = json.loads((folder / f"{m}.json").read_text())
+            assert run["exact_vi"] == {k: exact[k] for k in ("nll", "grad_norm", "n_iter")}
+
+
+def test_runs_written_with_the_exact_fit_inside_still_load(tmp_path, capsys):
+    """Files of the earlier layout (exact mu and Sigma inside every run's file, no
+    exact-vi.json) are reused as they are: the same table, no run recomputed; the missing
+    exact-vi.json is refitted and written, equal to the copies inside the runs."""
+    out = tmp_path / "out"
+    assert main(_syn(out, methods="mf-ef,full-ef")) == 0
+    table = capsys.readouterr().out
+    folder = out / "synthetic" / "restart_0"
+    exact_file = folder / "exact-vi.json"
+    exact = json.loads(exact_file.read_text())
+    for m in ("mf-ef", "full-ef"):
+        path = folder / f"{m}.json"
+        run = json.loads(path.read_text())
+        run["exact_vi"].update(mu=exact["mu"], Sigma=exact["Sigma"])
+        path.write_text(json.dumps(run))
+    exact_file.unlink()
+    stamps = {p: p.stat().st_mtime_ns for p in folder.glob("*.json")}
+    assert main(_syn(out, methods="mf-ef,full-ef")) == 0
+    assert capsys.readouterr().out == table
+    assert {p: p.stat().st_mtime_ns for p in stamps} == stamps  # every run reused
+    assert json.loads(exact_file.read_text()) == exact
+
+
+def test_a_restart_with_only_its_exact_fit_missing_refits_it(no_figures, tmp_path, capsys):
+    """Every run reusable, exact-vi.json deleted: one exact fit is computed, the runs are not."""
+    out = tmp_path / "out"
+    assert main(_syn(out)) == 0
+    exact_file = out / "synthetic" / "restart_0" / "exact-vi.json"
+    exact = exact_file.read_text()
+    exact_file.unlink()
+    assert main(_syn(out)) == 0
+    assert exact_file.read_text() == exact
+    assert "0 to compute" in capsys.readouterr().err
+
+
 # ----------------------------------------------------------------------------- provenance, damage, progress, --out
 
 @pytest.fixture
@@ -253,7 +306,9 @@ def test_files_and_rows_record_cpu_seconds_and_older_files_still_load(no_figures
     ("mf-ef.json", lambda text: "{}", "missing 'settings'"),
     ("mf-ef.json", lambda text: "[1, 2]", "expected a JSON object, got a JSON array"),
     ("exact-mf-vi.json", lambda text: '{"settings": {}}', "missing 'kl'"),
-], ids=["truncated", "truncated-mf", "empty-object", "array", "mf-missing-keys"])
+    ("exact-vi.json", lambda text: text[: len(text) // 2], "not valid JSON ("),
+], ids=["truncated", "truncated-mf", "empty-object", "array", "mf-missing-keys",
+        "truncated-exact"])
 def test_damaged_result_file_is_named_and_fresh_recomputes_it(no_figures, tmp_path, capsys, name,
                                                               damage, what):
     out = tmp_path / "out"
@@ -286,15 +341,15 @@ def test_each_run_is_written_as_it_finishes_and_an_interrupted_restart_resumes(
     monkeypatch.setattr(slang_logreg, "_run_one", interrupted)
     assert main(_syn(out, methods="mf-ef,full-hess")) == 130  # Ctrl-C: "refbayes: interrupted"
     restart = out / "synthetic" / "restart_0"
-    assert sorted(p.name for p in restart.iterdir()) == ["mf-ef.json"]
+    assert sorted(p.name for p in restart.iterdir()) == ["exact-vi.json", "mf-ef.json"]
     calls.clear()
     monkeypatch.setattr(slang_logreg, "_run_one",
                         lambda method, *args: calls.append(method) or real(method, *args))
     capsys.readouterr()
     assert main(_syn(out, methods="mf-ef,full-hess")) == 0
     assert calls == ["full-hess"]
-    assert sorted(p.name for p in restart.iterdir()) == ["exact-mf-vi.json", "full-hess.json",
-                                                         "mf-ef.json"]
+    assert sorted(p.name for p in restart.iterdir()) == ["exact-mf-vi.json", "exact-vi.json",
+                                                         "full-hess.json", "mf-ef.json"]
 
 
 def test_one_restart_prints_a_dash_not_nan(no_figures, tmp_path, capsys):
