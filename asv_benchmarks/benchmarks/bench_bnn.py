@@ -23,7 +23,7 @@ from refbayes.methods._estimates import Batch
 from refbayes.methods.driver import draw_masks, run
 from refbayes.models import MLP
 
-from .common import BACKENDS, backend, regression_batch, sync
+from .common import BACKENDS, backend, interleaved_medians, regression_batch, sync
 
 N = 7373        # kin8nm training rows (90% of 8192)
 WIDTH = 50
@@ -140,23 +140,13 @@ class VOGNEpoch:
 def main():
     """Every method's step, interleaved in one process (9 rounds, median), and its ratio to the
     Adam step of the same M: the issue's VOGN <= 3x Adam target is read off this table."""
-    import timeit
     cases = {(m, M, S): step_case(np, m, M, S) for M in (32, 128) for S in (1, 10)
              for m in METHODS if not (m in NO_SAMPLES and S > 1)}
-    times = {k: [] for k in cases}
-    for fn in cases.values():
-        fn()
-    for _ in range(9):
-        for k, fn in cases.items():
-            timer = timeit.Timer(fn)
-            number = max(1, int(0.02 / max(timer.timeit(1), 1e-9)))
-            times[k].append(timer.timeit(number) / number)
+    times = interleaved_medians(cases, rounds=9, min_time=0.02)
     print(f"{'method':<11} {'M':>4} {'S':>3} {'ms/step':>9} {'x adam':>7}   (median of 9; BLAS "
           "threads from the environment)")
-    for (m, M, S), ts in times.items():
-        ms = 1e3 * float(np.median(ts))
-        ref = 1e3 * float(np.median(times[("adam", M, 1)]))
-        print(f"{m:<11} {M:>4} {S:>3} {ms:9.3f} {ms / ref:7.2f}")
+    for (m, M, S), t in times.items():
+        print(f"{m:<11} {M:>4} {S:>3} {1e3 * t:9.3f} {t / times['adam', M, 1]:7.2f}")
 
 
 if __name__ == "__main__":

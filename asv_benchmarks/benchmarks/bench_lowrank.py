@@ -13,7 +13,7 @@ import numpy as np
 import refbayes
 from refbayes.linalg import lowrank
 
-from .common import BACKENDS, DENSE_MAX_D, backend, lowrank_inputs, sync
+from .common import BACKENDS, DENSE_MAX_D, backend, interleaved_medians, lowrank_inputs, sync
 
 DS = [100, 1000, 10000]
 LS = [1, 10, 32]
@@ -124,23 +124,16 @@ def main(rounds=7):
     """The floor and the four timed routes at D = 1e4, 1e5, 1e6 (L = 10), interleaved in one
     process (``rounds`` rounds, median), with each route's ratio to the floor of the same D:
     the issue's <= 2x goal is read off this table."""
-    import timeit
     cases = {}
     for D in (10_000, 100_000, 1_000_000):
         b = LowRank()
         b.setup("numpy", D, 10)
         for route in ("floor", "solve", "sample", "solve_unchecked", "sample_unchecked"):
             cases[D, route] = functools.partial(getattr(b, f"time_{route}"), "numpy", D, 10)
-    times = {k: [] for k in cases}
-    for _ in range(rounds):
-        for k, fn in cases.items():
-            timer = timeit.Timer(fn)
-            number = max(1, int(0.05 / max(timer.timeit(1), 1e-9)))
-            times[k].append(timer.timeit(number) / number)
+    times = interleaved_medians(cases, rounds, min_time=0.05)
     print(f"{'D':>9} {'route':<17} {'ms':>9} {'x floor':>8}   (L = 10, median of {rounds})")
-    for (D, route), ts in times.items():
-        ms = 1e3 * float(np.median(ts))
-        print(f"{D:>9} {route:<17} {ms:9.3f} {ms / (1e3 * float(np.median(times[D, 'floor']))):8.2f}")
+    for (D, route), t in times.items():
+        print(f"{D:>9} {route:<17} {1e3 * t:9.3f} {t / times[D, 'floor']:8.2f}")
 
 
 if __name__ == "__main__":

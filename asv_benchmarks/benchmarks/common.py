@@ -48,3 +48,20 @@ def _regression_host(M, n_in, seed=0):
 def regression_batch(xp, M, n_in=8, seed=0):
     """A kin8nm-sized regression minibatch: X (M, 8), y (M,) standard normal."""
     return tuple(xp.asarray(a) for a in _regression_host(M, n_in, seed))
+
+
+def interleaved_medians(cases: dict, rounds: int, min_time: float) -> dict:
+    """{key: median seconds per call} of the zero-argument callables ``cases``, timed round by
+    round in turn (each case once per round, looping until ``min_time`` seconds), after one
+    warm-up call each: interleaving spreads the machine's drifts over all cases alike, so the
+    ratios between them are what one run can defend."""
+    import timeit
+    for fn in cases.values():
+        fn()
+    times = {k: [] for k in cases}
+    for _ in range(rounds):
+        for k, fn in cases.items():
+            timer = timeit.Timer(fn)
+            number = max(1, int(min_time / max(timer.timeit(1), 1e-9)))
+            times[k].append(timer.timeit(number) / number)
+    return {k: float(np.median(ts)) for k, ts in times.items()}

@@ -298,13 +298,14 @@ def _budget(args, name):
 
 
 # Result files: what a run's and an exact mean-field optimum's JSON must hold to be read back.
+EXACT_SCALARS = ("nll", "grad_norm", "n_iter")  # of the exact VI fit
 # A run's file holds the exact VI fit's scalars; its mu and Sigma are in the restart's one
 # exact-vi.json (files written before it existed also hold them, and still load).
 RUN_SCHEMA = {"settings": dict, "kl": float, "nll": float, "seconds": float,
               "cpu_seconds": MayLack(float), "curve": list, "mu": list, "Sigma": list,
-              "exact_vi": {"nll": float, "grad_norm": float, "n_iter": float}}
-EXACT_SCHEMA = {"settings": dict, "nll": float, "grad_norm": float, "n_iter": float,
-                "mu": list, "Sigma": list}
+              "exact_vi": {k: float for k in EXACT_SCALARS}}
+EXACT_SCHEMA = {"settings": dict, **{k: float for k in EXACT_SCALARS}, "mu": list,
+                "Sigma": list}
 MF_SCHEMA = {"settings": dict, "kl": float, "nll": float, "seconds": float,
              "cpu_seconds": MayLack(float), "grad_norm": float, "mu": list, "var": list}
 REFERENCE_ROWS = ("exact-vi", "exact-mf-vi")
@@ -318,11 +319,10 @@ class _Plan(NamedTuple):
     provenance: dict
     todo: list      # [(restart, method)] to compute, in order
     mf_todo: list   # restarts whose exact mean-field optimum is to compute
-    exact_todo: list  # restarts whose exact-vi.json is absent (or stale, with --fresh)
     rows: dict      # (restart, method) -> summary row, every method with a reusable result
     curves: dict    # (restart, method) -> convergence curve
     states: dict    # method -> its restart-0 result (for the covariance figure)
-    exact: dict     # restart -> its exact VI fit as saved (exact-vi.json), when on disk
+    exact: dict     # restart -> its exact VI fit as saved (exact-vi.json), when reusable
 
 
 def _path(out, name, restart, method) -> Path:
@@ -336,22 +336,25 @@ def _row(name, restart, method, epochs, saved) -> dict:
             "cpu_seconds": saved.get("cpu_seconds")}
 
 
+def _exact_row(name, restart, exact_vi) -> dict:
+    """The exact-vi summary row (KL 0 by definition; its fit is not timed as a run) from the
+    fit's scalars: exact-vi.json's, or the copy in a run's file."""
+    return _row(name, restart, "exact-vi", 0, {"nll": exact_vi["nll"], "kl": 0.0, "seconds": 0.0,
+                                                "cpu_seconds": 0.0})
+
+
 def _keep(plan, restart, method, saved) -> None:
     """Record a reusable or new result in the plan's rows (and curve, and restart-0 state)."""
     name = plan.name
     if method == "exact-vi":
         plan.exact[restart] = saved
-        plan.rows[restart, method] = _row(name, restart, method, 0, {**saved, "kl": 0.0,
-                                                                    "seconds": 0.0,
-                                                                    "cpu_seconds": 0.0})
+        plan.rows[restart, method] = _exact_row(name, restart, saved)
         return
     if method == "exact-mf-vi":
         plan.rows[restart, method] = _row(name, restart, method, 0, saved)
         return
     plan.rows[restart, method] = _row(name, restart, method, plan.epochs, saved)
-    plan.rows.setdefault((restart, "exact-vi"), {
-        "dataset": name, "restart": restart, "method": "exact-vi", "epochs": 0,
-        "nll": saved["exact_vi"]["nll"], "kl": 0.0, "seconds": 0.0, "cpu_seconds": 0.0})
+    plan.rows.setdefault((restart, "exact-vi"), _exact_row(name, restart, saved["exact_vi"]))
     plan.curves[restart, method] = saved["curve"]
     if restart == 0:
         plan.states[method] = saved
@@ -368,7 +371,7 @@ def _plan(args, name) -> _Plan:
     prior, M, _ = DATASETS[name]
     epochs, restarts = _budget(args, name)
     prov = provenance(_data_identity(name, args.data_dir))
-    plan = _Plan(name, epochs, restarts, prov, [], [], [], {}, {}, {}, {})
+    plan = _Plan(name, epochs, restarts, prov, [], [], {}, {}, {}, {})
     for r in range(restarts):
         _plan_exact(args, plan, r, M, prior)
         for method in (*METHODS, "exact-mf-vi"):
@@ -401,8 +404,6 @@ def _plan_exact(args, plan, r, M, prior) -> None:
     settings = _settings(plan.name, "exact-vi", r, 0, args.seed, M, prior)
     if saved is not None and reusable(path, saved, settings, plan.provenance, args.fresh):
         _keep(plan, r, "exact-vi", saved)
-    else:
-        plan.exact_todo.append(r)
 
 
 def _read_other(path, schema):
@@ -455,7 +456,7 @@ def _run_job(name, r, method, epochs, seed, data_dir, prov, bar) -> dict:
                               np.random.default_rng(seq), exact, b.update)
         except driver.TrainingError as err:
             raise ValueError(f"{name}, restart {r}, {method}: {err}") from err
-    scalars = {k: exact_saved[k] for k in ("nll", "grad_norm", "n_iter")}
+    scalars = {k: exact_saved[k] for k in EXACT_SCALARS}
     return {method: {"settings": _settings(name, method, r, epochs, seed, M, prior),
                      **result, "exact_vi": scalars, "provenance": prov}, **exact_file}
 
@@ -500,7 +501,7 @@ def _run_jobs(plan, write=True) -> list:
     for r in range(plan.restarts):
         todo = ([m for rr, m in plan.todo if rr == r]
                 + (["exact-mf-vi"] if r in plan.mf_todo else []))
-        if not todo and r in plan.exact_todo and write:
+        if not todo and r not in plan.exact and write:
             todo = ["exact-vi"]
         jobs += [(r, m) for m in todo]
     return jobs
