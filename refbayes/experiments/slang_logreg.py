@@ -74,7 +74,7 @@ from refbayes.linalg import gaussian
 from refbayes.methods import driver, exact_vi, ngvi, slang
 from refbayes.models import LogisticRegression, add_intercept
 
-__all__ = ["DESCRIPTION", "METHODS", "DATASETS", "add_arguments", "run", "PAPER_AUSTRALIAN"]
+__all__ = ["DESCRIPTION", "METHODS", "DATASETS", "add_arguments", "run", "PAPER_TABLE1"]
 
 DESCRIPTION = "SLANG vs mean-field and full-Gaussian natural-gradient VI on logistic regression (Table 1)"
 
@@ -97,10 +97,10 @@ DATASETS = {
     "usps-3vs5": (25.0, 64, 20),
 }
 PAPER_EPOCHS = 10_000
-# The paper's "Exact" mean-field row is the mean-field ELBO optimum by L-BFGS (see slang.md,
-# conventions); ours is exact_vi.fit_meanfield, printed beside it. mf-exact here is the
-# natural-gradient run with quadrature curvature, which has no row of its own in the paper.
-PAPER_ROW = {"exact-mf-vi": "mf-exact", "mf-exact": None}
+# The paper's "Exact" rows are the ELBO optima by L-BFGS (see slang.md, conventions); ours are
+# exact_vi.fit_full and exact_vi.fit_meanfield, printed beside them. mf-exact and full-exact here
+# are natural-gradient runs with quadrature curvature, which have no rows of their own in the paper.
+PAPER_ROW = {"exact-vi": "full-exact", "exact-mf-vi": "mf-exact", "mf-exact": None, "full-exact": None}
 # (epochs, restarts) of --quick
 QUICK = (500, 5)
 # Wall-clock seconds measured on a fresh clone (2026-11-25, a 2-core AMD EPYC virtual machine,
@@ -117,13 +117,50 @@ def _about(seconds: float) -> str:
     return f"about {half // 2}{'.5' if half % 2 else ''} minute{'' if half == 2 else 's'}"
 SYNTHETIC = dict(n=400, p=20, seed=0, epochs=200)
 
-# The paper's Table 1, australian: (test NLL, KL in units of 1e4). The column is headed
-# "KL (x 10^4)"; the official repository's table CSV holds the raw values (mf-EF 22397.8,
-# SLANG L=1 331.8, full EF 0.76), so the printed numbers are KL / 1e4.
-PAPER_AUSTRALIAN = {
-    "mf-ef": (0.348, 2.240), "mf-hess": (0.347, 2.030), "mf-exact": (0.341, 0.195),
-    "slang-1": (0.342, 0.033), "slang-5": (0.339, 0.008), "slang-10": (0.338, 0.002),
-    "full-ef": (0.340, 0.000), "full-hess": (0.339, 0.000), "full-exact": (0.338, 0.000),
+# The paper's Table 1 (Table 7 of its appendix): per dataset and column, test NLL and symmetric KL
+# to its exact VI fit, (nll, nll s.e., kl, kl s.e.), as the official repository's table file
+# code/matlab/tables/table_1_7.csv holds them: raw KL (the paper prints australian's KL / 1e4),
+# NLL in nats, s.e. over the 20 restarts (a1a has one split: None). The paper's "Exact" columns are
+# L-BFGS optima, not natural-gradient runs, and are its KL reference (KL 0): they stand beside our
+# exact-vi and exact-mf-vi (PAPER_ROW). Its USPS 3-vs-5 row is left out: our usps-3vs5 is another
+# data set (see the module docstring; the row is quoted in slang.md).
+PAPER_TABLE1 = {
+    "australian": {
+        "mf-ef": (0.347964, 0.006861, 22397.808881, 3458.653042),
+        "mf-hess": (0.347229, 0.006834, 20301.319220, 3145.559712),
+        "mf-exact": (0.341253, 0.007187, 1945.985213, 214.194424),
+        "slang-1": (0.341511, 0.006545, 331.828775, 68.344474),
+        "slang-2": (0.341574, 0.006539, 313.387025, 66.611334),
+        "slang-5": (0.339198, 0.006458, 83.930764, 19.875832),
+        "slang-10": (0.338220, 0.006591, 17.261078, 3.178606),
+        "full-ef": (0.339621, 0.007205, 0.761768, 0.037490),
+        "full-hess": (0.338642, 0.007152, 0.011263, 0.001308),
+        "full-exact": (0.338651, 0.007107, 0.0, 0.0),
+    },
+    "breast-cancer": {
+        "mf-ef": (0.095019, 0.002415, 8.018760, 0.254002),
+        "mf-hess": (0.094269, 0.002347, 9.070557, 0.175016),
+        "mf-exact": (0.093674, 0.002434, 7.771284, 0.117336),
+        "slang-1": (0.092090, 0.002297, 0.911170, 0.017685),
+        "slang-2": (0.091834, 0.002313, 0.756021, 0.029007),
+        "slang-5": (0.091947, 0.002282, 0.841779, 0.023960),
+        "slang-10": (0.092048, 0.002296, 0.637638, 0.022201),
+        "full-ef": (0.092048, 0.002296, 0.637320, 0.022114),
+        "full-hess": (0.091211, 0.002320, 0.001715, 0.000289),
+        "full-exact": (0.091240, 0.002323, 0.0, 0.0),
+    },
+    "a1a": {
+        "mf-ef": (0.339044, None, 258.956527, None),
+        "mf-hess": (0.338921, None, 220.822661, None),
+        "mf-exact": (0.338525, None, 129.464044, None),
+        "slang-1": (0.338552, None, 30.505413, None),
+        "slang-2": (0.338543, None, 24.900999, None),
+        "slang-5": (0.338563, None, 17.306504, None),
+        "slang-10": (0.338579, None, 11.790013, None),
+        "full-ef": (0.338604, None, 1.407138, None),
+        "full-hess": (0.338542, None, 0.014694, None),
+        "full-exact": (0.338522, None, 0.0, None),
+    },
 }
 
 
@@ -595,19 +632,27 @@ def _head(name, epochs, restarts) -> str:
             f"alpha = beta = {ALPHA}, decay {DECAY}")
 
 
+def _paper(name, method):
+    """The paper's Table 1 entries beside ``method`` as two cells (NLL, KL), or dashes."""
+    row = PAPER_TABLE1.get(name, {}).get(PAPER_ROW.get(method, method))
+    if row is None:
+        return ["-", "-"]
+    nll, nll_se, kl, kl_se = row
+    return [f"{nll:.4f} +- {_spread(nll_se, '.4f')}", f"{kl:.3e} +- {_spread(kl_se, '.1e')}"]
+
+
 def _table(name, rows, methods):
-    """The table under :func:`_head`: ``methods`` and the two references, mean +- s.e."""
+    """The table under :func:`_head`: ``methods`` and the two references, mean +- s.e., beside the
+    paper's Table 1 where it has the dataset (PAPER_TABLE1)."""
     lines = []
     for method in (*methods, *REFERENCE_ROWS):  # the summary's order
         sel = [r for r in rows if r["method"] == method]
         nll, nll_se = _mean_se([r["nll"] for r in sel])
         kl, kl_se = _mean_se([r["kl"] for r in sel])
-        paper = PAPER_AUSTRALIAN.get(PAPER_ROW.get(method, method)) if name == "australian" else None
         lines.append([method, f"{nll:.4f} +- {_spread(nll_se, '.4f')}",
-                      f"{kl:.3e} +- {_spread(kl_se, '.1e')}", f"{kl / 1e4:.4f}",
-                      f"{paper[0]:.3f} / {paper[1]:.3f}" if paper else "-"])
-    return format_table(
-        ["method", "test NLL (nats)", "sym KL to exact VI", "KL / 1e4", "paper NLL / KL / 1e4"], lines)
+                      f"{kl:.3e} +- {_spread(kl_se, '.1e')}", *_paper(name, method)])
+    return format_table(["method", "test NLL (nats)", "sym KL to exact VI", "paper test NLL",
+                         "paper sym KL"], lines)
 
 
 def _exact_Sigma(plan):
@@ -692,10 +737,10 @@ def run(args: argparse.Namespace) -> int:
                     lines += [f"figure: {path}" for path in
                               _figures(out, name, plan.states, _exact_Sigma(plan), plan.curves,
                                        present)]
-            if name == "australian":
-                lines.append("\nThe paper's numbers come from 10,000 epochs and an 'exact' "
-                             "reference computed with a piecewise bound on E[log sigmoid]; ours is "
-                             "exact (quadrature to 1e-11).")
+            if name in PAPER_TABLE1:
+                lines.append("\nThe paper's numbers (its repository's table file) come from 10,000 "
+                             "epochs and 'exact' references computed with a piecewise bound on "
+                             "E[log sigmoid]; ours are exact (quadrature to 1e-11).")
             if name == "usps-3vs5":
                 lines.append("\nusps-3vs5 is built from Roweis' usps_all.mat (2200 images), not the "
                              "GPML set the paper used (1540): not comparable with the paper's numbers.")
