@@ -94,6 +94,7 @@ from refbayes.experiments._io import (
     pyplot,
     reusable,
     seed_arg,
+    writable_error,
     write_json,
 )
 from refbayes.models import MLP
@@ -279,9 +280,11 @@ def standardized_noise_precision(hyper: dict, y_std: float) -> dict:
     return {**hyper, "noise_precision": hyper["noise_precision_raw"] * y_std ** 2}  # (uci.4)
 
 
-def _fit_and_score(spec, data, hyper, settings, rngs, hidden, progress):
-    """Train ``spec`` on the phase's fit rows with ``hyper``; score on its evaluation rows."""
-    X_fit, y_fit, X_eval, y_eval, stats = data
+def _fit_predict(spec, data, hyper, settings, rngs, hidden, progress):
+    """Train ``spec`` on the phase's fit rows with ``hyper``; return (F (S_test, n_eval), the
+    predictive means per draw on the evaluation rows in standardized units, tau, the noise
+    precision on that scale, fit seconds, predict seconds). TrainingError when F is not finite."""
+    X_fit, y_fit, X_eval, _, stats = data
     hyper = standardized_noise_precision(hyper, float(stats.y_std))
     model = MLP([X_fit.shape[1], hidden, 1], "relu", "gaussian",
                 noise_precision=hyper["noise_precision"])
@@ -293,18 +296,36 @@ def _fit_and_score(spec, data, hyper, settings, rngs, hidden, progress):
         with np.errstate(over="raise", invalid="raise"):
             F, tau = spec.predict(posterior, model, X_eval, rngs[1], settings["S_test"])
             F = np.asarray(F, dtype=np.float64)
-            if not np.all(np.isfinite(F)):
-                raise FloatingPointError("non-finite predictions")
-            ll = predictive_ll(y_eval, F, float(tau), float(stats.y_mean), float(stats.y_std))
-            ll_joint = predictive_ll_joint(y_eval, F, float(tau), float(stats.y_mean),
-                                           float(stats.y_std))
+    except FloatingPointError as err:
+        raise uci_methods.TrainingError(f"prediction: {err}") from err
+    if not np.all(np.isfinite(F)):
+        raise uci_methods.TrainingError("prediction: non-finite predictions")
+    return F, float(tau), t1 - t0, time.perf_counter() - t1
+
+
+def _scores(y, F, tau, stats) -> dict:
+    """Test or validation scores of the predictions F: (uci.3), (uci.9), RMSE."""
+    y_mean, y_std = float(stats.y_mean), float(stats.y_std)
+    try:
+        with np.errstate(over="raise", invalid="raise"):
+            ll = predictive_ll(y, F, tau, y_mean, y_std)
+            ll_joint = predictive_ll_joint(y, F, tau, y_mean, y_std)
     except FloatingPointError as err:
         raise uci_methods.TrainingError(f"prediction: {err}") from err
     return {"ll": float(np.mean(ll)),  # (uci.3)
             "ll_joint": ll_joint,  # (uci.9)
-            "rmse": rmse(y_eval, F, float(stats.y_mean), float(stats.y_std)),
-            "noise_precision": float(tau), "noise_precision_original": float(tau) / float(stats.y_std) ** 2,
-            "S": int(F.shape[0]), "fit_seconds": t1 - t0, "predict_seconds": time.perf_counter() - t1}
+            "rmse": rmse(y, F, y_mean, y_std),
+            "noise_precision": tau, "noise_precision_original": tau / y_std ** 2,
+            "S": int(F.shape[0])}
+
+
+def _fit_and_score(spec, data, hyper, settings, rngs, hidden, progress):
+    """Train ``spec`` on the phase's fit rows with ``hyper``; score on its evaluation rows."""
+    F, tau, fit_s, predict_s = _fit_predict(spec, data, hyper, settings, rngs, hidden, progress)
+    t1 = time.perf_counter()
+    scores = _scores(data[3], F, tau, data[4])
+    return {**scores, "fit_seconds": fit_s,
+            "predict_seconds": predict_s + time.perf_counter() - t1}
 
 
 def _has_validation(points) -> bool:
@@ -398,6 +419,61 @@ def _run_split(spec, dataset, split, budget, settings, seed, data_dir, bar):
                         "total": time.perf_counter() - t0,
                         # CPU time of this process (BLAS threads included), what a table costs
                         "cpu": time.process_time() - cpu0}}
+
+
+# ----------------------------------------------------------------------------- predictions
+
+def final_predictions(plan, split: int) -> dict:
+    """Refit a finished split's final fit and return its test predictions, draw by draw.
+
+    The fit is the one ``_run_split`` made: the chosen hyperparameters of the split's result
+    file, the plan's settings, the final phase's generators of ``_seeds`` and the whole training
+    split; on the machine and BLAS that wrote the file it repeats its test scores to the last
+    digit (``rmse``, ``ll``, ``ll_joint`` here beside ``saved_rmse``, ``saved_ll``,
+    ``saved_ll_joint``). Returns the arrays a user compares an implementation against:
+    ``F`` (S_test, n_test), the network's outputs per test draw in standardized units; ``tau``,
+    the noise precision on that scale; ``y_mean``, ``y_std``, the training targets' statistics
+    ((uci.4); the predictive of draw s is N(y_mean + y_std F[s], y_std^2 / tau)); ``X_test``,
+    the test inputs as the network saw them (standardized with the training rows); ``y_test`` in
+    the original units; ``ll_point`` (n_test,), the per-point mixture log density (uci.2).
+    FileNotFoundError when the split has no result file.
+    """
+    path = plan.folder / f"split_{split}.json"
+    if not path.exists():
+        raise FileNotFoundError(f"{path}: no result for split {split}; run the split first")
+    saved = load_result(path, SPLIT_SCHEMA)
+    tt = load_split(plan.dataset, split, plan.data_dir)
+    final = phase_data(tt, "final")
+    F, tau, _, _ = _fit_predict(plan.spec, final, {**plan.budget.settings, **saved["hyper"]},
+                                plan.budget.settings,
+                                _seeds(plan.seed, plan.dataset, split, "final", 0),
+                                hidden_units(plan.dataset), lambda n: None)
+    stats = final[4]
+    scores = _scores(final[3], F, tau, stats)
+    return {"F": F, "tau": tau, "y_mean": float(stats.y_mean), "y_std": float(stats.y_std),
+            "X_test": final[2], "y_test": final[3],
+            "ll_point": predictive_ll(final[3], F, tau, float(stats.y_mean), float(stats.y_std)),
+            "rmse": scores["rmse"], "ll": scores["ll"], "ll_joint": scores["ll_joint"],
+            "saved_rmse": saved["test"]["rmse"], "saved_ll": saved["test"]["ll"],
+            "saved_ll_joint": saved["test"].get("ll_joint", math.nan)}
+
+
+def write_predictions(plan, split: int, folder: Path) -> tuple[Path, str]:
+    """``final_predictions`` of the split saved as ``folder/<method>/<dataset>/split_<k>.npz``;
+    returns the path and a line comparing the refit's scores with the saved ones."""
+    pred = final_predictions(plan, split)
+    path = Path(folder) / plan.spec.name / plan.dataset / f"split_{split}.npz"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    np.savez(path, **{k: np.asarray(v) for k, v in pred.items()})
+    if pred["rmse"] == pred["saved_rmse"] and pred["ll"] == pred["saved_ll"]:
+        verdict = "identical to the saved scores"
+    else:  # rounding differs between machines, BLAS kernels and code versions; SLANG's
+        # UCI fits amplify it on some sets (derivations/uci.md, reproducibility)
+        verdict = (f"saved RMSE {pred['saved_rmse']:.6g}, LL {pred['saved_ll']:.6g}: RMSE differs "
+                   f"by {abs(pred['rmse'] / pred['saved_rmse'] - 1):.1e} (relative), LL by "
+                   f"{abs(pred['ll'] - pred['saved_ll']):.1e} nats")
+    return path, (f"{plan.spec.name} {plan.dataset} split {split}: refit RMSE {pred['rmse']:.6g}, "
+                  f"LL {pred['ll']:.6g}, {verdict}; {path}")
 
 
 # ----------------------------------------------------------------------------- driver
@@ -798,9 +874,23 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--se-ddof", type=int, choices=SE_DDOF, default=1,
                         help="standard error over the splits: std with this ddof / sqrt(splits); "
                              "1 (default, the sample std) or 0 (the SLANG repository's table)")
+    parser.add_argument("--predictions", type=Path, default=None, metavar="FOLDER",
+                        help="after the table, refit each requested split's final fit (its saved "
+                             "hyperparameters and draws: one more training per split) and write "
+                             "its per-draw test predictions to FOLDER/<method>/<dataset>/"
+                             "split_<k>.npz")
     _parallel.add_arguments(parser)
     parser.add_argument("--data-dir", type=Path, default=None,
                         help="folder of the benchmark data (default: $REFBAYES_DATA, then the user cache)")
+
+
+def _check_predictions_folder(folder: Path) -> None:
+    """--predictions must name a folder that can be created and written, before any run."""
+    if folder.exists() and not folder.is_dir():
+        raise ValueError(f"--predictions: expected a folder, got the file {folder}")
+    reason = writable_error(folder)
+    if reason is not None:
+        raise ValueError(f"--predictions: {reason}; nothing was computed")
 
 
 def main(args: argparse.Namespace) -> int:
@@ -828,6 +918,8 @@ def main(args: argparse.Namespace) -> int:
                   for m in methods]) for d, splits in plan]
     every = [p for _, ps in plans for p in ps]
     write = output_writable(Path(args.out), needed=any(p.todo for p in every))
+    if args.predictions is not None:
+        _check_predictions_folder(args.predictions)
     total = sum(len(p.splits) for p in every)
     published = load_published()
     sources = set()
@@ -844,6 +936,10 @@ def main(args: argparse.Namespace) -> int:
             if path is not None:
                 lines.append(f"figure: {path}")
             progress.echo("\n".join(lines) + "\n")
+            if args.predictions is not None:
+                for p in ps:
+                    for k in p.splits:
+                        progress.echo(write_predictions(p, k, args.predictions)[1])
     if sources:
         print("published numbers: refbayes/experiments/published/uci.csv, sources "
               f"{', '.join(sorted(sources))} (citations in that file's header)")

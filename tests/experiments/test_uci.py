@@ -880,3 +880,51 @@ def test_split_steps_is_fits_times_epochs_times_minibatches(data_dir):
              for m, d in [("mc_dropout", "yacht"), ("bbb", "kin8nm"), ("slang", "kin8nm")]}
     assert {k: uci._split_steps(p) for k, p in plans.items()} == {
         ("mc_dropout", "yacht"): 4000, ("bbb", "kin8nm"): 98400, ("slang", "kin8nm"): 984000}
+
+
+# ----------------------------------------------------------------------------- --predictions
+
+def test_predictions_refit_repeats_the_saved_scores_draw_by_draw(data_dir, tmp_path, capsys):
+    """--predictions refits each split's final fit from its file (its hyperparameters and the
+    final phase's draws) and writes the per-draw test outputs; in the process that wrote the
+    file the refit repeats its RMSE and LL exactly, and the arrays give them by (uci.1)-(uci.3)."""
+    pred = tmp_path / "pred"
+    assert _reproduce(*_quick(tmp_path / "out", data_dir, "--predictions", pred, method="bbb",
+                              splits="0,1")) == 0
+    stdout = capsys.readouterr().out
+    S_test = uci_methods.resolve(uci_methods.BBB, DATASET, quick=True).settings["S_test"]
+    for k in (0, 1):
+        saved = _split_json(tmp_path / "out", "bbb", k)
+        path = pred / "bbb" / DATASET / f"split_{k}.npz"
+        assert f"bbb {DATASET} split {k}: refit" in stdout and "identical to the saved" in stdout
+        with np.load(path) as z:
+            F, tau, m, s, y = z["F"], float(z["tau"]), float(z["y_mean"]), float(z["y_std"]), z["y_test"]
+            assert F.shape == (S_test, 31) and z["X_test"].shape == (31, 6)
+            assert float(z["rmse"]) == saved["test"]["rmse"] and float(z["ll"]) == saved["test"]["ll"]
+            assert float(z["ll_joint"]) == saved["test"]["ll_joint"]
+            assert np.mean(z["ll_point"]) == saved["test"]["ll"]
+        assert tau == saved["test"]["noise_precision"] and s == saved["y_std"] and m == saved["y_mean"]
+        assert_close(np.sqrt(np.mean((y - (m + s * F.mean(axis=0))) ** 2)), saved["test"]["rmse"],
+                     EXACT_F64, "rmse")  # (uci.1)
+        dens = norm.pdf(y[None, :], m + s * F, s / np.sqrt(tau)).mean(axis=0)  # (uci.2)
+        assert_close(np.mean(np.log(dens)), saved["test"]["ll"], EXACT_F64, "ll")  # (uci.3)
+    draws = [np.load(pred / "bbb" / DATASET / f"split_{k}.npz")["F"] for k in (0, 1)]
+    assert not np.array_equal(draws[0][:, :5], draws[1][:, :5])  # each split its own fit
+
+
+def test_predictions_folder_is_checked_before_anything_runs(data_dir, tmp_path, capsys, monkeypatch):
+    def never(*a, **k):
+        raise AssertionError("computed before checking --predictions")
+
+    monkeypatch.setattr(uci, "_run_split", never)
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    assert _reproduce(*_quick(tmp_path / "out", data_dir, "--predictions", blocker)) == 2
+    assert f"--predictions: expected a folder, got the file {blocker}" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
+
+
+def test_predictions_of_a_split_not_run_is_an_error(data_dir, tmp_path):
+    plan = uci._plan("map", DATASET, [4], quick=True, out=tmp_path, data_dir=data_dir, epochs=1)
+    with pytest.raises(FileNotFoundError, match="split_4.json: no result for split 4; run the split"):
+        uci.final_predictions(plan, 4)
