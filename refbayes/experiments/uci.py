@@ -452,15 +452,16 @@ def final_predictions(plan, split: int) -> dict:
     scores = _scores(final[3], F, tau, stats)
     return {"F": F, "tau": tau, "y_mean": float(stats.y_mean), "y_std": float(stats.y_std),
             "X_test": final[2], "y_test": final[3],
-            "ll_point": predictive_ll(final[3], F, tau, float(stats.y_mean), float(stats.y_std)),
+            "ll_point": predictive_ll(final[3], F, tau, float(stats.y_mean),
+                                      float(stats.y_std)),  # (uci.2)
             "rmse": scores["rmse"], "ll": scores["ll"], "ll_joint": scores["ll_joint"],
             "saved_rmse": saved["test"]["rmse"], "saved_ll": saved["test"]["ll"],
             "saved_ll_joint": saved["test"].get("ll_joint", math.nan)}
 
 
-def write_predictions(plan, split: int, folder: Path) -> tuple[Path, str]:
+def write_predictions(plan, split: int, folder: Path) -> str:
     """``final_predictions`` of the split saved as ``folder/<method>/<dataset>/split_<k>.npz``;
-    returns the path and a line comparing the refit's scores with the saved ones."""
+    returns a line naming the file and comparing the refit's scores with the saved ones."""
     pred = final_predictions(plan, split)
     path = Path(folder) / plan.spec.name / plan.dataset / f"split_{split}.npz"
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -472,8 +473,8 @@ def write_predictions(plan, split: int, folder: Path) -> tuple[Path, str]:
         verdict = (f"saved RMSE {pred['saved_rmse']:.6g}, LL {pred['saved_ll']:.6g}: RMSE differs "
                    f"by {abs(pred['rmse'] / pred['saved_rmse'] - 1):.1e} (relative), LL by "
                    f"{abs(pred['ll'] - pred['saved_ll']):.1e} nats")
-    return path, (f"{plan.spec.name} {plan.dataset} split {split}: refit RMSE {pred['rmse']:.6g}, "
-                  f"LL {pred['ll']:.6g}, {verdict}; {path}")
+    return (f"{plan.spec.name} {plan.dataset} split {split}: refit RMSE {pred['rmse']:.6g}, "
+            f"LL {pred['ll']:.6g}, {verdict}; {path}")
 
 
 # ----------------------------------------------------------------------------- driver
@@ -884,15 +885,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="folder of the benchmark data (default: $REFBAYES_DATA, then the user cache)")
 
 
-def _check_predictions_folder(folder: Path) -> None:
-    """--predictions must name a folder that can be created and written, before any run."""
-    if folder.exists() and not folder.is_dir():
-        raise ValueError(f"--predictions: expected a folder, got the file {folder}")
-    reason = writable_error(folder)
-    if reason is not None:
-        raise ValueError(f"--predictions: {reason}; nothing was computed")
-
-
 def main(args: argparse.Namespace) -> int:
     methods = list(uci_methods.METHODS) if args.method == "all" else [args.method]
     datasets = list(DATASETS) if args.dataset == "all" else [args.dataset]
@@ -918,8 +910,8 @@ def main(args: argparse.Namespace) -> int:
                   for m in methods]) for d, splits in plan]
     every = [p for _, ps in plans for p in ps]
     write = output_writable(Path(args.out), needed=any(p.todo for p in every))
-    if args.predictions is not None:
-        _check_predictions_folder(args.predictions)
+    if args.predictions is not None and (reason := writable_error(args.predictions)):
+        raise ValueError(f"--predictions: {reason}; nothing was computed")
     total = sum(len(p.splits) for p in every)
     published = load_published()
     sources = set()
@@ -939,7 +931,7 @@ def main(args: argparse.Namespace) -> int:
             if args.predictions is not None:
                 for p in ps:
                     for k in p.splits:
-                        progress.echo(write_predictions(p, k, args.predictions)[1])
+                        progress.echo(write_predictions(p, k, args.predictions))
     if sources:
         print("published numbers: refbayes/experiments/published/uci.csv, sources "
               f"{', '.join(sorted(sources))} (citations in that file's header)")

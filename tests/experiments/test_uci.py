@@ -897,7 +897,7 @@ def test_predictions_refit_repeats_the_saved_scores_draw_by_draw(data_dir, tmp_p
         saved = _split_json(tmp_path / "out", "bbb", k)
         path = pred / "bbb" / DATASET / f"split_{k}.npz"
         assert f"bbb {DATASET} split {k}: refit" in stdout and "identical to the saved" in stdout
-        with np.load(path) as z:
+        with np.load(path, allow_pickle=False) as z:
             F, tau, m, s, y = z["F"], float(z["tau"]), float(z["y_mean"]), float(z["y_std"]), z["y_test"]
             assert F.shape == (S_test, 31) and z["X_test"].shape == (31, 6)
             assert float(z["rmse"]) == saved["test"]["rmse"] and float(z["ll"]) == saved["test"]["ll"]
@@ -908,7 +908,8 @@ def test_predictions_refit_repeats_the_saved_scores_draw_by_draw(data_dir, tmp_p
                      EXACT_F64, "rmse")  # (uci.1)
         dens = norm.pdf(y[None, :], m + s * F, s / np.sqrt(tau)).mean(axis=0)  # (uci.2)
         assert_close(np.mean(np.log(dens)), saved["test"]["ll"], EXACT_F64, "ll")  # (uci.3)
-    draws = [np.load(pred / "bbb" / DATASET / f"split_{k}.npz")["F"] for k in (0, 1)]
+    draws = [np.load(pred / "bbb" / DATASET / f"split_{k}.npz", allow_pickle=False)["F"]
+             for k in (0, 1)]
     assert not np.array_equal(draws[0][:, :5], draws[1][:, :5])  # each split its own fit
 
 
@@ -920,7 +921,7 @@ def test_predictions_folder_is_checked_before_anything_runs(data_dir, tmp_path, 
     blocker = tmp_path / "file"
     blocker.write_text("")
     assert _reproduce(*_quick(tmp_path / "out", data_dir, "--predictions", blocker)) == 2
-    assert f"--predictions: expected a folder, got the file {blocker}" in capsys.readouterr().err
+    assert f"--predictions: {blocker} is not a folder; nothing was computed" in capsys.readouterr().err
     assert not (tmp_path / "out").exists()
 
 
