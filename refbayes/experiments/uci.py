@@ -481,8 +481,8 @@ def write_predictions(plan, split: int, folder: Path) -> str:
 
 SUMMARY_FIELDS = ("method", "dataset", "budget", "splits_done", "n_splits", "splits", "epochs",
                   "se_ddof",
-                  "rmse_mean", "rmse_se", "ll_mean", "ll_se", "ll_joint_mean", "ll_joint_se",
-                  "seconds_per_split")
+                  "rmse_mean", "rmse_se", "rmse_median", "ll_mean", "ll_se", "ll_median",
+                  "ll_joint_mean", "ll_joint_se", "seconds_per_split")
 
 
 # What a split's result file must hold to be read back (the rest is informative).
@@ -561,6 +561,9 @@ def _summary(plan):
         ddof = summary["se_ddof"] = plan.se_ddof
         summary["rmse_mean"], summary["rmse_se"] = _mean_se([r["rmse"] for r in rows], ddof)
         summary["ll_mean"], summary["ll_se"] = _mean_se([r["ll"] for r in rows], ddof)
+        # (uci.10): one wild split moves the mean, not the median (SLANG on yacht, uci.md)
+        summary["rmse_median"] = float(np.median([r["rmse"] for r in rows]))
+        summary["ll_median"] = float(np.median([r["ll"] for r in rows]))
         if all(r["ll_joint"] is not None for r in rows):
             summary["ll_joint_mean"], summary["ll_joint_se"] = _mean_se(
                 [r["ll_joint"] for r in rows], ddof)
@@ -774,6 +777,10 @@ def _fmt(mean, se, digits=3):
     return f"{mean:.{digits}f} +- " + ("—" if se is None else f"{se:.{digits}f}")  # —: one split
 
 
+def _fmt_median(value, digits=3):
+    return "-" if value is None else f"{value:.{digits}f}"  # None: a summary written before it
+
+
 def _fmt_pub(row, key):
     """The published figure as printed in its source (same decimals); '-' where it has none."""
     if row[key] is None:
@@ -796,18 +803,19 @@ def _table(dataset, summaries, published) -> str:
     for s in summaries:
         p = pub.get(s["method"])
         lines.append([s["method"], f"{s['splits_done']}/{s['n_splits']}", s["budget"],
-                      _fmt(s.get("rmse_mean"), s.get("rmse_se")),
-                      _fmt(s.get("ll_mean"), s.get("ll_se")),
+                      _fmt(s.get("rmse_mean"), s.get("rmse_se")), _fmt_median(s.get("rmse_median")),
+                      _fmt(s.get("ll_mean"), s.get("ll_se")), _fmt_median(s.get("ll_median")),
                       _fmt(s.get("ll_joint_mean"), s.get("ll_joint_se")),
                       _fmt_pub(p, "rmse") if p else "-", _fmt_pub(p, "ll") if p else "-",
                       p["source"] if p else "-"])
     ours = {s["method"] for s in summaries}
     for m, p in pub.items():
         if m not in ours:
-            lines.append([f"({m})", "-", "-", "-", "-", "-", _fmt_pub(p, "rmse"),
+            lines.append([f"({m})", "-", "-", "-", "-", "-", "-", "-", _fmt_pub(p, "rmse"),
                           _fmt_pub(p, "ll"), p["source"]])
     return format_table(
-        ["method", "splits", "budget", "test RMSE", "test LL", "test LL joint (uci.9)",
+        ["method", "splits", "budget", "test RMSE", "RMSE median", "test LL", "LL median (uci.10)",
+         "test LL joint (uci.9)",
          "published RMSE", "published LL", "source"], lines)
 
 

@@ -211,7 +211,8 @@ def test_one_point_grid_trains_once_on_the_whole_training_split(data_dir, tmp_pa
 
 
 def test_standard_error_ddof_is_selectable_and_stated(data_dir, tmp_path, capsys):
-    """(uci.8): ddof 0 (the SLANG repository's tables) or 1, in the summary and the header."""
+    """(uci.8): ddof 0 (the SLANG repository's tables) or 1, in the summary and the header;
+    (uci.10): the medians beside the means, in the summary and the table."""
     args = ["--method", "map", "--dataset", DATASET, "--splits", "0-2", "--quick", "--epochs",
             "1", "--out", tmp_path, "--data-dir", data_dir]
     assert _reproduce(*args) == 0
@@ -224,6 +225,12 @@ def test_standard_error_ddof_is_selectable_and_stated(data_dir, tmp_path, capsys
     assert (one["se_ddof"], zero["se_ddof"]) == (1, 0) and one["rmse_mean"] == zero["rmse_mean"]
     assert_close(one["rmse_se"], np.std(rmse, ddof=1) / np.sqrt(3), EXACT_F64, "ddof 1")
     assert_close(zero["rmse_se"], np.std(rmse, ddof=0) / np.sqrt(3), EXACT_F64, "ddof 0")
+    ll = [_split_json(tmp_path, "map", k)["test"]["ll"] for k in range(3)]
+    assert one["rmse_median"] == sorted(rmse)[1] and one["ll_median"] == sorted(ll)[1]
+    table = uci._table(DATASET, [one], [])
+    header, row = table.splitlines()[0], next(x for x in table.splitlines() if x.startswith("map"))
+    assert "RMSE median" in header and "LL median (uci.10)" in header
+    assert f"{sorted(rmse)[1]:.3f}" in row and f"{sorted(ll)[1]:.3f}" in row
     with pytest.raises(ValueError, match="se_ddof: expected 0 or 1, got 2"):
         uci.run("map", DATASET, [0], quick=True, out=tmp_path, data_dir=data_dir, se_ddof=2)
 
@@ -636,7 +643,8 @@ def test_published_log_likelihoods_of_vadam_noisy_adam_and_noisy_kfac():
     table = uci._table("boston", [], rows)
     line = next(x for x in table.splitlines() if x.startswith("(noisy_kfac)"))
     assert "-2.417 +- 0.029" in line and "zhang2018-table2" in line and "nan" not in line
-    assert line.split()[5] == "-"  # published RMSE column
+    header = table.splitlines()[0]
+    assert line[header.index("published RMSE"):].split()[0] == "-"  # not transcribed
     assert "-2.85 +- 0.07" in next(x for x in table.splitlines() if x.startswith("(vadam)"))
     assert "-2.46 +- 0.06" in table  # the older rows keep their two decimals
 
