@@ -13,14 +13,12 @@ temporaries of a few hundred kB faults their pages in on every call (VOGN's step
 """
 import os
 
-from threadpoolctl import threadpool_limits
-
-from refbayes.experiments._parallel import retain_freed_memory
+from refbayes.experiments._parallel import retain_freed_memory, thread_limit
 
 BENCH_THREADS = int(os.environ.get("REFBAYES_BENCH_THREADS", "1"))
 if BENCH_THREADS < 1:
     raise ValueError(f"REFBAYES_BENCH_THREADS: expected an integer >= 1, got {BENCH_THREADS}")
-_LIMIT = threadpool_limits(limits=BENCH_THREADS)  # kept: the limit lasts for the process
+_LIMIT = thread_limit(BENCH_THREADS)  # kept: the limit lasts for the process (SciPy's BLAS too)
 BENCH_MALLOC = os.environ.get("REFBAYES_BENCH_MALLOC", "retain")
 if BENCH_MALLOC not in ("retain", "default"):
     raise ValueError(f"REFBAYES_BENCH_MALLOC: expected 'retain' or 'default', got {BENCH_MALLOC!r}")

@@ -99,7 +99,15 @@ def check_worker_data(what: str, identity, prov: dict) -> None:
 
 
 def thread_limit(threads: int):
-    """Limit the BLAS and OpenMP thread pools of this process to ``threads`` (a context)."""
+    """Limit the BLAS and OpenMP thread pools of this process to ``threads`` (a context).
+
+    threadpoolctl limits the pools loaded when it is called, not those loaded later, and SciPy
+    ships its own OpenBLAS (scipy.linalg: eigh, Cholesky, triangular solves), loaded on first
+    import. So scipy.linalg is imported first: otherwise a process that reaches SciPy after the
+    limit ran its LAPACK with every core (a SLANG step at D = 501, S = 10 took 1,010 ms instead of
+    13 ms beside two busy jobs on 2 cores).
+    """
+    import scipy.linalg  # noqa: F401  (loads SciPy's OpenBLAS, so that the limit reaches it)
     from threadpoolctl import threadpool_limits
     return threadpool_limits(limits=check_int(threads, "threads", low=1))
 

@@ -6,6 +6,8 @@ from __future__ import annotations
 import json
 import os
 import platform
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -123,6 +125,21 @@ def test_thread_limit_sets_the_blas_pools():
     from threadpoolctl import threadpool_info
     with _parallel.thread_limit(1):
         assert all(p["num_threads"] == 1 for p in threadpool_info())
+
+
+def test_thread_limit_reaches_scipys_blas_in_a_fresh_process():
+    """threadpoolctl limits only the pools already loaded: in a fresh interpreter, where SciPy's
+    own OpenBLAS is not loaded yet, the limit must still reach it (SLANG's eigh runs there)."""
+    code = ("from refbayes.experiments._parallel import thread_limit\n"
+            "from threadpoolctl import threadpool_info\n"
+            "limit = thread_limit(1)\n"
+            "import scipy.linalg, refbayes.methods.slang\n"
+            "pools = threadpool_info()\n"
+            "assert any('scipy' in p['filepath'] for p in pools), pools\n"
+            "assert all(p['num_threads'] == 1 for p in pools), pools\n")
+    env = {k: v for k, v in os.environ.items() if not k.endswith("_NUM_THREADS")}  # BLAS's default
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
 
 
 # ----------------------------------------------------------------------------- uci
