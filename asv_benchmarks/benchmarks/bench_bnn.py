@@ -86,6 +86,18 @@ def step_case(xp, method, M, S):
     return lambda: step(state, batch, noise, cfg, net)
 
 
+def core_case(xp, curvature, M, S):
+    """A zero-argument callable computing VOGN's per-sample moments (vogn.5), the model's one
+    batched pass over the S draws theta_k = mu + sigma eps_k at the benchmark point: the part of
+    a VOGN step no step overhead can remove, its floor."""
+    net = model()
+    X, y = regression_batch(xp, M)
+    state, cfg, step = _state(xp, f"vogn-{curvature}", net.D)
+    eps = xp.asarray(np.random.default_rng(1).standard_normal((net.D, S)))
+    thetas = xp.ascontiguousarray(step(state, Batch(X, y), eps, cfg, net)[1].theta.T)  # step_case's draws
+    return lambda: net.sample_moments(thetas, X, y, curvature)
+
+
 class BNNStep:
     """One step per method, 50-unit MLP, kin8nm-sized inputs: ratio to "adam" is the figure."""
     params = (BACKENDS, METHODS, [32, 128], [1, 10])
@@ -117,6 +129,22 @@ def kin8nm_split0():
     return scaled.X_train, scaled.y_train
 
 
+class VOGNCore:
+    """VOGN's per-sample moments alone (core_case): the floor of a VOGN step of the same M, S."""
+    params = (BACKENDS, ["ef", "ggn"], [32, 128], [1, 10])
+    param_names = ["backend", "curvature", "M", "S"]
+
+    def setup(self, name, curvature, M, S):
+        self.xp = backend(name)
+        self.run = core_case(self.xp, curvature, M, S)
+        self.run()
+        sync(self.xp)
+
+    def time_core(self, name, curvature, M, S):
+        self.run()
+        sync(self.xp)
+
+
 class VOGNEpoch:
     """One epoch of VOGN (S = 1, "ef" and "ggn") on kin8nm split 0: ceil(7373 / M) steps with the
     driver's shuffling and draws."""
@@ -139,14 +167,24 @@ class VOGNEpoch:
 
 def main():
     """Every method's step, interleaved in one process (9 rounds, median), and its ratio to the
-    Adam step of the same M: the issue's VOGN <= 3x Adam target is read off this table."""
+    Adam step of the same M: the issue's VOGN <= 3x Adam target is read off this table. Twice:
+    as a user's direct call (every check) and as the drivers take steps after the first
+    (``refbayes.unchecked()``); the "vogn-*-core" rows are VOGN's per-sample moments alone."""
+    import refbayes
     cases = {(m, M, S): step_case(np, m, M, S) for M in (32, 128) for S in (1, 10)
              for m in METHODS if not (m in NO_SAMPLES and S > 1)}
-    times = interleaved_medians(cases, rounds=9, min_time=0.02)
-    print(f"{'method':<11} {'M':>4} {'S':>3} {'ms/step':>9} {'x adam':>7}   (median of 9; BLAS "
-          "threads from the environment)")
-    for (m, M, S), t in times.items():
-        print(f"{m:<11} {M:>4} {S:>3} {1e3 * t:9.3f} {t / times['adam', M, 1]:7.2f}")
+    cases.update({(f"vogn-{c}-core", M, S): core_case(np, c, M, S)
+                  for M in (32, 128) for S in (1, 10) for c in ("ef", "ggn")})
+    checked = interleaved_medians(cases, rounds=9, min_time=0.02)
+    with refbayes.unchecked():
+        driven = interleaved_medians(cases, rounds=9, min_time=0.02)
+    print(f"{'method':<14} {'M':>4} {'S':>3} {'checked ms':>10} {'x adam':>7} {'driven ms':>10} "
+          f"{'x adam':>7}   (median of 9; BLAS threads: REFBAYES_BENCH_THREADS, default 1)")
+    for key in sorted(cases, key=lambda k: (k[1], k[2])):
+        m, M, S = key
+        c, d = checked[key], driven[key]
+        print(f"{m:<14} {M:>4} {S:>3} {1e3 * c:10.3f} {c / checked['adam', M, 1]:7.2f} "
+              f"{1e3 * d:10.3f} {d / driven['adam', M, 1]:7.2f}")
 
 
 if __name__ == "__main__":

@@ -118,7 +118,8 @@ def _median_s(fn, repeat=5):
 
 
 def main():
-    """Median seconds of both routes and their ratio (BLAS threads from the environment)."""
+    """Median seconds of both routes and their ratio (BLAS threads: REFBAYES_BENCH_THREADS,
+    default 1)."""
     print(f"{'case':<28} {'structured s':>13} {'dense s':>10} {'ratio':>8} {'max |de|':>10}")
     for curvature in ["ggn", "ef"]:
         for width in WIDTHS:

@@ -244,7 +244,7 @@ def main(profile=False, rounds=25):
                 times[m].append(time.perf_counter() - t0)
         D = model(width).D
         print(f"\nMLP [784, {width}, {width}, 10], D = {D}, M = {M}, S = {S}: median of {rounds} "
-              "interleaved steps (BLAS threads from the environment)")
+              "interleaved steps (BLAS threads: REFBAYES_BENCH_THREADS, default 1)")
         print(f"{'method':<11} {'ms/step':>9} {'min ms':>8} {'x meanfield':>12} {'# params':>10}")
         ref = np.median(times["meanfield"])
         for m, ts in times.items():

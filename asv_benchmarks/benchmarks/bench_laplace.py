@@ -332,7 +332,7 @@ def _median_ms(fn, min_time=0.3, repeat=5):
 
 
 def main():
-    """Median ms of every case, in one process (BLAS threads from the environment)."""
+    """Median ms of every case, in one process (BLAS threads: REFBAYES_BENCH_THREADS, default 1)."""
     print(f"{'case':<40} {'ms':>10}")
     for s in laplace.STRUCTURES:
         for c in laplace.CURVATURES:

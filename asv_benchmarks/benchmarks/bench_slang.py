@@ -323,7 +323,7 @@ def main(argv):
         print(_one_case(argv[0], int(argv[1]), int(argv[2])))
         return
     print(f"{'method':<8} {'D':>6} {'L':>3}  {'ms/step':>10}  {'faults/step':>10}   (median; "
-          "BLAS threads from the environment)")
+          "BLAS threads: REFBAYES_BENCH_THREADS, default 1)")
     cases = ([("slang", D, L) for D in DS for L in LS]
              + [("full-ef", D, FullGaussianStep.L) for D in DS])
     for method, D, L in cases:

@@ -105,7 +105,7 @@ def thread_limit(threads: int):
     ships its own OpenBLAS (scipy.linalg: eigh, Cholesky, triangular solves), loaded on first
     import. So scipy.linalg is imported first: otherwise a process that reaches SciPy after the
     limit ran its LAPACK with every core (a SLANG step at D = 501, S = 10 took 1,010 ms instead of
-    13 ms beside two busy jobs on 2 cores).
+    5 ms beside two busy jobs on 2 cores).
     """
     import scipy.linalg  # noqa: F401  (loads SciPy's OpenBLAS, so that the limit reaches it)
     from threadpoolctl import threadpool_limits
