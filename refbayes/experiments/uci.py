@@ -559,11 +559,11 @@ def _summary(plan):
                "n_splits": n_splits, "splits": [r["split"] for r in rows]}
     if rows:
         ddof = summary["se_ddof"] = plan.se_ddof
-        summary["rmse_mean"], summary["rmse_se"] = _mean_se([r["rmse"] for r in rows], ddof)
-        summary["ll_mean"], summary["ll_se"] = _mean_se([r["ll"] for r in rows], ddof)
-        # (uci.10): one wild split moves the mean, not the median (SLANG on yacht, uci.md)
-        summary["rmse_median"] = float(np.median([r["rmse"] for r in rows]))
-        summary["ll_median"] = float(np.median([r["ll"] for r in rows]))
+        for key in ("rmse", "ll"):
+            values = [r[key] for r in rows]
+            summary[f"{key}_mean"], summary[f"{key}_se"] = _mean_se(values, ddof)
+            # (uci.10): one wild split moves the mean, not the median (SLANG on yacht, uci.md)
+            summary[f"{key}_median"] = float(np.median(values))
         if all(r["ll_joint"] is not None for r in rows):
             summary["ll_joint_mean"], summary["ll_joint_se"] = _mean_se(
                 [r["ll_joint"] for r in rows], ddof)
