@@ -27,6 +27,8 @@ standardized inputs, and the target statistics (m_y, s_y) of the rows trained on
   LL   = mean_i log p(y_i | x_i)                                                         (uci.3)
   LL_joint = (1/n) [logsumexp_s sum_i log N(y_i | m_y + s_y F[s, i], s_y^2 / tau) - log S]   (uci.9)
 
+with tau replaced by tau_s, draw s's own precision, for a learned noise (noise_gamma).
+
 (uci.9), the log predictive density of the whole test set under the mixture, per point, is what
 emtiyaz/vadam's ``predictive_avneg_loglik_gaussian`` computes (Khan et al. 2018, Table 1); it is
 reported beside (uci.3) as ``ll_joint`` so that those figures are compared with their own metric.
@@ -230,15 +232,15 @@ def predictive_ll(y, F, tau, y_mean, y_std) -> np.ndarray:
     """Per-point log p(y_i | x_i) (n,) of the mixture (1/S) sum_s N(m_y + s_y F[s], s_y^2 / tau).  (uci.2)
 
     y (n,) original units; F (S, n) standardized-scale outputs; tau the standardized-scale
-    noise precision; y_mean, y_std the training target statistics.
+    noise precision, one float or (S,) per draw; y_mean, y_std the training target statistics.
     """
     F = np.atleast_2d(F)
     return logsumexp(_log_n(y, F, tau, y_mean, y_std), axis=0) - np.log(F.shape[0])  # (uci.2)
 
 
 def _log_n(y, F, tau, y_mean, y_std) -> np.ndarray:
-    """(S, n): log N(y_i | m_y + s_y F[s, i], s_y^2 / tau), F 2-d."""
-    var = y_std ** 2 / tau
+    """(S, n): log N(y_i | m_y + s_y F[s, i], s_y^2 / tau_s), F 2-d, tau a float or (S,)."""
+    var = y_std ** 2 / np.reshape(tau, (-1, 1))
     return -0.5 * np.log(2.0 * np.pi * var) - (y[None, :] - (y_mean + y_std * F)) ** 2 / (2.0 * var)
 
 
@@ -300,7 +302,18 @@ def _fit_predict(spec, data, hyper, settings, rngs, hidden, progress):
         raise uci_methods.TrainingError(f"prediction: {err}") from err
     if not np.all(np.isfinite(F)):
         raise uci_methods.TrainingError("prediction: non-finite predictions")
-    return F, float(tau), t1 - t0, time.perf_counter() - t1
+    return F, _precisions(tau, F.shape[0]), t1 - t0, time.perf_counter() - t1
+
+
+def _precisions(tau, S: int):
+    """A predict's tau as a float, or as an (S,) float64 array of per-draw precisions."""
+    if np.ndim(tau) == 0:
+        return float(tau)
+    tau = np.asarray(tau, dtype=np.float64)
+    if tau.shape != (S,) or not np.all(tau > 0) or not np.all(np.isfinite(tau)):
+        raise uci_methods.TrainingError(f"prediction: expected one precision > 0 per draw "
+                                        f"({S},), got shape {tau.shape}")
+    return tau
 
 
 def _scores(y, F, tau, stats) -> dict:
@@ -315,7 +328,9 @@ def _scores(y, F, tau, stats) -> dict:
     return {"ll": float(np.mean(ll)),  # (uci.3)
             "ll_joint": ll_joint,  # (uci.9)
             "rmse": rmse(y, F, y_mean, y_std),
-            "noise_precision": tau, "noise_precision_original": tau / y_std ** 2,
+            # per-draw precisions (a learned noise): their mean
+            "noise_precision": float(np.mean(tau)),
+            "noise_precision_original": float(np.mean(tau)) / y_std ** 2,
             "S": int(F.shape[0])}
 
 
@@ -432,7 +447,8 @@ def final_predictions(plan, split: int) -> dict:
     digit (``rmse``, ``ll``, ``ll_joint`` here beside ``saved_rmse``, ``saved_ll``,
     ``saved_ll_joint``). Returns the arrays a user compares an implementation against:
     ``F`` (S_test, n_test), the network's outputs per test draw in standardized units; ``tau``,
-    the noise precision on that scale; ``y_mean``, ``y_std``, the training targets' statistics
+    the noise precision on that scale (an (S_test,) array of per-draw precisions for a learned
+    noise, the predictive of draw s then using tau[s]); ``y_mean``, ``y_std``, the training targets' statistics
     ((uci.4); the predictive of draw s is N(y_mean + y_std F[s], y_std^2 / tau)); ``X_test``,
     the test inputs as the network saw them (standardized with the training rows); ``y_test`` in
     the original units; ``ll_point`` (n_test,), the per-point mixture log density (uci.2).
@@ -799,18 +815,19 @@ def _head(dataset, ddof=1) -> str:
 def _table(dataset, summaries, published) -> str:
     """The table under :func:`_head`: one row per summary, then the published methods not run."""
     pub = {r["method"]: r for r in published if r["dataset"] == dataset}
-    lines = []
+    lines, shown = [], set()
     for s in summaries:
-        p = pub.get(s["method"])
+        spec = uci_methods.METHODS.get(s["method"])
+        shown.add(spec.published_as or s["method"] if spec else s["method"])
+        p = pub.get(spec.published_as or s["method"] if spec else s["method"])
         lines.append([s["method"], f"{s['splits_done']}/{s['n_splits']}", s["budget"],
                       _fmt(s.get("rmse_mean"), s.get("rmse_se")), _fmt_median(s.get("rmse_median")),
                       _fmt(s.get("ll_mean"), s.get("ll_se")), _fmt_median(s.get("ll_median")),
                       _fmt(s.get("ll_joint_mean"), s.get("ll_joint_se")),
                       _fmt_pub(p, "rmse") if p else "-", _fmt_pub(p, "ll") if p else "-",
                       p["source"] if p else "-"])
-    ours = {s["method"] for s in summaries}
     for m, p in pub.items():
-        if m not in ours:
+        if m not in shown:
             lines.append([f"({m})", "-", "-", "-", "-", "-", "-", "-", _fmt_pub(p, "rmse"),
                           _fmt_pub(p, "ll"), p["source"]])
     return format_table(

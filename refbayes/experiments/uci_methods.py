@@ -27,12 +27,17 @@ the metrics; a spec only says how to train on standardized data and how to draw 
 - ``predict(posterior, model, X, rng, S) -> (F, tau)``: F (S', n) network outputs on the
   standardized scale, one row per posterior draw (S' = S for a sampled posterior, 1 for a point
   estimate), and the noise precision tau (standardized scale) of the predictive
-  p(y | x) = (1/S') sum_s N(y | F[s], 1 / tau).
+  p(y | x) = (1/S') sum_s N(y | F[s], 1 / tau_s): one float, or an (S',) array of per-draw
+  precisions (a learned noise, drawn from its posterior).
 - ``ranges``: hyperparameter -> (low, high, low_open, high_open), checked for every candidate
   and setting before anything runs (COMMON_RANGES covers the shared names).
+- ``published_as``: the method name of the published rows the spec reproduces, when it is not
+  its own (the learned-noise variants print the rows of the method they vary).
 
-Registered: "slang", "bbb", "vogn", "mc_dropout", "vadam", "noisy_adam", "noisy_kfac" and the
-point-estimate baselines "map" and "kfac". A new method is one more ``MethodSpec`` entry in ``METHODS`` (the end-to-end test
+Registered: "slang", "bbb", "vogn", "mc_dropout", "vadam", "noisy_adam", "noisy_kfac", the
+latter two with the official learned noise precision ("noisy_adam_learned_noise",
+"noisy_kfac_learned_noise"; derivations/noise_gamma.md), and the point-estimate baselines "map"
+and "kfac". A new method is one more ``MethodSpec`` entry in ``METHODS`` (the end-to-end test
 is parametrized over it). Names are written with underscores; ``canonical_name`` maps the hyphen
 spelling ("noisy-adam", "mc-dropout") to them, and the command line accepts both.
 
@@ -210,8 +215,8 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from refbayes._checks import check_in_range, check_int
-from refbayes.methods import (adam, bbb, driver, mc_dropout, noisy_adam, noisy_kfac, slang,
-                              vadam, vogn)
+from refbayes.methods import (adam, bbb, driver, mc_dropout, noise_gamma, noisy_adam, noisy_kfac,
+                              slang, vadam, vogn)
 from refbayes.methods._estimates import Batch
 
 __all__ = [
@@ -221,11 +226,14 @@ __all__ = [
     "MethodSpec",
     "TrainingError",
     "canonical_name",
+    "gamma_config",
     "grid_points",
     "kfac_config",
     "kfac_step_size",
     "kfac_train",
+    "noisy_adam_config",
     "prior_vector",
+    "residual_r2",
     "resolve",
 ]
 
@@ -243,6 +251,7 @@ class MethodSpec(NamedTuple):
     predict: Callable[..., tuple]
     per_dataset: Mapping = MappingProxyType({})  # dataset -> {"grid": {...}, "defaults": {...}}
     ranges: Mapping = MappingProxyType({})       # extra hyperparameter ranges, over COMMON_RANGES
+    published_as: str | None = None  # the method name of the published rows it reproduces
 
 
 # name: (low, high, low_open, high_open); integers are the names in _INTEGER
@@ -644,20 +653,111 @@ def _noisy_adam_fit(model, X, y, hyper, rng, epochs, M, progress):
     runs of ``lr_decay_every`` epochs; after each run alpha and the curvature weight 1 - beta2
     are multiplied by ``lr_decay_ratio``. The runs continue one stream of draws (the driver draws
     epoch by epoch), so the schedule changes no random number."""
-    cfg = noisy_adam.NoisyAdamConfig(
-        X.shape[0], float(hyper["prior_precision"]), alpha=hyper["lr"], beta1=hyper["momentum"],
-        beta2=hyper["beta2"], kl_weight=hyper["kl_weight"], gamma_ex=hyper["damping"],
-        squares=hyper["squares"])
+    cfg = noisy_adam_config(hyper, X.shape[0])
     state = noisy_adam.init(model.init_theta(rng), float(hyper["f_init"]))
-    step_cfg, done, ratio = cfg, 0, hyper["lr_decay_ratio"]
+    step_cfg, done = cfg, 0
     while done < epochs:
         n = min(hyper["lr_decay_every"], epochs - done)
         state = _train(state, step_cfg, model, X, y, hyper, rng, n, M, progress,
                        S=hyper["S_train"])
         done += n
-        step_cfg = step_cfg._replace(alpha=step_cfg.alpha * ratio,
-                                     beta2=1.0 - (1.0 - step_cfg.beta2) * ratio)
+        step_cfg = _noisy_adam_decayed(step_cfg, hyper["lr_decay_ratio"])
     return _Gaussian(lambda eps: noisy_adam.sample(state, eps, cfg))
+
+
+def noisy_adam_config(hyper, N) -> noisy_adam.NoisyAdamConfig:
+    """The NoisyAdamConfig of ``hyper`` (the spec's settings) for N training rows, before the
+    schedule."""
+    return noisy_adam.NoisyAdamConfig(
+        N, float(hyper["prior_precision"]), alpha=hyper["lr"], beta1=hyper["momentum"],
+        beta2=hyper["beta2"], kl_weight=hyper["kl_weight"], gamma_ex=hyper["damping"],
+        squares=hyper["squares"])
+
+
+def _noisy_adam_decayed(cfg, ratio):
+    """The schedule's decay: alpha and the curvature weight 1 - beta2 times ``ratio``."""
+    return cfg._replace(alpha=cfg.alpha * ratio, beta2=1.0 - (1.0 - cfg.beta2) * ratio)
+
+
+# ----------------------------------------------------------------------------- learned noise
+
+def gamma_config(hyper, N) -> noise_gamma.NoiseGammaConfig:
+    """The NoiseGammaConfig of ``hyper``: prior Gamma(noise_a0, noise_b0), Adam step size
+    noise_lr, KL weight kl_weight, N training rows."""
+    return noise_gamma.NoiseGammaConfig(N, a0=hyper["noise_a0"], b0=hyper["noise_b0"],
+                                        kl_weight=hyper["kl_weight"], lr=hyper["noise_lr"])
+
+
+def residual_r2(F, y) -> float:
+    """r2 = (1 / (S M)) sum_s sum_i (y_i - F[s, i])^2, F (S, M) the outputs at the step's draws.
+    (noise_gamma.3)"""
+    return float(np.mean((y[None, :] - F) ** 2))  # (noise_gamma.3)
+
+
+class _Learned(NamedTuple):
+    """A trained posterior with a learned noise: sample(eps (D, S)) -> (D, S) and q(tau)."""
+    sample: Callable
+    q: noise_gamma.NoiseGammaState
+
+
+def _learned_predict(post, model, X, rng, S):
+    """S draws theta_s of q(w), eps (D, S) from rng, then tau = noise_gamma.draw(q, rng, S):
+    F[s] = f(X; theta_s) with its own precision tau_s (one per draw, as the official test)."""
+    eps = rng.standard_normal((model.D, S))
+    F = _forward_rows(model, post.sample(eps), X)
+    return F, noise_gamma.draw(post.q, rng, S)
+
+
+def _noisy_adam_learned_fit(model, X, y, hyper, rng, epochs, M, progress):
+    """Noisy Adam with the learned noise precision q(tau) (refbayes.methods.noise_gamma): the
+    settings and schedule of ``_noisy_adam_fit``, with the draws in this order: the mean
+    (model.init_theta(rng)); per epoch rng.permutation(N) (driver.epoch_batches); per step
+    eps = rng.standard_normal((D, S)), then tau = noise_gamma.draw(q, rng, S). The step takes
+    the draws' precisions, then q one noise_gamma.step at the residual of the step's draws
+    w (its info.w). The model's noise precision must be 1."""
+    N, S = X.shape[0], hyper["S_train"]
+    cfg = noisy_adam_config(hyper, N)
+    state = noisy_adam.init(model.init_theta(rng), float(hyper["f_init"]))
+    q, q_cfg = noise_gamma.init(), gamma_config(hyper, N)
+    step_cfg = cfg
+    for epoch in range(1, epochs + 1):
+        for idx in driver.epoch_batches(rng, N, M):
+            batch = Batch(X[idx], y[idx])
+            eps = rng.standard_normal((model.D, S))
+            tau = noise_gamma.draw(q, rng, S)
+            state, info = _guarded(state.t + 1, epoch, lambda: noisy_adam.step(
+                state, batch, eps, step_cfg, model, tau=tau))
+            q, _ = noise_gamma.step(q, residual_r2(_forward_rows(model, info.w, batch.X),
+                                                   batch.y), q_cfg)
+            _check_finite(state, ("mu", "m", "f"), state.t, epoch)
+        progress(1)
+        if epoch % hyper["lr_decay_every"] == 0:
+            step_cfg = _noisy_adam_decayed(step_cfg, hyper["lr_decay_ratio"])
+    return _Learned(lambda eps: noisy_adam.sample(state, eps, cfg), q)
+
+
+def _guarded(t, epoch, take_step):
+    """take_step() with NumPy's overflow, invalid and divide-by-zero raised, as a TrainingError
+    naming step t and the epoch."""
+    try:
+        with np.errstate(over="raise", invalid="raise", divide="raise"):
+            return take_step()
+    except FloatingPointError as err:
+        raise TrainingError(f"step {t} (epoch {epoch}): {err} in the step; the loss or its "
+                            "gradient overflowed (lower the step sizes or check the inputs)") from err
+
+
+def _check_finite(state, names, t, epoch):
+    """TrainingError naming the fields of ``state`` (arrays or tuples of arrays) that hold a
+    non-finite value after step t."""
+    bad = []
+    for name in names:
+        value = getattr(state, name)
+        if not all(np.all(np.isfinite(a)) for a in (value if isinstance(value, tuple) else (value,))):
+            bad.append(name)
+    if bad:
+        raise TrainingError(f"step {t} (epoch {epoch}): non-finite values in {', '.join(bad)} "
+                            "(lower the step sizes or check the inputs)")
 
 
 def _widened(candidates, steps=2):
@@ -716,26 +816,31 @@ def kfac_step_size(hyper, t, lr):
     return lr * (1.0 - mom)
 
 
-def kfac_train(model, X, y, hyper, rng, epochs, M, progress, noisy=True):
+def kfac_train(model, X, y, hyper, rng, epochs, M, progress, noisy=True, learned=False):
     """Noisy K-FAC (``noisy=True``) or K-FAC (``noisy=False``: eps = None, the step at the mean)
-    on (X, y) for ``epochs`` epochs; returns (state, cfg).
+    on (X, y) for ``epochs`` epochs; returns (state, cfg, q), q the learned noise precision's
+    NoiseGammaState (``learned=True``) or None.
 
     Every random number comes from ``rng``, in this order:
       per epoch: perm = rng.permutation(N), batches perm[0:M], perm[M:2M], ...
                  (driver.epoch_batches; the last one may be shorter);
       per step:  eps = rng.standard_normal((D, S)) (Noisy K-FAC only, S = S_train), then
-                 z = rng.standard_normal((S, M_b)) (S = 1 for K-FAC);
+                 with ``learned`` tau = noise_gamma.draw(q, rng, S) (else tau_s = the model's
+                 noise precision), then z = rng.standard_normal((S, M_b)) (S = 1 for K-FAC);
                  w = noisy_kfac.sample(state, eps, cfg, model) (the step's own draws; w = mu
-                 for K-FAC), y_tilde[s] = f(X_B; w_s) + z[s] / sqrt(tau): labels from the
-                 model's predictive N(f(x; w_s), 1 / tau), for curvature "mc".
+                 for K-FAC), y_tilde[s] = f(X_B; w_s) + z[s] / sqrt(tau_s): labels from the
+                 model's predictive N(f(x; w_s), 1 / tau_s), for curvature "mc".
     The mean starts at model.init_theta(rng) (drawn first), the factors A_l at I and S_l at
     tau I (``factor_init="tau"``) or I (``"identity"``). The step size of step t is
     ``kfac_step_size`` (bias-corrected momentum); after every ``lr_decay_every`` epochs, lr and
-    beta are multiplied by ``lr_decay_ratio``.
+    beta are multiplied by ``lr_decay_ratio``. With ``learned`` (the model's noise precision
+    must be 1) the step takes the draws' precisions (``tau``), and q then takes one
+    ``noise_gamma.step`` at the mean squared residual of that step's draws (noise_gamma.3).
     """
     N = X.shape[0]
     cfg0 = kfac_config(hyper, N)
     tau = float(model.likelihood.noise_precision)
+    q, q_cfg = (noise_gamma.init(), gamma_config(hyper, N)) if learned else (None, None)
     state = noisy_kfac.init(model.init_theta(rng), model)
     if hyper["factor_init"] == "tau":  # S_l = tau I: the official I at its initial tau ~ 1
         S0 = tuple(tau * F for F in state.S)
@@ -748,43 +853,31 @@ def kfac_train(model, X, y, hyper, rng, epochs, M, progress, noisy=True):
             batch = Batch(X[idx], y[idx])
             t = state.t + 1
             cfg = cfg._replace(alpha=kfac_step_size(hyper, t, lr))
-            try:
-                with np.errstate(over="raise", invalid="raise", divide="raise"):
-                    eps = rng.standard_normal((model.D, S)) if noisy else None
-                    z = rng.standard_normal((S, len(idx)))
-                    W = (noisy_kfac.sample(state, eps, cfg, model) if noisy
-                         else state.mu[:, None])
-                    y_tilde = _forward_rows(model, W, batch.X) + z / math.sqrt(tau)
-                    state, _ = noisy_kfac.step(state, batch, eps, cfg, model, y_tilde=y_tilde)
-            except FloatingPointError as err:
-                raise TrainingError(f"step {t} (epoch {epoch}): {err} in the step; the loss or "
-                                    "its gradient overflowed (lower the step sizes or check the "
-                                    "inputs)") from err
-            bad = _kfac_nonfinite(state)
-            if bad:
-                raise TrainingError(f"step {t} (epoch {epoch}): non-finite values in "
-                                    f"{', '.join(bad)} (lower the step sizes or check the inputs)")
+            eps = rng.standard_normal((model.D, S)) if noisy else None
+            tau_s = noise_gamma.draw(q, rng, S) if learned else np.full(S, tau)
+            z = rng.standard_normal((S, len(idx)))
+
+            def take_step():
+                W = noisy_kfac.sample(state, eps, cfg, model) if noisy else state.mu[:, None]
+                F = _forward_rows(model, W, batch.X)
+                y_tilde = F + z / np.sqrt(tau_s)[:, None]
+                new, _ = noisy_kfac.step(state, batch, eps, cfg, model, y_tilde=y_tilde,
+                                         tau=tau_s if learned else None)
+                return new, F
+            state, F = _guarded(t, epoch, take_step)
+            if learned:
+                q, _ = noise_gamma.step(q, residual_r2(F, batch.y), q_cfg)
+            _check_finite(state, ("mu", "m", "A", "S"), t, epoch)
         progress(1)
         if epoch % hyper["lr_decay_every"] == 0:
             lr, beta = lr * ratio, beta * ratio
-    return state, cfg0
-
-
-def _kfac_nonfinite(state) -> list:
-    """The names of the state fields holding a non-finite value."""
-    out = []
-    for name in ("mu", "m", "A", "S"):
-        value = getattr(state, name)
-        arrays = value if isinstance(value, tuple) else (value,)
-        if not all(np.all(np.isfinite(a)) for a in arrays):
-            out.append(name)
-    return out
+    return state, cfg0, q
 
 
 def _noisy_kfac_fit(model, X, y, hyper, rng, epochs, M, progress):
     """Noisy K-FAC (refbayes.methods.noisy_kfac, Zhang et al. Algorithm 2) by ``kfac_train``;
     the posterior samples the layerwise matrix-variate normal of the final factors."""
-    state, cfg = kfac_train(model, X, y, hyper, rng, epochs, M, progress, noisy=True)
+    state, cfg, _ = kfac_train(model, X, y, hyper, rng, epochs, M, progress, noisy=True)
     return _Gaussian(lambda eps: noisy_kfac.sample(state, eps, cfg, model))
 
 
@@ -814,6 +907,40 @@ NOISY_KFAC = MethodSpec(
     ranges=_KFAC_RANGES,
 )
 
+# The learned noise precision (noise_gamma): the official regression code's protocol. One
+# training run per split (a one-point grid: the model's unit precision, which the draws of q
+# replace), no validation phase; the official q settings.
+_LEARNED_NOISE = {"noise_lr": 1e-3, "noise_a0": 6.0, "noise_b0": 6.0}
+_LEARNED_RANGES = {k: (0.0, math.inf, True, True) for k in _LEARNED_NOISE}
+
+
+def _learned_noise(spec: MethodSpec, fit, description: str) -> MethodSpec:
+    """``spec`` with the learned noise precision: its settings, per-dataset minibatches and
+    ranges, the grid (1.0,) and the given fit."""
+    return spec._replace(
+        name=f"{spec.name}_learned_noise", description=description,
+        grid={"noise_precision": (1.0,)}, defaults={**spec.defaults, **_LEARNED_NOISE},
+        fit=fit, predict=_learned_predict,
+        per_dataset={d: {"defaults": o["defaults"]} for d, o in spec.per_dataset.items()
+                     if o.get("defaults")},
+        ranges={**spec.ranges, **_LEARNED_RANGES}, published_as=spec.name)
+
+
+def _noisy_kfac_learned_fit(model, X, y, hyper, rng, epochs, M, progress):
+    """Noisy K-FAC with the learned noise precision q(tau) (refbayes.methods.noise_gamma), by
+    ``kfac_train(learned=True)``; the model's noise precision must be 1."""
+    state, cfg, q = kfac_train(model, X, y, hyper, rng, epochs, M, progress, noisy=True,
+                               learned=True)
+    return _Learned(lambda eps: noisy_kfac.sample(state, eps, cfg, model), q)
+
+
+NOISY_ADAM_LEARNED_NOISE = _learned_noise(
+    NOISY_ADAM, _noisy_adam_learned_fit,
+    "Noisy Adam (Zhang et al. 2018) with the learned Gamma noise precision of the authors' code")
+NOISY_KFAC_LEARNED_NOISE = _learned_noise(
+    NOISY_KFAC, _noisy_kfac_learned_fit,
+    "Noisy K-FAC (Zhang et al. 2018) with the learned Gamma noise precision of the authors' code")
+
 KFAC = MethodSpec(
     name="kfac",
     description="K-FAC (Martens and Grosse 2015) to the MAP estimate, Noisy K-FAC's settings",
@@ -831,4 +958,6 @@ KFAC = MethodSpec(
 METHODS: dict[str, MethodSpec] = {"slang": SLANG, "map": MAP, "bbb": BBB, "vogn": VOGN,
                                   "mc_dropout": MC_DROPOUT, "vadam": VADAM,
                                   "noisy_adam": NOISY_ADAM, "noisy_kfac": NOISY_KFAC,
+                                  "noisy_adam_learned_noise": NOISY_ADAM_LEARNED_NOISE,
+                                  "noisy_kfac_learned_noise": NOISY_KFAC_LEARNED_NOISE,
                                   "kfac": KFAC}

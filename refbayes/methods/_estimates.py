@@ -157,6 +157,21 @@ def check_draws(eps, D: int, dtype) -> int:
     return eps.shape[1]
 
 
+def check_draw_precisions(tau, S: int, model, dtype):
+    """tau (S,): per-draw noise precisions > 0 of a Gaussian likelihood, finite, in the state's
+    dtype, for a model whose own noise precision is 1 (the draws' precisions replace it, as
+    per-draw loss weights; noise_gamma.2). Returns tau."""
+    lik = model.likelihood
+    if not isinstance(lik, Gaussian) or lik.noise_precision != 1.0:
+        raise ValueError("tau: per-draw noise precisions need a Gaussian likelihood with "
+                         f"noise_precision 1 (they replace it), got {lik!r}")
+    check_positive(check_array(tau, "tau", ndim=1), "tau")
+    if tau.shape[0] != S or tau.dtype != dtype:
+        raise ValueError(f"tau: expected a ({S},) array of dtype {dtype} (one precision per "
+                         f"draw), got shape {tuple(tau.shape)}, dtype {tau.dtype}")
+    return tau
+
+
 def nonneg_start(value, name: str, mu):
     """A running average's starting value beside mean mu (D,): None -> zeros, a finite float
     >= 0 -> that value everywhere, or a (D,) array >= 0 in mu's dtype."""

@@ -37,6 +37,7 @@ from refbayes.backend import xp_of
 from refbayes.methods._estimates import (
     Batch,
     check_batch,
+    check_draw_precisions,
     check_draws,
     check_model,
     check_N,
@@ -303,7 +304,7 @@ def sample(state: NoisyAdamState, eps, cfg: NoisyAdamConfig):
 
 
 def step(state: NoisyAdamState, batch, eps, cfg: NoisyAdamConfig,
-         model) -> tuple[NoisyAdamState, NoisyAdamInfo]:
+         model, tau=None) -> tuple[NoisyAdamState, NoisyAdamInfo]:
     """Take one Noisy Adam step, Algorithm 1's loop body.
 
     (noisy_adam.2)-(noisy_adam.10).  Deterministic given its inputs.
@@ -320,6 +321,11 @@ def step(state: NoisyAdamState, batch, eps, cfg: NoisyAdamConfig,
         Hyperparameters.
     model : FlatModel
         A refbayes.models model with D parameters.
+    tau : array of shape (S,), optional
+        Per-draw noise precisions (a learned noise, refbayes.methods.noise_gamma): draw s's
+        likelihood is N(y | f(x; w_s), 1 / tau_s), its gradients tau_s and its per-example
+        squares tau_s^2 times the model's (noise_gamma.2), which must be Gaussian with
+        noise_precision 1. None: the model's own likelihood for every draw.
 
     Returns
     -------
@@ -339,7 +345,8 @@ def step(state: NoisyAdamState, batch, eps, cfg: NoisyAdamConfig,
         Also if model is not a FlatModel with D parameters; if batch is not a pair (X, y) of
         finite arrays with 1 <= M <= N rows in the state's dtype (binary labels for a
         Bernoulli likelihood); if eps is not a finite (D, S >= 1) array of the state's dtype;
-        or if the arrays mix NumPy and CuPy.
+        if tau is given but not a finite (S,) array > 0 of the state's dtype, or the model's
+        likelihood is not Gaussian with noise_precision 1; or if the arrays mix NumPy and CuPy.
     """
     D = _check_state(state)
     xp = xp_of(state.mu, state.f)
@@ -348,13 +355,17 @@ def step(state: NoisyAdamState, batch, eps, cfg: NoisyAdamConfig,
     check_model(model, D)
     X, y, _ = check_batch(batch, model, N, dtype)
     S = check_draws(eps, D, dtype)
+    if tau is not None:
+        xp_of(state.mu, tau)
+        check_draw_precisions(tau, S, model, dtype)
     mu, k = state.mu, state.t + 1
     beta1, beta2 = cfg.beta1, cfg.beta2
     gamma_in = kl * eta / N                                                     # (noisy_adam.2)
     gamma = gamma_in + cfg.gamma_ex                                             # (noisy_adam.2)
     sigma = _sigma(xp, state.f, gamma_in, kl, N)                                # (noisy_adam.3)
     w = mu[:, None] + sigma[:, None] * eps                                      # (noisy_adam.3)
-    g, g_hat, h_hat = grad_moments(model, w, X, y, cfg.squares)    # (noisy_adam.4)-(noisy_adam.5)
+    g, g_hat, h_hat = grad_moments(model, w, X, y, cfg.squares,
+                                   tau)                            # (noisy_adam.4)-(noisy_adam.5)
     # NOTE: Algorithm 1 prints v <- grad log p(y|x,w) - gamma_in w (ascent); in loss form the
     # prior term is +gamma_in w, averaged over the S draws.
     v = g_hat + gamma_in * (w.sum(axis=1) / S)                                  # (noisy_adam.5)

@@ -42,7 +42,14 @@ from typing import Any, NamedTuple
 from refbayes._checks import check_array, check_float, check_in_range, check_int, check_positive
 from refbayes.backend import linalg_of, xp_of
 from refbayes.linalg import kron
-from refbayes.methods._estimates import Batch, check_batch, check_model, check_N, check_t
+from refbayes.methods._estimates import (
+    Batch,
+    check_batch,
+    check_draw_precisions,
+    check_model,
+    check_N,
+    check_t,
+)
 
 __all__ = ["CURVATURES", "DAMPINGS", "Batch", "ExactInverse", "FactoredInverse",
            "NoisyKFACConfig", "NoisyKFACInfo", "NoisyKFACInverses", "NoisyKFACState",
@@ -600,7 +607,7 @@ def _precondition(V, blocks, inv):
 
 
 def step(state: NoisyKFACState, batch, eps, cfg: NoisyKFACConfig, model,
-         y_tilde=None) -> tuple[NoisyKFACState, NoisyKFACInfo]:
+         y_tilde=None, tau=None) -> tuple[NoisyKFACState, NoisyKFACInfo]:
     """Take one Noisy K-FAC step (K-FAC with eps = None).
 
     (noisy_kfac.3)-(noisy_kfac.12); see the module docstring for the order.
@@ -620,6 +627,12 @@ def step(state: NoisyKFACState, batch, eps, cfg: NoisyKFACConfig, model,
     y_tilde : array of shape (S, M) or (S, M, n_out), optional
         Labels sampled from the model's predictive at each draw (S = 1 for K-FAC), required
         for curvature "mc" and refused otherwise.
+    tau : array of shape (S,), optional
+        Per-draw noise precisions (a learned noise, refbayes.methods.noise_gamma): draw s's
+        likelihood is N(y | f(x; w_s), 1 / tau_s), so its gradient is tau_s times the model's,
+        its "ef"/"mc" output statistics tau_s^2 times and its "ggn" ones tau_s times
+        (noise_gamma.2); the model must be Gaussian with noise_precision 1. For "mc", y_tilde[s]
+        must be drawn with precision tau_s. None: the model's own likelihood for every draw.
 
     Returns
     -------
@@ -632,7 +645,9 @@ def step(state: NoisyKFACState, batch, eps, cfg: NoisyKFACConfig, model,
     ------
     ValueError
         If state, cfg, model, batch or eps is invalid, or y_tilde is missing for curvature
-        "mc" (or given for another curvature, or of the wrong shape).
+        "mc" (or given for another curvature, or of the wrong shape); if tau is given but not
+        a finite (S,) array > 0 of the state's dtype, or the model's likelihood is not Gaussian
+        with noise_precision 1.
     """
     c = _check_config(cfg)
     blocks = _check_state(state, model)
@@ -654,12 +669,16 @@ def step(state: NoisyKFACState, batch, eps, cfg: NoisyKFACConfig, model,
     elif y_tilde is not None:
         raise ValueError(f"y_tilde: only curvature 'mc' uses sampled labels, got curvature "
                          f"{cfg.curvature!r}")
+    if tau is not None:
+        xp_of(state.mu, tau)
+        check_draw_precisions(tau, S, model, state.mu.dtype)
     t = state.t + 1
     # one batched pass at the S draws: the gradients, and the statistics when they are due
     # ("mc": the "ef" factors at the sampled labels)
     curv = None if t % c["T_stats"] else ("ef" if cfg.curvature == "mc" else cfg.curvature)
     G, factors = model.kfac_moments(W.T, X, y, curv,
-                                    y_tilde if cfg.curvature == "mc" and curv else None)
+                                    y_tilde if cfg.curvature == "mc" and curv else None,
+                                    tau)  # per-draw precisions, (noise_gamma.2)
     V = G.sum(axis=0) / (M * S) + c["gamma_in"] * W.mean(axis=1)              # (noisy_kfac.8)
     P = _precondition(V, blocks, inv)                                         # (noisy_kfac.9)
     nu = 1.0

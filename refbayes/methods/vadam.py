@@ -265,18 +265,24 @@ def _check_state(state):
 
 # ----------------------------------------------------------------------------- estimates
 
-def grad_moments(model, theta, X, y, squares: str):
+def grad_moments(model, theta, X, y, squares: str, scale=None):
     """(g (S, D), g_hat (D,), h_hat (D,)) at the draws theta (D, S) on the minibatch (X, y):
 
     g[s] = (1 / M) sum_i grad l_i(theta_s) (vadam.4), g_hat = mean_s g[s], and
     h_hat = mean_s g[s]^2 for squares="minibatch", or (1 / (S M)) sum_s sum_i grad l_i(theta_s)^2
-    for "per_example" (vadam.5). Shared with refbayes.methods.noisy_adam.
+    for "per_example" (vadam.5). Shared with refbayes.methods.noisy_adam, whose per-draw noise
+    precisions pass ``scale`` c (S,): draw s's loss is c_s sum_i l_i, so its gradients are
+    multiplied by c_s and its per-example squares by c_s^2 (noise_gamma.2).
     """
     xp = xp_of(theta)
     S, M = theta.shape[1], X.shape[0]
     # one batched pass over the S draws; sums of squared per-example rows without forming them
     g_sum, sq_sum = model.sample_moments(xp.ascontiguousarray(theta.T), X, y,
                                          "ef" if squares == "per_example" else None)
+    if scale is not None:
+        g_sum = g_sum * scale[:, None]                          # (noise_gamma.2)
+        if sq_sum is not None:
+            sq_sum = sq_sum * (scale * scale)[:, None]          # (noise_gamma.2)
     g = g_sum / M                                               # (vadam.4)
     if squares == "per_example":
         h_hat = sq_sum.sum(axis=0) / (S * M)                    # (vadam.5)

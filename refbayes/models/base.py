@@ -21,7 +21,13 @@ from typing import NamedTuple
 
 import numpy as np
 
-from refbayes._checks import check_array, check_float, check_int, check_same_dtype
+from refbayes._checks import (
+    check_array,
+    check_float,
+    check_int,
+    check_positive,
+    check_same_dtype,
+)
 from refbayes.backend import xp_of
 from refbayes.models import _layers
 
@@ -967,7 +973,7 @@ class FlatModel:
             out.append((A, B))
         return out
 
-    def kfac_moments(self, thetas, X, y, curvature=None, y_curv=None):
+    def kfac_moments(self, thetas, X, y, curvature=None, y_curv=None, scale=None):
         """Compute gradients and the draw-averaged K-FAC factors at S parameter vectors at once.
 
         g[s] = sum_i dl_i/dtheta at theta_s with the labels y (peg.6). With a curvature, also,
@@ -979,6 +985,11 @@ class FlatModel:
         model at theta_s: the Monte Carlo Fisher of K-FAC). Equal to S calls of ``grad`` and
         ``kfac_curvature``, averaged; one forward pass and one batched matmul per layer for all S
         vectors, and the "ef" factors with the labels y reuse the gradient's backward pass.
+
+        With ``scale`` c (S,), vector s's loss is c_s sum_i l_i (per-draw noise precisions of a
+        unit-precision Gaussian likelihood, noise_gamma.2): g[s] is multiplied by c_s, vector
+        s's terms of B_l by c_s^2 for "ef" (outer products of scaled gradients) and by c_s for
+        "ggn" (c_s H_i); A_l does not change.
 
         Parameters
         ----------
@@ -993,11 +1004,13 @@ class FlatModel:
             Which curvature's factors to return with the gradients.
         y_curv : array of shape (S, M) or (S, M, n_out), optional
             Per-vector targets of the "ef" factors (refused for any other curvature).
+        scale : array of shape (S,), optional
+            Per-vector loss weights c_s > 0 (finite, thetas' dtype); None is c_s = 1.
 
         Returns
         -------
         g : array of shape (S, D)
-            The summed gradients.
+            The summed gradients (times c_s).
         factors : list of tuple or None
             [(A_l, B_l)] for l = 1..L as in (peg.21), or None when curvature is None.
 
@@ -1008,13 +1021,20 @@ class FlatModel:
             with S >= 1, X is not a finite float (M, n_in) array with M >= 1 in thetas' dtype,
             or the arrays mix NumPy and CuPy; if y (or a row y_curv[s]) does not fit the
             likelihood (see its ``check_targets``), y_curv is not (S, M, ...), or y_curv is given
-            with a curvature other than "ef".
+            with a curvature other than "ef"; if scale is not a finite (S,) array > 0 in thetas'
+            dtype.
         """
         if curvature not in (None, "ef", "ggn"):
             raise ValueError(f"curvature: expected None, 'ef' or 'ggn', got {curvature!r}")
         xp, X, y, S = self._inputs_batched(thetas, X, y)
-        xp_of(thetas, y_curv)  # one backend for the sampled labels too
+        xp_of(thetas, y_curv, scale)  # one backend for the sampled labels and weights too
         M = X.shape[0]
+        if scale is not None:
+            check_positive(check_array(scale, "scale", ndim=1), "scale")
+            if scale.shape[0] != S or scale.dtype != thetas.dtype:
+                raise ValueError(f"scale: expected a ({S},) array of dtype {thetas.dtype} (one "
+                                 f"weight per vector), got shape {tuple(scale.shape)}, dtype "
+                                 f"{scale.dtype}")
         if y_curv is not None:
             if curvature != "ef":
                 raise ValueError(f"y_curv: only curvature 'ef' takes its own targets, got "
@@ -1032,6 +1052,8 @@ class FlatModel:
                 raise ValueError(f"y_curv (the ({S}, {M}, ...) targets of the curvature, "
                                  f"checked as {S * M} rows): {err}") from err
         params, acts, f, yy, deltas, g = self._batched_gradient_pass(xp, thetas, X, y, S)
+        if scale is not None:
+            g = g * scale[:, None]  # grad of c_s sum_i l_i  (noise_gamma.2)
         if curvature is None:
             return g, None
         if curvature == "ef" and y_curv is None:
@@ -1041,6 +1063,9 @@ class FlatModel:
             passes = [_layers.backward_batched(xp, params, acts, r_curv, self.activation)]
         else:
             passes = self._ggn_column_passes(xp, params, acts, f, yy, S)  # (peg.9)
+        if scale is not None:  # "ef": c_s g_i (c_s g_i)^T; "ggn": C_i scaled by sqrt(c_s)
+            root = (scale if curvature == "ef" else xp.sqrt(scale))[:, None, None]
+            passes = [[d.reshape(S, M, -1) * root for d in dq] for dq in passes]  # (noise_gamma.2)
         B = None
         for dq in passes:
             Bq = [d.reshape(S * M, -1).T @ d.reshape(S * M, -1) for d in dq]

@@ -16,7 +16,7 @@ import refbayes
 from refbayes.cli import main
 from refbayes.datasets import TrainTest
 from refbayes.experiments import _io, uci, uci_methods
-from refbayes.methods import noisy_kfac
+from refbayes.methods import noise_gamma, noisy_kfac
 from tests.tolerances import EXACT_F64, assert_close
 
 # yacht: the smallest set (308 rows), so a quick split takes about a second
@@ -319,8 +319,9 @@ def test_every_method_resolves_on_every_dataset():
         for d in uci.DATASETS:
             full, quick = uci_methods.resolve(spec, d), uci_methods.resolve(spec, d, quick=True)
             n_full = len(uci_methods.grid_points(full.grid))
+            # one-point grids: Gal's fixed per-dataset settings; a learned noise (no search)
             assert len(uci_methods.grid_points(quick.grid)) <= 2 < n_full or (
-                spec.name == "mc_dropout" and n_full == 1)  # Gal's fixed per-dataset settings
+                n_full == 1 and (spec.name == "mc_dropout" or spec.name.endswith("_learned_noise")))
             assert quick.settings["epochs"] < full.settings["epochs"]
     assert uci_methods.resolve(uci_methods.METHODS["slang"], "wine").settings["beta"] == 0.01
     assert uci.hidden_units("protein") == 100 and uci.hidden_units("boston") == 50
@@ -340,6 +341,21 @@ def test_predictive_ll_and_rmse_by_hand():
                  EXACT_F64, "log-likelihood = standardized one - log s_y")
     y_hat = m + s * F.mean(axis=0)
     assert_close(uci.rmse(y, F, m, s), np.sqrt(np.mean((y - y_hat) ** 2)), EXACT_F64, "RMSE")
+
+
+def test_predictive_ll_with_per_draw_precisions_by_hand():
+    """(uci.2), (uci.9) with a learned noise: component s has its own tau_s."""
+    rng = np.random.default_rng(13)
+    S, n, m, s = 4, 3, 7.0, 3.0
+    F, y, tau = rng.normal(size=(S, n)), m + s * rng.normal(size=n), rng.uniform(0.5, 5.0, S)
+    dens = norm.pdf(y[None, :], loc=m + s * F, scale=s / np.sqrt(tau)[:, None])  # (S, n)
+    assert_close(uci.predictive_ll(y, F, tau, m, s), np.log(dens.mean(axis=0)), EXACT_F64,
+                 "mixture log-likelihood, per-draw precisions")
+    assert uci.predictive_ll_joint(y, F, tau, m, s) == pytest.approx(
+        np.log(dens.prod(axis=1).mean()) / n, rel=EXACT_F64)
+    # one precision for every draw: the scalar path
+    assert_close(uci.predictive_ll(y, F, np.full(S, 2.5), m, s), uci.predictive_ll(y, F, 2.5, m, s),
+                 EXACT_F64, "constant per-draw precisions = the scalar")
 
 
 def test_joint_ll_is_khan_et_al_s_metric_by_hand():
@@ -716,6 +732,13 @@ def _toy(seed=0):
     return MLP([3, 5, 1], "relu", "gaussian", noise_precision=4.0), X, y
 
 
+def _toy_unit(seed=0):
+    """_toy's data with the unit-precision model a learned noise needs."""
+    from refbayes.models import MLP
+    _, X, y = _toy(seed)
+    return MLP([3, 5, 1], "relu", "gaussian", noise_precision=1.0), X, y
+
+
 def test_vadam_fit_is_the_official_optimizer_configuration():
     from refbayes.methods import driver, vadam
     spec = uci_methods.METHODS["vadam"]
@@ -796,11 +819,14 @@ def test_noisy_kfac_and_kfac_settings():
         uci_methods.resolve(noisy._replace(defaults={**noisy.defaults, "T_inv": 0}), "boston")
 
 
-def _replay_kfac(model, X, y, hyper, rng, epochs, M, noisy):
+def _replay_kfac(model, X, y, hyper, rng, epochs, M, noisy, learned=False):
     """kfac_train's documented order, written out: per epoch the permutation; per step eps
-    (Noisy K-FAC), z, y_tilde = f(X_B; w_s) + z / sqrt(tau), alpha_t bias-corrected, and lr,
-    beta x lr_decay_ratio after every lr_decay_every epochs."""
+    (Noisy K-FAC), tau ~ q (learned noise), z, y_tilde = f(X_B; w_s) + z / sqrt(tau_s),
+    alpha_t bias-corrected, then q's Adam step at the draws' residual; and lr, beta x
+    lr_decay_ratio after every lr_decay_every epochs. Returns (state, q)."""
     N, tau = X.shape[0], model.likelihood.noise_precision
+    q = noise_gamma.init(6.0, 6.0)
+    q_cfg = noise_gamma.NoiseGammaConfig(N, 6.0, 6.0, kl_weight=1.0, lr=1e-3)
     state = noisy_kfac.init(model.init_theta(rng), model)
     S0 = tuple(tau * np.eye(F.shape[0]) for F in state.S)  # factor_init "tau"
     state = state._replace(S=S0, S_ref=S0)
@@ -815,14 +841,20 @@ def _replay_kfac(model, X, y, hyper, rng, epochs, M, noisy):
                                              momentum=0.9, gamma_ex=hyper["damping"],
                                              curvature="mc", kl_clip=hyper.get("kl_clip"))
             eps = rng.standard_normal((model.D, hyper["S_train"])) if noisy else None
-            z = rng.standard_normal((eps.shape[1] if noisy else 1, len(idx)))
+            S = eps.shape[1] if noisy else 1
+            a, b = np.exp(q.phi)
+            tau_s = rng.gamma(a, 1.0 / b, size=S) if learned else np.full(S, tau)
+            z = rng.standard_normal((S, len(idx)))
             W = noisy_kfac.sample(state, eps, cfg, model) if noisy else state.mu[:, None]
             F = np.stack([model.forward(W[:, s].copy(), X[idx])[:, 0] for s in range(W.shape[1])])
             state, _ = noisy_kfac.step(state, (X[idx], y[idx]), eps, cfg, model,
-                                       y_tilde=F + z / np.sqrt(tau))
+                                       y_tilde=F + z / np.sqrt(tau_s)[:, None],
+                                       tau=tau_s if learned else None)
+            if learned:
+                q, _ = noise_gamma.step(q, np.mean((y[idx][None, :] - F) ** 2), q_cfg)
         if epoch % hyper["lr_decay_every"] == 0:
             lr, beta = lr * 0.1, beta * 0.1
-    return state
+    return state, q
 
 
 @pytest.mark.parametrize("method", ["noisy_kfac", "kfac"])
@@ -831,8 +863,8 @@ def test_kfac_fits_follow_the_documented_draws_and_schedule(method):
     model, X, y = _toy()
     hyper = {**spec.defaults, "S_train": 3, "noise_precision": 4.0, "lr_decay_every": 2}
     post = spec.fit(model, X, y, hyper, np.random.default_rng(1), 3, 8, lambda n: None)
-    state = _replay_kfac(model, X, y, hyper, np.random.default_rng(1), 3, 8,
-                         noisy=method == "noisy_kfac")
+    state, _ = _replay_kfac(model, X, y, hyper, np.random.default_rng(1), 3, 8,
+                            noisy=method == "noisy_kfac")
     assert state.t == 15
     if method == "kfac":  # the point estimate is the mean
         assert_close(post, state.mu, EXACT_F64, "K-FAC mean")
@@ -844,6 +876,78 @@ def test_kfac_fits_follow_the_documented_draws_and_schedule(method):
     undecayed = spec.fit(model, X, y, {**hyper, "lr_decay_ratio": 1.0}, np.random.default_rng(1),
                          3, 8, lambda n: None)
     assert not np.allclose(undecayed.sample(eps), post.sample(eps))  # the decay is visible
+
+
+def test_learned_noise_kfac_fit_follows_the_documented_draws_and_schedule():
+    """noisy_kfac_learned_noise: kfac_train(learned=True) is the replay with tau_s ~ q drawn
+    after eps, the step's per-draw precisions, and q's update at the step's residual."""
+    spec = uci_methods.METHODS["noisy_kfac_learned_noise"]
+    model, X, y = _toy_unit()
+    hyper = {**spec.defaults, "S_train": 3, "noise_precision": 1.0, "lr_decay_every": 2}
+    post = spec.fit(model, X, y, hyper, np.random.default_rng(1), 3, 8, lambda n: None)
+    state, q = _replay_kfac(model, X, y, hyper, np.random.default_rng(1), 3, 8, noisy=True,
+                            learned=True)
+    assert state.t == 15 and q.adam.t == 15
+    cfg = noisy_kfac.NoisyKFACConfig(40, eta=1.0, kl_weight=1.0)
+    eps = np.random.default_rng(2).standard_normal((model.D, 4))
+    assert_close(post.sample(eps), noisy_kfac.sample(state, eps, cfg, model), EXACT_F64,
+                 "Noisy K-FAC draws, learned noise")
+    assert_close(post.q.phi, q.phi, EXACT_F64, "q(tau) after the run")
+    assert not np.allclose(q.phi, np.log([6.0, 6.0]))  # q moved
+
+
+def test_learned_noise_noisy_adam_fit_follows_the_documented_draws_and_schedule():
+    """noisy_adam_learned_noise: per epoch the permutation; per step eps, then tau ~ q; the step
+    with tau; q's update at the residual of the step's draws; the decay of alpha and 1 - beta2
+    after every lr_decay_every epochs."""
+    from refbayes.methods import noisy_adam
+    spec = uci_methods.METHODS["noisy_adam_learned_noise"]
+    model, X, y = _toy_unit()
+    hyper = {**spec.defaults, "noise_precision": 1.0, "lr_decay_every": 2, "S_train": 3}
+    post = spec.fit(model, X, y, hyper, np.random.default_rng(1), 3, 8, lambda n: None)
+    rng, N = np.random.default_rng(1), 40
+    cfg = noisy_adam.NoisyAdamConfig(N, 1.0, alpha=0.01, beta1=0.9, beta2=0.999,
+                                     squares="per_example")
+    state = noisy_adam.init(model.init_theta(rng), 1.0)
+    q, q_cfg = noise_gamma.init(), noise_gamma.NoiseGammaConfig(N)
+    step_cfg = cfg
+    for epoch in range(1, 4):
+        perm = rng.permutation(N)
+        for i in range(0, N, 8):
+            idx = perm[i:i + 8]
+            eps = rng.standard_normal((model.D, 3))
+            a, b = np.exp(q.phi)
+            tau = rng.gamma(a, 1.0 / b, size=3)
+            state, info = noisy_adam.step(state, (X[idx], y[idx]), eps, step_cfg, model, tau=tau)
+            F = np.stack([model.forward(info.w[:, s].copy(), X[idx])[:, 0] for s in range(3)])
+            q, _ = noise_gamma.step(q, np.mean((y[idx][None, :] - F) ** 2), q_cfg)
+        if epoch % 2 == 0:
+            step_cfg = step_cfg._replace(alpha=step_cfg.alpha * 0.1,
+                                         beta2=1.0 - (1.0 - step_cfg.beta2) * 0.1)
+    eps = np.random.default_rng(2).standard_normal((model.D, 4))
+    assert_close(post.sample(eps), noisy_adam.sample(state, eps, cfg), EXACT_F64,
+                 "Noisy Adam draws, learned noise")
+    assert_close(post.q.phi, q.phi, EXACT_F64, "q(tau) after the run")
+
+
+def test_learned_noise_refuses_a_model_with_another_precision():
+    spec = uci_methods.METHODS["noisy_adam_learned_noise"]
+    model, X, y = _toy()  # noise_precision 4
+    hyper = {**spec.defaults, "noise_precision": 4.0}
+    with pytest.raises(ValueError, match="noise_precision 1"):
+        spec.fit(model, X, y, hyper, np.random.default_rng(1), 1, 8, lambda n: None)
+
+
+def test_learned_noise_prints_the_published_row_of_its_method():
+    """published_as: the learned variant's row carries the published noisy_kfac figure, which is
+    then not listed again as a method not run."""
+    summary = {"method": "noisy_kfac_learned_noise", "splits_done": 1, "n_splits": 20,
+               "budget": "full", "rmse_mean": 1.0, "rmse_se": None, "ll_mean": -1.0,
+               "ll_se": None, "ll_joint_mean": -1.0, "ll_joint_se": None}
+    table = uci._table("energy", [summary], uci.load_published())
+    row = next(line for line in table.splitlines() if line.startswith("noisy_kfac_learned_noise"))
+    assert "-1.421 +- 0.005" in row
+    assert "(noisy_kfac)" not in table and "(noisy_adam)" in table
 
 
 def test_bias_corrected_step_is_the_official_momentum_for_a_fixed_preconditioner():
