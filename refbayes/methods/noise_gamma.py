@@ -126,6 +126,13 @@ def _check_phi(phi) -> np.ndarray:
     return phi
 
 
+def _inputs(phi, r2, cfg) -> tuple[float, float, float]:
+    """(a, b, r2) of checked (phi, r2, cfg)."""
+    _check_cfg(cfg)
+    a, b = np.exp(_check_phi(phi))
+    return float(a), float(b), float(check_positive(r2, "r2", strict=False))
+
+
 def init(a: float = 6.0, b: float = 6.0) -> NoiseGammaState:
     """Start q(tau) = Gamma(a, b) with zero Adam moments (officially a = b = 6, the prior).
 
@@ -250,9 +257,7 @@ def objective(phi, r2: float, cfg: NoiseGammaConfig) -> float:
         If cfg is not a valid NoiseGammaConfig, phi is not a finite float (2,) array, or r2
         is not a finite real >= 0.
     """
-    _check_cfg(cfg)
-    a, b = np.exp(_check_phi(phi))
-    check_positive(r2, "r2", strict=False)
+    a, b, r2 = _inputs(phi, r2, cfg)
     return float(0.5 * (r2 * a / b - (digamma(a) - math.log(b)))
                  + cfg.kl_weight * kl_gamma(a, b, cfg.a0, cfg.b0) / cfg.N)  # (noise_gamma.4)
 
@@ -280,9 +285,7 @@ def objective_grad(phi, r2: float, cfg: NoiseGammaConfig) -> np.ndarray:
         If cfg is not a valid NoiseGammaConfig, phi is not a finite float (2,) array, or r2
         is not a finite real >= 0.
     """
-    _check_cfg(cfg)
-    a, b = np.exp(_check_phi(phi))
-    check_positive(r2, "r2", strict=False)
+    a, b, r2 = _inputs(phi, r2, cfg)
     trigamma, c = float(polygamma(1, a)), cfg.kl_weight / cfg.N
     d_log_a = a * (0.5 * (r2 / b - trigamma)
                    + c * ((a - cfg.a0) * trigamma + cfg.b0 / b - 1.0))  # (noise_gamma.6)
@@ -323,8 +326,7 @@ def step(state: NoiseGammaState, r2: float,
     """
     if not isinstance(state, NoiseGammaState):
         raise ValueError(f"state: expected a NoiseGammaState, got {type(state).__name__}")
-    r2 = float(check_positive(r2, "r2", strict=False))
-    a, b = np.exp(_check_phi(state.phi))
+    a, b, r2 = _inputs(state.phi, r2, cfg)
     J = objective(state.phi, r2, cfg)                                          # (noise_gamma.4)
     grad = objective_grad(state.phi, r2, cfg)                                  # (noise_gamma.6)
     k = state.adam.t + 1
@@ -332,4 +334,4 @@ def step(state: NoiseGammaState, r2: float,
                           cfg.eps_tf / math.sqrt(1.0 - cfg.beta2 ** k))        # (noise_gamma.7)
     delta, adam = adam_update(grad, state.adam, adam_cfg)                      # (noise_gamma.7)
     phi = state.phi + delta                                                    # (noise_gamma.7)
-    return NoiseGammaState(phi, adam), NoiseGammaInfo(float(a), float(b), r2, J, grad, phi)
+    return NoiseGammaState(phi, adam), NoiseGammaInfo(a, b, r2, J, grad, phi)
