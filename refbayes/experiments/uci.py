@@ -448,7 +448,7 @@ def final_predictions(plan, split: int) -> dict:
     ``saved_ll_joint``). Returns the arrays a user compares an implementation against:
     ``F`` (S_test, n_test), the network's outputs per test draw in standardized units; ``tau``,
     the noise precision on that scale (an (S_test,) array of per-draw precisions for a learned
-    noise, the predictive of draw s then using tau[s]); ``y_mean``, ``y_std``, the training targets' statistics
+    noise, draw s then using tau[s]); ``y_mean``, ``y_std``, the training targets' statistics
     ((uci.4); the predictive of draw s is N(y_mean + y_std F[s], y_std^2 / tau)); ``X_test``,
     the test inputs as the network saw them (standardized with the training rows); ``y_test`` in
     the original units; ``ll_point`` (n_test,), the per-point mixture log density (uci.2).
@@ -818,8 +818,9 @@ def _table(dataset, summaries, published) -> str:
     lines, shown = [], set()
     for s in summaries:
         spec = uci_methods.METHODS.get(s["method"])
-        shown.add(spec.published_as or s["method"] if spec else s["method"])
-        p = pub.get(spec.published_as or s["method"] if spec else s["method"])
+        key = (spec.published_as if spec else None) or s["method"]  # the rows it reproduces
+        shown.add(key)
+        p = pub.get(key)
         lines.append([s["method"], f"{s['splits_done']}/{s['n_splits']}", s["budget"],
                       _fmt(s.get("rmse_mean"), s.get("rmse_se")), _fmt_median(s.get("rmse_median")),
                       _fmt(s.get("ll_mean"), s.get("ll_se")), _fmt_median(s.get("ll_median")),

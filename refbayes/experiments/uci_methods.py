@@ -744,7 +744,8 @@ def _guarded(t, epoch, take_step):
             return take_step()
     except FloatingPointError as err:
         raise TrainingError(f"step {t} (epoch {epoch}): {err} in the step; the loss or its "
-                            "gradient overflowed (lower the step sizes or check the inputs)") from err
+                            "gradient overflowed (lower the step sizes or check the inputs)"
+                            ) from err
 
 
 def _check_finite(state, names, t, epoch):
@@ -753,7 +754,8 @@ def _check_finite(state, names, t, epoch):
     bad = []
     for name in names:
         value = getattr(state, name)
-        if not all(np.all(np.isfinite(a)) for a in (value if isinstance(value, tuple) else (value,))):
+        arrays = value if isinstance(value, tuple) else (value,)
+        if not all(np.all(np.isfinite(a)) for a in arrays):
             bad.append(name)
     if bad:
         raise TrainingError(f"step {t} (epoch {epoch}): non-finite values in {', '.join(bad)} "

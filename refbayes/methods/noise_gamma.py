@@ -1,4 +1,4 @@
-"""A learned Gaussian noise precision: the Gamma variational posterior q(tau) of Zhang et al. (2018).
+"""A learned Gaussian noise precision: Zhang et al.'s (2018) Gamma variational posterior q(tau).
 
 Implements (noise_gamma.1)-(noise_gamma.7) of derivations/noise_gamma.md. The regression code of
 Noisy K-FAC (pomonam/NoisyNaturalGradient, ``regression/model.py``,
