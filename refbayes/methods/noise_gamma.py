@@ -1,6 +1,6 @@
 """A learned Gaussian noise precision: Zhang et al.'s (2018) Gamma variational posterior q(tau).
 
-Implements (noise_gamma.1)-(noise_gamma.7) of derivations/noise_gamma.md. The regression code of
+Implements (noise_gamma.1)-(noise_gamma.8) of derivations/noise_gamma.md. The regression code of
 Noisy K-FAC (pomonam/NoisyNaturalGradient, ``regression/model.py``,
 ``regression/controller/sample.py``) does not fix the noise precision tau of the Gaussian
 likelihood N(y | f(x; w), 1 / tau): it gives it the prior Gamma(a0, b0) = Gamma(6, 6) and a
@@ -51,22 +51,22 @@ class NoiseGammaConfig(NamedTuple):
     kl_weight : float
         Weight of the KL, > 0 (the official ``kl`` = 1).  (noise_gamma.4)
     lr : float
-        Adam's step size on phi (the official ``learning_rate`` = 1e-3).  (noise_gamma.7)
+        Adam's step size on phi (the official ``learning_rate`` = 1e-3).  (noise_gamma.8)
     beta1 : float
-        Adam's first-moment decay, in [0, 1) (TensorFlow's default).  (noise_gamma.7)
+        Adam's first-moment decay, in [0, 1) (TensorFlow's default).  (noise_gamma.8)
     beta2 : float
-        Adam's second-moment decay, in [0, 1) (TensorFlow's default).  (noise_gamma.7)
+        Adam's second-moment decay, in [0, 1) (TensorFlow's default).  (noise_gamma.8)
     eps_tf : float
-        TensorFlow's Adam epsilon, added to sqrt(v) before the bias correction.  (noise_gamma.7)
+        TensorFlow's Adam epsilon, added to sqrt(v) before the bias correction.  (noise_gamma.8)
     """
     N: int                  # training rows (noise_gamma.4)
     a0: float = 6.0         # prior shape (noise_gamma.1)
     b0: float = 6.0         # prior rate (noise_gamma.1)
     kl_weight: float = 1.0  # weight of KL(q || p) (noise_gamma.4)
-    lr: float = 1e-3        # Adam step size on phi (noise_gamma.7)
-    beta1: float = 0.9      # Adam first-moment decay (noise_gamma.7)
-    beta2: float = 0.999    # Adam second-moment decay (noise_gamma.7)
-    eps_tf: float = 1e-8    # TensorFlow's epsilon (noise_gamma.7)
+    lr: float = 1e-3        # Adam step size on phi (noise_gamma.8)
+    beta1: float = 0.9      # Adam first-moment decay (noise_gamma.8)
+    beta2: float = 0.999    # Adam second-moment decay (noise_gamma.8)
+    eps_tf: float = 1e-8    # TensorFlow's epsilon (noise_gamma.8)
 
 
 class NoiseGammaState(NamedTuple):
@@ -77,10 +77,10 @@ class NoiseGammaState(NamedTuple):
     phi : array of shape (2,)
         (log a, log b), float64.  (noise_gamma.1)
     adam : AdamState
-        Adam's moments of phi, (2,) each, and the updates taken.  (noise_gamma.7)
+        Adam's moments of phi, (2,) each, and the updates taken.  (noise_gamma.8)
     """
     phi: np.ndarray   # (log a, log b), (2,) (noise_gamma.1)
-    adam: AdamState   # Adam's m, v (2,) and t (noise_gamma.7)
+    adam: AdamState   # Adam's m, v (2,) and t (noise_gamma.8)
 
 
 class NoiseGammaInfo(NamedTuple):
@@ -99,14 +99,14 @@ class NoiseGammaInfo(NamedTuple):
     grad : array of shape (2,)
         dJ / dphi.  (noise_gamma.6)
     phi : array of shape (2,)
-        phi after the update.  (noise_gamma.7)
+        phi after the update.  (noise_gamma.8)
     """
     a: float           # shape before the update (noise_gamma.1)
     b: float           # rate before the update (noise_gamma.1)
     r2: float          # mean squared residual (noise_gamma.3)
     J: float           # objective at phi (noise_gamma.4)
     grad: np.ndarray   # dJ / dphi, (2,) (noise_gamma.6)
-    phi: np.ndarray    # phi after the update, (2,) (noise_gamma.7)
+    phi: np.ndarray    # phi after the update, (2,) (noise_gamma.8)
 
 
 def _check_cfg(cfg) -> None:
@@ -297,7 +297,7 @@ def step(state: NoiseGammaState, r2: float,
          cfg: NoiseGammaConfig) -> tuple[NoiseGammaState, NoiseGammaInfo]:
     """Take one Adam update of phi on J at the step's mean squared residual r2.
 
-    (noise_gamma.4)-(noise_gamma.7). TensorFlow's Adam (the official optimizer) adds its epsilon
+    (noise_gamma.4)-(noise_gamma.8). TensorFlow's Adam (the official optimizer) adds its epsilon
     to sqrt(v) before the bias correction: lr sqrt(1 - beta2^k) / (1 - beta1^k) m / (sqrt(v) +
     eps_tf), which is refbayes' (adam.4) with eps_adam = eps_tf / sqrt(1 - beta2^k), k the
     1-based update count.
@@ -331,7 +331,7 @@ def step(state: NoiseGammaState, r2: float,
     grad = objective_grad(state.phi, r2, cfg)                                  # (noise_gamma.6)
     k = state.adam.t + 1
     adam_cfg = AdamConfig(cfg.lr, cfg.beta1, cfg.beta2,
-                          cfg.eps_tf / math.sqrt(1.0 - cfg.beta2 ** k))        # (noise_gamma.7)
-    delta, adam = adam_update(grad, state.adam, adam_cfg)                      # (noise_gamma.7)
-    phi = state.phi + delta                                                    # (noise_gamma.7)
+                          cfg.eps_tf / math.sqrt(1.0 - cfg.beta2 ** k))        # (noise_gamma.8)
+    delta, adam = adam_update(grad, state.adam, adam_cfg)                      # (noise_gamma.8)
+    phi = state.phi + delta                                                    # (noise_gamma.8)
     return NoiseGammaState(phi, adam), NoiseGammaInfo(a, b, r2, J, grad, phi)

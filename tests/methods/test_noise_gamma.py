@@ -69,7 +69,7 @@ def test_objective_grad_is_the_autograd_gradient(phi, r2):
 
 @pytest.mark.parametrize("kl_weight,r2", [(1.0, 0.02), (1.0, 1.3), (0.5, 0.2)])
 def test_optimum_is_the_conjugate_posterior(kl_weight, r2):
-    """(noise_gamma.8): dJ / dphi = 0 at Gamma(a0 + N / (2 w), b0 + N r2 / (2 w)), w the KL
+    """(noise_gamma.7): dJ / dphi = 0 at Gamma(a0 + N / (2 w), b0 + N r2 / (2 w)), w the KL
     weight, and J is larger a step away in either coordinate."""
     cfg = CFG._replace(kl_weight=kl_weight)
     a = cfg.a0 + cfg.N / (2 * kl_weight)
@@ -83,7 +83,7 @@ def test_optimum_is_the_conjugate_posterior(kl_weight, r2):
 
 
 def test_step_is_tensorflows_adam():
-    """(noise_gamma.7): TensorFlow's AdamOptimizer, written in its own form:
+    """(noise_gamma.8): TensorFlow's AdamOptimizer, written in its own form:
     lr_t = lr sqrt(1 - b2^k) / (1 - b1^k), phi -= lr_t m / (sqrt(v) + eps)."""
     state = noise_gamma.init()
     phi, m, v = state.phi.copy(), np.zeros(2), np.zeros(2)
