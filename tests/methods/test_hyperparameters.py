@@ -33,6 +33,7 @@ from refbayes.methods import (
     laplace,
     mc_dropout,
     ngvi,
+    noise_gamma,
     noisy_adam,
     noisy_kfac,
     riemannian_laplace,
@@ -91,6 +92,7 @@ BASE = {
     noisy_kfac.NoisyKFACConfig: noisy_kfac.NoisyKFACConfig(N),
     swag.SGDConfig: swag.SGDConfig(N, 0.5),
     swag.SWAGConfig: swag.SWAGConfig(K=2),
+    noise_gamma.NoiseGammaConfig: noise_gamma.NoiseGammaConfig(N),
 }
 
 _SLANG0 = slang.init(np.zeros(D), np.zeros((D, 1)), np.ones(D))
@@ -129,6 +131,11 @@ CONSUMERS = {
         "step": lambda c: vadam.step(_VADAM0, BATCH, EPS, c, MODEL),
         "sample": lambda c: vadam.sample(_VADAM0, EPS, c),
         "prec_diag": lambda c: vadam.prec_diag(_VADAM0, c),
+    },
+    noise_gamma.NoiseGammaConfig: {
+        "step": lambda c: noise_gamma.step(noise_gamma.init(), 0.5, c),
+        "objective": lambda c: noise_gamma.objective(np.zeros(2), 0.5, c),
+        "objective_grad": lambda c: noise_gamma.objective_grad(np.zeros(2), 0.5, c),
     },
     noisy_adam.NoisyAdamConfig: {
         "step": lambda c: noisy_adam.step(_NOISY0, BATCH, EPS, c, MODEL),
@@ -314,6 +321,14 @@ FLOAT_ARGS = {
         lambda v: ktied.init(np.zeros(NET.D), NET, 2, v, np.zeros(ktied.layout(NET, 2).P)),
     ("refbayes.methods.ktied", "init", "jitter"):
         lambda v: ktied.init(np.zeros(NET.D), NET, 2, 0.1, np.zeros(ktied.layout(NET, 2).P), v),
+    ("refbayes.methods.noise_gamma", "init", "a"): lambda v: noise_gamma.init(v, 6.0),
+    ("refbayes.methods.noise_gamma", "init", "b"): lambda v: noise_gamma.init(6.0, v),
+    ("refbayes.methods.noise_gamma", "objective", "r2"):
+        lambda v: noise_gamma.objective(np.zeros(2), v, noise_gamma.NoiseGammaConfig(N)),
+    ("refbayes.methods.noise_gamma", "objective_grad", "r2"):
+        lambda v: noise_gamma.objective_grad(np.zeros(2), v, noise_gamma.NoiseGammaConfig(N)),
+    ("refbayes.methods.noise_gamma", "step", "r2"):
+        lambda v: noise_gamma.step(noise_gamma.init(), v, noise_gamma.NoiseGammaConfig(N)),
     ("refbayes.models.likelihoods", "Gaussian", "noise_precision"): lambda v: Gaussian(v),
     ("refbayes.models.likelihoods", "make_likelihood", "noise_precision"):
         lambda v: make_likelihood("gaussian", v),
@@ -374,7 +389,8 @@ def test_float_argument_baseline_is_valid(key):
     good = {"p": 0.1, "tol": 1e-6, "v_max": 1.0, "damping": 0.5, "gamma": 0.5, "scale": 1.25,
             "alpha": 1e-3, "beta2": 0.9, "noise_precision": 2.0, "gtol": 1e-8,
             "init_prior_prec": 1.0, "lr": 0.1, "alpha_init": 1.0, "alpha_swa": 0.1,
-            "swa_start": 4.0, "sigma0": 0.1, "jitter": 0.1}[key[2]]
+            "swa_start": 4.0, "sigma0": 0.1, "jitter": 0.1, "a": 2.0, "b": 3.0,
+            "r2": 0.5}[key[2]]
     FLOAT_ARGS[key](good)
 
 
