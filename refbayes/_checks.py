@@ -12,7 +12,7 @@ import numbers
 
 from refbayes.backend import cholesky, xp_of
 
-__all__ = ["check_array", "check_float", "check_finite", "check_positive", "check_int", "check_in_range",
+__all__ = ["check_array", "check_float", "check_finite", "check_positive", "check_positive_vector", "check_int", "check_in_range",
            "check_same_dtype", "unchecked", "value_checks"]
 
 # Whether the checks scan array VALUES (finite, positive, symmetric: O(size) each); the O(1)
@@ -169,6 +169,15 @@ def check_in_range(x, name: str, low, high, *, low_open=False, high_open=False) 
     if too_low or too_high:
         raise ValueError(f"{name}: expected a value in {interval}, got {x}")
     return xf
+
+
+def check_positive_vector(a, name: str, n: int, dtype, what: str):
+    """A finite (n,) array > 0 of ``dtype``, one entry per ``what``; return it."""
+    check_positive(check_array(a, name, ndim=1), name)
+    if a.shape[0] != n or a.dtype != dtype:
+        raise ValueError(f"{name}: expected a ({n},) array of dtype {dtype} (one per {what}), "
+                         f"got shape {tuple(a.shape)}, dtype {a.dtype}")
+    return a
 
 
 def check_same_dtype(name_to_array: dict):

@@ -725,41 +725,15 @@ def _noisy_adam_learned_fit(model, X, y, hyper, rng, epochs, M, progress):
             batch = Batch(X[idx], y[idx])
             eps = rng.standard_normal((model.D, S))
             tau = noise_gamma.draw(q, rng, S)
-            state, info = _guarded(state.t + 1, epoch, lambda: noisy_adam.step(
+            state, info = driver.guarded_step(state.t + 1, epoch, lambda: noisy_adam.step(
                 state, batch, eps, step_cfg, model, tau=tau))
             q, _ = noise_gamma.step(q, residual_r2(_forward_rows(model, info.w, batch.X),
                                                    batch.y), q_cfg)
-            _check_finite(state, ("mu", "m", "f"), state.t, epoch)
+            driver.check_finite_state(state, state.t, epoch)
         progress(1)
         if epoch % hyper["lr_decay_every"] == 0:
             step_cfg = _noisy_adam_decayed(step_cfg, hyper["lr_decay_ratio"])
     return _Learned(lambda eps: noisy_adam.sample(state, eps, cfg), q)
-
-
-def _guarded(t, epoch, take_step):
-    """take_step() with NumPy's overflow, invalid and divide-by-zero raised, as a TrainingError
-    naming step t and the epoch."""
-    try:
-        with np.errstate(over="raise", invalid="raise", divide="raise"):
-            return take_step()
-    except FloatingPointError as err:
-        raise TrainingError(f"step {t} (epoch {epoch}): {err} in the step; the loss or its "
-                            "gradient overflowed (lower the step sizes or check the inputs)"
-                            ) from err
-
-
-def _check_finite(state, names, t, epoch):
-    """TrainingError naming the fields of ``state`` (arrays or tuples of arrays) that hold a
-    non-finite value after step t."""
-    bad = []
-    for name in names:
-        value = getattr(state, name)
-        arrays = value if isinstance(value, tuple) else (value,)
-        if not all(np.all(np.isfinite(a)) for a in arrays):
-            bad.append(name)
-    if bad:
-        raise TrainingError(f"step {t} (epoch {epoch}): non-finite values in {', '.join(bad)} "
-                            "(lower the step sizes or check the inputs)")
 
 
 def _widened(candidates, steps=2):
@@ -866,10 +840,10 @@ def kfac_train(model, X, y, hyper, rng, epochs, M, progress, noisy=True, learned
                 new, _ = noisy_kfac.step(state, batch, eps, cfg, model, y_tilde=y_tilde,
                                          tau=tau_s if learned else None)
                 return new, F
-            state, F = _guarded(t, epoch, take_step)
+            state, F = driver.guarded_step(t, epoch, take_step)
             if learned:
                 q, _ = noise_gamma.step(q, residual_r2(F, batch.y), q_cfg)
-            _check_finite(state, ("mu", "m", "A", "S"), t, epoch)
+            driver.check_finite_state(state, t, epoch)
         progress(1)
         if epoch % hyper["lr_decay_every"] == 0:
             lr, beta = lr * ratio, beta * ratio

@@ -21,6 +21,7 @@ from refbayes._checks import (
     check_in_range,
     check_int,
     check_positive,
+    check_positive_vector,
     check_same_dtype,
 )
 from refbayes.backend import xp_of
@@ -165,11 +166,7 @@ def check_draw_precisions(tau, S: int, model, dtype):
     if not isinstance(lik, Gaussian) or lik.noise_precision != 1.0:
         raise ValueError("tau: per-draw noise precisions need a Gaussian likelihood with "
                          f"noise_precision 1 (they replace it), got {lik!r}")
-    check_positive(check_array(tau, "tau", ndim=1), "tau")
-    if tau.shape[0] != S or tau.dtype != dtype:
-        raise ValueError(f"tau: expected a ({S},) array of dtype {dtype} (one precision per "
-                         f"draw), got shape {tuple(tau.shape)}, dtype {tau.dtype}")
-    return tau
+    return check_positive_vector(tau, "tau", S, dtype, "draw")
 
 
 def nonneg_start(value, name: str, mu):

@@ -32,7 +32,8 @@ from refbayes.backend import xp_of
 from refbayes.methods import adam, bbb, mc_dropout, ngvi, noisy_adam, slang, swag, vadam, vogn
 from refbayes.methods._estimates import Batch
 
-__all__ = ["TrainingError", "draw_masks", "epoch_batches", "run"]
+__all__ = ["TrainingError", "check_finite_state", "draw_masks", "epoch_batches", "guarded_step",
+           "run"]
 
 
 class TrainingError(ValueError):
@@ -176,9 +177,76 @@ def _arrays(state) -> dict:
 
 
 def _finite(state) -> list:
-    arrays = _arrays(state)
-    xp = xp_of(*arrays.values())
-    return [name for name, a in arrays.items() if not bool(xp.all(xp.isfinite(a)))]
+    """The names of the state's array fields, and fields holding a tuple of arrays (K-FAC's
+    per-layer factors), that hold a non-finite value."""
+    arrays = {name: (a,) if hasattr(a, "dtype") else a for name, a in state._asdict().items()
+              if hasattr(a, "dtype") or (isinstance(a, tuple) and a
+                                         and all(hasattr(b, "dtype") for b in a))}
+    xp = xp_of(*(b for a in arrays.values() for b in a))
+    return [name for name, a in arrays.items()
+            if not all(bool(xp.all(xp.isfinite(b))) for b in a)]
+
+
+def guarded_step(t: int, epoch: int, take_step: Callable[[], Any]):
+    """Run one step with NumPy's floating-point errors raised as a TrainingError.
+
+    Overflow, invalid operations and division by zero inside ``take_step`` become a
+    TrainingError naming step t and the epoch; the loops of ``run`` and of the experiments' own
+    drivers take their steps through it.
+
+    Parameters
+    ----------
+    t : int
+        The 1-based number of the step, for the message.
+    epoch : int
+        The 1-based epoch, for the message.
+    take_step : callable
+        A zero-argument callable taking the step.
+
+    Returns
+    -------
+    object
+        What take_step returns.
+
+    Raises
+    ------
+    TrainingError
+        If take_step raises FloatingPointError.
+    """
+    try:
+        with np.errstate(over="raise", invalid="raise", divide="raise"):
+            return take_step()
+    except FloatingPointError as err:
+        raise TrainingError(f"step {t} (epoch {epoch}): {err} in the step; the loss or its "
+                            "gradient overflowed (lower the step sizes or check the inputs)"
+                            ) from err
+
+
+def check_finite_state(state, t: int, epoch: int) -> None:
+    """Refuse a state holding a non-finite value after step t.
+
+    Checks every array field and every field holding a tuple of arrays (K-FAC's per-layer
+    factors); CuPy does not raise on overflow, so this is what catches it there.
+
+    Parameters
+    ----------
+    state : NamedTuple
+        A method's State.
+    t : int
+        The 1-based number of the step just taken, for the message.
+    epoch : int
+        The 1-based epoch, for the message.
+
+    Raises
+    ------
+    TrainingError
+        Naming the fields that hold NaN or inf.
+    """
+    bad = _finite(state)
+    if bad:
+        raise TrainingError(f"step {t} (epoch {epoch}): non-finite values in {', '.join(bad)}; "
+                            "the loss or its gradient overflowed (lower the step sizes or check "
+                            "the inputs)")
 
 
 def run(state, cfg, model, X, y, *, rng: np.random.Generator, epochs: int, M: int, S: int = 1,
@@ -265,20 +333,12 @@ def run(state, cfg, model, X, y, *, rng: np.random.Generator, epochs: int, M: in
             # the first step checks everything; the state is checked finite after each step
             # below, the data and the draws are the driver's own: the rest skip the value scans
             scope = contextlib.nullcontext() if taken == 0 else unchecked()
-            try:
-                # overflow inside the step raises here (NumPy); CuPy is caught by the check below
-                with scope, np.errstate(over="raise", invalid="raise", divide="raise"):
-                    state, _ = method.step(state, batch, noise, cfg, model, **kwargs)
-                taken += 1
-            except FloatingPointError as err:
-                raise TrainingError(f"step {t} (epoch {epoch}): {err} in the step; the loss or "
-                                    "its gradient overflowed (lower the step sizes or check the "
-                                    "inputs)") from err
-            bad = _finite(state)
-            if bad:
-                raise TrainingError(f"step {t} (epoch {epoch}): non-finite values in "
-                                    f"{', '.join(bad)}; the loss or its gradient overflowed "
-                                    "(lower the step sizes or check the inputs)")
+            # overflow inside the step raises here (NumPy); CuPy is caught by the check below
+            with scope:
+                state, _ = guarded_step(t, epoch, lambda: method.step(state, batch, noise, cfg,
+                                                                      model, **kwargs))
+            taken += 1
+            check_finite_state(state, t, epoch)
             if progress is not None:
                 progress(1)
         if callback is not None:

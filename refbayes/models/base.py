@@ -25,7 +25,7 @@ from refbayes._checks import (
     check_array,
     check_float,
     check_int,
-    check_positive,
+    check_positive_vector,
     check_same_dtype,
 )
 from refbayes.backend import xp_of
@@ -1030,11 +1030,7 @@ class FlatModel:
         xp_of(thetas, y_curv, scale)  # one backend for the sampled labels and weights too
         M = X.shape[0]
         if scale is not None:
-            check_positive(check_array(scale, "scale", ndim=1), "scale")
-            if scale.shape[0] != S or scale.dtype != thetas.dtype:
-                raise ValueError(f"scale: expected a ({S},) array of dtype {thetas.dtype} (one "
-                                 f"weight per vector), got shape {tuple(scale.shape)}, dtype "
-                                 f"{scale.dtype}")
+            check_positive_vector(scale, "scale", S, thetas.dtype, "vector")
         if y_curv is not None:
             if curvature != "ef":
                 raise ValueError(f"y_curv: only curvature 'ef' takes its own targets, got "
