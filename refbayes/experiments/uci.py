@@ -54,8 +54,10 @@ file) unless ``fresh``. The commit is provenance only, not compared (see _io). `
 split and mean +- s.e.), ``summary.{csv,json}`` over everything under ``out``, and the figure
 ``<dataset>_splits.png`` (per-split test RMSE / LL beside the published mean +- spread). The
 published numbers are package data: refbayes/experiments/published/uci.csv (with citations);
-a published method that was not run is listed in parentheses, e.g. "(bbvi)", and a figure
-the source does not print (an empty cell) shows as "-".
+the table and the figure also show the other methods with results for the dataset under
+``out`` (marked "(saved)" in the table, their s.e. recomputed at this invocation's ddof); a
+published method with no results is listed in parentheses, e.g. "(bbvi)", and a figure the
+source does not print (an empty cell) shows as "-".
 
 Budgets: the full one is each method's ``defaults`` (SLANG: the official 120 epochs, M = 10,
 S = 4 / 2, 20 test draws, a 3 x 3 grid; MAP: 120 epochs, M = 32, a 6 x 3 grid; Vadam: the
@@ -574,17 +576,23 @@ def _summary(plan):
                "epochs": budget.settings["epochs"], "splits_done": len(rows),
                "n_splits": n_splits, "splits": [r["split"] for r in rows]}
     if rows:
-        ddof = summary["se_ddof"] = plan.se_ddof
-        for key in ("rmse", "ll"):
-            values = [r[key] for r in rows]
-            summary[f"{key}_mean"], summary[f"{key}_se"] = _mean_se(values, ddof)
-            # (uci.10): one wild split moves the mean, not the median (SLANG on yacht, uci.md)
-            summary[f"{key}_median"] = float(np.median(values))
-        if all(r["ll_joint"] is not None for r in rows):
-            summary["ll_joint_mean"], summary["ll_joint_se"] = _mean_se(
-                [r["ll_joint"] for r in rows], ddof)
-        summary["seconds_per_split"] = float(np.mean([r["seconds"] for r in rows]))
+        summary.update(_stats(rows, plan.se_ddof))
     return summary, rows
+
+
+def _stats(rows, ddof):
+    """Over split rows: mean +- s.e. (uci.8) and median (uci.10) of test RMSE and LL, the joint
+    LL's mean +- s.e. (uci.9) where every row has it, and the mean seconds per split."""
+    stats = {"se_ddof": ddof}
+    for key in ("rmse", "ll"):
+        values = [r[key] for r in rows]
+        stats[f"{key}_mean"], stats[f"{key}_se"] = _mean_se(values, ddof)
+        # (uci.10): one wild split moves the mean, not the median (SLANG on yacht, uci.md)
+        stats[f"{key}_median"] = float(np.median(values))
+    if all(r["ll_joint"] is not None for r in rows):
+        stats["ll_joint_mean"], stats["ll_joint_se"] = _mean_se([r["ll_joint"] for r in rows], ddof)
+    stats["seconds_per_split"] = float(np.mean([r["seconds"] for r in rows]))
+    return stats
 
 
 def _write_csv(path, rows):
@@ -596,6 +604,21 @@ def _write_csv(path, rows):
     writer.writeheader()
     writer.writerows(rows)
     atomic_write_text(path, buf.getvalue())
+
+
+def _with_saved(plan, summaries):
+    """[(summary, its split rows)]: this invocation's summaries of ``plan.dataset``, then every
+    other method's with results for it under out, written by earlier invocations and not checked
+    by this one (marked ``saved``; mean +- s.e. recomputed from their split rows at this
+    invocation's ddof, so that one table has one convention)."""
+    saved = {m: v for (m, _), v in _saved_summaries(plan, f"*/{plan.dataset}/summary.json").items()}
+    pairs = [(s, saved[s["method"]]["splits"] if s["method"] in saved else []) for s in summaries]
+    run = {s["method"] for s in summaries}
+    for m, v in saved.items():
+        if m not in run and v["splits"]:
+            pairs.append(({**v["summary"], **_stats(v["splits"], plan.se_ddof), "saved": True},
+                          v["splits"]))
+    return pairs
 
 
 def _saved_summaries(plan, pattern):
@@ -813,7 +836,8 @@ def _head(dataset, ddof=1) -> str:
 
 
 def _table(dataset, summaries, published) -> str:
-    """The table under :func:`_head`: one row per summary, then the published methods not run."""
+    """The table under :func:`_head`: one row per summary ("(saved)" after the name of one
+    :func:`_with_saved` added), then the published methods with no results, in parentheses."""
     pub = {r["method"]: r for r in published if r["dataset"] == dataset}
     lines, shown = [], set()
     for s in summaries:
@@ -821,7 +845,8 @@ def _table(dataset, summaries, published) -> str:
         key = (spec.published_as if spec else None) or s["method"]  # the rows it reproduces
         shown.add(key)
         p = pub.get(key)
-        lines.append([s["method"], f"{s['splits_done']}/{s['n_splits']}", s["budget"],
+        name = s["method"] + (" (saved)" if s.get("saved") else "")
+        lines.append([name, f"{s['splits_done']}/{s['n_splits']}", s["budget"],
                       _fmt(s.get("rmse_mean"), s.get("rmse_se")), _fmt_median(s.get("rmse_median")),
                       _fmt(s.get("ll_mean"), s.get("ll_se")), _fmt_median(s.get("ll_median")),
                       _fmt(s.get("ll_joint_mean"), s.get("ll_joint_se")),
@@ -837,15 +862,14 @@ def _table(dataset, summaries, published) -> str:
          "published RMSE", "published LL", "source"], lines)
 
 
-def _figure(plan, summaries, published):
+def _figure(plan, pairs, published):
+    """Per-split test RMSE and LL of every (summary, split rows) of :func:`_with_saved`."""
     plt = pyplot()
     if plt is None:
         return None
     out, dataset = plan.out, plan.dataset
     pub = [r for r in published if r["dataset"] == dataset]
-    # every method with results for this dataset under out, not only this invocation's
-    saved = {m: v for (m, _), v in _saved_summaries(plan, f"*/{dataset}/summary.json").items()}
-    summaries = [s for s in summaries if s["method"] not in saved] + [v["summary"] for v in saved.values()]
+    summaries = [s for s, _ in pairs]
     fig, axes = plt.subplots(1, 2, figsize=(11, 4))
     colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
     for ax, key, label in zip(axes, ("rmse", "ll"), ("test RMSE", "test log-likelihood")):
@@ -856,8 +880,7 @@ def _figure(plan, summaries, published):
             ax.axhline(r[key], color=c, lw=1, ls="--",
                        label=f"published {r['method']} ({r['source']})")
             ax.axhspan(r[key] - r[key + "_pm"], r[key] + r[key + "_pm"], color=c, alpha=0.15)
-        for j, s in enumerate(summaries):
-            rows = saved[s["method"]]["splits"] if s["method"] in saved else []
+        for j, (s, rows) in enumerate(pairs):
             ax.plot([r["split"] for r in rows], [r[key] for r in rows], "o", color=colors[j % len(colors)],
                     label=f"{s['method']} ({s['budget']}, {s['splits_done']}/{s['n_splits']} splits)")
         ax.set_xlim(-0.5, uci_n_splits(dataset) - 0.5)
@@ -946,11 +969,14 @@ def main(args: argparse.Namespace) -> int:
             _execute_jobs(every, progress, args.jobs, args.dask_scheduler, args.threads)
         for d, ps in plans:
             progress.echo(_head(d, args.se_ddof))
-            summaries = [_execute(p, progress, write) for p in ps]
-            lines = [_table(d, summaries, published)]
+            pairs = _with_saved(ps[0], [_execute(p, progress, write) for p in ps])
+            lines = [_table(d, [s for s, _ in pairs], published)]
+            if any(s.get("saved") for s, _ in pairs):
+                lines.append("(saved): results an earlier invocation wrote under --out, shown as "
+                             "saved (not checked against this one's settings)")
             sources |= {r["source"] for r in published if r["dataset"] == d}
             lines.append(f"results: {Path(args.out)}/<method>/{d}/, {Path(args.out) / 'summary.csv'}")
-            path = _figure(ps[0], summaries, published) if write else None
+            path = _figure(ps[0], pairs, published) if write else None
             if path is not None:
                 lines.append(f"figure: {path}")
             progress.echo("\n".join(lines) + "\n")

@@ -235,6 +235,27 @@ def test_standard_error_ddof_is_selectable_and_stated(data_dir, tmp_path, capsys
         uci.run("map", DATASET, [0], quick=True, out=tmp_path, data_dir=data_dir, se_ddof=2)
 
 
+def test_table_shows_saved_results_of_other_methods(data_dir, tmp_path, capsys):
+    """A method with results under --out that this invocation did not run is shown from its
+    saved rows, marked "(saved)", its s.e. at this invocation's ddof; not "(method)" as if it had
+    none. A published method with no results stays in parentheses."""
+    common = ["--dataset", DATASET, "--quick", "--epochs", "1", "--out", tmp_path,
+              "--data-dir", data_dir]
+    assert _reproduce("--method", "map", "--splits", "0-2", *common) == 0
+    capsys.readouterr()
+    assert _reproduce("--method", "mc_dropout", "--splits", "0", "--se-ddof", "0", *common) == 0
+    lines = capsys.readouterr().out.splitlines()
+    row = next(x for x in lines if x.startswith("map (saved)"))
+    rmse = [_split_json(tmp_path, "map", k)["test"]["rmse"] for k in range(3)]
+    assert f"{np.mean(rmse):.3f} +- {np.std(rmse, ddof=0) / np.sqrt(3):.3f}" in row
+    assert "3/20" in row and any(x.startswith("(saved): results an earlier") for x in lines)
+    assert any(x.startswith("mc_dropout ") for x in lines)
+    assert any(x.startswith("(slang)") for x in lines)  # published, nothing under --out
+    # the run's own summary keeps its ddof; the saved one's file is not rewritten
+    assert json.loads((tmp_path / "map" / DATASET / "summary.json").read_text())[
+        "summary"]["se_ddof"] == 1
+
+
 def test_grid_option_replaces_candidates(data_dir, tmp_path, capsys):
     assert uci.parse_grid("noise_precision=46.3") == ("noise_precision", (46.3,))
     assert uci.parse_grid(" prior_precision=0.1,1 ") == ("prior_precision", (0.1, 1.0))
