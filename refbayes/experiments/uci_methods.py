@@ -382,7 +382,9 @@ def _slang_fit(model, X, y, hyper, rng, epochs, M, progress):
     L = min(hyper["L"], D)
     state = slang.init(model.init_theta(rng), np.zeros((D, L)), np.full(D, hyper["s_init"]))
     cfg = slang.SLANGConfig(X.shape[0], lam, L=L, alpha=hyper["lr"], beta=hyper["beta"],
-                            decay=hyper["decay"], momentum=hyper["momentum"])
+                            decay=hyper["decay"], momentum=hyper["momentum"],
+                            # only slang_official_forward's settings have it (slang.9)
+                            forward=hyper.get("forward", "draw"))
     return driver.run(state, cfg, model, X, y, rng=rng, epochs=epochs, M=M, S=hyper["S_train"],
                       callback=lambda epoch, st: progress(1))
 
@@ -468,7 +470,7 @@ MAP = MethodSpec(
 # ----------------------------------------------------------------------------- mean-field Gaussians
 
 class _Gaussian(NamedTuple):
-    """A trained mean-field posterior and how to draw from it: sample(eps (D, S)) -> (D, S)."""
+    """A trained Gaussian posterior and how to draw from it: sample(eps (D, S)) -> (D, S)."""
     sample: Callable
 
 
@@ -476,6 +478,21 @@ def _gaussian_predict(post, model, X, rng, S):
     """S draws theta_s of q, eps (D, S) from rng; F[s] = f(X; theta_s)."""
     eps = rng.standard_normal((model.D, S))
     return _forward_rows(model, post.sample(eps), X), model.likelihood.noise_precision
+
+
+def _slang_official_forward_fit(model, X, y, hyper, rng, epochs, M, progress):
+    """``_slang_fit`` with forward="mean+draw" in its settings (slang.9): every step's gradients
+    at w_s = mu + theta_s, theta_s = mu + S_P eps_s a draw of q, and the predictive's draws are
+    w_s too: the weights the official PyTorch network trains and predicts with."""
+    state = _slang_fit(model, X, y, hyper, rng, epochs, M, progress)
+    return _Gaussian(lambda eps: state.mu[:, None] + slang.sample(state, eps))  # (slang.9)
+
+
+SLANG_OFFICIAL_FORWARD = SLANG._replace(
+    name="slang_official_forward",
+    description="SLANG as the official PyTorch code runs it: the network at mu + a draw of q",
+    defaults={**SLANG.defaults, "forward": "mean+draw"},
+    fit=_slang_official_forward_fit, predict=_gaussian_predict, published_as="slang")
 
 
 def _bbb_fit(model, X, y, hyper, rng, epochs, M, progress):
@@ -931,7 +948,8 @@ KFAC = MethodSpec(
 )
 
 
-METHODS: dict[str, MethodSpec] = {"slang": SLANG, "map": MAP, "bbb": BBB, "vogn": VOGN,
+METHODS: dict[str, MethodSpec] = {"slang": SLANG,
+                                  "slang_official_forward": SLANG_OFFICIAL_FORWARD, "map": MAP, "bbb": BBB, "vogn": VOGN,
                                   "mc_dropout": MC_DROPOUT, "vadam": VADAM,
                                   "noisy_adam": NOISY_ADAM, "noisy_kfac": NOISY_KFAC,
                                   "noisy_adam_learned_noise": NOISY_ADAM_LEARNED_NOISE,

@@ -42,6 +42,7 @@ from refbayes.methods._estimates import (
 
 __all__ = [
     "EIG_METHODS",
+    "FORWARDS",
     "SAMPLERS",
     "Batch",
     "SLANGConfig",
@@ -58,6 +59,7 @@ Array = Any
 
 EIG_METHODS = ("exact", "randomized")
 SAMPLERS = ("symmetric", "alg3")
+FORWARDS = ("draw", "mean+draw")  # where line 6 takes the gradients: theta_s, or mu + theta_s (slang.9)
 
 
 class SLANGConfig(NamedTuple):
@@ -87,6 +89,10 @@ class SLANGConfig(NamedTuple):
         Power iterations >= 0 of the randomized fast_eig.
     sampler : {"symmetric", "alg3"}
         fast_sample: "symmetric" (lowrank.8) or "alg3" (lowrank.12).
+    forward : {"draw", "mean+draw"}
+        Where line 6 takes the gradients: at the draws theta_s (Algorithm 1, default) or at
+        mu + theta_s, the weights the official PyTorch code's network runs at (it adds each
+        full draw to its parameters, which hold mu).  (slang.9)
     """
     N: int                    # training-set size (slang.3), (slang.7)
     lam: Array                # prior precision (D,), > 0 (slang.6), (slang.7)
@@ -98,6 +104,7 @@ class SLANGConfig(NamedTuple):
     eig: str = "exact"        # fast_eig: "exact" (lowrank.9) or "randomized" (lowrank.10)
     n_iter: int = 2           # power iterations of the randomized fast_eig
     sampler: str = "symmetric"  # fast_sample: "symmetric" (lowrank.8) or "alg3" (lowrank.12)
+    forward: str = "draw"     # line 6 at theta_s ("draw") or at mu + theta_s ("mean+draw", slang.9)
 
 
 class SLANGState(NamedTuple):
@@ -200,6 +207,8 @@ def _check_cfg(cfg, D, L_state, dtype):
         raise ValueError(f"eig: expected one of {EIG_METHODS}, got {cfg.eig!r}")
     if cfg.sampler not in SAMPLERS:
         raise ValueError(f"sampler: expected one of {SAMPLERS}, got {cfg.sampler!r}")
+    if cfg.forward not in FORWARDS:
+        raise ValueError(f"forward: expected one of {FORWARDS}, got {cfg.forward!r}")
     check_int(cfg.n_iter, "n_iter", low=0)
     return (N, L) + hyper
 
@@ -283,7 +292,8 @@ def step(state: SLANGState, batch, eps, cfg: SLANGConfig, model, *,
          Omega=None) -> tuple[SLANGState, SLANGInfo]:
     """Take one step of Algorithm 1 (lines 4-13), as derived in derivations/slang.md.
 
-    (slang.2)-(slang.8), with the step sizes of (ngvi.12) and the momentum of (ngvi.13).
+    (slang.2)-(slang.8), with the step sizes of (ngvi.12) and the momentum of (ngvi.13); with
+    cfg.forward="mean+draw" the gradients of line 6 are taken at mu + theta_s (slang.9).
 
     Parameters
     ----------
@@ -315,10 +325,10 @@ def step(state: SLANGState, batch, eps, cfg: SLANGConfig, model, *,
         g_bar (D,) of one dtype with a non-negative integer t.
         Also if cfg is not a SLANGConfig with N >= 1, lam a finite (D,) array > 0 in the
         state's dtype, L the state's rank, alpha and beta in (0, 1], decay >= 0, momentum in
-        [0, 1), eig in EIG_METHODS, sampler in SAMPLERS and n_iter an integer >= 0; if model
-        is not a FlatModel with D parameters; if batch is not a pair (X, y) of finite arrays
-        with 1 <= M <= N rows in the state's dtype (binary labels for a Bernoulli
-        likelihood); if eps is None or not a (D, S >= 1) array of the state's dtype; if Omega
+        [0, 1), eig in EIG_METHODS, sampler in SAMPLERS, forward in FORWARDS and n_iter an
+        integer >= 0; if model is not a FlatModel with D parameters; if batch is not a pair
+        (X, y) of finite arrays with 1 <= M <= N rows in the state's dtype (binary labels for
+        a Bernoulli likelihood); if eps is None or not a (D, S >= 1) array of the state's dtype; if Omega
         does not match cfg.eig or has the wrong shape; if the arrays mix NumPy and CuPy; or if
         the new d has an entry <= 0 (a randomized fast_eig that overshot diag(W W^T)).
     """
@@ -338,7 +348,9 @@ def step(state: SLANGState, batch, eps, cfg: SLANGConfig, model, *,
     alpha_t, beta_t = step_sizes(state.t, alpha, beta, decay)                 # (ngvi.12)
     delta = 1.0 - beta_t                                                      # line 2
     theta = sample(state, eps, cfg.sampler)                                   # line 4 (slang.2)
-    G = per_example_grads(model, theta, X, y)                                 # line 6 (slang.3)
+    # the official PyTorch network adds the whole draw to its parameters, which hold mu (slang.9)
+    w = theta if cfg.forward == "draw" else theta + mu[:, None]               # (slang.9)
+    G = per_example_grads(model, w, X, y)                                     # line 6 (slang.3)
     c = N / (M * S)
     # W is built as its transpose (L + M S, D): each block is then a contiguous row copy, and
     # W^T W in top_eig is a single BLAS product of C-ordered rows.

@@ -56,6 +56,32 @@ def test_steps_match_dense_reimplementation(L, decay, momentum, S):
     assert state.t == 5
 
 
+@pytest.mark.parametrize("S", [1, 3])
+@pytest.mark.parametrize("L", [1, 3])
+def test_official_forward_takes_the_gradients_at_mean_plus_draw(L, S):
+    """(slang.9): forward="mean+draw" is the dense step whose gradients are taken at
+    w_s = mu + theta_s, the draws theta_s of q and everything else unchanged (five steps, 1e-10);
+    the default "draw" is a different step from the same inputs."""
+    X, y, model = _problem()
+    cfg = slang.SLANGConfig(N, LAM, L=L, alpha=0.3, beta=0.2, decay=0.0, momentum=0.9,
+                            forward="mean+draw")
+    state = _start(L)
+    mu, UUt, d, g_bar = state.mu, state.U @ state.U.T, state.d, np.zeros(D)
+    for t, (idx, eps) in enumerate(_batches(5, S)):
+        theta = ref.symmetric_root_draw(mu, state.U, d, eps)
+        batch = slang.Batch(X[idx], y[idx])
+        default, _ = slang.step(state, batch, eps, cfg._replace(forward="draw"), model)
+        state, info = slang.step(state, batch, eps, cfg, model)
+        mu, UUt, d, g_bar, Delta_d = ref.slang_step(
+            mu, UUt, d, g_bar, t, mu[:, None] + theta, add_intercept(X[idx]), y[idx], N, LAM, L,
+            0.3, 0.2, 0.0, 0.9)
+        assert_close(info.theta, theta, EXACT_F64, f"draws of q, step {t}")
+        assert_close(state.U @ state.U.T, UUt, EXACT_F64, f"U U^T, step {t}")
+        assert_close(state.d, d, EXACT_F64, f"d, step {t}")
+        assert_close(state.mu, mu, EXACT_F64, f"mu, step {t}")
+        assert _rel(default.mu, state.mu) > 1e-6
+
+
 def _full_from(state):
     P_full = lowrank.dense_precision(state.U, state.d)
     return ngvi.FullState(state.mu, P_full, state.g_bar, state.t), np.linalg.cholesky(P_full)
@@ -321,6 +347,7 @@ _BAD = [
     (dict(cfg=_CFG._replace(lam=-np.ones(D))), "lam: expected > 0"),
     (dict(cfg=_CFG._replace(lam=np.ones(D - 1))), "lam: expected shape"),
     (dict(cfg=_CFG._replace(eig="lanczos")), "eig: expected one of"),
+    (dict(cfg=_CFG._replace(forward="mean")), "forward: expected one of"),
     (dict(cfg=_CFG._replace(N=4)), r"batch.X: expected 1 <= M <= N = 4"),
     (dict(eps=np.ones((D + 1, 1))), r"eps: expected shape \(D, S\)"),
     (dict(eps=None), "eps: .* needs standard-normal draws"),
