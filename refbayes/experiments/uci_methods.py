@@ -380,10 +380,12 @@ def _slang_fit(model, X, y, hyper, rng, epochs, M, progress):
     D = model.D
     lam = prior_vector(model, hyper["prior_precision"], hyper["bias_prior_precision"])
     L = min(hyper["L"], D)
-    state = slang.init(model.init_theta(rng), np.zeros((D, L)), np.full(D, hyper["s_init"]))
+    # "init" and "forward" are in slang_official_code's settings only (SLANG's saved settings
+    # predate them): the official PyTorch code's initialization and forward (slang.9)
+    theta0 = model.init_theta(rng, scheme=hyper.get("init", "glorot"))
+    state = slang.init(theta0, np.zeros((D, L)), np.full(D, hyper["s_init"]))
     cfg = slang.SLANGConfig(X.shape[0], lam, L=L, alpha=hyper["lr"], beta=hyper["beta"],
                             decay=hyper["decay"], momentum=hyper["momentum"],
-                            # only slang_official_forward's settings have it (slang.9)
                             forward=hyper.get("forward", "draw"))
     return driver.run(state, cfg, model, X, y, rng=rng, epochs=epochs, M=M, S=hyper["S_train"],
                       callback=lambda epoch, st: progress(1))
@@ -480,19 +482,21 @@ def _gaussian_predict(post, model, X, rng, S):
     return _forward_rows(model, post.sample(eps), X), model.likelihood.noise_precision
 
 
-def _slang_official_forward_fit(model, X, y, hyper, rng, epochs, M, progress):
-    """``_slang_fit`` with forward="mean+draw" in its settings (slang.9): every step's gradients
-    at w_s = mu + theta_s, theta_s = mu + S_P eps_s a draw of q, and the predictive's draws are
-    w_s too: the weights the official PyTorch network trains and predicts with."""
+def _slang_official_code_fit(model, X, y, hyper, rng, epochs, M, progress):
+    """``_slang_fit`` with the official PyTorch code's initialization and forward in its settings
+    (init="pytorch", forward="mean+draw", slang.9): every step's gradients at w_s = mu + theta_s,
+    theta_s = mu + S_P eps_s a draw of q, and the predictive's draws are w_s too: the weights
+    that code's network trains and predicts with."""
     state = _slang_fit(model, X, y, hyper, rng, epochs, M, progress)
     return _Gaussian(lambda eps: state.mu[:, None] + slang.sample(state, eps))  # (slang.9)
 
 
-SLANG_OFFICIAL_FORWARD = SLANG._replace(
-    name="slang_official_forward",
-    description="SLANG as the official PyTorch code runs it: the network at mu + a draw of q",
-    defaults={**SLANG.defaults, "forward": "mean+draw"},
-    fit=_slang_official_forward_fit, predict=_gaussian_predict, published_as="slang")
+SLANG_OFFICIAL_CODE = SLANG._replace(
+    name="slang_official_code",
+    description="SLANG as the official PyTorch code runs it: PyTorch's initialization, the "
+                "network at mu + a draw of q",
+    defaults={**SLANG.defaults, "init": "pytorch", "forward": "mean+draw"},
+    fit=_slang_official_code_fit, predict=_gaussian_predict, published_as="slang")
 
 
 def _bbb_fit(model, X, y, hyper, rng, epochs, M, progress):
@@ -949,7 +953,7 @@ KFAC = MethodSpec(
 
 
 METHODS: dict[str, MethodSpec] = {"slang": SLANG,
-                                  "slang_official_forward": SLANG_OFFICIAL_FORWARD, "map": MAP, "bbb": BBB, "vogn": VOGN,
+                                  "slang_official_code": SLANG_OFFICIAL_CODE, "map": MAP, "bbb": BBB, "vogn": VOGN,
                                   "mc_dropout": MC_DROPOUT, "vadam": VADAM,
                                   "noisy_adam": NOISY_ADAM, "noisy_kfac": NOISY_KFAC,
                                   "noisy_adam_learned_noise": NOISY_ADAM_LEARNED_NOISE,

@@ -31,9 +31,10 @@ from refbayes._checks import (
 from refbayes.backend import xp_of
 from refbayes.models import _layers
 
-__all__ = ["FlatModel", "KFACLayer", "IMPLS"]
+__all__ = ["FlatModel", "KFACLayer", "IMPLS", "INIT_SCHEMES"]
 
 IMPLS = ("numba", "vectorized", "autograd")
+INIT_SCHEMES = ("glorot", "pytorch")  # init_theta's distributions
 
 
 class KFACLayer(NamedTuple):
@@ -223,11 +224,14 @@ class FlatModel:
         check_same_dtype({f"params[{k}]": a for k, a in enumerate(arrays)})
         return xp.concatenate(pieces)
 
-    def init_theta(self, rng, dtype=np.float64):
-        """Draw a Glorot-uniform theta (NumPy): W_l ~ U(-s, s), s = sqrt(6 / (n_{l-1} + n_l)).
+    def init_theta(self, rng, dtype=np.float64, scheme: str = "glorot"):
+        """Draw an initial theta (NumPy), layer by layer in theta order.
 
-        Biases are zero; weights are drawn layer by layer in theta order.  Move the result to
-        the GPU explicitly if needed.
+        ``scheme="glorot"`` (default): W_l ~ U(-s, s), s = sqrt(6 / (n_{l-1} + n_l)), biases zero
+        (only the weights are drawn). ``"pytorch"``: the distribution of torch.nn.Linear's
+        default initialization, W_l and b_l ~ U(-s, s) with s = 1 / sqrt(n_{l-1}), drawn W_l then
+        b_l per layer (NumPy's draws, not torch's). Move the result to the GPU explicitly if
+        needed.
 
         Parameters
         ----------
@@ -235,6 +239,8 @@ class FlatModel:
             Generator owned by the caller.
         dtype : numpy dtype, default numpy.float64
             Either float64 or float32.
+        scheme : {"glorot", "pytorch"}, default "glorot"
+            The initialization's distribution (INIT_SCHEMES).
 
         Returns
         -------
@@ -244,17 +250,25 @@ class FlatModel:
         Raises
         ------
         ValueError
-            If rng is not a numpy.random.Generator or dtype is neither float64 nor float32.
+            If rng is not a numpy.random.Generator, dtype is neither float64 nor float32, or
+            scheme is not one of INIT_SCHEMES.
         """
         if not isinstance(rng, np.random.Generator):
             raise ValueError(f"rng: expected a numpy.random.Generator, got {type(rng).__name__}")
         if np.dtype(dtype) not in (np.float32, np.float64):
             raise ValueError(f"dtype: expected float64 or float32, got {dtype}")
+        if scheme not in INIT_SCHEMES:
+            raise ValueError(f"scheme: expected one of {INIT_SCHEMES}, got {scheme!r}")
         params = []
         for n_in, n_out in zip(self.sizes[:-1], self.sizes[1:]):
-            s = math.sqrt(6.0 / (n_in + n_out))
-            W = rng.uniform(-s, s, size=(n_in, n_out))
-            params.append((W, np.zeros(n_out) if self.bias else None))
+            if scheme == "glorot":
+                s = math.sqrt(6.0 / (n_in + n_out))
+                W = rng.uniform(-s, s, size=(n_in, n_out))
+                params.append((W, np.zeros(n_out) if self.bias else None))
+            else:  # torch.nn.Linear.reset_parameters: kaiming_uniform(a = sqrt 5) = U(+-1/sqrt n_in)
+                s = 1.0 / math.sqrt(n_in)
+                W = rng.uniform(-s, s, size=(n_in, n_out))
+                params.append((W, rng.uniform(-s, s, size=n_out) if self.bias else None))
         return self.flatten(params).astype(dtype)
 
     # ---- forward ---------------------------------------------------------------------------

@@ -775,14 +775,14 @@ def test_vadam_fit_is_the_official_optimizer_configuration():
     assert_close(post.sample(eps), vadam.sample(state, eps, cfg), EXACT_F64, "Vadam draws")
 
 
-def test_slang_official_forward_trains_and_predicts_at_mean_plus_draw():
-    """slang_official_forward (slang.9): the driver's SLANG run with forward="mean+draw" (the
-    official settings otherwise), and the predictive's draws w_s = mu + theta_s, theta_s the
-    draws of q; its table row carries the published SLANG figure."""
+def test_slang_official_code_trains_and_predicts_at_mean_plus_draw():
+    """slang_official_code (slang.9): the driver's SLANG run from the "pytorch" initialization
+    with forward="mean+draw" (the official settings otherwise), and the predictive's draws
+    w_s = mu + theta_s, theta_s the draws of q; its table row carries the published SLANG figure."""
     from refbayes.methods import driver, slang
-    spec = uci_methods.METHODS["slang_official_forward"]
-    assert {k: v for k, v in spec.defaults.items() if k != "forward"} == \
-        uci_methods.METHODS["slang"].defaults and spec.defaults["forward"] == "mean+draw"
+    spec = uci_methods.METHODS["slang_official_code"]
+    extra = {"init": "pytorch", "forward": "mean+draw"}
+    assert spec.defaults == {**uci_methods.METHODS["slang"].defaults, **extra}
     model, X, y = _toy()
     hyper = {**spec.defaults, "prior_precision": 3.0, "noise_precision": 4.0}
     post = spec.fit(model, X, y, hyper, np.random.default_rng(1), 3, 8, lambda n: None)
@@ -790,20 +790,21 @@ def test_slang_official_forward_trains_and_predicts_at_mean_plus_draw():
     lam = uci_methods.prior_vector(model, 3.0, 1e-6)
     cfg = slang.SLANGConfig(40, lam, L=1, alpha=0.01, beta=0.01, decay=0.0, momentum=0.9,
                             forward="mean+draw")
-    state = slang.init(model.init_theta(rng), np.zeros((model.D, 1)), np.ones(model.D))
+    theta0 = model.init_theta(rng, scheme="pytorch")
+    state = slang.init(theta0, np.zeros((model.D, 1)), np.ones(model.D))
     state = driver.run(state, cfg, model, X, y, rng=rng, epochs=3, M=8, S=4)
     eps = np.random.default_rng(2).standard_normal((model.D, 4))
     assert_close(post.sample(eps), state.mu[:, None] + slang.sample(state, eps), EXACT_F64,
-                 "official forward draws")
+                 "official-code draws")
     F, tau = spec.predict(post, model, X, np.random.default_rng(2), 4)
     assert tau == 4.0
     assert_close(F, np.stack([model.forward(w, X)[:, 0] for w in post.sample(eps).T]),
                  EXACT_F64, "predictive at mu + theta_s")
-    summary = {"method": "slang_official_forward", "splits_done": 1, "n_splits": 20,
+    summary = {"method": "slang_official_code", "splits_done": 1, "n_splits": 20,
                "budget": "full", "rmse_mean": 1.0, "rmse_se": None, "ll_mean": -1.0,
                "ll_se": None, "ll_joint_mean": -1.0, "ll_joint_se": None}
     table = uci._table("energy", [summary], uci.load_published())
-    row = next(line for line in table.splitlines() if line.startswith("slang_official_forward"))
+    row = next(line for line in table.splitlines() if line.startswith("slang_official_code"))
     assert "-1.12 +- 0.01" in row and "(slang)" not in table
 
 

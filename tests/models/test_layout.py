@@ -106,5 +106,21 @@ def test_init_theta_glorot():
     assert model.init_theta(np.random.default_rng(0), dtype=np.float32).dtype == np.float32
 
 
+def test_init_theta_pytorch_is_torch_linear_default():
+    """scheme="pytorch": W_l and b_l ~ U(+-1/sqrt(n_in)), drawn W_l then b_l per layer."""
+    model = MLP([30, 20, 1])
+    theta = model.init_theta(np.random.default_rng(0), scheme="pytorch")
+    rng = np.random.default_rng(0)
+    s1, s2 = 1 / np.sqrt(30), 1 / np.sqrt(20)
+    expected = [(rng.uniform(-s1, s1, (30, 20)), rng.uniform(-s1, s1, 20)),
+                (rng.uniform(-s2, s2, (20, 1)), rng.uniform(-s2, s2, 1))]
+    np.testing.assert_array_equal(theta, model.flatten(expected))
+    (W1, b1), _ = model.unflatten(theta)
+    assert np.abs(W1).max() > 0.9 * s1 and np.abs(b1).max() > 0.5 * s1
+    assert model.init_theta(np.random.default_rng(0), np.float32, "pytorch").dtype == np.float32
+    with pytest.raises(ValueError, match="scheme: expected one of"):
+        model.init_theta(np.random.default_rng(0), scheme="he")
+
+
 def test_warmup_runs():
     warmup()
