@@ -952,8 +952,8 @@ KFAC = MethodSpec(
 )
 
 
-METHODS: dict[str, MethodSpec] = {"slang": SLANG,
-                                  "slang_official_code": SLANG_OFFICIAL_CODE, "map": MAP, "bbb": BBB, "vogn": VOGN,
+METHODS: dict[str, MethodSpec] = {"slang": SLANG, "slang_official_code": SLANG_OFFICIAL_CODE,
+                                  "map": MAP, "bbb": BBB, "vogn": VOGN,
                                   "mc_dropout": MC_DROPOUT, "vadam": VADAM,
                                   "noisy_adam": NOISY_ADAM, "noisy_kfac": NOISY_KFAC,
                                   "noisy_adam_learned_noise": NOISY_ADAM_LEARNED_NOISE,

@@ -59,7 +59,7 @@ Array = Any
 
 EIG_METHODS = ("exact", "randomized")
 SAMPLERS = ("symmetric", "alg3")
-FORWARDS = ("draw", "mean+draw")  # where line 6 takes the gradients: theta_s, or mu + theta_s (slang.9)
+FORWARDS = ("draw", "mean+draw")  # line 6's gradients at theta_s, or at mu + theta_s (slang.9)
 
 
 class SLANGConfig(NamedTuple):
@@ -328,9 +328,10 @@ def step(state: SLANGState, batch, eps, cfg: SLANGConfig, model, *,
         [0, 1), eig in EIG_METHODS, sampler in SAMPLERS, forward in FORWARDS and n_iter an
         integer >= 0; if model is not a FlatModel with D parameters; if batch is not a pair
         (X, y) of finite arrays with 1 <= M <= N rows in the state's dtype (binary labels for
-        a Bernoulli likelihood); if eps is None or not a (D, S >= 1) array of the state's dtype; if Omega
-        does not match cfg.eig or has the wrong shape; if the arrays mix NumPy and CuPy; or if
-        the new d has an entry <= 0 (a randomized fast_eig that overshot diag(W W^T)).
+        a Bernoulli likelihood); if eps is None or not a (D, S >= 1) array of the state's
+        dtype; if Omega does not match cfg.eig or has the wrong shape; if the arrays mix NumPy
+        and CuPy; or if the new d has an entry <= 0 (a randomized fast_eig that overshot
+        diag(W W^T)).
     """
     D, L_state = _check_state(state)
     xp = xp_of(state.mu, state.U, state.d)
