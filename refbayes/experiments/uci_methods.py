@@ -735,8 +735,8 @@ def _noisy_adam_learned_fit(model, X, y, hyper, rng, epochs, M, progress):
     (model.init_theta(rng)); per epoch rng.permutation(N) (driver.epoch_batches); per step
     eps = rng.standard_normal((D, S)), then tau = noise_gamma.draw(q, rng, S). The step takes
     the draws' precisions, then q one noise_gamma.step at the residual of the step's draws
-    w (its info.w). The model's noise precision must be 1."""
-    N, S = X.shape[0], hyper["S_train"]
+    w (its info.w). The model's noise precision must be 1. Checks as ``kfac_train``."""
+    N, S = driver.check_data(model, X, y, X.dtype), hyper["S_train"]
     cfg = noisy_adam_config(hyper, N)
     state = noisy_adam.init(model.init_theta(rng), float(hyper["f_init"]))
     q, q_cfg = noise_gamma.init(), gamma_config(hyper, N)
@@ -747,7 +747,7 @@ def _noisy_adam_learned_fit(model, X, y, hyper, rng, epochs, M, progress):
             eps = rng.standard_normal((model.D, S))
             tau = noise_gamma.draw(q, rng, S)
             state, info = driver.guarded_step(state.t + 1, epoch, lambda: noisy_adam.step(
-                state, batch, eps, step_cfg, model, tau=tau))
+                state, batch, eps, step_cfg, model, tau=tau), checked=state.t == 0)
             q, _ = noise_gamma.step(q, residual_r2(_forward_rows(model, info.w, batch.X),
                                                    batch.y), q_cfg)
             driver.check_finite_state(state, state.t, epoch)
@@ -833,8 +833,10 @@ def kfac_train(model, X, y, hyper, rng, epochs, M, progress, noisy=True, learned
     beta are multiplied by ``lr_decay_ratio``. With ``learned`` (the model's noise precision
     must be 1) the step takes the draws' precisions (``tau``), and q then takes one
     ``noise_gamma.step`` at the mean squared residual of that step's draws (noise_gamma.3).
+    As in ``driver.run``, X and y are checked whole once, the first step checks its inputs and
+    the rest run inside ``refbayes.unchecked()``.
     """
-    N = X.shape[0]
+    N = driver.check_data(model, X, y, X.dtype)
     cfg0 = kfac_config(hyper, N)
     tau = float(model.likelihood.noise_precision)
     q, q_cfg = (noise_gamma.init(), gamma_config(hyper, N)) if learned else (None, None)
@@ -861,7 +863,7 @@ def kfac_train(model, X, y, hyper, rng, epochs, M, progress, noisy=True, learned
                 new, _ = noisy_kfac.step(state, batch, eps, cfg, model, y_tilde=y_tilde,
                                          tau=tau_s if learned else None)
                 return new, F
-            state, F = driver.guarded_step(t, epoch, take_step)
+            state, F = driver.guarded_step(t, epoch, take_step, checked=t == 1)
             if learned:
                 q, _ = noise_gamma.step(q, residual_r2(F, batch.y), q_cfg)
             driver.check_finite_state(state, t, epoch)

@@ -32,8 +32,8 @@ from refbayes.backend import xp_of
 from refbayes.methods import adam, bbb, mc_dropout, ngvi, noisy_adam, slang, swag, vadam, vogn
 from refbayes.methods._estimates import Batch
 
-__all__ = ["TrainingError", "check_finite_state", "draw_masks", "epoch_batches", "guarded_step",
-           "run"]
+__all__ = ["TrainingError", "check_data", "check_finite_state", "draw_masks", "epoch_batches",
+           "guarded_step", "run"]
 
 
 class TrainingError(ValueError):
@@ -187,12 +187,14 @@ def _finite(state) -> list:
             if not all(bool(xp.all(xp.isfinite(b))) for b in a)]
 
 
-def guarded_step(t: int, epoch: int, take_step: Callable[[], Any]):
+def guarded_step(t: int, epoch: int, take_step: Callable[[], Any], checked: bool = True):
     """Run one step with NumPy's floating-point errors raised as a TrainingError.
 
     Overflow, invalid operations and division by zero inside ``take_step`` become a
     TrainingError naming step t and the epoch; the loops of ``run`` and of the experiments' own
-    drivers take their steps through it.
+    drivers take their steps through it, checked on their first step and inside
+    ``refbayes.unchecked()`` after it (the data checked whole once, ``check_data``; the draws the
+    driver's own: the same results, bit for bit).
 
     Parameters
     ----------
@@ -202,6 +204,8 @@ def guarded_step(t: int, epoch: int, take_step: Callable[[], Any]):
         The 1-based epoch, for the message.
     take_step : callable
         A zero-argument callable taking the step.
+    checked : bool, default True
+        False runs take_step inside ``refbayes.unchecked()`` (no value scans of its inputs).
 
     Returns
     -------
@@ -213,13 +217,44 @@ def guarded_step(t: int, epoch: int, take_step: Callable[[], Any]):
     TrainingError
         If take_step raises FloatingPointError.
     """
+    scope = contextlib.nullcontext() if checked else unchecked()
     try:
-        with np.errstate(over="raise", invalid="raise", divide="raise"):
+        with scope, np.errstate(over="raise", invalid="raise", divide="raise"):
             return take_step()
     except FloatingPointError as err:
         raise TrainingError(f"step {t} (epoch {epoch}): {err} in the step; the loss or its "
                             "gradient overflowed (lower the step sizes or check the inputs)"
                             ) from err
+
+
+def check_data(model, X, y, dtype) -> int:
+    """Check a training set whole, once, before a driver's unchecked steps.
+
+    Parameters
+    ----------
+    model : FlatModel
+        The model whose likelihood the targets are for.
+    X : array of shape (N, n_in)
+        Training inputs: finite, real, 2-d.
+    y : array of shape (N,) or (N, n_out)
+        Training targets the likelihood accepts in ``dtype`` (finite values, labels in range).
+    dtype : numpy dtype
+        The state's dtype.
+
+    Returns
+    -------
+    int
+        N, the rows of X.
+
+    Raises
+    ------
+    ValueError
+        Naming X or y, if either is not as above.
+    """
+    check_array(X, "X", ndim=2)
+    N = X.shape[0]
+    model.likelihood.check_targets(y, N, model.sizes[-1], dtype)
+    return N
 
 
 def check_finite_state(state, t: int, epoch: int) -> None:
@@ -309,20 +344,18 @@ def run(state, cfg, model, X, y, *, rng: np.random.Generator, epochs: int, M: in
     method = _method(state, cfg)
     if not isinstance(rng, np.random.Generator):
         raise ValueError(f"rng: expected a numpy.random.Generator, got {type(rng).__name__}")
-    check_array(X, "X", ndim=2)
-    N = X.shape[0]
+    first = next(iter(_arrays(state).values()))
+    # every row's targets once (labels in range for a classifier, finite values): the steps
+    # after the first skip the value scans
+    N = check_data(model, X, y, first.dtype)
     if cfg.N != N:
         raise ValueError(f"cfg.N: expected the number of rows of X ({N}), got {cfg.N}")
     epochs = check_int(epochs, "epochs", low=0)
     M = check_int(M, "M", low=1, high=N)
     S = check_int(S, "S", low=0 if method.zero_samples else 1)
     oversample = check_int(oversample, "oversample", low=0)
-    first = next(iter(_arrays(state).values()))
     xp = xp_of(first, X, y)
     dtype = first.dtype
-    # every row's targets once (labels in range for a classifier, finite values): the steps
-    # after the first skip the value scans
-    model.likelihood.check_targets(y, N, model.sizes[-1], dtype)
     taken = 0
     for epoch in range(1, epochs + 1):
         for idx in epoch_batches(rng, N, M):
@@ -331,12 +364,11 @@ def run(state, cfg, model, X, y, *, rng: np.random.Generator, epochs: int, M: in
             noise, kwargs = method.draws(rng, cfg, model, len(idx), S, oversample, dtype, xp)
             t = state.t + 1  # the step being taken, counted as the state counts them
             # the first step checks everything; the state is checked finite after each step
-            # below, the data and the draws are the driver's own: the rest skip the value scans
-            scope = contextlib.nullcontext() if taken == 0 else unchecked()
-            # overflow inside the step raises here (NumPy); CuPy is caught by the check below
-            with scope:
-                state, _ = guarded_step(t, epoch, lambda: method.step(state, batch, noise, cfg,
-                                                                      model, **kwargs))
+            # below, the data and the draws are the driver's own: the rest skip the value scans.
+            # Overflow inside the step raises here (NumPy); CuPy is caught by the check below
+            state, _ = guarded_step(t, epoch, lambda: method.step(state, batch, noise, cfg,
+                                                                  model, **kwargs),
+                                    checked=taken == 0)
             taken += 1
             check_finite_state(state, t, epoch)
             if progress is not None:
