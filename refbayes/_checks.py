@@ -12,8 +12,8 @@ import numbers
 
 from refbayes.backend import cholesky, xp_of
 
-__all__ = ["check_array", "check_float", "check_finite", "check_positive", "check_positive_vector", "check_int", "check_in_range",
-           "check_same_dtype", "unchecked", "value_checks"]
+__all__ = ["check_array", "check_float", "check_finite", "check_positive", "check_positive_vector",
+           "check_int", "check_in_range", "check_same_dtype", "unchecked", "value_checks"]
 
 # Whether the checks scan array VALUES (finite, positive, symmetric: O(size) each); the O(1)
 # checks (types, shapes, dtypes, scalars) run always. A ContextVar, so a thread or task that

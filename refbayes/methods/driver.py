@@ -345,9 +345,10 @@ def run(state, cfg, model, X, y, *, rng: np.random.Generator, epochs: int, M: in
     if not isinstance(rng, np.random.Generator):
         raise ValueError(f"rng: expected a numpy.random.Generator, got {type(rng).__name__}")
     first = next(iter(_arrays(state).values()))
+    dtype = first.dtype
     # every row's targets once (labels in range for a classifier, finite values): the steps
     # after the first skip the value scans
-    N = check_data(model, X, y, first.dtype)
+    N = check_data(model, X, y, dtype)
     if cfg.N != N:
         raise ValueError(f"cfg.N: expected the number of rows of X ({N}), got {cfg.N}")
     epochs = check_int(epochs, "epochs", low=0)
@@ -355,7 +356,6 @@ def run(state, cfg, model, X, y, *, rng: np.random.Generator, epochs: int, M: in
     S = check_int(S, "S", low=0 if method.zero_samples else 1)
     oversample = check_int(oversample, "oversample", low=0)
     xp = xp_of(first, X, y)
-    dtype = first.dtype
     taken = 0
     for epoch in range(1, epochs + 1):
         for idx in epoch_batches(rng, N, M):

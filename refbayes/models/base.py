@@ -261,14 +261,14 @@ class FlatModel:
             raise ValueError(f"scheme: expected one of {INIT_SCHEMES}, got {scheme!r}")
         params = []
         for n_in, n_out in zip(self.sizes[:-1], self.sizes[1:]):
-            if scheme == "glorot":
-                s = math.sqrt(6.0 / (n_in + n_out))
-                W = rng.uniform(-s, s, size=(n_in, n_out))
-                params.append((W, np.zeros(n_out) if self.bias else None))
-            else:  # torch.nn.Linear.reset_parameters: kaiming_uniform(a = sqrt 5) = U(+-1/sqrt n_in)
-                s = 1.0 / math.sqrt(n_in)
-                W = rng.uniform(-s, s, size=(n_in, n_out))
-                params.append((W, rng.uniform(-s, s, size=n_out) if self.bias else None))
+            # torch.nn.Linear.reset_parameters: kaiming_uniform(a = sqrt 5) = U(+-1/sqrt n_in)
+            s = math.sqrt(6.0 / (n_in + n_out)) if scheme == "glorot" else 1.0 / math.sqrt(n_in)
+            W = rng.uniform(-s, s, size=(n_in, n_out))
+            if not self.bias:
+                b = None
+            else:
+                b = np.zeros(n_out) if scheme == "glorot" else rng.uniform(-s, s, size=n_out)
+            params.append((W, b))
         return self.flatten(params).astype(dtype)
 
     # ---- forward ---------------------------------------------------------------------------
