@@ -1,7 +1,8 @@
 """Array backends: NumPy on the CPU, CuPy on the GPU.
 
 Every numeric function starts with ``xp = xp_of(*arrays)`` and uses only that namespace, plus
-``linalg_of(xp)`` for triangular solves and Cholesky. CuPy is never imported here unless the
+``linalg_of(xp)`` for triangular solves, and this module's ``cholesky`` and ``cho_solve`` for
+Cholesky factors and solves with them (the same contract on both backends). CuPy is never imported here unless the
 caller already imported it or asks for it by name (``get_xp("cupy")``), so refbayes runs where
 CuPy is not installed. Nothing in refbayes copies between host and device behind the caller's
 back: mixing a NumPy and a CuPy array in one call is an error.
@@ -13,7 +14,8 @@ from types import ModuleType
 
 import numpy as np
 
-__all__ = ["xp_of", "linalg_of", "get_xp", "to_numpy", "is_cupy_array", "cupy_available", "cholesky"]
+__all__ = ["xp_of", "linalg_of", "get_xp", "to_numpy", "is_cupy_array", "cupy_available", "cholesky",
+           "cho_solve"]
 
 
 def is_cupy_array(a) -> bool:
@@ -38,7 +40,16 @@ def xp_of(*arrays) -> ModuleType:
 
 
 def linalg_of(xp: ModuleType) -> ModuleType:
-    """``scipy.linalg`` for NumPy, ``cupyx.scipy.linalg`` for CuPy (solve_triangular, cholesky, ...)."""
+    """``scipy.linalg`` for NumPy, ``cupyx.scipy.linalg`` for CuPy.
+
+    What both provide, and so all that code reachable with CuPy arrays may call on the result:
+    ``solve_triangular``, ``lu``, ``lu_factor``, ``lu_solve``, ``expm``, ``khatri_rao``,
+    ``bandwidth``, ``kron``, ``block_diag`` and the special matrices (``toeplitz``, ``hankel``,
+    ``circulant``, ...). CuPy 14 has no ``cholesky``, ``cho_factor``, ``cho_solve``, ``eigh``,
+    ``solve`` or ``inv`` here: use this module's ``cholesky`` / ``cho_solve`` and
+    ``xp.linalg.eigh`` / ``solve`` / ``inv``. ``tests/test_cupy_names.py`` checks every use in
+    refbayes against CuPy 14's names.
+    """
     if xp is np:
         import scipy.linalg
         return scipy.linalg
@@ -76,13 +87,35 @@ def to_numpy(a) -> np.ndarray:
     return np.asarray(a)
 
 
-def cholesky(M):
+def cholesky(M, check: bool = True):
     """Lower Cholesky factor L (L L^T = M) that raises numpy.linalg.LinAlgError on failure on
     both backends: CuPy only raises under ``cupyx.errstate(linalg="raise")`` and otherwise
-    returns a partial factor silently."""
+    returns a partial factor silently. On CuPy the check reads cuSOLVER's status back from the
+    device: one synchronisation per call, the price of the error.
+
+    ``check=False`` skips that read-back on CuPy (NumPy always raises): only for a matrix that
+    is positive definite by construction (I + a Gram matrix) or already verified (a state's
+    precision inside ``refbayes.unchecked()``), where a failure can only come from non-finite
+    inputs, which the drivers' finite-state check reports.
+    """
     xp = xp_of(M)
     if xp is np:
         return np.linalg.cholesky(M)
+    if not check:
+        return xp.linalg.cholesky(M)
     import cupyx
     with cupyx.errstate(linalg="raise"):
         return xp.linalg.cholesky(M)
+
+
+def cho_solve(L, B):
+    """(L L^T)^{-1} B for a lower Cholesky factor L: the triangular solves L Y = B, L^T Z = Y.
+
+    NumPy: ``scipy.linalg.cho_solve`` (LAPACK potrs, the same two solves in one call). CuPy:
+    ``cupyx.scipy.linalg`` has no ``cho_solve``, so the two ``solve_triangular`` calls.
+    """
+    xp = xp_of(L, B)
+    sla = linalg_of(xp)
+    if xp is np:
+        return sla.cho_solve((L, True), B)
+    return sla.solve_triangular(L, sla.solve_triangular(L, B, lower=True), lower=True, trans="T")

@@ -28,6 +28,19 @@ Misclassification AUROC (Hendrycks & Gimpel 2017, arXiv:1610.02136, with entropy
 AUROC of the confidence -H_i for correct predictions (argmax_k p_ik = y_i, label 1) against wrong
 ones (label 0). OOD AUROC: AUROC of H_i for out-of-distribution rows (label 1) against
 in-distribution rows (label 0). Both are 0.5 for an uninformative score and 1 for a perfect one.
+
+Backends: every function accepts NumPy or CuPy arrays (all of one backend per call: a mix raises
+the ValueError of ``refbayes.backend.xp_of``), and CuPy arrays are copied to the host once, at
+the public edge, with ``refbayes.backend.to_numpy`` (one explicit device-to-host copy per array
+argument, no implicit synchronisation); the metric is then computed with NumPy and SciPy, so a
+device input gives the NumPy result bit for bit. Scalar metrics return Python floats, and the
+array-returning ``predictive_entropy`` and ``reliability_curve`` return NumPy arrays for either
+backend. Why the host and not ``xp``: these are reporting functions whose result is a Python
+float (or a small per-bin table) for a JSON/CSV row, so they must synchronise with the device
+anyway; their inputs are small, (M, C) predictive probabilities or (M,) / (S, M) predictions, so
+the copy is cheap next to the model evaluations that produced them; and the rank and special
+functions they need (``scipy.stats.rankdata``, ``scipy.special.entr`` / ``logsumexp``) have no
+CuPy path here, so an ``xp`` version would copy anyway, or reimplement them for no speed.
 """
 from __future__ import annotations
 
@@ -35,11 +48,20 @@ import numpy as np
 from scipy.special import entr, logsumexp
 from scipy.stats import rankdata
 
+from refbayes.backend import is_cupy_array, to_numpy, xp_of
+
 __all__ = ["accuracy", "auroc", "brier", "calibration_errors", "ece", "gaussian_nll", "mce",
            "misclassification_auroc", "mixture_gaussian_nll", "nll", "ood_auroc",
            "predictive_entropy", "reliability_curve", "rmse"]
 
 _TINY = np.finfo(np.float64).tiny
+
+
+def _host(*arrays):
+    """``arrays`` with each CuPy array replaced by its NumPy copy (one explicit transfer each) and
+    everything else unchanged, after ``xp_of`` has refused a mix of NumPy and CuPy arrays."""
+    xp_of(*arrays)
+    return tuple(to_numpy(a) if is_cupy_array(a) else a for a in arrays)
 
 
 def _check_prob_rows(probs, name="probs"):
@@ -68,6 +90,7 @@ def nll(probs, y) -> float:
 
     A probability of exactly 0 is clipped to the smallest normal float (a finite, huge loss).
     """
+    probs, y = _host(probs, y)
     probs, y = _check_probs(probs, y)
     p = probs[np.arange(y.shape[0]), y]
     return float(-np.mean(np.log(np.maximum(p, _TINY))))
@@ -75,12 +98,14 @@ def nll(probs, y) -> float:
 
 def accuracy(probs, y) -> float:
     """Fraction of points whose most probable class (first one on ties) is the label."""
+    probs, y = _host(probs, y)
     probs, y = _check_probs(probs, y)
     return float(np.mean(np.argmax(probs, axis=1) == y))
 
 
 def brier(probs, y) -> float:
     """Multi-class Brier score (1/M) sum_i sum_k (p_ik - 1[y_i = k])^2."""
+    probs, y = _host(probs, y)
     probs, y = _check_probs(probs, y)
     onehot = np.zeros_like(probs)
     onehot[np.arange(y.shape[0]), y] = 1.0
@@ -102,6 +127,7 @@ def _top_label_bins(probs, y, n_bins):
 
 def calibration_errors(probs, y, n_bins: int = 10) -> tuple:
     """(ECE, MCE): the top-label expected and maximum calibration errors (see the module)."""
+    probs, y = _host(probs, y)
     b, conf, correct = _top_label_bins(probs, y, n_bins)
     count = np.bincount(b, minlength=n_bins)
     gaps = np.zeros(n_bins)
@@ -122,17 +148,18 @@ def reliability_curve(probs, y, n_bins: int = 15) -> dict:
 
     Parameters
     ----------
-    probs : array_like, shape (M, C)
-        Predictive class probabilities, rows summing to 1.
-    y : array_like of int, shape (M,)
-        Labels in {0, ..., C - 1}.
+    probs : array_like or cupy.ndarray, shape (M, C)
+        Predictive class probabilities, rows summing to 1 (CuPy: copied to the host once).
+    y : array_like or cupy.ndarray of int, shape (M,)
+        Labels in {0, ..., C - 1}, on the backend of ``probs``.
     n_bins : int, default 15
         Number of equal-width bins, >= 1.
 
     Returns
     -------
     dict
-        ``"count"``: int array (n_bins,), the number of points per bin (summing to M);
+        Of NumPy arrays, for NumPy and CuPy input alike. ``"count"``: int array (n_bins,), the
+        number of points per bin (summing to M);
         ``"confidence"``: float array (n_bins,), the mean confidence per bin (NaN where empty);
         ``"accuracy"``: float array (n_bins,), the fraction of correct predictions (argmax,
         first class on ties) per bin (NaN where empty); ``"edges"``: float array (n_bins + 1,),
@@ -143,8 +170,9 @@ def reliability_curve(probs, y, n_bins: int = 15) -> dict:
     ------
     ValueError
         If ``probs`` is not (M, C) rows of probabilities, ``y`` not (M,) integer labels in
-        {0, ..., C - 1}, or ``n_bins`` not an integer >= 1.
+        {0, ..., C - 1}, or ``n_bins`` not an integer >= 1, or the arrays mix NumPy and CuPy.
     """
+    probs, y = _host(probs, y)
     b, conf, correct = _top_label_bins(probs, y, n_bins)
     count = np.bincount(b, minlength=n_bins)
     full = count > 0
@@ -174,13 +202,13 @@ def predictive_entropy(probs) -> np.ndarray:
 
     Parameters
     ----------
-    probs : array_like, shape (M, C)
-        Predictive class probabilities, rows summing to 1.
+    probs : array_like or cupy.ndarray, shape (M, C)
+        Predictive class probabilities, rows summing to 1 (CuPy: copied to the host once).
 
     Returns
     -------
     numpy.ndarray
-        The entropies H (M,), float64.
+        The entropies H (M,), float64: a NumPy array for CuPy input too.
 
     Raises
     ------
@@ -188,6 +216,7 @@ def predictive_entropy(probs) -> np.ndarray:
         If ``probs`` is not (M, C) with M >= 1, C >= 2, of finite entries >= 0 with rows
         summing to 1.
     """
+    probs, = _host(probs)
     probs = _check_prob_rows(probs)
     return np.sum(entr(probs), axis=1)
 
@@ -217,8 +246,9 @@ def auroc(scores, labels) -> float:
     ValueError
         If ``scores`` is not a 1-D array of finite real numbers, ``labels`` does not have its
         shape, is not integer or bool, has a value outside {0, 1}, or lacks a positive or a
-        negative.
+        negative, or the two mix NumPy and CuPy.
     """
+    scores, labels = _host(scores, labels)
     scores, labels = np.asarray(scores), np.asarray(labels)
     if scores.ndim != 1 or scores.dtype.kind not in "biuf":
         raise ValueError(f"scores: expected a 1-D array (M,) of real numbers, got shape "
@@ -265,8 +295,9 @@ def misclassification_auroc(probs, y) -> float:
     ValueError
         If ``probs`` is not (M, C) rows of probabilities, ``y`` not (M,) integer labels in
         {0, ..., C - 1}, or the predictions are all correct or all wrong (the AUROC is then
-        undefined).
+        undefined), or the arrays mix NumPy and CuPy.
     """
+    probs, y = _host(probs, y)
     probs, y = _check_probs(probs, y)
     correct = np.argmax(probs, axis=1) == y
     n_correct = int(np.count_nonzero(correct))
@@ -299,8 +330,9 @@ def ood_auroc(probs_in, probs_out) -> float:
     ------
     ValueError
         If either array is not (M, C) with M >= 1, C >= 2, of rows of probabilities, or the two
-        have different numbers of classes C.
+        have different numbers of classes C, or the two mix NumPy and CuPy.
     """
+    probs_in, probs_out = _host(probs_in, probs_out)
     probs_in = _check_prob_rows(probs_in, "probs_in")
     probs_out = _check_prob_rows(probs_out, "probs_out")
     if probs_out.shape[1] != probs_in.shape[1]:
@@ -321,6 +353,7 @@ def _check_reg(y, *arrays):
 
 def gaussian_nll(mean, var, y) -> float:
     """Mean of -log N(y_i | mean_i, var_i), var_i > 0."""
+    mean, var, y = _host(mean, var, y)
     y = _check_reg(y)
     mean, var = np.asarray(mean, dtype=np.float64), np.asarray(var, dtype=np.float64)
     if mean.shape != y.shape or var.shape != y.shape:
@@ -332,7 +365,12 @@ def gaussian_nll(mean, var, y) -> float:
 
 def mixture_gaussian_nll(F, noise_var: float, y) -> float:
     """Mean of -log (1/S) sum_s N(y_i | F[s, i], noise_var): the Monte Carlo predictive of S
-    posterior samples' outputs F (S, M) under Gaussian noise of variance noise_var > 0."""
+    posterior samples' outputs F (S, M) under Gaussian noise of variance noise_var > 0
+    (a number, or a 0-d array on the backend of F and y)."""
+    if isinstance(noise_var, np.ndarray) or is_cupy_array(noise_var):
+        F, noise_var, y = _host(F, noise_var, y)
+    else:  # a Python or NumPy scalar goes with either backend
+        F, y = _host(F, y)
     y = _check_reg(y)
     F = np.asarray(F, dtype=np.float64)
     if F.ndim != 2 or F.shape[1] != y.shape[0] or F.shape[0] < 1:
@@ -345,6 +383,7 @@ def mixture_gaussian_nll(F, noise_var: float, y) -> float:
 
 def rmse(mean, y) -> float:
     """Root mean squared error sqrt((1/M) sum_i (y_i - mean_i)^2)."""
+    mean, y = _host(mean, y)
     y = _check_reg(y)
     mean = np.asarray(mean, dtype=np.float64)
     if mean.shape != y.shape:

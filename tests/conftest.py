@@ -1,6 +1,19 @@
-"""Shared fixtures: hypothesis profiles, the backend parametrization, the data directory."""
+"""Shared fixtures: hypothesis profiles, the backend parametrization, the data directory.
+
+With ``REFBAYES_CUPY_STANDIN=1`` the CuPy stand-in of ``tests/standin`` is imported as ``cupy``
+(before anything else can import a real CuPy), so the gpu-marked tests run on the CPU; see
+``tests/standin/cupy/_standin.py`` for what it models.
+"""
 import os
+import sys
 from pathlib import Path
+
+STANDIN = os.environ.get("REFBAYES_CUPY_STANDIN", "") == "1"
+if STANDIN:
+    sys.path.insert(0, str(Path(__file__).resolve().parent / "standin"))
+    import cupy
+    if not hasattr(cupy, "_standin"):
+        raise RuntimeError(f"REFBAYES_CUPY_STANDIN=1 but 'cupy' resolved to {cupy.__file__}, not the stand-in")
 
 import numpy as np
 import pytest
@@ -12,7 +25,11 @@ settings.register_profile("ci", derandomize=True, database=None, deadline=None, 
                           suppress_health_check=[HealthCheck.too_slow])
 settings.register_profile("dev", deadline=None, max_examples=60,
                           suppress_health_check=[HealthCheck.too_slow])
-settings.load_profile("ci" if os.environ.get("CI", "").lower() == "true" else "dev")
+# The gpu run (stand-in in CI, a real device in tools/device_check.py): fewer examples, same rules.
+settings.register_profile("gpu", derandomize=True, database=None, deadline=None, max_examples=8,
+                          suppress_health_check=[HealthCheck.too_slow])
+settings.load_profile(os.environ.get("REFBAYES_HYPOTHESIS_PROFILE")
+                      or ("ci" if os.environ.get("CI", "").lower() == "true" else "dev"))
 
 _BACKENDS = [
     "numpy",

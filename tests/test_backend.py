@@ -43,3 +43,33 @@ def test_xp_of_cupy_and_mix(xp):
     with pytest.raises(ValueError, match="all on one backend"):
         xp_of(a, np.ones(3))
     assert isinstance(to_numpy(a), np.ndarray)
+
+
+def test_every_cholesky_reachable_with_cupy_goes_through_backend_cholesky():
+    """``xp.linalg.cholesky`` on CuPy returns a partial factor silently (no LinAlgError outside
+    ``cupyx.errstate(linalg="raise")``); ``backend.cholesky`` raises on both backends."""
+    import re
+    from pathlib import Path
+    root = Path(__file__).resolve().parents[1] / "refbayes"
+    calls = [f"{p.relative_to(root.parent)}:{i}"
+             for p in sorted(root.rglob("*.py")) if p.name != "backend.py"
+             for i, line in enumerate(p.read_text().splitlines(), 1)
+             if re.search(r"\bxp\.linalg\.cholesky\(", line)]
+    assert calls == [], f"use refbayes.backend.cholesky at {calls}"
+
+
+def test_cholesky_raises_and_cho_solve_solves_on_each_backend(xp):
+    from refbayes.backend import cho_solve, cholesky
+    from tests.tolerances import EXACT_F64, assert_close
+    A = np.random.default_rng(0).standard_normal((5, 5))
+    P = A @ A.T + 5 * np.eye(5)
+    B = np.random.default_rng(1).standard_normal((5, 2))
+    L = cholesky(xp.asarray(P))
+    assert xp_of(L) is xp
+    assert_close(to_numpy(L), np.linalg.cholesky(P), EXACT_F64, "cholesky")
+    assert_close(to_numpy(cho_solve(L, xp.asarray(B))), np.linalg.solve(P, B), EXACT_F64, "cho_solve")
+    indefinite = xp.asarray(np.diag([1.0, -1.0, 2.0]))
+    with pytest.raises(np.linalg.LinAlgError):
+        cholesky(indefinite)
+    if xp is not np:  # what backend.cholesky guards against: CuPy's own call does not raise
+        assert xp_of(xp.linalg.cholesky(indefinite)) is xp

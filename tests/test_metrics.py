@@ -8,6 +8,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from refbayes import metrics
+from refbayes.backend import cupy_available
 
 P = np.array([[0.9, 0.1], [0.3, 0.7], [0.6, 0.4], [0.2, 0.8]])
 Y = np.array([0, 0, 1, 1])
@@ -257,3 +258,137 @@ def test_brier_nll_accuracy_match_sklearn(seed):
 def test_new_metrics_reject_bad_input(call, match):
     with pytest.raises(ValueError, match=match):
         call()
+
+
+# --- device inputs (CuPy): copied to the host once, the same numbers as NumPy -----------------
+
+def _device(xp, a):
+    """The array ``a`` on the backend under test: a CuPy copy for xp = cupy; for xp = numpy a
+    nested Python list (array_like, so that parameter checks list inputs against arrays rather
+    than comparing a call with itself). Non-arrays pass through."""
+    if not isinstance(a, np.ndarray):
+        return a
+    return a.tolist() if xp is np else xp.asarray(a)
+
+
+def _metric_cases(seed=0):
+    """(name, call, NumPy args) for every public metric: rows with ties, zeros and a confidence
+    of exactly 1 (bin edges), integer labels, and regression inputs."""
+    rng = np.random.default_rng(seed)
+    m, c = 40, 4
+    probs = _random_probs(rng, m, c)
+    probs[0] = [1.0, 0.0, 0.0, 0.0]
+    pred = np.argmax(probs, axis=1)
+    y = rng.integers(0, c, size=m)
+    y[0], y[1] = pred[0], (pred[1] + 1) % c  # at least one right and one wrong
+    probs_out = _random_probs(rng, m + 3, c)
+    scores = np.round(rng.normal(size=m), 1)  # ties
+    labels = rng.integers(0, 2, size=m)
+    labels[:2] = [0, 1]
+    mean, yr = rng.normal(size=m), rng.normal(size=m)
+    var = rng.random(m) + 0.1
+    F = rng.normal(size=(5, m))
+    return [
+        ("nll", metrics.nll, (probs, y)),
+        ("accuracy", metrics.accuracy, (probs, y)),
+        ("brier", metrics.brier, (probs, y)),
+        ("calibration_errors", metrics.calibration_errors, (probs, y, 7)),
+        ("ece", metrics.ece, (probs, y)),
+        ("mce", metrics.mce, (probs, y)),
+        ("auroc", metrics.auroc, (scores, labels)),
+        ("auroc-bool", metrics.auroc, (scores, labels.astype(bool))),
+        ("misclassification_auroc", metrics.misclassification_auroc, (probs, y)),
+        ("ood_auroc", metrics.ood_auroc, (probs, probs_out)),
+        ("gaussian_nll", metrics.gaussian_nll, (mean, var, yr)),
+        ("mixture_gaussian_nll", metrics.mixture_gaussian_nll, (F, 0.3, yr)),
+        ("mixture_gaussian_nll-0d", metrics.mixture_gaussian_nll, (F, np.array(0.3), yr)),
+        ("rmse", metrics.rmse, (mean, yr)),
+    ]
+
+
+@pytest.mark.parametrize("case", range(len(_metric_cases())), ids=[c[0] for c in _metric_cases()])
+def test_scalar_metrics_on_device_equal_numpy(xp, case):
+    # the metric runs on the host copy of its inputs, so a device input gives NumPy's result
+    # bit for bit (no tolerance), as Python floats; list inputs too
+    name, fn, args = _metric_cases()[case]
+    expected = fn(*args)
+    got = fn(*(_device(xp, a) for a in args))
+    assert type(got) is type(expected), name
+    assert got == expected, name
+
+
+def test_array_metrics_on_device_return_numpy(xp):
+    (_, _, (probs, y)), = [c for c in _metric_cases() if c[0] == "nll"]
+    H = metrics.predictive_entropy(_device(xp, probs))
+    assert type(H) is np.ndarray and H.dtype == np.float64  # documented: NumPy for any input
+    np.testing.assert_array_equal(H, metrics.predictive_entropy(probs), strict=True)
+    curve = metrics.reliability_curve(_device(xp, probs), _device(xp, y), 6)
+    expected = metrics.reliability_curve(probs, y, 6)
+    assert curve.keys() == expected.keys()
+    for key in expected:
+        assert type(curve[key]) is np.ndarray, key
+        np.testing.assert_array_equal(curve[key], expected[key], strict=True, err_msg=key)
+
+
+@pytest.mark.parametrize("fn, args, match", [
+    (metrics.nll, (np.array([[0.5, 0.6]]), np.array([0])), "probs: .*summing to 1"),
+    (metrics.nll, (np.array([0.5, 0.5]), np.array([0])), "probs: expected shape \\(M, C\\)"),
+    (metrics.nll, (P, np.array([0, 1, 2, 0])), "y: expected integer labels in"),
+    (metrics.accuracy, (P, np.array([0.0, 1.0, 1.0, 0.0])), "y: expected integer labels"),
+    (metrics.brier, (P, Y[:3]), "y: expected shape \\(4,\\)"),
+    (metrics.calibration_errors, (P, Y, 0), "n_bins: expected an integer >= 1"),
+    (metrics.reliability_curve, (P, Y, 2.0), "n_bins: expected an integer"),
+    (metrics.predictive_entropy, (np.array([[np.nan, 1.0]]),), "probs: expected finite"),
+    (metrics.auroc, (np.array([0.1, 0.2]), np.array([0, 0])), "labels: .*0 positives"),
+    (metrics.auroc, (np.array([0.1, np.inf]), np.array([0, 1])), "scores: expected finite"),
+    (metrics.auroc, (np.zeros((2, 2)), np.zeros((2, 2), int)), "scores: expected a 1-D"),
+    (metrics.auroc, (np.array([0.1, 0.2]), np.array([0, 2])), "labels: expected integer or bool"),
+    (metrics.auroc, (np.array([0.1, 0.2, 0.3]), np.array([0, 1])), "labels: expected the shape"),
+    (metrics.misclassification_auroc, (P, np.argmax(P, axis=1)), "got 4 correct out of 4"),
+    (metrics.ood_auroc, (P, np.full((2, 3), 1 / 3)), "probs_out: expected 2 classes"),
+    (metrics.ood_auroc, (np.zeros((0, 2)), P), "probs_in: expected shape \\(M, C\\)"),
+    (metrics.gaussian_nll, (np.zeros(2), np.array([1.0, 0.0]), np.zeros(2)), "var: expected ent"),
+    (metrics.gaussian_nll, (np.zeros(3), np.ones(2), np.zeros(2)), "mean, var: expected shape"),
+    (metrics.mixture_gaussian_nll, (np.zeros((1, 2)), 0.0, np.zeros(2)), "noise_var: expected"),
+    (metrics.mixture_gaussian_nll, (np.zeros((1, 3)), 1.0, np.zeros(2)), "F: expected shape"),
+    (metrics.rmse, (np.zeros(3), np.zeros(2)), "mean: expected shape \\(2,\\)"),
+    (metrics.rmse, (np.zeros(2), np.zeros((2, 1))), "y: expected shape \\(M,\\)"),
+], ids=["nll-sum", "nll-shape", "nll-label-range", "accuracy-float-labels", "brier-y-shape",
+        "calibration-bins-0", "curve-bins-float", "entropy-nan", "auroc-no-positive", "auroc-inf",
+        "auroc-2d", "auroc-label-2", "auroc-shapes", "misclass-all-right", "ood-classes",
+        "ood-in-empty", "gaussian-var", "gaussian-shape", "mixture-noise", "mixture-F-shape",
+        "rmse-shape", "rmse-y-2d"])
+def test_bad_device_inputs_are_named(xp, fn, args, match):
+    with pytest.raises(ValueError, match=match):
+        fn(*(_device(xp, a) for a in args))
+
+
+# the xp fixture's cupy parameter alone (as tests/conftest.py marks it): these tests need a device
+_CUPY_ONLY = pytest.mark.parametrize("xp", [pytest.param("cupy", marks=[
+    pytest.mark.gpu, pytest.mark.skipif(not cupy_available(),
+                                        reason="CuPy with a CUDA device is not available")])],
+    indirect=True)
+
+
+@_CUPY_ONLY
+@pytest.mark.parametrize("case", range(len(_metric_cases())), ids=[c[0] for c in _metric_cases()])
+def test_mixed_numpy_and_device_inputs_are_refused(xp, case):
+    name, fn, args = _metric_cases()[case]
+    arrays = [i for i, a in enumerate(args) if isinstance(a, np.ndarray)]
+    for keep_on_host in arrays:  # each array in turn left on the host, the others on the device
+        mixed = [a if i == keep_on_host else _device(xp, a) for i, a in enumerate(args)]
+        with pytest.raises(ValueError, match="expected all on one backend"):
+            fn(*mixed)
+
+
+@_CUPY_ONLY
+def test_device_inputs_are_copied_once_without_implicit_syncs(xp):
+    standin = getattr(xp, "_standin", None)
+    if standin is None:
+        pytest.skip("sync counting needs the CuPy stand-in (REFBAYES_CUPY_STANDIN=1)")
+    for name, fn, args in _metric_cases():
+        device = [_device(xp, a) for a in args]
+        with standin.count_syncs() as log:
+            fn(*device)
+        n_arrays = sum(isinstance(a, np.ndarray) for a in args)
+        assert (log.implicit, log.explicit) == (0, n_arrays), (name, dict(log.by_site))

@@ -25,7 +25,7 @@ from refbayes._checks import (
     check_same_dtype,
     value_checks,
 )
-from refbayes.backend import cholesky, linalg_of, xp_of
+from refbayes.backend import cho_solve, cholesky, linalg_of, xp_of
 
 # LAPACK's Cholesky solve by dtype (``_chol_solve``); other dtypes take solve_triangular twice
 _POTRS = {np.dtype(np.float64): scipy.linalg.lapack.dpotrs,
@@ -166,7 +166,7 @@ def _capacitance_chol(U, d):
     """R lower with R R^T = C = I_L + U^T diag(d)^{-1} U.  (lowrank.2)"""
     xp = xp_of(U, d)
     C = xp.eye(U.shape[1], dtype=U.dtype) + _weighted_gram(U, d)  # capacitance of (lowrank.2)
-    return xp.linalg.cholesky(C)
+    return cholesky(C, check=False)  # I + a Gram matrix: positive definite by construction
 
 
 def _chol_solve(R, B):
@@ -182,8 +182,7 @@ def _chol_solve(R, B):
         if info != 0:  # only an illegal argument: R comes from a successful Cholesky
             raise ValueError(f"R: LAPACK potrs reported info = {info}")
         return Z
-    sla = linalg_of(xp)
-    return sla.solve_triangular(R, sla.solve_triangular(R, B, lower=True), lower=True, trans="T")
+    return cho_solve(R, B)
 
 
 def _whitened_rhs(R, U, h):
@@ -218,8 +217,9 @@ def _fix_signs(V):
 
     The column maxima and minima decide it (two reductions along the rows, ~10x faster than an
     argmax of |V| down the columns of a C-ordered (D, L) array); only a column whose largest
-    positive and negative entries tie in magnitude takes the argmax, for the first-one rule.
-    V is flipped in place and returned.
+    positive and negative entries tie in magnitude takes the argmax, for the first-one rule
+    (on NumPy only when there is such a column; on CuPy always, since asking would read a flag
+    back from the device). V is flipped in place and returned.
     """
     xp = xp_of(V)
     if V.shape[1] == 0 or V.shape[0] == 0:
@@ -227,7 +227,7 @@ def _fix_signs(V):
     top, bottom = V.max(axis=0), V.min(axis=0)
     s = xp.where(top >= -bottom, 1.0, -1.0).astype(V.dtype)
     tie = (top == -bottom) & (top != 0)
-    if bool(xp.any(tie)):
+    if xp is not np or bool(xp.any(tie)):
         idx = xp.argmax(xp.abs(V), axis=0)
         first = xp.sign(V[idx, xp.arange(V.shape[1])])
         s = xp.where(tie, xp.where(first == 0, 1, first), s).astype(V.dtype)
@@ -564,14 +564,14 @@ def sample_alg3(mu, U, d, eps):
     V = U / s[:, None]                                       # [poster] Alg. 3 line 2
     VtV = V.T @ V
     try:
-        A = xp.linalg.cholesky(VtV)                          # line 3, lower: A A^T = V^T V
+        A = cholesky(VtV)                                    # line 3, lower: A A^T = V^T V
     except np.linalg.LinAlgError:
         A = xp.full((L, L), xp.nan, dtype=U.dtype)
     if not _well_conditioned_chol(A):
         raise ValueError("U: Algorithm 3 needs V^T V = U^T diag(d)^{-1} U positive definite "
                          "(U of full column rank), got a singular one; use sample() instead")
     # NOTE: printed line 4 factors I + V^T V; the identity needs I + A^T A (lowrank.12)
-    B = xp.linalg.cholesky(I_L + A.T @ A)                    # line 4 (corrected)
+    B = cholesky(I_L + A.T @ A, check=False)                 # line 4 (corrected)
     A_inv = sla.solve_triangular(A, I_L, lower=True)
     C = A_inv.T @ (B - I_L) @ A_inv                          # line 5: C = X
     # NOTE: printed line 6 reads (C + V^T V)^{-1}; Woodbury for W0^{-T} needs C^{-T}
@@ -646,7 +646,11 @@ def _orth(Y):
     """An orthonormal basis of Y's columns (D, k): CholeskyQR2 (two Cholesky-QR passes, two
     GEMMs each: ~2-4x cheaper than Householder QR of a tall matrix), Householder QR when Y is too
     ill-conditioned for it. Both give a basis of the same span; the Rayleigh-Ritz step of
-    ``_top_eig_randomized`` does not depend on which."""
+    ``_top_eig_randomized`` does not depend on which. On CuPy always Householder QR (cuSOLVER
+    geqrf): CholeskyQR2's conditioning test would read three values back from the device per
+    pass, a synchronisation each."""
+    if xp_of(Y) is not np:
+        return xp_of(Y).linalg.qr(Y, mode="reduced")[0]
     Q = _chol_qr(Y)
     if Q is not None:
         Q = _chol_qr(Q)  # the second pass restores orthogonality to rounding

@@ -23,6 +23,7 @@ from refbayes._checks import (
     check_positive,
     check_positive_vector,
     check_same_dtype,
+    value_checks,
 )
 from refbayes.backend import xp_of
 from refbayes.methods import exact_vi
@@ -104,6 +105,15 @@ def check_model(model, D=None):
     return model
 
 
+def check_hessian_backend(model, xp, who: str, on_cupy: str) -> None:
+    """Refuse CuPy arrays where the model's Hessian is autograd's (NumPy only, see
+    ``FlatModel.hessian_on_cupy``), naming the caller ``who`` and what works on CuPy."""
+    if xp is not np and not model.hessian_on_cupy:
+        raise ValueError(f"{who}: the Hessian of a {type(model).__name__} is computed by autograd, "
+                         f"which runs on NumPy only, got CuPy arrays; on CuPy use {on_cupy}, "
+                         "or move the arrays to the host with refbayes.backend.to_numpy")
+
+
 def check_batch(batch, model, N, dtype, name: str = "batch"):
     """The minibatch rows: 1 <= M <= N rows (any M >= 1 with N None: a whole data set), finite,
     X (and real targets) in the state's dtype, class labels as integers or in that dtype, binary
@@ -125,7 +135,7 @@ def check_batch(batch, model, N, dtype, name: str = "batch"):
     # class labels may be integers; real targets must share the state's dtype
     if y.dtype != dtype and (isinstance(model.likelihood, Gaussian) or y.dtype.kind == "f"):
         raise ValueError(f"{name}.y: expected dtype {dtype} (the state's), got {y.dtype}")
-    if isinstance(model.likelihood, Bernoulli):
+    if isinstance(model.likelihood, Bernoulli) and value_checks():
         xp = xp_of(y)
         if not bool(xp.all((y == 0) | (y == 1))):
             raise ValueError(f"{name}.y: expected binary labels in {{0, 1}}, got other values")

@@ -183,8 +183,11 @@ def _finite(state) -> list:
               if hasattr(a, "dtype") or (isinstance(a, tuple) and a
                                          and all(hasattr(b, "dtype") for b in a))}
     xp = xp_of(*(b for a in arrays.values() for b in a))
-    return [name for name, a in arrays.items()
-            if not all(bool(xp.all(xp.isfinite(b))) for b in a)]
+    finite = {name: xp.stack([xp.all(xp.isfinite(b)) for b in a]).all() for name, a in arrays.items()}
+    # one read-back for the whole state (a synchronisation on CuPy); per field only on failure
+    if bool(xp.stack(list(finite.values())).all()):
+        return []
+    return [name for name, ok in finite.items() if not bool(ok)]
 
 
 def guarded_step(t: int, epoch: int, take_step: Callable[[], Any], checked: bool = True):

@@ -56,7 +56,7 @@ from refbayes._checks import (
 )
 from refbayes.backend import cholesky, linalg_of, to_numpy, xp_of
 from refbayes.linalg import kron
-from refbayes.methods._estimates import check_model
+from refbayes.methods._estimates import check_hessian_backend, check_model
 from refbayes.methods.adam import AdamConfig, adam_init, adam_update
 from refbayes.models.base import FlatModel
 from refbayes.models.likelihoods import Gaussian
@@ -121,6 +121,8 @@ class LaplaceConfig(NamedTuple):
         The curvature H of the summed negative log-likelihood at the MAP: the Hessian, the
         generalized Gauss-Newton sum_i J_i^T H_i J_i, or the empirical Fisher sum_i g_i g_i^T
         ("kron" factors the GGN or the EF, not the Hessian).  (laplace.2)
+        "hessian" on an MLP is autograd's, NumPy only: CuPy arrays are refused with a
+        ValueError (linear and logistic regression have it in closed form on both backends).
     subset : {"all", "last_layer"}
         Which parameters are random: all D, or only the last layer's D_q (the rest fixed at
         the MAP).  (laplace.25)
@@ -405,6 +407,7 @@ def _curvature(model, theta, X, y, structure: str, curvature: str):
             G = model.per_example_grads(theta, X, y)
             return G.T @ G  # (laplace.2)
         return model.diag_ef(theta, X, y)  # (laplace.2)
+    check_hessian_backend(model, xp, 'laplace: cfg.curvature "hessian"', 'cfg.curvature "ggn" or "ef"')
     H = model.hessian(theta, X, y)  # (laplace.2)
     return H if structure == "full" else xp.diagonal(H).copy()  # (laplace.2)
 
@@ -475,7 +478,8 @@ def fit(model, theta_map, X, y, cfg: LaplaceConfig) -> LaplaceState:
     Parameters
     ----------
     model : FlatModel
-        A refbayes.models model with D parameters (curvature "hessian" needs NumPy arrays).
+        A refbayes.models model with D parameters (curvature "hessian" on an MLP needs NumPy
+        arrays: autograd).
     theta_map : array of shape (D,)
         The MAP estimate theta*, float64 or float32.
     X : array of shape (N, n_in)

@@ -33,13 +33,15 @@ from refbayes._checks import (
     check_invertible_positive,
     check_same_dtype,
     check_symmetric,
+    value_checks,
 )
-from refbayes.backend import cholesky, linalg_of, xp_of
+from refbayes.backend import cho_solve, cholesky, linalg_of, xp_of
 from refbayes.methods._estimates import (
     Batch,
     check_batch,
     check_curvature,
     check_eps,
+    check_hessian_backend,
     check_hyper,
     check_model,
     check_N,
@@ -75,6 +77,8 @@ __all__ = [
 ]
 
 Array = Any
+# what replaces curvature "hess" on CuPy for a model whose Hessian is autograd's (an MLP)
+_HESS_ON_CUPY = 'cfg.curvature "ef" (or "exact" for linear and logistic regression)'
 
 
 class NGVIConfig(NamedTuple):
@@ -94,7 +98,9 @@ class NGVIConfig(NamedTuple):
         Step-size decay >= 0: alpha_t = alpha / (1 + (t + 1)^decay) with t = state.t (the
         steps already taken), the same for beta; constant alpha, beta for decay = 0.  (ngvi.12)
     curvature : {"ef", "hess", "exact"}
-        Empirical Fisher (ngvi.7), Hessian (ngvi.8) or exact expectation (ngvi.9).
+        Empirical Fisher (ngvi.7), Hessian (ngvi.8) or exact expectation (ngvi.9). "hess" on
+        an MLP is autograd's Hessian, NumPy only: CuPy arrays are refused with a ValueError
+        (linear and logistic regression have it in closed form on both backends).
     momentum : float
         Momentum b in [0, 1); 0 turns momentum off.  (ngvi.13)
     """
@@ -281,8 +287,10 @@ def init_full(mu, Sigma_inv) -> FullState:
 
 
 def _chol_precision(Sigma_inv, name):
+    # inside refbayes.unchecked() the caller vouches for the state: its precision was factored
+    # (and checked) by the step that produced it, so CuPy need not read the status back again
     try:
-        return cholesky(Sigma_inv)
+        return cholesky(Sigma_inv, check=value_checks())
     except np.linalg.LinAlgError:
         raise ValueError(f"{name}: expected a symmetric positive-definite precision, "
                          "Cholesky failed") from None
@@ -383,6 +391,8 @@ def step_full(state: FullState, batch, eps, cfg: NGVIConfig, model) -> tuple[Ful
     dtype = state.mu.dtype
     N, alpha, beta, decay, b, curvature = _check_cfg(cfg, D, dtype)
     check_model(model, D)
+    if curvature == "hess":
+        check_hessian_backend(model, xp, 'ngvi.step_full: cfg.curvature "hess"', _HESS_ON_CUPY)
     X, y, M = check_batch(batch, model, N, dtype)
     check_eps(eps, D, dtype, curvature)
     mu, lam = state.mu, cfg.lam
@@ -408,7 +418,7 @@ def step_full(state: FullState, batch, eps, cfg: NGVIConfig, model) -> tuple[Ful
                          f"definite (curvature={curvature!r} gave an indefinite estimate)") from None
     g_tilde = g_hat + lam * mu                                                    # (ngvi.11)
     g_bar, direction = momentum_direction(state.g_bar, g_hat, lam, mu, b, state.t)  # (ngvi.13)
-    Delta_mu = sla.cho_solve((L_new, True), direction)                            # (ngvi.11)
+    Delta_mu = cho_solve(L_new, direction)                                        # (ngvi.11)
     mu_new = mu - alpha_t * Delta_mu                                              # (ngvi.11)
     info = FullInfo(alpha_t, beta_t, theta, G, g_hat, C_hat, Sigma_inv, g_tilde, direction,
                     Delta_mu, mu_new)
@@ -569,6 +579,9 @@ def step_meanfield(state: MeanFieldState, batch, eps, cfg: NGVIConfig,
     dtype = state.mu.dtype
     N, alpha, beta, decay, b, curvature = _check_cfg(cfg, D, dtype)
     check_model(model, D)
+    if curvature == "hess":
+        check_hessian_backend(model, xp, 'ngvi.step_meanfield: cfg.curvature "hess"',
+                              _HESS_ON_CUPY)
     X, y, M = check_batch(batch, model, N, dtype)
     check_eps(eps, D, dtype, curvature)
     mu, lam = state.mu, cfg.lam

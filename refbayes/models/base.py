@@ -88,6 +88,8 @@ class FlatModel:
     # default per-example-gradient implementation on NumPy, chosen by measurement
     # (bench_per_example.PerExampleGrads: numba at 0.57-1.05x the vectorized time on nine MLP shapes)
     _numpy_impl = "numba"
+    # hessian / hvp / _hessian_sum are autograd's (NumPy only); models with a closed form say so
+    hessian_on_cupy = False
 
     def __init__(self, sizes, activation, likelihood, bias):
         object.__setattr__(self, "sizes", tuple(int(s) for s in sizes))
