@@ -38,6 +38,14 @@ def asnumpy(a, stream=None, order="C", out=None, blocking=True):
     return _np.asarray(a, order=order)
 
 
+def asarray(a, dtype=None, order=None, *, blocking=False):
+    """Host -> device (NumPy input copied), or ``a`` itself when it is already a device array
+    of that dtype, as CuPy returns it."""
+    if isinstance(a, ndarray) and (dtype is None or _np.dtype(dtype) == a.dtype) and order is None:
+        return a
+    return _lift(_np.asarray, "asarray", accept_numpy=True)(a, dtype=dtype, order=order)
+
+
 def get_array_module(*args):
     return _this if any(isinstance(a, ndarray) for a in args) else _np
 
@@ -85,7 +93,7 @@ def _build(namespace):
     import sys
     from cupy import _standin as core, cuda, linalg, random  # noqa: F401 (submodules)
     special = {
-        "ndarray": core.ndarray, "ufunc": core.ufunc, "asnumpy": asnumpy,
+        "ndarray": core.ndarray, "ufunc": core.ufunc, "asnumpy": asnumpy, "asarray": asarray,
         "get_array_module": get_array_module, "is_available": is_available, "fuse": fuse,
         "cuda": cuda, "linalg": linalg, "random": random,
         "get_default_memory_pool": lambda: _POOL,
