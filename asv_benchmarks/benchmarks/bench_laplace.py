@@ -6,8 +6,10 @@ Inputs: a 1-D toy regression, x ~ U(-3, 3), y = sin(2 x) + N(0, 0.2^2), the Gaus
 with noise_precision = 25 (the data's); theta0 from the model's initializer (seed 0), not a MAP:
 the cost of ``fit`` and ``glm_predictive`` does not depend on theta, and a MAP of this net is
 slow to reach (L-BFGS: ~0.3-0.8 s, ~600-1500 iterations) and makes the geodesics much longer
-(see ExpMap). Both modules are NumPy-only (the Hessian and the HVP are autograd's, the ODE is
-scipy's): the backend parameter's "cupy" is skipped (setup raises NotImplementedError).
+(see ExpMap). ``laplace`` runs on CuPy except for the curvature "hessian" of this MLP
+(autograd's); the Riemannian Laplace geodesic is NumPy-only (the ODE is scipy's, the HVP
+autograd's): those "cupy" cases are skipped (setup raises NotImplementedError). The CuPy cases
+build their inputs on the host and copy them to the device once, in setup.
 
 - LaplaceFit: ``laplace.fit`` for every structure x curvature, N training rows. The Hessian at
   theta0 is indefinite (its smallest eigenvalue is about -2e3 at N = 100), so ``fit`` would raise
@@ -54,7 +56,7 @@ from refbayes.methods import laplace
 from refbayes.methods import riemannian_laplace as rl
 from refbayes.models import MLP
 
-from .common import BACKENDS
+from .common import BACKENDS, backend
 
 NOISE_PRECISION = 25.0   # y = sin(2 x) + N(0, 0.2^2)
 PRIOR = 1.0              # prior precision of the GLM predictive and the geodesic's L
@@ -98,6 +100,13 @@ def _numpy_only(name):
                                   "geodesic ODE (scipy) are NumPy-only")
 
 
+def _laplace_backend(name, curvature="ggn"):
+    """The namespace of a laplace case: CuPy too, but for the MLP's autograd Hessian."""
+    if curvature == "hessian":
+        _numpy_only(name)
+    return backend(name)
+
+
 class LaplaceFit:
     """laplace.fit: the curvature of the summed loss over N rows (D = 46) plus the prior; "full"
     adds a Cholesky check of the 46 x 46 precision. "hessian" is the dense autograd Hessian."""
@@ -106,12 +115,12 @@ class LaplaceFit:
     timeout = 180.0
 
     def setup(self, name, structure, curvature, N):
-        _numpy_only(name)
+        xp = _laplace_backend(name, curvature)
         if structure == "kron" and curvature == "hessian":
             raise NotImplementedError("structure 'kron' factors the GGN or the EF, not the Hessian")
         self.net = model()
-        self.X, self.y = data(N)
-        self.theta = theta0()
+        self.X, self.y = (xp.asarray(a) for a in data(N))
+        self.theta = xp.asarray(theta0())
         self.cfg = laplace.LaplaceConfig(fit_prior_precision(N), structure, curvature)
         self.run()  # warm-up: numba compilation or cache load (per-example gradients)
 
@@ -129,11 +138,12 @@ class GLMPredictive:
     param_names = ["backend", "structure", "M"]
 
     def setup(self, name, structure, M):
-        _numpy_only(name)
+        xp = _laplace_backend(name)
         self.net = model()
         cfg = laplace.LaplaceConfig(PRIOR, structure, "ggn")
-        self.state = laplace.fit(self.net, theta0(), *data(N_PRED), cfg)
-        self.X_star = np.linspace(-4.0, 4.0, M)[:, None]
+        self.state = laplace.fit(self.net, xp.asarray(theta0()),
+                                 *(xp.asarray(a) for a in data(N_PRED)), cfg)
+        self.X_star = xp.asarray(np.linspace(-4.0, 4.0, M)[:, None])
         self.run()
 
     def run(self):
@@ -152,10 +162,10 @@ class Subset:
     timeout = 180.0
 
     def setup(self, name, structure, subset):
-        _numpy_only(name)
+        xp = _laplace_backend(name)
         self.net = MLP([1, 50, 50, 1], "tanh", "gaussian", noise_precision=NOISE_PRECISION)
-        self.theta = self.net.init_theta(np.random.default_rng(0))
-        self.X, self.y = data(1000)
+        self.theta = xp.asarray(self.net.init_theta(np.random.default_rng(0)))
+        self.X, self.y = (xp.asarray(a) for a in data(1000))
         self.cfg = laplace.LaplaceConfig(PRIOR, structure, "ggn", subset)
         self.run()
 
@@ -240,14 +250,15 @@ class GLMClassPredictive:
     param_names = ["backend", "structure", "link", "M"]
 
     def setup(self, name, structure, link, M):
-        _numpy_only(name)
+        xp = _laplace_backend(name)
         self.net = class_model()
-        theta = self.net.init_theta(np.random.default_rng(0))
+        theta = xp.asarray(self.net.init_theta(np.random.default_rng(0)))
         cfg = laplace.LaplaceConfig(PRIOR, structure, "ggn")
-        self.state = laplace.fit(self.net, theta, *class_data(N_PRED), cfg)
-        self.X_star = np.linspace(-4.0, 4.0, M)[:, None]
+        self.state = laplace.fit(self.net, theta, *(xp.asarray(a) for a in class_data(N_PRED)), cfg)
+        self.X_star = xp.asarray(np.linspace(-4.0, 4.0, M)[:, None])
         self.link = link
-        self.eps = np.random.default_rng(2).standard_normal((2, 100)) if link == "mc" else None
+        self.eps = (xp.asarray(np.random.default_rng(2).standard_normal((2, 100)))
+                    if link == "mc" else None)
         self.run()
 
     def run(self):
