@@ -73,3 +73,17 @@ def test_cholesky_raises_and_cho_solve_solves_on_each_backend(xp):
         cholesky(indefinite)
     if xp is not np:  # what backend.cholesky guards against: CuPy's own call does not raise
         assert xp_of(xp.linalg.cholesky(indefinite)) is xp
+
+
+def test_gpu_extras_name_one_cupy_per_cuda_major_and_gpu_is_cuda12():
+    """A CUDA 13 image ships cupy-cuda13x: an extra that always installed cupy-cuda12x added a
+    second, conflicting CuPy there."""
+    import tomllib
+    from pathlib import Path
+    root = Path(__file__).resolve().parents[1]
+    extras = tomllib.loads((root / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    assert [r.split(">")[0] for r in extras["gpu-cuda12"]] == ["cupy-cuda12x"]
+    assert [r.split(">")[0] for r in extras["gpu-cuda13"]] == ["cupy-cuda13x"]
+    assert extras["gpu"] == ["refbayes[gpu-cuda12]"]
+    readme = (root / "README.md").read_text()
+    assert '".[gpu-cuda13]"' in readme and '".[gpu-cuda12]"' in readme and "nvidia-smi" in readme

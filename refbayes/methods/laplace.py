@@ -504,7 +504,8 @@ def fit(model, theta_map, X, y, cfg: LaplaceConfig) -> LaplaceState:
         "kron"), structure in STRUCTURES, curvature in CURVATURES ("ggn" or "ef" for "kron")
         and subset in SUBSETS; if X, y do not fit the model (see ``FlatModel.ggn``); or if
         the precision is not positive definite (an indefinite Hessian away from a minimum;
-        for "diag", an entry below the smallest normal float).
+        for "diag", an entry below the smallest normal float); or if curvature is "hessian"
+        with CuPy arrays and a model whose Hessian is autograd's (an MLP).
     """
     check_array(theta_map, "theta_map", ndim=1)
     check_float(theta_map, "theta_map")

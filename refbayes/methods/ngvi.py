@@ -383,7 +383,8 @@ def step_full(state: FullState, batch, eps, cfg: NGVIConfig, model) -> tuple[Ful
         (D, S >= 1) array of the state's dtype otherwise; if "exact" is used with a model that
         is not linear with one output and a Bernoulli or Gaussian likelihood; or if the
         arrays mix NumPy and CuPy.
-        Also if the new precision is not positive definite (an indefinite curvature estimate).
+        Also if the new precision is not positive definite (an indefinite curvature estimate),
+        or if curvature is "hess" with CuPy arrays and a model whose Hessian is autograd's.
     """
     D = _check_full_state(state)
     xp = xp_of(state.mu, state.Sigma_inv)
@@ -572,7 +573,8 @@ def step_meanfield(state: MeanFieldState, batch, eps, cfg: NGVIConfig,
         (D, S >= 1) array of the state's dtype otherwise; if "exact" is used with a model that
         is not linear with one output and a Bernoulli or Gaussian likelihood; or if the
         arrays mix NumPy and CuPy.
-        Also if the new precision diagonal has an entry <= 0.
+        Also if the new precision diagonal has an entry <= 0, or if curvature is "hess" with
+        CuPy arrays and a model whose Hessian is autograd's.
     """
     D = _check_mf_state(state)
     xp = xp_of(state.mu, state.prec_diag)
