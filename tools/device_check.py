@@ -1120,13 +1120,9 @@ def step_benchmarks(args, out: Path, budget: Budget, result: dict, save) -> dict
     rec["error_cases"] = errors
     bw = result.get("bandwidth", {})
     fatal = next((r for r in recs if r.get("kind") == "fatal"), None)
-    if rc is None:
-        rec.update(status="timeout", reason="the benchmark worker ran past its deadline (killed)")
-    elif rc != 0 or fatal:
-        rec.update(status="failed", reason=f"the benchmark worker exited with {rc}"
-                   + (f": {last_line(fatal['error'])}" if fatal else ""))
-        if fatal:
-            rec["error"] = fatal["error"]
+    failure = worker_failure("benchmark", rc, fatal)
+    if failure:
+        rec.update(failure)
     elif errors:
         rec.update(status="failed", reason=f"{len(errors)} benchmark case(s) raised")
     elif "error" in bw:
@@ -1134,6 +1130,20 @@ def step_benchmarks(args, out: Path, budget: Budget, result: dict, save) -> dict
     else:
         rec.update(status="passed", reason="")
     return rec
+
+
+def worker_failure(name: str, rc: int | None, fatal: dict | None) -> dict | None:
+    """status, reason (and error) of a worker killed at its deadline or exiting with an error;
+    None when it ran to its end."""
+    if rc is None:
+        return {"status": "timeout", "reason": f"the {name} worker ran past its deadline (killed)"}
+    if rc == 0 and not fatal:
+        return None
+    failure = {"status": "failed", "reason": f"the {name} worker exited with {rc}"
+               + (f": {last_line(fatal['error'])}" if fatal else "")}
+    if fatal:
+        failure["error"] = fatal["error"]
+    return failure
 
 
 def step_torch(args, out: Path, budget: Budget, result: dict, save) -> dict:
@@ -1151,13 +1161,9 @@ def step_torch(args, out: Path, budget: Budget, result: dict, save) -> dict:
     skip = next((r for r in recs if r.get("kind") == "skip"), None)
     bad_rows = [r for r in result["torch"] if r["status"] in ("error", "disagrees")]
     fatal = next((r for r in recs if r.get("kind") == "fatal"), None)
-    if rc is None:
-        rec.update(status="timeout", reason="the torch worker ran past its deadline (killed)")
-    elif rc != 0 or fatal:
-        rec.update(status="failed", reason=f"the torch worker exited with {rc}"
-                   + (f": {last_line(fatal['error'])}" if fatal else ""))
-        if fatal:
-            rec["error"] = fatal["error"]
+    failure = worker_failure("torch", rc, fatal)
+    if failure:
+        rec.update(failure)
     elif skip:
         rec.update(status="skipped", reason=skip["reason"])
     elif bad_rows:

@@ -27,7 +27,8 @@ from refbayes._checks import (
 )
 from refbayes.backend import cho_solve, cholesky, linalg_of, xp_of
 
-# LAPACK's Cholesky solve by dtype (``_chol_solve``); other dtypes take solve_triangular twice
+# LAPACK's Cholesky solve by dtype (``_chol_solve``); other dtypes, L = 0 and CuPy take
+# ``backend.cho_solve``
 _POTRS = {np.dtype(np.float64): scipy.linalg.lapack.dpotrs,
           np.dtype(np.float32): scipy.linalg.lapack.spotrs}
 
