@@ -63,6 +63,17 @@ def test_implicit_conversion_to_numpy_raises_as_cupys_does(cp):
     assert cp.asarray(a) is a
 
 
+def test_numba_kernels_refuse_device_arrays(cp):
+    import numba
+    from numba.core.errors import TypingError
+
+    @numba.njit
+    def total(a):
+        return a.sum()
+    with pytest.raises(TypingError, match="non-precise type pyobject"):
+        total(cp.asarray(np.ones(3)))
+
+
 def test_numpy_functions_dispatch_to_the_device_or_refuse(cp):
     a = cp.asarray(np.arange(4.0))
     assert isinstance(np.exp(a), cp.ndarray)       # __array_ufunc__

@@ -5,8 +5,9 @@ CuPy 14 runs on CuPy at all, on a machine without a GPU:
 
 - ``cupy.ndarray`` is its own class: ``isinstance(a, numpy.ndarray)`` is False, and implicit
   conversion to NumPy raises ``TypeError`` as CuPy does (``__array__``, hence ``numpy.asarray``,
-  SciPy, and any library that converts its inputs). ``.get()``, ``cupy.asnumpy`` and
-  ``cupy.asarray`` are the explicit transfers.
+  SciPy, and any library that converts its inputs); numba's CPU kernels refuse it at typing
+  (``numba.core.errors.TypingError``, "non-precise type pyobject"), as they refuse a CuPy array.
+  ``.get()``, ``cupy.asnumpy`` and ``cupy.asarray`` are the explicit transfers.
 - Functions of ``cupy`` reject NumPy arrays (CuPy: ``TypeError: Unsupported type``); NumPy
   functions called on stand-in arrays dispatch to the stand-in through ``__array_ufunc__`` and
   ``__array_function__`` (NEP 13/18, as CuPy does) and fail with ``TypeError`` where CuPy has no
