@@ -2,10 +2,11 @@
 
 Every numeric function starts with ``xp = xp_of(*arrays)`` and uses only that namespace, plus
 ``linalg_of(xp)`` for triangular solves, and this module's ``cholesky`` and ``cho_solve`` for
-Cholesky factors and solves with them (the same contract on both backends). CuPy is never imported here unless the
-caller already imported it or asks for it by name (``get_xp("cupy")``), so refbayes runs where
-CuPy is not installed. Nothing in refbayes copies between host and device behind the caller's
-back: mixing a NumPy and a CuPy array in one call is an error.
+Cholesky factors and solves with them (the same contract on both backends). CuPy is never
+imported here unless the caller already imported it or asks for it by name
+(``get_xp("cupy")``), so refbayes runs where CuPy is not installed. Nothing in refbayes copies
+between host and device behind the caller's back: mixing a NumPy and a CuPy array in one call is
+an error.
 """
 from __future__ import annotations
 

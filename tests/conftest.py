@@ -13,7 +13,8 @@ if STANDIN:
     sys.path.insert(0, str(Path(__file__).resolve().parent / "standin"))
     import cupy
     if not hasattr(cupy, "_standin"):
-        raise RuntimeError(f"REFBAYES_CUPY_STANDIN=1 but 'cupy' resolved to {cupy.__file__}, not the stand-in")
+        raise RuntimeError(f"REFBAYES_CUPY_STANDIN=1 but 'cupy' resolved to {cupy.__file__}, "
+                           "not the stand-in")
 
 import numpy as np
 import pytest

@@ -67,7 +67,8 @@ def test_cholesky_raises_and_cho_solve_solves_on_each_backend(xp):
     L = cholesky(xp.asarray(P))
     assert xp_of(L) is xp
     assert_close(to_numpy(L), np.linalg.cholesky(P), EXACT_F64, "cholesky")
-    assert_close(to_numpy(cho_solve(L, xp.asarray(B))), np.linalg.solve(P, B), EXACT_F64, "cho_solve")
+    assert_close(to_numpy(cho_solve(L, xp.asarray(B))), np.linalg.solve(P, B), EXACT_F64,
+                 "cho_solve")
     indefinite = xp.asarray(np.diag([1.0, -1.0, 2.0]))
     with pytest.raises(np.linalg.LinAlgError):
         cholesky(indefinite)
@@ -81,7 +82,8 @@ def test_gpu_extras_name_one_cupy_per_cuda_major_and_gpu_is_cuda12():
     import tomllib
     from pathlib import Path
     root = Path(__file__).resolve().parents[1]
-    extras = tomllib.loads((root / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    project = tomllib.loads((root / "pyproject.toml").read_text())["project"]
+    extras = project["optional-dependencies"]
     assert [r.split(">")[0] for r in extras["gpu-cuda12"]] == ["cupy-cuda12x"]
     assert [r.split(">")[0] for r in extras["gpu-cuda13"]] == ["cupy-cuda13x"]
     assert extras["gpu"] == ["refbayes[gpu-cuda12]"]

@@ -34,7 +34,8 @@ def cp():
     """CuPy (or its stand-in); the module is gpu-marked, so this runs only where one is there."""
     from refbayes.backend import cupy_available
     if not cupy_available():
-        pytest.skip("CuPy with a CUDA device (or the stand-in, REFBAYES_CUPY_STANDIN=1) is not available")
+        pytest.skip("CuPy with a CUDA device (or the stand-in, REFBAYES_CUPY_STANDIN=1) is not "
+                    "available")
     import cupy
     return cupy
 
@@ -69,7 +70,8 @@ def to_device(value, xp):
 def assert_same(got, ref, xp, what):
     """got (device) equals ref (NumPy) at EXACT_F64, and every array of got is on the device."""
     if isinstance(ref, np.ndarray):
-        assert isinstance(got, xp.ndarray), f"{what}: expected a device array, got {type(got).__name__}"
+        assert isinstance(got, xp.ndarray), \
+            f"{what}: expected a device array, got {type(got).__name__}"
         assert got.shape == ref.shape and got.dtype == ref.dtype, what
         assert_close(to_numpy(got), ref, EXACT_F64, what)
     elif isinstance(ref, tuple) and hasattr(ref, "_fields"):
@@ -205,7 +207,8 @@ def test_swag_on_the_device_equals_numpy(cp):
         assert_same(got[key], ref[key], cp, f"swag {key}")
 
 
-@pytest.mark.parametrize("fit", [exact_vi.fit_full, exact_vi.fit_meanfield], ids=["full", "meanfield"])
+@pytest.mark.parametrize("fit", [exact_vi.fit_full, exact_vi.fit_meanfield],
+                         ids=["full", "meanfield"])
 def test_exact_vi_on_the_device_equals_numpy(cp, fit):
     _, X, y, _ = _classification()
     lam = np.ones(X.shape[1])

@@ -51,7 +51,9 @@ def test_a_name_cupy_lacks_is_an_attribute_error(cp):
 
 def test_implicit_conversion_to_numpy_raises_as_cupys_does(cp):
     a = cp.asarray(np.arange(4.0))
-    for convert in (np.asarray, np.array, lambda x: scipy.linalg.solve_triangular(x.reshape(2, 2), x[:2])):
+    def to_scipy(x):
+        return scipy.linalg.solve_triangular(x.reshape(2, 2), x[:2])
+    for convert in (np.asarray, np.array, to_scipy):
         with pytest.raises(TypeError, match="Implicit conversion to a NumPy array is not allowed"):
             convert(a)
     for mixed in (lambda: a + np.ones(4), lambda: np.ones(4) * a, lambda: cp.exp(np.ones(4)),

@@ -183,7 +183,8 @@ def _finite(state) -> list:
               if hasattr(a, "dtype") or (isinstance(a, tuple) and a
                                          and all(hasattr(b, "dtype") for b in a))}
     xp = xp_of(*(b for a in arrays.values() for b in a))
-    finite = {name: xp.stack([xp.all(xp.isfinite(b)) for b in a]).all() for name, a in arrays.items()}
+    finite = {name: xp.stack([xp.all(xp.isfinite(b)) for b in a]).all()
+              for name, a in arrays.items()}
     # one read-back for the whole state (a synchronisation on CuPy); per field only on failure
     if bool(xp.stack(list(finite.values())).all()):
         return []

@@ -407,7 +407,8 @@ def _curvature(model, theta, X, y, structure: str, curvature: str):
             G = model.per_example_grads(theta, X, y)
             return G.T @ G  # (laplace.2)
         return model.diag_ef(theta, X, y)  # (laplace.2)
-    check_hessian_backend(model, xp, 'laplace: cfg.curvature "hessian"', 'cfg.curvature "ggn" or "ef"')
+    check_hessian_backend(model, xp, 'laplace: cfg.curvature "hessian"',
+                          'cfg.curvature "ggn" or "ef"')
     H = model.hessian(theta, X, y)  # (laplace.2)
     return H if structure == "full" else xp.diagonal(H).copy()  # (laplace.2)
 

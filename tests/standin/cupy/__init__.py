@@ -70,7 +70,8 @@ def _stub_module(fullname):
     mod = _types.ModuleType(fullname, f"{fullname}: in CuPy 14, not modelled by the stand-in")
 
     def __getattr__(name):
-        raise AttributeError(f"{fullname}.{name}: not modelled by the CuPy stand-in (tests/standin)")
+        raise AttributeError(f"{fullname}.{name}: not modelled by the CuPy stand-in "
+                             "(tests/standin)")
     mod.__getattr__ = __getattr__
     return mod
 

@@ -1,4 +1,4 @@
-"""The core of the CuPy stand-in: a device array that is a NumPy array behind a CuPy-shaped boundary.
+"""The core of the CuPy stand-in: a device array that is a NumPy array behind CuPy's boundary.
 
 This is test scaffolding, not a GPU emulator. It models what decides whether code written for
 CuPy 14 runs on CuPy at all, on a machine without a GPU:
@@ -173,7 +173,8 @@ def lift(fn, name: str, *, zero_d: bool = False, accept_numpy: bool = False):
             r = _np.asarray(r)
         return _wrap(r)
     f.__name__ = f.__qualname__ = name
-    f.__doc__ = f"Stand-in for cupy's {name}: {getattr(fn, '__module__', '')}.{name} behind the device boundary."
+    f.__doc__ = (f"Stand-in for cupy's {name}: {getattr(fn, '__module__', '')}.{name} behind the "
+                 "device boundary.")
     f._standin_of = fn
     return f
 
@@ -233,14 +234,15 @@ def _binary(np_ufunc):
 
 
 class ndarray:
-    """``cupy.ndarray`` of the stand-in: a NumPy array that refuses to leave the device implicitly."""
+    """``cupy.ndarray`` of the stand-in: a NumPy array that never leaves the device implicitly."""
 
     __slots__ = ("_a", "__weakref__")
     __hash__ = None
 
     def __init__(self, shape, dtype=float, memptr=None, strides=None, order="C"):
         if memptr is not None or strides is not None:
-            raise NotImplementedError("cupy.ndarray(memptr=, strides=) is not modelled by the stand-in")
+            raise NotImplementedError("cupy.ndarray(memptr=, strides=) is not modelled by the "
+                                      "stand-in")
         self._a = _np.empty(shape, dtype=dtype, order=order)
 
     # --- the boundary
@@ -258,7 +260,8 @@ class ndarray:
 
     def __array_function__(self, func, types, args, kwargs):
         import cupy  # the stand-in package
-        module = {"numpy.linalg": cupy.linalg, "numpy.random": cupy.random}.get(func.__module__, cupy)
+        module = {"numpy.linalg": cupy.linalg,
+                  "numpy.random": cupy.random}.get(func.__module__, cupy)
         name = func.__name__
         if name not in PINNED["names"][module.__name__]:
             return NotImplemented  # NumPy then raises TypeError, as with CuPy
@@ -441,7 +444,8 @@ def _partial_cholesky(a):
 
 def _checks_dev_info() -> bool:
     """CuPy reads cuSOLVER's devInfo back (a synchronisation) only under errstate(linalg="raise")
-    and only where synchronisation is allowed (``_check_cusolver_dev_info_if_synchronization_allowed``)."""
+    and only where synchronisation is allowed
+    (``_check_cusolver_dev_info_if_synchronization_allowed``)."""
     if _state["linalg"] == "raise" and _state["allow_synchronize"]:
         _sync("cusolver devInfo")
         return True

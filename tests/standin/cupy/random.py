@@ -30,7 +30,8 @@ _SPECIAL = {"default_rng": default_rng, "RandomState": RandomState}
 for _name in _PINNED["names"]["cupy.random"]:
     if _name in _SPECIAL:
         globals()[_name] = _SPECIAL[_name]
-    elif callable(getattr(_np.random, _name, None)) and not isinstance(getattr(_np.random, _name), type):
+    elif callable(getattr(_np.random, _name, None)) and \
+            not isinstance(getattr(_np.random, _name), type):
         globals()[_name] = _lift(getattr(_np.random, _name), _name)
     else:
         globals()[_name] = _not_modelled(f"cupy.random.{_name}")

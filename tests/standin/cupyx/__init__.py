@@ -3,7 +3,8 @@ scatter_add / scatter_max / scatter_min, rsqrt; names pinned to CuPy 14.2 (``cup
 import numpy as _np
 
 from cupy._standin import (PINNED as _PINNED, DeviceSynchronized, _from_numpy, _unwrap,
-                           allow_synchronize, errstate, geterr, not_modelled as _not_modelled, seterr)
+                           allow_synchronize, errstate, geterr, seterr)
+from cupy._standin import not_modelled as _not_modelled
 from cupy import _stub_module
 from cupyx import scipy
 
