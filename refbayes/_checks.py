@@ -229,7 +229,8 @@ def check_spd(M, name: str, *, symmetric_checked: bool = False):
         L = cholesky(M)
     except np.linalg.LinAlgError:
         L = None
-    if L is None or not bool(xp.all(xp.isfinite(L))) or not bool(xp.all(xp.diagonal(L) > 0)):
+    # one read-back for both (a synchronisation on CuPy, beside the factor's own status)
+    if L is None or not bool(xp.all(xp.isfinite(L)) & xp.all(xp.diagonal(L) > 0)):
         raise ValueError(f"{name}: expected a symmetric positive definite matrix, got one whose "
                          "Cholesky factorization fails")
     return L

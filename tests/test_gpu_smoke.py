@@ -20,7 +20,7 @@ import pytest
 from refbayes import metrics
 from refbayes.backend import to_numpy
 from refbayes.methods import (adam, bbb, driver, exact_vi, laplace, mc_dropout, ngvi, noisy_adam,
-                              riemannian_laplace, slang, swag, vadam, vogn)
+                              noisy_kfac, riemannian_laplace, slang, swag, vadam, vogn)
 from refbayes.models import MLP, LogisticRegression
 from tests.tolerances import EXACT_F64, assert_close
 
@@ -292,3 +292,27 @@ def test_unchecked_driver_steps_synchronise_only_where_a_check_needs_it(cp, case
                    progress=lambda _: counts.append(log.implicit))
     per_step = {b - a for a, b in zip(counts, counts[1:])}
     assert per_step == {SYNCS_PER_STEP[case]}, dict(log.by_site)
+
+
+@pytest.mark.parametrize("damping", noisy_kfac.DAMPINGS)
+def test_unchecked_noisy_kfac_steps_synchronise_only_at_refreshes(cp, damping):
+    """Between refreshes of the factors' inverses (the first step builds them, then every
+    T_inv = 3 steps: steps 1, 3, 6) a Noisy K-FAC step reads nothing back; a refresh reads
+    back, per layer, "exact": the damped eigenvalues' sign (one), and
+    "factored": the damping split pi's traces (one per factored_chol, two calls) and, for each
+    of the four damped factors, its Cholesky status and its finite, positive diagonal (eight)."""
+    if not hasattr(cp, "_standin"):
+        pytest.skip("counting synchronisations needs the CuPy stand-in (REFBAYES_CUPY_STANDIN=1)")
+    import refbayes
+    from tests.methods.test_noisy_kfac import _cycle_inputs
+    model, batch, state, eps = _cycle_inputs()
+    cfg = noisy_kfac.NoisyKFACConfig(20, eta=0.5, alpha=0.05, beta=0.3, gamma_ex=1e-2, T_inv=3,
+                                     damping=damping)
+    state, batch = to_device(state, cp), to_device(batch, cp)
+    per_refresh = {"exact": 1, "factored": 10}[damping] * (len(model.sizes) - 1)
+    counts = []
+    for e in eps:
+        with cp._standin.count_syncs() as log, refbayes.unchecked():
+            state, _ = noisy_kfac.step(state, batch, cp.asarray(e), cfg, model)
+        counts.append(log.implicit)
+    assert counts == [per_refresh if t == 1 or t % 3 == 0 else 0 for t in range(1, len(eps) + 1)]
