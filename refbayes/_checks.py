@@ -96,6 +96,16 @@ def check_finite(a, name: str):
     return a
 
 
+def check_binary(a, name: str, expected: str = "binary values in {0, 1}"):
+    """Every entry 0 or 1 (labels, dropout masks); the message reads "{name}: expected
+    {expected}, got other values". A value scan: skipped inside ``unchecked``. Return a."""
+    if _VALUE_CHECKS.get():
+        xp = xp_of(a)
+        if not bool(xp.all((a == 0) | (a == 1))):
+            raise ValueError(f"{name}: expected {expected}, got other values")
+    return a
+
+
 def check_positive(a, name: str, *, strict: bool = True, finite: bool = True):
     """Every entry > 0 (or >= 0 when ``strict`` is False); scalars or arrays; return it.
 
@@ -236,4 +246,4 @@ def check_spd(M, name: str, *, symmetric_checked: bool = False):
     return L
 
 
-__all__ += ["check_spd", "check_symmetric", "check_invertible_positive"]
+__all__ += ["check_spd", "check_symmetric", "check_invertible_positive", "check_binary"]

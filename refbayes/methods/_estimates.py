@@ -17,13 +17,13 @@ import numpy as np
 
 from refbayes._checks import (
     check_array,
+    check_binary,
     check_float,
     check_in_range,
     check_int,
     check_positive,
     check_positive_vector,
     check_same_dtype,
-    value_checks,
 )
 from refbayes.backend import xp_of
 from refbayes.methods import exact_vi
@@ -135,10 +135,8 @@ def check_batch(batch, model, N, dtype, name: str = "batch"):
     # class labels may be integers; real targets must share the state's dtype
     if y.dtype != dtype and (isinstance(model.likelihood, Gaussian) or y.dtype.kind == "f"):
         raise ValueError(f"{name}.y: expected dtype {dtype} (the state's), got {y.dtype}")
-    if isinstance(model.likelihood, Bernoulli) and value_checks():
-        xp = xp_of(y)
-        if not bool(xp.all((y == 0) | (y == 1))):
-            raise ValueError(f"{name}.y: expected binary labels in {{0, 1}}, got other values")
+    if isinstance(model.likelihood, Bernoulli):
+        check_binary(y, f"{name}.y", "binary labels in {0, 1}")
     return X, y, M
 
 

@@ -22,6 +22,7 @@ import numpy as np
 
 from refbayes._checks import (
     check_array,
+    check_binary,
     check_float,
     check_in_range,
     check_int,
@@ -29,7 +30,6 @@ from refbayes._checks import (
     check_positive,
     check_same_dtype,
     check_spd,
-    value_checks,
 )
 from refbayes.backend import cho_solve, cholesky, linalg_of, xp_of
 from refbayes.linalg import gaussian
@@ -363,8 +363,7 @@ def _check_labels(xp, y, N, dtype):
     check_float(check_array(y, "y", shape=(N,)), "y")
     if y.dtype != dtype:
         raise ValueError(f"y: expected dtype {dtype} (that of the other inputs), got {y.dtype}")
-    if value_checks() and not bool(xp.all((y == 0) | (y == 1))):
-        raise ValueError("y: expected labels in {0, 1} for likelihood='logistic', got other values")
+    check_binary(y, "y", "labels in {0, 1} for likelihood='logistic'")
 
 
 def _check_noise(likelihood, noise_precision):

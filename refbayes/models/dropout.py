@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import math
 
-from refbayes._checks import check_array, check_in_range, value_checks
+from refbayes._checks import check_array, check_binary, check_in_range
 from refbayes.backend import xp_of
 from refbayes.models import _layers
 from refbayes.models.base import FlatModel
@@ -45,8 +45,7 @@ def check_masks(masks, model, M: int):
                          f"{[(M, n) for n in model.sizes[:-1]]}), got {got}")
     for k, z in enumerate(masks):
         check_array(z, f"masks[{k}]", shape=(M, model.sizes[k]))
-        if value_checks() and not bool(xp_of(z).all((z == 0) | (z == 1))):
-            raise ValueError(f"masks[{k}]: expected binary values in {{0, 1}}, got other values")
+        check_binary(z, f"masks[{k}]")
     return masks
 
 

@@ -8,7 +8,7 @@ import types as _types
 import numpy as _np
 
 from cupy import _standin
-from cupy._standin import PINNED as _PINNED, lift as _lift, not_modelled as _not_modelled
+from cupy._standin import PINNED as _PINNED, lift as _lift, ndarray, not_modelled as _not_modelled
 
 __version__ = _PINNED["cupy_version"] + "+standin"
 
@@ -91,7 +91,6 @@ _POOL, _PINNED_POOL = _MemoryPool(), _MemoryPool()
 
 
 def _build(namespace):
-    import sys
     from cupy import _standin as core, cuda, linalg, random  # noqa: F401 (submodules)
     special = {
         "ndarray": core.ndarray, "ufunc": core.ufunc, "asnumpy": asnumpy, "asarray": asarray,

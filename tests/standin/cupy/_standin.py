@@ -233,6 +233,12 @@ def _binary(np_ufunc):
     return op, rop, iop
 
 
+def _component(part: str) -> property:
+    """The ``real`` / ``imag`` property: a device view, assignable from a device array."""
+    return property(lambda self: _from_numpy(getattr(self._a, part)),
+                    lambda self, value: setattr(self._a, part, _unwrap(value)))
+
+
 class ndarray:
     """``cupy.ndarray`` of the stand-in: a NumPy array that never leaves the device implicitly."""
 
@@ -359,21 +365,8 @@ class ndarray:
     flat = property(lambda self: _from_numpy(self._a.reshape(-1)))
     device = property(lambda self: sys.modules["cupy"].cuda.Device(0))
 
-    @property
-    def real(self):
-        return _from_numpy(self._a.real)
-
-    @real.setter
-    def real(self, value):
-        self._a.real = _unwrap(value)
-
-    @property
-    def imag(self):
-        return _from_numpy(self._a.imag)
-
-    @imag.setter
-    def imag(self, value):
-        self._a.imag = _unwrap(value)
+    real = _component("real")
+    imag = _component("imag")
 
     def fill(self, value):
         self._a.fill(_unwrap(value))

@@ -1,7 +1,7 @@
 """``cupy.random`` of the stand-in: NumPy's streams (not cuRAND's) returning device arrays."""
 import numpy as _np
 
-from cupy._standin import PINNED as _PINNED, _wrap, lift as _lift, not_modelled as _not_modelled
+from cupy._standin import PINNED as _PINNED, lift as _lift, not_modelled as _not_modelled
 
 
 class _Generator:
