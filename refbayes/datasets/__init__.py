@@ -8,12 +8,12 @@ loader verifies the files it reads against it (:mod:`refbayes.datasets.integrity
 :func:`data_identity` gives the verified digests for result provenance.
 """
 from refbayes.datasets._containers import Data, TrainTest
-from refbayes.datasets.download import (ChecksumMismatchError, DownloadError, FileStatus, fetch,
-                                     libsvm_content_digest, verify)
+from refbayes.datasets.digests import FileStatus, libsvm_content_digest
+from refbayes.datasets.download import ChecksumMismatchError, DownloadError, fetch, verify
 from refbayes.datasets.integrity import DataVerificationError, UnverifiedDataWarning, data_identity
-from refbayes.datasets.libsvm import load_libsvm, parse_libsvm
+from refbayes.datasets.libsvm import parse_libsvm
 from refbayes.datasets.loaders import (load_a1a, load_australian, load_breast_cancer, load_digits,
-                                       load_mnist, load_mnist_subset, load_usps_3vs5,
+                                       load_libsvm, load_mnist, load_mnist_subset, load_usps_3vs5,
                                        load_vadam_presplit)
 from refbayes.datasets.paths import resolve_data_dir, user_cache_dir
 from refbayes.datasets.preprocess import (Standardizer, TrainValidation, fit_standardizer,

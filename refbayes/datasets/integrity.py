@@ -2,7 +2,7 @@
 
 A loader asks :func:`verified_file` (or, for a path a user passed, :func:`check_path`) before it
 parses a file. A file is verified exactly as ``refbayes data verify`` does it
-(:func:`refbayes.datasets.download.check_file_digest`): by sha256, and for the LIBSVM text
+(:func:`refbayes.datasets.digests.check_file_digest`): by sha256, and for the LIBSVM text
 files also by parsed content (``data verify`` accepts them that way too). A file that does not
 verify raises :class:`DataVerificationError` (a ValueError) naming the file, the expected and
 found sha256 (and sizes where they differ) and the fix, ``refbayes data fetch NAME``; nothing is
@@ -25,7 +25,7 @@ import os
 import warnings
 from pathlib import Path
 
-from refbayes.datasets import download
+from refbayes.datasets import digests
 from refbayes.datasets.paths import require_file, resolve_data_dir
 from refbayes.datasets.registry import DATASETS, FileSpec, get_dataset
 
@@ -58,12 +58,12 @@ def _stat_key(path: Path) -> tuple:
 
 def _verdict(spec: FileSpec, path: Path) -> tuple:
     """(status, detail, found sha256) of ``path`` against ``spec``, from the cache when the file
-    is unchanged; the check itself is ``download.check_file_digest``, as ``data verify``'s."""
+    is unchanged; the check itself is ``digests.check_file_digest``, as ``data verify``'s."""
     key = _stat_key(path) + (spec.path, spec.sha256)
     hit = _VERDICTS.get(key)
     if hit is not None:
         return hit
-    status, digest = download.check_file_digest(spec, path)
+    status, digest = digests.check_file_digest(spec, path)
     verdict = (status.status, status.detail, digest)
     if _stat_key(path) + (spec.path, spec.sha256) == key:  # unchanged while it was read
         _VERDICTS[key] = verdict

@@ -1,7 +1,9 @@
-"""Reader for LIBSVM / svmlight text files (``label index:value index:value ...``).
+"""Parser of LIBSVM / svmlight text files (``label index:value index:value ...``).
 
-:func:`load_libsvm` verifies a registered dataset file against the registry before it parses it
-(and warns for any other file); :func:`parse_libsvm` is the bare parser (no verification).
+:func:`parse_libsvm` is the bare parser: it verifies nothing, so that the registry check
+(:mod:`refbayes.datasets.digests`) can use it on a LIBSVM file's parsed content.
+:func:`refbayes.datasets.loaders.load_libsvm` verifies a registered dataset file against the
+registry before it parses it (and warns for any other file).
 """
 from __future__ import annotations
 
@@ -15,7 +17,7 @@ import numpy as np
 from refbayes._checks import check_int
 from refbayes.datasets._containers import Data, float_dtype
 
-__all__ = ["load_libsvm", "parse_libsvm"]
+__all__ = ["parse_libsvm"]
 
 
 def _parse_entry(token: str, where: str) -> tuple[int, float]:
@@ -90,42 +92,6 @@ def _parse_lines(path: Path, n_features):
     return labels, rows, cols, vals
 
 
-def load_libsvm(path, n_features=None, *, dtype=np.float64) -> Data:
-    """Read LIBSVM text as :func:`parse_libsvm` does, after verifying the file.
-
-    A registered dataset file (a path ending in a registered relative path such as ``a1a/a1a``)
-    must match the registry; any other file is read with an
-    :class:`~refbayes.datasets.integrity.UnverifiedDataWarning` (a UserWarning).
-
-    Parameters
-    ----------
-    path : path-like
-        The file.
-    n_features : int, optional
-        Number of columns of X; None means the largest index present.
-    dtype : numpy dtype, optional
-        The dtype of X and y: float64 (default) or float32.
-
-    Returns
-    -------
-    Data
-        ``X`` (n, n_features) and ``y`` (n,) labels as read.
-
-    Raises
-    ------
-    DataVerificationError
-        A ValueError: a registered file that does not match the registry.
-    ValueError
-        Everything :func:`parse_libsvm` raises.
-    """
-    # Imported here: integrity imports download, which imports this module.
-    from refbayes.datasets.integrity import check_path
-    _check_path_arg(path)
-    float_dtype(dtype)  # argument errors first, before any hashing or warning
-    check_path(path)
-    return parse_libsvm(path, n_features, dtype=dtype)
-
-
 def _check_path_arg(path) -> None:
     if not isinstance(path, (str, os.PathLike)):
         raise ValueError(f"path: expected a file path, got {type(path).__name__}")
@@ -140,7 +106,7 @@ def parse_libsvm(path, n_features=None, *, dtype=np.float64) -> Data:
     columns (a1a needs 123 because features 120-123 never occur in its training file); when None
     it is the largest index present.
 
-    No checksum verification (see :func:`load_libsvm`).
+    No checksum verification (see :func:`refbayes.datasets.loaders.load_libsvm`).
 
     Parameters
     ----------

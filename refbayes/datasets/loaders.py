@@ -1,4 +1,5 @@
-"""Readers for the classification benchmarks, with labels mapped to documented integer codes.
+"""Readers for the classification benchmarks, with labels mapped to documented integer codes,
+and :func:`load_libsvm`, the verifying reader of any LIBSVM text file.
 
 Every reader takes ``data_dir`` (resolved as in :mod:`refbayes.datasets.paths`) and ``dtype``
 (float64 by default, float32 allowed), and returns float arrays of that dtype, except the
@@ -17,10 +18,10 @@ import numpy as np
 from refbayes.datasets._containers import Data, TrainTest, float_dtype
 from refbayes.datasets._text import loadtxt
 from refbayes.datasets.idx import read_idx_images, read_idx_labels
-from refbayes.datasets.integrity import verified_file
-from refbayes.datasets.libsvm import parse_libsvm
+from refbayes.datasets.integrity import check_path, verified_file
+from refbayes.datasets.libsvm import _check_path_arg, parse_libsvm
 
-__all__ = ["load_australian", "load_breast_cancer", "load_a1a", "load_usps_3vs5",
+__all__ = ["load_libsvm", "load_australian", "load_breast_cancer", "load_a1a", "load_usps_3vs5",
            "load_mnist_subset", "load_mnist", "load_digits", "load_vadam_presplit", "map_labels"]
 
 
@@ -37,6 +38,40 @@ def map_labels(y, mapping: dict, what: str) -> np.ndarray:
         raise ValueError(f"{what}: expected labels in {sorted(mapping)}, "
                          f"got {sorted(np.unique(y[~known]).tolist())}")
     return out
+
+
+def load_libsvm(path, n_features=None, *, dtype=np.float64) -> Data:
+    """Read LIBSVM text as :func:`parse_libsvm` does, after verifying the file.
+
+    A registered dataset file (a path ending in a registered relative path such as ``a1a/a1a``)
+    must match the registry; any other file is read with an
+    :class:`~refbayes.datasets.integrity.UnverifiedDataWarning` (a UserWarning).
+
+    Parameters
+    ----------
+    path : path-like
+        The file.
+    n_features : int, optional
+        Number of columns of X; None means the largest index present.
+    dtype : numpy dtype, optional
+        The dtype of X and y: float64 (default) or float32.
+
+    Returns
+    -------
+    Data
+        ``X`` (n, n_features) and ``y`` (n,) labels as read.
+
+    Raises
+    ------
+    DataVerificationError
+        A ValueError: a registered file that does not match the registry.
+    ValueError
+        Everything :func:`parse_libsvm` raises.
+    """
+    _check_path_arg(path)
+    float_dtype(dtype)  # argument errors first, before any hashing or warning
+    check_path(path)
+    return parse_libsvm(path, n_features, dtype=dtype)
 
 
 def _binary_libsvm(name: str, relpath: str, n_features: int, mapping: dict, data_dir, dtype) -> Data:

@@ -39,7 +39,7 @@ class ContentCheck(NamedTuple):
 
     ``digest`` is the sha256 of ``X.astype('<f8').tobytes()`` (C order, dense, ``n_features``
     columns) followed by ``y.astype('<f8').tobytes()`` with the labels as written in the file;
-    computed from the staged files (see ``refbayes.datasets.download.libsvm_content_digest``).
+    computed from the staged files (see ``refbayes.datasets.digests.libsvm_content_digest``).
     """
     n_features: int
     n_rows: int

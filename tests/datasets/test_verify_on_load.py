@@ -15,7 +15,7 @@ from refbayes.datasets import (
     DataVerificationError,
     UnverifiedDataWarning,
     data_identity,
-    download,
+    digests,
     get_dataset,
     integrity,
     load_a1a,
@@ -175,13 +175,13 @@ def test_fake_files_under_registered_names_are_rejected(tmp_path):
 def test_repeat_load_does_not_rehash_until_the_file_changes(data_dir, tmp_path, monkeypatch):
     path = _copy(data_dir, tmp_path, AUS)
     calls = []
-    real = download.sha256_file
+    real = digests.sha256_file
 
     def counting(p):
         calls.append(os.path.basename(p))
         return real(p)
 
-    monkeypatch.setattr(download, "sha256_file", counting)
+    monkeypatch.setattr(digests, "sha256_file", counting)
     first = load_australian(tmp_path)
     assert calls == ["australian_scale"]
     second = load_australian(tmp_path)
@@ -198,8 +198,8 @@ def test_repeat_load_does_not_rehash_until_the_file_changes(data_dir, tmp_path, 
 def test_a_failed_verdict_is_cached_too_and_repair_is_seen(data_dir, tmp_path, monkeypatch):
     path = _truncated_australian(data_dir, tmp_path)
     calls = []
-    real = download.sha256_file
-    monkeypatch.setattr(download, "sha256_file", lambda p: calls.append(p) or real(p))
+    real = digests.sha256_file
+    monkeypatch.setattr(digests, "sha256_file", lambda p: calls.append(p) or real(p))
     for _ in range(2):
         with pytest.raises(DataVerificationError):
             load_australian(tmp_path)
@@ -212,8 +212,8 @@ def test_a_failed_verdict_is_cached_too_and_repair_is_seen(data_dir, tmp_path, m
 def test_clear_cache_forces_a_rehash(data_dir, tmp_path, monkeypatch):
     _copy(data_dir, tmp_path, AUS)
     calls = []
-    real = download.sha256_file
-    monkeypatch.setattr(download, "sha256_file", lambda p: calls.append(p) or real(p))
+    real = digests.sha256_file
+    monkeypatch.setattr(digests, "sha256_file", lambda p: calls.append(p) or real(p))
     load_australian(tmp_path)
     integrity.clear_cache()
     load_australian(tmp_path)
