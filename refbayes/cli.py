@@ -12,16 +12,24 @@ mismatched.
 from __future__ import annotations
 
 import argparse
+import importlib
 import sys
 
-from refbayes import __version__
-from refbayes.experiments._io import format_table
+from refbayes import __version__, experiments
+from refbayes._files import format_table
+from refbayes.datasets import (
+    DATASETS,
+    dataset_names,
+    fetch,
+    get_dataset,
+    resolve_data_dir,
+    verify,
+)
 
 __all__ = ["build_parser", "main"]
 
 
 def _cmd_list(args) -> int:
-    from refbayes.datasets import DATASETS, resolve_data_dir
     root = resolve_data_dir(args.data_dir)
     rows = []
     for spec in DATASETS.values():
@@ -34,7 +42,6 @@ def _cmd_list(args) -> int:
 
 
 def _cmd_fetch(args) -> int:
-    from refbayes.datasets import fetch, get_dataset
     for name in args.names:  # validate every name before downloading anything
         get_dataset(name)
     for name in args.names:
@@ -45,7 +52,6 @@ def _cmd_fetch(args) -> int:
 
 
 def _cmd_verify(args) -> int:
-    from refbayes.datasets import dataset_names, get_dataset, resolve_data_dir, verify
     names = args.names or dataset_names(include_optional=True)
     for name in names:
         get_dataset(name)
@@ -89,22 +95,19 @@ def _unavailable(name: str, err: Exception):
 
 def _with_threads(parser, handler):
     """Give an experiment's parser --threads, and run its handler under that BLAS limit, with
-    freed memory kept for reuse (``_parallel.retain_freed_memory``)."""
-    from refbayes.experiments._io import positive_int
-    parser.add_argument("--threads", type=positive_int, default=1,
+    freed memory kept for reuse (``experiments.retain_freed_memory``)."""
+    parser.add_argument("--threads", type=experiments.positive_int, default=1,
                         help="BLAS / OpenMP threads per process (default 1: on a loaded 2-core "
                              "machine an unpinned BLAS ran 30-65x slower; with --jobs, per job)")
 
     def run(args) -> int:
-        from refbayes.experiments._parallel import retain_freed_memory, thread_limit
-        retain_freed_memory()  # no page faults per step on the temporaries (see there)
-        with thread_limit(args.threads):
+        experiments.retain_freed_memory()  # no page faults per step on the temporaries (see there)
+        with experiments.thread_limit(args.threads):
             return handler(args)
     return run
 
 
 def _add_experiments(sub) -> None:
-    from refbayes import experiments
     for name in experiments.EXPERIMENTS:
         try:
             module = experiments.get_experiment(name)
@@ -116,23 +119,6 @@ def _add_experiments(sub) -> None:
         p = sub.add_parser(name, help=module.DESCRIPTION, description=module.DESCRIPTION)
         module.add_arguments(p)
         p.set_defaults(_handler=_with_threads(p, module.run))
-
-
-def _add_uci(sub) -> None:
-    """`reproduce uci`: its module keeps ``run`` for the library call (method, dataset, ...) and
-    takes the parsed arguments in ``main``, so it is wired here rather than through EXPERIMENTS."""
-    from refbayes import experiments
-    if "uci" in experiments.EXPERIMENTS:
-        return
-    try:
-        from refbayes.experiments import uci
-    except ImportError as err:
-        p = sub.add_parser("uci", help=f"(unavailable: {err})")
-        p.set_defaults(_handler=_unavailable("uci", err))
-        return
-    p = sub.add_parser("uci", help=uci.DESCRIPTION, description=uci.DESCRIPTION)
-    uci.add_arguments(p)
-    p.set_defaults(_handler=_with_threads(p, uci.main))
 
 
 def _add_data(sub) -> None:
@@ -162,26 +148,16 @@ def _add_data(sub) -> None:
 def _add_trace(sub, load: bool) -> None:
     p = sub.add_parser("trace", help="one step of a method (a Laplace fit, a SWAG run), every "
                                      "intermediate by its equation tag",
-                       description="One step of METHOD (slang, ngvi-full, ngvi-meanfield) or a "
-                                   "short SWAG run (swag) on a small shipped logistic-regression "
-                                   "problem, one Noisy K-FAC step (noisy-kfac; kfac without "
-                                   "noise) of a small MLP on the same data from drawn "
-                                   "non-identity factors, or the Laplace fit "
-                                   "(laplace) and its geodesic samples (riemannian-laplace) at a "
-                                   "deterministic MAP of a small shipped tanh-MLP regression, "
-                                   "or one k-tied Normal step (ktied) of a small MLP "
-                                   "classifier, or K steps of a driver method (vogn, ogn, vadam, "
-                                   "vprop, noisy-adam, bbb, mc-dropout, adam, slang-mlp) of a "
-                                   "small MLP classifier; "
-                                   "prints the problem, the MAP, the draws and every named "
-                                   "intermediate under its Algorithm 1 line and equation tag. "
-                                   "--json writes them all exactly, to feed another "
-                                   "implementation (laplace-torch, the official RLA or Noisy "
-                                   "K-FAC code); --save FILE writes the golden trace that "
-                                   "`refbayes verify` reads.")
+                       description="Build the golden trace of METHOD on its small shipped "
+                                   "problem (one or K chained steps, a Laplace fit, a SWAG run) "
+                                   "and print it: the model, the config, every input and draw in "
+                                   "full, then each step's named intermediates under their "
+                                   "equation tags. --json writes it exactly; --save FILE writes "
+                                   "the golden trace that `refbayes verify` reads. The problems, "
+                                   "starts and draws: derivations/tracing.md.")
     if not load:  # only `refbayes trace ...` pays for importing the methods
         return
-    from refbayes import trace
+    trace = importlib.import_module("refbayes.tracing.cli")
     trace.add_arguments(p)
     p.set_defaults(_handler=trace.run)
 
@@ -191,7 +167,6 @@ def _add_tool(sub, name: str, load: bool, help: str, description: str) -> None:
     p = sub.add_parser(name, help=help, description=description)
     if not load:
         return
-    import importlib
     module = importlib.import_module(f"refbayes.{name}")
     module.add_arguments(p)
     p.set_defaults(_handler=module.run)
@@ -209,7 +184,6 @@ def build_parser(load_experiments: bool = True, load_trace: bool = True) -> argp
     rsub = rep.add_subparsers(dest="experiment", metavar="EXPERIMENT", required=True)
     if load_experiments:
         _add_experiments(rsub)
-        _add_uci(rsub)
     _add_trace(sub, load_trace)
     _add_tool(sub, "verify", load_trace,
               "compare your implementation's dump with a golden trace",

@@ -128,3 +128,32 @@ def test_reproduce_with_an_unimportable_experiment(monkeypatch, capsys):
     assert "broken" in capsys.readouterr().out
     assert main(["reproduce", "broken"]) == 2
     assert "experiment 'broken' could not be imported" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("name", sorted(experiments.EXPERIMENTS))
+def test_every_experiment_has_the_one_contract(name):
+    """DESCRIPTION, add_arguments(parser) and run(args) -> int, uci included: the CLI treats all
+    alike (each gets --threads and its own options, nothing else)."""
+    import argparse
+    import inspect
+    module = experiments.get_experiment(name)
+    assert isinstance(module.DESCRIPTION, str) and module.DESCRIPTION
+    assert list(inspect.signature(module.run).parameters) == ["args"]
+    parser = argparse.ArgumentParser()
+    module.add_arguments(parser)
+    assert any(a.dest not in ("help",) for a in parser._actions)  # it adds its own options
+    assert main(["reproduce", name, "--help"]) == 0
+
+
+def test_cli_imports_refbayes_modules_at_the_top_only():
+    """Function-level imports in cli.py are for optional extras only; refbayes modules that load
+    slowly (the experiments, the tracer) go through importlib by name."""
+    import ast
+
+    import refbayes.cli
+    tree = ast.parse(open(refbayes.cli.__file__, encoding="utf-8").read())
+    nested = [node for fn in ast.walk(tree) if isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef))
+              for node in ast.walk(fn) if isinstance(node, (ast.Import, ast.ImportFrom))]
+    names = [(n.module if isinstance(n, ast.ImportFrom) else n.names[0].name) or "" for n in nested]
+    optional = ("distributed", "matplotlib", "torch", "mpi4py", "cupy")
+    assert all(m.split(".")[0] in optional for m in names), names

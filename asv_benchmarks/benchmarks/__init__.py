@@ -7,13 +7,13 @@ slower (SLANG step at D = 1e4: 240 ms against 7.5 ms), so ratios measured in one
 more about the load than the code. Set REFBAYES_BENCH_THREADS to time a threaded case on purpose.
 
 Freed memory is kept for reuse, as in every ``refbayes reproduce`` process
-(refbayes.experiments._parallel.retain_freed_memory): with glibc's defaults a step with (S, M, n)
+(refbayes.experiments.retain_freed_memory): with glibc's defaults a step with (S, M, n)
 temporaries of a few hundred kB faults their pages in on every call (VOGN's step at M = 128, S = 10:
 2.3x its CPU time). REFBAYES_BENCH_MALLOC=default times glibc's defaults instead.
 """
 import os
 
-from refbayes.experiments._parallel import retain_freed_memory, thread_limit
+from refbayes.experiments import retain_freed_memory, thread_limit
 
 BENCH_THREADS = int(os.environ.get("REFBAYES_BENCH_THREADS", "1"))
 if BENCH_THREADS < 1:

@@ -2,14 +2,20 @@
 
 Each experiment module exposes ``DESCRIPTION`` (one line), ``add_arguments(parser)`` (its own
 options on an argparse sub-parser) and ``run(args) -> int`` (the exit status). ``EXPERIMENTS``
-maps the command-line name to the module path, imported only when that experiment is run.
+maps the command-line name to the module path, imported only when that experiment is run. The
+machinery they share (jobs, resume, provenance, summaries) is ``refbayes.experiments._runner``;
+what the command line needs of it is re-exported here: ``positive_int`` (an argparse type),
+``thread_limit`` and ``retain_freed_memory`` (the BLAS threads and memory policy a run runs
+under).
 """
 from __future__ import annotations
 
 import importlib
 from types import ModuleType
 
-__all__ = ["EXPERIMENTS", "get_experiment"]
+from refbayes.experiments._runner import positive_int, retain_freed_memory, thread_limit
+
+__all__ = ["EXPERIMENTS", "get_experiment", "positive_int", "retain_freed_memory", "thread_limit"]
 
 EXPERIMENTS: dict[str, str] = {
     "selfcheck": "refbayes.experiments.selfcheck",
@@ -17,6 +23,7 @@ EXPERIMENTS: dict[str, str] = {
     "riemannian-laplace": "refbayes.experiments.riemannian_laplace",
     "calibration": "refbayes.experiments.calibration",
     "ktied": "refbayes.experiments.ktied",
+    "uci": "refbayes.experiments.uci",
 }
 
 

@@ -36,7 +36,7 @@ SWAG-Diagonal and SWAG: one SGD run serves all three) and a prediction generator
 which other jobs ran, in this invocation or before it.
 
 Parallel runs (``--jobs N`` local processes or ``--dask-scheduler ADDRESS``,
-``refbayes.experiments._parallel``): one job is one training run of one (dataset, task, seed)
+``refbayes.experiments._runner``): one job is one training run of one (dataset, task, seed)
 with the methods it serves (map; swa, swag-diag and swag together; bbb; mc_dropout; vogn), so a
 shared fit still trains once; the worker reloads the data from --data-dir (and refuses data
 whose checksums differ from the main process's). The results equal the serial run's bit for bit.
@@ -59,8 +59,6 @@ Run times (``MEASURED_SECONDS``, 2-core VM, one BLAS thread): the default run 54
 from __future__ import annotations
 
 import argparse
-import csv
-import io
 import json
 import math
 import sys
@@ -72,19 +70,23 @@ from typing import NamedTuple
 import numpy as np
 
 from refbayes import metrics
+from refbayes._files import atomic_write_text, write_json
 from refbayes.datasets import data_identity, load_digits, load_mnist_subset
-from refbayes.experiments import _parallel, calibration_methods
-from refbayes.experiments._io import (
+from refbayes.experiments import _runner, calibration_methods
+from refbayes.experiments._runner import (
     Progress,
     ResultFileError,
-    atomic_write_text,
+    job_rng,
     load_result,
+    mean_se,
     output_writable,
     positive_int,
     provenance,
     pyplot,
+    resume,
     reusable,
-    write_json,
+    save_figure,
+    write_csv,
 )
 from refbayes.models import MLP
 
@@ -209,7 +211,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="folder of the benchmark data (default: $REFBAYES_DATA, then the "
                              "user cache)")
     parser.add_argument("--no-progress", action="store_true", help="no progress output")
-    _parallel.add_arguments(parser)
+    _runner.add_arguments(parser)
 
 
 # ----------------------------------------------------------------------------- jobs
@@ -219,12 +221,11 @@ def _crc(text: str) -> int:
 
 
 def _split_rng(seed, dataset):
-    return np.random.default_rng(np.random.SeedSequence([seed, DATASETS.index(dataset), 0]))
+    return job_rng(seed, DATASETS.index(dataset), 0)
 
 
 def _rng(seed, dataset, task, stream, name):
-    return np.random.default_rng(np.random.SeedSequence(
-        [seed, DATASETS.index(dataset), TASKS.index(task), stream, _crc(name)]))
+    return job_rng(seed, DATASETS.index(dataset), TASKS.index(task), stream, _crc(name))
 
 
 class _Job(NamedTuple):
@@ -288,10 +289,7 @@ def _jobs(datasets, tasks, seeds, methods, quick, samples, out, data) -> list:
 def _saved(job, fresh: bool):
     """The job's saved result when it stands for this job, else None (ValueError naming the
     file when it differs or is damaged, unless fresh)."""
-    saved = load_result(job.path, SCHEMA, fresh)
-    if saved is not None and reusable(job.path, saved, job.settings, job.provenance, fresh):
-        return saved
-    return None
+    return resume(job.path, SCHEMA, job.settings, job.provenance, fresh)
 
 
 # ----------------------------------------------------------------------------- one job
@@ -375,22 +373,22 @@ def _run_job(job, td, cache, bar) -> dict:
 
 def _train_job(dataset, task, seed, methods, settings, prov, data_dir) -> dict:
     """One training run of (dataset, task, seed) with the methods it serves, in order, as a job
-    of ``_parallel.run_jobs``: {method: result}. The data are reloaded here (from ``data_dir``)
+    of ``_runner.run_jobs``: {method: result}. The data are reloaded here (from ``data_dir``)
     and checked against the main process's checksums (``prov``)."""
     X, y, identity = load_data(dataset, data_dir)
-    _parallel.check_worker_data(f"calibration {dataset}", identity, prov)
+    _runner.check_worker_data(f"calibration {dataset}", identity, prov)
     train, test = stratified_split(y, TEST_FRAC, _split_rng(seed, dataset))
     td = task_data(X, y, train, test, task)
     cache, out = {}, {}
     for method, s in zip(methods, settings):
         job = _Job(dataset, task, seed, calibration_methods.METHODS[method], None, s, prov)
-        out[method] = _run_job(job, td, cache, _parallel.QUIET)
+        out[method] = _run_job(job, td, cache, _runner.QUIET)
     return out
 
 
 def _run_jobs(todo, progress, args) -> None:
     """The missing jobs grouped by training run (dataset, task, seed, train name), one
-    ``_parallel`` job each (local processes or a Dask cluster); each method's file written as
+    ``_runner`` job each (local processes or a Dask cluster); each method's file written as
     its group comes back."""
     groups = {}
     for job in todo:  # todo is in (dataset, task, seed, method) order: kept within a group
@@ -400,7 +398,7 @@ def _run_jobs(todo, progress, args) -> None:
     for (d, task, seed, train), members in groups.items():
         key = f"{d}/{task}/seed_{seed}/{train}"
         owner[key] = {j.spec.name: j for j in members}
-        jobs.append(_parallel.Job(key, _train_job, (
+        jobs.append(_runner.Job(key, _train_job, (
             d, task, seed, tuple(j.spec.name for j in members),
             [j.settings for j in members], members[0].provenance, data_dir)))
 
@@ -413,8 +411,7 @@ def _run_jobs(todo, progress, args) -> None:
                 progress.echo(f"note: {label} diverged: {result['error']}", file=sys.stderr)
             progress.advance(label)
 
-    _parallel.run_jobs(jobs, done, n_jobs=args.jobs, scheduler=args.dask_scheduler,
-                       threads=getattr(args, "threads", 1))
+    _runner.run_command_jobs(jobs, done, args)
 
 
 # ----------------------------------------------------------------------------- summaries
@@ -463,21 +460,6 @@ def _collect(out, quick, samples, seeds, data, data_dir, noted) -> list:
     return found
 
 
-def _write_csv(path, rows) -> Path:
-    buf = io.StringIO()
-    w = csv.DictWriter(buf, fieldnames=ROW_FIELDS)
-    w.writeheader()
-    w.writerows(rows)
-    return atomic_write_text(path, buf.getvalue())
-
-
-def _mean_se(values):
-    v = np.asarray([x for x in values if x is not None], dtype=float)
-    if v.size == 0:
-        return None, None
-    return float(v.mean()), (float(v.std(ddof=1) / math.sqrt(v.size)) if v.size > 1 else None)
-
-
 # metric key, column head, digits
 COLUMNS = (("accuracy", "accuracy", 4), ("nll", "NLL", 4), ("ece", "ECE (15 bins)", 4),
            ("brier", "Brier", 4), ("misclassification_auroc", "misclass. AUROC", 4),
@@ -500,9 +482,9 @@ def _summary(found, dataset) -> list[dict]:
         r = {"method": name, "seeds_main": len(main), "seeds_ood": len(ood),
              "diverged_main": len(main) - len(ok), "diverged_ood": len(ood) - len(ok_ood)}
         for key, _, _ in COLUMNS:
-            r[key], r[key + "_se"] = _mean_se([f["metrics"].get(key) for f in ok])
-        r["ood_auroc"], r["ood_auroc_se"] = _mean_se([f["metrics"]["ood_auroc"] for f in ok_ood])
-        r["fit_seconds"], _ = _mean_se([f["seconds"].get("fit") for f in main])
+            r[key], r[key + "_se"] = mean_se([f["metrics"].get(key) for f in ok])
+        r["ood_auroc"], r["ood_auroc_se"] = mean_se([f["metrics"]["ood_auroc"] for f in ok_ood])
+        r["fit_seconds"], _ = mean_se([f["seconds"].get("fit") for f in main])
         rows.append(r)
     return rows
 
@@ -606,8 +588,7 @@ def _figure(out, dataset, found):
                  f"{len(panels[0][1])} seed(s) pooled)", fontsize=10)
     fig.tight_layout()
     path = Path(out) / f"reliability_{dataset}.png"
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save_figure(fig, path, dpi=110)
     return path
 
 
@@ -621,7 +602,7 @@ def run(args: argparse.Namespace) -> int:
     method) order, each written when it finishes, and ends with results.csv, summary.json, a
     markdown table per dataset (stdout and table_<dataset>.md) and the reliability diagrams.
     With --jobs > 1 or --dask-scheduler the missing jobs run as independent jobs of
-    ``_parallel`` (one per training run, ``_run_jobs``), then the same summaries are written.
+    ``_runner`` (one per training run, ``_run_jobs``), then the same summaries are written.
     """
     quick = bool(args.quick)
     datasets = args.dataset if args.dataset is not None else (("digits",) if quick else DATASETS)
@@ -637,7 +618,7 @@ def run(args: argparse.Namespace) -> int:
     cache, current = {}, None
     with Progress(len(jobs), len(jobs) - len(todo), "calibration",
                   enabled=not args.no_progress) as progress:
-        if todo and (args.jobs > 1 or args.dask_scheduler is not None):
+        if todo and _runner.parallel(args):
             _run_jobs(todo, progress, args)
             todo = []
         for job in todo:
@@ -669,7 +650,7 @@ def run(args: argparse.Namespace) -> int:
                 atomic_write_text(out / f"table_{d}.md",
                                   f"{_heading(d, found, args.seeds)}\n\n{table}\n")
         if write:
-            csv_path = _write_csv(out / "results.csv", [_row(f) for f in found])
+            csv_path = write_csv(out / "results.csv", [_row(f) for f in found], ROW_FIELDS)
             write_json(out / "summary.json", summary)
             lines.append(f"results: {out}/<dataset>/<task>/seed_<k>/<method>.json, {csv_path}, "
                          f"{out / 'summary.json'}")

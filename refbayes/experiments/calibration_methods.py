@@ -54,31 +54,18 @@ The settings and the reasons for them are in derivations/calibration_experiment.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
 from types import MappingProxyType
 from typing import Any, NamedTuple
 
 import numpy as np
 from scipy.special import softmax
 
-from refbayes.methods import bbb, driver, mc_dropout, swag, vogn
+from refbayes.experiments._fits import MethodSpec, bbb_fit, dropout_fit, vogn_fit
+from refbayes.methods import driver, mc_dropout, swag
 
 __all__ = ["METHODS", "MethodSpec", "TrainingError", "bma_probs", "resolve"]
 
 TrainingError = driver.TrainingError
-
-
-class MethodSpec(NamedTuple):
-    """One method of the calibration benchmark; see the module docstring for each field."""
-    name: str
-    description: str
-    defaults: dict                # epochs, M and the method's fixed settings
-    quick: dict                   # --quick overrides of defaults
-    fit: Callable[..., Any]       # fit(model, X, y, hyper, rng, progress) -> posterior
-    predict: Callable[..., Any]   # predict(posterior, model, X, rng, S) -> probs (n, C)
-    point: bool = False           # a point estimate: one network, S not used
-    train: str = ""               # the training run's name; "" means the method's own
-    constants: MappingProxyType = MappingProxyType({})  # prediction settings fixed in code
 
 
 def resolve(spec: MethodSpec, quick: bool = False) -> dict:
@@ -189,28 +176,17 @@ def _swag_sampler(scale: float, low_rank: bool):
 
 # ----------------------------------------------------------------------------- BBB
 
-class _Gaussian(NamedTuple):
-    """A trained mean-field posterior and how to draw from it: sample(eps (D, S)) -> (D, S)."""
-    sample: Callable
-
-
 def _gaussian_predict(post, model, X, rng, S):
     """S draws theta_s of q, eps (D, S) from rng; the BMA of their softmax outputs."""
     return bma_probs(model, post.sample(rng.standard_normal((model.D, S))), X)
 
 
 def _bbb_fit(model, X, y, hyper, rng, progress):
-    """Bayes-by-Backprop (refbayes.methods.bbb): Adam on (mu, rho) of the negative ELBO with
+    """Bayes-by-Backprop (``_fits.bbb_fit``): Adam on (mu, rho) of the negative ELBO with
     S_train draws per step; mu_0 Glorot, sigma_0 = hyper["sigma_init"]. The Adam eps of the
     per-example objective F / N is N * adam_eps on refbayes' summed F."""
-    N = X.shape[0]
-    cfg = bbb.BBBConfig(N, hyper["prior_precision"], alpha=hyper["lr"], beta1=hyper["adam_beta1"],
-                        beta2=hyper["adam_beta2"], eps_adam=N * hyper["adam_eps"])
-    state = bbb.init(model.init_theta(rng), sigma0=hyper["sigma_init"])
-    state = driver.run(state, cfg, model, X, y, rng=rng, epochs=hyper["epochs"],
-                       M=min(hyper["M"], N), S=hyper["S_train"],
-                       callback=lambda epoch, st: progress(1))
-    return _Gaussian(lambda eps: bbb.sample(state, eps))
+    return bbb_fit(model, X, y, hyper["prior_precision"], hyper, rng, hyper["epochs"],
+                   min(hyper["M"], X.shape[0]), progress, sigma0=hyper["sigma_init"])
 
 
 # ----------------------------------------------------------------------------- VOGN
@@ -219,21 +195,11 @@ def _vogn_fit(model, X, y, hyper, rng, progress):
     """VOGN (refbayes.methods.vogn) with squared per-example gradients, tau = rho = 1,
     gamma = 0; s_0 = hyper["s_init_N"] / N."""
     N = X.shape[0]
-    cfg = vogn.VOGNConfig(N, hyper["prior_precision"], alpha=hyper["lr"],
-                          beta1=hyper["momentum"], beta2=hyper["beta2"], curvature="ef")
-    state = vogn.init(model.init_theta(rng), np.full(model.D, hyper["s_init_N"] / N))
-    state = driver.run(state, cfg, model, X, y, rng=rng, epochs=hyper["epochs"],
-                       M=min(hyper["M"], N), S=hyper["S_train"],
-                       callback=lambda epoch, st: progress(1))
-    return _Gaussian(lambda eps: vogn.sample(state, eps, cfg))
+    return vogn_fit(model, X, y, hyper["prior_precision"], hyper, rng, hyper["epochs"],
+                    min(hyper["M"], N), progress, beta2=hyper["beta2"], s0=hyper["s_init_N"] / N)
 
 
 # ----------------------------------------------------------------------------- MC dropout
-
-class _Dropout(NamedTuple):
-    state: Any
-    cfg: Any
-
 
 def _dropout_fit(model, X, y, hyper, rng, progress):
     """MC dropout (refbayes.methods.mc_dropout), inverted dropout with drop probability p on
@@ -245,10 +211,7 @@ def _dropout_fit(model, X, y, hyper, rng, progress):
     cfg = mc_dropout.MCDropoutConfig(N, p=p, lengthscale=lengthscale,
                                      alpha=hyper["lr"], beta1=hyper["adam_beta1"],
                                      beta2=hyper["adam_beta2"], eps_adam=N * hyper["adam_eps"])
-    state = driver.run(mc_dropout.init(model.init_theta(rng)), cfg, model, X, y, rng=rng,
-                       epochs=hyper["epochs"], M=min(hyper["M"], N),
-                       callback=lambda epoch, st: progress(1))
-    return _Dropout(state, cfg)
+    return dropout_fit(model, X, y, cfg, rng, hyper["epochs"], min(hyper["M"], N), progress)
 
 
 def _dropout_predict(post, model, X, rng, S):

@@ -34,7 +34,7 @@ steps while it runs (the run resumes from it), ``posterior_<name>.npz`` (mu, sig
 data checksum and refbayes version match; otherwise the run stops naming the file, unless --fresh.
 
 Parallel runs: the runs are independent jobs (``--jobs N`` local processes or
-``--dask-scheduler ADDRESS``, ``refbayes.experiments._parallel``): every draw comes from a
+``--dask-scheduler ADDRESS``, ``refbayes.experiments._runner``): every draw comes from a
 generator seeded by (seed, purpose, step), none shared between runs, so the results equal the
 serial run's bit for bit. A worker rebuilds the data from --data-dir and refuses other data than
 the main process read. Local processes checkpoint and resume under --out as the serial run
@@ -50,8 +50,6 @@ run about 69 minutes of compute (two processes side by side, ``--runs meanfield`
 from __future__ import annotations
 
 import argparse
-import csv
-import io
 import json
 import math
 import time
@@ -60,21 +58,25 @@ from typing import Any, Callable, NamedTuple
 
 import numpy as np
 
-from refbayes.datasets import data_identity, load_mnist, load_mnist_subset
-from refbayes.experiments import _parallel
-from refbayes.experiments._io import (
-    Progress,
+from refbayes._files import (
     atomic_write_npz,
-    atomic_write_text,
     format_table,
-    load_result,
+    write_json,
+)
+from refbayes.datasets import data_identity, load_mnist, load_mnist_subset
+from refbayes.experiments import _runner
+from refbayes.experiments._runner import (
+    Progress,
+    job_rng,
     output_writable,
     positive_int,
     provenance,
     pyplot,
+    resume,
     reusable,
+    save_figure,
     seed_arg,
-    write_json,
+    write_csv,
 )
 from refbayes.methods import bbb, ktied
 from refbayes.models import MLP
@@ -194,7 +196,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="output folder (default: results/ktied)")
     parser.add_argument("--fresh", action="store_true",
                         help="recompute runs whose saved settings differ instead of stopping")
-    _parallel.add_arguments(parser)
+    _runner.add_arguments(parser)
     parser.add_argument("--data-dir", type=Path, default=None,
                         help="folder of the benchmark data (default: $REFBAYES_DATA, then the "
                              "user cache)")
@@ -246,7 +248,7 @@ def _load(args, budget) -> _Data:
         return _Data(ktied.Batch(tt.X_train, tt.y_train), ktied.Batch(tt.X_test, tt.y_test),
                      data_identity("mnist", args.data_dir, MNIST_FULL_FILES))
     X, y = load_mnist_subset(args.data_dir)
-    tr, te = split(y, budget["n_train"], np.random.default_rng(np.random.SeedSequence([args.seed, 0])))
+    tr, te = split(y, budget["n_train"], job_rng(args.seed, 0))
     return _Data(ktied.Batch(X[tr], y[tr]), ktied.Batch(X[te], y[te]),
                  data_identity("mnist-5k", args.data_dir, (MNIST_FILE,)))
 
@@ -263,10 +265,6 @@ class _Method(NamedTuple):
     n_params: int       # variational parameters (ktied.10)
 
 
-def _rng(seed, *coords):
-    return np.random.default_rng(np.random.SeedSequence([seed, *coords]))
-
-
 def _model(hidden) -> MLP:
     return MLP([784, *hidden, 10], activation="relu", likelihood="categorical")
 
@@ -279,14 +277,14 @@ def _make(name, model, mu0, seed, N, lr) -> _Method:
     w_slices = [slice(theta_lay.w_theta[l], theta_lay.w_theta[l] + sizes[l] * sizes[l + 1])
                 for l in range(len(sizes) - 1)]
     if name == "meanfield":
-        rho0 = RHO0 + RHO0_SD * _rng(seed, 1).standard_normal(model.D)
+        rho0 = RHO0 + RHO0_SD * job_rng(seed, 1).standard_normal(model.D)
         return _Method(name, bbb.init(mu0, rho0=rho0),
                        lambda s, b, e: bbb.step(s, b, e, cfg, model),
                        lambda s: bbb.softplus(s.rho), w_slices, w_slices,
                        ktied.n_variational_params(model))
     k = int(name[1:])
     lay = ktied.layout(model, k)
-    xi = _rng(seed, 1, k).standard_normal(lay.P)
+    xi = job_rng(seed, 1, k).standard_normal(lay.P)
     sigma0 = float(bbb.softplus(np.array(RHO0)))
     tied = [slice(lay.u_off[l], lay.u_off[l] + (sizes[l] + sizes[l + 1]) * k)
             for l in range(len(sizes) - 1)]
@@ -299,7 +297,7 @@ def _make(name, model, mu0, seed, N, lr) -> _Method:
 def _batch_rows(seed, t, N, M):
     """Rows of step t: block t mod E of epoch t // E's permutation (E = N // M blocks)."""
     E = N // M
-    perm = _rng(seed, 2, t // E).permutation(N)
+    perm = job_rng(seed, 2, t // E).permutation(N)
     j = t % E
     return perm[j * M:(j + 1) * M]
 
@@ -314,7 +312,7 @@ def _snr(method, state, data, seed, t, R, M) -> list:
     (minibatch, eps) pairs: the same pairs for every run."""
     X, y = data.train
     N, D = X.shape[0], state.mu.shape[0]
-    rng = _rng(seed, 5, t)
+    rng = job_rng(seed, 5, t)
     G_rho, G_mu = [], []
     for _ in range(R):
         rows = rng.choice(N, size=M, replace=False)
@@ -399,7 +397,7 @@ def _fit(name, args, budget, data, settings, prov, progress, ckpt_dir):
     model = _model(budget["hidden"])
     X, y = data.train
     N, M, T = X.shape[0], budget["batch"], budget["steps"]
-    mu0 = model.init_theta(_rng(args.seed, 6))
+    mu0 = model.init_theta(job_rng(args.seed, 6))
     method = _make(name, model, mu0, args.seed, N, budget["lr"])
     resumed = None if ckpt_dir is None else \
         _load_checkpoint(ckpt_dir, name, method, settings, prov, args.fresh)
@@ -409,7 +407,7 @@ def _fit(name, args, budget, data, settings, prov, progress, ckpt_dir):
                   "seconds": 0.0, "n_params": method.n_params}
     else:
         state, record = resumed
-    eval_eps = lambda t: _rng(args.seed, 4, t).standard_normal((model.D, budget["eval_draws"]))  # noqa: E731
+    eval_eps = lambda t: job_rng(args.seed, 4, t).standard_normal((model.D, budget["eval_draws"]))  # noqa: E731
     t0 = time.perf_counter() - record["seconds"]
     window = record.pop("window", [])  # the minibatch -ELBOs since the last evaluation
     t_start = state.t
@@ -436,11 +434,11 @@ def _fit(name, args, budget, data, settings, prov, progress, ckpt_dir):
                                   f"at step {last['step']}, {record['seconds']:.0f} s",
                                   file=progress.file)
             rows = _batch_rows(args.seed, t, N, M)
-            eps = _rng(args.seed, 3, t).standard_normal((model.D, 1))
+            eps = job_rng(args.seed, 3, t).standard_normal((model.D, 1))
             state, info = method.step(state, ktied.Batch(X[rows], y[rows]), eps)
             window.append(-float(info.elbo))
             bar.update(1)
-    final_eps = _rng(args.seed, 7).standard_normal((model.D, budget["final_draws"]))
+    final_eps = job_rng(args.seed, 7).standard_normal((model.D, budget["final_draws"]))
     record["final"] = _evaluate(method, state, model, data, final_eps)
     record["seconds"] = time.perf_counter() - t0
     record["citation"] = CITATION
@@ -448,12 +446,12 @@ def _fit(name, args, budget, data, settings, prov, progress, ckpt_dir):
 
 
 def _run_job(name, seed, data_dir, budget, settings, prov, ckpt_dir, fresh):
-    """One run, as a job of ``_parallel.run_jobs``: (record, mu, sigma). The worker reloads the
+    """One run, as a job of ``_runner.run_jobs``: (record, mu, sigma). The worker reloads the
     data and checks that it is what the main process read (its checksums)."""
     args = argparse.Namespace(seed=seed, data_dir=data_dir, out=ckpt_dir, fresh=fresh)
     data = _load(args, budget)
-    _parallel.check_worker_data(f"ktied run {name}", data.identity, prov)
-    return _fit(name, args, budget, data, settings, prov, _parallel.QUIET, ckpt_dir)
+    _runner.check_worker_data(f"ktied run {name}", data.identity, prov)
+    return _fit(name, args, budget, data, settings, prov, _runner.QUIET, ckpt_dir)
 
 
 def _train_jobs(args, budget, todo, saved, prov, progress) -> None:
@@ -465,7 +463,7 @@ def _train_jobs(args, budget, todo, saved, prov, progress) -> None:
     data_dir = None if args.data_dir is None else Path(args.data_dir).resolve()
     for name, settings in todo:  # refused here, before any job runs, as the serial run would
         _read_checkpoint(out, name, settings, prov, args.fresh, keys=())
-    jobs = [_parallel.Job(f"ktied/{name}", _run_job, (name, args.seed, data_dir, budget,
+    jobs = [_runner.Job(f"ktied/{name}", _run_job, (name, args.seed, data_dir, budget,
                                                       settings, prov, ckpt_dir, args.fresh))
             for name, settings in todo]
 
@@ -478,8 +476,7 @@ def _train_jobs(args, budget, todo, saved, prov, progress) -> None:
         _ckpt_path(out, name).unlink(missing_ok=True)
         progress.advance(name)
 
-    _parallel.run_jobs(jobs, done, n_jobs=args.jobs, scheduler=args.dask_scheduler,
-                       threads=getattr(args, "threads", 1))
+    _runner.run_command_jobs(jobs, done, args)
 
 
 # ----------------------------------------------------------------------------- post-hoc
@@ -495,7 +492,7 @@ def _posthoc(args, budget, data, mf_record) -> dict:
         spectra.append({"layer": l + 1, "shape": list(A.shape),
                         "A": ktied.explained_variance(A).tolist(),
                         "M": ktied.explained_variance(W_mu).tolist()})
-    final_eps = _rng(args.seed, 7).standard_normal((model.D, budget["final_draws"]))
+    final_eps = job_rng(args.seed, 7).standard_normal((model.D, budget["final_draws"]))
     trunc = []
     for k in TRUNCATION_RANKS:
         if k > min(min(a["shape"]) for a in spectra):
@@ -582,11 +579,7 @@ def _write_csvs(out, saved, posthoc) -> list:
     paths = []
 
     def table(name, header, rows):
-        buf = io.StringIO()
-        w = csv.writer(buf)
-        w.writerow(header)
-        w.writerows(rows)
-        paths.append(atomic_write_text(out / name, buf.getvalue()))
+        paths.append(write_csv(out / name, rows, header))
 
     names = _order(saved)
     keys = ("neg_elbo", "neg_elbo_se", "nll", "nll_se", "accuracy", "accuracy_se", "kl")
@@ -629,8 +622,7 @@ def _figures(out, saved, posthoc) -> list:
         fig.suptitle("trained mean-field posterior: gamma_i^2 / sum_j gamma_j^2 (ktied.12)")
         fig.tight_layout()
         paths.append(out / "spectra.png")
-        fig.savefig(paths[-1], dpi=110)
-        plt.close(fig)
+        save_figure(fig, paths[-1], dpi=110)
         with np.load(out / "posterior_meanfield.npz", allow_pickle=False) as z:
             sigma = z["sigma"]
         model = _model(saved["meanfield"]["settings"]["hidden"])
@@ -645,8 +637,7 @@ def _figures(out, saved, posthoc) -> list:
         fig.suptitle("trained mean-field standard deviations A_ij")
         fig.tight_layout()
         paths.append(out / "heatmap_A.png")
-        fig.savefig(paths[-1], dpi=110)
-        plt.close(fig)
+        save_figure(fig, paths[-1], dpi=110)
     fig, ax = plt.subplots(figsize=(6, 4))
     for n in names:
         c = saved[n]["curve"]
@@ -656,8 +647,7 @@ def _figures(out, saved, posthoc) -> list:
     ax.set_ylabel("-ELBO / N (whole training set)")
     ax.legend()
     paths.append(out / "elbo_vs_step.png")
-    fig.savefig(paths[-1], dpi=110, bbox_inches="tight")
-    plt.close(fig)
+    save_figure(fig, paths[-1], dpi=110, bbox_inches="tight")
     fig, ax = plt.subplots(figsize=(6, 4))
     for n in names:
         rows = [r for r in saved[n]["snr"] if r["layer"] == 2 and r["kind"] == "scale"
@@ -669,8 +659,7 @@ def _figures(out, saved, posthoc) -> list:
     ax.set_ylabel("median SNR, scale parameters of layer 2")
     ax.legend()
     paths.append(out / "snr.png")
-    fig.savefig(paths[-1], dpi=110, bbox_inches="tight")
-    plt.close(fig)
+    save_figure(fig, paths[-1], dpi=110, bbox_inches="tight")
     return paths
 
 
@@ -700,14 +689,14 @@ def run(args: argparse.Namespace) -> int:
     saved, todo = {}, []
     for name in args.runs:
         settings = _settings(name, args, budget)
-        prev = load_result(_path(out, name), SCHEMA, fresh=args.fresh)
-        if prev is not None and reusable(_path(out, name), prev, settings, prov, args.fresh):
+        prev = resume(_path(out, name), SCHEMA, settings, prov, args.fresh)
+        if prev is not None:
             saved[name] = prev
         else:
             todo.append((name, settings))
     write = output_writable(out, needed=bool(todo))
     with Progress(len(args.runs), len(saved), "ktied", enabled=not args.no_progress) as progress:
-        if todo and (args.jobs > 1 or args.dask_scheduler is not None):  # every run at once
+        if todo and _runner.parallel(args):  # every run at once
             _train_jobs(args, budget, todo, saved, prov, progress)
             todo = []
         for name, settings in todo:

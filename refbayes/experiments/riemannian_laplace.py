@@ -34,7 +34,7 @@ Randomness: ``numpy.random.default_rng(SeedSequence([--seed, part]))`` per part,
 (data, split, initial weights, the LA draws eps) and passed in.
 
 Parallel runs: the parts are independent jobs (``--jobs N`` local processes or
-``--dask-scheduler ADDRESS``, ``refbayes.experiments._parallel``); each part's randomness is its
+``--dask-scheduler ADDRESS``, ``refbayes.experiments._runner``); each part's randomness is its
 own generator above, so the results equal the serial run's bit for bit.
 
 Output (``--out``, default results/riemannian-laplace): ``part_<a|b|c>.json`` as each part
@@ -50,8 +50,6 @@ Run times (MEASURED_SECONDS, 2-core AMD EPYC VM, nothing else running, all parts
 from __future__ import annotations
 
 import argparse
-import csv
-import io
 import json
 import time
 from pathlib import Path
@@ -60,20 +58,20 @@ import numpy as np
 from scipy.optimize import minimize
 
 from refbayes import metrics
-from refbayes.experiments import _parallel
-from refbayes.experiments._io import (
+from refbayes._files import format_table, write_json
+from refbayes.experiments import _runner
+from refbayes.experiments._runner import (
     Progress,
-    atomic_write_text,
-    format_table,
-    load_result,
+    job_rng,
     output_writable,
     positive_int,
     provenance,
     pyplot,
-    reusable,
+    resume,
+    save_figure,
     seed_arg,
     sha256_arrays,
-    write_json,
+    write_csv,
 )
 from refbayes.methods import laplace
 from refbayes.methods import riemannian_laplace as rla
@@ -146,7 +144,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="output folder (default: results/riemannian-laplace)")
     parser.add_argument("--fresh", action="store_true",
                         help="recompute parts whose saved settings differ instead of stopping")
-    _parallel.add_arguments(parser)
+    _runner.add_arguments(parser)
 
 
 # ----------------------------------------------------------------------------- data
@@ -424,7 +422,7 @@ SCHEMA = {"settings": dict, "provenance": dict, "results": {"geodesics": dict}, 
 
 
 def _rng(seed, part):
-    return np.random.default_rng(np.random.SeedSequence([seed, "abc".index(part)]))
+    return job_rng(seed, "abc".index(part))
 
 
 def _data_identity(args, part) -> dict:
@@ -477,13 +475,11 @@ def _table(part, saved) -> str:
 
 
 def _write_csv(out, saved_c) -> Path:
-    buf = io.StringIO()
-    w = csv.writer(buf)
-    w.writerow(["method", "accuracy", "nll", "brier", "ece", "mce", "samples", "seed"])
     s = saved_c["settings"]
-    for m, v in _ordered(saved_c["results"]["scores"], C_METHODS):
-        w.writerow([m, v["accuracy"], v["nll"], v["brier"], v["ece"], v["mce"], s["samples"], s["seed"]])
-    return atomic_write_text(Path(out) / "c_classification.csv", buf.getvalue())
+    rows = [[m, v["accuracy"], v["nll"], v["brier"], v["ece"], v["mce"], s["samples"], s["seed"]]
+            for m, v in _ordered(saved_c["results"]["scores"], C_METHODS)]
+    return write_csv(Path(out) / "c_classification.csv", rows,
+                     ["method", "accuracy", "nll", "brier", "ece", "mce", "samples", "seed"])
 
 
 def _figures(out, saved) -> list:
@@ -513,8 +509,7 @@ def _figures(out, saved) -> list:
         axes[0].set_ylabel("w2")
         fig.suptitle(f"(a) logistic regression, intercept fixed at {r['intercept']:.2f}")
         paths.append(Path(out) / "a_banana_posterior.png")
-        fig.savefig(paths[-1], dpi=110, bbox_inches="tight")
-        plt.close(fig)
+        save_figure(fig, paths[-1], dpi=110, bbox_inches="tight")
     if "b" in saved:
         r = saved["b"]["results"]
         xs = np.asarray(r["x_grid"])
@@ -530,8 +525,7 @@ def _figures(out, saved) -> list:
             ax.set_ylim(-4, 4)
         fig.suptitle("(b) 1-15-1 tanh MLP, Snelson stand-in: mean +- 2 sd (train black, test orange)")
         paths.append(Path(out) / "b_regression.png")
-        fig.savefig(paths[-1], dpi=110, bbox_inches="tight")
-        plt.close(fig)
+        save_figure(fig, paths[-1], dpi=110, bbox_inches="tight")
     if "c" in saved:
         r = saved["c"]["results"]
         g = r["grid"]
@@ -550,16 +544,15 @@ def _figures(out, saved) -> list:
         fig.colorbar(cs, ax=list(axes), shrink=0.8, label="confidence max_k p(k | x)")
         fig.suptitle("(c) 2-16-16-2 tanh MLP, two moons: predictive confidence, decision boundary")
         paths.append(Path(out) / "c_classification.png")
-        fig.savefig(paths[-1], dpi=110, bbox_inches="tight")
-        plt.close(fig)
+        save_figure(fig, paths[-1], dpi=110, bbox_inches="tight")
     return paths
 
 
 def _part_job(part: str, seed: int, budget: dict):
-    """One part, as a job of ``_parallel.run_jobs``: (results, seconds). Its randomness is
+    """One part, as a job of ``_runner.run_jobs``: (results, seconds). Its randomness is
     ``_rng(seed, part)`` only, so it runs anywhere."""
     t0 = time.perf_counter()
-    results, _ = COMPUTE[part](_rng(seed, part), budget, _parallel.QUIET)
+    results, _ = COMPUTE[part](_rng(seed, part), budget, _runner.QUIET)
     return results, time.perf_counter() - t0
 
 
@@ -572,7 +565,7 @@ def _compute_jobs(args, todo, saved, out, progress) -> None:
     """Every missing part as one job (local processes or a Dask cluster), each part's file
     written as it comes back."""
     owner = {part: (settings, prov) for part, settings, prov in todo}
-    jobs = [_parallel.Job(f"part_{part}", _part_job, (part, args.seed, _budget(args, part)))
+    jobs = [_runner.Job(f"part_{part}", _part_job, (part, args.seed, _budget(args, part)))
             for part, _, _ in todo]
 
     def done(key, result):
@@ -583,8 +576,7 @@ def _compute_jobs(args, todo, saved, out, progress) -> None:
         write_json(_path(out, part), saved[part])
         progress.advance(f"part {part}")
 
-    _parallel.run_jobs(jobs, done, n_jobs=args.jobs, scheduler=args.dask_scheduler,
-                       threads=getattr(args, "threads", 1))
+    _runner.run_command_jobs(jobs, done, args)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -603,13 +595,13 @@ def run(args: argparse.Namespace) -> int:
         path = _path(out, part)
         settings = _settings(args, part)
         prov = provenance(_data_identity(args, part))
-        prev = load_result(path, SCHEMA, fresh=args.fresh)
-        if prev is not None and reusable(path, prev, settings, prov, args.fresh):
+        prev = resume(path, SCHEMA, settings, prov, args.fresh)
+        if prev is not None:
             saved[part] = prev
         else:
             todo.append((part, settings, prov))
     write = output_writable(out, needed=bool(todo))
-    parallel = args.jobs > 1 or args.dask_scheduler is not None
+    parallel = _runner.parallel(args)
     with Progress(len(parts), len(parts) - len(todo), "riemannian-laplace") as progress:
         if parallel and todo:  # every missing part at once
             _compute_jobs(args, todo, saved, out, progress)

@@ -13,7 +13,7 @@ Results go to ``<out>/selfcheck.json`` as they are produced (with their provenan
 the generated data, the refbayes version and the git commit), a figure to ``<out>/selfcheck.png``.
 
 The four groups of checks are independent jobs (``--jobs N`` local processes or
-``--dask-scheduler ADDRESS``, ``refbayes.experiments._parallel``): each rebuilds the seeded
+``--dask-scheduler ADDRESS``, ``refbayes.experiments._runner``): each rebuilds the seeded
 problem, so the errors equal the serial run's bit for bit; the timings are then taken while
 the other groups run (use the serial run to time).
 """
@@ -28,17 +28,17 @@ from pathlib import Path
 import numpy as np
 from tqdm import tqdm
 
+from refbayes._files import format_table, write_json
 from refbayes._tolerances import EXACT_F64, rel_err
 from refbayes.datasets import make_logistic_regression
-from refbayes.experiments import _parallel
-from refbayes.experiments._io import (
-    format_table,
+from refbayes.experiments import _runner
+from refbayes.experiments._runner import (
     output_writable,
     provenance,
     pyplot,
+    save_figure,
     seed_arg,
     sha256_arrays,
-    write_json,
 )
 from refbayes.linalg import gaussian, lowrank
 from refbayes.models import MLP, LogisticRegression, add_intercept
@@ -60,7 +60,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="output folder (default: results/selfcheck)")
     parser.add_argument("--seed", type=seed_arg, default=0, help="seed of the synthetic data (default 0)")
     parser.add_argument("--quick", action="store_true", help="smaller problem (smoke test)")
-    _parallel.add_arguments(parser)
+    _runner.add_arguments(parser)
 
 
 def _best_time(fn, repeat=5) -> float:
@@ -147,8 +147,7 @@ def _figure(rows, out: Path):
     ax.legend(loc="lower right")
     fig.tight_layout()
     path = out / "selfcheck.png"
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    save_figure(fig, path, dpi=120)
     return path
 
 
@@ -188,7 +187,7 @@ def _check(label: str, pb):
 
 
 def _check_job(label: str, quick: bool, seed: int):
-    """One group of checks, as a job of ``_parallel.run_jobs`` (the problem rebuilt here)."""
+    """One group of checks, as a job of ``_runner.run_jobs`` (the problem rebuilt here)."""
     return _check(label, _problem(quick, seed))
 
 
@@ -211,7 +210,7 @@ def run(args: argparse.Namespace) -> int:
                                              "checks": rows, "timings_s": timings,
                                              "provenance": prov})
 
-    if args.jobs > 1 or args.dask_scheduler is not None:
+    if _runner.parallel(args):
         finished = {}
         with tqdm(total=len(CHECKS), desc="selfcheck", file=sys.stderr) as bar:
             def done(label, result):  # the file holds the finished groups, in CHECKS order
@@ -225,9 +224,8 @@ def run(args: argparse.Namespace) -> int:
                 write()
                 bar.update(1)
 
-            _parallel.run_jobs([_parallel.Job(c, _check_job, (c, bool(args.quick), args.seed))
-                                for c in CHECKS], done, n_jobs=args.jobs,
-                               scheduler=args.dask_scheduler, threads=getattr(args, "threads", 1))
+            _runner.run_command_jobs([_runner.Job(c, _check_job, (c, bool(args.quick), args.seed))
+                                      for c in CHECKS], done, args)
     else:
         for label in tqdm(CHECKS, desc="selfcheck", file=sys.stderr):
             new, t = _check(label, pb)

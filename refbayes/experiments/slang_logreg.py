@@ -26,7 +26,7 @@ provenance (the sha256 of the data files the loader read, DATA_FILES, or of the 
 arrays for synthetic; the refbayes version; the git commit). Resumable: a finished file whose
 settings, data checksums and refbayes version match is loaded, not recomputed; otherwise, or
 when the file is damaged, the run stops naming the file, unless --fresh (the commit is recorded,
-not compared: see refbayes/experiments/_io.py). ``<dataset>_summary.csv`` and
+not compared: see refbayes/experiments/_runner.py). ``<dataset>_summary.csv`` and
 ``<dataset>_summary.json`` are rewritten as results arrive and cover every method with matching
 results in --out (not only this invocation's), as do the figures ``<dataset>_covariances.png``
 and ``<dataset>_convergence.png``; the table shows the methods asked for.
@@ -34,8 +34,6 @@ and ``<dataset>_convergence.png``; the table shows the methods asked for.
 from __future__ import annotations
 
 import argparse
-import csv
-import io
 import math
 import sys
 import time
@@ -44,6 +42,7 @@ from typing import NamedTuple
 
 import numpy as np
 
+from refbayes._files import format_table, write_json
 from refbayes.datasets import (
     data_identity,
     load_a1a,
@@ -53,22 +52,24 @@ from refbayes.datasets import (
     make_logistic_regression,
     random_split,
 )
-from refbayes.experiments import _parallel
-from refbayes.experiments._io import (
+from refbayes.experiments import _runner
+from refbayes.experiments._runner import (
     MayLack,
     Progress,
     ResultFileError,
-    atomic_write_text,
-    format_table,
+    job_rng,
     load_result,
+    mean_se,
     output_writable,
     positive_int,
     provenance,
     pyplot,
+    resume,
     reusable,
+    save_figure,
     seed_arg,
     sha256_arrays,
-    write_json,
+    write_csv,
 )
 from refbayes.linalg import gaussian
 from refbayes.methods import driver, exact_vi, ngvi, slang
@@ -196,14 +197,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="output folder (default: results/slang-logreg)")
     parser.add_argument("--fresh", action="store_true",
                         help="recompute runs whose saved settings differ instead of stopping")
-    _parallel.add_arguments(parser)
+    _runner.add_arguments(parser)
 
 
 # ----------------------------------------------------------------------------- data
 
 def _load(name, data_dir, restart, seed):
     """(X_train, y_train, X_test, y_test) for one restart; splits from (seed, restart) only."""
-    rng = np.random.default_rng([seed, restart])
+    rng = job_rng(seed, restart)
     if name == "synthetic":
         s = make_logistic_regression(SYNTHETIC["n"], SYNTHETIC["p"], SYNTHETIC["seed"])
         X, y = s.X, s.y
@@ -418,8 +419,8 @@ def _plan(args, name) -> _Plan:
             settings = _settings(name, method, r, 0 if method == "exact-mf-vi" else epochs,
                                  args.seed, M, prior)
             if asked:
-                saved = load_result(path, schema, fresh=args.fresh)
-                ok = saved is not None and reusable(path, saved, settings, prov, args.fresh)
+                saved = resume(path, schema, settings, prov, args.fresh)
+                ok = saved is not None
             else:
                 saved = _read_other(path, schema)
                 ok = saved is not None and reusable(path, saved, settings, prov, fresh=True)
@@ -437,9 +438,9 @@ def _plan_exact(args, plan, r, M, prior) -> None:
     (deterministic, under a second) and the first to finish writes it; a restart with no run
     to compute gets a job of its own (``_run_jobs``)."""
     path = _path(args.out, plan.name, r, "exact-vi")
-    saved = load_result(path, EXACT_SCHEMA, fresh=args.fresh)
     settings = _settings(plan.name, "exact-vi", r, 0, args.seed, M, prior)
-    if saved is not None and reusable(path, saved, settings, plan.provenance, args.fresh):
+    saved = resume(path, EXACT_SCHEMA, settings, plan.provenance, args.fresh)
+    if saved is not None:
         _keep(plan, r, "exact-vi", saved)
 
 
@@ -472,7 +473,7 @@ def _run_job(name, r, method, epochs, seed, data_dir, prov, bar) -> dict:
     """One run: ``method`` (or the exact mean-field optimum, "exact-mf-vi") on restart r of
     ``name``, after the restart's exact VI fit (deterministic, so every job of a restart fits
     the same one); returns {method: result to save}. Its randomness is (seed, r, method) only,
-    so it runs anywhere (``_parallel.run_jobs``), and a restart's methods run side by side.
+    so it runs anywhere (``_runner.run_jobs``), and a restart's methods run side by side.
     ``bar(steps, label)`` gives the run's progress bar context."""
     prior, M, _ = DATASETS[name]
     (X_tr, y_tr, Xd_tr, Xd_te, y_te), lam, exact, exact_saved = _restart_data(name, r, seed,
@@ -485,12 +486,11 @@ def _run_job(name, r, method, epochs, seed, data_dir, prov, bar) -> dict:
         saved = _meanfield_optimum(_settings(name, method, r, 0, seed, M, prior),
                                    (Xd_tr, y_tr, Xd_te, y_te), lam, exact)
         return {method: {**saved, "provenance": prov}, **exact_file}
-    seq = np.random.SeedSequence([seed, r, METHODS.index(method)])
     steps = epochs * math.ceil(X_tr.shape[0] / M)
     with bar(steps, f"{name} r{r} {method}") as b:
         try:
             result = _run_one(method, (X_tr, y_tr, Xd_te, y_te), lam, M, epochs,
-                              np.random.default_rng(seq), exact, b.update)
+                              job_rng(seed, r, METHODS.index(method)), exact, b.update)
         except driver.TrainingError as err:
             raise ValueError(f"{name}, restart {r}, {method}: {err}") from err
     scalars = {k: exact_saved[k] for k in EXACT_SCALARS}
@@ -573,9 +573,9 @@ def _compute_jobs(args, plans, progress, write) -> None:
         for r, method in _run_jobs(plan, write):
             key = f"{plan.name}/restart_{r}/{method}"
             owner[key] = (plan, r)
-            jobs.append(_parallel.Job(key, _run_job, (plan.name, r, method, plan.epochs,
+            jobs.append(_runner.Job(key, _run_job, (plan.name, r, method, plan.epochs,
                                                       args.seed, args.data_dir, plan.provenance,
-                                                      _parallel.QUIET.run_bar),
+                                                      _runner.QUIET.run_bar),
                                       _job_cost(plan.name, method, plan.epochs)))
 
     def done(key, results):
@@ -584,8 +584,7 @@ def _compute_jobs(args, plans, progress, write) -> None:
         if write:
             _write_summary(Path(args.out), plan.name, _rows(plan))
 
-    _parallel.run_jobs(jobs, done, n_jobs=args.jobs, scheduler=args.dask_scheduler,
-                       threads=args.threads)
+    _runner.run_command_jobs(jobs, done, args)
 
 
 def _rows(plan, methods=METHODS) -> list:
@@ -609,18 +608,8 @@ def _meanfield_optimum(settings, data, lam, exact):
 
 
 def _write_summary(out, name, rows):
-    buf = io.StringIO()
-    writer = csv.DictWriter(buf, fieldnames=list(rows[0]))
-    writer.writeheader()
-    writer.writerows(rows)
-    atomic_write_text(out / f"{name}_summary.csv", buf.getvalue())
+    write_csv(out / f"{name}_summary.csv", rows)
     write_json(out / f"{name}_summary.json", rows)
-
-
-def _mean_se(values):
-    """Mean and standard error (ddof = 1); the error is None for a single run."""
-    v = np.asarray(values, dtype=float)
-    return float(v.mean()), float(v.std(ddof=1) / math.sqrt(len(v))) if len(v) > 1 else None
 
 
 def _spread(se, spec) -> str:
@@ -647,8 +636,8 @@ def _table(name, rows, methods):
     lines = []
     for method in (*methods, *REFERENCE_ROWS):  # the summary's order
         sel = [r for r in rows if r["method"] == method]
-        nll, nll_se = _mean_se([r["nll"] for r in sel])
-        kl, kl_se = _mean_se([r["kl"] for r in sel])
+        nll, nll_se = mean_se([r["nll"] for r in sel])
+        kl, kl_se = mean_se([r["kl"] for r in sel])
         lines.append([method, f"{nll:.4f} +- {_spread(nll_se, '.4f')}",
                       f"{kl:.3e} +- {_spread(kl_se, '.1e')}", *_paper(name, method)])
     return format_table(["method", "test NLL (nats)", "sym KL to exact VI", "paper test NLL",
@@ -682,8 +671,7 @@ def _figures(out, name, states, exact_Sigma, curves_by_run, methods):
     fig.colorbar(im, ax=axes[0].tolist(), shrink=0.8, label="correlation")
     fig.suptitle(f"{name}, restart 0: posterior correlation matrices")
     paths.append(out / f"{name}_covariances.png")
-    fig.savefig(paths[-1], dpi=110)
-    plt.close(fig)
+    save_figure(fig, paths[-1], dpi=110)
     fig, ax = plt.subplots(figsize=(7, 4.5))
     for method in methods:
         curves = [np.asarray(c) for (r, m), c in sorted(curves_by_run.items()) if m == method]
@@ -696,8 +684,7 @@ def _figures(out, name, states, exact_Sigma, curves_by_run, methods):
     ax.set_title(f"{name}: convergence")
     ax.legend(fontsize=8, ncol=2)
     paths.append(out / f"{name}_convergence.png")
-    fig.savefig(paths[-1], dpi=110, bbox_inches="tight")
-    plt.close(fig)
+    save_figure(fig, paths[-1], dpi=110, bbox_inches="tight")
     return paths
 
 
@@ -716,7 +703,7 @@ def run(args: argparse.Namespace) -> int:
     todo = sum(len(p.todo) + len(p.mf_todo) for p in plans)
     write = output_writable(out, needed=todo > 0)
     total = sum(p.restarts for p in plans) * len(args.methods)
-    parallel = args.jobs > 1 or args.dask_scheduler is not None
+    parallel = _runner.parallel(args)
     with Progress(total, total - sum(len(p.todo) for p in plans), "slang-logreg") as progress:
         if parallel:  # every run of every dataset at once
             _compute_jobs(args, plans, progress, write)

@@ -50,7 +50,7 @@ LL, wall and CPU seconds, and provenance: the sha256 of the files load_uci read 
 the column index files and the split's two row index files, the refbayes version and the git
 commit); a finished split whose settings, data checksums and refbayes version match is loaded,
 not recomputed; otherwise, or when the file is damaged, the run stops (ValueError naming the
-file) unless ``fresh``. The commit is provenance only, not compared (see _io). ``<method>/<dataset>/summary.{csv,json}`` (per
+file) unless ``fresh``. The commit is provenance only, not compared (see _runner). ``<method>/<dataset>/summary.{csv,json}`` (per
 split and mean +- s.e.), ``summary.{csv,json}`` over everything under ``out``, and the figure
 ``<dataset>_splits.png`` (per-split test RMSE / LL beside the published mean +- spread). The
 published numbers are package data: refbayes/experiments/published/uci.csv (with citations);
@@ -71,7 +71,6 @@ from __future__ import annotations
 
 import argparse
 import csv
-import io
 import json
 import math
 import sys
@@ -83,23 +82,25 @@ from typing import Any, NamedTuple
 import numpy as np
 from scipy.special import logsumexp
 
+from refbayes._files import format_table, write_json
 from refbayes.datasets import data_identity, fit_standardizer, validation_split
 from refbayes.datasets.uci import UCI_NAMES, load_uci, uci_n_splits, uci_split_files
-from refbayes.experiments import _parallel, uci_methods
-from refbayes.experiments._io import (
+from refbayes.experiments import _runner, uci_methods
+from refbayes.experiments._runner import (
     Progress,
     ResultFileError,
-    atomic_write_text,
-    format_table,
     load_result,
+    mean_se,
     output_writable,
     positive_int,
     provenance,
     pyplot,
+    resume,
     reusable,
+    save_figure,
     seed_arg,
     writable_error,
-    write_json,
+    write_csv,
 )
 from refbayes.models import MLP
 
@@ -115,13 +116,13 @@ __all__ = [
     "hidden_units",
     "load_published",
     "load_split",
-    "main",
     "parse_grid",
     "parse_splits",
     "phase_data",
     "predictive_ll",
     "rmse",
     "run",
+    "run_method",
     "standardized_noise_precision",
 ]
 
@@ -511,14 +512,6 @@ SPLIT_SCHEMA = {"settings": dict, "hyper": dict, "test": {"rmse": float, "ll": f
 SE_DDOF = (0, 1)  # the standard error's std: ddof 1 (sample std, default) or 0 (SLANG's table)
 
 
-def _mean_se(values, ddof: int = 1):
-    """Mean and standard error std(ddof) / sqrt(K) over the K values; the error is None (JSON
-    null) for one value."""
-    v = np.asarray(values, dtype=float)
-    se = float(v.std(ddof=ddof) / math.sqrt(len(v))) if len(v) > 1 else None  # (uci.8)
-    return float(v.mean()), se
-
-
 class _Plan(NamedTuple):
     """One (method, dataset): its settings, the data identity, and the splits to compute."""
     spec: Any
@@ -586,24 +579,13 @@ def _stats(rows, ddof):
     stats = {"se_ddof": ddof}
     for key in ("rmse", "ll"):
         values = [r[key] for r in rows]
-        stats[f"{key}_mean"], stats[f"{key}_se"] = _mean_se(values, ddof)
+        stats[f"{key}_mean"], stats[f"{key}_se"] = mean_se(values, ddof)  # (uci.8)
         # (uci.10): one wild split moves the mean, not the median (SLANG on yacht, uci.md)
         stats[f"{key}_median"] = float(np.median(values))
     if all(r["ll_joint"] is not None for r in rows):
-        stats["ll_joint_mean"], stats["ll_joint_se"] = _mean_se([r["ll_joint"] for r in rows], ddof)
+        stats["ll_joint_mean"], stats["ll_joint_se"] = mean_se([r["ll_joint"] for r in rows], ddof)
     stats["seconds_per_split"] = float(np.mean([r["seconds"] for r in rows]))
     return stats
-
-
-def _write_csv(path, rows):
-    if not rows:
-        return
-    fields = list(dict.fromkeys(k for r in rows for k in r))
-    buf = io.StringIO()
-    writer = csv.DictWriter(buf, fieldnames=fields)
-    writer.writeheader()
-    writer.writerows(rows)
-    atomic_write_text(path, buf.getvalue())
 
 
 def _with_saved(plan, summaries):
@@ -637,12 +619,12 @@ def _saved_summaries(plan, pattern):
 def _write_summaries(plan, summary, rows):
     out, folder = Path(plan.out), plan.folder
     write_json(folder / "summary.json", {"summary": summary, "splits": rows})
-    _write_csv(folder / "summary.csv", rows)
+    write_csv(folder / "summary.csv", rows)
     everything = [v["summary"] for v in _saved_summaries(plan, "*/*/summary.json").values()]
     flat = [{k: (" ".join(map(str, s[k])) if isinstance(s.get(k), list) else s.get(k))
              for k in SUMMARY_FIELDS} for s in everything]
     write_json(out / "summary.json", everything)
-    _write_csv(out / "summary.csv", flat)
+    write_csv(out / "summary.csv", flat)
 
 
 def _plan(method, dataset, splits=None, quick=False, out=Path("results/uci"), fresh=False,
@@ -669,8 +651,7 @@ def _plan(method, dataset, splits=None, quick=False, out=Path("results/uci"), fr
         path = plan.folder / f"split_{k}.json"
         settings = _settings(spec, dataset, k, budget, seed, quick)
         current = _split_provenance(plan, k)
-        saved = load_result(path, SPLIT_SCHEMA, fresh)
-        if saved is None or not reusable(path, saved, settings, current, fresh):
+        if resume(path, SPLIT_SCHEMA, settings, current, fresh) is None:
             plan.todo.append((k, path, settings))
     return plan
 
@@ -714,9 +695,9 @@ def _split_steps(plan) -> int:
 
 def _split_job(method: str, dataset: str, split: int, budget, settings: dict, seed: int,
                data_dir):
-    """One split of one method on one dataset, as a job of ``_parallel.run_jobs``."""
+    """One split of one method on one dataset, as a job of ``_runner.run_jobs``."""
     return _run_split(uci_methods.METHODS[method], dataset, split, budget, settings, seed,
-                      data_dir, _parallel.QUIET)
+                      data_dir, _runner.QUIET)
 
 
 def _execute_jobs(plans, progress, n_jobs: int, scheduler, threads: int) -> None:
@@ -728,7 +709,7 @@ def _execute_jobs(plans, progress, n_jobs: int, scheduler, threads: int) -> None
             k, _, settings = item
             key = f"{plan.spec.name}/{plan.dataset}/split_{k}"
             owner[key] = (plan, item)
-            jobs.append(_parallel.Job(key, _split_job, (plan.spec.name, plan.dataset, k,
+            jobs.append(_runner.Job(key, _split_job, (plan.spec.name, plan.dataset, k,
                                                         plan.budget, settings, plan.seed,
                                                         plan.data_dir), _split_steps(plan)))
 
@@ -741,17 +722,17 @@ def _execute_jobs(plans, progress, n_jobs: int, scheduler, threads: int) -> None
         progress.advance(key)
 
     try:
-        _parallel.run_jobs(jobs, done, n_jobs=n_jobs, scheduler=scheduler, threads=threads)
+        _runner.run_jobs(jobs, done, n_jobs=n_jobs, scheduler=scheduler, threads=threads)
     except uci_methods.TrainingError as err:
         kept = sum(len(p.splits) - len(p.todo) for p in plans)
         raise uci_methods.TrainingError(
             f"{err}. Finished splits ({kept}) kept under {plans[0].out}") from err
 
 
-def run(method: str, dataset: str, splits=None, quick: bool = False, out=Path("results/uci"),
-        fresh: bool = False, data_dir=None, seed: int = 0, epochs: int | None = None,
-        progress: bool = True, jobs: int = 1, dask_scheduler: str | None = None,
-        threads: int = 1, se_ddof: int = 1, grid: dict | None = None) -> dict:
+def run_method(method: str, dataset: str, splits=None, quick: bool = False, out=Path("results/uci"),
+               fresh: bool = False, data_dir=None, seed: int = 0, epochs: int | None = None,
+               progress: bool = True, jobs: int = 1, dask_scheduler: str | None = None,
+               threads: int = 1, se_ddof: int = 1, grid: dict | None = None) -> dict:
     """Run (or resume) ``method`` on ``dataset`` over ``splits`` (None: all); returns the summary
     (mean +- standard error over the splits done, std with ``se_ddof``, (uci.8)). ``grid``
     (hyperparameter -> candidates) replaces those candidates of the method's grid.
@@ -765,7 +746,7 @@ def run(method: str, dataset: str, splits=None, quick: bool = False, out=Path("r
     the final fit stops the run with a message naming method, dataset, split, phase and
     hyperparameters; the splits
     finished before it stay on disk and in the summary files. ``jobs`` > 1 runs the splits in
-    that many local processes, ``dask_scheduler`` on a Dask cluster (``_parallel.run_jobs``),
+    that many local processes, ``dask_scheduler`` on a Dask cluster (``_runner.run_jobs``),
     each with ``threads`` BLAS threads; the results equal the serial run's (each split's draws
     come from its coordinates, ``_seeds``).
     """
@@ -776,7 +757,7 @@ def run(method: str, dataset: str, splits=None, quick: bool = False, out=Path("r
         if jobs > 1 or dask_scheduler is not None:
             _execute_jobs([plan], bar, jobs, dask_scheduler, threads)
             return _execute(plan, bar, write)
-        with _parallel.thread_limit(threads):
+        with _runner.thread_limit(threads):
             return _execute(plan, bar, write)
 
 
@@ -890,8 +871,7 @@ def _figure(plan, pairs, published):
     axes[1].legend(fontsize=7, loc="best")
     fig.suptitle(f"{dataset}: per-split test metrics; published mean (dashed) +- spread (band)")
     path = Path(out) / f"{dataset}_splits.png"
-    fig.savefig(path, dpi=110, bbox_inches="tight")
-    plt.close(fig)
+    save_figure(fig, path, dpi=110, bbox_inches="tight")
     return path
 
 
@@ -929,12 +909,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "hyperparameters and draws: one more training per split) and write "
                              "its per-draw test predictions to FOLDER/<method>/<dataset>/"
                              "split_<k>.npz")
-    _parallel.add_arguments(parser)
+    _runner.add_arguments(parser)
     parser.add_argument("--data-dir", type=Path, default=None,
                         help="folder of the benchmark data (default: $REFBAYES_DATA, then the user cache)")
 
 
-def main(args: argparse.Namespace) -> int:
+def run(args: argparse.Namespace) -> int:
+    """``refbayes reproduce uci``: every (method, dataset) asked for, a table per dataset."""
     methods = list(uci_methods.METHODS) if args.method == "all" else [args.method]
     datasets = list(DATASETS) if args.dataset == "all" else [args.dataset]
     plan = []
@@ -965,7 +946,7 @@ def main(args: argparse.Namespace) -> int:
     published = load_published()
     sources = set()
     with Progress(total, total - sum(len(p.todo) for p in every), "uci") as progress:
-        if args.jobs > 1 or args.dask_scheduler is not None:  # every split of every plan at once
+        if _runner.parallel(args):  # every split of every plan at once
             _execute_jobs(every, progress, args.jobs, args.dask_scheduler, args.threads)
         for d, ps in plans:
             progress.echo(_head(d, args.se_ddof))

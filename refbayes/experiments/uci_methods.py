@@ -41,183 +41,39 @@ and "kfac". A new method is one more ``MethodSpec`` entry in ``METHODS`` (the en
 is parametrized over it). Names are written with underscores; ``canonical_name`` maps the hyphen
 spelling ("noisy-adam", "mc-dropout") to them, and the command line accepts both.
 
-SLANG settings (Mishkin et al. 2018, Sec. 5.2 / Table 2), read in aaronpmishkin/SLANG at commit
-2563276: ``code/python/libs/vi_lib/experiments/uci/uci_default_parameters.py``
-(UCI_SMALL/LARGE_SLANG_PARAMETERS), ``uci_experiments.py`` (uci_slang_bo) and
-``uci_slang_experiments_bo_<dataset>.py``, the optimizer ``lib/optimizers/slang.py`` and
-``lib/experiments/experiment.py``:
-
-- one hidden layer of 50 ReLU units; L = 1; 120 epochs; minibatch 10; 4 training MC samples
-  (2 for kin8nm, naval, powerplant: the LARGE parameters); 20 evaluation samples;
-  momentum 0.9 on the gradient; no decay; s_init = 1 (U = 0, d = 1 at the start); weight prior
-  precision tuned, bias prior precision 1e-6.
-- step sizes: learning_rate = lr, the optimizer's beta = 1 - lr (its "beta" is the retention
-  1 - beta of the paper), lr = 0.01 (boston, energy, kin8nm, naval), 0.005 (concrete,
-  powerplant, wine), 0.08 (yacht). wine's file sets only the learning rate; run on its own,
-  its beta stays the default 0.99, i.e. refbayes beta = 0.01 beside alpha = 0.005 (the files
-  mutate one shared dict, so a process that imported another dataset's file first differs).
-- hyperparameters: Bayesian optimization (5 random + 25 EI steps) over log noise precision and
-  log prior precision in per-dataset boxes, scored by the mean test log-likelihood of a 5-fold
-  cross-validation inside the training split, then one final run on the whole training split.
-  The noise precision is in ORIGINAL target units (experiment.py trains with tau * sd_y^2 on
-  the standardized targets); the boxes: boston (-2.6, -2.2), concrete (-3.7, -2.7), energy
-  (-0.3, 0.1), kin8nm (4.8, 5.3), naval (10.9, 11.4), powerplant (-3.1, -2.5), wine (0.8, 1.1),
-  yacht (-1.6, -0.6); log prior precision (-2, 2), energy and naval (-4, 0), wine (0, 4).
-  The paper has no protein run.
-
-What refbayes does instead (chosen, not the paper's): the issue's protocol (Gal: last 20% of
-the training rows as validation, grid search, refit on the whole training split), with a 3 x 3
-grid per dataset spanning the official boxes: noise precision exp(box) * var(y) on the
-standardized scale, var(y) the population variance of the dataset's whole target column (the
-same for every split; e.g. boston 84.42), three log-spaced points each; prior precision
-exp(lo), exp(mid), exp(hi). protein (no official setting): noise precision (1, 2, 4)
-(Gal's dropout RMSE 4.36 / sd_y 6.12 gives tau ~ 2), prior (0.135, 1, 7.39), lr 0.005, S_train 2.
-The mean starts at MLP.init_theta (Glorot uniform, zero biases) rather than PyTorch's default
-layer initialization; fast_eig is exact (the official code uses a randomized solver).
-
-BBB (the SLANG repository's baseline, as read for derivations/bbb.md): the SLANG grid and
-per-dataset boxes, 120 epochs, minibatch 10 (100 for kin8nm, naval, power and protein: its
-UCI_LARGE_BBB_PARAMETERS), S_train 4 (2 for the large sets), Adam lr 0.01,
-betas (0.9, 0.99), rho_0 = -1 (sigma_0 = 0.31), biases 1e-6; the official code minimizes F / N,
-so eps_adam = N * 1e-8 on refbayes' summed F (Adam is invariant to the scale but for eps).
-
-VOGN (ours; no published UCI setting): the SLANG grid, 120 epochs, minibatch 10, S_train as
-SLANG, lr 1e-3 with raw momentum 0.9 (an effective step 1e-2, SLANG's), beta2 = 0.01 (SLANG's
-beta), per-example squared gradients.
-
-MC dropout (Gal and Ghahramani 2016, Table 1: the "original" column of
-yaringal/DropoutUncertaintyExps' readme, which the SLANG paper quotes), read at the commits of
-each dataset's ``<dataset>/net/net/net.py`` (3e9e1541, 889f56d4, 928e719c, 6e334c17, 84542561),
-``energy/net/experiment.py`` (84542561) and ``yacht/net/experiment_10x_epochs.py``: one run per
-split with the per-dataset settings the authors fixed by Bayesian optimization, trained on the
-whole training split (no grid, no validation phase), Keras Adam (lr 1e-3, 0.9, 0.999, 1e-8),
-minibatch 32, n_epochs.txt x 10 epochs (40 x 10 = 400; protein 20 x 10 = 200: experiment.py
-multiplies by 10, the readme's "10x epochs" update by 100), 10,000 test passes, dropout on the
-inputs and on every hidden layer's input, weights decayed, biases not:
-
-    dataset   p      tau (raw units, "obtained from BO")   lengthscale l_G
-    boston    0.05   0.159707652696                        1e2
-    concrete  0.01   0.0557319157756                       1e2
-    energy    0.05   0.427114830213                        1e2
-    kin8nm    0.05   192.482910156                         1e2
-    naval     0.05   42173.5152106                         1e0
-    power     0.005  0.0871109017617                       1e2
-    protein   0.005  0.0644419184588                       1e2
-    wine      0.05   2.95833720839                         1e2
-    yacht     0.01   0.541869562034                        1e1
-
-The code's decay is reg = (1 - p) / (2 N l_G^2 tau) with Keras' mean squared error on the
-standardized targets; the summed objective with the same minimizer and Adam path (but for
-Adam's eps) has the prior precision lam_W = tau_s (1 - p) / (2 l_G^2 tau), tau_s = tau s_y^2
-(mc_dropout.9): refbayes trains exactly that (``_gal_code_lengthscale``), not the derivation's
-(mc_dropout.4) decay (errata E-mc_dropout.1-2).
-
-MAP baseline (ours): Adam (lr 0.01, betas 0.9 / 0.999, eps 1e-8, bias-corrected) on the
-per-example-scaled objective (1 / N) [(N / M) sum_{i in B} l_i(theta) + (1/2) theta^T diag(lam)
-theta] with minibatches of M = 32 rows, 120 epochs, the same prior layout as SLANG (weights
-prior_precision, biases 1e-6); predictive N(f(x; theta), 1 / tau) with tau from the grid
-noise_precision (1, 3, 10, 30, 100, 300) x prior_precision (0.1, 1, 10).
-
-Vadam (Khan et al. 2018, Table 1), read in emtiyaz/vadam at commit 9c33fa42:
-``pytorch/uci_code/run_experiments.py``, ``bayesopt.py``, ``experiments.py``, ``produce_table.py``
-and the folder's README:
-
-- one hidden layer of 50 ReLU units; 40 epochs; Vadam lr 0.01, betas (0.9, 0.99), minibatch-mean
-  squares (the optimizer's own), the square root; minibatch 32 and 10 training MC samples on
-  boston, concrete, energy, yacht, minibatch 128 and 5 samples on kin8nm, naval, powerplant,
-  wine; 100 evaluation samples; prec_init = prior_prec, i.e. s_0 = 0 (the README corrects
-  Appendix J's "initial precision 10"); one prior precision on every weight AND bias.
-- hyperparameters: Bayesian optimization (5 random + 25 EI steps) over log noise precision on
-  the STANDARDIZED scale (the code divides by sd_y^2 only to evaluate) in (0, 5), (1, 5) for
-  naval and powerplant, and log prior precision in (-4, 4), (-3, 4) for naval and powerplant,
-  scored by the mean log-likelihood of a 5-fold cross-validation inside the training split
-  (KFold, shuffle, seed 123), then one run on the whole training split. Inputs and targets are
-  standardized with torch.std (n - 1). The paper has no protein run.
-
-What refbayes does instead (chosen): the runner's protocol (hold-out validation, grid search,
-refit) with a 5 x 3 grid spanning the official boxes, log-spaced: noise precision
-exp(0, 1.25, 2.5, 3.75, 5) (exp(1, 2, 3, 4, 5) for naval and power), prior precision
-exp(-4, 0, 4) (exp(-3, 0.5, 4) for naval and power); protein gets the large-set settings
-(minibatch 128, 5 samples) and the default boxes. The mean starts at MLP.init_theta (Glorot),
-not PyTorch's default initialization.
-
-Noisy Adam (Zhang et al. 2018): the paper's regression settings were not readable to us, and the
-authors' repository gd-zhang/noisy-K-FAC holds no regression code. Read instead:
-pomonam/NoisyNaturalGradient at commit 8aa1e962 (J. Bae and G. Zhang's "clean-up code for noisy
-K-FAC", the regression part: ``config/regression/kfac_<dataset>.json``, ``regression/model.py``,
-``regression/train.py``, ``regression/ops/mvg_optimizer.py``, ``regression/controller/sample.py``,
-``regression_baseline.py``). Its Noisy K-FAC settings, used here for Noisy Adam (the fully
-factorized member of the same family, trained by the same paper):
-
-- 1000 epochs; minibatch 10 (boston, concrete, energy, wine, yacht) or 100 (kin8nm, naval,
-  power, protein); step size alpha = 0.01; the curvature's moving-average weight 1e-3 (refbayes
-  beta2 = 0.999); momentum weight 0.1 on the new gradient with bias correction (beta1 = 0.9);
-  both alpha and the curvature weight multiplied by 0.1 every 500 epochs; KL weight 1; prior
-  variance eta_paper = 1 on every weight and bias (precision 1); no extrinsic damping; 10
-  training particles, 100 test particles.
-- the observation noise precision has a Gamma(6, 6) prior and a Gamma variational posterior
-  learned with Adam (lr 1e-3): refbayes has no learned noise precision, so it keeps the runner's
-  grid search over noise_precision: SLANG's per-dataset candidates (three log-spaced points in
-  the SLANG repository's boxes) and two more of their log steps on each side, seven points
-  (with the three alone, the largest won the validation on two of boston's first three
-  splits: Noisy Adam's 1000 epochs fit closer than SLANG's 120).
-- the code uses 10 random 90/10 splits (seed 1..10) and reports mean +- np.std / sqrt(10);
-  refbayes uses the standard splits.
-
-Chosen beyond that: per-example squared gradients (the diagonal Fisher estimate the repository's
-fully factorized block uses; Algorithm 1 as transcribed squares the minibatch gradient,
-derivations/noisy_adam.md) and f_0 = 1 (the repository's factors start at the identity), so the
-first draws have variance (1/N) / (1 + eta / N), not the prior's.
-
-Noisy K-FAC (Zhang et al. 2018, Algorithm 2; refbayes.methods.noisy_kfac), the same repository's
-regression code (pomonam/NoisyNaturalGradient at 8aa1e962: ``config/regression/kfac_<dataset>.json``,
-``regression/model.py``, ``train.py``, ``ops/mvg_optimizer.py``, ``controller/sample.py``;
-the full table, with what is exact and what is not: derivations/noisy_kfac.md, "UCI protocol"):
-
-- 1000 epochs; minibatch 10 (boston, concrete, energy, wine, yacht) or 100 (kin8nm, naval,
-  power, protein); N = the rows trained on; eta = 1 (prior VARIANCE, as the official ``eta``)
-  on every weight and bias; kl_weight = 1; gamma_ex = 0 (official ``damping`` 0: the mean's
-  preconditioner is damped with gamma_in = 1 / (N eta) alone); factored damping; factor weight
-  beta = 1e-3 (``(1 - beta) F + beta F_new``); the factors and their inverses every step
-  (T_stats = T_inv = 1); no KL clipping; 10 training particles, 100 test draws.
-- curvature "mc": the official true Fisher (``true_fisher: true``) with one label per row and
-  particle from the model's predictive; here y_tilde[s] = f(X_B; w_s) + z_s / sqrt(tau) at the
-  step's draws w_s, z from the runner's rng (order: ``kfac_train``).
-- step size and momentum: the official v = 0.9 v + 0.1 g, bias-corrected by c = 0.9 c + 0.1,
-  preconditioned after averaging, mu += alpha P (v / c), alpha = 0.01. refbayes' heavy ball
-  (m <- 0.9 m + P) with alpha_t = 0.01 (1 - 0.9) / (1 - 0.9^t) (``kfac_step_size``) is the same
-  update whenever P stays fixed over the averaged steps, and close (not exact) with the
-  every-step P, which moves by about 1e-3 per step.
-- alpha and beta x 0.1 every 500 epochs (the official ``lr_decay_interval`` 500,
-  ``lr_decay_ratio`` 0.1).
-- the noise precision: the official Gamma(6, 6) prior and learned Gamma posterior are not
-  modeled; tau is grid-searched over Noisy Adam's 7 candidates per dataset.
-- chosen: the mean starts at MLP.init_theta (the official Xavier covers the bias row too);
-  the factors at A_l = I, S_l = tau I (``factor_init="tau"``: the official I at its initial
-  tau ~ 1, carried to the fixed tau; with I, yacht's tau = 343 overflowed in 5 steps); the
-  standard splits and the runner's protocol instead of the code's random 90/10 splits
-  (``regression_baseline.py``: 10, seeds 1..10).
-
-K-FAC (``kfac``, a MAP baseline): the same loop at the mean (eps = None, one sampled label per
-row at mu), the same settings and prior (weight decay gamma_in), plus the authors' K-FAC
-safeguards from gd-zhang/noisy-K-FAC (``kfac_model.py``, ``configs/cifar10/kfac_plain.json``):
-extrinsic damping 1e-3 and KL clipping kappa = 1e-3 (without its decay); without them K-FAC
-overflowed on boston split 0 at step 9,818. It predicts with N(f(x; mu), 1 / tau).
+Where each method's settings come from (the public code, paper and commit each was read in,
+and where refbayes departs from it): derivations/uci-hyperparameters.md.
 """
 from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Callable, Mapping
-from types import MappingProxyType
-from typing import Any, NamedTuple
+from collections.abc import Callable
+from typing import NamedTuple
 
 import numpy as np
 
 from refbayes._checks import check_in_range, check_int
-from refbayes.methods import (adam, bbb, driver, mc_dropout, noise_gamma, noisy_adam, noisy_kfac,
-                              slang, vadam, vogn)
-from refbayes.methods._estimates import Batch
+from refbayes.experiments._fits import (
+    Gaussian,
+    MethodSpec,
+    adam_config,
+    bbb_fit,
+    dropout_fit,
+    train,
+    vogn_fit,
+)
+from refbayes.methods import (
+    Batch,
+    adam,
+    driver,
+    mc_dropout,
+    noise_gamma,
+    noisy_adam,
+    noisy_kfac,
+    slang,
+    vadam,
+)
 
 __all__ = [
     "COMMON_RANGES",
@@ -238,20 +94,6 @@ __all__ = [
 ]
 
 TrainingError = driver.TrainingError
-
-
-class MethodSpec(NamedTuple):
-    """One method of the UCI benchmark; see the module docstring for each field's contract."""
-    name: str
-    description: str
-    grid: dict          # hyperparameter -> tuple of candidates (full budget)
-    defaults: dict      # epochs, M, S_test and the method's fixed settings
-    quick: dict         # --quick overrides of defaults; optional "grid" entry
-    fit: Callable[..., Any]
-    predict: Callable[..., tuple]
-    per_dataset: Mapping = MappingProxyType({})  # dataset -> {"grid": {...}, "defaults": {...}}
-    ranges: Mapping = MappingProxyType({})       # extra hyperparameter ranges, over COMMON_RANGES
-    published_as: str | None = None  # the method name of the published rows it reproduces
 
 
 # name: (low, high, low_open, high_open); integers are the names in _INTEGER
@@ -429,26 +271,14 @@ SLANG = MethodSpec(
 
 # ----------------------------------------------------------------------------- MAP
 
-def _adam(hyper, N):
-    """AdamConfig of the per-example-scaled objective F / N, run on the summed F: Adam's step is
-    invariant to a constant scale of the objective except through eps, so eps_adam = N eps."""
-    return adam.AdamConfig(alpha=hyper["lr"], beta1=hyper["adam_beta1"],
-                           beta2=hyper["adam_beta2"], eps_adam=N * hyper["adam_eps"])
-
-
-def _train(state, cfg, model, X, y, hyper, rng, epochs, M, progress, S=1):
-    return driver.run(state, cfg, model, X, y, rng=rng, epochs=epochs, M=M, S=S,
-                      callback=lambda epoch, st: progress(1))
-
-
 def _map_fit(model, X, y, hyper, rng, epochs, M, progress):
     """Adam (refbayes.methods.adam, MAP) on (N/M) sum_{i in B} l_i + (1/2) theta^T diag(lam)
     theta, through the driver; returns theta."""
     N = X.shape[0]
     lam = prior_vector(model, hyper["prior_precision"], hyper["bias_prior_precision"])
-    cfg = adam.MAPConfig(N, lam, _adam(hyper, N))
-    return _train(adam.init(model.init_theta(rng)), cfg, model, X, y, hyper, rng, epochs, M,
-                  progress).theta
+    cfg = adam.MAPConfig(N, lam, adam_config(hyper, N))
+    return train(adam.init(model.init_theta(rng)), cfg, model, X, y, rng, epochs, M,
+                 progress).theta
 
 
 def _map_predict(theta, model, X, rng, S):
@@ -471,11 +301,6 @@ MAP = MethodSpec(
 
 # ----------------------------------------------------------------------------- mean-field Gaussians
 
-class _Gaussian(NamedTuple):
-    """A trained Gaussian posterior and how to draw from it: sample(eps (D, S)) -> (D, S)."""
-    sample: Callable
-
-
 def _gaussian_predict(post, model, X, rng, S):
     """S draws theta_s of q, eps (D, S) from rng; F[s] = f(X; theta_s)."""
     eps = rng.standard_normal((model.D, S))
@@ -488,7 +313,7 @@ def _slang_official_code_fit(model, X, y, hyper, rng, epochs, M, progress):
     theta_s = mu + S_P eps_s a draw of q, and the predictive's draws are w_s too: the weights
     that code's network trains and predicts with."""
     state = _slang_fit(model, X, y, hyper, rng, epochs, M, progress)
-    return _Gaussian(lambda eps: state.mu[:, None] + slang.sample(state, eps))  # (slang.9)
+    return Gaussian(lambda eps: state.mu[:, None] + slang.sample(state, eps))  # (slang.9)
 
 
 SLANG_OFFICIAL_CODE = SLANG._replace(
@@ -502,25 +327,16 @@ SLANG_OFFICIAL_CODE = SLANG._replace(
 def _bbb_fit(model, X, y, hyper, rng, epochs, M, progress):
     """Bayes-by-Backprop (refbayes.methods.bbb): Adam on (mu, rho) of the negative ELBO, S_train
     draws per step; mu from Glorot, rho_0 = rho_init (the SLANG repository's BBB baseline: -1)."""
-    N = X.shape[0]
     lam = prior_vector(model, hyper["prior_precision"], hyper["bias_prior_precision"])
-    a = _adam(hyper, N)
-    cfg = bbb.BBBConfig(N, lam, alpha=a.alpha, beta1=a.beta1, beta2=a.beta2, eps_adam=a.eps_adam)
-    state = bbb.init(model.init_theta(rng), rho0=hyper["rho_init"])
-    state = _train(state, cfg, model, X, y, hyper, rng, epochs, M, progress, S=hyper["S_train"])
-    return _Gaussian(lambda eps: bbb.sample(state, eps))
+    return bbb_fit(model, X, y, lam, hyper, rng, epochs, M, progress, rho0=hyper["rho_init"])
 
 
 def _vogn_fit(model, X, y, hyper, rng, epochs, M, progress):
     """VOGN (refbayes.methods.vogn, Osawa et al. Algorithm 1 at tau = rho = 1, gamma = 0) with the
     per-example squared gradients; s_0 = 1 / N (initial precision N s_0 + delta = 1 + delta)."""
-    N = X.shape[0]
     lam = prior_vector(model, hyper["prior_precision"], hyper["bias_prior_precision"])
-    cfg = vogn.VOGNConfig(N, lam, alpha=hyper["lr"], beta1=hyper["momentum"],
-                          beta2=hyper["beta"], curvature="ef")
-    state = vogn.init(model.init_theta(rng), np.full(model.D, 1.0 / N))
-    state = _train(state, cfg, model, X, y, hyper, rng, epochs, M, progress, S=hyper["S_train"])
-    return _Gaussian(lambda eps: vogn.sample(state, eps, cfg))
+    return vogn_fit(model, X, y, lam, hyper, rng, epochs, M, progress, beta2=hyper["beta"],
+                    s0=1.0 / X.shape[0])
 
 
 # UCI_LARGE_BBB_PARAMETERS of the SLANG repository: minibatch 100 (and 2 training draws, which
@@ -559,11 +375,6 @@ VOGN = MethodSpec(
 
 # ----------------------------------------------------------------------------- MC dropout
 
-class _Dropout(NamedTuple):
-    state: Any
-    cfg: Any
-
-
 def _gal_code_lengthscale(p: float, code_lengthscale: float, tau_raw: float, tau_s: float) -> float:
     """The refbayes length-scale l whose inverted-dropout prior precision l^2 / (1 - p)
     (mc_dropout.4) is the weight decay of Gal's per-dataset code in the summed objective:
@@ -585,9 +396,7 @@ def _dropout_fit(model, X, y, hyper, rng, epochs, M, progress):
                                      beta2=hyper["adam_beta2"],
                                      eps_adam=N * tau_s / 2 * hyper["adam_eps"],
                                      inverted=True, decay_biases=False)
-    state = _train(mc_dropout.init(model.init_theta(rng)), cfg, model, X, y, hyper, rng, epochs,
-                   M, progress)
-    return _Dropout(state, cfg)
+    return dropout_fit(model, X, y, cfg, rng, epochs, M, progress)
 
 
 def _dropout_predict(post, model, X, rng, S):
@@ -635,8 +444,8 @@ def _vadam_fit(model, X, y, hyper, rng, epochs, M, progress):
                             beta1=hyper["adam_beta1"], beta2=hyper["adam_beta2"],
                             squares=hyper["squares"])
     state = vadam.init(model.init_theta(rng))  # s_0 = 0: prec_init = prior_prec
-    state = _train(state, cfg, model, X, y, hyper, rng, epochs, M, progress, S=hyper["S_train"])
-    return _Gaussian(lambda eps: vadam.sample(state, eps, cfg))
+    state = train(state, cfg, model, X, y, rng, epochs, M, progress, S=hyper["S_train"])
+    return Gaussian(lambda eps: vadam.sample(state, eps, cfg))
 
 
 def _exp_grid(*logs):
@@ -679,11 +488,10 @@ def _noisy_adam_fit(model, X, y, hyper, rng, epochs, M, progress):
     step_cfg, done = cfg, 0
     while done < epochs:
         n = min(hyper["lr_decay_every"], epochs - done)
-        state = _train(state, step_cfg, model, X, y, hyper, rng, n, M, progress,
-                       S=hyper["S_train"])
+        state = train(state, step_cfg, model, X, y, rng, n, M, progress, S=hyper["S_train"])
         done += n
         step_cfg = _noisy_adam_decayed(step_cfg, hyper["lr_decay_ratio"])
-    return _Gaussian(lambda eps: noisy_adam.sample(state, eps, cfg))
+    return Gaussian(lambda eps: noisy_adam.sample(state, eps, cfg))
 
 
 def noisy_adam_config(hyper, N) -> noisy_adam.NoisyAdamConfig:
@@ -877,7 +685,7 @@ def _noisy_kfac_fit(model, X, y, hyper, rng, epochs, M, progress):
     """Noisy K-FAC (refbayes.methods.noisy_kfac, Zhang et al. Algorithm 2) by ``kfac_train``;
     the posterior samples the layerwise matrix-variate normal of the final factors."""
     state, cfg, _ = kfac_train(model, X, y, hyper, rng, epochs, M, progress, noisy=True)
-    return _Gaussian(lambda eps: noisy_kfac.sample(state, eps, cfg, model))
+    return Gaussian(lambda eps: noisy_kfac.sample(state, eps, cfg, model))
 
 
 def _kfac_fit(model, X, y, hyper, rng, epochs, M, progress):

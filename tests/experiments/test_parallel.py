@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from refbayes.cli import main
-from refbayes.experiments import _parallel, uci
+from refbayes.experiments import _runner, uci
 
 ROOT = Path(__file__).resolve().parents[2]
 DATASET = "yacht"  # 308 rows: a quick split takes about a second
@@ -49,12 +49,12 @@ def note_start(log, key):
 
 
 def _jobs(n=5, seed=3):
-    return [_parallel.Job(f"j{x}", square_plus, (x, seed)) for x in range(n)]
+    return [_runner.Job(f"j{x}", square_plus, (x, seed)) for x in range(n)]
 
 
 def _collect(**kwargs):
     out = {}
-    _parallel.run_jobs(_jobs(), out.__setitem__, **kwargs)
+    _runner.run_jobs(_jobs(), out.__setitem__, **kwargs)
     return out
 
 
@@ -68,7 +68,7 @@ def test_processes_and_dask_give_the_serial_results(cluster):
 def test_a_killed_worker_job_is_rerun(cluster, tmp_path):
     marker = tmp_path / "marker"
     out = {}
-    _parallel.run_jobs([_parallel.Job("a", die_once, (str(marker), 4))], out.__setitem__,
+    _runner.run_jobs([_runner.Job("a", die_once, (str(marker), 4))], out.__setitem__,
                        scheduler=cluster.scheduler_address)
     assert marker.read_text() == "died once" and out == {"a": 40}
 
@@ -77,27 +77,27 @@ def test_a_killed_worker_job_is_rerun(cluster, tmp_path):
 def test_a_failing_job_raises_its_error_and_keeps_the_finished(cluster, where):
     kwargs = {"n_jobs": 2} if where == "processes" else {"scheduler": cluster.scheduler_address}
     out = {}
-    jobs = [_parallel.Job("ok", square_plus, (1, 0)), _parallel.Job("bad", fail, (7,))]
+    jobs = [_runner.Job("ok", square_plus, (1, 0)), _runner.Job("bad", fail, (7,))]
     with pytest.raises(ValueError, match="job 7 failed"):
-        _parallel.run_jobs(jobs, out.__setitem__, **kwargs)
+        _runner.run_jobs(jobs, out.__setitem__, **kwargs)
     assert set(out) <= {"ok"}
 
 
 def test_launch_order_is_longest_first_and_keeps_ties_in_order():
-    jobs = [_parallel.Job(k, square_plus, (0, 0), c) for k, c in
+    jobs = [_runner.Job(k, square_plus, (0, 0), c) for k, c in
             [("a", 1.0), ("b", 5.0), ("c", 1.0), ("d", 9.0), ("e", 5.0)]]
-    assert [j.key for j in _parallel.launch_order(jobs)] == ["d", "b", "e", "a", "c"]
-    assert _parallel.Job("k", square_plus, ()).cost == 1.0
+    assert [j.key for j in _runner.launch_order(jobs)] == ["d", "b", "e", "a", "c"]
+    assert _runner.Job("k", square_plus, ()).cost == 1.0
 
 
 @pytest.mark.parametrize("where", ["processes", "dask"])
 def test_parallel_runs_start_the_costliest_jobs_first(cluster, tmp_path, where):
     kwargs = {"n_jobs": 2} if where == "processes" else {"scheduler": cluster.scheduler_address}
     log = tmp_path / "starts"
-    jobs = [_parallel.Job(k, note_start, (str(log), k), c)
+    jobs = [_runner.Job(k, note_start, (str(log), k), c)
             for k, c in [("a", 1.0), ("b", 2.0), ("c", 5.0), ("d", 9.0)]]
     out = {}
-    _parallel.run_jobs(jobs, out.__setitem__, **kwargs)
+    _runner.run_jobs(jobs, out.__setitem__, **kwargs)
     started = log.read_text().split()
     # two workers: the two costliest start first (in either order: they start together)
     assert set(started[:2]) == {"c", "d"} and set(started[2:]) == {"a", "b"}
@@ -111,26 +111,26 @@ def test_parallel_runs_start_the_costliest_jobs_first(cluster, tmp_path, where):
 ])
 def test_run_jobs_refuses_bad_arguments(kwargs, message):
     with pytest.raises(ValueError, match=message):
-        _parallel.run_jobs(_jobs(), lambda k, r: None, **kwargs)
+        _runner.run_jobs(_jobs(), lambda k, r: None, **kwargs)
 
 
 def test_an_unreachable_scheduler_is_a_clear_error(monkeypatch):
     pytest.importorskip("distributed")
-    monkeypatch.setattr(_parallel, "CONNECT_TIMEOUT", "1s")
+    monkeypatch.setattr(_runner, "CONNECT_TIMEOUT", "1s")
     with pytest.raises(ValueError, match="dask_scheduler: cannot connect to tcp://127.0.0.1:9"):
-        _parallel.run_jobs(_jobs(1), lambda k, r: None, scheduler="tcp://127.0.0.1:9")
+        _runner.run_jobs(_jobs(1), lambda k, r: None, scheduler="tcp://127.0.0.1:9")
 
 
 def test_thread_limit_sets_the_blas_pools():
     from threadpoolctl import threadpool_info
-    with _parallel.thread_limit(1):
+    with _runner.thread_limit(1):
         assert all(p["num_threads"] == 1 for p in threadpool_info())
 
 
 def test_thread_limit_reaches_scipys_blas_in_a_fresh_process():
     """threadpoolctl limits only the pools already loaded: in a fresh interpreter, where SciPy's
     own OpenBLAS is not loaded yet, the limit must still reach it (SLANG's eigh runs there)."""
-    code = ("from refbayes.experiments._parallel import thread_limit\n"
+    code = ("from refbayes.experiments._runner import thread_limit\n"
             "from threadpoolctl import threadpool_info\n"
             "limit = thread_limit(1)\n"
             "import scipy.linalg, refbayes.methods.slang\n"
@@ -202,13 +202,13 @@ def test_an_interrupted_dask_run_resumes_from_its_files(cluster, serial_uci, dat
 
     monkeypatch.setattr(uci, "write_json", write_then_interrupt)
     with pytest.raises(KeyboardInterrupt):
-        uci.run("slang", DATASET, (0, 1, 2), quick=True, out=tmp_path, data_dir=data_dir,
+        uci.run_method("slang", DATASET, (0, 1, 2), quick=True, out=tmp_path, data_dir=data_dir,
                 epochs=2, progress=False, dask_scheduler=cluster.scheduler_address)
     monkeypatch.setattr(uci, "write_json", real)
     first = written[0]
     stamp = first.stat().st_mtime_ns
     assert len(list((tmp_path / "slang" / DATASET).glob("split_*.json"))) == 1
-    uci.run("slang", DATASET, (0, 1, 2), quick=True, out=tmp_path, data_dir=data_dir, epochs=2,
+    uci.run_method("slang", DATASET, (0, 1, 2), quick=True, out=tmp_path, data_dir=data_dir, epochs=2,
             progress=False, dask_scheduler=cluster.scheduler_address)
     assert first.stat().st_mtime_ns == stamp  # reused, not recomputed
     for k in range(3):
@@ -325,10 +325,10 @@ def test_riemannian_laplace_parts_in_processes_and_on_dask_equal_the_serial_run(
         assert _json_numbers(runs[where][0]) == serial, where
 
     budget = {"samples": 3, "grid": 20}
-    jobs = [_parallel.Job(f"a{seed}", rl._part_job, ("a", seed, budget)) for seed in (0, 1)]
+    jobs = [_runner.Job(f"a{seed}", rl._part_job, ("a", seed, budget)) for seed in (0, 1)]
     here, there = {}, {}
-    _parallel.run_jobs(jobs, lambda k, r: here.__setitem__(k, r[0]))
-    _parallel.run_jobs(jobs, lambda k, r: there.__setitem__(k, r[0]), n_jobs=2)
+    _runner.run_jobs(jobs, lambda k, r: here.__setitem__(k, r[0]))
+    _runner.run_jobs(jobs, lambda k, r: there.__setitem__(k, r[0]), n_jobs=2)
     strip = lambda r: {**r, "geodesics": {m: g["mean_nfev"] for m, g in r["geodesics"].items()}}  # noqa: E731
     assert {k: strip(r) for k, r in there.items()} == {k: strip(r) for k, r in here.items()}
     assert here["a0"]["la_samples"] != here["a1"]["la_samples"]  # the seed reaches the job
@@ -356,9 +356,9 @@ def test_selfcheck_groups_in_processes_and_on_dask_equal_the_serial_run(cluster,
 _FAULTS = """
 import resource, sys
 import numpy as np
-from refbayes.experiments import _parallel
+from refbayes.experiments import _runner
 from refbayes.models import MLP
-applied = _parallel.retain_freed_memory() if sys.argv[1] == "retain" else None
+applied = _runner.retain_freed_memory() if sys.argv[1] == "retain" else None
 net = MLP([8, 50, 1], "relu", "gaussian", noise_precision=1.0)
 rng = np.random.default_rng(0)
 thetas = net.init_theta(rng) + 0.01 * rng.standard_normal((10, net.D))

@@ -6,7 +6,7 @@ import pytest
 import refbayes
 from refbayes.cli import main
 from refbayes.datasets import make_logistic_regression
-from refbayes.experiments import _io
+from refbayes.experiments import _runner
 
 
 def test_selfcheck_quick_passes_and_writes_results(tmp_path, capsys):
@@ -20,9 +20,9 @@ def test_selfcheck_quick_passes_and_writes_results(tmp_path, capsys):
     printed = capsys.readouterr().out
     assert "rank-3: sample S S^T vs dense inverse" in printed and "NO" not in printed.split()
     data = make_logistic_regression(200, 10, 0)  # the --quick problem, seed 0
-    assert result["provenance"] == {"data_sha256": {"synthetic": _io.sha256_arrays(data.X, data.y)},
+    assert result["provenance"] == {"data_sha256": {"synthetic": _runner.sha256_arrays(data.X, data.y)},
                                     "refbayes_version": refbayes.__version__,
-                                    "git_commit": _io.git_commit()}
+                                    "git_commit": _runner.git_commit()}
 
 
 def test_selfcheck_reports_a_failing_check(tmp_path, monkeypatch, capsys):
@@ -40,7 +40,7 @@ def test_unwritable_out_is_an_error_before_any_check(tmp_path, monkeypatch, caps
     def refuse(folder):
         raise PermissionError(13, "Permission denied", str(folder))
 
-    monkeypatch.setattr(_io, "_probe", refuse)
+    monkeypatch.setattr(_runner, "_probe", refuse)
     from refbayes.experiments import selfcheck
     monkeypatch.setattr(selfcheck, "_gradient_checks", lambda *a: pytest.fail("checked first"))
     assert main(["reproduce", "selfcheck", "--quick", "--out", str(tmp_path / "sc")]) == 2

@@ -10,7 +10,7 @@ import pytest
 
 import refbayes
 from refbayes.cli import main
-from refbayes.experiments import _io, _parallel, slang_logreg
+from refbayes.experiments import _runner, slang_logreg
 
 ORDERED = ("mf-exact", "slang-1", "slang-10", "full-exact")
 
@@ -121,9 +121,9 @@ def test_job_costs_cover_every_run_and_start_the_longest_first():
     for name in slang_logreg.DATASETS:
         assert set(slang_logreg.RUN_SECONDS_PER_1000_EPOCHS[name]) == set(slang_logreg.METHODS)
     names = ("australian", "breast-cancer", "a1a", "usps-3vs5")
-    jobs = [_parallel.Job(f"{n}/{m}", None, (), slang_logreg._job_cost(n, m, 10_000))
+    jobs = [_runner.Job(f"{n}/{m}", None, (), slang_logreg._job_cost(n, m, 10_000))
             for n in names for m in (*slang_logreg.METHODS, "exact-mf-vi")]
-    order = [job.key for job in _parallel.launch_order(jobs)]
+    order = [job.key for job in _runner.launch_order(jobs)]
     assert order[:4] == ["usps-3vs5/slang-5", "usps-3vs5/slang-10", "usps-3vs5/slang-2",
                          "usps-3vs5/slang-1"]
     assert set(order[-4:]) == {f"{n}/exact-mf-vi" for n in names}
@@ -142,7 +142,7 @@ def test_parallel_runs_carry_their_costs(no_figures, tmp_path, monkeypatch):
         seen.update({job.key: job.cost for job in jobs})
         raise Captured  # nothing is run
 
-    monkeypatch.setattr(_parallel, "run_jobs", capture)
+    monkeypatch.setattr(_runner, "run_jobs", capture)
     with pytest.raises(Captured):
         main(_syn(tmp_path / "out", "--jobs", "2", methods="mf-ef,slang-1"))
     assert seen == {f"synthetic/restart_0/{m}": slang_logreg._job_cost("synthetic", m, 2)
@@ -157,7 +157,7 @@ def test_exact_vi_fit_is_stored_once_per_restart(no_figures, tmp_path, capsys):
     for r in range(2):
         folder = out / "synthetic" / f"restart_{r}"
         exact = json.loads((folder / "exact-vi.json").read_text())
-        with _parallel.thread_limit(1):  # the command's BLAS threads (--threads 1)
+        with _runner.thread_limit(1):  # the command's BLAS threads (--threads 1)
             fit = slang_logreg._restart_data("synthetic", r, 0, None)[2]
         np.testing.assert_array_equal(exact["Sigma"], fit.Sigma)
         np.testing.assert_array_equal(exact["mu"], fit.mu)
@@ -238,7 +238,7 @@ def test_results_record_data_checksums_version_and_commit(no_figures, data_dir, 
         rel = "australian/australian_scale"
         assert prov["data_sha256"] == {rel: hashlib.sha256((data_dir / rel).read_bytes()).hexdigest()}
         assert prov["refbayes_version"] == refbayes.__version__
-        assert prov["git_commit"] == _io.git_commit()
+        assert prov["git_commit"] == _runner.git_commit()
 
 
 @pytest.mark.parametrize("dataset", ["australian", "breast-cancer", "a1a", "usps-3vs5"])
@@ -422,7 +422,7 @@ def test_header_is_printed_before_the_first_result(tmp_path):
 def _refuse_writes(monkeypatch, folder):
     def probe(path):
         raise PermissionError(13, "Permission denied", str(path))
-    monkeypatch.setattr(_io, "_probe", probe)
+    monkeypatch.setattr(_runner, "_probe", probe)
 
 
 def test_unwritable_out_is_an_error_before_computing(no_figures, tmp_path, capsys, monkeypatch):

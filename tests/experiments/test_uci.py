@@ -15,7 +15,7 @@ from scipy.stats import norm
 import refbayes
 from refbayes.cli import main
 from refbayes.datasets import TrainTest
-from refbayes.experiments import _io, uci, uci_methods
+from refbayes.experiments import _runner, uci, uci_methods
 from refbayes.methods import noise_gamma, noisy_kfac
 from tests.tolerances import EXACT_F64, assert_close
 
@@ -154,7 +154,7 @@ def test_non_finite_targets_are_caught_at_load(data_dir, monkeypatch):
 def test_divergence_names_the_run_and_keeps_finished_splits(method, data_dir, tmp_path, monkeypatch):
     spec = uci_methods.METHODS[method]
     kw = {"quick": True, "out": tmp_path, "data_dir": data_dir, "epochs": 1, "progress": False}
-    uci.run(method, DATASET, [0], **kw)
+    uci.run_method(method, DATASET, [0], **kw)
     split0 = tmp_path / method / DATASET / "split_0.json"
     mtime = split0.stat().st_mtime_ns
 
@@ -165,7 +165,7 @@ def test_divergence_names_the_run_and_keeps_finished_splits(method, data_dir, tm
 
     monkeypatch.setitem(uci_methods.METHODS, method, spec._replace(fit=diverging_fit))
     with pytest.raises(uci_methods.TrainingError) as info:
-        uci.run(method, DATASET, [0, 1], **kw)
+        uci.run_method(method, DATASET, [0, 1], **kw)
     msg = str(info.value)
     assert f"{method} on yacht, split 1: every one of the 2 grid points diverged" in msg
     assert f"the first: {method} on yacht, split 1, validation fit 1/2 (noise_precision=" in msg
@@ -188,7 +188,7 @@ def test_a_diverging_grid_point_is_recorded_and_never_chosen(data_dir, tmp_path,
         return spec.fit(model, X, y, hyper, rng, epochs, M, progress)
 
     monkeypatch.setitem(uci_methods.METHODS, "map", spec._replace(fit=fit))
-    uci.run("map", DATASET, [0], quick=True, out=tmp_path, data_dir=data_dir, epochs=1,
+    uci.run_method("map", DATASET, [0], quick=True, out=tmp_path, data_dir=data_dir, epochs=1,
             progress=False)
     saved = _split_json(tmp_path, "map", 0)
     bad, good = saved["validation"]
@@ -201,7 +201,7 @@ def test_one_point_grid_trains_once_on_the_whole_training_split(data_dir, tmp_pa
     raw-unit noise precision is the scored one exactly (uci.4)."""
     budget = uci_methods.resolve(uci_methods.METHODS["mc_dropout"], DATASET, epochs=1)
     assert uci.fits_per_split(budget) == 1
-    uci.run("mc_dropout", DATASET, [0], quick=True, out=tmp_path, data_dir=data_dir, epochs=1,
+    uci.run_method("mc_dropout", DATASET, [0], quick=True, out=tmp_path, data_dir=data_dir, epochs=1,
             progress=False)
     saved = _split_json(tmp_path, "mc_dropout", 0)
     assert saved["validation"] == [] and saved["hyper"] == {"noise_precision_raw": 0.541869562034,
@@ -232,7 +232,7 @@ def test_standard_error_ddof_is_selectable_and_stated(data_dir, tmp_path, capsys
     assert "RMSE median" in header and "LL median (uci.10)" in header
     assert f"{sorted(rmse)[1]:.3f}" in row and f"{sorted(ll)[1]:.3f}" in row
     with pytest.raises(ValueError, match="se_ddof: expected 0 or 1, got 2"):
-        uci.run("map", DATASET, [0], quick=True, out=tmp_path, data_dir=data_dir, se_ddof=2)
+        uci.run_method("map", DATASET, [0], quick=True, out=tmp_path, data_dir=data_dir, se_ddof=2)
 
 
 def test_table_shows_saved_results_of_other_methods(data_dir, tmp_path, capsys):
@@ -468,7 +468,7 @@ def test_split_results_record_data_checksums_version_and_commit(data_dir, tmp_pa
     assert prov["data_sha256"] == {f: hashlib.sha256((data_dir / f).read_bytes()).hexdigest()
                                    for f in files}
     assert prov["refbayes_version"] == refbayes.__version__
-    assert prov["git_commit"] == _io.git_commit()
+    assert prov["git_commit"] == _runner.git_commit()
 
 
 def _edit(path, fn):
@@ -496,7 +496,7 @@ def test_stale_split_results_are_refused_unless_fresh(data_dir, tmp_path, capsys
     assert _split_json(tmp_path, "map", 0)["provenance"]["refbayes_version"] == refbayes.__version__
     # and a summary never counts a split computed from other data
     _edit(path, edit)
-    assert uci.run("map", DATASET, [1], quick=True, out=tmp_path, data_dir=data_dir, epochs=1,
+    assert uci.run_method("map", DATASET, [1], quick=True, out=tmp_path, data_dir=data_dir, epochs=1,
                    progress=False)["splits"] == [1]
 
 
@@ -599,7 +599,7 @@ def test_header_is_printed_before_the_first_result(data_dir, tmp_path):
 def _refuse_writes(monkeypatch):
     def probe(path):
         raise PermissionError(13, "Permission denied", str(path))
-    monkeypatch.setattr(_io, "_probe", probe)
+    monkeypatch.setattr(_runner, "_probe", probe)
 
 
 def test_unwritable_out_is_an_error_before_computing(data_dir, tmp_path, capsys, monkeypatch):
@@ -640,14 +640,14 @@ def test_method_names_accept_hyphens_and_underscores(data_dir, tmp_path, capsys)
     mtime = path.stat().st_mtime_ns
     assert _reproduce("--method", "mc_dropout", *args) == 0  # the same run: loaded, not redone
     assert path.stat().st_mtime_ns == mtime
-    summary = uci.run("noisy-adam", DATASET, [0], quick=True, out=tmp_path, data_dir=data_dir,
+    summary = uci.run_method("noisy-adam", DATASET, [0], quick=True, out=tmp_path, data_dir=data_dir,
                       epochs=1, progress=False)
     assert summary["method"] == "noisy_adam" and (tmp_path / "noisy_adam" / DATASET).is_dir()
     capsys.readouterr()
     assert _reproduce("--method", "not-a-method", *args) == 2
     assert "invalid choice: 'not_a_method'" in capsys.readouterr().err
     with pytest.raises(ValueError, match="hyphens or underscores"):
-        uci.run("not-a-method", DATASET, [0], out=tmp_path, data_dir=data_dir)
+        uci.run_method("not-a-method", DATASET, [0], out=tmp_path, data_dir=data_dir)
 
 
 # The issue's table (Khan et al. 2018 for BBVI and Vadam, Zhang et al. 2018 for Noisy Adam and

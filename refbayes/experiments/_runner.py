@@ -1,0 +1,734 @@
+"""The one runner of the ``refbayes reproduce`` experiments: jobs, resume, provenance, summaries.
+
+An experiment module keeps only its protocol (what to fit, what to measure, its defaults, its
+table and figure); everything else is here, once:
+
+- **jobs** (:class:`Job`, :func:`run_jobs`): where an experiment's independent jobs run (serially,
+  ``--jobs`` local processes, a Dask cluster), with how many BLAS threads (see "Jobs" below);
+- **result files and resume** (:func:`load_result` against a result ``SCHEMA``, :func:`reusable`,
+  :func:`resume`): a saved result is reused only when its settings, its data checksums and its
+  refbayes version equal the current ones; anything else stops the run with the --fresh hint;
+- **provenance** (:func:`provenance`): every result file records ``{"provenance": {"data_sha256":
+  {relative path: sha256}, "refbayes_version": ..., "git_commit": ...}}``. The git commit is
+  recorded for provenance only: a development checkout moves to a new commit on every change,
+  documentation included, so refusing on it would throw away every result at each commit; the
+  version is the promise about numbers (a release that changes results changes it), and the data
+  checksums catch changed inputs;
+- **progress** (:class:`Progress`), the **output folder** check (:func:`output_writable`);
+- **summaries**: :func:`mean_se`, :func:`write_csv`, :func:`write_json`, :func:`format_table`,
+  :func:`pyplot` for figures (skipped without matplotlib);
+- the **argument types and options** every experiment shares (:func:`positive_int`,
+  :func:`seed_arg`, :func:`add_arguments` for ``--jobs`` / ``--dask-scheduler``).
+
+Files are written atomically (``refbayes._files``), so an interrupted run never leaves half a file.
+
+Jobs
+----
+An experiment is a set of independent jobs (dataset x method x split or restart x grid point),
+each a call ``fn(*args)`` of a module-level function whose randomness comes from a seed derived
+from the job's coordinates only. So the results do not depend on where or in which order the
+jobs run, and ``run_jobs`` runs them:
+
+- serially in this process (``jobs=1``, the default);
+- in ``jobs`` local worker processes (``concurrent.futures.ProcessPoolExecutor``, spawned, so no
+  state of this process leaks into a worker);
+- on a Dask cluster the user already runs (``scheduler="tcp://host:8786"``, the ``distributed``
+  package: the optional extra ``dask``). The scheduler reruns the job of a worker that dies
+  (``distributed.scheduler.allowed-failures``, 3 by default); a job that raises is not rerun.
+
+Order. Local processes and a Dask cluster start the jobs longest first, by the ``cost`` each
+job carries (a relative estimate of its run time; equal costs keep their given order): with more
+jobs than workers, a long job started last runs alone at the end while the other workers idle.
+A serial run keeps the given order, which has no tail to shorten.
+
+``on_result(key, result)`` is called in this process as each job finishes (in completion order),
+so results are written as they come and a progress line advances; an interrupted run loses only
+the jobs in flight, and the experiment's resume rule reuses what was written.
+
+Threads. Every job runs under ``threadpoolctl.threadpool_limits(threads)`` (BLAS and OpenMP
+pools; default 1): on the 2-core machines these experiments were measured on, an unpinned BLAS
+under load ran BLAS-heavy steps 30-65x slower than one thread, and with several jobs per machine
+one thread per job is what keeps the cores busy without oversubscription. Results are identical
+for any ``jobs`` at a given ``threads``; a different thread count may change the last bits of a
+BLAS reduction.
+
+Memory. Every job's process also keeps the memory it frees for reuse (``retain_freed_memory``):
+with glibc's defaults a Monte Carlo step page-faults its (S, M, n) temporaries in anew each time.
+"""
+from __future__ import annotations
+
+import argparse
+import concurrent.futures
+import contextlib
+import csv
+import ctypes
+import functools
+import hashlib
+import io
+import json
+import math
+import multiprocessing
+import os
+import platform
+import re
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import NamedTuple
+
+import numpy as np
+from threadpoolctl import threadpool_limits
+from tqdm import tqdm
+
+from refbayes import __version__
+from refbayes._checks import check_int
+from refbayes._files import atomic_write, atomic_write_text
+
+__all__ = [
+    "FRESH_HINT",
+    "QUIET",
+    "RECOMPUTE_HINT",
+    "Job",
+    "MayLack",
+    "Progress",
+    "Quiet",
+    "ResultFileError",
+    "add_arguments",
+    "check_scheduler",
+    "check_worker_data",
+    "git_commit",
+    "job_rng",
+    "launch_order",
+    "load_result",
+    "mean_se",
+    "output_writable",
+    "parallel",
+    "positive_int",
+    "provenance",
+    "pyplot",
+    "read_json",
+    "resume",
+    "retain_freed_memory",
+    "reusable",
+    "run_command_jobs",
+    "run_jobs",
+    "save_figure",
+    "seed_arg",
+    "sha256_arrays",
+    "thread_limit",
+    "writable_error",
+    "write_csv",
+]
+
+FRESH_HINT = "use --fresh to recompute it or another --out"
+RECOMPUTE_HINT = "rerun with --fresh to recompute this run (or delete the file)"
+
+
+class ResultFileError(ValueError):
+    """A result file that cannot be read back (not JSON, or not the shape a result has).
+
+    ``path`` is the file, ``reason`` what is wrong with it; the message is both, then ``hint``.
+    """
+
+    def __init__(self, path, reason: str, hint: str = ""):
+        self.path, self.reason = Path(path), reason
+        super().__init__(f"{path}: {reason}" + (f"; {hint}" if hint else ""))
+
+
+
+# ----------------------------------------------------------------------------- result files
+
+def read_json(path: Path):
+    """The JSON value in ``path``, or None when it does not exist (a run not yet done).
+
+    A file that is not valid JSON (truncated by a full disk, a copy cut short, edited by hand)
+    raises :class:`ResultFileError` naming the file and the parser's complaint.
+    """
+    path = Path(path)
+    if not path.exists():
+        return None
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except ValueError as err:  # JSONDecodeError, UnicodeDecodeError
+        raise ResultFileError(path, f"not valid JSON ({err}); the file is damaged (cut short "
+                                    "or overwritten)") from err
+
+
+_JSON_KIND = {dict: "a JSON object", list: "a JSON array", str: "a JSON string",
+              bool: "a JSON boolean", type(None): "null", int: "a number", float: "a number"}
+
+
+def _kind(value) -> str:
+    return _JSON_KIND.get(type(value), type(value).__name__)
+
+
+class MayLack(NamedTuple):
+    """A schema entry that files written before it existed lack: checked only when present."""
+    want: object
+
+
+def _schema_errors(obj, schema, prefix="") -> list[str]:
+    """What is wrong with ``obj`` against ``schema`` ({key: type, nested schema or MayLack});
+    float means any JSON number (not a boolean)."""
+    if not isinstance(obj, dict):
+        where = f"{prefix[:-1]}: " if prefix else ""
+        return [f"{where}expected a JSON object, got {_kind(obj)}"]
+    errors = []
+    for key, want in schema.items():
+        name = prefix + key
+        if isinstance(want, MayLack):
+            if key not in obj:
+                continue
+            want = want.want
+        if key not in obj:
+            errors.append(f"missing {name!r}")
+        elif isinstance(want, dict):
+            errors += _schema_errors(obj[key], want, name + ".")
+        elif want is float:
+            if isinstance(obj[key], bool) or not isinstance(obj[key], (int, float)):
+                errors.append(f"{name}: expected a number, got {_kind(obj[key])}")
+        elif not isinstance(obj[key], want):
+            errors.append(f"{name}: expected {_JSON_KIND.get(want, want.__name__)}, got {_kind(obj[key])}")
+    return errors
+
+
+def load_result(path: Path, schema: dict, fresh: bool = False):
+    """The saved result in ``path`` checked against ``schema``; None when there is none.
+
+    ``schema`` maps each key a result must have to its type (``float`` for any number) or to a
+    nested schema. A damaged file (not JSON, not an object, a key missing or of the wrong type)
+    raises :class:`ResultFileError` naming the file, what is wrong and the remedy; with
+    ``fresh`` it counts as not done (None), so the run is recomputed and the file replaced.
+    """
+    path = Path(path)
+    try:
+        obj = read_json(path)
+    except ResultFileError as err:
+        if fresh:
+            return None
+        raise ResultFileError(path, err.reason, RECOMPUTE_HINT) from err
+    if obj is None:
+        return None
+    errors = _schema_errors(obj, schema)
+    if not errors:
+        return obj
+    if fresh:
+        return None
+    shown = "; ".join(errors[:3]) + ("; ..." if len(errors) > 3 else "")
+    raise ResultFileError(path, f"damaged result file: {shown}", RECOMPUTE_HINT)
+
+
+# ----------------------------------------------------------------------------- provenance
+
+def _source_root() -> Path:
+    """The folder that holds the ``refbayes`` package (a checkout's root for an editable install)."""
+    return Path(__file__).resolve().parents[2]
+
+
+def _git_head(folder: Path):
+    """``git rev-parse HEAD`` in ``folder`` when it is the root of a git checkout, else None
+    (also None when git is not installed or fails)."""
+    folder = Path(folder)
+    if not (folder / ".git").exists():  # not a checkout: do not report an enclosing repository
+        return None
+    try:
+        res = subprocess.run(["git", "-C", str(folder), "rev-parse", "HEAD"], capture_output=True,
+                             text=True, timeout=10, check=False)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    head = res.stdout.strip()
+    return head if res.returncode == 0 and re.fullmatch(r"[0-9a-f]{40,64}", head) else None
+
+
+@functools.cache
+def git_commit():
+    """The git commit of the refbayes source in use, or None (not a git checkout, or no git).
+
+    Computed once per process.
+    """
+    return _git_head(_source_root())
+
+
+def sha256_arrays(*arrays) -> str:
+    """sha256 of the arrays' dtypes, shapes and C-order bytes: the identity of generated data."""
+    h = hashlib.sha256()
+    for a in arrays:
+        h.update(f"{a.dtype.str}{tuple(a.shape)}".encode())
+        h.update(memoryview(a.tobytes()))
+    return h.hexdigest()
+
+
+def provenance(data_sha256: dict) -> dict:
+    """The provenance a result file records: the checksums of the data it read (relative path ->
+    sha256), the refbayes version and the git commit (None outside a git checkout)."""
+    return {"data_sha256": dict(sorted(data_sha256.items())), "refbayes_version": __version__,
+            "git_commit": git_commit()}
+
+
+def _refusal(saved, settings, current):
+    """Why ``saved`` may not stand for a run with ``settings`` and provenance ``current``, or None."""
+    if saved.get("settings") != settings:
+        old = saved.get("settings") if isinstance(saved.get("settings"), dict) else {}
+        diff = sorted(k for k in set(settings) | set(old) if old.get(k) != settings.get(k))
+        return f"holds a run with other settings (differs in {', '.join(diff)})"
+    prov = saved.get("provenance")
+    if not isinstance(prov, dict) or not isinstance(prov.get("data_sha256"), dict) \
+            or "refbayes_version" not in prov:
+        return ("records no data checksums or refbayes version (written by an older refbayes), "
+                "so it may come from other data")
+    old, new = prov["data_sha256"], current["data_sha256"]
+    if old != new:
+        changes = [f"{k} changed" for k in sorted(set(old) & set(new)) if old[k] != new[k]]
+        changes += [f"{k} added" for k in sorted(set(new) - set(old))]
+        changes += [f"{k} not read now" for k in sorted(set(old) - set(new))]
+        return f"holds a run computed from other data ({', '.join(changes)})"
+    if prov["refbayes_version"] != current["refbayes_version"]:
+        return (f"holds a run written by refbayes {prov['refbayes_version']} (this is refbayes "
+                f"{current['refbayes_version']})")
+    return None
+
+
+def reusable(path: Path, saved: dict, settings: dict, current: dict, fresh: bool) -> bool:
+    """Whether the saved result ``saved`` (read from ``path``) stands for the run now asked for.
+
+    True when its settings, data checksums and refbayes version equal ``settings`` and
+    ``current`` (from :func:`provenance`); the git commit is not compared (see the module
+    docstring). Otherwise False with ``fresh`` (recompute it), else ValueError naming the file,
+    what differs and the --fresh remedy.
+    """
+    why = _refusal(saved, settings, current)
+    if why is None:
+        return True
+    if fresh:
+        return False
+    raise ValueError(f"--out: {path} {why}; {FRESH_HINT}")
+
+
+def output_writable(out: Path, needed: bool) -> bool:
+    """Whether results can be written under ``out``, checked before anything is computed.
+
+    When they cannot: with ``needed`` (something is to be computed) a ValueError naming the
+    folder; without (every result is already there) False, after a note on stderr that the
+    summary files and figures are not updated, so the caller prints its table and writes nothing.
+    """
+    reason = writable_error(out)
+    if reason is None:
+        return True
+    if needed:
+        raise ValueError(f"--out: {reason}; nothing was computed; choose a writable --out")
+    print(f"note: {out} is not writable ({reason}); every result is there, so the table is "
+          "printed, but summary files and figures are not updated", file=sys.stderr)
+    return False
+
+
+# ----------------------------------------------------------------------------- progress
+
+class Progress:
+    """One overall progress line over the units of work of an experiment, on stderr.
+
+    On a terminal: a tqdm bar (runs done of all, elapsed, estimated remaining), with a transient
+    bar per run from :meth:`run_bar`. Elsewhere (a CI log, nohup, a pipe): one plain line at the
+    start and one per finished run, ``<desc>: run k/N done (<label>; elapsed .., remaining ~..)``,
+    the estimate from the runs computed so far. ``enabled=False`` prints nothing.
+    """
+
+    def __init__(self, total: int, done: int = 0, desc: str = "", enabled: bool = True, file=None):
+        self.file = sys.stderr if file is None else file
+        self.enabled = enabled
+        self.tty = enabled and bool(getattr(self.file, "isatty", lambda: False)())
+        self.total, self.k, self.done0, self.desc = total, done, done, desc
+        self.t0 = time.monotonic()
+        self.bar = None
+        if self.tty:
+            self.bar = tqdm(total=total, initial=done, desc=desc, unit="run", file=self.file,
+                            dynamic_ncols=True)
+        elif enabled:
+            print(f"{desc}: {total} run(s), {done} already done, {total - done} to compute",
+                  file=self.file, flush=True)
+
+    def run_bar(self, total: int, desc: str, unit: str = "step"):
+        """A bar over one run's steps: shown on a terminal only, removed when the run ends."""
+        return tqdm(total=total, desc=desc, unit=unit, file=self.file, leave=False,
+                    disable=not self.tty, dynamic_ncols=True)
+
+    def advance(self, label: str) -> None:
+        """One run (``label`` names it) has finished."""
+        self.k += 1
+        if self.bar is not None:
+            self.bar.set_postfix_str(label, refresh=False)
+            self.bar.update(1)
+        elif self.enabled:
+            elapsed = time.monotonic() - self.t0
+            remaining = elapsed / (self.k - self.done0) * (self.total - self.k)
+            print(f"{self.desc}: run {self.k}/{self.total} done ({label}; elapsed "
+                  f"{tqdm.format_interval(elapsed)}, remaining ~{tqdm.format_interval(remaining)})",
+                  file=self.file, flush=True)
+
+    def echo(self, text: str = "", file=None) -> None:
+        """Print ``text`` (to stdout by default) without breaking the bar on a terminal."""
+        out = sys.stdout if file is None else file
+        if self.bar is not None:
+            with tqdm.external_write_mode(file=self.file):
+                print(text, file=out, flush=True)
+        else:
+            print(text, file=out, flush=True)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+            self.bar = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+        return False
+
+
+# ----------------------------------------------------------------------------- output folder
+
+def _probe(folder: Path) -> None:
+    """Create and remove a temporary file in ``folder`` (raises OSError when it cannot)."""
+    fd, tmp = tempfile.mkstemp(dir=folder, prefix=".refbayes-write-test.", suffix=".tmp")
+    os.close(fd)
+    os.unlink(tmp)
+
+
+def writable_error(folder: Path):
+    """Why results cannot be written under ``folder``, or None when they can.
+
+    A missing ``folder`` counts as writable when its nearest existing ancestor is a writable
+    folder (the writes create it). Nothing is left behind.
+    """
+    folder = Path(folder)
+    existing = folder
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    if not existing.is_dir():
+        return f"{existing} is not a folder"
+    try:
+        _probe(existing)
+    except OSError as err:
+        return f"cannot write in {existing} ({err.strerror or err})"
+    return None
+
+
+def pyplot():
+    """matplotlib.pyplot on the Agg backend, or None (with a note on stderr) when matplotlib, the
+    ``plot`` extra, is not installed: the experiments then skip their figures."""
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("figures skipped: matplotlib is not installed (pip install 'refbayes[plot]')",
+              file=sys.stderr)
+        return None
+    return plt
+
+
+def save_figure(fig, path: Path, dpi: int = 110, **kwargs) -> Path:
+    """Write the matplotlib figure ``fig`` as a PNG under ``path`` atomically (``savefig`` with
+    ``dpi`` and ``kwargs``), then close it; returns ``path``."""
+    import matplotlib.pyplot as plt
+    try:
+        atomic_write(path, lambda f: fig.savefig(f, format="png", dpi=dpi, **kwargs))
+    finally:
+        plt.close(fig)
+    return Path(path)
+
+
+def positive_int(text: str) -> int:
+    """argparse type: an integer >= 1 (epochs, restarts)."""
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {text!r}")
+    return int(text)
+
+
+def seed_arg(text: str) -> int:
+    """argparse type: a master seed, an integer >= 0."""
+    if not text.isdigit():
+        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {text!r}")
+    return int(text)
+
+
+def job_rng(*coords) -> np.random.Generator:
+    """The generator of one job: ``default_rng(SeedSequence([*coords]))``, the master seed first,
+    then the job's coordinates as non-negative integers (a dataset's index, a split, a stream).
+    So a job's draws depend on its coordinates only, not on where or in which order it runs."""
+    return np.random.default_rng(np.random.SeedSequence(list(coords)))
+
+
+# ----------------------------------------------------------------------------- summaries
+
+def resume(path: Path, schema: dict, settings: dict, current: dict, fresh: bool):
+    """The saved result in ``path`` when it stands for the run now asked for, else None (to compute).
+
+    :func:`load_result` against ``schema`` (a damaged file raises, or counts as absent with
+    ``fresh``), then :func:`reusable` against ``settings`` and provenance ``current`` (other
+    settings, data or version raise, or count as absent with ``fresh``).
+    """
+    saved = load_result(path, schema, fresh)
+    if saved is not None and reusable(path, saved, settings, current, fresh):
+        return saved
+    return None
+
+
+def mean_se(values, ddof: int = 1):
+    """(mean, standard error std(ddof) / sqrt(K)) over the K values that are not None.
+
+    The error is None (JSON null) for one value; both are None for none.
+    """
+    v = np.asarray([x for x in values if x is not None], dtype=float)
+    if v.size == 0:
+        return None, None
+    se = float(v.std(ddof=ddof) / math.sqrt(v.size)) if v.size > 1 else None  # (uci.8)
+    return float(v.mean()), se
+
+
+def write_csv(path: Path, rows, header=None):
+    """Write ``rows`` as CSV under ``path`` (atomically); return the path, or None when there are
+    no rows and no ``header`` (nothing is written then).
+
+    ``rows`` are dicts (columns: ``header``, default every key in order of first appearance; a
+    key missing from a row is an empty cell) or sequences (columns: ``header``, which they then
+    need).
+    """
+    rows = list(rows)
+    if not rows and header is None:
+        return None
+    buf = io.StringIO()
+    if rows and isinstance(rows[0], dict):
+        fields = list(header) if header is not None else list(dict.fromkeys(k for r in rows for k in r))
+        writer = csv.DictWriter(buf, fieldnames=fields)
+        writer.writeheader()
+    else:
+        writer = csv.writer(buf)
+        writer.writerow(header)
+    writer.writerows(rows)
+    return atomic_write_text(path, buf.getvalue())
+
+
+# ----------------------------------------------------------------------------- jobs
+
+DASK_HINT = 'pip install "refbayes[dask]"'
+CONNECT_TIMEOUT = "20s"  # how long to wait for the scheduler before giving up
+
+
+class Job(NamedTuple):
+    """One independent unit of an experiment: ``fn(*args)``, named ``key`` in results; ``cost``
+    estimates its run time relative to the other jobs (only the order they start in uses it)."""
+    key: str
+    fn: Callable
+    args: tuple
+    cost: float = 1.0
+
+
+def launch_order(jobs: list) -> list:
+    """The jobs longest first (decreasing ``cost``; a stable sort, so ties keep their order)."""
+    return sorted(jobs, key=lambda job: -job.cost)
+
+
+class Quiet:
+    """The progress of a job running in a worker: nothing is shown there (the main process
+    reports each finished job). It stands for an experiment's ``Progress`` (``run_bar``,
+    ``echo``) and for the bar ``run_bar`` yields (``update``, ``set_postfix_str``)."""
+    enabled = tty = False
+    file = None
+
+    def run_bar(self, total=None, desc="", unit="step"):
+        return contextlib.nullcontext(self)
+
+    def update(self, n=1):
+        pass
+
+    def set_postfix_str(self, *args, **kwargs):
+        pass
+
+    def echo(self, text="", file=None):
+        pass
+
+
+QUIET = Quiet()
+
+
+def check_worker_data(what: str, identity, prov: dict) -> None:
+    """Refuse a job whose worker read other data than the main process (checksums differ).
+
+    ``identity`` is the data's identity as :func:`provenance` takes it, ``prov`` the main
+    process's provenance; the message names ``what`` and the --data-dir remedy.
+    """
+    if provenance(identity)["data_sha256"] != prov["data_sha256"]:
+        raise ValueError(f"{what}: the worker read other data than the main process ({identity} "
+                         f"vs {prov['data_sha256']}); give --data-dir a folder every worker sees")
+
+
+def thread_limit(threads: int):
+    """Limit the BLAS and OpenMP thread pools of this process to ``threads`` (a context).
+
+    threadpoolctl limits the pools loaded when it is called, not those loaded later, and SciPy
+    ships its own OpenBLAS (scipy.linalg: eigh, Cholesky, triangular solves), loaded on first
+    import. So scipy.linalg is imported first: otherwise a process that reaches SciPy after the
+    limit ran its LAPACK with every core (a SLANG step at D = 501, S = 10 took 1,010 ms instead of
+    5 ms beside two busy jobs on 2 cores).
+    """
+    import scipy.linalg  # noqa: F401  (loads SciPy's OpenBLAS, so that the limit reaches it)
+    return threadpool_limits(limits=check_int(threads, "threads", low=1))
+
+
+# glibc's mallopt parameters (malloc.h) and the values set: blocks up to 32 MiB (glibc's largest
+# mmap threshold on 64 bits) come from the heap, and up to 256 MiB of freed heap is kept
+_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3
+MMAP_THRESHOLD, TRIM_THRESHOLD = 32 * 2**20, 256 * 2**20
+
+
+def retain_freed_memory() -> bool:
+    """Let glibc keep freed memory for reuse instead of returning it to the OS after each array.
+
+    By default glibc serves an allocation above its mmap threshold (128 kB, raised as blocks
+    are freed) with fresh pages and gives the freed top of its heap back to the OS beyond twice
+    that, so a step that allocates (S, M, n) temporaries of a few hundred kB faults their pages
+    in anew on every call. Measured (2-core VM, one thread): VOGN's ``sample_moments`` at
+    [8, 50, 1], M = 128, S = 10 takes 468 minor page faults and 2.5 ms of CPU per call, half of
+    it in the kernel; with these settings none and 0.89 ms. The same as starting Python with
+    MALLOC_MMAP_THRESHOLD_=33554432 MALLOC_TRIM_THRESHOLD_=268435456. The cost is up to
+    TRIM_THRESHOLD bytes of freed memory held by the process. Process-wide and not undone;
+    returns whether it applied (False where the C library is not glibc).
+    """
+    if platform.system() != "Linux" or platform.libc_ver()[0] != "glibc":
+        return False
+    libc = ctypes.CDLL("libc.so.6")
+    return bool(libc.mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD)
+                and libc.mallopt(_M_TRIM_THRESHOLD, TRIM_THRESHOLD))
+
+
+def _call(fn, args, threads):
+    """Run one job under the thread limit (the function a worker executes)."""
+    retain_freed_memory()
+    with thread_limit(threads):
+        return fn(*args)
+
+
+def check_scheduler(scheduler):
+    """The scheduler address, or ValueError when it is not a 'tcp://host:port'-like string."""
+    if scheduler is None:
+        return None
+    if not isinstance(scheduler, str) or "://" not in scheduler and ":" not in scheduler:
+        raise ValueError(f"dask_scheduler: expected an address such as tcp://127.0.0.1:8786, got "
+                         f"{scheduler!r}")
+    return scheduler
+
+
+def _dask_client(scheduler: str):
+    try:
+        from distributed import Client
+    except ImportError as err:
+        raise ValueError(f"--dask-scheduler needs the 'distributed' package ({err}); install it "
+                         f"with: {DASK_HINT}") from None
+    try:
+        return Client(scheduler, timeout=CONNECT_TIMEOUT, set_as_default=False)
+    except (OSError, TimeoutError) as err:
+        raise ValueError(f"dask_scheduler: cannot connect to {scheduler} ({err})") from None
+
+
+def run_jobs(jobs: Iterable[Job], on_result: Callable[[str, object], None], *, n_jobs: int = 1,
+             scheduler: str | None = None, threads: int = 1) -> None:
+    """Run independent jobs serially, in local processes or on a Dask cluster.
+
+    Parameters
+    ----------
+    jobs : iterable of Job
+        The jobs; their functions must be importable module-level functions (they are pickled).
+        Processes and Dask start them longest first (``launch_order``).
+    on_result : callable
+        ``on_result(key, result)``, in this process, as each job finishes.
+    n_jobs : int, default 1
+        Local worker processes (1: run in this process); ignored with ``scheduler``.
+    scheduler : str or None, default None
+        Address of a running Dask scheduler.
+    threads : int, default 1
+        BLAS / OpenMP threads of each job.
+
+    Raises
+    ------
+    ValueError
+        For n_jobs or threads < 1, an unusable scheduler address, or no ``distributed`` package.
+    Exception
+        The first exception a job raises (the jobs still running are cancelled; the results
+        already handed to ``on_result`` stay).
+    """
+    jobs = list(jobs)
+    n_jobs = check_int(n_jobs, "jobs", low=1)
+    threads = check_int(threads, "threads", low=1)
+    scheduler = check_scheduler(scheduler)
+    if scheduler is not None:
+        _run_dask(launch_order(jobs), on_result, scheduler, threads)
+    elif n_jobs == 1 or len(jobs) <= 1:
+        with thread_limit(threads):
+            for job in jobs:
+                on_result(job.key, job.fn(*job.args))
+    else:
+        _run_processes(launch_order(jobs), on_result, min(n_jobs, len(jobs)), threads)
+
+
+
+def parallel(args) -> bool:
+    """Whether a command line asked for its jobs outside this process (``--jobs`` > 1 or
+    ``--dask-scheduler``)."""
+    return args.jobs > 1 or args.dask_scheduler is not None
+
+
+def run_command_jobs(jobs: Iterable[Job], on_result: Callable[[str, object], None], args) -> None:
+    """:func:`run_jobs` as a command line asked for it: ``--jobs``, ``--dask-scheduler`` and
+    ``--threads`` (1 when the parser has none)."""
+    run_jobs(jobs, on_result, n_jobs=args.jobs, scheduler=args.dask_scheduler,
+             threads=getattr(args, "threads", 1))
+
+def _run_processes(jobs, on_result, n_jobs, threads):
+    ctx = multiprocessing.get_context("spawn")
+    with concurrent.futures.ProcessPoolExecutor(max_workers=n_jobs, mp_context=ctx) as pool:
+        futures = {pool.submit(_call, job.fn, job.args, threads): job.key for job in jobs}
+        try:
+            for future in concurrent.futures.as_completed(futures):
+                on_result(futures[future], future.result())
+        except BaseException:
+            for future in futures:
+                future.cancel()
+            raise
+
+
+def _run_dask(jobs, on_result, scheduler, threads):
+    from distributed import as_completed
+    client = _dask_client(scheduler)
+    with contextlib.closing(client), client.as_current():  # as_completed finds it there
+        # pure=False: two jobs with equal arguments are still two runs; keys name the jobs;
+        # the scheduler runs higher priorities first
+        futures = {client.submit(_call, job.fn, job.args, threads, key=f"refbayes-{job.key}",
+                                 pure=False, priority=job.cost): job.key for job in jobs}
+        try:
+            for future in as_completed(futures):
+                on_result(futures[future], future.result())
+        except BaseException:
+            client.cancel(list(futures))
+            raise
+
+
+def add_arguments(parser) -> None:
+    """Add ``--jobs`` and ``--dask-scheduler`` to an experiment's parser.
+
+    Parameters
+    ----------
+    parser : argparse.ArgumentParser
+        The experiment's parser.
+    """
+    parser.add_argument("--jobs", type=positive_int, default=1,
+                        help="independent jobs run in this many local processes (default 1); "
+                             "results are identical to a serial run")
+    parser.add_argument("--dask-scheduler", dest="dask_scheduler", default=None,
+                        metavar="ADDRESS",
+                        help="run the jobs on a running Dask scheduler (e.g. "
+                             f"tcp://10.0.0.1:8786; needs {DASK_HINT})")

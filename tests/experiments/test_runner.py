@@ -1,0 +1,199 @@
+"""The experiments' runner (refbayes.experiments._runner): damaged result files named, provenance,
+resume, progress, writability, mean_se, CSV; and the public writers of refbayes._files."""
+import io
+import json
+import re
+
+import numpy as np
+import pytest
+
+import refbayes
+from refbayes import _files
+from refbayes.experiments import _runner
+
+
+def test_damaged_json_names_the_file(tmp_path):
+    path = tmp_path / "run.json"
+    text = json.dumps({"settings": {"a": 1, "b": [1, 2, 3]}, "nll": 0.5}, indent=2)
+    path.write_text(text[: len(text) // 2])
+    with pytest.raises(ValueError) as info:
+        _runner.read_json(path)
+    msg = str(info.value)
+    assert msg.startswith(f"{path}: ") and "not valid JSON" in msg and "line " in msg
+    path.write_bytes(b"\xff\xfe\x00garbage")
+    with pytest.raises(ValueError, match=re.escape(str(path))):
+        _runner.read_json(path)
+    assert _runner.read_json(tmp_path / "absent.json") is None
+
+
+@pytest.mark.parametrize("obj, what", [
+    ({}, "missing 'settings'"),
+    ([1, 2], "expected a JSON object, got a JSON array"),
+    ({"settings": {}, "nll": "0.3"}, "nll: expected a number, got a JSON string"),
+    ({"settings": {}, "nll": 0.3, "test": {"ll": 1}}, "missing 'test.rmse'"),
+    ({"settings": {}, "nll": True, "test": {"ll": 1, "rmse": 2}}, "nll: expected a number, got a JSON boolean"),
+])
+def test_result_schema_names_what_is_wrong(tmp_path, obj, what):
+    schema = {"settings": dict, "nll": float, "test": {"ll": float, "rmse": float}}
+    path = tmp_path / "run.json"
+    path.write_text(json.dumps(obj))
+    with pytest.raises(ValueError) as info:
+        _runner.load_result(path, schema)
+    msg = str(info.value)
+    assert msg.startswith(f"{path}: damaged result file: ") and what in msg and "--fresh" in msg
+    assert _runner.load_result(path, schema, fresh=True) is None  # --fresh: recompute it
+    good = {"settings": {}, "nll": 1, "test": {"ll": 1.0, "rmse": 2.0}, "extra": None}
+    path.write_text(json.dumps(good))
+    assert _runner.load_result(path, schema) == good
+
+
+def test_provenance_records_data_version_and_commit():
+    prov = _runner.provenance({"b/x": "2" * 64, "a/y": "1" * 64})
+    assert prov["data_sha256"] == {"a/y": "1" * 64, "b/x": "2" * 64}
+    assert prov["refbayes_version"] == refbayes.__version__
+    assert prov["git_commit"] == _runner.git_commit()
+    commit = _runner.git_commit()
+    assert commit is None or re.fullmatch(r"[0-9a-f]{40,64}", commit)
+
+
+def test_git_commit_is_none_outside_a_checkout_or_without_git(tmp_path, monkeypatch):
+    assert _runner._git_head(tmp_path) is None  # not a checkout
+    (tmp_path / ".git").mkdir()             # looks like one, but git cannot read it
+    assert _runner._git_head(tmp_path) is None
+    monkeypatch.setenv("PATH", str(tmp_path / "empty"))  # no git executable at all
+    assert _runner._git_head(_runner._source_root()) is None
+
+
+def _saved(**prov):
+    base = _runner.provenance({"d/data.txt": "a" * 64})
+    return {"settings": {"epochs": 2}, "provenance": {**base, **prov}}
+
+
+def test_reuse_needs_same_settings_data_and_version(tmp_path):
+    path = tmp_path / "r.json"
+    current = _runner.provenance({"d/data.txt": "a" * 64})
+    assert _runner.reusable(path, _saved(), {"epochs": 2}, current, fresh=False)
+    # the commit is provenance only: another commit of the same version is reused
+    assert _runner.reusable(path, _saved(git_commit="f" * 40), {"epochs": 2}, current, fresh=False)
+    cases = [
+        (_saved(), {"epochs": 3}, "holds a run with other settings (differs in epochs)"),
+        (_saved(data_sha256={"d/data.txt": "b" * 64}), {"epochs": 2},
+         "holds a run computed from other data (d/data.txt changed)"),
+        (_saved(data_sha256={}), {"epochs": 2},
+         "holds a run computed from other data (d/data.txt added)"),
+        (_saved(refbayes_version="0.0.1"), {"epochs": 2},
+         f"holds a run written by refbayes 0.0.1 (this is refbayes {refbayes.__version__})"),
+        ({"settings": {"epochs": 2}}, {"epochs": 2}, "records no data checksums or refbayes version"),
+    ]
+    for saved, settings, what in cases:
+        with pytest.raises(ValueError) as info:
+            _runner.reusable(path, saved, settings, current, fresh=False)
+        msg = str(info.value)
+        assert msg.startswith(f"--out: {path} {what}"), msg
+        assert msg.endswith("use --fresh to recompute it or another --out")
+        assert not _runner.reusable(path, saved, settings, current, fresh=True)
+
+
+def test_progress_prints_plain_lines_off_a_terminal():
+    stream = io.StringIO()
+    with _runner.Progress(total=3, done=1, desc="demo", file=stream) as progress:
+        with progress.run_bar(10, "inner") as bar:
+            bar.update(10)  # no per-epoch output off a terminal
+        progress.advance("first")
+        progress.advance("second")
+    lines = stream.getvalue().splitlines()
+    assert lines[0] == "demo: 3 run(s), 1 already done, 2 to compute"
+    assert re.fullmatch(r"demo: run 2/3 done \(first; elapsed \d\d:\d\d, remaining ~\d\d:\d\d\)", lines[1])
+    assert re.fullmatch(r"demo: run 3/3 done \(second; elapsed \d\d:\d\d, remaining ~00:00\)", lines[2])
+    assert len(lines) == 3
+    quiet = io.StringIO()
+    with _runner.Progress(total=2, desc="demo", file=quiet, enabled=False) as progress:
+        progress.advance("x")
+    assert quiet.getvalue() == ""
+
+
+def test_writable_error(tmp_path, monkeypatch):
+    assert _runner.writable_error(tmp_path) is None
+    assert _runner.writable_error(tmp_path / "new" / "deeper") is None  # would be created
+    (tmp_path / "f").write_text("x")
+    assert "is not a folder" in _runner.writable_error(tmp_path / "f" / "sub")
+
+    def refuse(folder):
+        raise PermissionError(13, "Permission denied", str(folder))
+
+    monkeypatch.setattr(_runner, "_probe", refuse)
+    msg = _runner.writable_error(tmp_path / "new")
+    assert msg == f"cannot write in {tmp_path} (Permission denied)"
+
+
+# ----------------------------------------------------------------------------- summaries
+
+def test_mean_se_is_the_sample_standard_error_and_skips_missing_values():
+    mean, se = _runner.mean_se([1.0, 2.0, None, 4.0])
+    assert mean == pytest.approx(7 / 3, rel=1e-12)
+    var = ((1 - 7 / 3) ** 2 + (2 - 7 / 3) ** 2 + (4 - 7 / 3) ** 2) / 2  # ddof 1
+    assert se == pytest.approx((var / 3) ** 0.5, rel=1e-12)
+    assert _runner.mean_se([1.0, 3.0], ddof=0)[1] == pytest.approx(1 / 2 ** 0.5, rel=1e-12)
+    assert _runner.mean_se([5.0]) == (5.0, None)  # one run: no error (JSON null)
+    assert _runner.mean_se([None]) == (None, None) == _runner.mean_se([])
+
+
+def test_write_csv_columns_from_dicts_or_a_header(tmp_path):
+    rows = [{"a": 1, "b": 0.5}, {"a": 2, "c": "x"}]
+    path = _runner.write_csv(tmp_path / "sub" / "t.csv", rows)
+    assert path.read_bytes() == b"a,b,c\r\n1,0.5,\r\n2,,x\r\n"  # every key, first-seen order
+    _runner.write_csv(path, rows[:1], header=("b", "a"))
+    assert path.read_text() == "b,a\n0.5,1\n"
+    _runner.write_csv(path, [[1, "y"]], header=["n", "s"])
+    assert path.read_text() == "n,s\n1,y\n"
+    assert _runner.write_csv(tmp_path / "none.csv", []) is None
+    assert not (tmp_path / "none.csv").exists()
+    _runner.write_csv(tmp_path / "empty.csv", [], header=["n"])
+    assert (tmp_path / "empty.csv").read_text() == "n\n"
+    with pytest.raises(ValueError):  # a key outside the header is an error, not a lost column
+        _runner.write_csv(path, rows[1:], header=("a",))
+
+
+def test_resume_reuses_only_a_matching_result(tmp_path):
+    schema = {"settings": dict, "value": float}
+    path = tmp_path / "r.json"
+    prov = _runner.provenance({"d/x": "a" * 64})
+    assert _runner.resume(path, schema, {"n": 1}, prov, fresh=False) is None  # not computed yet
+    saved = {"settings": {"n": 1}, "value": 2.5, "provenance": prov}
+    _files.write_json(path, saved)
+    assert _runner.resume(path, schema, {"n": 1}, prov, fresh=False) == saved
+    with pytest.raises(ValueError, match=r"other settings \(differs in n\); use --fresh"):
+        _runner.resume(path, schema, {"n": 2}, prov, fresh=False)
+    assert _runner.resume(path, schema, {"n": 2}, prov, fresh=True) is None  # recompute it
+    other = _runner.provenance({"d/x": "b" * 64})
+    with pytest.raises(ValueError, match="other data"):
+        _runner.resume(path, schema, {"n": 1}, other, fresh=False)
+    path.write_text('{"settings": {"n": 1}}')  # damaged: the value is missing
+    with pytest.raises(_runner.ResultFileError, match="missing 'value'"):
+        _runner.resume(path, schema, {"n": 1}, prov, fresh=False)
+    assert _runner.resume(path, schema, {"n": 1}, prov, fresh=True) is None
+
+
+def test_files_writers_are_public_and_atomic(tmp_path):
+    path = _files.write_json(tmp_path / "a" / "x.json", {"b": 1, "a": [1.5]})
+    assert path.read_text() == '{\n  "a": [\n    1.5\n  ],\n  "b": 1\n}\n'
+    assert [p.name for p in path.parent.iterdir()] == ["x.json"]  # no temporary left
+    assert _files.format_table(["k", "value"], [["a", 1], ["bb", 22]]) == \
+        "k   value\n--  -----\na   1\nbb  22"
+
+
+def test_save_figure_writes_atomically_and_closes(tmp_path):
+    plt = pytest.importorskip("matplotlib.pyplot")
+    fig, ax = plt.subplots()
+    ax.plot([0, 1], [1, 0])
+    path = _runner.save_figure(fig, tmp_path / "figs" / "f.png", dpi=50, bbox_inches="tight")
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert [p.name for p in path.parent.iterdir()] == ["f.png"]  # no temporary left
+    assert not plt.fignum_exists(fig.number)
+
+
+def test_job_rng_is_the_seed_sequence_of_the_coordinates():
+    a = _runner.job_rng(3, 1, 4).standard_normal(3)
+    b = np.random.default_rng(np.random.SeedSequence([3, 1, 4])).standard_normal(3)
+    assert np.array_equal(a, b)
+    assert not np.array_equal(a, _runner.job_rng(3, 1, 5).standard_normal(3))
