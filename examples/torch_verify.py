@@ -3,7 +3,7 @@
 This is a worked example of ``refbayes verify``: an independent PyTorch (float64) implementation
 of one VOGN step and one SLANG step, written from the equations of ``derivations/vogn.md`` and
 ``derivations/slang.md`` (not by calling refbayes' steps). refbayes is used only to read the
-golden trace (``refbayes.golden.load``) and to put its parameter axes into torch's order
+golden trace (``refbayes.tracing.load``) and to put its parameter axes into torch's order
 (``refbayes.layout.from_refbayes``). The script feeds the trace's inputs to the torch code (the
 starting state, then each step's minibatch and Gaussian draws ``eps``), chains the K steps, and
 writes every quantity the trace holds, in torch's parameter order, with ``numpy.savez``.
@@ -78,7 +78,7 @@ import torch
 from torch import nn
 from torch.func import functional_call, grad, vmap
 
-from refbayes import golden, layout
+from refbayes import layout, tracing
 
 __all__ = ["METHODS", "main", "make_net", "per_example_grads", "slang_steps", "vogn_steps"]
 
@@ -157,7 +157,7 @@ _PARAM_AXES = {"input.state.mu": (0,), "input.state.s": (0,), "input.state.m": (
 
 def _inputs(trace):
     """The trace's inputs as torch tensors, parameter axes converted to torch's order."""
-    model = golden.model_from_spec(trace.model)
+    model = tracing.model_from_spec(trace.model)
     out = {}
     for name, a in trace.inputs.items():
         a = np.asarray(a)
@@ -183,7 +183,7 @@ def vogn_steps(trace, bug: bool = False) -> dict:
 
     Parameters
     ----------
-    trace : refbayes.golden.Trace
+    trace : refbayes.tracing.Trace
         A ``vogn`` golden trace (an MLP, curvature "ef").
     bug : bool, default False
         Plant the Gauss-Newton mistake: h_k from the square of the minibatch-mean gradient.
@@ -256,7 +256,7 @@ def slang_steps(trace, bug: bool = False) -> dict:
 
     Parameters
     ----------
-    trace : refbayes.golden.Trace
+    trace : refbayes.tracing.Trace
         A ``slang`` golden trace (exact fast_eig, symmetric sampler).
     bug : bool, default False
         Plant a mistake in (slang.7): leave the prior gradient lam * mu out of g_tilde.
@@ -345,7 +345,7 @@ def main(argv=None) -> int:
     p.add_argument("--bug", action="store_true", help="plant the method's classic mistake")
     args = p.parse_args(argv)
     torch.set_default_dtype(DTYPE)
-    trace = golden.load(args.trace)
+    trace = tracing.load(args.trace)
     dump = METHODS[args.method](trace, bug=args.bug)
     np.savez(args.out, **dump)
     K = next(iter(dump.values())).shape[0]

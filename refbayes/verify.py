@@ -1,6 +1,6 @@
 """``refbayes verify``: compare another implementation's dump with a golden trace.
 
-The user runs their implementation on the trace's inputs (``refbayes.golden.load(TRACE).inputs``:
+The user runs their implementation on the trace's inputs (``refbayes.tracing.load(TRACE).inputs``:
 the starting state, minibatches and draws), saves the quantities they compute under the trace's
 names (any subset, ``numpy.savez``), and calls ``compare`` (or ``refbayes verify TRACE
 YOURS.npz``). Every quantity is compared step by step in the order the method computes it, and the
@@ -17,7 +17,7 @@ worst entry is the argmax of ``|a - b|``. Integer and boolean quantities must be
 
 Tolerance rule. With d the less precise of the trace's and the dump's float types, u(d) its unit
 roundoff (2^-53 for float64, 2^-24 for float32) and kappa the quantity's condition number measured
-when the trace was built (``refbayes.golden``: the float32 run's error relative to the float64 run,
+when the trace was built (``refbayes.tracing``: the float32 run's error relative to the float64 run,
 in units of u32):
 
     tol = max(exact(d), SAFETY * kappa * u(d))
@@ -43,7 +43,9 @@ from typing import NamedTuple
 
 import numpy as np
 
-from refbayes import __version__, golden
+from refbayes import __version__, tracing
+from refbayes import layout as layouts
+from refbayes._files import atomic_write_text, format_table
 from refbayes._tolerances import exact
 
 __all__ = ["SAFETY", "Row", "Report", "tolerance", "load_dump", "compare", "assert_matches",
@@ -181,7 +183,7 @@ def load_dump(yours) -> dict:
         If it is not an npz of numeric arrays (object arrays need pickle and are refused).
     """
     if isinstance(yours, (str, Path)):
-        arrays = golden.read_npz(yours, "yours")
+        arrays = tracing.read_npz(yours, "yours")
     elif hasattr(yours, "items"):
         arrays = {str(k): np.asarray(v) for k, v in yours.items()}
     else:
@@ -269,7 +271,6 @@ def _steps_of(mine: np.ndarray, ref: np.ndarray, per_step: bool):
 def _convert(mine: np.ndarray, axes: tuple, full_ndim: int, model, layout: str):
     """mine's parameter axes read in ``layout`` and put in refbayes' order; ``axes`` are those
     of the trace's full array (full_ndim dimensions), one fewer when the dump has no step axis."""
-    from refbayes import layout as layouts
     shift = full_ndim - mine.ndim
     axes = tuple(a - shift for a in axes if a - shift >= 0)
     return layouts.to_refbayes(mine, model, layout, axes=axes) if axes else mine
@@ -288,7 +289,6 @@ def _tag(trace, name: str) -> str:
 def _index_in_layout(row: Row, model, layout: str, axes: tuple) -> Row:
     """Row with its worst index's parameter-axis entries mapped from refbayes' order to the
     layout's (refbayes position j is the layout's position p[j], ``layout.permutation``)."""
-    from refbayes import layout as layouts
     if not row.worst or not axes:
         return row
     p = layouts.permutation(model, layout)
@@ -301,7 +301,7 @@ def compare(trace, yours, *, layout: str = "refbayes", rtol: float | None = None
 
     Parameters
     ----------
-    trace : str, pathlib.Path or golden.Trace
+    trace : str, pathlib.Path or tracing.Trace
         The golden trace (``refbayes trace METHOD --save FILE``).
     yours : str, pathlib.Path or mapping
         Your dump: an npz path or a mapping of the trace's names to arrays.
@@ -324,9 +324,8 @@ def compare(trace, yours, *, layout: str = "refbayes", rtol: float | None = None
         If the trace is not a readable golden trace, the dump is not numeric, holds none of the
         trace's quantities, the layout is unknown, or rtol is not a positive finite number.
     """
-    from refbayes import layout as layouts
-    if not isinstance(trace, golden.Trace):
-        trace = golden.load(trace)
+    if not isinstance(trace, tracing.Trace):
+        trace = tracing.load(trace)
     mine_all = load_dump(yours)
     if layout not in layouts.LAYOUTS:
         raise ValueError(f"layout: expected one of {', '.join(layouts.LAYOUTS)}, got {layout!r}")
@@ -345,7 +344,7 @@ def compare(trace, yours, *, layout: str = "refbayes", rtol: float | None = None
         notes.append(f"the trace was made by refbayes {made_by}; this is refbayes {__version__}: "
                      f"its values are what refbayes {made_by} computed")
     try:
-        model = golden.model_from_spec(trace.model)
+        model = tracing.model_from_spec(trace.model)
     except ValueError:
         if layout != "refbayes":
             raise
@@ -363,7 +362,7 @@ def compare(trace, yours, *, layout: str = "refbayes", rtol: float | None = None
         tag = _tag(trace, name)
         axes = _step_axes(trace, name, name in per_step_names)
         args = (name, step_index + 1)
-        rest = (ref_k, tag, golden.derivation_of(tag, default_note),
+        rest = (ref_k, tag, tracing.derivation_of(tag, default_note),
                 trace.condition.get(name) if name in trace.outputs else None, rtol,
                 name in sign_free, absolute.get(name))
         row = _compare_one(*args, mine_k, *rest)
@@ -395,7 +394,7 @@ def compare(trace, yours, *, layout: str = "refbayes", rtol: float | None = None
             hint = "; the same sizes in another order: transposed? (a torch weight is (n_out, " \
                 "n_in): see --layout)" if sorted(mine.shape) in (sorted(per), sorted(ref.shape)) else ""
             tag = _tag(trace, name)
-            prepared[name] = Row(name, 1, tag, golden.derivation_of(tag, default_note), "shape",
+            prepared[name] = Row(name, 1, tag, tracing.derivation_of(tag, default_note), "shape",
                                  np.nan, np.nan, np.nan, (), np.nan, np.nan,
                                  f"expected shape {expected}, got {tuple(mine.shape)}{hint}")
             continue
@@ -439,7 +438,6 @@ def format_report(report: Report) -> str:
     str
         The text, ending with a newline.
     """
-    from refbayes.experiments._io import format_table
     table = format_table(
         ["step", "quantity", "tag", "max abs err", "max rel err", "tol", "worst index", "verdict"],
         [[r.step, r.name, r.tag or "-", _fmt(r.max_abs), _fmt(r.max_rel), _fmt(r.tol),
@@ -474,7 +472,7 @@ def assert_matches(trace, yours, *, layout: str = "refbayes", rtol: float | None
 
     Parameters
     ----------
-    trace : str, pathlib.Path or golden.Trace
+    trace : str, pathlib.Path or tracing.Trace
         The golden trace.
     yours : str, pathlib.Path or mapping
         Your dump.
@@ -537,7 +535,6 @@ def run(args) -> int:
     report = compare(args.trace, args.yours, layout=args.layout, rtol=args.rtol)
     print(format_report(report), end="")
     if args.json is not None:
-        from refbayes.experiments._io import atomic_write_text
         def clean(v):
             return None if isinstance(v, float) and not np.isfinite(v) else v
         rows = [{**{k: clean(v) for k, v in r._asdict().items()}, "worst": list(r.worst),

@@ -1,36 +1,40 @@
 """Golden traces: the committed traces under tests/golden are rebuilt and must agree, so a silent
 numerical change to any traced step fails here.
 
-To bless an intended change: ``python -m refbayes.golden tests/golden``, review ``git diff
+To bless an intended change: ``python -m refbayes.tracing tests/golden``, review ``git diff
 --stat tests/golden``, and commit the files with the reason in the message.
 """
 from __future__ import annotations
 
+import importlib.util
 import json
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-import refbayes.trace  # noqa: F401  (registers the methods it traces)
-from refbayes import __version__, golden, verify
+from refbayes import __version__, tracing, verify
 from refbayes.methods import vogn
+from refbayes.tracing.files import MANIFEST_KEY
+from refbayes.tracing.steps import make_inputs, step
+from refbayes.tracing.tags import LABEL
+from refbayes.tracing.tracer import main
 from tests.tolerances import EXACT_F64, assert_close, exact
 
 GOLDEN = Path(__file__).parent / "golden"
 FILES = sorted(GOLDEN.glob("*.npz"))
-BLESS = "python -m refbayes.golden tests/golden"
+BLESS = "python -m refbayes.tracing tests/golden"
 
 
 def test_every_method_has_a_committed_golden_trace():
-    traced = {golden.load(path).method for path in FILES}
-    assert sorted(set(golden.TRACERS) - traced) == []
+    traced = {tracing.load(path).method for path in FILES}
+    assert sorted(set(tracing.TRACERS) - traced) == []
 
 
 @pytest.mark.parametrize("path", FILES, ids=[p.stem for p in FILES])
 def test_the_committed_trace_is_reproduced(path):
-    old = golden.load(path)
-    new = golden.build(old.method, **old.options)
+    old = tracing.load(path)
+    new = tracing.build(old.method, **old.options)
     assert list(new.outputs) == list(old.outputs), f"outputs changed; if intended: {BLESS}"
     assert sorted(new.inputs) == sorted(old.inputs), f"inputs changed; if intended: {BLESS}"
     for name in (*old.inputs, *old.outputs):
@@ -45,24 +49,25 @@ def test_the_committed_trace_is_reproduced(path):
 @pytest.mark.parametrize("path", FILES, ids=[p.stem for p in FILES])
 def test_manifest_sidecar_equals_the_embedded_one(path):
     sidecar = json.loads(path.with_name(path.name + ".json").read_text())
-    trace = golden.load(path)
+    trace = tracing.load(path)
     assert sidecar == trace.manifest
-    assert sidecar["format"] == golden.FORMAT and sidecar["format_version"] == golden.FORMAT_VERSION
+    assert sidecar["format"] == tracing.FORMAT
+    assert sidecar["format_version"] == tracing.FORMAT_VERSION
     assert sidecar["command"].startswith(f"refbayes trace {trace.method} --seed ")
     assert Path(__file__).parents[1].joinpath(sidecar["derivation"]).is_file()
 
 
 @pytest.mark.parametrize("path", FILES, ids=[p.stem for p in FILES])
 def test_every_float_output_is_tagged_with_an_existing_equation(path):
-    trace = golden.load(path)
+    trace = tracing.load(path)
     root = Path(__file__).parents[1]
     for name, a in trace.outputs.items():
         tag = trace.tags[name]
         if a.dtype.kind == "f":  # step counters (state.t) are the only untagged outputs
             assert tag, name
-        note = root / golden.derivation_of(tag, trace.manifest["derivation"])
+        note = root / tracing.derivation_of(tag, trace.manifest["derivation"])
         assert note.is_file(), (name, tag)
-        for label in golden._TAG.findall(tag):
+        for label in LABEL.findall(tag):
             assert f"({label})" in note.read_text(), (name, label)
 
 
@@ -73,18 +78,17 @@ def test_the_npz_holds_no_object_arrays():
 
 
 def test_a_chained_trace_extends_its_prefix():
-    two = golden.build("vadam", steps=2)
-    three = golden.build("vadam", steps=3)
+    two = tracing.build("vadam", steps=2)
+    three = tracing.build("vadam", steps=3)
     for name, a in two.outputs.items():
         np.testing.assert_array_equal(three.outputs[name][:2], a)
 
 
 def test_step_one_is_the_printed_trace_step():
     """The chained slang trace's first step is `refbayes trace slang`'s step, draws included."""
-    from refbayes import trace
-    inputs = trace.make_inputs("slang", seed=4)
-    info = trace.step(inputs)[1]
-    chained = golden.build("slang", seed=4, steps=2)
+    inputs = make_inputs("slang", seed=4)
+    info = step(inputs)[1]
+    chained = tracing.build("slang", seed=4, steps=2)
     np.testing.assert_array_equal(chained.inputs["input.eps"][0], inputs.eps)
     np.testing.assert_array_equal(chained.inputs["input.batch.idx"][0], inputs.idx)
     for field in info._fields:
@@ -93,8 +97,8 @@ def test_step_one_is_the_printed_trace_step():
 
 def test_a_driver_trace_equals_direct_calls_of_the_step():
     """vogn: the trace's outputs are vogn.step on the trace's own inputs, step after step."""
-    t = golden.build("vogn", steps=3)
-    model = golden.model_from_spec(t.model)
+    t = tracing.build("vogn", steps=3)
+    model = tracing.model_from_spec(t.model)
     state = vogn.VOGNState(*(t.inputs[f"input.state.{f}"] for f in vogn.VOGNState._fields))
     state = state._replace(t=int(state.t))
     cfg = vogn.VOGNConfig(**t.config)  # delta is a scalar here: no input.cfg arrays
@@ -108,10 +112,10 @@ def test_a_driver_trace_equals_direct_calls_of_the_step():
 
 
 def test_float32_trace_runs_in_float32_and_measures_the_condition():
-    t = golden.build("bbb", steps=1, dtype="float32")
+    t = tracing.build("bbb", steps=1, dtype="float32")
     assert all(a.dtype == np.float32 for n, a in t.outputs.items() if a.dtype.kind == "f")
     assert all(t.condition[n] >= 1.0 for n, a in t.outputs.items() if a.dtype.kind == "f")
-    t64 = golden.build("bbb", steps=1)
+    t64 = tracing.build("bbb", steps=1)
     assert t64.condition == t.condition  # one measurement: the same two runs
 
 
@@ -126,41 +130,41 @@ def test_float32_trace_runs_in_float32_and_measures_the_condition():
 ])
 def test_build_refuses_bad_arguments(method, kwargs, message):
     with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(")", r"\)")):
-        golden.build(method, **kwargs)
+        tracing.build(method, **kwargs)
 
 
 def test_save_and_load_refuse_what_they_cannot_write_or_read(tmp_path):
-    trace = golden.build("adam")
+    trace = tracing.build("adam")
     with pytest.raises(ValueError, match="path: expected a file name ending in .npz"):
-        golden.save(trace, tmp_path / "x.npy")
+        tracing.save(trace, tmp_path / "x.npy")
     with pytest.raises(FileNotFoundError, match="path: the folder"):
-        golden.save(trace, tmp_path / "no" / "x.npz")
+        tracing.save(trace, tmp_path / "no" / "x.npz")
     with pytest.raises(FileNotFoundError, match="trace: no file"):
-        golden.load(tmp_path / "missing.npz")
+        tracing.load(tmp_path / "missing.npz")
     np.savez(tmp_path / "plain.npz", a=np.ones(2))
     with pytest.raises(ValueError, match="no __manifest__ entry; it is not a golden trace"):
-        golden.load(tmp_path / "plain.npz")
+        tracing.load(tmp_path / "plain.npz")
     (tmp_path / "junk.npz").write_bytes(b"not a zip")
     with pytest.raises(ValueError, match="is not a readable npz file"):
-        golden.load(tmp_path / "junk.npz")
+        tracing.load(tmp_path / "junk.npz")
 
 
 def _rewrite_manifest(src: Path, dst: Path, **changes) -> Path:
     with np.load(src, allow_pickle=False) as npz:
         arrays = {k: npz[k] for k in npz.files}
-    manifest = json.loads(str(arrays[golden.MANIFEST_KEY]))
+    manifest = json.loads(str(arrays[MANIFEST_KEY]))
     manifest.update(changes)
-    arrays[golden.MANIFEST_KEY] = np.array(json.dumps(manifest))
+    arrays[MANIFEST_KEY] = np.array(json.dumps(manifest))
     np.savez(dst, **arrays)
     return dst
 
 
 def test_load_refuses_another_format_version_and_names_the_rebuild_command(tmp_path):
     path = _rewrite_manifest(GOLDEN / "adam.npz", tmp_path / "v2.npz",
-                             format_version=golden.FORMAT_VERSION + 1)
+                             format_version=tracing.FORMAT_VERSION + 1)
     with pytest.raises(ValueError, match="format version 2, this refbayes .* reads version 1; "
                                          "rebuild it with: refbayes trace adam"):
-        golden.load(path)
+        tracing.load(path)
 
 
 def test_load_refuses_arrays_that_disagree_with_the_manifest(tmp_path):
@@ -169,11 +173,11 @@ def test_load_refuses_arrays_that_disagree_with_the_manifest(tmp_path):
     arrays["theta"] = arrays["theta"][:, :3]
     np.savez(tmp_path / "bad.npz", **arrays)
     with pytest.raises(ValueError, match=r"theta has shape \(2, 3\), its manifest says \(2, 34\)"):
-        golden.load(tmp_path / "bad.npz")
+        tracing.load(tmp_path / "bad.npz")
     del arrays["theta"]
     np.savez(tmp_path / "bad.npz", **arrays)
     with pytest.raises(ValueError, match="lacks the array 'theta' of its manifest"):
-        golden.load(tmp_path / "bad.npz")
+        tracing.load(tmp_path / "bad.npz")
 
 
 def test_bless_rewrites_each_trace_from_its_own_options(tmp_path):
@@ -181,29 +185,38 @@ def test_bless_rewrites_each_trace_from_its_own_options(tmp_path):
         for suffix in (".npz", ".npz.json"):
             (tmp_path / (name + suffix)).write_bytes((GOLDEN / (name + suffix)).read_bytes())
     stale = _rewrite_manifest(tmp_path / "adam.npz", tmp_path / "adam.npz", command="stale")
-    assert golden.load(stale).manifest["command"] == "stale"
-    assert golden.main([str(tmp_path)]) == 0
-    blessed = golden.load(tmp_path / "adam.npz")
+    assert tracing.load(stale).manifest["command"] == "stale"
+    assert main([str(tmp_path)]) == 0
+    blessed = tracing.load(tmp_path / "adam.npz")
     assert blessed.manifest["command"].startswith("refbayes trace adam")
-    assert golden.load(tmp_path / "vogn-float32.npz").options["dtype"] == "float32"
+    assert tracing.load(tmp_path / "vogn-float32.npz").options["dtype"] == "float32"
     with pytest.raises(FileNotFoundError, match="no \\*.npz golden traces"):
-        golden.bless(tmp_path / "empty")
+        tracing.bless(tmp_path / "empty")
+
+
+def test_the_bless_hint_names_the_module_that_blesses():
+    """BLESS runs ``refbayes.tracing.__main__``, which calls the ``main`` tested above."""
+    module, folder = BLESS.split()[2:]
+    assert module == "refbayes.tracing" and (Path(__file__).parents[1] / folder) == GOLDEN
+    spec = importlib.util.find_spec(f"{module}.__main__")
+    assert spec is not None and "from refbayes.tracing.tracer import main" in \
+        Path(spec.origin).read_text()
 
 
 def test_field_tags_read_the_info_comments():
-    tags = golden.field_tags(vogn.VOGNInfo)
+    tags = tracing.field_tags(vogn.VOGNInfo)
     assert tags["g_hat"] == "(vogn.5), (vogn.6)" and tags["mu"] == "(vogn.9)"
-    assert golden.derivation_of("(bbb.4)", "x") == "derivations/bbb.md"
-    assert golden.derivation_of("", "derivations/x.md") == "derivations/x.md"
+    assert tracing.derivation_of("(bbb.4)", "x") == "derivations/bbb.md"
+    assert tracing.derivation_of("", "derivations/x.md") == "derivations/x.md"
 
 
 def test_the_manifest_records_the_version_and_parameter_axes():
-    t = golden.build("vogn")
+    t = tracing.build("vogn")
     assert t.manifest["refbayes_version"] == __version__
     assert t.param_axes["g_k"] == (2,) and t.param_axes["theta"] == (1,)
     assert t.param_axes["input.state.mu"] == (0,) and t.param_axes["N_eff"] == ()
     assert t.param_axes["input.eps"] == (1,) and "input.eps" in t.per_step
     assert "input.cfg.delta" not in t.inputs and t.config["delta"] == 1.0
-    assert golden.model_from_spec(t.model).D == 34
+    assert tracing.model_from_spec(t.model).D == 34
     with pytest.raises(ValueError, match="model: cannot rebuild"):
-        golden.model_from_spec({"class": "Nope", "repr": "Nope()"})
+        tracing.model_from_spec({"class": "Nope", "repr": "Nope()"})

@@ -20,7 +20,8 @@ import pytest
 from refbayes import metrics
 from refbayes.backend import to_numpy
 from refbayes.methods import (adam, bbb, driver, exact_vi, laplace, mc_dropout, ngvi, noisy_adam,
-                              noisy_kfac, riemannian_laplace, slang, swag, vadam, vogn)
+                              noisy_kfac, records, riemannian_laplace, slang, swag, vadam,
+                              vogn)
 from refbayes.models import MLP, LogisticRegression
 from tests.tolerances import EXACT_F64, assert_close
 
@@ -126,7 +127,7 @@ DRIVER_CASES = _driver_cases()
 
 def test_the_cases_cover_every_method_of_the_driver():
     covered = {(type(state), type(cfg)) for _, state, cfg, _ in DRIVER_CASES.values()}
-    assert covered == {(m.state, m.config) for m in driver._METHODS}
+    assert covered == {(r.state, r.config) for r in records.RECORDS.values()}
 
 
 def _run(problem, state, cfg, S, xp):

@@ -1,9 +1,13 @@
-"""`refbayes trace METHOD`: the tag table against the Info comments, the printed trace, and the JSON
-against a direct call of the step fed the printed draws."""
+"""`refbayes trace METHOD` and ``refbayes.tracing``: the equation tags read off the field comments,
+the one printed form (``format_trace``) and the one JSON form (``to_json``) of every trace, and the
+traced outputs against direct calls of the library on the trace's own inputs."""
 import ast
+import functools
+import importlib
 import inspect
 import io
 import json
+import pkgutil
 import re
 import textwrap
 import tokenize
@@ -14,33 +18,82 @@ import pytest
 import scipy.linalg
 from scipy.stats import multivariate_normal
 
-from refbayes import trace
+import refbayes.methods
+import refbayes.tracing
 from refbayes.cli import main
 from refbayes.datasets import make_logistic_regression
 from refbayes.linalg import kron
-from refbayes.methods import ktied, laplace, ngvi, noisy_kfac, riemannian_laplace, slang, swag
-from refbayes.methods.adam import AdamState
+from refbayes.methods import (
+    ktied,
+    laplace,
+    ngvi,
+    noisy_kfac,
+    riemannian_laplace,
+    slang,
+    swag,
+)
 from refbayes.methods._estimates import Batch
+from refbayes.methods.adam import AdamState
 from refbayes.models import MLP, LogisticRegression
-from tests.test_trace_tags import NOTE_OF, ROOT, _labels
+from refbayes.tracing import (
+    NOTE_OF,
+    TRACERS,
+    build,
+    derivation_of,
+    field_tags,
+    format_trace,
+    to_json,
+)
+from refbayes.tracing.kfac import NoisyKFACTraceInfo, make_noisy_kfac_inputs
+from refbayes.tracing.ktied import KT_JITTER, KT_SIGMA0, make_ktied_inputs
+from refbayes.tracing.laplace import (
+    LaplaceInfo,
+    RiemannianLaplaceInfo,
+    make_laplace_inputs,
+)
+from refbayes.tracing.printing import SHOW_ALL, SHOW_FIRST
+from refbayes.tracing.problems import (
+    MAP_GTOL,
+    MEAN_SCALE,
+    find_map,
+    ktied_problem,
+    regression_problem,
+    shipped_map,
+)
+from refbayes.tracing.steps import make_inputs, step
+from refbayes.tracing.swag import SWAGTraceInfo, make_swag_inputs
+from refbayes.tracing.tags import LABEL
+from tests.test_trace_tags import ROOT, _labels
 from tests.tolerances import EXACT_F64, ODE_F64, assert_close
 
+METHODS = list(TRACERS)  # every traced method, in the order `refbayes trace` lists them
 INFO = {"slang": slang.SLANGInfo, "ngvi-full": ngvi.FullInfo, "ngvi-meanfield": ngvi.MeanFieldInfo,
-        "laplace": trace.LaplaceInfo, "riemannian-laplace": trace.RiemannianLaplaceInfo,
-        "swag": trace.SWAGTraceInfo, "noisy-kfac": trace.NoisyKFACTraceInfo,
-        "kfac": trace.NoisyKFACTraceInfo, "ktied": trace.KTiedTraceInfo}
+        "laplace": LaplaceInfo, "riemannian-laplace": RiemannianLaplaceInfo,
+        "swag": SWAGTraceInfo, "noisy-kfac": NoisyKFACTraceInfo, "kfac": NoisyKFACTraceInfo,
+        "ktied": ktied.KTiedInfo}
 STATE = {"slang": slang.SLANGState, "ngvi-full": ngvi.FullState,
-         "ngvi-meanfield": ngvi.MeanFieldState}
+         "ngvi-meanfield": ngvi.MeanFieldState, "ktied": ktied.KTiedState}
 
 
-# ----------------------------------------------------------------------------- the tag table
+@functools.cache
+def _built(method, **options):
+    """build(method, **options), once per session (the tests only read it)."""
+    return build(method, **options)
+
+
+def _head(name: str) -> str:
+    """The Info field an output comes from: 'A_hat.0' -> 'A_hat'."""
+    return name.split(".")[0]
+
+
+# ----------------------------------------------------------------------------- the tags
 
 TAG_EXPR = re.compile(r"\(\w+\.\d+\)(?:\s*[-/]\s*\(\w+\.\d+\))*")
-LINE_EXPR = re.compile(r"\blines? (\d+(?:, \d+)*)")
 
 
 def _field_comments(cls) -> dict:
-    """{field: its trailing comment} of a NamedTuple class, read from the source."""
+    """{field: its trailing comment} of a NamedTuple class, read with tokenize and ast (a parser
+    independent of field_tags' regular expression)."""
     src = textwrap.dedent(inspect.getsource(cls))
     comments = {tok.start[0]: tok.string
                 for tok in tokenize.generate_tokens(io.StringIO(src).readline)
@@ -50,28 +103,106 @@ def _field_comments(cls) -> dict:
             for node in body if isinstance(node, ast.AnnAssign)}
 
 
-def _line_and_tag(comment: str):
-    line = LINE_EXPR.search(comment)
-    return (line.group(1) if line else None), ", ".join(TAG_EXPR.findall(comment))
+def _comment_tags(cls) -> dict:
+    """{field: the tag expressions of its comment, joined by ', '}."""
+    return {f: ", ".join(TAG_EXPR.findall(c)) for f, c in _field_comments(cls).items()}
 
 
-def _mismatches(cls, table: dict) -> list:
-    comments = _field_comments(cls)
-    if list(comments) != list(table):
-        return [f"fields {list(comments)} != table {list(table)}"]
-    return [f"{field}: comment {comments[field]!r} gives {_line_and_tag(comments[field])}, "
-            f"table {table[field]}"
-            for field in table if _line_and_tag(comments[field]) != table[field]]
+def _info_and_state_classes() -> list:
+    """Every State / Info NamedTuple of refbayes.methods and refbayes.tracing."""
+    found = []
+    for package in (refbayes.methods, refbayes.tracing):
+        for info in pkgutil.iter_modules(package.__path__):
+            if info.name == "__main__":
+                continue
+            module = importlib.import_module(f"{package.__name__}.{info.name}")
+            for name, cls in vars(module).items():
+                if (isinstance(cls, type) and issubclass(cls, tuple) and hasattr(cls, "_fields")
+                        and cls.__module__ == module.__name__
+                        and name.endswith(("Info", "State"))):
+                    found.append(cls)
+    return found
 
 
-@pytest.mark.parametrize("method", trace.TABLE_METHODS)
-def test_tag_table_agrees_with_the_info_comments(method):
-    assert list(INFO[method]._fields) == list(trace.TAGS[method])
-    assert _mismatches(INFO[method], trace.TAGS[method]) == []
+CLASSES = _info_and_state_classes()
 
 
-# Trace fields of the Laplace and SWAG traces that are also fields of a library NamedTuple: the
-# trace's tag must be one of the tags the library's own trailing comment gives that field.
+@pytest.mark.parametrize("cls", CLASSES, ids=[f"{c.__module__}.{c.__name__}" for c in CLASSES])
+def test_field_tags_give_every_field_the_tag_expressions_of_its_comment(cls):
+    assert list(_field_comments(cls)) == list(cls._fields)  # every field is an annotated line
+    assert field_tags(cls) == _comment_tags(cls)
+
+
+def test_the_sweep_finds_the_traced_info_classes():
+    assert len(CLASSES) > 20, "found almost no State / Info classes: the sweep is stale"
+    for cls in {*INFO.values(), *STATE.values()}:
+        assert cls in CLASSES, cls.__name__
+        assert any(field_tags(cls).values()), f"{cls.__name__}: no field is tagged"
+
+
+class _TaggedInfo(NamedTuple):
+    C_hat: object  # (D, D)  (ngvi.7)-(ngvi.9)
+    g_hat: object  # (D,)  (ngvi.6) / (ngvi.9)
+    h_hat: object  # ghat, (D,) (vogn.5), (vogn.6)
+    delta: object  # (ngvi.12); delta = 1 - beta_t is line 2
+    plain: object  # a comment naming no equation
+    bare: object
+
+
+class _DriftedInfo(NamedTuple):
+    W: object  # line 7 input: (D, L + M S)  (slang.5)
+    U: object  # lines 7, 9: U_{t+1}, (D, L)  (slang.4)
+
+
+def test_field_tags_read_ranges_alternatives_and_lists():
+    assert field_tags(_TaggedInfo) == {
+        "C_hat": "(ngvi.7)-(ngvi.9)", "g_hat": "(ngvi.6) / (ngvi.9)",
+        "h_hat": "(vogn.5), (vogn.6)", "delta": "(ngvi.12)", "plain": "", "bare": ""}
+
+
+def test_the_tag_is_the_comment_so_it_cannot_drift():
+    """No table restates the tags: the comment's tag is the traced tag (a comment naming (slang.5)
+    gives (slang.5), whatever another source says)."""
+    assert field_tags(_DriftedInfo) == {"W": "(slang.5)", "U": "(slang.4)"}
+
+
+@pytest.mark.parametrize("method", INFO)
+def test_the_traced_tags_are_the_info_and_state_comments(method):
+    t = _built(method)
+    info = field_tags(INFO[method])
+    state = field_tags(STATE[method]) if method in STATE else {}
+    assert [n for n in t.outputs if not n.startswith("state.")] == [
+        n for n in t.outputs if _head(n) in INFO[method]._fields]
+    for name in t.outputs:
+        if name.startswith("state."):
+            assert t.tags[name] == state[name.split(".")[1]], name
+        else:
+            assert t.tags[name] == info[_head(name)], name
+    for name in t.inputs:
+        if name.startswith("input.state.") and state:
+            assert t.tags[name] == state[name.split(".")[2]], name
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_every_traced_output_tag_names_an_equation_of_its_derivation_note(method):
+    t = _built(method)
+    assert (ROOT / t.manifest["derivation"]).is_file()
+    for name, a in t.outputs.items():
+        tag = t.tags[name]
+        assert t.manifest["outputs"][name]["tag"] == tag
+        if a.dtype.kind == "f":  # counters (state.t, nfev) may be untagged; no float is
+            assert tag, name
+        assert TAG_EXPR.fullmatch(tag.replace(", ", " / ")) or tag == "", (name, tag)
+        for label in LABEL.findall(tag):
+            prefix, n = label.split(".")
+            note = ROOT / derivation_of(f"({label})", t.manifest["derivation"])
+            assert note == ROOT / "derivations" / f"{NOTE_OF.get(prefix, prefix)}.md"
+            assert note.is_file(), (name, label)
+            assert (prefix, int(n)) in _labels(note), f"{name}: ({label}) not numbered in {note}"
+
+
+# Outputs of the Laplace, SWAG, K-FAC and k-tied traces that are also fields of a library
+# NamedTuple: the trace's tag must be one of the tags the library's own trailing comment gives it.
 LIBRARY_FIELDS = {
     ("laplace", "precision"): [(laplace.LaplaceState, "Sigma_inv"),
                                (laplace.LaplaceState, "prec_diag")],
@@ -86,60 +217,55 @@ LIBRARY_FIELDS = {
     **{("swag", f): [(swag.SGDInfo, f)] for f in swag.SGDInfo._fields},
     **{("swag", f): [(swag.SWAGInfo, f)] for f in swag.SWAGInfo._fields},
     ("swag", "D_hat"): [(swag.SWAGState, "D_hat")],
-    **{(m, f): [(noisy_kfac.NoisyKFACInfo, f)] for m in trace.KFAC_METHODS
+    **{(m, f): [(noisy_kfac.NoisyKFACInfo, f)] for m in ("noisy-kfac", "kfac")
        for f in noisy_kfac.NoisyKFACInfo._fields},
-    **{(m, f): [(noisy_kfac.NoisyKFACState, f)] for m in trace.KFAC_METHODS for f in ("A", "S")},
+    **{(m, f): [(noisy_kfac.NoisyKFACState, f)] for m in ("noisy-kfac", "kfac")
+       for f in ("A", "S")},
     **{("ktied", f): [(ktied.KTiedInfo, f)] for f in ktied.KTiedInfo._fields},
-    ("ktied", "m"): [(AdamState, "m")],
-    ("ktied", "v"): [(AdamState, "v")],
+    # the new Adam moments are traced as the state's adam field, tagged by its comment
+    ("ktied", "state.adam.m"): [(ktied.KTiedState, "adam")],
+    ("ktied", "state.adam.v"): [(ktied.KTiedState, "adam")],
 }
+
+
+@pytest.mark.parametrize("method, field", sorted(LIBRARY_FIELDS))
+def test_trace_tags_agree_with_the_library_comments(method, field):
+    t = _built(method)
+    names = [n for n in t.outputs if n == field or (_head(n) == field and "." in n
+                                                   and not n.startswith("state."))]
+    assert names, (method, field)
+    for name in names:
+        tag = t.tags[name]
+        for cls, lib in LIBRARY_FIELDS[(method, field)]:
+            library_tags = TAG_EXPR.findall(_field_comments(cls)[lib])
+            assert tag in library_tags, (cls.__name__, lib, library_tags, name, tag)
 
 
 def test_the_swag_trace_steps_are_the_library_info_fields():
     """SWAGTraceInfo opens with SGDInfo's fields, then SWAGInfo's, stacked over the steps: a
-    field renamed or added in swag.py shows up here (and in the tag check above)."""
+    field renamed or added in swag.py shows up here (and in the tag checks above)."""
     per_step = swag.SGDInfo._fields + swag.SWAGInfo._fields
-    assert trace.SWAGTraceInfo._fields[:len(per_step)] == per_step
+    assert SWAGTraceInfo._fields[:len(per_step)] == per_step
+    assert list(_built("swag").outputs) == list(SWAGTraceInfo._fields)
 
 
 def test_the_noisy_kfac_trace_is_pi_the_library_info_and_the_new_factors():
     """NoisyKFACTraceInfo is pi, then every NoisyKFACInfo field in its order, then the state's new
-    A and S: a field renamed or added in noisy_kfac.py shows up here (and in the tag check)."""
-    assert trace.NoisyKFACTraceInfo._fields == ("pi", *noisy_kfac.NoisyKFACInfo._fields, "A", "S")
-    assert trace.TAGS["kfac"] == trace.TAGS["noisy-kfac"]
+    A and S: a field renamed or added in noisy_kfac.py shows up here (and in the tag checks)."""
+    assert NoisyKFACTraceInfo._fields == ("pi", *noisy_kfac.NoisyKFACInfo._fields, "A", "S")
+    nk, kf = _built("noisy-kfac"), _built("kfac")
+    assert list(dict.fromkeys(map(_head, nk.outputs))) == list(NoisyKFACTraceInfo._fields)
+    assert kf.tags == nk.tags and list(kf.outputs) == list(nk.outputs)
 
 
-def test_the_ktied_trace_is_the_library_info_and_the_new_adam_moments():
-    """KTiedTraceInfo is every KTiedInfo field in its order, then the new state's Adam moments:
-    a field renamed or added in ktied.py shows up here (and in the tag check)."""
-    assert trace.KTiedTraceInfo._fields == (*ktied.KTiedInfo._fields, "m", "v")
-
-
-@pytest.mark.parametrize("method, field", sorted(LIBRARY_FIELDS))
-def test_laplace_tags_agree_with_the_library_comments(method, field):
-    tag = trace.TAGS[method][field][1]
-    for cls, name in LIBRARY_FIELDS[(method, field)]:
-        library_tags = TAG_EXPR.findall(_field_comments(cls)[name])
-        assert tag in library_tags, (cls.__name__, name, library_tags, tag)
-
-
-class _DriftedInfo(NamedTuple):
-    W: object  # line 7 input: (D, L + M S)  (slang.5)
-    U: object  # lines 7, 9: U_{t+1}, (D, L)  (slang.4)
-
-
-def test_tag_check_catches_drift():
-    table = {"W": ("7", "(slang.4)"), "U": ("7, 9", "(slang.4)")}
-    assert _mismatches(_DriftedInfo, table) == [
-        ("W: comment '# line 7 input: (D, L + M S)  (slang.5)' gives ('7', '(slang.5)'), "
-         "table ('7', '(slang.4)')")]
-    assert _mismatches(_DriftedInfo, {"W": table["W"]})  # a field missing from the table
-
-
-def test_tag_parser_reads_ranges_and_alternatives():
-    assert _line_and_tag("# (D, D)  (ngvi.7)-(ngvi.9)") == (None, "(ngvi.7)-(ngvi.9)")
-    assert _line_and_tag("# (D,)  (ngvi.6) / (ngvi.9)") == (None, "(ngvi.6) / (ngvi.9)")
-    assert _line_and_tag("# (ngvi.12); delta = 1 - beta_t is line 2") == ("2", "(ngvi.12)")
+def test_the_ktied_trace_is_the_library_info_and_the_new_state():
+    """The k-tied trace is every KTiedInfo field in its order, then the new state's fields that
+    KTiedInfo does not hold: its Adam moments and counters and the ranks k."""
+    t = _built("ktied")
+    assert list(t.outputs) == [*ktied.KTiedInfo._fields, "state.adam.m", "state.adam.v",
+                               "state.adam.t", "state.t", "state.k.0", "state.k.1"]
+    notes = {x for name in t.outputs for x in re.findall(r"\(([a-z_]+)\.\d+\)", t.tags[name])}
+    assert notes == {"ktied", "bbb", "adam"}  # bbb.md holds the bbb and adam equations it reuses
 
 
 # ----------------------------------------------------------------------------- the printed trace
@@ -153,15 +279,20 @@ def _trace(capsys, *argv):
 
 BLOCK = re.compile(r"^\[(?P<label>[^\]]+)\] (?P<name>\S+) (?P<shape>\([\d, ]*\))$")
 NUMBER = re.compile(r"[-+]?\d+(?:\.\d+)?(?:e[-+]\d+)?")
+STEP = re.compile(r"^step (\d+):$")
 
 
 def _blocks(out: str) -> dict:
-    """{name: (label, shape, text of the values)} of every printed block."""
-    blocks, current = {}, None
+    """{name: (label, shape, text of the values)} of every printed block: inputs by their name,
+    outputs of step 1 by theirs, of step k >= 2 as 'name@k'."""
+    blocks, current, k = {}, None, 0
     for line in out.splitlines():
-        m = BLOCK.match(line)
-        if m:
-            current = m["name"]
+        m, s = BLOCK.match(line), STEP.match(line)
+        if s:
+            k, current = int(s.group(1)), None
+        elif m:
+            current = m["name"] if k <= 1 else f"{m['name']}@{k}"
+            assert current not in blocks, f"{current} printed twice"
             blocks[current] = (m["label"], ast.literal_eval(m["shape"]), [])
         elif line.startswith("  ") and current is not None:
             blocks[current][2].append(line)
@@ -176,113 +307,88 @@ def _values(block) -> np.ndarray:
     return np.array([float(v) for v in NUMBER.findall(text)]).reshape(shape)
 
 
-LAYER = re.compile(r"\[\d+\]$")  # a tuple field prints one block per layer: A_hat[0], A_hat[1]
+def _header(t) -> list:
+    """The five header lines format_trace must open with, from the trace."""
+    K = next(iter(t.outputs.values())).shape[0]
+    man = t.manifest
+    return [f"refbayes trace {t.method}: {K} step(s), {t.options['dtype']}; equations in "
+            f"{man['derivation']}",
+            f"command: {man['command']}",
+            f"model: {man['model']['repr']}, D = {man['model']['D']}",
+            "config: " + ", ".join(f"{k}={v!r}" for k, v in t.config.items())]
 
 
-@pytest.mark.parametrize("method", trace.TABLE_METHODS)
-def test_every_field_is_printed_with_its_tag(capsys, method):
-    blocks = _blocks(_trace(capsys, method))
-    printed = {}  # field -> the labels of its blocks
-    for name, block in blocks.items():
-        if block[0] != "input":
-            printed.setdefault(LAYER.sub("", name), []).append(block[0])
-    for field in INFO[method]._fields:
-        line, tag = trace.TAGS[method][field]
-        for label in printed[field]:
-            assert label.endswith(tag) and (line is None or f"line {line} " in label
-                                            or f"lines {line} " in label), (field, label)
-    assert list(printed) == list(INFO[method]._fields)  # every field, in order
+PRINT_CASES = [(m, {}) for m in METHODS] + [
+    ("vadam", {"steps": 3}), ("slang", {"steps": 2, "dtype": "float32"}),
+    ("ngvi-full", {"curvature": "exact"}), ("noisy-kfac", {"curvature": "mc", "damping": "exact"}),
+    ("laplace", {"structure": "kron", "subset": "last_layer"})]
+
+
+@pytest.mark.parametrize("method, opts", PRINT_CASES,
+                         ids=[f"{m}-{i}" for i, (m, _) in enumerate(PRINT_CASES)])
+def test_format_trace_prints_the_header_every_input_in_full_and_every_output_under_its_tag(
+        method, opts):
+    t = _built(method, **opts)
+    out = format_trace(t, precision=16)
+    lines = out.splitlines()
+    assert out.endswith("\n") and lines[:4] == _header(t)
+    assert lines[4].startswith("draws: step 1 after the start from numpy.random.default_rng(seed)")
+    assert "derivations/tracing.md" in lines[4] and lines[5] == ""
+    assert t.manifest["command"].startswith(f"refbayes trace {method} --seed {t.options['seed']} ")
+    blocks = _blocks(out)
+    K = next(iter(t.outputs.values())).shape[0]
+    assert K == (t.options["steps"] if TRACERS[method].chained and method != "swag" else 1)
+    assert [f"step {k}:" for k in range(1, K + 1)] == [l for l in lines if STEP.match(l)]
+    # every input, in order, in full whatever its size: 16 digits give back the array
+    assert [n for n, b in blocks.items() if b[0] == "input"] == list(t.inputs)
+    for name, a in t.inputs.items():
+        label, shape, _ = blocks[name]
+        assert shape == a.shape, name
+        np.testing.assert_array_equal(_values(blocks[name]), a, err_msg=name)
+    # every output at every step, in the comparison order, under its tag ('untagged' for none)
+    for k in range(K):
+        names = [n for n, b in blocks.items() if b[0] != "input" and
+                 (("@" not in n) if k == 0 else n.endswith(f"@{k + 1}"))]
+        assert [n.split("@")[0] for n in names] == list(t.outputs), k
+        for name, a in t.outputs.items():
+            label, shape, text = blocks[name if k == 0 else f"{name}@{k + 1}"]
+            assert label == (t.tags[name] or "untagged"), name
+            assert shape == a.shape[1:], name
+            if a[k].size <= SHOW_ALL:  # printed in full: the print is the array
+                np.testing.assert_array_equal(_values(blocks[name if k == 0 else
+                                                            f"{name}@{k + 1}"]), a[k],
+                                              err_msg=f"step {k + 1} {name}")
+            else:
+                assert text.startswith(f"  first {SHOW_FIRST} of {a[k].size} entries (C order): [")
+
+
+def test_the_cli_prints_format_trace(capsys):
+    for method in ("slang", "laplace", "vogn"):
+        assert _trace(capsys, method) == format_trace(_built(method))
+    assert _trace(capsys, "swag", "--precision", "16") == format_trace(_built("swag"), 16)
+    out = _trace(capsys, "vadam", "--steps", "3", "--dtype", "float32")
+    assert out == format_trace(_built("vadam", steps=3, dtype="float32"))
+    assert out.startswith("refbayes trace vadam: 3 step(s), float32; equations in ")
 
 
 def test_printed_labels_and_shapes_of_the_default_problem(capsys):
     out = _trace(capsys, "slang")
-    for header in ["[input] idx (8,)", "[input] eps (6, 1)", "[input] state.U (6, 2)",
-                   "[(ngvi.12)] alpha_t ()", "[line 4 (slang.2)] theta (6, 1)",
-                   "[line 6 (slang.3)] G (1, 8, 6)", "[line 7 (slang.4)] W (6, 10)",
-                   "[lines 7, 9 (slang.4)] U (6, 2)", "[line 13 (slang.8)] mu (6,)"]:
+    for header in ["[input] input.batch.idx (1, 8)", "[input] input.eps (1, 6, 1)",
+                   "[input] input.state.U (6, 2)", "[(ngvi.12)] alpha_t ()",
+                   "[(slang.2)] theta (6, 1)", "[(slang.3)] G (1, 8, 6)",
+                   "[(slang.4)] W (6, 10)", "[(slang.4)] U (6, 2)", "[(slang.8)] mu (6,)",
+                   "[untagged] state.t ()"]:
         assert f"\n{header}\n" in out, header
-    assert "rng = numpy.random.default_rng(0)" in out
     out = _trace(capsys, "ngvi-full", "--curvature", "exact")
     assert "[(ngvi.10)] Sigma_inv (6, 6)" in out and "[(ngvi.4)] theta (6, 0)" in out
-    assert "eps: none" in out and "[input] eps (" not in out
+    assert "input.eps" not in out  # curvature 'exact' draws no eps
     assert "[(ngvi.15)] prec_diag (6,)" in _trace(capsys, "ngvi-meanfield")
 
 
-CASES = [
-    ("slang", {}),
-    ("slang", {"seed": 7, "M": 4, "S": 2, "L": 3, "momentum": 0.9, "t": 3}),
-    ("slang", {"L": 6}),
-    ("ngvi-full", {}),
-    ("ngvi-full", {"curvature": "hess", "S": 2, "seed": 1}),
-    ("ngvi-full", {"curvature": "exact", "momentum": 0.5, "t": 2}),
-    ("ngvi-meanfield", {}),
-    ("ngvi-meanfield", {"curvature": "hess", "M": 50, "S": 3}),
-    ("ngvi-meanfield", {"curvature": "exact"}),
-]
-
-
-def _argv(method, opts, json_path):
-    argv = [method, "--precision", "16", "--json", str(json_path)]
-    for k, v in opts.items():
-        argv += [f"--{k}", str(v)]
-    return argv
-
-
-def _direct_step(method, opts, blocks):
-    """The step called directly, from the printed problem spec and the printed draws and state."""
-    X, y, _ = make_logistic_regression(50, 5, 0)
-    idx = _values(blocks["idx"]).astype(int)
-    batch = Batch(X[idx], y[idx])
-    np.testing.assert_array_equal(_values(blocks["batch.X"]), batch.X)
-    eps = _values(blocks["eps"]) if "eps" in blocks else None
-    fields = [f for f in STATE[method]._fields if f != "t"]
-    state = STATE[method](*[_values(blocks[f"state.{f}"]) for f in fields], opts.get("t", 0))
-    lam = np.ones(6)
-    if method == "slang":
-        cfg = slang.SLANGConfig(N=50, lam=lam, L=opts.get("L", 2),
-                                momentum=opts.get("momentum", 0.0))
-        return slang.step(state, batch, eps, cfg, LogisticRegression(5))
-    cfg = ngvi.NGVIConfig(N=50, lam=lam, curvature=opts.get("curvature", "ef"),
-                          momentum=opts.get("momentum", 0.0))
-    fn = ngvi.step_full if method == "ngvi-full" else ngvi.step_meanfield
-    return fn(state, batch, eps, cfg, LogisticRegression(5))
-
-
-@pytest.mark.parametrize("method, opts", CASES,
-                         ids=[f"{m}-{i}" for i, (m, _) in enumerate(CASES)])
-def test_json_equals_a_direct_step_with_the_printed_draws(capsys, tmp_path, method, opts):
-    path = tmp_path / "out" / "trace.json"
-    out = _trace(capsys, *_argv(method, opts, path))
-    assert out.rstrip().endswith(f"json: {path}")
-    blocks = _blocks(out)
-    data = json.loads(path.read_text())
-    # the draws in the file are the printed ones, bit for bit (16 digits round-trip float64)
-    np.testing.assert_array_equal(data["draws"]["idx"], _values(blocks["idx"]))
-    if data["draws"]["eps"] is None:
-        assert opts.get("curvature") == "exact" and "eps" not in blocks
-    else:
-        np.testing.assert_array_equal(data["draws"]["eps"], _values(blocks["eps"]))
-    _, info = _direct_step(method, opts, blocks)
-    assert list(data["info"]) == list(info._fields)
-    for field, value in info._asdict().items():
-        entry = data["info"][field]
-        assert (entry["line"], entry["tag"]) == trace.TAGS[method][field]
-        assert entry["shape"] == list(np.shape(value))
-        saved = np.asarray(entry["value"], dtype=float).reshape(np.shape(value))
-        assert_close(saved, np.asarray(value), EXACT_F64, f"{method} {field}")
-        if np.size(value) <= trace.SHOW_ALL:  # printed in full: the print is the saved value
-            np.testing.assert_array_equal(_values(blocks[field]), saved)
-
-
-def test_momentum_shows_after_the_first_step(tmp_path, capsys):
-    def info(*opts):
-        _trace(capsys, "slang", "--json", str(tmp_path / "t.json"), *opts)
-        return {k: np.array(v["value"]) for k, v in
-                json.loads((tmp_path / "t.json").read_text())["info"].items()}
-
-    plain = info()
+def test_momentum_shows_after_the_first_step():
+    plain = _built("slang").outputs
     np.testing.assert_array_equal(plain["direction"], plain["g_tilde"])
-    moving = info("--momentum", "0.9", "--t", "3")
+    moving = _built("slang", momentum=0.9, t=3).outputs
     assert not np.allclose(moving["direction"], moving["g_tilde"])
 
 
@@ -290,26 +396,115 @@ def test_large_arrays_show_their_first_entries_and_norm(tmp_path, capsys):
     path = tmp_path / "t.json"
     out = _trace(capsys, "ngvi-meanfield", "--M", "50", "--S", "5", "--precision", "16",
                  "--json", str(path))
-    G = np.array(json.loads(path.read_text())["info"]["G"]["value"])
+    G = np.array(json.loads(path.read_text())["outputs"]["G"])[0]
     assert G.shape == (5, 50, 6)
-    _, _, text = _blocks(out)["G"]
+    _, shape, text = _blocks(out)["G"]
+    assert shape == (5, 50, 6)
     assert text.startswith("  first 10 of 1500 entries (C order): [")
     shown = [float(v) for v in NUMBER.findall(text.split("norm:")[0].split(": ", 1)[1])]
     np.testing.assert_array_equal(shown, G.reshape(-1)[:10])
     norm = float(text.splitlines()[-1].split("norm:")[1])
     assert_close(norm, np.linalg.norm(G), EXACT_F64, "norm")
-    assert "batch.X (50, 5)\n  [[" in out  # inputs are printed in full, whatever their size
+    assert "input.batch.X (1, 50, 5)\n  [[[" in out  # inputs are printed in full, any size
 
 
 def test_same_seed_same_trace_other_seed_other_draws(capsys):
     a, b, c = (_trace(capsys, "slang", "--seed", s) for s in ("3", "3", "4"))
     assert a == b
-    assert _blocks(a)["eps"] != _blocks(c)["eps"] and _blocks(a)["idx"] != _blocks(c)["idx"]
+    A, C = _blocks(a), _blocks(c)
+    assert A["input.eps"] != C["input.eps"] and A["input.batch.idx"] != C["input.batch.idx"]
 
+
+# ----------------------------------------------------------------------------- the JSON form
+
+JSON_CASES = PRINT_CASES
+
+
+@pytest.mark.parametrize("method, opts", JSON_CASES,
+                         ids=[f"{m}-{i}" for i, (m, _) in enumerate(JSON_CASES)])
+def test_to_json_round_trips_every_array_exactly(method, opts):
+    t = _built(method, **opts)
+    data = json.loads(json.dumps(to_json(t)))
+    assert list(data) == ["manifest", "inputs", "outputs"]
+    assert data["manifest"] == t.manifest
+    assert list(data["inputs"]) == list(t.inputs) and list(data["outputs"]) == list(t.outputs)
+    for group, arrays in (("inputs", t.inputs), ("outputs", t.outputs)):
+        for name, a in arrays.items():
+            meta = data["manifest"][group][name]
+            assert meta["shape"] == list(a.shape) and meta["dtype"] == str(a.dtype), name
+            back = np.array(data[group][name])
+            if a.size == 0:  # nested lists lose the trailing axes of an empty array (theta
+                # (6, 0), G (0, M, D) without draws): the manifest's shape and dtype restore it
+                assert back.size == 0, name
+                back = back.astype(meta["dtype"]).reshape(meta["shape"])
+            assert back.shape == a.shape and back.dtype.kind == a.dtype.kind, name
+            np.testing.assert_array_equal(back, a, err_msg=name)
+
+
+def test_cli_json_writes_to_json_of_the_printed_trace(capsys, tmp_path):
+    path = tmp_path / "out" / "trace.json"
+    out = _trace(capsys, "laplace", "--S", "3", "--json", str(path))
+    assert out.rstrip().endswith(f"json: {path}")
+    assert out == format_trace(_built("laplace", S=3)) + f"json: {path}\n"
+    assert json.loads(path.read_text()) == json.loads(json.dumps(to_json(_built("laplace", S=3))))
+
+
+def test_cli_json_works_for_a_driver_method(capsys, tmp_path):
+    """`refbayes trace vogn --json F` (a driver method, once refused) writes its trace's JSON."""
+    path = tmp_path / "vogn.json"
+    out = _trace(capsys, "vogn", "--steps", "2", "--precision", "16", "--json", str(path))
+    t = _built("vogn", steps=2)
+    assert out == format_trace(t, 16) + f"json: {path}\n"
+    data = json.loads(path.read_text())
+    assert data["manifest"]["method"] == "vogn" and data["manifest"]["options"]["steps"] == 2
+    assert list(data["outputs"]) == list(t.outputs)
+    for group, arrays in (("inputs", t.inputs), ("outputs", t.outputs)):
+        for name, a in arrays.items():
+            np.testing.assert_array_equal(np.array(data[group][name]), a, err_msg=name)
+    assert np.array(data["outputs"]["g_hat"]).shape == (2, 34)  # the leading step axis
+
+
+def test_json_creates_only_its_own_folder(capsys, tmp_path):
+    """--json creates the file's folder when that folder's parent exists, and nothing above it:
+    a path whose grandparent is missing is an error naming the path, before any output."""
+    path = tmp_path / "new" / "t.json"
+    _trace(capsys, "slang", "--json", str(path))
+    assert json.loads(path.read_text())["manifest"]["method"] == "slang"
+    deep = tmp_path / "no" / "such" / "dir" / "t.json"
+    assert main(["trace", "slang", "--json", str(deep)]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert captured.err.startswith(f"refbayes: error: --json: cannot write {deep}: ")
+    assert str(tmp_path / "no" / "such") in captured.err and "does not exist" in captured.err
+    assert not (tmp_path / "no").exists()
+    (tmp_path / "afile").write_text("x")
+    assert main(["trace", "slang", "--json", str(tmp_path / "afile" / "t.json")]) == 2
+    assert "is not a folder" in capsys.readouterr().err
+
+
+def test_the_shims_still_expose_the_old_names():
+    """refbayes.trace and refbayes.golden re-export refbayes.tracing for one release."""
+    old_trace = importlib.import_module("refbayes.trace")
+    old_golden = importlib.import_module("refbayes.golden")
+    for name in ("build", "load", "make_inputs", "find_map"):
+        assert getattr(old_trace, name) is {"make_inputs": make_inputs, "find_map": find_map,
+                                            "build": build,
+                                            "load": refbayes.tracing.load}[name], name
+    for name in ("build", "load", "find_map", "save", "TRACERS", "field_tags", "derivation_of",
+                 "model_from_spec", "main"):
+        assert hasattr(old_golden, name), name
+    assert old_golden.build is build and old_golden.load is refbayes.tracing.load
+    assert old_golden.find_map is find_map
+    inputs = old_trace.make_inputs("slang", seed=4)
+    np.testing.assert_array_equal(old_trace.step(inputs)[1].U, step(inputs)[1].U)
+
+
+# ----------------------------------------------------------------------------- the command line
 
 @pytest.mark.parametrize("argv, message", [
     (["nosuch"], "method: expected one of slang, ngvi-full, ngvi-meanfield, laplace, "
-                 "riemannian-laplace, swag, noisy-kfac, kfac, ktied, vogn, ogn, vadam, vprop, noisy-adam, bbb, mc-dropout, adam, slang-mlp, got 'nosuch'"),
+                 "riemannian-laplace, swag, noisy-kfac, kfac, ktied, slang-mlp, vogn, ogn, "
+                 "vadam, vprop, noisy-adam, bbb, mc-dropout, adam, got 'nosuch'"),
     (["slang", "--M", "0"], "M: expected an integer in [1, 50], got 0"),
     (["slang", "--L", "7"], "L: expected an integer in [1, 6], got 7"),
     (["slang", "--curvature", "hess"], "curvature: SLANG uses the empirical Fisher only"),
@@ -337,7 +532,7 @@ def test_same_seed_same_trace_other_seed_other_draws(capsys):
     (["laplace", "--rtol", "1e-3"], "--rtol: applies to riemannian-laplace only, not laplace"),
     (["laplace", "--M", "4"],
      "--M: applies to slang, ngvi-full, ngvi-meanfield, swag, noisy-kfac, kfac, ktied, "
-     "vogn, ogn, vadam, vprop, noisy-adam, bbb, mc-dropout, adam, slang-mlp only, "
+     "slang-mlp, vogn, ogn, vadam, vprop, noisy-adam, bbb, mc-dropout, adam only, "
      "not laplace"),
     (["riemannian-laplace", "--momentum", "0.5"],
      "--momentum: applies to slang, ngvi-full, ngvi-meanfield, swag only, not riemannian-laplace"),
@@ -378,7 +573,8 @@ def test_same_seed_same_trace_other_seed_other_draws(capsys):
     (["noisy-kfac", "--S", "0"], "S: expected an integer in [1, None], got 0"),
     (["noisy-kfac", "--seed", "-1"], "seed: expected an integer in [0, None], got -1"),
     (["kfac", "--S", "2"], "--S: applies to slang, ngvi-full, ngvi-meanfield, laplace, "
-                           "riemannian-laplace, swag, noisy-kfac, ktied, vogn, vadam, vprop, noisy-adam, bbb, slang-mlp only, not kfac"),
+                           "riemannian-laplace, swag, noisy-kfac, ktied, slang-mlp, vogn, vadam, vprop, "
+                           "noisy-adam, bbb only, not kfac"),
     (["noisy-kfac", "--L", "2"], "--L: applies to slang, ngvi-full, ngvi-meanfield, slang-mlp only, "
                                  "not noisy-kfac"),
     (["kfac", "--momentum", "0.5"], "--momentum: applies to slang, ngvi-full, ngvi-meanfield, "
@@ -421,28 +617,87 @@ def test_help_lists_trace(capsys):
     assert "noisy-kfac" in out and "kfac" in out and "ktied" in out
 
 
-def test_json_creates_only_its_own_folder(capsys, tmp_path):
-    """--json creates the file's folder when that folder's parent exists, and nothing above it:
-    a path whose grandparent is missing is an error naming the path, before any output."""
-    path = tmp_path / "new" / "t.json"
-    _trace(capsys, "slang", "--json", str(path))
-    assert json.loads(path.read_text())["method"] == "slang"
-    deep = tmp_path / "no" / "such" / "dir" / "t.json"
-    assert main(["trace", "slang", "--json", str(deep)]) == 2
-    captured = capsys.readouterr()
-    assert captured.out == ""
-    assert captured.err.startswith(f"refbayes: error: --json: cannot write {deep}: ")
-    assert str(tmp_path / "no" / "such") in captured.err and "does not exist" in captured.err
-    assert not (tmp_path / "no").exists()
-    (tmp_path / "afile").write_text("x")
-    assert main(["trace", "slang", "--json", str(tmp_path / "afile" / "t.json")]) == 2
-    assert "is not a folder" in capsys.readouterr().err
+# ----------------------------------------------------------------------------- the step methods
+
+CASES = [
+    ("slang", {}),
+    ("slang", {"seed": 7, "M": 4, "S": 2, "L": 3, "momentum": 0.9, "t": 3}),
+    ("slang", {"L": 6}),
+    ("ngvi-full", {}),
+    ("ngvi-full", {"curvature": "hess", "S": 2, "seed": 1}),
+    ("ngvi-full", {"curvature": "exact", "momentum": 0.5, "t": 2}),
+    ("ngvi-meanfield", {}),
+    ("ngvi-meanfield", {"curvature": "hess", "M": 50, "S": 3}),
+    ("ngvi-meanfield", {"curvature": "exact"}),
+]
+
+
+def _direct_step(method, opts, t):
+    """The step called directly, on the shipped problem's rows and the trace's draws and state."""
+    X, y, _ = make_logistic_regression(50, 5, 0)
+    idx = t.inputs["input.batch.idx"][0]
+    batch = Batch(X[idx], y[idx])
+    np.testing.assert_array_equal(t.inputs["input.batch.X"][0], batch.X)
+    np.testing.assert_array_equal(t.inputs["input.batch.y"][0], batch.y)
+    eps = t.inputs["input.eps"][0] if "input.eps" in t.inputs else None
+    fields = [f for f in STATE[method]._fields if f != "t"]
+    assert int(t.inputs["input.state.t"]) == opts.get("t", 0)
+    state = STATE[method](*[t.inputs[f"input.state.{f}"] for f in fields], opts.get("t", 0))
+    lam = np.ones(6)
+    np.testing.assert_array_equal(t.inputs["input.cfg.lam"], lam)
+    if method == "slang":
+        cfg = slang.SLANGConfig(N=50, lam=lam, L=opts.get("L", 2),
+                                momentum=opts.get("momentum", 0.0))
+        return slang.step(state, batch, eps, cfg, LogisticRegression(5))
+    cfg = ngvi.NGVIConfig(N=50, lam=lam, curvature=opts.get("curvature", "ef"),
+                          momentum=opts.get("momentum", 0.0))
+    fn = ngvi.step_full if method == "ngvi-full" else ngvi.step_meanfield
+    return fn(state, batch, eps, cfg, LogisticRegression(5))
+
+
+@pytest.mark.parametrize("method, opts", CASES,
+                         ids=[f"{m}-{i}" for i, (m, _) in enumerate(CASES)])
+def test_step_outputs_equal_a_direct_step_on_the_trace_inputs(method, opts):
+    t = _built(method, **opts)
+    assert t.options == {**t.options, **opts}
+    if opts.get("curvature") == "exact":
+        assert "input.eps" not in t.inputs
+    else:
+        assert t.inputs["input.eps"].shape == (1, 6, opts.get("S", 1))
+    new, info = _direct_step(method, opts, t)
+    extra = [f"state.{f}" for f in new._fields if f not in info._fields]
+    assert list(t.outputs) == [f for f in info._fields if getattr(info, f) is not None] + extra
+    for field, value in info._asdict().items():
+        if value is None:
+            assert field not in t.outputs
+            continue
+        saved = t.outputs[field][0]
+        assert saved.shape == np.shape(value), field
+        assert_close(saved, np.asarray(value), EXACT_F64, f"{method} {field}")
+    for name in extra:
+        assert_close(t.outputs[name][0], np.asarray(getattr(new, name[6:])), EXACT_F64, name)
+
+
+def test_the_first_chained_step_is_make_inputs_step():
+    """The trace's step 1 is ``step(make_inputs(...))``: the same draws, state and outputs."""
+    for method, opts in CASES[:2] + CASES[5:6]:
+        inputs = make_inputs(method, **opts)
+        _, info = step(inputs)
+        t = _built(method, **opts)
+        np.testing.assert_array_equal(t.inputs["input.batch.idx"][0], inputs.idx)
+        if inputs.eps is not None:
+            np.testing.assert_array_equal(t.inputs["input.eps"][0], inputs.eps)
+        for f in inputs.state._fields:
+            np.testing.assert_array_equal(t.inputs[f"input.state.{f}"], getattr(inputs.state, f))
+        for field, value in info._asdict().items():
+            if value is not None:
+                np.testing.assert_array_equal(t.outputs[field][0], value, err_msg=field)
 
 
 # ----------------------------------------------------------------------------- the Laplace traces
 
 def _shipped_problem():
-    """The module docstring's recipe, re-drawn here (not by calling trace)."""
+    """The documented recipe, re-drawn here (not by calling refbayes.tracing)."""
     prng = np.random.default_rng(0)
     X = prng.uniform(-3.0, 3.0, (30, 1))
     y = np.sin(X[:, 0]) + prng.standard_normal(30) / 4.0
@@ -450,58 +705,31 @@ def _shipped_problem():
     return model, X, y
 
 
-GRAD_NORM = re.compile(r"\|grad L\(theta_map\)\|_2 = (\S+) \(MAP_GTOL")
-
-
-def test_laplace_trace_prints_the_problem_inputs_and_tags(capsys):
-    out = _trace(capsys, "laplace")
-    assert out.startswith("refbayes trace laplace: ")
-    for text in ["X = prng.uniform(-3.0, 3.0, (30, 1))", "D = 13, N = 30",
-                 "MLP([1, 4, 1], activation='tanh', likelihood='gaussian', noise_precision=16.0)",
-                 "X_star = numpy.linspace(-3.0, 3.0, 5)[:, None]",
-                 "structure='full', curvature='ggn'",
-                 "map: theta0 = model.init_theta(numpy.random.default_rng(0)); "
-                 "scipy.optimize.minimize(L-BFGS-B",
-                 "draws: rng = numpy.random.default_rng(0), in order: "
-                 "eps = rng.standard_normal((13, 2))"]:
-        assert text in out, text
-    for header in ["[input] X (30, 1)", "[input] y (30,)", "[input] X_star (5, 1)",
-                   "[input] theta_map (13,)", "[input] eps (13, 2)",
-                   "[(laplace.2)] H (13, 13)", "[(laplace.3)] precision (13, 13)",
-                   "[(laplace.4)] theta_s (13, 2)", "[(laplace.5)] log_Z ()",
-                   "[(laplace.6)] log_det_ratio ()", "[(laplace.6)] scatter ()",
-                   "[(laplace.7)] f_mean (5, 1)", "[(laplace.7)] y_var (5, 1, 1)"]:
-        assert f"\n{header}\n" in out, header
-    out = _trace(capsys, "laplace", "--structure", "diag", "--S", "3")
-    assert "[(laplace.2)] H (13,)" in out and "[(laplace.3)] precision (13,)" in out
-    assert "[(laplace.4)] theta_s (13, 3)" in out
-
-
 LA_CASES = [
     ("laplace", {}),
     ("laplace", {"structure": "diag", "curvature": "hessian", "seed": 3, "S": 3}),
-    ("laplace", {"curvature": "ef", "prior-precision": 2.5}),
-    ("laplace", {"structure": "kron", "curvature": "ef", "prior-precision": 2.5}),
+    ("laplace", {"curvature": "ef", "prior_precision": 2.5}),
+    ("laplace", {"structure": "kron", "curvature": "ef", "prior_precision": 2.5}),
     # laplace-torch's default (last layer, K-FAC), and the last layer's exact Hessian
     ("laplace", {"subset": "last_layer", "structure": "kron", "S": 3}),
-    ("laplace", {"subset": "last_layer", "curvature": "hessian", "prior-precision": 2.5}),
+    ("laplace", {"subset": "last_layer", "curvature": "hessian", "prior_precision": 2.5}),
     ("riemannian-laplace", {}),
     ("riemannian-laplace", {"subset": "last_layer", "structure": "diag"}),
     # ODE_F64's setting (DOP853, rtol = atol = 1e-12); a stronger prior keeps v, and nfev, small
-    ("riemannian-laplace", {"structure": "diag", "curvature": "hessian", "ode-method": "DOP853",
+    ("riemannian-laplace", {"structure": "diag", "curvature": "hessian", "ode_method": "DOP853",
                             "rtol": 1e-12, "atol": 1e-12, "S": 1, "seed": 5,
-                            "prior-precision": 2.5}),
+                            "prior_precision": 2.5}),
 ]
 
 
-def _direct_laplace(method, data):
-    """Every intermediate, from the recorded inputs, by direct calls of the library (and of the
+def _direct_laplace(method, t):
+    """Every intermediate, from the trace's inputs, by direct calls of the library (and of the
     model for H and the evidence terms, by their definitions)."""
     model, X, y = _shipped_problem()
-    theta_map = np.array(data["map"]["theta_map"])
-    eps = np.array(data["draws"]["eps"])
-    X_star = np.array(data["problem"]["X_star"])
-    c = data["config"]
+    theta_map = t.inputs["input.map.theta_map"]
+    eps = t.inputs["input.eps"]
+    X_star = t.inputs["input.X_star"]
+    c = t.config
     delta = np.full(13, c["prior_precision"])
     cfg = laplace.LaplaceConfig(prior_precision=c["prior_precision"], structure=c["structure"],
                                 curvature=c["curvature"], subset=c["subset"])
@@ -536,7 +764,9 @@ def _direct_laplace(method, data):
                 "log_Z": laplace.log_marginal_likelihood(model, state, X, y, cfg),
                 "log_det_ratio": log_det - np.sum(np.log(delta)), "scatter": scatter,
                 "f_mean": pred.f_mean, "f_var": pred.f_var, "y_var": pred.y_var}
-    ode = riemannian_laplace.RiemannianLaplaceConfig(**data["ode"])
+    ode = riemannian_laplace.RiemannianLaplaceConfig(t.options["ode_method"],
+                                                     float(t.inputs["input.ode.rtol"]),
+                                                     float(t.inputs["input.ode.atol"]))
 
     def grad_fn(theta):
         return model.grad(theta, X, y) + delta * theta
@@ -559,90 +789,87 @@ def _direct_laplace(method, data):
 
 @pytest.mark.parametrize("method, opts", LA_CASES,
                          ids=[f"{m}-{i}" for i, (m, _) in enumerate(LA_CASES)])
-def test_laplace_json_equals_direct_library_calls(capsys, tmp_path, method, opts):
-    path = tmp_path / "out" / "trace.json"
-    out = _trace(capsys, *_argv(method, opts, path))
-    assert out.rstrip().endswith(f"json: {path}")
-    blocks = _blocks(out)
-    data = json.loads(path.read_text())
-    assert data["method"] == method and data["seed"] == opts.get("seed", 0)
-    # the recorded problem is the documented recipe, and the printed inputs are the recorded ones
+def test_laplace_outputs_equal_direct_library_calls_on_the_trace_inputs(method, opts):
+    t = _built(method, **opts)
+    assert t.method == method and t.options["seed"] == opts.get("seed", 0)
+    # the recorded problem is the documented recipe
     model, X, y = _shipped_problem()
-    np.testing.assert_array_equal(data["problem"]["X"], X)
-    np.testing.assert_array_equal(data["problem"]["y"], y)
-    np.testing.assert_array_equal(data["problem"]["X_star"], np.linspace(-3, 3, 5)[:, None])
-    for name, recorded in [("X", data["problem"]["X"]), ("y", data["problem"]["y"]),
-                           ("theta_map", data["map"]["theta_map"]), ("eps", data["draws"]["eps"])]:
-        np.testing.assert_array_equal(_values(blocks[name]), recorded)
+    np.testing.assert_array_equal(t.inputs["input.X"], X)
+    np.testing.assert_array_equal(t.inputs["input.y"], y)
+    np.testing.assert_array_equal(t.inputs["input.X_star"], np.linspace(-3, 3, 5)[:, None])
+    assert t.model["repr"] == repr(model) and t.model["D"] == 13
     D_q = 5 if opts.get("subset") == "last_layer" else 13
     eps = np.random.default_rng(opts.get("seed", 0)).standard_normal((D_q, opts.get("S", 2)))
-    np.testing.assert_array_equal(data["draws"]["eps"], eps)  # the documented draw
-    assert data["config"]["prior_precision"] == opts.get("prior-precision", 1.0)
-    assert data["config"]["structure"] == opts.get("structure", "full")
-    assert data["config"]["curvature"] == opts.get("curvature", "ggn")
-    assert data["config"]["subset"] == opts.get("subset", "all")
+    np.testing.assert_array_equal(t.inputs["input.eps"], eps)  # the documented draw
+    assert t.config == {"prior_precision": opts.get("prior_precision", 1.0),
+                        "structure": opts.get("structure", "full"),
+                        "curvature": opts.get("curvature", "ggn"),
+                        "subset": opts.get("subset", "all")}
     if method == "riemannian-laplace":
-        assert data["ode"] == {"method": opts.get("ode-method", "RK45"),
-                               "rtol": opts.get("rtol", 1e-6), "atol": opts.get("atol", 1e-3)}
-    direct = _direct_laplace(method, data)
-    assert list(data["info"]) == list(trace.TAGS[method]) == list(direct)
+        assert (t.options["ode_method"], t.options["rtol"], t.options["atol"]) == \
+            (opts.get("ode_method", "RK45"), opts.get("rtol", 1e-6), opts.get("atol", 1e-3))
+        assert float(t.inputs["input.ode.rtol"]) == t.options["rtol"]
+        assert float(t.inputs["input.ode.atol"]) == t.options["atol"]
+    # the MAP the trace records is the recipe's, for this prior (never the seed)
+    found = shipped_map(opts.get("prior_precision", 1.0))
+    np.testing.assert_array_equal(t.inputs["input.map.theta_map"], found.theta_map)
+    np.testing.assert_array_equal(t.inputs["input.map.theta0"],
+                                  model.init_theta(np.random.default_rng(0), dtype=np.float64))
+    direct = _direct_laplace(method, t)
+    assert list(t.outputs) == list(INFO[method]._fields) == list(direct)
     for field, value in direct.items():
-        entry = data["info"][field]
-        assert (entry["line"], entry["tag"]) == trace.TAGS[method][field]
-        assert entry["shape"] == list(np.shape(value)), field
-        saved = np.asarray(entry["value"], dtype=float).reshape(np.shape(value))
+        saved = t.outputs[field][0]
+        assert saved.shape == np.shape(value), field
         assert_close(saved, np.asarray(value, dtype=float), EXACT_F64, f"{method} {field}")
-        if np.size(value) <= trace.SHOW_ALL:  # printed in full: the print is the saved value
-            np.testing.assert_array_equal(_values(blocks[field]), saved)
-    info = data["info"]
+    v = {k: float(a[0]) for k, a in t.outputs.items() if a[0].ndim == 0}
     if method == "laplace":  # the evidence two ways: (laplace.5) and laplace-torch's (laplace.6)
-        v = {k: info[k]["value"] for k in info}
         assert_close(v["log_lik"] + v["log_prior"] + D_q / 2 * np.log(2 * np.pi) - v["log_det"] / 2,
                      v["log_Z"], EXACT_F64, "(laplace.5)")
         assert_close(v["log_lik"] - (v["log_det_ratio"] + v["scatter"]) / 2, v["log_Z"],
                      EXACT_F64, "(laplace.6)")
     else:
-        assert np.linalg.norm(info["g"]["value"]) < trace.MAP_GTOL  # g = grad L(theta_map) ~ 0
-        if data["ode"]["rtol"] == 1e-12:  # ODE_F64's solve conserves (riemannian_laplace.11)
-            assert_close(info["speed_1"]["value"], info["speed_0"]["value"], ODE_F64, "speed")
+        assert np.linalg.norm(t.outputs["g"][0]) < MAP_GTOL  # g = grad L(theta_map) ~ 0
+        assert t.manifest["absolute"] == {"g": MAP_GTOL}
+        if t.options["rtol"] == 1e-12:  # ODE_F64's solve conserves (riemannian_laplace.11)
+            assert_close(t.outputs["speed_1"][0], t.outputs["speed_0"][0], ODE_F64, "speed")
 
 
-def test_the_printed_map_is_stationary(capsys, tmp_path):
-    """The printed |grad L(theta_map)|_2 is below MAP_GTOL, and so is the gradient recomputed
-    from the printed theta_map (riemannian-laplace's g is checked in the JSON test)."""
-    path = tmp_path / "t.json"
-    out = _trace(capsys, "laplace", "--precision", "16", "--json", str(path))
-    printed = float(GRAD_NORM.search(out).group(1))
-    data = json.loads(path.read_text())
-    assert printed == data["map"]["grad_norm"] < trace.MAP_GTOL == data["map"]["gtol"]
+def test_the_traced_map_is_stationary(capsys):
+    """The MAP recipe reaches MAP_GTOL, and so does the gradient recomputed from the printed
+    theta_map (riemannian-laplace's g is checked above)."""
     model, X, y = _shipped_problem()
-    theta = _values(_blocks(out)["theta_map"])
+    found = find_map(model, X, y, np.ones(13))
+    assert found.grad_norm < MAP_GTOL and found.newton_steps >= 0 and found.lbfgs_nit > 0
+    out = _trace(capsys, "laplace", "--precision", "16")
+    theta = _values(_blocks(out)["input.map.theta_map"])
+    np.testing.assert_array_equal(theta, found.theta_map)
     grad = model.grad(theta, X, y) + theta  # prior precision 1
-    assert np.linalg.norm(grad) < trace.MAP_GTOL
+    assert np.linalg.norm(grad) < MAP_GTOL
     # a minimum, not a saddle: the Hessian of the negative log joint is positive definite
     assert np.linalg.eigvalsh(model.hessian(theta, X, y) + np.eye(13)).min() > 0
+    m2, X2, y2, X_star = regression_problem()  # the shipped problem is the recipe
+    np.testing.assert_array_equal(X2, X)
+    np.testing.assert_array_equal(y2, y)
+    assert repr(m2) == repr(model) and X_star.shape == (5, 1)
 
 
 def test_laplace_same_seed_same_trace_other_seed_other_draws(capsys):
     a, b, c = (_trace(capsys, "laplace", "--seed", s) for s in ("3", "3", "4"))
     assert a == b
     A, C = _blocks(a), _blocks(c)
-    assert A["eps"] != C["eps"] and A["theta_s"] != C["theta_s"]
-    for same in ("theta_map", "H", "precision", "log_Z", "f_var"):  # the MAP ignores the seed
+    assert A["input.eps"] != C["input.eps"] and A["theta_s"] != C["theta_s"]
+    for same in ("input.map.theta_map", "H", "precision", "log_Z", "f_var"):  # seed-free MAP
         assert A[same] == C[same], same
     other = _blocks(_trace(capsys, "laplace", "--seed", "3", "--prior-precision", "2"))
-    assert other["theta_map"] != A["theta_map"]  # the MAP is refound for the prior
+    assert other["input.map.theta_map"] != A["input.map.theta_map"]  # refound for the prior
 
 
-def test_official_tolerances_drift_from_the_conserved_speed(capsys, tmp_path):
+def test_official_tolerances_drift_from_the_conserved_speed():
     """The solver options reach the solve: at the official defaults (atol = 1e-3) the conserved
     speed (riemannian_laplace.11) drifts far beyond ODE_F64, which a tight solve meets (above)."""
-    path = tmp_path / "t.json"
-    _trace(capsys, "riemannian-laplace", "--S", "1", "--structure", "diag", "--curvature",
-           "hessian", "--seed", "5", "--prior-precision", "2.5", "--precision", "16",
-           "--json", str(path))
-    info = json.loads(path.read_text())["info"]
-    assert abs(info["speed_1"]["value"][0] / info["speed_0"]["value"][0] - 1) > 1e3 * ODE_F64
+    out = _built("riemannian-laplace", S=1, structure="diag", curvature="hessian", seed=5,
+                 prior_precision=2.5).outputs
+    assert abs(out["speed_1"][0, 0] / out["speed_0"][0, 0] - 1) > 1e3 * ODE_F64
 
 
 # ----------------------------------------------------------------------------- the SWAG trace
@@ -663,17 +890,20 @@ def _swag_settings(opts):
             "momentum": 0.9, **opts}
 
 
-def _swag_library(data):
-    """Every intermediate by direct calls of refbayes.methods.swag on the recorded inputs."""
+def _swag_library(t):
+    """Every intermediate by direct calls of refbayes.methods.swag on the trace's inputs."""
     X, y, _ = make_logistic_regression(50, 5, 0)
     model = LogisticRegression(5)
-    d, c = data["draws"], data["config"]
-    sgd_cfg, cfg, diag = (swag.SGDConfig(**c["sgd"]), swag.SWAGConfig(**c["swag"]),
-                          swag.SWAGConfig(**c["swag_diagonal"]))
-    theta0, z1, z2 = (np.array(d[k]) for k in ("theta0", "z1", "z2"))
+    i = t.inputs
+    sgd_cfg = swag.SGDConfig(N=int(i["input.sgd.N"]), lam=float(i["input.sgd.lam"]),
+                             alpha=float(i["input.sgd.alpha"]),
+                             momentum=float(i["input.sgd.momentum"]))
+    cfg = swag.SWAGConfig(**t.config)
+    diag = cfg._replace(scale=1.0)  # SWAG-Diagonal at the paper's scale 1
+    theta0, z1, z2 = (i[f"input.{k}"] for k in ("theta0", "z1", "z2"))
     opt, state = swag.sgd_init(theta0.copy()), swag.init(theta0, cfg)
     rows = []
-    for idx in d["idx"]:
+    for idx in i["input.idx"]:
         opt, s_info = swag.sgd_step(opt, Batch(X[idx], y[idx]), None, sgd_cfg, model)
         state, c_info = swag.collect(state, opt.theta, cfg)
         rows.append([np.array(a) for a in (*s_info, *c_info)])
@@ -730,95 +960,70 @@ SWAG_CASES = [
 
 
 @pytest.mark.parametrize("opts", SWAG_CASES, ids=[f"swag-{i}" for i in range(len(SWAG_CASES))])
-def test_swag_json_equals_direct_library_calls_and_the_equations(capsys, tmp_path, opts):
-    path = tmp_path / "out" / "trace.json"
-    out = _trace(capsys, *_argv("swag", opts, path))
-    assert out.rstrip().endswith(f"json: {path}")
-    blocks, data = _blocks(out), json.loads(path.read_text())
+def test_swag_outputs_equal_direct_library_calls_and_the_equations(opts):
+    t = _built("swag", **opts)
     o = _swag_settings(opts)
-    assert data["method"] == "swag" and data["seed"] == o["seed"]
+    assert t.method == "swag" and t.options == {"dtype": "float64", **o}
     X, y, _ = make_logistic_regression(50, 5, 0)
-    np.testing.assert_array_equal(data["problem"]["X"], X)
-    np.testing.assert_array_equal(data["problem"]["y"], y)
-    assert data["config"] == {
-        "steps": o["steps"],
-        "sgd": {"N": 50, "lam": 1.0, "alpha": o["alpha"], "momentum": o["momentum"]},
-        "swag": {"K": o["K"], "scale": o["scale"], "var_clamp": 1e-30},
-        "swag_diagonal": {"K": o["K"], "scale": 1.0, "var_clamp": 1e-30}}
-    # the draws are the documented ones, in the documented order, and the printed ones
+    np.testing.assert_array_equal(t.inputs["input.X"], X)
+    np.testing.assert_array_equal(t.inputs["input.y"], y)
+    assert t.config == {"K": o["K"], "scale": o["scale"], "var_clamp": 1e-30}
+    assert {k: t.inputs[f"input.sgd.{k}"].item() for k in ("N", "lam", "alpha", "momentum")} == \
+        {"N": 50, "lam": 1.0, "alpha": o["alpha"], "momentum": o["momentum"]}
+    # the draws are the documented ones, in the documented order
     draws = _swag_draws(o["seed"], o["steps"], o["M"], o["S"], o["K"])
-    assert list(data["draws"]) == list(draws)
+    assert [n for n in t.inputs if n[6:] in draws] == [f"input.{n}" for n in draws]
     for name, value in draws.items():
-        np.testing.assert_array_equal(data["draws"][name], value)
-        np.testing.assert_array_equal(_values(blocks[name]), value)
-    for name, value in [("X", X), ("y", y)]:
-        np.testing.assert_array_equal(_values(blocks[name]), value)
-    library, by_hand = _swag_library(data), _swag_by_hand(draws, o)
-    assert list(data["info"]) == list(trace.TAGS["swag"]) == list(library) == list(by_hand)
+        np.testing.assert_array_equal(t.inputs[f"input.{name}"], value, err_msg=name)
+    library, by_hand = _swag_library(t), _swag_by_hand(draws, o)
+    assert list(t.outputs) == list(library) == list(by_hand)
     for field, value in library.items():
-        entry = data["info"][field]
-        assert (entry["line"], entry["tag"]) == trace.TAGS["swag"][field]
-        assert entry["shape"] == list(np.shape(value)), field
-        saved = np.asarray(entry["value"], dtype=float).reshape(np.shape(value))
+        saved = t.outputs[field][0]
+        assert saved.shape == np.shape(value), field
         np.testing.assert_array_equal(saved, value, err_msg=field)  # the same calls, bit for bit
         assert_close(saved, by_hand[field], EXACT_F64, f"swag {field} vs the equations")
-        if np.size(value) <= trace.SHOW_ALL:  # printed in full: the print is the saved value
-            np.testing.assert_array_equal(_values(blocks[field]), saved)
 
 
-def test_swag_trace_prints_the_problem_draws_and_tags(capsys):
-    out = _trace(capsys, "swag")
-    assert out.startswith("refbayes trace swag: 6 steps of refbayes.methods.swag.sgd_step")
-    for text in ["make_logistic_regression(n=50, p=5, seed=0)", "D = 6, N = 50",
-                 "SGDConfig(N=50, lam=1.0, alpha=0.002, momentum=0.9), i.e. torch.optim.SGD("
-                 "lr=0.1, momentum=0.9, weight_decay=0.02) on the mean loss",
-                 "SWAGConfig(K=4, scale=0.5, var_clamp=1e-30); SWAG-Diagonal SWAGConfig(K=4, "
-                 "scale=1.0, var_clamp=1e-30)", "K' = min(T, K) = 4",
-                 "draws: rng = numpy.random.default_rng(0), in order: theta0 = 0.5 * "
-                 "rng.standard_normal(6); for each of the 6 steps rng.permutation(50)[:8] (row t "
-                 "of idx: step t + 1); z1 = rng.standard_normal((6, 2)); "
-                 "z2 = rng.standard_normal((4, 2))"]:
-        assert text in out, text
-    for header in ["[input] X (50, 5)", "[input] theta0 (6,)", "[input] idx (6, 8)",
-                   "[input] z1 (6, 2)", "[input] z2 (4, 2)", "[(swag.8)] g (6, 6)",
-                   "[(swag.9)] theta (6, 6)", "[(swag.1)] theta_bar (6, 6)",
-                   "[(swag.3)] dev (6, 6)", "[(swag.4)] Sigma_diag (6,)",
-                   "[(swag.3)] D_hat (6, 4)", "[(swag.6)] Sigma (6, 6)",
-                   "[(swag.7)] theta_s (6, 2)", "[(swag.11)] log_q (2,)",
-                   "[(swag.7)] theta_s_diag (6, 2)", "[(swag.11)] log_q_diag (2,)"]:
-        assert f"\n{header}\n" in out, header
-    # the ring has wrapped: D_hat holds the deviations of snapshots 3..6, the first (zero) is gone
-    blocks = _blocks(out)
-    assert np.all(_values(blocks["dev"])[0] == 0) and np.all(_values(blocks["D_hat"]) != 0)
+def test_swag_trace_wraps_its_ring_buffer():
+    """With T = 6 > K = 4 the ring has wrapped: D_hat holds the deviations of snapshots 3..6, the
+    first (zero) is gone."""
+    out = _built("swag").outputs
+    assert out["D_hat"].shape == (1, 6, 4)
+    assert np.all(out["dev"][0, 0] == 0) and np.all(out["D_hat"][0] != 0)
+    np.testing.assert_array_equal(out["D_hat"][0], out["dev"][0, 2:].T)
 
 
 def test_swag_same_seed_same_trace_other_seed_other_draws(capsys):
     a, b, c = (_trace(capsys, "swag", "--seed", s) for s in ("3", "3", "4"))
     assert a == b
     A, C = _blocks(a), _blocks(c)
-    for name in ("theta0", "idx", "z1", "z2", "theta_s"):
+    for name in ("input.theta0", "input.idx", "input.z1", "input.z2", "theta_s"):
         assert A[name] != C[name], name
 
 
-def test_builders_name_each_other():
-    with pytest.raises(ValueError, match="use make_swag_inputs for 'swag'"):
-        trace.make_inputs("swag")
-    with pytest.raises(ValueError, match="use make_swag_inputs for 'swag'"):
-        trace.make_laplace_inputs("swag")
-    with pytest.raises(ValueError, match="use make_laplace_inputs for 'laplace'"):
-        trace.make_inputs("laplace")
-    with pytest.raises(ValueError, match="use make_noisy_kfac_inputs for 'noisy-kfac'"):
-        trace.make_inputs("noisy-kfac")
-    with pytest.raises(ValueError, match="use make_noisy_kfac_inputs for 'kfac'"):
-        trace.make_laplace_inputs("kfac")
-    with pytest.raises(ValueError, match="use make_swag_inputs for 'swag'"):
-        trace.make_noisy_kfac_inputs("swag")
-    with pytest.raises(ValueError, match="use make_ktied_inputs for 'ktied'"):
-        trace.make_inputs("ktied")
-    with pytest.raises(ValueError, match="use make_ktied_inputs for 'ktied'"):
-        trace.make_noisy_kfac_inputs("ktied")
-    with pytest.raises(ValueError, match="use make_noisy_kfac_inputs for 'kfac'"):
-        trace.make_ktied_inputs("kfac")
+def test_builders_refuse_the_other_families_methods():
+    with pytest.raises(ValueError, match="method: expected one of slang, ngvi-full, "
+                                         "ngvi-meanfield, got 'swag'"):
+        make_inputs("swag")
+    with pytest.raises(ValueError, match="method: expected one of laplace, riemannian-laplace, "
+                                         "got 'swag'"):
+        make_laplace_inputs("swag")
+    with pytest.raises(ValueError, match="got 'laplace'"):
+        make_inputs("laplace")
+    with pytest.raises(ValueError, match="got 'noisy-kfac'"):
+        make_inputs("noisy-kfac")
+    with pytest.raises(ValueError, match="got 'kfac'"):
+        make_laplace_inputs("kfac")
+    with pytest.raises(ValueError, match="method: expected one of noisy-kfac, kfac, got 'swag'"):
+        make_noisy_kfac_inputs("swag")
+    with pytest.raises(ValueError, match="got 'ktied'"):
+        make_inputs("ktied")
+    with pytest.raises(ValueError, match="got 'ktied'"):
+        make_noisy_kfac_inputs("ktied")
+    with pytest.raises(ValueError, match="method: expected 'ktied', got 'kfac'"):
+        make_ktied_inputs("kfac")
+    with pytest.raises(TypeError):  # the SWAG trace takes no method: it is the only one
+        make_swag_inputs("swag")
 
 
 # ------------------------------------------------------------------------- the Noisy K-FAC trace
@@ -947,171 +1152,120 @@ def _nk_by_hand(method, draws, o):
             "S": [(1 - beta) * F + beta * Hh for F, Hh in zip(S0, S_hat)]}
 
 
-def _nk_library(data):
-    """The step by a direct call of noisy_kfac.step on the recorded inputs, and pi by
-    kron.factored_damping_pi: {field: value} in NoisyKFACTraceInfo's order."""
+def _flat(d: dict) -> dict:
+    """{field: value} with each tuple / list of per-layer arrays as 'field.l', None dropped."""
+    out = {}
+    for name, value in d.items():
+        if value is None:
+            continue
+        if isinstance(value, (tuple, list)):
+            out.update({f"{name}.{l}": np.asarray(v) for l, v in enumerate(value)})
+        else:
+            out[name] = np.asarray(value)
+    return out
+
+
+def _nk_library(t):
+    """The step by a direct call of noisy_kfac.step on the trace's inputs, and pi by
+    kron.factored_damping_pi: {output name: value} in the trace's order."""
     X, y, _ = make_logistic_regression(50, 5, 0)
     model = MLP([5, 4, 2], activation="tanh", likelihood="categorical")
-    st, d = data["state"], data["draws"]
+    i = t.inputs
     state = noisy_kfac.NoisyKFACState(
-        np.array(st["mu"]), np.array(st["m"]),
-        *(tuple(np.array(F) for F in st[k]) for k in ("A", "S", "A_ref", "S_ref")), st["t"])
-    cfg = noisy_kfac.NoisyKFACConfig(**data["config"])
-    idx = np.array(d["idx"])
-    eps = None if d["eps"] is None else np.array(d["eps"])
-    y_tilde = None if d["y_tilde"] is None else np.array(d["y_tilde"], dtype=np.int64)
-    new, info = noisy_kfac.step(state, Batch(X[idx], y[idx]), eps, cfg, model, y_tilde=y_tilde)
+        i["input.state.mu"], i["input.state.m"],
+        *(tuple(i[f"input.state.{k}.{l}"] for l in range(2)) for k in ("A", "S", "A_ref", "S_ref")),
+        int(i["input.state.t"]))
+    cfg = noisy_kfac.NoisyKFACConfig(**t.config)
+    idx = i["input.idx"]
+    new, info = noisy_kfac.step(state, Batch(X[idx], y[idx]), i.get("input.eps"), cfg, model,
+                                y_tilde=i.get("input.y_tilde"))
     pi = None
     if cfg.damping == "factored":
         pi = np.array([float(kron.factored_damping_pi(A, S))
                        for A, S in zip(state.A_ref, state.S_ref)])
     assert all(np.array_equal(a, b) for a, b in zip(new.A_ref + new.S_ref, new.A + new.S))
-    return {"pi": pi, **info._asdict(), "A": new.A, "S": new.S}
-
-
-def _layers(value):
-    """A value as a list of arrays (one per layer for a tuple field), or None."""
-    if value is None:
-        return None
-    if isinstance(value, (tuple, list)) and np.ndim(value[0]) == 2:
-        return [np.asarray(v, dtype=float) for v in value]
-    return [np.asarray(value, dtype=float)]
+    return _flat({"pi": pi, **info._asdict(), "A": new.A, "S": new.S})
 
 
 NK_CASES = [
     ("noisy-kfac", {}),
     ("noisy-kfac", {"curvature": "mc", "S": 3, "M": 5, "seed": 2}),  # the official estimator
     ("noisy-kfac", {"damping": "exact", "curvature": "ef", "S": 1, "seed": 4}),
-    ("noisy-kfac", {"damping": "exact", "curvature": "mc", "kl-clip": 1e-4}),  # clipping active
-    ("noisy-kfac", {"M": 50, "kl-clip": 1.0}),  # full batch; the bound far above: nu = 1
+    ("noisy-kfac", {"damping": "exact", "curvature": "mc", "kl_clip": 1e-4}),  # clipping active
+    ("noisy-kfac", {"M": 50, "kl_clip": 1.0}),  # full batch; the bound far above: nu = 1
     ("kfac", {}),
     ("kfac", {"curvature": "mc", "damping": "exact", "M": 3, "seed": 9}),
-    ("kfac", {"curvature": "ef", "kl-clip": 1e-5}),
+    ("kfac", {"curvature": "ef", "kl_clip": 1e-5}),
 ]
 
 
 @pytest.mark.parametrize("method, opts", NK_CASES,
                          ids=[f"{m}-{i}" for i, (m, _) in enumerate(NK_CASES)])
-def test_noisy_kfac_json_equals_a_direct_step_and_the_equations(capsys, tmp_path, method, opts):
-    path = tmp_path / "out" / "trace.json"
-    out = _trace(capsys, *_argv(method, opts, path))
-    assert out.rstrip().endswith(f"json: {path}")
-    blocks, data = _blocks(out), json.loads(path.read_text())
-    o = _nk_settings(method, opts)
-    assert data["method"] == method and data["seed"] == o["seed"]
+def test_noisy_kfac_outputs_equal_a_direct_step_and_the_equations(method, opts):
+    t = _built(method, **opts)
+    o = _nk_settings(method, {("kl-clip" if k == "kl_clip" else k): v for k, v in opts.items()})
+    assert t.method == method and t.options["seed"] == o["seed"]
     X, y, _ = make_logistic_regression(50, 5, 0)
-    np.testing.assert_array_equal(data["problem"]["X"], X)
-    np.testing.assert_array_equal(data["problem"]["y"], y)
-    assert data["problem"]["layers"] == [list(b) for b in NK_LAYERS]
-    assert data["config"] == {**NK_CONFIG, "damping": o["damping"], "curvature": o["curvature"],
-                              "kl_clip": o["kl-clip"]}
-    assert data["derived"] == {"gamma_in": 0.5 / (50 * 0.2), "gamma": 0.5 / (50 * 0.2) + 0.01}
-    # the draws are the documented ones, in the documented order, and the printed ones
+    np.testing.assert_array_equal(t.inputs["input.X"], X)
+    np.testing.assert_array_equal(t.inputs["input.y"], y)
+    assert t.model["D"] == 34 and t.model["sizes"] == [5, 4, 2]
+    assert t.config == {**NK_CONFIG, "damping": o["damping"], "curvature": o["curvature"],
+                        "kl_clip": o["kl-clip"]}
+    # the draws are the documented ones, in the documented order
     draws = _nk_draws(method, o)
-    st = data["state"]
-    assert st["t"] == 0 and st["A_ref"] == st["A"] and st["S_ref"] == st["S"]
+    i = t.inputs
+    assert int(i["input.state.t"]) == 0
     for name in ("mu", "m"):
-        np.testing.assert_array_equal(st[name], draws[name])
-        np.testing.assert_array_equal(_values(blocks[f"state.{name}"]), draws[name])
+        np.testing.assert_array_equal(i[f"input.state.{name}"], draws[name])
     for name in ("A", "S"):
         for l, F in enumerate(draws[name]):
-            np.testing.assert_array_equal(st[name][l], F)
-            np.testing.assert_array_equal(_values(blocks[f"state.{name}[{l}]"]), F)
+            np.testing.assert_array_equal(i[f"input.state.{name}.{l}"], F)
+            np.testing.assert_array_equal(i[f"input.state.{name}_ref.{l}"], F)
             assert np.linalg.eigvalsh(F).min() >= 0.5 and not np.allclose(F, np.eye(len(F)))
     for name in ("idx", "eps", "u"):
         if draws[name] is None:
-            assert data["draws"][name] is None and name not in blocks
+            assert f"input.{name}" not in i
         else:
-            np.testing.assert_array_equal(data["draws"][name], draws[name])
-            np.testing.assert_array_equal(_values(blocks[name]), draws[name])
-    np.testing.assert_array_equal(_values(blocks["batch.X"]), X[draws["idx"]])
-    library, by_hand = _nk_library(data), _nk_by_hand(method, draws, o)
+            np.testing.assert_array_equal(i[f"input.{name}"], draws[name], err_msg=name)
+    library, by_hand = _nk_library(t), _flat(_nk_by_hand(method, draws, o))
     # the sampled labels: the inverse CDF of the predictive at the step's own draws
     if o["curvature"] == "mc":
-        np.testing.assert_array_equal(data["draws"]["y_tilde"], by_hand["y_tilde"])
-        np.testing.assert_array_equal(_values(blocks["y_tilde"]), by_hand["y_tilde"])
-        assert_close(np.array(data["draws"]["probs"]), by_hand["probs"], EXACT_F64, "probs")
+        np.testing.assert_array_equal(i["input.y_tilde"], by_hand.pop("y_tilde"))
+        assert_close(i["input.probs"], by_hand.pop("probs"), EXACT_F64, "probs")
     else:
-        assert data["draws"]["y_tilde"] is None and "y_tilde" not in blocks
-    assert list(data["info"]) == list(trace.TAGS[method]) == list(library)
-    for field, value in library.items():
-        entry = data["info"][field]
-        assert (entry["line"], entry["tag"]) == trace.TAGS[method][field]
-        if value is None:  # pi of exact damping
-            assert entry["shape"] is None and entry["value"] is None and field == "pi"
-            assert f"] {field}: none (damping 'exact'" in out
-            continue
-        lib, saved, hand = _layers(value), _layers(entry["value"]), _layers(by_hand[field])
-        assert entry["shape"] == ([list(v.shape) for v in lib] if isinstance(value, tuple)
-                                  else list(np.shape(value))), field
-        names = ([f"{field}[{l}]" for l in range(len(lib))] if isinstance(value, tuple)
-                 else [field])
-        for name, a, b, c in zip(names, lib, saved, hand):
-            np.testing.assert_array_equal(b.reshape(a.shape), a, err_msg=name)  # bit for bit
-            assert_close(b.reshape(a.shape), c, EXACT_F64, f"{method} {name} vs the equations")
-            np.testing.assert_array_equal(_values(blocks[name]), b.reshape(a.shape))
-    info = data["info"]
+        assert "input.y_tilde" not in i and "input.probs" not in i
+    assert list(t.outputs) == list(library) == list(by_hand)
+    assert ("pi" in t.outputs) == (o["damping"] == "factored")  # exact damping has no split
+    for name, value in library.items():
+        saved = t.outputs[name][0]
+        assert saved.shape == value.shape, name
+        np.testing.assert_array_equal(saved, value, err_msg=name)  # bit for bit
+        assert_close(saved, by_hand[name], EXACT_F64, f"{method} {name} vs the equations")
     if o["kl-clip"] is not None and o["kl-clip"] < 1e-3:
-        assert info["nu"]["value"] < 1  # the clipping acts, and the by-hand nu agrees
+        assert t.outputs["nu"][0] < 1  # the clipping acts, and the by-hand nu agrees
     else:
-        assert info["nu"]["value"] == 1.0
+        assert t.outputs["nu"][0] == 1.0
     if method == "kfac":
-        np.testing.assert_array_equal(info["w"]["value"], np.array(st["mu"])[:, None])
-
-
-def test_noisy_kfac_trace_prints_the_problem_draws_and_tags(capsys):
-    out = _trace(capsys, "noisy-kfac")
-    assert out.startswith("refbayes trace noisy-kfac: one step of "
-                          "refbayes.methods.noisy_kfac.step")
-    for text in ["make_logistic_regression(n=50, p=5, seed=0)",
-                 "MLP([5, 4, 2], activation='tanh', likelihood='categorical'); D = 34, N = 50",
-                 "layer 1: theta[0:24], A_1 (6, 6), S_1 (4, 4); layer 2: theta[24:34], "
-                 "A_2 (5, 5), S_2 (2, 2)",
-                 "gamma_in = kl_weight / (N eta) = 0.05",
-                 "draws: rng = numpy.random.default_rng(0), in order: mu = 0.5 * "
-                 "rng.standard_normal(34); m = 0.05 * rng.standard_normal(34); A_1 (6, 6), "
-                 "A_2 (5, 5), then S_1 (4, 4), S_2 (2, 2), each B @ B.T / n + I / 2 with "
-                 "B = rng.standard_normal((n, n)); idx = rng.permutation(50)[:8]; "
-                 "eps = rng.standard_normal((34, 2))",
-                 "W_s = M + sqrt(kl_weight / N) L_A^{-T} E_s L_S^{-1}"]:
-        assert text in out, text
-    for header in ["[input] idx (8,)", "[input] eps (34, 2)", "[input] state.m (34,)",
-                   "[input] state.A[0] (6, 6)", "[input] state.S[1] (2, 2)",
-                   "[(noisy_kfac.5)] pi (2,)", "[(noisy_kfac.7)] w (34, 2)",
-                   "[(noisy_kfac.8)] V (34,)", "[(noisy_kfac.9)] P (34,)",
-                   "[(noisy_kfac.11)] m (34,)", "[(noisy_kfac.11)] mu (34,)",
-                   "[(noisy_kfac.3)] A_hat[0] (6, 6)", "[(noisy_kfac.3)] S_hat[1] (2, 2)",
-                   "[(noisy_kfac.10)] nu ()", "[(noisy_kfac.4)] A[1] (5, 5)",
-                   "[(noisy_kfac.4)] S[0] (4, 4)"]:
-        assert f"\n{header}\n" in out, header
-    assert "[input] u (" not in out and "[input] y_tilde (" not in out  # ggn: no labels drawn
-    out = _trace(capsys, "kfac", "--curvature", "mc", "--damping", "exact")
-    assert out.startswith("refbayes trace kfac: one step of refbayes.methods.noisy_kfac.step "
-                          "(eps = None: K-FAC")
-    assert "[input] eps: none" in out and "[input] eps (" not in out
-    assert "[(noisy_kfac.5)] pi: none (damping 'exact' has no split)" in out
-    for header in ["[input] u (1, 8)", "[input] probs (1, 8, 2)", "[input] y_tilde (1, 8)",
-                   "[(noisy_kfac.7)] w (34, 1)"]:
-        assert f"\n{header}\n" in out, header
-    assert "Q_A ((Q_A^T E_s Q_S) / sqrt(Lam)) Q_S^T" in _trace(capsys, "noisy-kfac", "--damping",
-                                                               "exact")
+        np.testing.assert_array_equal(t.outputs["w"][0], i["input.state.mu"][:, None])
 
 
 def test_noisy_kfac_same_seed_same_trace_other_seed_other_draws(capsys):
     a, b, c = (_trace(capsys, "noisy-kfac", "--seed", s) for s in ("3", "3", "4"))
     assert a == b
     A, C = _blocks(a), _blocks(c)
-    for name in ("state.mu", "state.m", "state.A[0]", "state.S[1]", "idx", "eps", "w", "P"):
+    for name in ("input.state.mu", "input.state.m", "input.state.A.0", "input.state.S.1",
+                 "input.idx", "input.eps", "w", "P"):
         assert A[name] != C[name], name
 
 
 def test_kfac_takes_no_draws():
     """kfac's inputs hold no eps and S = 1; asking it for draws is an error, not ignored."""
-    inputs = trace.make_noisy_kfac_inputs("kfac", S=1)
+    inputs = make_noisy_kfac_inputs("kfac", S=1)
     assert inputs.eps is None and inputs.u is None
     with pytest.raises(ValueError, match=r"S: kfac draws no weights \(eps = None, S = 1\), got 3"):
-        trace.make_noisy_kfac_inputs("kfac", S=3)
-    assert trace.make_noisy_kfac_inputs("noisy-kfac").eps.shape == (34, 2)  # the default S
+        make_noisy_kfac_inputs("kfac", S=3)
+    assert make_noisy_kfac_inputs("noisy-kfac").eps.shape == (34, 2)  # the default S
+    assert "input.eps" not in _built("kfac").inputs
 
 
 # ----------------------------------------------------------------------------- the k-tied trace
@@ -1228,20 +1382,25 @@ def _kt_by_hand(draws, o):
             "mu": mu + delta[:43], "rho": rho + delta[43:], "m": m1, "v": v1}    # (ktied.7)
 
 
-def _kt_library(data):
-    """The step by a direct call of ktied.step on the recorded inputs: (new state, {field:
-    value} in KTiedTraceInfo's order)."""
-    X, y = np.array(data["problem"]["X"]), np.array(data["problem"]["y"])
+def _kt_library(t):
+    """The step by a direct call of ktied.step on the trace's inputs: (new state, {output name:
+    value} in the trace's order)."""
+    X, y = _kt_problem()
     model = MLP([4, 5, 3], activation="tanh", likelihood="categorical")
-    st = data["state"]
-    state = ktied.KTiedState(np.array(st["mu"]), np.array(st["rho"]),
-                             AdamState(np.array(st["adam"]["m"]), np.array(st["adam"]["v"]),
-                                       st["adam"]["t"]), st["t"], tuple(st["k"]))
-    cfg = ktied.KTiedConfig(**data["config"])
-    idx = np.array(data["draws"]["idx"])
-    new, info = ktied.step(state, Batch(X[idx], y[idx]), np.array(data["draws"]["eps"]), cfg,
-                           model)
-    return new, {**info._asdict(), "m": new.adam.m, "v": new.adam.v}
+    i = t.inputs
+    state = ktied.KTiedState(i["input.state.mu"], i["input.state.rho"],
+                             AdamState(i["input.state.adam.m"], i["input.state.adam.v"],
+                                       int(i["input.state.adam.t"])),
+                             int(i["input.state.t"]),
+                             (int(i["input.state.k.0"]), int(i["input.state.k.1"])))
+    cfg = ktied.KTiedConfig(**t.config)
+    idx = i["input.batch.idx"][0]
+    np.testing.assert_array_equal(i["input.batch.X"][0], X[idx])
+    np.testing.assert_array_equal(i["input.batch.y"][0], y[idx])
+    new, info = ktied.step(state, Batch(X[idx], y[idx]), i["input.eps"][0], cfg, model)
+    return state, new, {**info._asdict(), "state.adam.m": new.adam.m, "state.adam.v": new.adam.v,
+                        "state.adam.t": new.adam.t, "state.t": new.t, "state.k.0": new.k[0],
+                        "state.k.1": new.k[1]}
 
 
 KT_CASES = [
@@ -1253,120 +1412,74 @@ KT_CASES = [
 
 
 @pytest.mark.parametrize("opts", KT_CASES, ids=[f"ktied-{i}" for i in range(len(KT_CASES))])
-def test_ktied_json_equals_a_direct_step_and_the_equations(capsys, tmp_path, opts):
-    path = tmp_path / "out" / "trace.json"
-    out = _trace(capsys, *_argv("ktied", opts, path))
-    assert out.rstrip().endswith(f"json: {path}")
-    blocks, data = _blocks(out), json.loads(path.read_text())
+def test_ktied_outputs_equal_a_direct_step_and_the_equations(opts):
+    t = _built("ktied", **opts)
     o = _kt_settings(opts)
     k = o["k"]
-    assert data["method"] == "ktied" and data["seed"] == o["seed"]
-    # the recorded problem is the documented recipe, and the printed inputs are the recorded ones
+    assert t.method == "ktied" and t.options == {"dtype": "float64", "steps": 1, **o}
+    # the shipped problem is the documented recipe
     X, y = _kt_problem()
-    np.testing.assert_array_equal(data["problem"]["X"], X)
-    np.testing.assert_array_equal(data["problem"]["y"], y)
-    assert data["problem"]["model"] == {"class": "refbayes.models.MLP", "sizes": [4, 5, 3],
-                                        "activation": "tanh", "likelihood": "categorical"}
+    model, X2, y2 = ktied_problem()
+    np.testing.assert_array_equal(X2, X)
+    np.testing.assert_array_equal(y2, y)
+    assert y2.dtype == np.int64 and np.bincount(y2).tolist() == [11, 7, 12]
+    assert t.model["args"] == {"sizes": [4, 5, 3], "activation": "tanh",
+                               "likelihood": "categorical", "noise_precision": 1.0}
     layers, P = _kt_layout(k)
-    lay = data["problem"]["layout"]
-    assert (lay["P"], lay["D"], lay["k"]) == (P, 43, [k, k])
-    assert lay["u_off"] == [s[2].start for s in layers] and lay["b_off"] == [s[4].start
-                                                                               for s in layers]
-    assert lay["w_theta"] == [s[0].start for s in layers]
-    assert data["config"] == {"N": 30, "lam": 1.0, "alpha": 1e-3, "beta1": 0.9, "beta2": 0.999,
-                              "eps_adam": 1e-8, "kl_weight": 1.0}
-    assert data["init"] == {"mean_scale": 0.5, "k": [k, k], "sigma0": 0.3, "jitter": 0.5}
-    # the draws are the documented ones, in the documented order, and the printed ones
+    lay = ktied.layout(model, k)
+    assert (lay.P, lay.D, lay.k) == (P, 43, (k, k))
+    assert list(lay.u_off) == [s[2].start for s in layers]
+    assert list(lay.v_off) == [s[3].start for s in layers]
+    assert list(lay.b_off) == [s[4].start for s in layers]
+    assert list(lay.w_theta) == [s[0].start for s in layers]
+    assert list(lay.b_theta) == [s[1].start for s in layers]
+    assert t.config == {"N": 30, "lam": 1.0, "alpha": 1e-3, "beta1": 0.9, "beta2": 0.999,
+                        "eps_adam": 1e-8, "kl_weight": 1.0}
+    assert (MEAN_SCALE, KT_SIGMA0, KT_JITTER) == (0.5, 0.3, 0.5)
+    # the draws are the documented ones, in the documented order; xi is drawn for the start
     draws = _kt_draws(o)
-    for name, value in draws.items():
-        np.testing.assert_array_equal(data["draws"][name], value, err_msg=name)
-    for name in ("idx", "xi", "eps"):
-        np.testing.assert_array_equal(_values(blocks[name]), draws[name], err_msg=name)
-    np.testing.assert_array_equal(_values(blocks["batch.X"]), X[draws["idx"]])
-    np.testing.assert_array_equal(_values(blocks["batch.y"]), y[draws["idx"]])
-    # the start: ktied.init of the draws (ktied.8), its positive factors (ktied.1), printed
+    i = t.inputs
+    np.testing.assert_array_equal(i["input.state.mu"], draws["mu"])
+    np.testing.assert_array_equal(i["input.batch.idx"][0], draws["idx"])
+    np.testing.assert_array_equal(i["input.eps"][0], draws["eps"])
+    start = make_ktied_inputs(**o)
+    np.testing.assert_array_equal(start.xi, draws["xi"])
+    np.testing.assert_array_equal(start.state.rho, i["input.state.rho"])
+    # the start: ktied.init of the draws (ktied.8), its positive factors (ktied.1)
     by_hand = _kt_by_hand(draws, o)
-    st = data["state"]
-    assert (st["t"], st["k"], st["adam"]["t"]) == (0, [k, k], 0)
-    assert not np.any(st["adam"]["m"]) and not np.any(st["adam"]["v"])
-    np.testing.assert_array_equal(st["mu"], draws["mu"])
-    np.testing.assert_array_equal(_values(blocks["state.mu"]), draws["mu"])
-    np.testing.assert_array_equal(_values(blocks["state.rho"]), st["rho"])
-    assert_close(np.array(st["rho"]), by_hand["rho0"], EXACT_F64, "rho (ktied.8)")
-    for l, (U, V, sb) in enumerate(by_hand["factors"]):
-        recorded = data["factors"][l]
-        for name, hand in (("U", U), ("V", V), ("sigma_b", sb)):
-            np.testing.assert_array_equal(_values(blocks[f"state.{name}[{l}]"]),
-                                          np.array(recorded[name]), err_msg=f"{name}[{l}]")
-            assert_close(np.array(recorded[name]), hand, EXACT_F64, f"{name}[{l}] (ktied.1)")
+    assert (int(i["input.state.t"]), int(i["input.state.adam.t"])) == (0, 0)
+    assert (int(i["input.state.k.0"]), int(i["input.state.k.1"])) == (k, k)
+    assert not np.any(i["input.state.adam.m"]) and not np.any(i["input.state.adam.v"])
+    assert_close(i["input.state.rho"], by_hand["rho0"], EXACT_F64, "rho (ktied.8)")
+    state, new, library = _kt_library(t)
+    for l, ((U, V, sb), (hU, hV, hsb)) in enumerate(zip(ktied.scale_parameters(state, model),
+                                                         by_hand["factors"])):
+        for name, a, hand in (("U", U, hU), ("V", V, hV), ("sigma_b", sb, hsb)):
+            assert_close(a, hand, EXACT_F64, f"{name}[{l}] (ktied.1)")
         if k >= 2:  # the jitter makes the tie's columns differ
-            assert not np.allclose(U[:, 0], U[:, 1]) and not np.allclose(V[:, 0], V[:, 1])
-    # the step: bit for bit a direct ktied.step on the recorded inputs, and the equations
-    new, library = _kt_library(data)
-    assert list(data["info"]) == list(trace.TAGS["ktied"]) == list(library)
-    for field, value in library.items():
-        entry = data["info"][field]
-        assert (entry["line"], entry["tag"]) == trace.TAGS["ktied"][field]
-        assert entry["shape"] == list(np.shape(value)), field
-        saved = np.asarray(entry["value"], dtype=float).reshape(np.shape(value))
-        np.testing.assert_array_equal(saved, value, err_msg=field)  # the same call, bit for bit
-        assert_close(saved, by_hand[field], EXACT_F64, f"ktied {field} vs the equations")
-        assert np.size(value) <= trace.SHOW_ALL  # printed in full: the print is the saved value
-        np.testing.assert_array_equal(_values(blocks[field]), saved, err_msg=field)
-    ns = data["new_state"]
-    assert (ns["t"], ns["k"], ns["adam"]["t"]) == (1, [k, k], 1)
-    for name, value in (("mu", new.mu), ("rho", new.rho), ("m", new.adam.m), ("v", new.adam.v)):
-        recorded = ns["adam"][name] if name in ("m", "v") else ns[name]
-        np.testing.assert_array_equal(recorded, value, err_msg=f"new_state {name}")
-
-
-def test_ktied_trace_prints_the_problem_draws_and_tags(capsys):
-    out = _trace(capsys, "ktied")
-    assert out.startswith("refbayes trace ktied: one step of refbayes.methods.ktied.step\n")
-    for text in ["prng = numpy.random.default_rng(0); X = prng.standard_normal((30, 4)); "
-                 "W = prng.standard_normal((4, 3)); y = argmax(X @ W + "
-                 "prng.standard_normal((30, 3)), axis=1)",
-                 "MLP([4, 5, 3], activation='tanh', likelihood='categorical'); D = 43, N = 30",
-                 "ktied.layout(model, k=(2, 2)), D = 43, P = 42; layer 1: W_1 theta[0:20] (4, 5), "
-                 "b_1 theta[20:25]; R^U_1 rho[0:8] (4, 2), R^V_1 rho[8:18] (5, 2), r^b_1 "
-                 "rho[18:23]",
-                 "KTiedConfig = BBBConfig(N=30, lam=1.0, alpha=0.001, beta1=0.9, beta2=0.999, "
-                 "eps_adam=1e-08, kl_weight=1.0)",
-                 "ktied.init(mu, model, k=(2, 2), sigma0=0.3, xi, jitter=0.5)",
-                 "draws: rng = numpy.random.default_rng(0), in order: mu = 0.5 * "
-                 "rng.standard_normal(43); xi = rng.standard_normal(42); "
-                 "idx = rng.permutation(30)[:8]; eps = rng.standard_normal((43, 1))",
-                 "new state: KTiedState(mu, rho, AdamState(m, v, 1), t = 1, k = (2, 2))"]:
-        assert text in out, text
-    for header in ["[input] idx (8,)", "[input] batch.X (8, 4)", "[input] batch.y (8,)",
-                   "[input] xi (42,)", "[input] eps (43, 1)", "[input] state.mu (43,)",
-                   "[input] state.rho (42,)", "[input] state.U[0] (4, 2)",
-                   "[input] state.V[0] (5, 2)", "[input] state.sigma_b[0] (5,)",
-                   "[input] state.U[1] (5, 2)", "[input] state.V[1] (3, 2)",
-                   "[input] state.sigma_b[1] (3,)",
-                   "[(ktied.1)] sigma (43,)", "[(ktied.2)] theta (43, 1)", "[(bbb.4)] g (1, 43)",
-                   "[(bbb.5)] g_hat (43,)", "[(ktied.5)] g_sigma (43,)", "[(ktied.4)] kl ()",
-                   "[(bbb.9)] grad_mu (43,)", "[(ktied.5)] grad_sigma (43,)",
-                   "[(ktied.6)] grad_rho (42,)", "[(ktied.3)] loss_hat ()",
-                   "[(ktied.3)] elbo ()", "[(ktied.7)] delta (85,)", "[(ktied.7)] mu (43,)",
-                   "[(ktied.7)] rho (42,)", "[(adam.1)] m (85,)", "[(adam.2)] v (85,)"]:
-        assert f"\n{header}\n" in out, header
-    # every tag printed is a numbered equation of its derivation note (ktied.md; bbb.md holds
-    # the bbb and adam equations the step reuses)
-    tags = {t for label, _, _ in _blocks(out).values() if label != "input"
-            for t in re.findall(r"\(([a-z_]+)\.(\d+)\)", label)}
-    assert {name for name, _ in tags} == {"ktied", "bbb", "adam"}
-    for name, n in tags:
-        note = ROOT / "derivations" / f"{NOTE_OF.get(name, name)}.md"
-        assert (name, int(n)) in _labels(note), f"({name}.{n}) not numbered in {note.name}"
-    assert "(ktied.8)" in out and ("ktied", 8) in _labels(ROOT / "derivations" / "ktied.md")
+            assert not np.allclose(hU[:, 0], hU[:, 1]) and not np.allclose(hV[:, 0], hV[:, 1])
+    # the step: bit for bit a direct ktied.step on the trace's inputs, and the equations
+    assert list(t.outputs) == list(library)
+    hand = {**by_hand, "state.adam.m": by_hand["m"], "state.adam.v": by_hand["v"],
+            "state.adam.t": 1, "state.t": 1, "state.k.0": k, "state.k.1": k}
+    for name, value in library.items():
+        saved = t.outputs[name][0]
+        assert saved.shape == np.shape(value), name
+        np.testing.assert_array_equal(saved, value, err_msg=name)  # the same call, bit for bit
+        assert_close(saved, hand[name], EXACT_F64, f"ktied {name} vs the equations")
+    np.testing.assert_array_equal(t.outputs["mu"][0], new.mu)
+    np.testing.assert_array_equal(t.outputs["rho"][0], new.rho)
 
 
 def test_ktied_same_seed_same_trace_other_seed_other_draws(capsys):
     a, b, c = (_trace(capsys, "ktied", "--seed", s) for s in ("3", "3", "4"))
     assert a == b
     A, C = _blocks(a), _blocks(c)
-    for name in ("state.mu", "xi", "state.rho", "state.U[0]", "idx", "eps", "grad_rho", "rho"):
+    for name in ("input.state.mu", "input.state.rho", "input.batch.idx", "input.eps", "grad_rho",
+                 "rho"):
         assert A[name] != C[name], name
-    # the problem ignores the seed: the same recipe line (class counts 11, 7, 12) for both
-    assert a.splitlines()[1] == c.splitlines()[1] and "class counts 11, 7, 12)" in a
+    # the problem ignores the seed: the rows drawn differ, the rows they index do not
+    i3, i4 = _built("ktied", seed=3).inputs, _built("ktied", seed=4).inputs
+    X, _ = _kt_problem()
+    for inputs in (i3, i4):
+        np.testing.assert_array_equal(inputs["input.batch.X"][0], X[inputs["input.batch.idx"][0]])

@@ -8,7 +8,7 @@ ROOT = Path(__file__).resolve().parents[1]
 TAG = re.compile(r"\(([a-z_]+)\.(\d+)\)")
 
 # Tag prefixes whose equations live in a note of another name (refbayes verify names the note too).
-from refbayes.golden import NOTE_OF  # noqa: E402
+from refbayes.tracing import NOTE_OF  # noqa: E402
 
 
 def _code_tags() -> dict:

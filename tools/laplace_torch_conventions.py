@@ -13,7 +13,7 @@ row-major, then b_l) and prints max|refbayes - laplace-torch| / max|laplace-torc
 conversions are the table's: noise_precision = 1 / sigma_noise^2, prior_precision as is,
 temperature 1. Rows whose difference is the point (the EF scaling of regression, the K-FAC
 weight-bias cross block) say what they show. Nothing here is random: the MAP comes from
-``refbayes.trace.find_map``; a float64 torch is used throughout.
+``refbayes.tracing.problems.find_map``; a float64 torch is used throughout.
 """
 from __future__ import annotations
 
@@ -25,7 +25,7 @@ import torch
 from laplace import Laplace
 from laplace.curvature import BackPackEF, BackPackGGN
 
-from refbayes import trace
+from refbayes.tracing.problems import find_map, regression_problem
 from refbayes.methods import laplace as rb
 from refbayes.models import MLP
 
@@ -79,9 +79,9 @@ def _fit_lt(net, X, y, classification, structure, backend, delta, sigma=1.0):
 
 
 def regression_rows(rows):
-    model, X, y, X_star = trace._problem()
+    model, X, y, X_star = regression_problem()
     delta = 1.0
-    theta = trace.find_map(model, X, y, np.full(model.D, delta)).theta_map
+    theta = find_map(model, X, y, np.full(model.D, delta)).theta_map
     tau = model.likelihood.noise_precision
     perm = torch_order(model)
     net = torch_net(model, theta)
@@ -138,9 +138,9 @@ def regression_rows(rows):
 
 def last_layer_rows(rows):
     """laplace-torch's last-layer Laplace (full GGN) against subset "last_layer" (laplace.25)."""
-    model, X, y, X_star = trace._problem()
+    model, X, y, X_star = regression_problem()
     delta = 1.0
-    theta = trace.find_map(model, X, y, np.full(model.D, delta)).theta_map
+    theta = find_map(model, X, y, np.full(model.D, delta)).theta_map
     tau = model.likelihood.noise_precision
     net = torch_net(model, theta)
     la = Laplace(net, "regression", subset_of_weights="last_layer", hessian_structure="full",

@@ -23,10 +23,12 @@ import importlib
 import itertools
 import json
 import math
+from pathlib import Path
 from typing import Any, NamedTuple
 
 import numpy as np
 
+from refbayes._files import atomic_write_text, format_table
 from refbayes._tolerances import EXACT_F64, rel_err
 
 __all__ = ["REPORTS", "TOLERANCE", "VERDICTS", "Report", "ReportSpec", "Row", "add_arguments",
@@ -195,7 +197,6 @@ def format_report(report: Report) -> str:
     str
         Title, table (quantity, max rel error, verdict, note) and a one-line summary.
     """
-    from refbayes.experiments._io import format_table
     rows = [[r.quantity, _cell(r), r.verdict, r.note] for r in report.rows]
     counts = {v: sum(r.verdict == v for r in report.rows) for v in VERDICTS}
     summary = ", ".join(f"{n} {v}" for v, n in counts.items())
@@ -277,7 +278,6 @@ def run(args) -> int:
         missing.
     """
     if args.list:
-        from refbayes.experiments._io import format_table
         print(format_table(["name", "needs", "compares"],
                            [[n, ", ".join(s.requires), s.description] for n, s in REPORTS.items()]))
         return 0
@@ -286,9 +286,6 @@ def run(args) -> int:
     report = get_report(args.name).report()
     print(format_report(report))
     if args.json:
-        from pathlib import Path
-
-        from refbayes.experiments._io import atomic_write_text
         payload = {"name": report.name, "title": report.title, "tolerance": TOLERANCE,
                    "rows": [{"quantity": r.quantity, "error": _jsonable(r.error),
                              "raw_error": _jsonable(r.raw_error), "verdict": r.verdict,

@@ -24,12 +24,16 @@ estimate f = ess mean_k ghat_k^2 only; M enters only through the mean loss.
 from __future__ import annotations
 
 import math
+from importlib.metadata import version
 from typing import Any, NamedTuple
 
 import numpy as np
 
 from refbayes._tolerances import rel_err
 from refbayes.conformance import Report, classify, flat_params, torch_mlp, torch_order
+from refbayes.datasets import make_logistic_regression
+from refbayes.methods import vogn
+from refbayes.models import MLP
 
 __all__ = ["HESS_APPROX", "IVONConfig", "IVONInfo", "IVONState", "init", "report", "sigma",
            "step", "vogn_config", "vogn_curvature"]
@@ -271,7 +275,6 @@ def vogn_config(cfg: IVONConfig, *, reduction: bool = True):
     refbayes.methods.vogn.VOGNConfig
         The VOGN config (tau = rho = 1, gamma = 0, beta1 = 0).
     """
-    from refbayes.methods import vogn
     cfg = _check_cfg(cfg)
     alpha = cfg.lr * (cfg.hess_init + cfg.weight_decay) if cfg.rescale_lr and reduction else cfg.lr
     delta = cfg.ess * cfg.weight_decay if reduction else cfg.weight_decay
@@ -320,10 +323,6 @@ def _run_torch_and_reference(cfg: IVONConfig, seed: int = 0) -> dict:
     import torch
     import torch.nn.functional as F
     from ivon import IVON
-
-    from refbayes.datasets.synthetic import make_logistic_regression
-    from refbayes.methods import vogn
-    from refbayes.models import MLP
 
     data = make_logistic_regression(N_ROWS, P_FEATURES, seed)
     model = MLP([P_FEATURES, HIDDEN, 1], activation="tanh", likelihood="bernoulli")
@@ -383,17 +382,15 @@ def _run_torch_and_reference(cfg: IVONConfig, seed: int = 0) -> dict:
             for suffix, reduction, hhat in (("", True, vogn_curvature(prev.h, info.f, cfg)),
                                             ("_raw", False, info.f)):
                 vcfg = vogn_config(cfg, reduction=reduction)
-                c = vogn._scales(vcfg, prev.mu.size, prev.mu.dtype)
                 vs = vogn.VOGNState(prev.mu, prev.h, np.zeros_like(prev.mu), prev.t)
-                sig_v = vogn._sigma(prev.h, c)
-                # vogn.apply refuses a signed estimate (its GGN / EF are >= 0): _update is the
-                # same (vogn.7)-(vogn.9) without that check
-                new, vinfo = vogn._update(vs, info.g_hat, hhat, c, sig_v)
+                # IVON's Hessian estimate is signed; VOGN's own GGN / EF estimates are >= 0
+                new, vinfo = vogn.apply(vs, info.g_hat, hhat, vcfg, signed=True)
+                sig_v = vinfo.sigma
                 out["vogn_sigma" + suffix].append(sig_v)
                 out["vogn_mu" + suffix].append(new.mu)
                 out["vogn_s" + suffix].append(new.s)
                 # IVON's m has no prior term: VOGN m - delta~ mu (mapped)
-                out["vogn_m" + suffix].append(vinfo.m - c.delta_tilde * prev.mu if reduction
+                out["vogn_m" + suffix].append(vinfo.m - vinfo.delta_tilde * prev.mu if reduction
                                               else vinfo.m)
     return {k: np.array(v) for k, v in out.items()}
 
@@ -437,8 +434,6 @@ def report() -> Report:
         the draws, m, h and mu after each of K_STEPS steps; for beta1 = 0 also the
         reduction to VOGN (vogn.19).
     """
-    from importlib.metadata import version
-
     import torch
     rows = []
     for name, cfg in CONFIGS.items():

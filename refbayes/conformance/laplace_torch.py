@@ -1,8 +1,8 @@
 """Conformance of laplace-torch (aleximmer/Laplace, ``laplace``) with refbayes.methods.laplace.
 
-The problem is the one of ``refbayes trace laplace`` (``refbayes.trace._problem``: a [1, 4, 1]
+The problem is the one of ``refbayes trace laplace`` (``refbayes.tracing.problems.regression_problem``: a [1, 4, 1]
 tanh MLP regression, N = 30, D = 13), its deterministic MAP
-(``refbayes.trace.find_map``, prior precision 1), noise precision tau = 16 (laplace-torch's
+(``refbayes.tracing.problems.find_map``, prior precision 1), noise precision tau = 16 (laplace-torch's
 ``sigma_noise = 1 / sqrt(tau) = 0.25``), prior precision delta = 1 on both sides, float64.
 laplace-torch sees the same network as an ``nn.Sequential`` of ``nn.Linear`` / ``nn.Tanh`` with
 the MAP copied in (each weight transposed), one full-batch ``DataLoader``, and its default
@@ -26,12 +26,16 @@ network (independent of both libraries).
 from __future__ import annotations
 
 import math
+from importlib.metadata import version
 
 import numpy as np
 import scipy.linalg
 
 from refbayes._tolerances import rel_err
 from refbayes.conformance import Report, classify, dense_side, torch_mlp, torch_order
+from refbayes.methods import laplace
+from refbayes.models import MLP
+from refbayes.tracing.problems import regression_problem, shipped_map
 
 __all__ = ["report"]
 
@@ -77,13 +81,11 @@ def _to_refbayes_order(q: dict, perm) -> dict:
 
 def _rb_fit(model, theta, X, y, X_star, cfg) -> tuple[dict, object]:
     """Fit refbayes and read the same quantities (refbayes order)."""
-    from refbayes.methods import laplace
     st = laplace.fit(model, theta, X, y, cfg)
     return _rb_quantities(model, st, X, y, X_star, cfg), st
 
 
 def _rb_quantities(model, st, X, y, X_star, cfg) -> dict:
-    from refbayes.methods import laplace
     if st.kron is not None:
         P = laplace.dense_precision(st)
     else:
@@ -194,7 +196,6 @@ def _per_tensor_kron(st):
 
 def _kron_rows(rows, label, model, st, cfg, rb, lt, X, y, X_star):
     """Raw (refbayes' augmented-input K-FAC) and mapped (per tensor) comparisons (laplace.24)."""
-    from refbayes.methods import laplace
     P_map, log_det = _per_tensor_kron(st)
     full = laplace.LaplaceState(st.mu, P_map, None, st.prior_prec, None, st.n_fixed)
     ldr = log_det - float(np.sum(np.log(st.prior_prec)))
@@ -215,7 +216,6 @@ def _ef_rows(rows, model, theta, X, y, X_star, net, tau):
     """EF: laplace-torch's regression EF against the EF of the Gaussian NLL (dense check)."""
     from laplace.curvature import CurvlinopsEF
 
-    from refbayes.methods import laplace
     perm = torch_order(model.sizes)
     inv = np.argsort(perm)
     cfg = laplace.LaplaceConfig(PRIOR_PRECISION, "full", "ef")
@@ -241,8 +241,6 @@ def _ef_rows(rows, model, theta, X, y, X_star, net, tau):
 
 def _temperature_rows(rows, model, theta, X, y, X_star, net, tau):
     """Temperature T: refbayes has none; laplace-torch's T maps to noise precision tau / T."""
-    from refbayes.methods import laplace
-    from refbayes.models import MLP
     T = TEMPERATURE
     perm = torch_order(model.sizes)
     cfg = laplace.LaplaceConfig(PRIOR_PRECISION, "full", "ggn")
@@ -270,14 +268,10 @@ def report() -> Report:
     Report
         One row per (subset, structure, quantity), plus the Hessian, EF and temperature rows.
     """
-    from importlib.metadata import version
-
     import torch
 
-    from refbayes import trace
-
-    model, X, y, X_star = trace._problem()
-    theta = trace._shipped_map(PRIOR_PRECISION).theta_map
+    model, X, y, X_star = regression_problem()
+    theta = shipped_map(PRIOR_PRECISION).theta_map
     tau = float(model.likelihood.noise_precision)
     net = torch_mlp(model, theta)
     rows = []
@@ -303,7 +297,6 @@ def _default_dtype_rows(rows, model, theta, X, y, X_star, net, tau):
     """The full GGN of a float64 network under torch's default dtype float32."""
     perm = torch_order(model.sizes)
     inv = np.argsort(perm)
-    from refbayes.methods import laplace
     cfg = laplace.LaplaceConfig(PRIOR_PRECISION, "full", "ggn")
     rb, _ = _rb_fit(model, theta, X, y, X_star, cfg)
     lt = _to_refbayes_order(_lt_fit(net, X, y, X_star, "all", "full", tau), perm)
@@ -323,7 +316,6 @@ def _rows(rows, model, theta, X, y, X_star, net, tau):
     """Every structure and subset (GGN), the Hessian, the EF and the temperature rows."""
     from laplace.curvature import CurvlinopsHessian
 
-    from refbayes.methods import laplace
     for subset in ("all", "last_layer"):
         perm = torch_order(model.sizes if subset == "all" else model.sizes[-2:])
         inv = np.argsort(perm)

@@ -1,7 +1,8 @@
 """The driver of every iterative method: the only place that draws random numbers.
 
 ``run`` walks epochs of shuffled minibatches and calls a pure ``step`` with draws from the
-caller's ``numpy.random.Generator``, in this order, so another implementation can replay them:
+caller's ``numpy.random.Generator``, in this order, so another implementation can replay them
+(each method's draws are its record's, ``refbayes.methods.records``):
 
   per epoch:  perm = rng.permutation(N); the batches are perm[0:M], perm[M:2M], ... (the last
               one may be shorter; it is scaled by its own M);
@@ -23,13 +24,13 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable
-from typing import Any, NamedTuple
+from typing import Any
 
 import numpy as np
 
-from refbayes._checks import check_array, check_in_range, check_int, unchecked
+from refbayes._checks import check_array, check_int, unchecked
 from refbayes.backend import xp_of
-from refbayes.methods import adam, bbb, mc_dropout, ngvi, noisy_adam, slang, swag, vadam, vogn
+from refbayes.methods.records import draw_masks, record_of
 from refbayes.methods._estimates import Batch
 
 __all__ = ["TrainingError", "check_data", "check_finite_state", "draw_masks", "epoch_batches",
@@ -61,115 +62,6 @@ def epoch_batches(rng: np.random.Generator, N: int, M: int) -> list:
     """
     perm = rng.permutation(N)
     return [perm[i:i + M] for i in range(0, N, M)]
-
-
-def draw_masks(rng: np.random.Generator, model, M: int, p: float, dtype=np.float64) -> list:
-    """Draw MC dropout masks z_k ~ Bernoulli(1 - p), one per layer input.
-
-    Drawn layer by layer as rng.random((M, n_k)) >= p, NumPy arrays in ``dtype``.
-
-    Parameters
-    ----------
-    rng : numpy.random.Generator
-        Generator owned by the caller.
-    model : FlatModel
-        The network; its ``sizes[:-1]`` are the n_k.
-    M : int
-        Number of rows, >= 1.
-    p : float
-        Drop probability in [0, 1).
-    dtype : numpy dtype, default numpy.float64
-        Dtype of the masks.
-
-    Returns
-    -------
-    list of numpy.ndarray
-        [z_0 (M, n_0), ..., z_{L-1} (M, n_{L-1})], entries 0 or 1.
-
-    Raises
-    ------
-    ValueError
-        If rng is not a numpy.random.Generator, M is not an integer >= 1, or p is not a real
-        number in [0, 1).
-    """
-    if not isinstance(rng, np.random.Generator):
-        raise ValueError(f"rng: expected a numpy.random.Generator, got {type(rng).__name__}")
-    check_int(M, "M", low=1)
-    check_in_range(p, "p", 0.0, 1.0, high_open=True)
-    return [(rng.random((M, n)) >= p).astype(dtype) for n in model.sizes[:-1]]
-
-
-def _eps(rng, D, S, dtype, xp):
-    return xp.asarray(rng.standard_normal((D, S)), dtype=dtype)
-
-
-class _Method(NamedTuple):
-    """How the driver feeds one method: its step, and the draws of one step
-    ``draws(rng, cfg, model, M, S, oversample, dtype, xp) -> (noise, step kwargs)``."""
-    state: type
-    config: type
-    step: Callable
-    draws: Callable
-    zero_samples: bool = False  # S = 0 is allowed (vogn: OGN, no draws)
-
-
-def _gaussian_draws(rng, cfg, model, M, S, oversample, dtype, xp):
-    return _eps(rng, model.D, S, dtype, xp), {}
-
-
-def _ngvi_draws(rng, cfg, model, M, S, oversample, dtype, xp):
-    return (None if cfg.curvature == "exact" else _eps(rng, model.D, S, dtype, xp)), {}
-
-
-def _slang_draws(rng, cfg, model, M, S, oversample, dtype, xp):
-    eps = _eps(rng, model.D, S, dtype, xp)
-    if cfg.eig != "randomized":
-        return eps, {}
-    Omega = rng.standard_normal((cfg.L + M * S, cfg.L + oversample))
-    return eps, {"Omega": xp.asarray(Omega, dtype=dtype)}
-
-
-def _vogn_draws(rng, cfg, model, M, S, oversample, dtype, xp):
-    return (None if S == 0 else _eps(rng, model.D, S, dtype, xp)), {}
-
-
-def _mask_draws(rng, cfg, model, M, S, oversample, dtype, xp):
-    return [xp.asarray(z) for z in draw_masks(rng, model, M, cfg.p, dtype)], {}
-
-
-def _map_step(state, batch, noise, cfg, model):
-    # errors name cfg.lam, cfg.adam.alpha, ... (adam.step would name its own lam, cfg.alpha)
-    D = adam.check_theta_state(state, adam.MAPState)
-    adam.check_map_config(cfg, D, state.theta.dtype)
-    return adam.step(state, batch, cfg.adam, model, cfg.N, cfg.lam)
-
-
-def _no_draws(rng, cfg, model, M, S, oversample, dtype, xp):
-    return None, {}
-
-
-_METHODS = (
-    _Method(ngvi.FullState, ngvi.NGVIConfig, ngvi.step_full, _ngvi_draws),
-    _Method(ngvi.MeanFieldState, ngvi.NGVIConfig, ngvi.step_meanfield, _ngvi_draws),
-    _Method(slang.SLANGState, slang.SLANGConfig, slang.step, _slang_draws),
-    _Method(vogn.VOGNState, vogn.VOGNConfig, vogn.step, _vogn_draws, zero_samples=True),
-    _Method(vadam.VadamState, vadam.VadamConfig, vadam.step, _gaussian_draws),
-    _Method(noisy_adam.NoisyAdamState, noisy_adam.NoisyAdamConfig, noisy_adam.step,
-            _gaussian_draws),
-    _Method(bbb.BBBState, bbb.BBBConfig, bbb.step, _gaussian_draws),
-    _Method(mc_dropout.MCDropoutState, mc_dropout.MCDropoutConfig, mc_dropout.step, _mask_draws),
-    _Method(adam.MAPState, adam.MAPConfig, _map_step, _no_draws),
-    _Method(swag.SGDState, swag.SGDConfig, swag.sgd_step, _no_draws),
-)
-
-
-def _method(state, cfg) -> _Method:
-    for m in _METHODS:
-        if isinstance(state, m.state) and isinstance(cfg, m.config):
-            return m
-    pairs = ", ".join(f"({m.state.__name__}, {m.config.__name__})" for m in _METHODS)
-    raise ValueError(f"state, cfg: expected one of the pairs {pairs}, got "
-                     f"({type(state).__name__}, {type(cfg).__name__})")
 
 
 def _arrays(state) -> dict:
@@ -345,7 +237,7 @@ def run(state, cfg, model, X, y, *, rng: np.random.Generator, epochs: int, M: in
         operation (NumPy), or leaves non-finite values in the state; the message names the
         step and the epoch.
     """
-    method = _method(state, cfg)
+    method = record_of(state, cfg)
     if not isinstance(rng, np.random.Generator):
         raise ValueError(f"rng: expected a numpy.random.Generator, got {type(rng).__name__}")
     first = next(iter(_arrays(state).values()))

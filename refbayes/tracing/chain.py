@@ -1,0 +1,321 @@
+"""Running a traced method: the model spec, flattening NamedTuples into named arrays, and K
+chained steps by the draw rule of ``derivations/tracing.md`` ("Draws of chained steps").
+"""
+from __future__ import annotations
+
+from typing import Any, Callable, NamedTuple
+
+import numpy as np
+
+from refbayes.methods import Batch
+from refbayes.methods.driver import epoch_batches
+from refbayes.models import MLP, LogisticRegression, SoftmaxRegression
+from refbayes.tracing.tags import field_tags
+
+__all__ = ["Chain", "arrays_of", "cfg_arrays", "fit_arrays", "model_from_spec", "model_spec",
+           "run_chain", "scalars_of"]
+
+
+def model_spec(model) -> dict:
+    """Describe a model for a manifest: class, repr, D, sizes, bias and its constructor args.
+
+    Parameters
+    ----------
+    model : FlatModel
+        An MLP, LogisticRegression or SoftmaxRegression (others get no ``args``).
+
+    Returns
+    -------
+    dict
+        The spec; ``model_from_spec`` rebuilds the model from it.
+    """
+    spec = {"class": type(model).__name__, "repr": repr(model), "D": int(model.D),
+            "sizes": [int(n) for n in model.sizes], "bias": bool(model.bias)}
+    if isinstance(model, MLP):
+        spec["args"] = {"sizes": spec["sizes"], "activation": model.activation,
+                        "likelihood": model.likelihood.name,
+                        "noise_precision": float(getattr(model.likelihood, "noise_precision",
+                                                         1.0))}
+    elif isinstance(model, LogisticRegression):
+        spec["args"] = {"n_features": spec["sizes"][0], "intercept": spec["bias"]}
+    elif isinstance(model, SoftmaxRegression):
+        spec["args"] = {"n_features": spec["sizes"][0], "n_classes": spec["sizes"][-1],
+                        "intercept": spec["bias"]}
+    return spec
+
+
+def model_from_spec(spec: dict):
+    """Rebuild a trace's model from its manifest spec.
+
+    Parameters
+    ----------
+    spec : dict
+        ``Trace.model``.
+
+    Returns
+    -------
+    FlatModel
+        The model, equal to the traced one.
+
+    Raises
+    ------
+    ValueError
+        If the spec names a model class that cannot be rebuilt, or the rebuilt model's D differs.
+    """
+    classes = {"MLP": MLP, "LogisticRegression": LogisticRegression,
+               "SoftmaxRegression": SoftmaxRegression}
+    if spec.get("class") not in classes or "args" not in spec:
+        raise ValueError(f"model: cannot rebuild {spec.get('repr', spec)!r} (known: "
+                         f"{', '.join(classes)})")
+    model = classes[spec["class"]](**spec["args"])
+    if model.D != spec["D"]:
+        raise ValueError(f"model: rebuilt {model!r} has D = {model.D}, the trace says {spec['D']}")
+    return model
+
+
+def _is_namedtuple(v) -> bool:
+    return isinstance(v, tuple) and hasattr(v, "_fields")
+
+
+def _numeric(v) -> bool:
+    return isinstance(v, (bool, int, float, np.ndarray, np.generic)) and \
+        np.asarray(v).dtype.kind in "biuf"
+
+
+def arrays_of(prefix: str, value) -> dict:
+    """Flatten a NamedTuple (nested, with lists of arrays) into named numeric arrays.
+
+    Fields that are None, strings, models or other objects are left out.
+
+    Parameters
+    ----------
+    prefix : str
+        Prepended to every name, e.g. 'input.state.'.
+    value : NamedTuple, dict, list or tuple
+        The object to flatten.
+
+    Returns
+    -------
+    dict of str to numpy.ndarray
+        Names 'prefix + field', 'prefix + field.sub' and 'prefix + field.i' for list items.
+    """
+    out = {}
+    if _is_namedtuple(value):
+        items = value._asdict().items()
+    else:
+        items = value.items() if isinstance(value, dict) else enumerate(value)
+    for name, v in items:
+        key = f"{prefix}{name}"
+        if isinstance(v, (list, tuple)):
+            out.update(arrays_of(key + ".", v))
+        elif _numeric(v):
+            out[key] = np.array(v)
+    return out
+
+
+def scalars_of(cfg, prefix: str = "") -> dict:
+    """Collect a config's scalar fields (nested configs as 'adam.alpha') as JSON values.
+
+    Parameters
+    ----------
+    cfg : NamedTuple
+        A method's Config.
+    prefix : str, default ''
+        Prepended to every name.
+
+    Returns
+    -------
+    dict
+        Name to bool, int, float, str or None; array fields are left out (``arrays_of``).
+    """
+    out = {}
+    for name, v in cfg._asdict().items():
+        if _is_namedtuple(v):
+            out.update(scalars_of(v, f"{prefix}{name}."))
+        elif v is None or isinstance(v, (bool, int, float, str)):
+            out[f"{prefix}{name}"] = v
+        elif isinstance(v, (np.generic, np.ndarray)) and np.ndim(v) == 0:
+            out[f"{prefix}{name}"] = v.item()
+    return out
+
+
+def cfg_arrays(cfg) -> dict:
+    """Name a config's array fields 'input.cfg.<field>' (its scalars are in ``scalars_of``).
+
+    Parameters
+    ----------
+    cfg : NamedTuple
+        A method's Config.
+
+    Returns
+    -------
+    dict of str to numpy.ndarray
+        The fields of at least one dimension (a (D,) prior precision, ...).
+    """
+    return {n: a for n, a in arrays_of("input.cfg.", cfg).items() if a.ndim > 0}
+
+
+def _cast(value, dtype):
+    """Cast every float array (and float scalar array) inside value to dtype; keep the rest."""
+    if _is_namedtuple(value):
+        return type(value)(*(_cast(v, dtype) for v in value))
+    if isinstance(value, (list, tuple)):
+        return type(value)(_cast(v, dtype) for v in value)
+    if isinstance(value, np.ndarray) and value.dtype.kind == "f":
+        return value.astype(dtype)
+    return value
+
+
+def _stack(per_step: list[dict]) -> dict:
+    names = list(per_step[0])
+    for k, d in enumerate(per_step):
+        if list(d) != names:
+            raise RuntimeError(f"step {k + 1} produced fields {list(d)}, step 1 {names}")
+    return {n: np.stack([d[n] for d in per_step]) for n in names}
+
+
+class Chain(NamedTuple):
+    """What a chained trace needs: the start, the step and how one step draws.
+
+    Attributes
+    ----------
+    state : NamedTuple
+        The starting state.
+    cfg : NamedTuple
+        The config.
+    model : FlatModel
+        The model.
+    X : numpy.ndarray
+        Training inputs (N, n_in).
+    y : numpy.ndarray
+        Training targets.
+    M : int
+        Minibatch rows.
+    step : callable
+        ``step(state, batch, noise, cfg, model, **kwargs) -> (state, info)``.
+    draws : callable
+        ``draws(rng, M) -> (noise, kwargs)``: the step's noise after its minibatch.
+    rng : numpy.random.Generator
+        The generator the start was drawn from; step 1 continues it.
+    tags : dict of str to str or None
+        Tags of the Info fields (None: read from the Info class's field comments).
+    first : tuple or None
+        (idx, noise, kwargs) of step 1 when drawn already (the ``refbayes trace`` recipes);
+        None: step 1 draws from ``rng``.
+    """
+    state: Any
+    cfg: Any
+    model: Any
+    X: Any
+    y: Any
+    M: int
+    step: Callable
+    draws: Callable
+    rng: np.random.Generator | None
+    tags: dict | None = None
+    first: tuple | None = None
+
+
+def _noise_arrays(noise, kwargs) -> dict:
+    out = {}
+    if isinstance(noise, list):
+        out.update({f"input.masks.{l}": np.asarray(z) for l, z in enumerate(noise)})
+    elif noise is not None:
+        out["input.eps"] = np.asarray(noise)
+    out.update({f"input.{k}": np.asarray(v) for k, v in kwargs.items()})
+    return out
+
+
+def run_chain(chain: Chain, seed: int, steps: int, dtype) -> tuple:
+    """Take ``steps`` chained steps by the draw rule of ``derivations/tracing.md``; collect them.
+
+    Parameters
+    ----------
+    chain : Chain
+        The start, step and draw rule, in float64.
+    seed : int
+        The trace's seed (steps k + 1 >= 2 draw from ``default_rng([seed, k])``).
+    steps : int
+        K >= 1.
+    dtype : numpy dtype
+        Float64, or float32: the start, the data and the draws (made in float64) rounded.
+
+    Returns
+    -------
+    tuple
+        (inputs, outputs, tags, config, model spec, per-step input names) as in ``Tracer.run``.
+    """
+    dtype = np.dtype(dtype)
+    state = _cast(chain.state, dtype)
+    cfg = _cast(chain.cfg, dtype)
+    X = _cast(chain.X, dtype)
+    y = _cast(chain.y, dtype) if np.asarray(chain.y).dtype.kind == "f" else chain.y
+    N = X.shape[0]
+    inputs = arrays_of("input.state.", state)
+    inputs.update(cfg_arrays(cfg))
+    step_inputs, step_outputs = [], []
+    info_tags, state_tags = None, field_tags(type(state))
+    for k in range(steps):
+        if k == 0 and chain.first is not None:
+            idx, noise, kwargs = chain.first
+        else:
+            rng = chain.rng if k == 0 else np.random.default_rng([seed, k])
+            idx = epoch_batches(rng, N, chain.M)[0]
+            noise, kwargs = chain.draws(rng, chain.M)
+        noise, kwargs = _cast(noise, dtype), {n: _cast(v, dtype) for n, v in kwargs.items()}
+        drawn = {"input.batch.idx": np.asarray(idx), "input.batch.X": X[idx],
+                 "input.batch.y": y[idx], **_noise_arrays(noise, kwargs)}
+        state, info = chain.step(state, Batch(X[idx], y[idx]), noise, cfg, chain.model, **kwargs)
+        out = arrays_of("", info)
+        extra = {f"state.{n}": a for n, a in arrays_of("", state).items()
+                 if n.split(".")[0] not in info._fields}
+        out.update(extra)
+        if info_tags is None:
+            info_tags = dict(chain.tags) if chain.tags is not None else field_tags(type(info))
+        step_inputs.append(drawn)
+        step_outputs.append(out)
+    per_step = _stack(step_inputs)
+    inputs.update(per_step)
+    outputs = _stack(step_outputs)
+    tags = {}
+    for name in outputs:
+        head = name.split(".")[0]
+        if name.startswith("state."):
+            tags[name] = state_tags.get(name.split(".")[1], "")
+        else:
+            tags[name] = info_tags.get(head, "")
+    for name in inputs:
+        if name.startswith("input.state."):
+            tags[name] = state_tags.get(name.split(".")[2], "")
+    return inputs, outputs, tags, scalars_of(cfg), model_spec(chain.model), set(per_step)
+
+
+def fit_arrays(inputs, info) -> tuple:
+    """Collect a trace taken as one fit (or one SGD run): its inputs and its Info, one step.
+
+    Parameters
+    ----------
+    inputs : NamedTuple
+        Everything the fit consumed; ``cfg`` its config (scalars to the manifest, arrays as
+        ``input.cfg.<field>``), ``method``, ``seed`` and ``model`` are recorded elsewhere, every
+        other numeric field as ``input.<field>``.
+    info : NamedTuple
+        The fit's named intermediates; their tags are read off the class's field comments.
+
+    Returns
+    -------
+    tuple
+        (inputs, outputs, tags, config, model spec, per-step input names) as in ``Tracer.run``;
+        each output has a leading step axis of length 1.
+    """
+    arrays, config = {}, {}
+    for name, value in inputs._asdict().items():
+        if name == "cfg":
+            config = scalars_of(value)
+            arrays.update(cfg_arrays(value))
+        elif name not in ("method", "seed", "model"):
+            arrays.update(arrays_of("input.", {name: value}))
+    outputs = {n: a[None] for n, a in arrays_of("", info).items()}
+    table = field_tags(type(info))
+    tags = {n: table.get(n.split(".")[0], "") for n in outputs}
+    return arrays, outputs, tags, config, model_spec(inputs.model), set()

@@ -1,0 +1,181 @@
+"""``refbayes trace METHOD``: build a method's golden trace, print it, and optionally write it
+as JSON (``--json``) or as a golden trace file (``--save``) for ``refbayes verify``.
+
+The options of each method are its tracer's (``TRACERS[method].options``); the problems, the
+starts and the draws are specified in ``derivations/tracing.md``.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from refbayes._checks import check_int
+from refbayes._files import atomic_write_text
+from refbayes.tracing.files import save
+from refbayes.tracing.printing import format_trace, to_json
+from refbayes.tracing.tracer import DTYPES, TRACERS, build, get_tracer
+
+__all__ = ["add_arguments", "options_table", "run"]
+
+
+# What each method option means: (type, help). Which methods take it and their defaults are read
+# off the tracers; an option a new tracer brings without an entry here gets a generic help line.
+OPTION_HELP = {
+    "S": (int, "Monte Carlo draws: samples, and velocities for riemannian-laplace"),
+    "curvature": (str, "ngvi: ef, hess or exact; slang: ef; laplace, riemannian-laplace: ggn, "
+                       "hessian or ef; noisy-kfac, kfac: ggn, ef or mc (labels drawn from the "
+                       "predictive, the official estimator); vogn, ogn: ef or ggn"),
+    "M": (int, "minibatch rows"),
+    "L": (int, "rank of U: SLANG's rank, and the low-rank part of the starting precision for "
+               "ngvi"),
+    "momentum": (float, "b of (ngvi.13); swag: the SGD's heavy-ball momentum (swag.9)"),
+    "t": (int, "steps already taken (momentum shows from t > 0)"),
+    "prior_precision": (float, "delta > 0 on every parameter; the MAP is refound for it"),
+    "structure": (str, "precision structure: full, diag or kron"),
+    "subset": (str, "random parameters: all or last_layer (laplace-torch's default subset)"),
+    "ode_method": (str, "solve_ivp method RK45 (the official code's), RK23 or DOP853"),
+    "rtol": (float, "solve_ivp rtol (the official code's 1e-6)"),
+    "atol": (float, "solve_ivp atol (the official code's 1e-3)"),
+    "K": (int, "SWAG's deviation buffer size (official max_num_models), >= 2 (with 6 steps the "
+               "default 4 wraps the ring buffer)"),
+    "scale": (float, "SWAG covariance multiplier (SWAG-Diagonal is traced at 1)"),
+    "alpha": (float, "SGD step size on the summed objective, torch lr = N alpha (2e-3: lr 0.1 "
+                     "with N = 50)"),
+    "damping": (str, "factored (the official K-FAC damping) or exact (A kron S + gamma I)"),
+    "kl_clip": (float, "KL-clipping bound kappa > 0 of (noisy_kfac.10) (official kl_clip, 1e-3 "
+                       "in its configs; default: no clipping)"),
+    "k": (int, "rank k of every layer's tie A_l = U_l V_l^T, >= 1"),
+}
+
+
+def _applies(defaults: dict) -> str:
+    return "; ".join(f"{m}: {d}" for m, d in defaults.items())
+
+
+def add_arguments(parser) -> None:
+    """Add the ``refbayes trace`` arguments to an argparse parser.
+
+    Parameters
+    ----------
+    parser : argparse.ArgumentParser
+        The ``trace`` subcommand's parser.
+    """
+    parser.add_argument("method", metavar="METHOD", help=f"one of {', '.join(TRACERS)}")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the draws (default 0)")
+    parser.add_argument("--precision", type=int, default=8,
+                        help="digits after the point (default 8; 16 round-trips float64)")
+    parser.add_argument("--json", metavar="PATH", default=None,
+                        help="also write the trace as JSON: its manifest and every input and "
+                             "output as nested lists")
+    parser.add_argument("--save", metavar="FILE", default=None,
+                        help="write the golden trace: FILE (.npz, no pickle: every input, draw "
+                             "and intermediate by name) and FILE.json (its manifest), for "
+                             "`refbayes verify`")
+    parser.add_argument("--steps", type=int, default=None,
+                        help="K chained steps (default 1; steps k + 1 >= 2 draw from "
+                             "default_rng([seed, k])); swag: the SGD steps T >= 2 (default 6); "
+                             "the Laplace and K-FAC traces are one fit (1)")
+    parser.add_argument("--dtype", default=None, choices=DTYPES,
+                        help="precision of the traced run (default float64; float32 for the "
+                             "methods traced in both)")
+    group = parser.add_argument_group(
+        "method options",
+        "Each applies to the methods listed, with their defaults; the problems, starts and "
+        "draws are specified in derivations/tracing.md.")
+    for dest, defaults in options_table().items():
+        kind, text = OPTION_HELP.get(dest, (str, "an option of the traced method"))
+        flag = "--" + (dest if len(dest) == 1 else dest.replace("_", "-"))
+        group.add_argument(flag, dest=dest, type=kind, default=None,
+                           help=f"{text} (default by method: {_applies(defaults)})")
+
+
+def options_table() -> dict:
+    """Collect the method options of every tracer.
+
+    Returns
+    -------
+    dict
+        Option dest -> {traced method it applies to: its default there}, in tracer order.
+    """
+    table: dict = {}
+    for tracer in TRACERS.values():
+        for dest, default in tracer.options.items():
+            table.setdefault(dest, {})[tracer.name] = default
+    return table
+
+
+def _resolve(args) -> dict:
+    """The options that apply to args.method, defaults filled in; ValueError for one given to a
+    method it does not apply to (None in the parser means "not given")."""
+    method = get_tracer(args.method).name
+    out = {}
+    for dest, defaults in options_table().items():
+        value = getattr(args, dest, None)
+        if method in defaults:
+            out[dest] = defaults[method] if value is None else value
+        elif value is not None:
+            flag = "--" + dest.replace("_", "-")
+            raise ValueError(f"{flag}: applies to {', '.join(defaults)} only, not {method}")
+    return out
+
+
+def _json_folder(path: Path, flag: str = "--json") -> None:
+    """Make ``path``'s folder ready: create it when its own parent exists, never more.
+
+    A mistyped ``--json /nonexistent/dir/x.json`` is an error naming the path, not a tree of
+    folders created from the filesystem root.
+    """
+    parent = path.parent
+    if parent.is_dir():
+        return
+    for folder in (parent, parent.parent):
+        if folder.exists() and not folder.is_dir():
+            raise ValueError(f"{flag}: cannot write {path}: {folder} is not a folder")
+    if not parent.parent.is_dir():
+        raise ValueError(f"{flag}: cannot write {path}: the folder {parent.parent} does not exist "
+                         "(only the file's own folder is created)")
+    parent.mkdir()
+
+
+def run(args) -> int:
+    """Run the ``refbayes trace`` handler: print the trace, optionally write its JSON or npz.
+
+    Parameters
+    ----------
+    args : argparse.Namespace
+        The parsed arguments of ``add_arguments``.
+
+    Returns
+    -------
+    int
+        The exit status, 0.
+
+    Raises
+    ------
+    ValueError
+        For an unknown method, an option outside its range or given to a method it does not
+        apply to, --steps > 1 for a one-fit trace, float32 for a float64-only trace, or a
+        --json / --save path whose folder cannot be made.
+    """
+    precision = check_int(args.precision, "precision", low=0, high=17)
+    tracer = get_tracer(args.method)
+    if args.json is not None:
+        _json_folder(Path(args.json))
+    if args.save is not None:
+        if not str(args.save).endswith(".npz"):
+            raise ValueError(f"--save: expected a file name ending in .npz, got {args.save!r}")
+        _json_folder(Path(args.save), "--save")
+    options = _resolve(args)
+    if not tracer.chained and args.steps not in (None, 1):
+        raise ValueError(f"--steps: {tracer.name} is traced as one fit; expected 1, got "
+                         f"{args.steps}")
+    trace = build(tracer.name, seed=args.seed, steps=args.steps, dtype=args.dtype or "float64",
+                  **options)
+    print(format_trace(trace, precision), end="")
+    if args.json is not None:
+        path = atomic_write_text(args.json, json.dumps(to_json(trace), indent=1) + "\n")
+        print(f"json: {path}")
+    if args.save is not None:
+        path = save(trace, args.save)
+        print(f"saved: {path} and {path.name}.json")
+    return 0
