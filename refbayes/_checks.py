@@ -10,6 +10,8 @@ import contextvars
 import math
 import numbers
 
+import numpy as np
+
 from refbayes.backend import cholesky, xp_of
 
 __all__ = ["check_array", "check_float", "check_finite", "check_positive", "check_positive_vector",
@@ -228,8 +230,6 @@ def check_spd(M, name: str, *, symmetric_checked: bool = False):
     context and the check of a finite, positive diagonal.  ``symmetric_checked=True`` skips the
     symmetry check for a caller that has made it already (a checked factor plus a multiple of I).
     """
-    import numpy as np
-
     xp = xp_of(M)
     if not symmetric_checked:
         check_symmetric(M, name)

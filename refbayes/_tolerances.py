@@ -5,6 +5,8 @@ Relative errors are ``max|a - b| / max|b|``: a fraction of the reference's scale
 """
 import numpy as np
 
+from refbayes.backend import to_numpy
+
 __all__ = ["EXACT_F64", "EXACT_F32", "CONVERGED", "QUADRATURE", "QUADRATURE_WIDE", "ODE_F64",
            "MC_SIGMAS", "EVIDENCE_OPTIMUM", "EVIDENCE_STATIONARY", "exact", "kl_zero", "rel_err"]
 
@@ -92,7 +94,6 @@ def kl_zero(dtype, D: int) -> float:
 
 def rel_err(a, b) -> float:
     """max|a - b| / max|b| (max|b| floored at 1e-300 so an all-zero reference is an absolute test)."""
-    from refbayes.backend import to_numpy
     a, b = np.asarray(to_numpy(a), dtype=np.float64), np.asarray(to_numpy(b), dtype=np.float64)
     if a.shape != b.shape:
         raise ValueError(f"a, b: expected one shape, got {a.shape} and {b.shape}")

@@ -32,7 +32,7 @@ import numpy as np
 
 from refbayes._checks import check_array
 from refbayes.backend import xp_of
-from refbayes.models import _layers
+from refbayes.models import theta_layout, unflatten_theta
 from refbayes.models.base import FlatModel
 
 __all__ = ["LAYOUTS", "from_layers", "from_refbayes", "permutation", "to_layers", "to_refbayes"]
@@ -87,7 +87,7 @@ def _specs(sizes: tuple, bias: bool, layout: str) -> tuple:
 
 def _tensors(theta, sizes, bias, layout):
     """The layout's tensors of theta (unchecked, any backend), in its flattening order."""
-    params = _layers.unflatten(theta, sizes, bias)
+    params = unflatten_theta(theta, sizes, bias)
     out = []
     for _, _, l, kind, transposed in _specs(tuple(sizes), bool(bias), layout):
         W, b = params[l]
@@ -97,7 +97,7 @@ def _tensors(theta, sizes, bias, layout):
 
 @functools.cache
 def _perm(sizes: tuple, bias: bool, layout: str) -> np.ndarray:
-    D = _layers.layout(sizes, bias).D
+    D = theta_layout(sizes, bias).D
     # q[j] = the refbayes position of entry j of the layout's vector (theta_layout = theta[q])
     q = np.concatenate([t.reshape(-1) for t in _tensors(np.arange(D), sizes, bias, layout)])
     p = np.empty(D, dtype=np.intp)

@@ -14,6 +14,14 @@ determinant); log-determinants come from Cholesky diagonals.  Any pair made only
 low-rank-plus-diagonal forms costs O(D L^2) and forms no D x D array; Kronecker pairs with the
 same (n_in, n_out) cost O(n_in^3 + n_out^3).  Other pairs fall back to dense Cholesky factors
 (O(D^3)): a low-rank q against a dense p, as when SLANG is compared with the exact posterior.
+
+Every function checks each distribution it takes and raises ValueError (naming the field)
+unless: it is one of the seven parameterizations below; mu is a finite float (float64 or
+float32) (D,) array with D >= 1; Sigma, Sigma_inv (D, D) and the Kronecker factors are finite,
+symmetric and positive definite (their Cholesky factorization succeeds), with n_in n_out = D;
+var, prec_diag and d are finite (D,) arrays > 0 with finite reciprocals; U is a finite
+(D, L) array, 0 <= L <= D, with U U^T and the capacitance finite
+(``lowrank.check_factor_values``); and all its arrays share one dtype and one backend.
 """
 from __future__ import annotations
 
@@ -43,74 +51,47 @@ _LOG_2PI = math.log(2 * math.pi)
 class DenseCov(NamedTuple):
     """N(mu, Sigma) with a dense SPD covariance.
 
-    Attributes
-    ----------
-    mu : array of shape (D,)
-        Mean mu.
-    Sigma : array of shape (D, D)
-        Covariance Sigma, symmetric positive definite.
+    Each field is documented by its trailing comment.
     """
-    mu: Array     # mu, (D,)
-    Sigma: Array  # Sigma, (D, D), SPD
+    mu: Array     # mean mu, (D,)
+    Sigma: Array  # covariance Sigma, (D, D), SPD
 
 
 class DensePrec(NamedTuple):
     """N(mu, Sigma_inv^{-1}) with a dense SPD precision.
 
-    Attributes
-    ----------
-    mu : array of shape (D,)
-        Mean mu.
-    Sigma_inv : array of shape (D, D)
-        Precision P = Sigma^{-1}, symmetric positive definite.
+    Each field is documented by its trailing comment.
     """
-    mu: Array         # mu, (D,)
-    Sigma_inv: Array  # P = Sigma^{-1}, (D, D), SPD
+    mu: Array         # mean mu, (D,)
+    Sigma_inv: Array  # precision P = Sigma^{-1}, (D, D), SPD
 
 
 class DiagCov(NamedTuple):
     """N(mu, diag(var)), a diagonal covariance.
 
-    Attributes
-    ----------
-    mu : array of shape (D,)
-        Mean mu.
-    var : array of shape (D,)
-        Variances diag(Sigma), > 0.
+    Each field is documented by its trailing comment.
     """
-    mu: Array   # mu, (D,)
-    var: Array  # diag(Sigma), (D,), > 0
+    mu: Array   # mean mu, (D,)
+    var: Array  # variances diag(Sigma), (D,), > 0
 
 
 class DiagPrec(NamedTuple):
     """N(mu, diag(prec_diag)^{-1}) (mean-field VI / VOGN / Vadam posteriors).
 
-    Attributes
-    ----------
-    mu : array of shape (D,)
-        Mean mu.
-    prec_diag : array of shape (D,)
-        Precision diagonal diag(P), > 0.
+    Each field is documented by its trailing comment.
     """
-    mu: Array         # mu, (D,)
-    prec_diag: Array  # diag(P), (D,), > 0
+    mu: Array         # mean mu, (D,)
+    prec_diag: Array  # precision diagonal diag(P), (D,), > 0
 
 
 class LowRankPrec(NamedTuple):
     """N(mu, (U U^T + diag(d))^{-1}) (SLANG's posterior).
 
-    Attributes
-    ----------
-    mu : array of shape (D,)
-        Mean mu.
-    U : array of shape (D, L)
-        Low-rank factor of the precision, 0 <= L <= D.
-    d : array of shape (D,)
-        Diagonal part of the precision, > 0.
+    Each field is documented by its trailing comment.
     """
-    mu: Array  # mu, (D,)
-    U: Array   # U, (D, L), 0 <= L <= D
-    d: Array   # d, (D,), > 0
+    mu: Array  # mean mu, (D,)
+    U: Array   # low-rank factor U of the precision, (D, L), 0 <= L <= D
+    d: Array   # diagonal part d of the precision, (D,), > 0
 
 
 class KronPrec(NamedTuple):
@@ -120,18 +101,11 @@ class KronPrec(NamedTuple):
     Cov(vec W) = A_prec^{-1} kron S_prec^{-1}.  A_prec acts on the input (row) index i, S_prec
     on the output (column) index j.
 
-    Attributes
-    ----------
-    mu : array of shape (D,)
-        Mean vec(M), D = n_in n_out, row-major.
-    A_prec : array of shape (n_in, n_in)
-        Input-side precision factor A, symmetric positive definite.
-    S_prec : array of shape (n_out, n_out)
-        Output-side precision factor S, symmetric positive definite.
+    Each field is documented by its trailing comment.
     """
-    mu: Array      # vec(M), (D,) = (n_in n_out,), row-major
-    A_prec: Array  # A, (n_in, n_in), SPD, input side
-    S_prec: Array  # S, (n_out, n_out), SPD, output side
+    mu: Array      # mean vec(M), (D,) = (n_in n_out,), row-major
+    A_prec: Array  # input-side precision factor A, (n_in, n_in), SPD
+    S_prec: Array  # output-side precision factor S, (n_out, n_out), SPD
 
 
 class KronCov(NamedTuple):
@@ -140,18 +114,11 @@ class KronCov(NamedTuple):
     W is flattened row-major, with Cov(vec W) = A_cov kron S_cov: A_cov is the covariance among
     rows (inputs i), S_cov among columns (j).
 
-    Attributes
-    ----------
-    mu : array of shape (D,)
-        Mean vec(M), D = n_in n_out, row-major.
-    A_cov : array of shape (n_in, n_in)
-        Input-side covariance factor, symmetric positive definite.
-    S_cov : array of shape (n_out, n_out)
-        Output-side covariance factor, symmetric positive definite.
+    Each field is documented by its trailing comment.
     """
-    mu: Array     # vec(M), (D,) = (n_in n_out,), row-major
-    A_cov: Array  # (n_in, n_in), SPD, input side
-    S_cov: Array  # (n_out, n_out), SPD, output side
+    mu: Array     # mean vec(M), (D,) = (n_in n_out,), row-major
+    A_cov: Array  # input-side covariance factor, (n_in, n_in), SPD
+    S_cov: Array  # output-side covariance factor, (n_out, n_out), SPD
 
 
 _TYPES = (DenseCov, DensePrec, DiagCov, DiagPrec, LowRankPrec, KronPrec, KronCov)
@@ -438,11 +405,8 @@ def log_density(q, x):
     Raises
     ------
     ValueError
-        If q is not one of this module's parameterizations, or its arrays are not finite float
-        arrays of the documented shapes and one dtype (mu (D,) with D >= 1; variances,
-        precisions and d > 0; dense and Kronecker matrices symmetric positive definite;
-        n_in n_out = D), or if the arrays mix NumPy and CuPy.
-        Also if x is not a finite float (D,) or (n, D) array of q.mu's dtype.
+        If q is invalid (see refbayes.linalg.gaussian), or x is not a finite float (D,) or (n, D)
+        array of q.mu's dtype.
     """
     xp = xp_of(*_fields(q), x)
     c = _check_dist(q, "q")
@@ -476,10 +440,7 @@ def entropy(q):
     Raises
     ------
     ValueError
-        If q is not one of this module's parameterizations, or its arrays are not finite float
-        arrays of the documented shapes and one dtype (mu (D,) with D >= 1; variances,
-        precisions and d > 0; dense and Kronecker matrices symmetric positive definite;
-        n_in n_out = D), or if the arrays mix NumPy and CuPy.
+        If q is invalid (see refbayes.linalg.gaussian).
     """
     xp_of(*_fields(q))
     c = _check_dist(q, "q")
@@ -509,11 +470,7 @@ def kl(q, p):
     Raises
     ------
     ValueError
-        If q or p is not one of this module's parameterizations, or their arrays are not
-        finite float arrays of the documented shapes and one dtype (mu (D,) with D >= 1;
-        variances, precisions and d > 0; dense and Kronecker matrices symmetric positive
-        definite; n_in n_out = D), or if the arrays mix NumPy and CuPy.
-        Also if q and p differ in D or dtype.
+        If q or p is invalid (see refbayes.linalg.gaussian), or q and p differ in D or dtype.
     """
     xp_of(*_fields(q), *_fields(p))
     cq, cp = _check_pair(q, p)
@@ -545,11 +502,7 @@ def symmetric_kl(q, p):
     Raises
     ------
     ValueError
-        If q or p is not one of this module's parameterizations, or their arrays are not
-        finite float arrays of the documented shapes and one dtype (mu (D,) with D >= 1;
-        variances, precisions and d > 0; dense and Kronecker matrices symmetric positive
-        definite; n_in n_out = D), or if the arrays mix NumPy and CuPy.
-        Also if q and p differ in D or dtype.
+        If q or p is invalid (see refbayes.linalg.gaussian), or q and p differ in D or dtype.
     """
     xp_of(*_fields(q), *_fields(p))
     cq, cp = _check_pair(q, p)

@@ -13,6 +13,11 @@ Every routine costs O(n_in^3 + n_out^3) for the factors plus O(n_in n_out (n_in 
 right-hand side, against O(D^3) for the dense matrix.  Batched right-hand sides: ``kron_matvec``
 and the solves take X (..., n_in, n_out); the samplers take eps (n_in, n_out) or
 (n_in, n_out, n_samples) with the sample index last, as ``lowrank.sample`` does.
+
+The factors (A, S) of the routines that read them as symmetric, checked by each (ValueError
+otherwise, naming the argument): A and S finite float (float64 or float32) non-empty square
+matrices, symmetric to 100 roundoffs of their largest entry (the rule of ``check_spd``), of one
+dtype and one backend (NumPy or CuPy).
 """
 from __future__ import annotations
 
@@ -198,8 +203,8 @@ def dense(A, S):
     Raises
     ------
     ValueError
-        If A or S is not a finite, float, non-empty square matrix, if their dtypes differ, or
-        if the arrays mix NumPy and CuPy.
+        If A or S is not a finite, float, non-empty square matrix (symmetry is not required), if
+        their dtypes differ, or if the arrays mix NumPy and CuPy.
     """
     xp = xp_of(A, S)
     _check_square(A, "A")
@@ -266,11 +271,9 @@ def solve(A, S, X, damping=0.0):
     Raises
     ------
     ValueError
-        If A or S is not a finite, float, non-empty square matrix, symmetric to 100 roundoffs
-        of its largest entry, if their dtypes differ, or if the arrays mix NumPy and CuPy.
-        Also if X is not a finite float (..., n_in, n_out) array of A's dtype.
-        Also if damping is not a real number >= 0, or if some lam_A[i] lam_S[j] + damping <= 0
-        (the damped product is not positive definite).
+        If A or S is invalid (see refbayes.linalg.kron); if X is not a finite float (..., n_in,
+        n_out) array of A's dtype; if damping is not a real number >= 0, or if some lam_A[i]
+        lam_S[j] + damping <= 0 (the damped product is not positive definite).
     """
     xp_of(A, S, X)
     n_in, n_out = _check_pair(A, S)
@@ -303,10 +306,9 @@ def logdet(A, S, damping=0.0):
     Raises
     ------
     ValueError
-        If A or S is not a finite, float, non-empty square matrix, symmetric to 100 roundoffs
-        of its largest entry, if their dtypes differ, or if the arrays mix NumPy and CuPy.
-        Also if damping is not a real number >= 0; with damping = 0, if A or S is not
-        positive definite; with damping > 0, if some lam_A[i] lam_S[j] + damping <= 0.
+        If A or S is invalid (see refbayes.linalg.kron); if damping is not a real number >= 0; with
+        damping = 0, if A or S is not positive definite; with damping > 0, if some lam_A[i]
+        lam_S[j] + damping <= 0.
     """
     xp = xp_of(A, S)
     n_in, n_out = _check_pair(A, S)
@@ -348,9 +350,8 @@ def damped_eigh(A, S, damping=0.0):
     Raises
     ------
     ValueError
-        If A or S is not a finite, float, non-empty square matrix, symmetric to 100 roundoffs
-        of its largest entry, if their dtypes differ, or if the arrays mix NumPy and CuPy;
-        if damping is not a real number >= 0; or if some Lam[i, j] <= 0.
+        If A or S is invalid (see refbayes.linalg.kron); if damping is not a real number >= 0; or
+        if some Lam[i, j] <= 0.
     """
     _check_pair(A, S)
     damping = check_in_range(damping, "damping", 0.0, math.inf, high_open=True)
@@ -378,9 +379,7 @@ def factored_damping_pi(A, S):
     Raises
     ------
     ValueError
-        If A or S is not a finite, float, non-empty square matrix, symmetric to 100 roundoffs
-        of its largest entry, if their dtypes differ, or if the arrays mix NumPy and CuPy.
-        Also if tr A <= 0 or tr S <= 0.
+        If A or S is invalid (see refbayes.linalg.kron); if tr A <= 0 or tr S <= 0.
     """
     xp = xp_of(A, S)
     n_in, n_out = _check_pair(A, S)
@@ -418,11 +417,9 @@ def solve_factored(A, S, X, gamma):
     Raises
     ------
     ValueError
-        If A or S is not a finite, float, non-empty square matrix, symmetric to 100 roundoffs
-        of its largest entry, if their dtypes differ, or if the arrays mix NumPy and CuPy.
-        Also if X is not a finite float (..., n_in, n_out) array of A's dtype.
-        Also if gamma is not a real number >= 0, if tr A <= 0 or tr S <= 0, or if A_g or S_g
-        is not positive definite.
+        If A or S is invalid (see refbayes.linalg.kron); if X is not a finite float (..., n_in,
+        n_out) array of A's dtype; if gamma is not a real number >= 0, if tr A <= 0 or tr S <= 0,
+        or if A_g or S_g is not positive definite.
     """
     xp_of(A, S, X)
     n_in, n_out = _check_pair(A, S)
@@ -456,10 +453,8 @@ def factored_chol(A, S, gamma):
     Raises
     ------
     ValueError
-        If A or S is not a finite, float, non-empty square matrix, symmetric to 100 roundoffs
-        of its largest entry, if their dtypes differ, or if the arrays mix NumPy and CuPy;
-        if gamma is not a real number >= 0, if tr A <= 0 or tr S <= 0, or if A_g or S_g is not
-        positive definite.
+        If A or S is invalid (see refbayes.linalg.kron); if gamma is not a real number >= 0, if tr
+        A <= 0 or tr S <= 0, or if A_g or S_g is not positive definite.
     """
     xp = xp_of(A, S)
     gamma = check_in_range(gamma, "gamma", 0.0, math.inf, high_open=True)
@@ -601,10 +596,7 @@ def sample_cov(W_mean, A_cov, S_cov, eps):
     Raises
     ------
     ValueError
-        If W_mean is not a finite float 2-d array, if A_cov or S_cov is not symmetric positive
-        definite with sizes (n_in, n_in) and (n_out, n_out) from W_mean, if eps is not a finite
-        (n_in, n_out) or (n_in, n_out, n_samples) array, if the dtypes differ, or if the arrays
-        mix NumPy and CuPy.
+        If any argument is invalid, as for ``sample`` (A_cov, S_cov in place of A_prec, S_prec).
     """
     xp_of(W_mean, A_cov, S_cov, eps)
     L_A, L_S = _check_sampler(W_mean, A_cov, S_cov, eps, ("A_cov", "S_cov"))

@@ -9,6 +9,12 @@ W = a tall factor (D, K) whose rank-L truncation ``top_eig`` computes.
 Every routine costs O(D L^2 + L^3) (plus O(D L K) for K right-hand sides) and touches no D x D
 array; ``dense_precision`` and ``dense_covariance`` form the D x D matrices on purpose, for tests
 and small D. All Cholesky factors are lower triangular: ``R = cholesky(C)`` means R R^T = C.
+
+The factors (U, d), checked by every routine that takes them (ValueError otherwise, naming the
+argument): U a finite float (float64 or float32) (D, L) array with L <= D; d a finite (D,) array
+of U's dtype, every entry > 0 and at least the smallest normal number (so that 1 / d is finite);
+U U^T finite and, for the routines that invert P, the capacitance I + U^T diag(d)^{-1} U finite
+(``check_factor_values``); and U and d on one backend (NumPy or CuPy).
 """
 from __future__ import annotations
 
@@ -26,6 +32,7 @@ from refbayes._checks import (
     value_checks,
 )
 from refbayes.backend import cho_solve, cholesky, linalg_of, xp_of
+from refbayes.linalg._kernels import scale_rows
 
 # LAPACK's Cholesky solve by dtype (``_chol_solve``); other dtypes, L = 0 and CuPy take
 # ``backend.cho_solve``
@@ -148,7 +155,6 @@ def _weighted_gram(U, d):
     if xp is not np:
         V = U * w[:, None]
         return V.T @ V  # U^T d^{-1} U, the capacitance's Gram term of (lowrank.2)
-    from refbayes.linalg._kernels import scale_rows
     rows = _ROWS_PER_BLOCK
     G = np.zeros((L, L), dtype=U.dtype)
     buffer = np.empty((min(rows, D), L), dtype=U.dtype)
@@ -260,9 +266,8 @@ def matvec(U, d, x):
     Raises
     ------
     ValueError
-        If U is not a finite float (D, L) array with L <= D, if d is not a finite, positive
-        (D,) array of U's dtype, or if the arrays mix NumPy and CuPy.
-        Also if x is not (D,) or (D, K) of U's dtype.
+        If U or d is invalid (see refbayes.linalg.lowrank), or x is not (D,) or (D, K) of U's
+        dtype.
     """
     xp_of(U, d, x)  # one backend for all inputs (raises on a NumPy/CuPy mix); no xp call needed
     D, _ = _check_factors(U, d, inverse=False)
@@ -295,9 +300,8 @@ def solve(U, d, g):
     Raises
     ------
     ValueError
-        If U is not a finite float (D, L) array with L <= D, if d is not a finite, positive
-        (D,) array of U's dtype, or if the arrays mix NumPy and CuPy.
-        Also if g is not (D,) or (D, K) of U's dtype.
+        If U or d is invalid (see refbayes.linalg.lowrank), or g is not (D,) or (D, K) of U's
+        dtype.
     """
     xp_of(U, d, g)  # refuses a NumPy / CuPy mix
     D, _ = _check_factors(U, d)
@@ -329,8 +333,7 @@ def logdet(U, d):
     Raises
     ------
     ValueError
-        If U is not a finite float (D, L) array with L <= D, if d is not a finite, positive
-        (D,) array of U's dtype, or if the arrays mix NumPy and CuPy.
+        If U or d is invalid (see refbayes.linalg.lowrank).
     """
     xp = xp_of(U, d)
     _check_factors(U, d)
@@ -359,8 +362,7 @@ def diag_inv(U, d):
     Raises
     ------
     ValueError
-        If U is not a finite float (D, L) array with L <= D, if d is not a finite, positive
-        (D,) array of U's dtype, or if the arrays mix NumPy and CuPy.
+        If U or d is invalid (see refbayes.linalg.lowrank).
     """
     xp = xp_of(U, d)
     D, _ = _check_factors(U, d)
@@ -389,8 +391,7 @@ def trace_inv(U, d):
     Raises
     ------
     ValueError
-        If U is not a finite float (D, L) array with L <= D, if d is not a finite, positive
-        (D,) array of U's dtype, or if the arrays mix NumPy and CuPy.
+        If U or d is invalid (see refbayes.linalg.lowrank).
     """
     xp = xp_of(U, d)
     return xp.sum(diag_inv(U, d))  # (lowrank.6)
@@ -418,9 +419,8 @@ def quad(U, d, x):
     Raises
     ------
     ValueError
-        If U is not a finite float (D, L) array with L <= D, if d is not a finite, positive
-        (D,) array of U's dtype, or if the arrays mix NumPy and CuPy.
-        Also if x is not (D,) or (D, K) of U's dtype.
+        If U or d is invalid (see refbayes.linalg.lowrank), or x is not (D,) or (D, K) of U's
+        dtype.
     """
     xp = xp_of(U, d, x)
     D, _ = _check_factors(U, d, inverse=False)
@@ -452,9 +452,8 @@ def inv_quad(U, d, x):
     Raises
     ------
     ValueError
-        If U is not a finite float (D, L) array with L <= D, if d is not a finite, positive
-        (D,) array of U's dtype, or if the arrays mix NumPy and CuPy.
-        Also if x is not (D,) or (D, K) of U's dtype.
+        If U or d is invalid (see refbayes.linalg.lowrank), or x is not (D,) or (D, K) of U's
+        dtype.
     """
     xp = xp_of(U, d, x)
     D, _ = _check_factors(U, d)
@@ -507,9 +506,8 @@ def sample(mu, U, d, eps):
     Raises
     ------
     ValueError
-        If U is not a finite float (D, L) array with L <= D, if d is not a finite, positive
-        (D,) array of U's dtype, or if the arrays mix NumPy and CuPy.
-        Also if mu is not a finite float (D,) array or eps not (D,) or (D, S), of U's dtype.
+        If U or d is invalid (see refbayes.linalg.lowrank), or mu is not a finite float (D,) array
+        or eps not (D,) or (D, S), of U's dtype.
     """
     xp = xp_of(mu, U, d, eps)
     _check_sample_args(mu, U, d, eps)
@@ -550,12 +548,10 @@ def sample_alg3(mu, U, d, eps):
     Raises
     ------
     ValueError
-        If U is not a finite float (D, L) array with L <= D, if d is not a finite, positive
-        (D,) array of U's dtype, or if the arrays mix NumPy and CuPy.
-        Also if mu is not a finite float (D,) array or eps not (D,) or (D, S), of U's dtype.
-        Also if V^T V is not positive definite (U = 0, repeated columns), numerically when
-        min_j A_jj <= sqrt(machine eps) max_j A_jj, i.e. cond(V^T V) >~ 1/eps, where line 6
-        would return rounding noise.
+        If U or d is invalid (see refbayes.linalg.lowrank), or mu is not a finite float (D,) array
+        or eps not (D,) or (D, S), of U's dtype. Also if V^T V is not positive definite (U = 0,
+        repeated columns), numerically when min_j A_jj <= sqrt(machine eps) max_j A_jj, i.e.
+        cond(V^T V) >~ 1/eps, where line 6 would return rounding noise.
     """
     xp = xp_of(mu, U, d, eps)
     _, L = _check_sample_args(mu, U, d, eps)
@@ -764,8 +760,7 @@ def dense_precision(U, d):
     Raises
     ------
     ValueError
-        If U is not a finite float (D, L) array with L <= D, if d is not a finite, positive
-        (D,) array of U's dtype, or if the arrays mix NumPy and CuPy.
+        If U or d is invalid (see refbayes.linalg.lowrank).
     """
     xp = xp_of(U, d)
     _check_factors(U, d, inverse=False)
@@ -793,8 +788,7 @@ def dense_covariance(U, d):
     Raises
     ------
     ValueError
-        If U is not a finite float (D, L) array with L <= D, if d is not a finite, positive
-        (D,) array of U's dtype, or if the arrays mix NumPy and CuPy.
+        If U or d is invalid (see refbayes.linalg.lowrank).
     """
     xp = xp_of(U, d)
     _check_factors(U, d)

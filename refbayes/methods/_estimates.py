@@ -39,15 +39,14 @@ CURVATURES = ("ef", "hess", "exact")
 class Batch(NamedTuple):
     """A minibatch: the rows the caller selected (explicit randomness: the driver draws them).
 
-    Attributes
-    ----------
-    X : array of shape (M, n_in)
-        Raw inputs X_B (the model appends its intercept column itself).
-    y : array of shape (M,)
-        Labels or targets y_B ((M, n_out) for a multi-output gaussian likelihood).
+    Each field is documented by its trailing comment.  A step checks its batch against the model
+    and the training-set size N and raises ValueError unless: it is a pair (X, y) (a Batch or a
+    tuple); X is a finite (M, n_in) array with 1 <= M <= N rows in the state's dtype; y is a
+    finite (M,) or (M, n_out) array; real targets, and labels stored as floats, are in the
+    state's dtype; and labels are binary for a Bernoulli likelihood (``check_batch``).
     """
     X: Array  # X_B, (M, n_in), raw inputs (the model appends its intercept column itself)
-    y: Array  # y_B, (M,) labels / targets
+    y: Array  # y_B, (M,) labels / targets; (M, n_out) for a multi-output gaussian likelihood
 
 
 def step_sizes(t: int, alpha: float, beta: float, decay: float) -> tuple[float, float]:

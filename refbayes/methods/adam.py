@@ -60,21 +60,14 @@ Array = Any
 class AdamConfig(NamedTuple):
     """Adam hyperparameters; defaults are Kingma and Ba's (and optax's / PyTorch's).
 
-    Attributes
-    ----------
-    alpha : float
-        Step size alpha > 0.  (adam.4)
-    beta1 : float
-        First-moment decay beta_1 in [0, 1).  (adam.1)
-    beta2 : float
-        Second-moment decay beta_2 in [0, 1).  (adam.2)
-    eps_adam : float
-        Constant > 0 added to sqrt(v_hat), outside the root.  (adam.4)
+    Each field is documented by its trailing comment. The functions that take a cfg check it
+    and raise ValueError unless: alpha and eps_adam are finite reals > 0, and beta1 and beta2
+    are in [0, 1).
     """
     alpha: float = 1e-3      # step size alpha > 0 (adam.4)
     beta1: float = 0.9       # first-moment decay, in [0, 1) (adam.1)
     beta2: float = 0.999     # second-moment decay, in [0, 1) (adam.2)
-    eps_adam: float = 1e-8   # > 0, added to sqrt(v_hat), outside the root (adam.4)
+    eps_adam: float = 1e-8   # constant > 0, added to sqrt(v_hat), outside the root (adam.4)
 
 
 class MAPConfig(NamedTuple):
@@ -82,16 +75,9 @@ class MAPConfig(NamedTuple):
 
     ``step(state, batch, cfg.adam, model, cfg.N, cfg.lam)`` is its step.
 
-    Attributes
-    ----------
-    N : int
-        Training-set size N >= 1; scales minibatch sums by N / M.  (adam.5)
-    lam : float or array of shape (D,)
-        Prior precision lam >= 0.  (adam.5)
-    adam : AdamConfig
-        The optimizer's hyperparameters.  (adam.1)-(adam.4)
+    Each field is documented by its trailing comment.
     """
-    N: int                                # training-set size, scales minibatch sums by N / M (adam.5)
+    N: int                                # training-set size >= 1, scales minibatch sums by N / M (adam.5)
     lam: Any = 0.0                        # prior precision, scalar or (D,), >= 0 (adam.5)
     adam: AdamConfig = AdamConfig()       # the optimizer's hyperparameters (adam.1)-(adam.4)
 
@@ -99,31 +85,21 @@ class MAPConfig(NamedTuple):
 class AdamState(NamedTuple):
     """Adam moments after t updates.
 
-    Attributes
-    ----------
-    m : array of shape (D,)
-        First-moment estimate m_t.  (adam.1)
-    v : array of shape (D,)
-        Second-moment estimate v_t >= 0.  (adam.2)
-    t : int
-        Number of updates taken.
+    Each field is documented by its trailing comment. ``update`` checks a state and raises
+    ValueError unless: m is a finite float (float64 or float32) (D,) array; v is a finite (D,)
+    array of m's dtype with v >= 0; and t is an integer >= 0.
     """
     m: Array  # m_t, first-moment estimate, (D,), (adam.1)
     v: Array  # v_t, second-moment estimate, (D,), >= 0, (adam.2)
-    t: int    # updates taken
+    t: int    # updates taken, an integer >= 0
 
 
 class MAPState(NamedTuple):
     """MAP / Adam training state after t steps.
 
-    Attributes
-    ----------
-    theta : array of shape (D,)
-        Parameters theta_t.  (adam.6)
-    adam : AdamState
-        Adam moments of theta, (D,) each; adam.t is not read: t drives (adam.3).
-    t : int
-        Number of steps taken; drives the bias correction.  (adam.3)
+    Each field is documented by its trailing comment. ``step`` checks a state and raises
+    ValueError unless: theta is a finite float (float64 or float32) (D,) array; t is an integer
+    >= 0; and adam is a valid AdamState (see AdamState) of theta's shape and dtype.
     """
     theta: Array      # theta_t, (D,), (adam.6)
     adam: AdamState   # Adam moments of theta, (D,) each; adam.t is not read: t drives (adam.3)
@@ -133,20 +109,11 @@ class MAPState(NamedTuple):
 class MAPInfo(NamedTuple):
     """The named intermediates of one MAP / Adam step, by equation.
 
-    Attributes
-    ----------
-    g_data : array of shape (D,)
-        Data gradient (N / M) sum_{i in B} grad l_i(theta_t).  (adam.5)
-    g : array of shape (D,)
-        Objective gradient g_data + lam * theta_t.  (adam.5)
-    delta : array of shape (D,)
-        Adam step -alpha m_hat / (sqrt(v_hat) + eps_adam).  (adam.4)
-    theta : array of shape (D,)
-        Parameters theta_{t+1} = theta_t + delta.  (adam.6)
+    Each field is documented by its trailing comment (the equation tag last).
     """
-    g_data: Array  # (N / M) sum_{i in B} grad l_i(theta_t), (D,)  (adam.5)
-    g: Array       # g_data + lam * theta_t, (D,)  (adam.5)
-    delta: Array   # -alpha m_hat / (sqrt(v_hat) + eps_adam), (D,)  (adam.4)
+    g_data: Array  # data gradient (N / M) sum_{i in B} grad l_i(theta_t), (D,)  (adam.5)
+    g: Array       # objective gradient g_data + lam * theta_t, (D,)  (adam.5)
+    delta: Array   # Adam step -alpha m_hat / (sqrt(v_hat) + eps_adam), (D,)  (adam.4)
     theta: Array   # theta_{t+1} = theta_t + delta, (D,)  (adam.6)
 
 
@@ -285,10 +252,8 @@ def adam_update(grad, state: AdamState, cfg: AdamConfig) -> tuple[Array, AdamSta
     Raises
     ------
     ValueError
-        If cfg is not an AdamConfig with alpha > 0 finite, beta1 and beta2 in [0, 1) and eps_adam
-        > 0 finite; if state is not an AdamState of finite float (D,) arrays
-        m, v >= 0 of one dtype with a non-negative integer t; if grad is not a finite (D,)
-        array of that dtype; or if the arrays mix NumPy and CuPy.
+        If state or cfg is invalid (see AdamState, AdamConfig); if grad is not a finite (D,) array
+        of that dtype; or if the arrays mix NumPy and CuPy.
     """
     alpha, beta1, beta2, eps = check_adam_config(cfg)
     if not isinstance(state, AdamState):
@@ -383,13 +348,10 @@ def step(state: MAPState, batch, cfg: AdamConfig, model, N: int, lam) -> tuple[M
     Raises
     ------
     ValueError
-        If state is not a MAPState with theta a finite float (D,) array, a non-negative
-        integer t and Adam moments of theta's shape and dtype (v >= 0); if cfg is not an
-        AdamConfig with alpha > 0 finite, beta1 and beta2 in [0, 1) and eps_adam > 0 finite;
-        if N is not an integer >= 1; if lam is not a finite real >= 0 or a
-        (D,) float array >= 0 of theta's dtype; if model is not a FlatModel with D parameters;
-        if batch is not a pair (X, y) of finite arrays with 1 <= M <= N rows in theta's dtype
-        (binary labels for a Bernoulli likelihood); or if the arrays mix NumPy and CuPy.
+        If state or cfg is invalid (see MAPState, AdamConfig); if N is not an integer >= 1; if lam
+        is not a finite real >= 0 or a (D,) float array >= 0 of theta's dtype; if model is not a
+        FlatModel with D parameters or batch does not fit it (see Batch); or if the arrays mix
+        NumPy and CuPy.
     """
     D = check_theta_state(state, MAPState)
     dtype = state.theta.dtype

@@ -75,85 +75,41 @@ class BBBConfig(NamedTuple):
 
     The SLANG UCI baseline used alpha = 0.01, beta2 = 0.99 (derivations/bbb.md, conventions).
 
-    Attributes
-    ----------
-    N : int
-        Training-set size N >= 1; minibatch sums are scaled by N / M.  (bbb.3)
-    lam : float or array of shape (D,)
-        Prior precision > 0.  (bbb.7)
-    alpha : float
-        Adam step size > 0.  (adam.4), (bbb.10)
-    beta1 : float
-        Adam first-moment decay in [0, 1).  (adam.1)
-    beta2 : float
-        Adam second-moment decay in [0, 1).  (adam.2)
-    eps_adam : float
-        Adam constant > 0 added to sqrt(v_hat).  (adam.4)
-    kl_weight : float
-        Weight >= 0 of KL(q || p) in the objective.  (bbb.3)
+    Each field is documented by its trailing comment.  ``step`` checks a cfg against the state
+    and raises ValueError unless: N is an integer >= 1; lam is a finite real > 0 or a finite
+    float (D,) array > 0 in the state's dtype; alpha and eps_adam are finite reals > 0; beta1
+    and beta2 are in [0, 1); and kl_weight is a finite real >= 0.
     """
-    N: int                   # training-set size, minibatch sums scaled by N / M (bbb.3)
+    N: int                   # training-set size >= 1, minibatch sums scaled by N / M (bbb.3)
     lam: Any                 # prior precision, scalar or (D,), > 0 (bbb.7)
-    alpha: float = 1e-3      # Adam step size (adam.4), (bbb.10)
-    beta1: float = 0.9       # (adam.1)
-    beta2: float = 0.999     # (adam.2)
-    eps_adam: float = 1e-8   # (adam.4)
+    alpha: float = 1e-3      # Adam step size > 0 (adam.4), (bbb.10)
+    beta1: float = 0.9       # Adam first-moment decay in [0, 1) (adam.1)
+    beta2: float = 0.999     # Adam second-moment decay in [0, 1) (adam.2)
+    eps_adam: float = 1e-8   # Adam constant > 0 added to sqrt(v_hat) (adam.4)
     kl_weight: float = 1.0   # multiplies KL(q || p) in (bbb.3), >= 0
 
 
 class BBBState(NamedTuple):
     """Bayes-by-Backprop state after t steps.
 
-    Attributes
-    ----------
-    mu : array of shape (D,)
-        Mean mu_t.  (bbb.10)
-    rho : array of shape (D,)
-        Unconstrained scale rho_t, sigma_t = softplus(rho_t).  (bbb.1), (bbb.10)
-    adam : AdamState
-        Adam moments of [mu; rho], (2D,) each; adam.t is not read.  (adam.1)-(adam.2)
-    t : int
-        Number of steps taken; drives the bias correction.  (adam.3)
+    Each field is documented by its trailing comment.  Every function that takes a state checks
+    it and raises ValueError unless: mu is a finite float (float64 or float32) (D,) array; rho is
+    a finite (D,) array of mu's dtype; t is an integer >= 0; and adam is an AdamState whose m, v
+    are finite (2D,) arrays of mu's dtype with v >= 0 and whose t is an integer >= 0 (checked,
+    though not read).
     """
     mu: Array         # mu_t, (D,), (bbb.10)
     rho: Array        # rho_t, (D,), sigma_t = softplus(rho_t), (bbb.1), (bbb.10)
-    adam: AdamState   # moments of [mu; rho], (2D,) each, (adam.1)-(adam.2); adam.t is not read
+    adam: AdamState   # moments of [mu; rho], (2D,) each, (adam.1), (adam.2); adam.t is not read
     t: int            # steps taken; drives the bias correction (adam.3)
 
 
 class BBBInfo(NamedTuple):
     """The named intermediates of one Bayes-by-Backprop step, by equation.
 
-    Attributes
-    ----------
-    sigma : array of shape (D,)
-        Standard deviation softplus(rho_t).  (bbb.1)
-    theta : array of shape (D, S)
-        Draws theta_s = mu + sigma * eps_s.  (bbb.2)
-    g : array of shape (S, D)
-        Summed minibatch gradients g_s = sum_{i in B} grad l_i(theta_s).  (bbb.4)
-    g_hat : array of shape (D,)
-        Data gradient in mu, (N / (M S)) sum_s g_s.  (bbb.5)
-    g_rho : array of shape (D,)
-        Data gradient in rho, (N / (M S)) sum_s g_s * eps_s * sigmoid(rho).  (bbb.6)
-    kl : array of shape ()
-        KL(q || p).  (bbb.7)
-    grad_mu : array of shape (D,)
-        Objective gradient dF/dmu = g_hat + kl_weight * lam * mu.  (bbb.8), (bbb.9)
-    grad_rho : array of shape (D,)
-        Objective gradient dF/drho = g_rho + kl_weight * dKL/drho.  (bbb.8), (bbb.9)
-    loss_hat : array of shape ()
-        Data-term estimate (N / (M S)) sum_s sum_{i in B} l_i(theta_s).  (bbb.3)
-    elbo : array of shape ()
-        ELBO estimate -(loss_hat + kl_weight * kl).  (bbb.3)
-    delta : array of shape (2D,)
-        Adam step on [mu; rho].  (adam.4), (bbb.10)
-    mu : array of shape (D,)
-        Mean mu_{t+1}.  (bbb.10)
-    rho : array of shape (D,)
-        Scale parameter rho_{t+1}.  (bbb.10)
+    Each field is documented by its trailing comment (the equation tag last).
     """
-    sigma: Array       # softplus(rho_t), (D,)  (bbb.1)
+    sigma: Array       # standard deviation softplus(rho_t), (D,)  (bbb.1)
     theta: Array       # theta_s = mu + sigma * eps_s, (D, S)  (bbb.2)
     g: Array           # g_s = sum_{i in B} grad l_i(theta_s), (S, D)  (bbb.4)
     g_hat: Array       # (N / (M S)) sum_s g_s: data gradient in mu, (D,)  (bbb.5)
@@ -164,8 +120,8 @@ class BBBInfo(NamedTuple):
     loss_hat: Array    # (N / (M S)) sum_s sum_{i in B} l_i(theta_s), 0-d  (bbb.3)
     elbo: Array        # -(loss_hat + kl_weight * kl), the ELBO estimate, 0-d  (bbb.3)
     delta: Array       # Adam step on [mu; rho], (2D,)  (adam.4), (bbb.10)
-    mu: Array          # mu_{t+1}, (D,)  (bbb.10)
-    rho: Array         # rho_{t+1}, (D,)  (bbb.10)
+    mu: Array          # mean mu_{t+1}, (D,)  (bbb.10)
+    rho: Array         # scale parameter rho_{t+1}, (D,)  (bbb.10)
 
 
 # ----------------------------------------------------------------------------- softplus
@@ -345,9 +301,7 @@ def kl_gradients(mu, rho, lam):
     Raises
     ------
     ValueError
-        If mu is not a finite float 1-d array, rho not a finite (D,) array of mu's dtype, lam
-        not a finite real > 0 or a (D,) float array > 0 of mu's dtype, or the arrays mix NumPy
-        and CuPy.
+        If mu, rho or lam is invalid, as for ``kl_divergence``.
     """
     xp = xp_of(mu, rho)
     D = _check_mu_rho(mu, rho)
@@ -448,10 +402,8 @@ def sample(state: BBBState, eps):
     Raises
     ------
     ValueError
-        If state is not a BBBState with mu a finite float (D,) array, rho a finite (D,) array
-        of mu's dtype, a non-negative integer t and Adam moments (2D,) of that dtype (v >= 0).
-        Also if eps is not a finite (D, S >= 1) array of the state's dtype, or the arrays mix
-        NumPy and CuPy.
+        If state is invalid (see BBBState), eps is not a finite (D, S >= 1) array of the state's
+        dtype, or the arrays mix NumPy and CuPy.
     """
     D = _check_state(state)
     xp_of(state.mu, eps)  # one backend
@@ -477,8 +429,7 @@ def prec_diag(state: BBBState):
     Raises
     ------
     ValueError
-        If state is not a BBBState with mu a finite float (D,) array, rho a finite (D,) array
-        of mu's dtype, a non-negative integer t and Adam moments (2D,) of that dtype (v >= 0).
+        If state is invalid (see BBBState).
     """
     _check_state(state)
     with np.errstate(over="ignore"):
@@ -501,8 +452,7 @@ def dense_covariance(state: BBBState):
     Raises
     ------
     ValueError
-        If state is not a BBBState with mu a finite float (D,) array, rho a finite (D,) array
-        of mu's dtype, a non-negative integer t and Adam moments (2D,) of that dtype (v >= 0).
+        If state is invalid (see BBBState).
     """
     _check_state(state)
     sigma = softplus(state.rho)
@@ -542,14 +492,9 @@ def step(state: BBBState, batch, eps, cfg: BBBConfig, model) -> tuple[BBBState, 
     Raises
     ------
     ValueError
-        If state is not a BBBState with mu a finite float (D,) array, rho a finite (D,) array
-        of mu's dtype, a non-negative integer t and Adam moments (2D,) of that dtype (v >= 0).
-        Also if cfg is not a BBBConfig with N an integer >= 1, lam a finite real > 0 or a
-        (D,) float array > 0 of the state's dtype, alpha > 0, beta1 and beta2 in [0, 1),
-        eps_adam > 0 and kl_weight >= 0 (all finite); if model is not a FlatModel with D
-        parameters; if batch is not a pair (X, y) of finite arrays with 1 <= M <= N rows in
-        the state's dtype (binary labels for a Bernoulli likelihood); if eps is not a finite
-        (D, S >= 1) array of the state's dtype; or if the arrays mix NumPy and CuPy.
+        If state or cfg is invalid (see BBBState, BBBConfig), model is not a FlatModel with D
+        parameters, batch does not fit it (see Batch), eps is not a finite (D, S >= 1) array of
+        the state's dtype, or the arrays mix NumPy and CuPy.
     """
     D = _check_state(state)
     xp = xp_of(state.mu, state.rho, eps)

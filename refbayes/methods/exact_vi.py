@@ -11,6 +11,12 @@ Scaling: full batch, likelihood SUMMED over all N examples, no minibatch (M = N)
 The Gauss-Hermite rule is verified to 1e-12 absolute for 0 <= v <= V_EXACT = 400 and to 1e-11 up
 to V_MAX = 1600 (the integrands grow like sqrt(v) and the sum's rounding with them), |m| <= M_MAX;
 inputs outside that range raise ValueError.
+
+The problem (X, y, lam, likelihood, noise_precision), checked by every function that takes it
+(ValueError otherwise, naming the argument): X a finite float (N, D) array; lam a finite float
+(D,) array > 0; y a finite float (N,) array, labels in {0, 1} for likelihood="logistic"; X, y and
+lam of one dtype and one backend (NumPy or CuPy); likelihood one of LIKELIHOODS; noise_precision
+None for "logistic" and a real number in (0, inf) for "gaussian".
 """
 from __future__ import annotations
 
@@ -19,6 +25,7 @@ import math
 from typing import Any, NamedTuple
 
 import numpy as np
+from scipy.special import roots_hermite
 
 from refbayes._checks import (
     check_array,
@@ -74,47 +81,25 @@ class ConvergenceError(RuntimeError):
 class FullVIResult(NamedTuple):
     """The full-Gaussian VI optimum found by ``fit_full``.
 
-    Attributes
-    ----------
-    mu : array of shape (D,)
-        Mean mu.  (exact_vi.8)
-    Sigma : array of shape (D, D)
-        Covariance Sigma, the inverse of the precision of (exact_vi.7).
-    elbo : float
-        ELBO (exact_vi.1) at (mu, Sigma).
-    grad_norm : float
-        Gradient norm (exact_vi.6) at (mu, Sigma).
-    n_iter : int
-        Number of accepted iterations.
+    Each field is documented by its trailing comment.
     """
-    mu: Array          # mu, (D,), (exact_vi.8)
-    Sigma: Array       # Sigma, (D, D), inverse of (exact_vi.7)
-    elbo: float        # (exact_vi.1) at (mu, Sigma)
-    grad_norm: float   # (exact_vi.6) at (mu, Sigma)
-    n_iter: int        # accepted iterations
+    mu: Array          # mean mu, (D,), (exact_vi.8)
+    Sigma: Array       # covariance Sigma, (D, D), the inverse of the precision of (exact_vi.7)
+    elbo: float        # ELBO (exact_vi.1) at (mu, Sigma)
+    grad_norm: float   # gradient norm (exact_vi.6) at (mu, Sigma)
+    n_iter: int        # number of accepted iterations
 
 
 class MeanFieldVIResult(NamedTuple):
     """The mean-field VI optimum found by ``fit_meanfield``.
 
-    Attributes
-    ----------
-    mu : array of shape (D,)
-        Mean mu, (exact_vi.8) with the mean-field variances.
-    var : array of shape (D,)
-        Variances var, the inverse of (exact_vi.10).
-    elbo : float
-        ELBO (exact_vi.1) with Sigma = diag(var).
-    grad_norm : float
-        Gradient norm (exact_vi.11) at (mu, var).
-    n_iter : int
-        Number of accepted iterations.
+    Each field is documented by its trailing comment.
     """
-    mu: Array          # mu, (D,), (exact_vi.8) with the mean-field variances
-    var: Array         # var, (D,), inverse of (exact_vi.10)
-    elbo: float        # (exact_vi.1) with Sigma = diag(var)
-    grad_norm: float   # (exact_vi.11) at (mu, var)
-    n_iter: int        # accepted iterations
+    mu: Array          # mean mu, (D,), (exact_vi.8) with the mean-field variances
+    var: Array         # variances var, (D,), the inverse of (exact_vi.10)
+    elbo: float        # ELBO (exact_vi.1) with Sigma = diag(var)
+    grad_norm: float   # gradient norm (exact_vi.11) at (mu, var)
+    n_iter: int        # number of accepted iterations
 
 
 # ----------------------------------------------------------------------------- quadrature
@@ -166,7 +151,6 @@ def _gh_rungs(v):
 @functools.cache
 def _gh_rule(n: int):
     """Physicists' Gauss-Hermite nodes t_k and weights w_k / sqrt(pi) (they sum to 1), on the host."""
-    from scipy.special import roots_hermite
     t, w = roots_hermite(n)
     return t, w / math.sqrt(math.pi)
 
@@ -342,9 +326,7 @@ def logistic_predictive_nll(m, v, y):
     Raises
     ------
     ValueError
-        If m is not a finite float 1-d array with |m| <= M_MAX, v not a finite float (N,)
-        array of m's dtype with 0 <= v <= V_MAX, y not a finite float (N,) array of m's dtype
-        with labels in {0, 1}, or the arrays mix NumPy and CuPy.
+        If m, v or y is invalid, as for ``logistic_expectations``.
     """
     xp = xp_of(m, v, y)
     _check_moments(m, v)
@@ -495,12 +477,10 @@ def elbo(X, y, lam, mu, Sigma, *, likelihood="logistic", noise_precision=None) -
     Raises
     ------
     ValueError
-        If X is not a finite float 2-d array; lam not a finite float (D,) array > 0; y not a
-        finite float (N,) array (labels in {0, 1} for "logistic"); the dtypes of X, y and lam
-        differ; likelihood is not one of LIKELIHOODS; noise_precision is given for "logistic"
-        or is not a real number in (0, inf) for "gaussian"; or the arrays mix NumPy and CuPy.
-        Also if mu is not a finite float (D,) array or Sigma not a symmetric positive definite
-        (D, D) array, in X's dtype; or (logistic) if some |m_i| > M_MAX or v_i > V_MAX.
+        If the problem (X, y, lam, likelihood, noise_precision) is invalid (see
+        refbayes.methods.exact_vi). Also if mu is not a finite float (D,) array or Sigma not a symmetric
+        positive definite (D, D) array, in X's dtype; or (logistic) if some |m_i| > M_MAX or
+        v_i > V_MAX.
     """
     xp, noise_precision = _check_problem(X, y, lam, likelihood, noise_precision)
     D = X.shape[1]
@@ -543,12 +523,7 @@ def elbo_grad(X, y, lam, mu, Sigma, *, likelihood="logistic", noise_precision=No
     Raises
     ------
     ValueError
-        If X is not a finite float 2-d array; lam not a finite float (D,) array > 0; y not a
-        finite float (N,) array (labels in {0, 1} for "logistic"); the dtypes of X, y and lam
-        differ; likelihood is not one of LIKELIHOODS; noise_precision is given for "logistic"
-        or is not a real number in (0, inf) for "gaussian"; or the arrays mix NumPy and CuPy.
-        Also if mu is not a finite float (D,) array or Sigma not a symmetric positive definite
-        (D, D) array, in X's dtype; or (logistic) if some |m_i| > M_MAX or v_i > V_MAX.
+        If any argument is invalid, as for ``elbo``.
     """
     xp, noise_precision = _check_problem(X, y, lam, likelihood, noise_precision)
     D = X.shape[1]
@@ -634,12 +609,9 @@ def elbo_meanfield(X, y, lam, mu, var, *, likelihood="logistic", noise_precision
     Raises
     ------
     ValueError
-        If X is not a finite float 2-d array; lam not a finite float (D,) array > 0; y not a
-        finite float (N,) array (labels in {0, 1} for "logistic"); the dtypes of X, y and lam
-        differ; likelihood is not one of LIKELIHOODS; noise_precision is given for "logistic"
-        or is not a real number in (0, inf) for "gaussian"; or the arrays mix NumPy and CuPy.
-        Also if mu or var is not a finite float (D,) array in X's dtype, var has an entry
-        <= 0, or (logistic) some |m_i| > M_MAX or v_i > V_MAX.
+        If the problem (X, y, lam, likelihood, noise_precision) is invalid (see
+        refbayes.methods.exact_vi). Also if mu or var is not a finite float (D,) array in X's dtype, var
+        has an entry <= 0, or (logistic) some |m_i| > M_MAX or v_i > V_MAX.
     """
     xp, noise_precision = _check_problem(X, y, lam, likelihood, noise_precision)
     _check_mu(mu, X.shape[1], X.dtype)
@@ -680,12 +652,7 @@ def elbo_grad_meanfield(X, y, lam, mu, var, *, likelihood="logistic", noise_prec
     Raises
     ------
     ValueError
-        If X is not a finite float 2-d array; lam not a finite float (D,) array > 0; y not a
-        finite float (N,) array (labels in {0, 1} for "logistic"); the dtypes of X, y and lam
-        differ; likelihood is not one of LIKELIHOODS; noise_precision is given for "logistic"
-        or is not a real number in (0, inf) for "gaussian"; or the arrays mix NumPy and CuPy.
-        Also if mu or var is not a finite float (D,) array in X's dtype, var has an entry
-        <= 0, or (logistic) some |m_i| > M_MAX or v_i > V_MAX.
+        If any argument is invalid, as for ``elbo_meanfield``.
     """
     xp, noise_precision = _check_problem(X, y, lam, likelihood, noise_precision)
     _check_mu(mu, X.shape[1], X.dtype)
@@ -804,12 +771,9 @@ def fit_full(X, y, lam, *, tol=1e-10, max_iter=500, likelihood="logistic",
     Raises
     ------
     ValueError
-        If X is not a finite float 2-d array; lam not a finite float (D,) array > 0; y not a
-        finite float (N,) array (labels in {0, 1} for "logistic"); the dtypes of X, y and lam
-        differ; likelihood is not one of LIKELIHOODS; noise_precision is given for "logistic"
-        or is not a real number in (0, inf) for "gaussian"; or the arrays mix NumPy and CuPy.
-        Also if tol is not a real number in (0, inf), max_iter is not an integer >= 1, or
-        (logistic) the starting point leaves the verified quadrature range.
+        If the problem (X, y, lam, likelihood, noise_precision) is invalid (see
+        refbayes.methods.exact_vi). Also if tol is not a real number in (0, inf), max_iter is not an
+        integer >= 1, or (logistic) the starting point leaves the verified quadrature range.
     ConvergenceError
         If max_iter iterations pass, or a line search fails, before grad_norm <= tol.
     """
@@ -894,12 +858,7 @@ def fit_meanfield(X, y, lam, *, tol=1e-10, max_iter=500, likelihood="logistic",
     Raises
     ------
     ValueError
-        If X is not a finite float 2-d array; lam not a finite float (D,) array > 0; y not a
-        finite float (N,) array (labels in {0, 1} for "logistic"); the dtypes of X, y and lam
-        differ; likelihood is not one of LIKELIHOODS; noise_precision is given for "logistic"
-        or is not a real number in (0, inf) for "gaussian"; or the arrays mix NumPy and CuPy.
-        Also if tol is not a real number in (0, inf), max_iter is not an integer >= 1, or
-        (logistic) the starting point leaves the verified quadrature range.
+        If any argument is invalid, as for ``fit_full``.
     ConvergenceError
         If max_iter iterations pass, or a line search fails, before the gradient norm <= tol.
     """

@@ -34,7 +34,7 @@ from refbayes.methods import bbb
 from refbayes.methods._estimates import Batch, check_batch, check_draws, check_model, check_t
 from refbayes.methods.adam import AdamState, _adam, adam_init, check_adam_state, check_lam
 from refbayes.methods.bbb import BBBConfig, _kl, _sigmoid, inv_softplus, log_softplus, softplus
-from refbayes.models import _layers
+from refbayes.models import theta_layout
 
 __all__ = [
     "Batch",
@@ -70,32 +70,13 @@ KTiedConfig = BBBConfig  # the same hyperparameters: N, lam, Adam's, kl_weight (
 class KTiedLayout(NamedTuple):
     """Where each layer's scale parameters sit in rho (ktied.1), and its weights in theta.
 
-    Attributes
-    ----------
-    sizes : tuple of int
-        Layer widths [n_in, hidden..., n_out] of the model.
-    k : tuple of int
-        The rank k_l of each layer's tie.
-    u_off : tuple of int
-        Offset of vec R^U_l (m_l k_l entries, row-major) in rho.
-    v_off : tuple of int
-        Offset of vec R^V_l (n_l k_l entries, row-major) in rho.
-    b_off : tuple of int
-        Offset of r^b_l (n_l entries) in rho; -1 for a model without biases.
-    w_theta : tuple of int
-        Offset of vec W_l in theta.
-    b_theta : tuple of int
-        Offset of b_l in theta; -1 for a model without biases.
-    P : int
-        Length of rho.
-    D : int
-        Length of theta.
+    Each field is documented by its trailing comment.
     """
-    sizes: tuple    # [n_in, ..., n_out]
-    k: tuple        # k_l per layer
-    u_off: tuple    # offsets of vec R^U_l in rho
-    v_off: tuple    # offsets of vec R^V_l in rho
-    b_off: tuple    # offsets of r^b_l in rho, -1 without biases
+    sizes: tuple    # layer widths [n_in, hidden..., n_out] of the model
+    k: tuple        # the rank k_l of each layer's tie
+    u_off: tuple    # offsets of vec R^U_l (m_l k_l entries, row-major) in rho
+    v_off: tuple    # offsets of vec R^V_l (n_l k_l entries, row-major) in rho
+    b_off: tuple    # offsets of r^b_l (n_l entries) in rho, -1 without biases
     w_theta: tuple  # offsets of vec W_l in theta
     b_theta: tuple  # offsets of b_l in theta, -1 without biases
     P: int          # len(rho)
@@ -105,61 +86,26 @@ class KTiedLayout(NamedTuple):
 class KTiedState(NamedTuple):
     """The k-tied Normal state after t steps.
 
-    Attributes
-    ----------
-    mu : array of shape (D,)
-        Mean mu_t.  (ktied.7)
-    rho : array of shape (P,)
-        Unconstrained scale parameters concat_l (vec R^U_l, vec R^V_l, r^b_l).  (ktied.1)
-    adam : AdamState
-        Adam moments of [mu; rho], (D + P,) each; adam.t is not read.  (ktied.7)
-    t : int
-        Number of steps taken; drives the bias correction.  (adam.3)
-    k : tuple of int
-        The rank k_l of each layer's tie.  (ktied.1)
+    Each field is documented by its trailing comment. Every function that takes a state (with its
+    model) checks it and raises ValueError unless: model is a FlatModel; k is a tuple of L integers
+    >= 1, one per layer (``layout``; no upper bound is checked); mu is a finite float (float64 or
+    float32) (D,) array and rho a finite (P,) array of mu's dtype, D and P those of ``layout(model,
+    k)``; t is an integer >= 0; and adam is an AdamState whose m, v are finite (D + P,) arrays of
+    mu's dtype with v >= 0 and whose t is an integer >= 0 (checked, though not read).
     """
     mu: Array         # mu_t, (D,), (ktied.7)
-    rho: Array        # concat_l (vec R^U_l, vec R^V_l, r^b_l), (P,), (ktied.1)
+    rho: Array        # unconstrained scales concat_l (vec R^U_l, vec R^V_l, r^b_l), (P,), (ktied.1)
     adam: AdamState   # moments of [mu; rho], (D + P,) each, (ktied.7); adam.t is not read
     t: int            # steps taken; drives the bias correction (adam.3)
-    k: tuple          # k_l per layer (ktied.1)
+    k: tuple          # the rank k_l of each layer's tie (ktied.1)
 
 
 class KTiedInfo(NamedTuple):
     """The named intermediates of one k-tied step, by equation.
 
-    Attributes
-    ----------
-    sigma : array of shape (D,)
-        Standard deviations, vec(U_l V_l^T) and softplus(r^b_l) in theta's order.  (ktied.1)
-    theta : array of shape (D, S)
-        Draws theta_s = mu + sigma * eps_s.  (ktied.2)
-    g : array of shape (S, D)
-        Summed minibatch gradients g_s = sum_{i in B} grad l_i(theta_s).  (bbb.4)
-    g_hat : array of shape (D,)
-        Data gradient in mu, (N / (M S)) sum_s g_s.  (bbb.5)
-    g_sigma : array of shape (D,)
-        Data gradient in sigma, (N / (M S)) sum_s g_s * eps_s.  (ktied.5)
-    kl : array of shape ()
-        KL(q || p).  (ktied.4)
-    grad_mu : array of shape (D,)
-        Objective gradient dF/dmu = g_hat + kl_weight * lam * mu.  (bbb.9)
-    grad_sigma : array of shape (D,)
-        Objective gradient dF/dsigma = g_sigma + kl_weight * (lam sigma - 1 / sigma).  (ktied.5)
-    grad_rho : array of shape (P,)
-        Objective gradient dF/drho through A = U V^T and the softplus.  (ktied.6)
-    loss_hat : array of shape ()
-        Data-term estimate (N / (M S)) sum_s sum_{i in B} l_i(theta_s).  (ktied.3)
-    elbo : array of shape ()
-        ELBO estimate -(loss_hat + kl_weight * kl).  (ktied.3)
-    delta : array of shape (D + P,)
-        Adam step on [mu; rho].  (ktied.7)
-    mu : array of shape (D,)
-        Mean mu_{t+1}.  (ktied.7)
-    rho : array of shape (P,)
-        Scale parameters rho_{t+1}.  (ktied.7)
+    Each field is documented by its trailing comment (the equation tag last).
     """
-    sigma: Array       # vec(U V^T), softplus(r^b), (D,)  (ktied.1)
+    sigma: Array       # std: vec(U_l V_l^T), softplus(r^b_l) in theta's order, (D,)  (ktied.1)
     theta: Array       # theta_s = mu + sigma * eps_s, (D, S)  (ktied.2)
     g: Array           # g_s = sum_{i in B} grad l_i(theta_s), (S, D)  (bbb.4)
     g_hat: Array       # (N / (M S)) sum_s g_s, (D,)  (bbb.5)
@@ -167,7 +113,7 @@ class KTiedInfo(NamedTuple):
     kl: Array          # KL(q || p), 0-d  (ktied.4)
     grad_mu: Array     # g_hat + kl_weight lam mu, (D,)  (bbb.9)
     grad_sigma: Array  # g_sigma + kl_weight (lam sigma - 1 / sigma), (D,)  (ktied.5)
-    grad_rho: Array    # dF/drho, (P,)  (ktied.6)
+    grad_rho: Array    # dF/drho through A = U V^T and the softplus, (P,)  (ktied.6)
     loss_hat: Array    # (N / (M S)) sum_s sum_{i in B} l_i(theta_s), 0-d  (ktied.3)
     elbo: Array        # -(loss_hat + kl_weight kl), 0-d  (ktied.3)
     delta: Array       # Adam step on [mu; rho], (D + P,)  (ktied.7)
@@ -181,30 +127,15 @@ class Evaluation(NamedTuple):
     The standard errors are over examples (the spread of the per-example terms / sqrt(count)),
     the paper's error bars; the posterior's draws are held fixed.
 
-    Attributes
-    ----------
-    neg_elbo : float
-        -ELBO per training example, [(1/S) sum_s l(theta_s) + KL] / N.
-    nll : float
-        Test negative log predictive density per example.
-    accuracy : float
-        Test accuracy of the predictive's argmax, in [0, 1].
-    kl : float
-        KL(q || p), nats.
-    neg_elbo_se : float
-        Standard error of neg_elbo: sd_n((1/S) sum_s l_n(theta_s)) / sqrt(N).
-    nll_se : float
-        Standard error of nll: sd of the per-example NLL / sqrt(N_test).
-    accuracy_se : float
-        Standard error of accuracy: sd of the per-example 0/1 hits / sqrt(N_test).
+    Each field is documented by its trailing comment.
     """
-    neg_elbo: float     # per training example
-    nll: float          # test NLL per example
-    accuracy: float     # test accuracy
-    kl: float           # KL(q || p)
-    neg_elbo_se: float  # over training examples
-    nll_se: float       # over test examples
-    accuracy_se: float  # over test examples
+    neg_elbo: float     # -ELBO per training example, [(1/S) sum_s l(theta_s) + KL] / N
+    nll: float          # test negative log predictive density per example
+    accuracy: float     # test accuracy of the predictive's argmax, in [0, 1]
+    kl: float           # KL(q || p), nats
+    neg_elbo_se: float  # standard error of neg_elbo: sd_n((1/S) sum_s l_n(theta_s)) / sqrt(N)
+    nll_se: float       # standard error of nll: sd of the per-example NLL / sqrt(N_test)
+    accuracy_se: float  # standard error of accuracy: sd of the per-example 0/1 hits / sqrt(N_test)
 
 
 # ----------------------------------------------------------------------------- layout
@@ -243,7 +174,7 @@ def layout(model, k) -> KTiedLayout:
     check_model(model)
     sizes = tuple(model.sizes)
     k = _check_k(k, len(sizes) - 1)
-    theta_lay = _layers.layout(sizes, model.bias)
+    theta_lay = theta_layout(sizes, model.bias)
     u_off, v_off, b_off, pos = [], [], [], 0
     for (m, n), c in zip(zip(sizes[:-1], sizes[1:]), k):
         u_off.append(pos)
@@ -499,8 +430,7 @@ def std(state: KTiedState, model):
     Raises
     ------
     ValueError
-        If state is not a KTiedState matching model (mu (D,), rho (P,) finite of one float
-        dtype, Adam moments (D + P,), t an integer >= 0).
+        If state is invalid for model (see KTiedState).
     """
     lay = _check_state(state, model)
     return _sigma(xp_of(state.rho), state.rho, lay)[0]
@@ -524,7 +454,7 @@ def scale_parameters(state: KTiedState, model) -> list:
     Raises
     ------
     ValueError
-        If state is not a KTiedState matching model.
+        If state is invalid for model (see KTiedState).
     """
     lay = _check_state(state, model)
     out = []
@@ -554,7 +484,7 @@ def sample(state: KTiedState, eps, model):
     Raises
     ------
     ValueError
-        If state is not a KTiedState matching model, or eps not a finite (D, S >= 1) array of
+        If state is invalid for model (see KTiedState), or eps not a finite (D, S >= 1) array of
         the state's dtype and backend.
     """
     lay = _check_state(state, model)
@@ -582,7 +512,7 @@ def dense_covariance(state: KTiedState, model):
     Raises
     ------
     ValueError
-        If state is not a KTiedState matching model.
+        If state is invalid for model (see KTiedState).
     """
     sigma = std(state, model)
     return xp_of(sigma).diag(sigma * sigma)
@@ -608,7 +538,7 @@ def kl_divergence(state: KTiedState, model, lam):
     Raises
     ------
     ValueError
-        If state is not a KTiedState matching model or lam not a finite precision > 0.
+        If state is invalid for model (see KTiedState) or lam not a finite precision > 0.
     """
     lay = _check_state(state, model)
     xp = xp_of(state.mu, state.rho)
@@ -635,7 +565,7 @@ def entropy(state: KTiedState, model):
     Raises
     ------
     ValueError
-        If state is not a KTiedState matching model.
+        If state is invalid for model (see KTiedState).
     """
     lay = _check_state(state, model)
     xp = xp_of(state.rho)
@@ -664,8 +594,8 @@ def log_density(state: KTiedState, model, x):
     Raises
     ------
     ValueError
-        If state is not a KTiedState matching model or x is not a finite (D,) or (D, S) array
-        of the state's dtype.
+        If state is invalid for model (see KTiedState) or x is not a finite (D,) or (D, S) array of
+        the state's dtype.
     """
     lay = _check_state(state, model)
     xp = xp_of(state.mu, x)
@@ -717,11 +647,9 @@ def step(state: KTiedState, batch, eps, cfg: KTiedConfig, model) -> tuple[KTiedS
     Raises
     ------
     ValueError
-        If state is not a KTiedState matching model; if cfg is not a BBBConfig with N an
-        integer >= 1, lam a finite precision > 0, alpha > 0, beta1 and beta2 in [0, 1),
-        eps_adam > 0 and kl_weight >= 0; if batch is not a pair (X, y) of finite arrays with
-        1 <= M <= N rows in the state's dtype; if eps is not a finite (D, S >= 1) array of the
-        state's dtype; or if the arrays mix NumPy and CuPy.
+        If state or cfg is invalid (see KTiedState, BBBConfig); if batch does not fit model (see
+        Batch); if eps is not a finite (D, S >= 1) array of the state's dtype; or if the arrays mix
+        NumPy and CuPy.
     """
     lay = _check_state(state, model)
     xp = xp_of(state.mu, state.rho, eps)
@@ -851,7 +779,7 @@ def truncate_sigma(sigma, model, k: int):
     check_float(sigma, "sigma")
     if not bool(xp.all(sigma > 0)):
         raise ValueError("sigma: expected > 0 everywhere (standard deviations)")
-    lay = _layers.layout(tuple(model.sizes), model.bias)
+    lay = theta_layout(tuple(model.sizes), model.bias)
     out = sigma.copy()
     for l, (m, n) in enumerate(zip(model.sizes[:-1], model.sizes[1:])):
         w0 = lay.w_off[l]

@@ -106,45 +106,36 @@ class LaplaceConfig(NamedTuple):
     defaults to "all" and structure to "full" (laplace-torch's ``Laplace`` defaults are
     "last_layer" and "kron").
 
-    Attributes
-    ----------
-    prior_precision : float or array of shape (D,)
-        Prior precision delta > 0 of p(theta) = N(0, diag(delta)^{-1}): a scalar, or one entry
-        per parameter (``expand_prior_precision`` builds it from per-tensor values).
-        (laplace.1), (laplace.3)
-        With subset "last_layer" an array has shape (D_q,), D_q the last layer's parameter
-        count; with structure "kron" delta must be constant on each layer's block [W_l, b_l].
-    structure : {"full", "diag", "kron"}
-        Dense precision Sigma_inv (D_q, D_q), its diagonal prec_diag (D_q,), or one K-FAC
-        block A_l kron B_l + delta_l I per layer.  (laplace.3), (laplace.20)
-    curvature : {"hessian", "ggn", "ef"}
-        The curvature H of the summed negative log-likelihood at the MAP: the Hessian, the
-        generalized Gauss-Newton sum_i J_i^T H_i J_i, or the empirical Fisher sum_i g_i g_i^T
-        ("kron" factors the GGN or the EF, not the Hessian).  (laplace.2)
-        "hessian" on an MLP is autograd's, NumPy only: CuPy arrays are refused with a
-        ValueError (linear and logistic regression have it in closed form on both backends).
-    subset : {"all", "last_layer"}
-        Which parameters are random: all D, or only the last layer's D_q (the rest fixed at
-        the MAP).  (laplace.25)
+    Each field is documented by its trailing comment. ``fit`` checks a cfg and raises
+    ValueError unless: prior_precision is a finite real > 0 or a finite float (D_q,) array > 0
+    in theta_map's dtype and backend (constant on each layer block [W_l, b_l] for "kron");
+    structure is in STRUCTURES; curvature is in CURVATURES, and "ggn" or "ef" for "kron"; and
+    subset is in SUBSETS. "hessian" on an MLP is autograd's, NumPy only: CuPy arrays are
+    refused (linear and logistic regression have it in closed form on both backends).
     """
     prior_precision: Any = 1.0   # delta: float > 0 or (D_q,) array > 0 (laplace.1), (laplace.3)
+    #                              p(theta) = N(0, diag(delta)^{-1}); an array has one entry per random
+    #                              parameter (``expand_prior_precision`` builds it from per-tensor
+    #                              values), constant on each layer block [W_l, b_l] for "kron"
     structure: str = "full"      # "full", "diag" or "kron" (laplace.3), (laplace.20)
+    #                              dense Sigma_inv (D_q, D_q), its diagonal prec_diag (D_q,), or one
+    #                              K-FAC block A_l kron B_l + delta_l I per layer
     curvature: str = "ggn"       # "hessian", "ggn" or "ef" (laplace.2)
+    #                              H of the summed NLL at the MAP: the Hessian, the GGN
+    #                              sum_i J_i^T H_i J_i or the EF sum_i g_i g_i^T ("kron": GGN or EF)
     subset: str = "all"          # "all" or "last_layer" (laplace.25)
+    #                              the random parameters: all D, or the last layer's D_q (the rest
+    #                              fixed at the MAP)
 
 
 class KronBlock(NamedTuple):
     """The K-FAC factors of one layer's curvature block, H_l ~ A kron B (peg.18).
 
-    Attributes
-    ----------
-    A : array of shape (n_in + 1, n_in + 1) or (n_in, n_in)
-        (1/N) sum_i a~_i a~_i^T, a~_i the layer input with a 1 appended for the bias.
-    B : array of shape (n_out, n_out)
-        sum_i B_i, the pre-activation GGN (or EF) summed over the N rows.
+    Each field is documented by its trailing comment.
     """
     A: Array  # (1/N) sum_i a~_i a~_i^T, (n_in~, n_in~) (peg.18), (laplace.20)
-    B: Array  # sum_i B_i, (n_out, n_out) (peg.18), (laplace.20)
+    #           a~_i the layer input with a 1 appended for the bias: n_in~ = n_in + 1, or n_in
+    B: Array  # sum_i B_i, the pre-activation GGN (or EF) over the N rows, (n_out, n_out) (peg.18), (laplace.20)
 
 
 class LaplaceState(NamedTuple):
@@ -155,45 +146,33 @@ class LaplaceState(NamedTuple):
     theta (all of them for subset "all", n_fixed = 0; the last layer's for "last_layer"); the
     first n_fixed stay at mu.
 
-    Attributes
-    ----------
-    mu : array of shape (D,)
-        Mean, the MAP estimate theta*.  (laplace.1)
-    Sigma_inv : array of shape (D_q, D_q) or None
-        Dense precision H + diag(delta) (structure "full"), else None.  (laplace.3)
-    prec_diag : array of shape (D_q,) or None
-        Diagonal precision diag(H) + delta (structure "diag"), else None.  (laplace.3)
-    prior_prec : array of shape (D_q,)
-        The prior precision delta inside the precision, per random parameter.  (laplace.1)
-    kron : tuple of KronBlock or None
-        One K-FAC block per layer in theta order (structure "kron"), the precision
-        blockdiag_l(A_l kron B_l + delta_l I), else None.  (laplace.20)
-    n_fixed : int
-        Number of leading entries of theta held at mu (0 for subset "all").  (laplace.25)
+    Each field is documented by its trailing comment. Every function that takes a state checks
+    it and raises ValueError unless: mu is a finite float (float64 or float32) (D,) array;
+    n_fixed is an int in [0, D), so that D_q = D - n_fixed; exactly one of Sigma_inv, prec_diag
+    and kron is set (the structure); prior_prec is a finite (D_q,) array > 0; Sigma_inv is a
+    finite symmetric (D_q, D_q) array (the functions that factor it also raise when its
+    Cholesky factorization fails); prec_diag is a finite (D_q,) array > 0 with 1 / prec_diag
+    finite; kron is a non-empty tuple of KronBlock of finite symmetric square float factors
+    that tile the D_q entries, with prior_prec constant on each block; and all arrays share
+    mu's dtype.
     """
-    mu: Array          # theta*, (D,) (laplace.1)
-    Sigma_inv: Array   # H + diag(delta), (D_q, D_q), or None (laplace.3)
-    prec_diag: Array   # diag(H) + delta, (D_q,), or None (laplace.3)
-    prior_prec: Array  # delta, (D_q,) (laplace.1)
+    mu: Array          # mean: the MAP estimate theta*, (D,) (laplace.1)
+    Sigma_inv: Array   # H + diag(delta), (D_q, D_q), for "full"; else None (laplace.3)
+    prec_diag: Array   # diag(H) + delta, (D_q,), for "diag"; else None (laplace.3)
+    prior_prec: Array  # delta inside the precision, per random parameter, (D_q,) (laplace.1)
     kron: Any = None   # (KronBlock(A_l, B_l), ...) for "kron", or None (laplace.20)
-    n_fixed: int = 0   # leading entries of theta fixed at mu (laplace.25)
+    #                    one block per layer in theta order: blockdiag_l(A_l kron B_l + delta_l I)
+    n_fixed: int = 0   # leading entries of theta fixed at mu, 0 for subset "all" (laplace.25)
 
 
 class GLMPredictive(NamedTuple):
     """The linearized (GLM) predictive of a Gaussian-likelihood model at M test inputs.
 
-    Attributes
-    ----------
-    f_mean : array of shape (M, K)
-        Predictive mean f(x*, mu).  (laplace.7)
-    f_var : array of shape (M, K, K)
-        Covariance of the linearized outputs, J(x*) Sigma J(x*)^T.  (laplace.7)
-    y_var : array of shape (M, K, K)
-        Covariance of y*, f_var + I_K / noise_precision.  (laplace.7)
+    Each field is documented by its trailing comment.
     """
-    f_mean: Array  # f(x*, mu), (M, K) (laplace.7)
-    f_var: Array   # J Sigma J^T, (M, K, K) (laplace.7)
-    y_var: Array   # f_var + I / noise_precision, (M, K, K) (laplace.7)
+    f_mean: Array  # predictive mean f(x*, mu), (M, K) (laplace.7)
+    f_var: Array   # linearized-output covariance J(x*) Sigma J(x*)^T, (M, K, K) (laplace.7)
+    y_var: Array   # covariance of y*: f_var + I_K / noise_precision, (M, K, K) (laplace.7)
 
 
 # ----------------------------------------------------------------------------- checks
@@ -500,13 +479,10 @@ def fit(model, theta_map, X, y, cfg: LaplaceConfig) -> LaplaceState:
     ------
     ValueError
         If theta_map is not a finite float (D,) array; if model is not a FlatModel with D
-        parameters; if cfg is not a LaplaceConfig with prior_precision a finite float > 0 or a
-        finite (D_q,) array > 0 in theta_map's dtype (constant on each layer block for
-        "kron"), structure in STRUCTURES, curvature in CURVATURES ("ggn" or "ef" for "kron")
-        and subset in SUBSETS; if X, y do not fit the model (see ``FlatModel.ggn``); or if
-        the precision is not positive definite (an indefinite Hessian away from a minimum;
-        for "diag", an entry below the smallest normal float); or if curvature is "hessian"
-        with CuPy arrays and a model whose Hessian is autograd's (an MLP).
+        parameters; if cfg is invalid (see LaplaceConfig); if X, y do not fit the model (see
+        ``FlatModel.ggn``); or if the precision is not positive definite (an indefinite Hessian
+        away from a minimum; for "diag", an entry below the smallest normal float); or if curvature
+        is "hessian" with CuPy arrays and a model whose Hessian is autograd's (an MLP).
     """
     check_array(theta_map, "theta_map", ndim=1)
     check_float(theta_map, "theta_map")
@@ -554,9 +530,8 @@ def sample(state: LaplaceState, eps):
     Raises
     ------
     ValueError
-        If state is not a valid LaplaceState (finite float arrays of one dtype, exactly one of
-        Sigma_inv (D, D) symmetric positive definite and prec_diag (D,) > 0, prior_prec (D,)
-        > 0), or eps is not a finite (D, S) array of the state's dtype.
+        If state is invalid (see LaplaceState), or eps is not a finite (D, S) array of the state's
+        dtype.
     """
     _, xp = _check_state(state)
     Dq = _n_random(state)
@@ -606,7 +581,7 @@ def dense_precision(state: LaplaceState):
     Raises
     ------
     ValueError
-        If state is not a valid LaplaceState (see ``sample``).
+        If state is invalid (see LaplaceState).
     """
     _, xp = _check_state(state)
     structure = _structure(state)
@@ -639,7 +614,7 @@ def dense_covariance(state: LaplaceState):
     Raises
     ------
     ValueError
-        If state is not a valid LaplaceState (see ``sample``).
+        If state is invalid (see LaplaceState).
     """
     _, xp = _check_state(state)
     Dq = _n_random(state)
@@ -698,10 +673,9 @@ def log_marginal_likelihood(model, state: LaplaceState, X, y, cfg: LaplaceConfig
     Raises
     ------
     ValueError
-        If state is not a valid LaplaceState (see ``sample``); if cfg is not a valid
-        LaplaceConfig (see ``fit``), its structure differs from the state's or its prior
-        precision from state.prior_prec; if model is not a FlatModel with D parameters; or if
-        X, y do not fit the model.
+        If state is invalid (see LaplaceState); if cfg is invalid (see LaplaceConfig), its
+        structure differs from the state's or its prior precision from state.prior_prec; if model
+        is not a FlatModel with D parameters; or if X, y do not fit the model.
     """
     _, xp, _ = _check_evidence_args(model, state, X, y, cfg)
     delta = state.prior_prec
@@ -721,49 +695,26 @@ TUNING_METHODS = ("lbfgs", "adam", "grid")
 class MarglikGrad(NamedTuple):
     """The Laplace evidence at a prior precision (and noise precision), with its gradient.
 
-    Attributes
-    ----------
-    log_marglik : float
-        log Z at (delta, tau), mu and the curvature H held fixed.  (laplace.6), (laplace.12)
-    grad_log_prior_prec : array of shape (D_q,)
-        d log Z / d log delta_j, one entry per random parameter.  (laplace.11)
-    grad_log_noise_prec : float or None
-        d log Z / d log tau, or None when no noise precision was given.  (laplace.13)
+    Each field is documented by its trailing comment.
     """
-    log_marglik: float          # log Z at (delta, tau) (laplace.6), (laplace.12)
+    log_marglik: float          # log Z at (delta, tau), mu and H held fixed (laplace.6), (laplace.12)
     grad_log_prior_prec: Array  # d log Z / d log delta_j, (D_q,) (laplace.11)
-    grad_log_noise_prec: Any    # d log Z / d log tau, float, or None (laplace.13)
+    grad_log_noise_prec: Any    # d log Z / d log tau, float; None without a noise precision (laplace.13)
 
 
 class PriorOptInfo(NamedTuple):
     """The result and trace of ``optimize_prior_precision``.
 
-    Attributes
-    ----------
-    prior_precision : float or numpy.ndarray of shape (G,)
-        The optimised prior precision in its structure: a float ("scalar"), one value per
-        parameter tensor ("layerwise", G = T; for a "kron" state one per layer block
-        [W_l, b_l]) or per random parameter ("diag", G = D_q).  (laplace.17)
-    noise_precision : float or None
-        The optimised noise precision tau, or None when it was held fixed.  (laplace.12)
-    log_marglik : float
-        log Z at the result.  (laplace.6), (laplace.12)
-    trace_log_hyper : numpy.ndarray of shape (n, G) or (n, G + 1)
-        Every point at which the evidence was evaluated, as log delta_g (and log tau last).
-        (laplace.17)
-    trace_log_marglik : numpy.ndarray of shape (n,)
-        log Z at those points (-inf where the precision was not positive definite, grid
-        only).  (laplace.17)
-    converged : bool
-        "lbfgs": scipy's success flag; "adam": False (a fixed number of steps, as
-        laplace-torch); "grid": True.
+    Each field is documented by its trailing comment.
     """
     prior_precision: Any     # delta_g in prior_structure: float, (T,) or (D_q,) (laplace.17)
+    #                          "scalar": a float; "layerwise": one per parameter tensor (G = T;
+    #                          one per layer block [W_l, b_l] for a "kron" state); "diag": G = D_q
     noise_precision: Any     # tau, float, or None when held fixed (laplace.12)
     log_marglik: float       # log Z at the result (laplace.6), (laplace.12)
-    trace_log_hyper: Any     # (n, G[+1]) log delta_g [, log tau] evaluated (laplace.17)
-    trace_log_marglik: Any   # (n,) log Z at each (laplace.17)
-    converged: bool          # lbfgs: scipy's success; adam: False; grid: True
+    trace_log_hyper: Any     # (n, G[+1]) log delta_g [, log tau] at every evaluation (laplace.17)
+    trace_log_marglik: Any   # (n,) log Z at each; -inf where not positive definite (grid) (laplace.17)
+    converged: bool          # lbfgs: scipy's success; adam: False (fixed steps, as laplace-torch); grid: True
 
 
 def _diag_covariance(state):
@@ -1166,7 +1117,7 @@ def glm_predictive(model, state: LaplaceState, X_star) -> GLMPredictive:
     Raises
     ------
     ValueError
-        If state is not a valid LaplaceState (see ``sample``); if model is not a FlatModel
+        If state is invalid (see LaplaceState); if model is not a FlatModel
         with D parameters and a Gaussian likelihood; or if X_star is not a finite float
         (M, n_in) array with M >= 1 in the state's dtype.
     """
@@ -1194,37 +1145,21 @@ LINKS = ("probit", "mc")
 class ClassPredictive(NamedTuple):
     """The linearized (GLM) predictive of a classifier at M test inputs.
 
-    Attributes
-    ----------
-    probs : array of shape (M,) or (M, K)
-        Bernoulli: p(y* = 1) (M,), the shape of ``Bernoulli.mean``; categorical: the class
-        probabilities (M, K).  (laplace.14), (laplace.15)
-    f_mean : array of shape (M, K)
-        Mean of the linearized logits, f(x*, mu).  (laplace.7)
-    f_var : array of shape (M, K, K)
-        Covariance of the linearized logits, J(x*) Sigma J(x*)^T.  (laplace.7)
+    Each field is documented by its trailing comment.
     """
-    probs: Array   # (M,) p(y = 1) or (M, K) class probabilities (laplace.14), (laplace.15)
-    f_mean: Array  # f(x*, mu), (M, K) (laplace.7)
-    f_var: Array   # J Sigma J^T, (M, K, K) (laplace.7)
+    probs: Array   # (M,) p(y* = 1) (as Bernoulli.mean) or (M, K) class probabilities (laplace.14), (laplace.15)
+    f_mean: Array  # mean of the linearized logits f(x*, mu), (M, K) (laplace.7)
+    f_var: Array   # their covariance J(x*) Sigma J(x*)^T, (M, K, K) (laplace.7)
 
 
 class MCPredictive(NamedTuple):
     """The sampling ("nn") predictive at M test inputs from S parameter draws.
 
-    Attributes
-    ----------
-    y_mean : array of shape (M,) or (M, K)
-        (1/S) sum_s E[y* | x*, theta_s]: the Gaussian mean (M, K), Bernoulli p(y* = 1) (M,),
-        categorical class probabilities (M, K).  (laplace.16)
-    y_var : array of shape (M, K, K) or None
-        Gaussian: the mixture covariance (1/S) sum_s (f_s - y_mean)(f_s - y_mean)^T
-        + I_K / noise_precision; None for classification.  (laplace.16)
-    f_samples : array of shape (S, M, K)
-        The network outputs f(x*, theta_s).  (laplace.16)
+    Each field is documented by its trailing comment.
     """
     y_mean: Array     # (1/S) sum_s E[y | x*, theta_s], (M,) or (M, K) (laplace.16)
     y_var: Array      # mixture covariance (M, K, K), Gaussian only, else None (laplace.16)
+    #                   (1/S) sum_s (f_s - y_mean)(f_s - y_mean)^T + I_K / noise_precision
     f_samples: Array  # f(x*, theta_s), (S, M, K) (laplace.16)
 
 
@@ -1284,7 +1219,7 @@ def glm_class_predictive(model, state: LaplaceState, X_star, link: str = "probit
     Raises
     ------
     ValueError
-        If state is not a valid LaplaceState (see ``sample``); if model is not a FlatModel
+        If state is invalid (see LaplaceState); if model is not a FlatModel
         with D parameters and a Bernoulli or categorical likelihood; if X_star is not a
         finite float (M, n_in) array with M >= 1 in the state's dtype; if link is not in
         LINKS; if eps is not None with "probit", or not a finite (K, S) array (S >= 1) of the
@@ -1357,7 +1292,7 @@ def mc_predictive(model, state: LaplaceState, X_star, eps) -> MCPredictive:
     Raises
     ------
     ValueError
-        If state is not a valid LaplaceState (see ``sample``); if model is not a FlatModel
+        If state is invalid (see LaplaceState); if model is not a FlatModel
         with D parameters; if X_star is not a finite float (M, n_in) array with M >= 1 in the
         state's dtype; or if eps is not a finite (D_q, S) array (S >= 1) of the state's dtype
         and backend.
@@ -1409,9 +1344,9 @@ def linearized_outputs(model, theta_map, Theta, X_star):
     ------
     ValueError
         If theta_map is not a finite float (D,) array; if model is not a FlatModel with D
-        parameters; if Theta is not a finite (D, S) array with S >= 1 of theta_map's dtype
-        and backend; or if X_star is not a finite float (M, n_in) array with M >= 1 in
-        theta_map's dtype.
+        parameters; if Theta is not a finite (D, S) array with S >= 1 of theta_map's dtype and
+        backend; or if X_star is not a finite float (M, n_in) array with M >= 1 in theta_map's
+        dtype.
     """
     check_array(theta_map, "theta_map", ndim=1)
     check_float(theta_map, "theta_map")

@@ -43,7 +43,7 @@ from refbayes.methods.adam import (
     check_adam_hyper,
     check_theta_state,
 )
-from refbayes.models import _layers
+from refbayes.models import theta_layout
 from refbayes.models.dropout import masked_forward, masked_output_and_grad
 from refbayes.models.likelihoods import Gaussian
 
@@ -70,38 +70,20 @@ class MCDropoutConfig(NamedTuple):
     Gal's net/net.py: dropout 0.05, lengthscale 1e-2, Keras Adam lr 1e-3
     (derivations/mc_dropout.md).
 
-    Attributes
-    ----------
-    N : int
-        Training-set size N >= 1; minibatch sums are scaled by N / M.  (mc_dropout.3)
-    p : float
-        Dropout (drop) probability in [0, 1).  (mc_dropout.1), (mc_dropout.4)
-    lengthscale : float
-        Prior length-scale l > 0; prior precision l^2.  (mc_dropout.4)
-    noise_precision : float
-        Gal's tau: the Gaussian likelihood's precision, 1 otherwise.  (mc_dropout.5)
-    alpha : float
-        Adam step size > 0.  (adam.4)
-    beta1 : float
-        Adam first-moment decay in [0, 1).  (adam.1)
-    beta2 : float
-        Adam second-moment decay in [0, 1).  (adam.2)
-    eps_adam : float
-        Adam constant > 0 added to sqrt(v_hat).  (adam.4)
-    inverted : bool
-        Scale kept units by 1 / (1 - p) (Keras, PyTorch).  (mc_dropout.1)
-    decay_biases : bool
-        Biases get prior precision l^2 (the derivation); False gives them 0 (Gal's code).
-        (mc_dropout.4)
+    Each field is documented by its trailing comment. The functions that take a cfg check it
+    and raise ValueError unless: N is an integer >= 1; p is in [0, 1); lengthscale,
+    noise_precision, alpha and eps_adam are finite reals > 0; beta1 and beta2 are in [0, 1);
+    and inverted and decay_biases are bools. ``step`` also requires noise_precision to be the
+    model's Gaussian noise precision (1 for classification).
     """
-    N: int                       # training-set size, minibatch sums scaled by N / M (mc_dropout.3)
+    N: int                       # training-set size >= 1, minibatch sums scaled by N / M (mc_dropout.3)
     p: float = 0.05              # dropout (drop) probability, in [0, 1) (mc_dropout.1), (mc_dropout.4)
     lengthscale: float = 1e-2    # prior length-scale l > 0, prior precision l^2 (mc_dropout.4)
     noise_precision: float = 1.0  # Gal's tau: the Gaussian likelihood's precision, 1 otherwise (mc_dropout.5)
-    alpha: float = 1e-3          # Adam step size (adam.4)
-    beta1: float = 0.9           # (adam.1)
-    beta2: float = 0.999         # (adam.2)
-    eps_adam: float = 1e-8       # (adam.4)
+    alpha: float = 1e-3          # Adam step size > 0 (adam.4)
+    beta1: float = 0.9           # Adam first-moment decay in [0, 1) (adam.1)
+    beta2: float = 0.999         # Adam second-moment decay in [0, 1) (adam.2)
+    eps_adam: float = 1e-8       # Adam constant > 0 added to sqrt(v_hat) (adam.4)
     inverted: bool = True        # scale kept units by 1 / (1 - p) (Keras, PyTorch) (mc_dropout.1)
     decay_biases: bool = True    # biases get prior precision l^2 (derivation); False = Gal's code (mc_dropout.4)
 
@@ -109,42 +91,26 @@ class MCDropoutConfig(NamedTuple):
 class MCDropoutState(NamedTuple):
     """MC dropout training state after t steps.
 
-    Attributes
-    ----------
-    theta : array of shape (D,)
-        Weights theta_t.  (mc_dropout.6)
-    adam : AdamState
-        Adam moments of theta, (D,) each; adam.t is not read.  (adam.1)-(adam.2)
-    t : int
-        Number of steps taken; drives the bias correction.  (adam.3)
+    Each field is documented by its trailing comment. Every function that takes a state checks
+    it and raises ValueError unless: theta is a finite float (float64 or float32) (D,) array; t
+    is an integer >= 0; and adam is an AdamState whose m, v are finite (D,) arrays of theta's
+    dtype with v >= 0 and whose t is an integer >= 0 (checked, though not read).
     """
     theta: Array      # theta_t, (D,), (mc_dropout.6)
-    adam: AdamState   # Adam moments of theta, (D,) each, (adam.1)-(adam.2); adam.t is not read
+    adam: AdamState   # Adam moments of theta, (D,) each, (adam.1), (adam.2); adam.t is not read
     t: int            # steps taken; drives the bias correction (adam.3)
 
 
 class MCDropoutInfo(NamedTuple):
     """The named intermediates of one MC dropout step, by equation.
 
-    Attributes
-    ----------
-    f : array of shape (M, n_out)
-        Masked outputs f_i(theta_t; z_i).  (mc_dropout.1)
-    g_data : array of shape (D,)
-        Data gradient (N / M) sum_{i in B} grad l_i(theta_t; z_i).  (mc_dropout.2),
-        (mc_dropout.5)
-    g : array of shape (D,)
-        Objective gradient g_data + lam * theta_t.  (mc_dropout.5)
-    delta : array of shape (D,)
-        Adam step.  (adam.4)
-    theta : array of shape (D,)
-        Weights theta_{t+1} = theta_t + delta.  (mc_dropout.6)
+    Each field is documented by its trailing comment (the equation tag last).
     """
     f: Array        # masked outputs f_i(theta_t; z_i), (M, n_out)  (mc_dropout.1)
-    g_data: Array   # (N / M) sum_{i in B} grad l_i(theta_t; z_i), (D,)  (mc_dropout.2), (mc_dropout.5)
-    g: Array        # g_data + lam * theta_t, (D,)  (mc_dropout.5)
+    g_data: Array   # (N / M) sum_{i in B} grad l_i(theta_t; z_i), data gradient, (D,)  (mc_dropout.2), (mc_dropout.5)
+    g: Array        # objective gradient g_data + lam * theta_t, (D,)  (mc_dropout.5)
     delta: Array    # Adam step, (D,)  (adam.4)
-    theta: Array    # theta_{t+1}, (D,)  (mc_dropout.6)
+    theta: Array    # weights theta_{t+1} = theta_t + delta, (D,)  (mc_dropout.6)
 
 
 # ----------------------------------------------------------------------------- checks
@@ -200,9 +166,7 @@ def scale(cfg: MCDropoutConfig) -> float:
     Raises
     ------
     ValueError
-        If cfg is not an MCDropoutConfig with N an integer >= 1, p in [0, 1),
-        lengthscale > 0, noise_precision > 0, alpha > 0, beta1 and beta2 in [0, 1), eps_adam
-        > 0 (all finite) and bool inverted and decay_biases.
+        If cfg is invalid (see MCDropoutConfig).
     """
     _, p, *_ = _check_cfg(cfg)
     return 1.0 / (1.0 - p) if cfg.inverted else 1.0
@@ -231,17 +195,14 @@ def prior_precision(cfg: MCDropoutConfig, model, dtype=np.float64):
     Raises
     ------
     ValueError
-        If cfg is not an MCDropoutConfig with N an integer >= 1, p in [0, 1),
-        lengthscale > 0, noise_precision > 0, alpha > 0, beta1 and beta2 in [0, 1), eps_adam
-        > 0 (all finite) and bool inverted and decay_biases; or if model has no ``sizes``
-        and ``bias``.
+        If cfg is invalid (see MCDropoutConfig), or model has no ``sizes`` and ``bias``.
     """
     _, p, ls, _, _ = _check_cfg(cfg)
     if not hasattr(model, "sizes") or not hasattr(model, "bias"):
         raise ValueError(f"model: expected a refbayes.models model, got {type(model).__name__}")
     lam_W = ls * ls / (1.0 - p) if cfg.inverted else ls * ls * (1.0 - p)   # (mc_dropout.4)
     lam_b = ls * ls if cfg.decay_biases else 0.0                            # (mc_dropout.4)
-    lay = _layers.layout(model.sizes, model.bias)
+    lay = theta_layout(model.sizes, model.bias)
     lam = np.full(lay.D, lam_W, dtype=dtype)
     if model.bias:
         for k, b0 in enumerate(lay.b_off):
@@ -269,9 +230,7 @@ def gal_weight_decay(cfg: MCDropoutConfig) -> float:
     Raises
     ------
     ValueError
-        If cfg is not an MCDropoutConfig with N an integer >= 1, p in [0, 1),
-        lengthscale > 0, noise_precision > 0, alpha > 0, beta1 and beta2 in [0, 1), eps_adam
-        > 0 (all finite) and bool inverted and decay_biases.
+        If cfg is invalid (see MCDropoutConfig).
     """
     N, p, ls, tau, _ = _check_cfg(cfg)
     return ls * ls * (1.0 - p) / (2.0 * N * tau)
@@ -333,15 +292,10 @@ def step(state: MCDropoutState, batch, masks, cfg: MCDropoutConfig,
     Raises
     ------
     ValueError
-        If state is not an MCDropoutState with theta a finite float (D,) array, a
-        non-negative integer t and Adam moments of theta's shape and dtype (v >= 0); if cfg
-        is not an MCDropoutConfig with N an integer >= 1, p in [0, 1), lengthscale > 0,
-        noise_precision > 0, alpha > 0, beta1 and beta2 in [0, 1), eps_adam > 0 (all finite)
-        and bool inverted and decay_biases; if model is not a FlatModel with D parameters, or
-        cfg.noise_precision is not its Gaussian noise precision (1 for classification); if
-        batch is not a pair (X, y) of finite arrays with 1 <= M <= N rows in theta's dtype
-        (binary labels for a Bernoulli likelihood); if masks is not a list of L binary
-        (M, n_k) arrays; or if the arrays mix NumPy and CuPy.
+        If state or cfg is invalid (see MCDropoutState, MCDropoutConfig); if model is not a
+        FlatModel with D parameters, or cfg.noise_precision is not its Gaussian noise precision (1
+        for classification); if batch does not fit it (see Batch); if masks is not a list of L
+        binary (M, n_k) arrays; or if the arrays mix NumPy and CuPy.
     """
     D = _check_state(state)
     dtype = state.theta.dtype
@@ -390,14 +344,10 @@ def predict_samples(state: MCDropoutState, X, masks_list, cfg: MCDropoutConfig, 
     Raises
     ------
     ValueError
-        If state is not an MCDropoutState with theta a finite float (D,) array, a
-        non-negative integer t and Adam moments of theta's shape and dtype (v >= 0); if cfg
-        is not an MCDropoutConfig with N an integer >= 1, p in [0, 1), lengthscale > 0,
-        noise_precision > 0, alpha > 0, beta1 and beta2 in [0, 1), eps_adam > 0 (all finite)
-        and bool inverted and decay_biases; if model is not a FlatModel with D parameters; if
-        masks_list is not a non-empty list; if a mask list is not L binary (n, n_k) arrays;
-        if X is not a finite float (n, n_in) array of theta's dtype; or if the arrays mix
-        NumPy and CuPy.
+        If state or cfg is invalid (see MCDropoutState, MCDropoutConfig); if model is not a
+        FlatModel with D parameters; if masks_list is not a non-empty list; if a mask list is not L
+        binary (n, n_k) arrays; if X is not a finite float (n, n_in) array of theta's dtype; or if
+        the arrays mix NumPy and CuPy.
     """
     _check_state(state)
     _check_cfg(cfg)

@@ -37,6 +37,7 @@ from refbayes._checks import (
 )
 from refbayes.backend import cho_solve, cholesky, linalg_of, xp_of
 from refbayes.methods._estimates import (
+    CURVATURES,
     Batch,
     check_batch,
     check_curvature,
@@ -60,6 +61,7 @@ from refbayes.methods._estimates import (
 )
 
 __all__ = [
+    "CURVATURES",
     "Batch",
     "FullInfo",
     "FullState",
@@ -84,90 +86,50 @@ _HESS_ON_CUPY = 'cfg.curvature "ef" (or "exact" for linear and logistic regressi
 class NGVIConfig(NamedTuple):
     """Natural-gradient VI hyperparameters (defaults: the SLANG paper's logistic regression).
 
-    Attributes
-    ----------
-    N : int
-        Training-set size N >= 1; scales minibatch sums by N / M.  (ngvi.6)
-    lam : array of shape (D,)
-        Prior precision lam > 0.  (ngvi.10), (ngvi.11)
-    alpha : float
-        Mean step size alpha_0 in (0, 1].  (ngvi.11)
-    beta : float
-        Precision step size beta_0 in (0, 1].  (ngvi.10)
-    decay : float
-        Step-size decay >= 0: alpha_t = alpha / (1 + (t + 1)^decay) with t = state.t (the
-        steps already taken), the same for beta; constant alpha, beta for decay = 0.  (ngvi.12)
-    curvature : {"ef", "hess", "exact"}
-        Empirical Fisher (ngvi.7), Hessian (ngvi.8) or exact expectation (ngvi.9). "hess" on
-        an MLP is autograd's Hessian, NumPy only: CuPy arrays are refused with a ValueError
-        (linear and logistic regression have it in closed form on both backends).
-    momentum : float
-        Momentum b in [0, 1); 0 turns momentum off.  (ngvi.13)
+    Each field is documented by its trailing comment.  ``step_full`` and ``step_meanfield``
+    check a cfg against the state and raise ValueError unless: N is an integer >= 1; lam is a
+    finite float (D,) array > 0 in the state's dtype; alpha and beta are finite reals in (0, 1];
+    decay is a finite real >= 0; momentum is in [0, 1); and curvature is one of CURVATURES
+    ("ef", "hess", "exact").  "hess" on an MLP is autograd's Hessian, NumPy only: the steps
+    refuse it with CuPy arrays (linear and logistic regression have it in closed form on both
+    backends).
     """
-    N: int                   # training-set size, scales minibatch sums by N / M (ngvi.6)
+    N: int                   # training-set size >= 1, scales minibatch sums by N / M (ngvi.6)
     lam: Array               # prior precision (D,), > 0 (ngvi.10), (ngvi.11)
     alpha: float = 0.05      # mean step size alpha_0, in (0, 1] (ngvi.11)
     beta: float = 0.05       # precision step size beta_0, in (0, 1] (ngvi.10)
     decay: float = 0.51      # alpha_t = alpha / (1 + (t + 1)^decay), t = state.t; beta_t alike; 0: constant (ngvi.12)
+    #                          decay >= 0; t = state.t counts the steps already taken
     curvature: str = "ef"    # "ef" (ngvi.7), "hess" (ngvi.8) or "exact" (ngvi.9)
-    momentum: float = 0.0    # b in (ngvi.13); 0 turns momentum off
+    momentum: float = 0.0    # b in [0, 1) of (ngvi.13); 0 turns momentum off
 
 
 class FullState(NamedTuple):
     """Full-covariance Gaussian state after t steps.
 
-    Attributes
-    ----------
-    mu : array of shape (D,)
-        Mean mu_t.  (ngvi.11)
-    Sigma_inv : array of shape (D, D)
-        Precision Sigma_t^{-1}, symmetric positive definite.  (ngvi.10)
-    g_bar : array of shape (D,)
-        Momentum average of g_hat (likelihood gradient only).  (ngvi.13)
-    t : int
-        Number of steps taken.
+    Each field is documented by its trailing comment.  Every function that takes a state checks
+    it and raises ValueError unless: mu is a finite float (float64 or float32) (D,) array;
+    Sigma_inv and g_bar are finite (D, D) and (D,) arrays of mu's dtype; Sigma_inv is symmetric
+    and its Cholesky factorization succeeds (positive definite); and t is an integer >= 0.
     """
     mu: Array         # mu_t, (D,), (ngvi.11)
     Sigma_inv: Array  # Sigma_t^{-1}, (D, D), SPD, (ngvi.10)
     g_bar: Array      # momentum average of g_hat (likelihood gradient only), (D,), (ngvi.13)
-    t: int            # steps taken
+    t: int            # steps taken, an integer >= 0
 
 
 class FullInfo(NamedTuple):
     """The named intermediates of one full-Gaussian step, by equation.
 
-    Attributes
-    ----------
-    alpha_t : float
-        Mean step size of this step.  (ngvi.12)
-    beta_t : float
-        Precision step size of this step.  (ngvi.12)
-    theta : array of shape (D, S)
-        Draws theta_s; (D, 0) for "exact".  (ngvi.4)
-    G : array of shape (S, M, D)
-        Per-example gradients g_{s,i}; (0, M, D) for "exact".  (ngvi.5)
-    g_hat : array of shape (D,)
-        Minibatch estimate of E_q[grad sum_n l_n].  (ngvi.6) / (ngvi.9)
-    C_hat : array of shape (D, D)
-        Minibatch estimate of E_q[grad^2 sum_n l_n].  (ngvi.7)-(ngvi.9)
-    Sigma_inv : array of shape (D, D)
-        Precision Sigma_{t+1}^{-1}.  (ngvi.10)
-    g_tilde : array of shape (D,)
-        Natural-gradient input g_hat + lam * mu_t.  (ngvi.11)
-    direction : array of shape (D,)
-        Bias-corrected g_bar + lam * mu_t; equals g_tilde when momentum = 0.  (ngvi.13)
-    Delta_mu : array of shape (D,)
-        Mean update Sigma_{t+1} direction.  (ngvi.11)
-    mu : array of shape (D,)
-        Mean mu_{t+1}.  (ngvi.11)
+    Each field is documented by its trailing comment (the equation tag last).
     """
-    alpha_t: float    # (ngvi.12)
-    beta_t: float     # (ngvi.12)
+    alpha_t: float    # mean step size of this step (ngvi.12)
+    beta_t: float     # precision step size of this step (ngvi.12)
     theta: Array      # theta_s, (D, S) draws; (D, 0) for "exact"  (ngvi.4)
     G: Array          # g_{s,i}, (S, M, D) per-example gradients; (0, M, D) for "exact"  (ngvi.5)
     g_hat: Array      # minibatch estimate of E_q[grad sum_n l_n], (D,)  (ngvi.6) / (ngvi.9)
     C_hat: Array      # minibatch estimate of E_q[grad^2 sum_n l_n], (D, D)  (ngvi.7)-(ngvi.9)
-    Sigma_inv: Array  # Sigma_{t+1}^{-1}, (D, D)  (ngvi.10)
+    Sigma_inv: Array  # precision Sigma_{t+1}^{-1}, (D, D)  (ngvi.10)
     g_tilde: Array    # g_hat + lam * mu_t, (D,)  (ngvi.11)
     direction: Array  # g_bar bias-corrected + lam * mu_t (ngvi.13); = g_tilde when momentum = 0, (D,)
     Delta_mu: Array   # Sigma_{t+1} direction, (D,)  (ngvi.11)
@@ -177,58 +139,29 @@ class FullInfo(NamedTuple):
 class MeanFieldState(NamedTuple):
     """Mean-field Gaussian state after t steps.
 
-    Attributes
-    ----------
-    mu : array of shape (D,)
-        Mean mu_t.  (ngvi.16)
-    prec_diag : array of shape (D,)
-        Precision diagonal diag(Sigma_t^{-1}) > 0.  (ngvi.15)
-    g_bar : array of shape (D,)
-        Momentum average of g_hat (likelihood gradient only).  (ngvi.13)
-    t : int
-        Number of steps taken.
+    Each field is documented by its trailing comment.  Every function that takes a state checks
+    it and raises ValueError unless: mu is a finite float (float64 or float32) (D,) array;
+    prec_diag and g_bar are finite (D,) arrays of mu's dtype; every prec_diag > 0 with
+    1 / prec_diag finite; and t is an integer >= 0.
     """
     mu: Array         # mu_t, (D,), (ngvi.16)
     prec_diag: Array  # diag(Sigma_t^{-1}), (D,), > 0, (ngvi.15)
     g_bar: Array      # momentum average of g_hat (likelihood gradient only), (D,), (ngvi.13)
-    t: int            # steps taken
+    t: int            # steps taken, an integer >= 0
 
 
 class MeanFieldInfo(NamedTuple):
     """The named intermediates of one mean-field step, by equation.
 
-    Attributes
-    ----------
-    alpha_t : float
-        Mean step size of this step.  (ngvi.12)
-    beta_t : float
-        Precision step size of this step.  (ngvi.12)
-    theta : array of shape (D, S)
-        Draws theta_s; (D, 0) for "exact".  (ngvi.14)
-    G : array of shape (S, M, D)
-        Per-example gradients g_{s,i}; (0, M, D) for "exact".  (ngvi.5)
-    g_hat : array of shape (D,)
-        Minibatch gradient estimate.  (ngvi.6) / (ngvi.9)
-    c_hat : array of shape (D,)
-        Diagonal curvature estimate.  (ngvi.7)-(ngvi.9), diagonals
-    prec_diag : array of shape (D,)
-        Precision diagonal prec_diag_{t+1}.  (ngvi.15)
-    g_tilde : array of shape (D,)
-        Natural-gradient input g_hat + lam * mu_t.  (ngvi.16)
-    direction : array of shape (D,)
-        Bias-corrected g_bar + lam * mu_t; equals g_tilde when momentum = 0.  (ngvi.13)
-    Delta_mu : array of shape (D,)
-        Mean update direction / prec_diag_{t+1}.  (ngvi.16)
-    mu : array of shape (D,)
-        Mean mu_{t+1}.  (ngvi.16)
+    Each field is documented by its trailing comment (the equation tag last).
     """
-    alpha_t: float    # (ngvi.12)
-    beta_t: float     # (ngvi.12)
-    theta: Array      # theta_s, (D, S)  (ngvi.14)
-    G: Array          # (S, M, D)  (ngvi.5)
-    g_hat: Array      # (D,)  (ngvi.6) / (ngvi.9)
+    alpha_t: float    # mean step size of this step (ngvi.12)
+    beta_t: float     # precision step size of this step (ngvi.12)
+    theta: Array      # draws theta_s, (D, S); (D, 0) for "exact"  (ngvi.14)
+    G: Array          # per-example gradients g_{s,i}, (S, M, D); (0, M, D) for "exact"  (ngvi.5)
+    g_hat: Array      # minibatch gradient estimate, (D,)  (ngvi.6) / (ngvi.9)
     c_hat: Array      # diagonal curvature estimate, (D,)  (ngvi.7)-(ngvi.9), diagonals
-    prec_diag: Array  # prec_diag_{t+1}, (D,)  (ngvi.15)
+    prec_diag: Array  # precision diagonal prec_diag_{t+1}, (D,)  (ngvi.15)
     g_tilde: Array    # g_hat + lam * mu_t, (D,)  (ngvi.16)
     direction: Array  # g_bar bias-corrected + lam * mu_t (ngvi.13); = g_tilde when momentum = 0, (D,)
     Delta_mu: Array   # direction / prec_diag_{t+1}, (D,)  (ngvi.16)
@@ -335,9 +268,8 @@ def sample_full(state: FullState, eps):
     Raises
     ------
     ValueError
-        If state is not a FullState of finite float arrays mu (D,), Sigma_inv (D, D),
-        g_bar (D,) of one dtype with a non-negative integer t; if Sigma_inv is not positive
-        definite (Cholesky fails); or if eps is not a finite (D, S) array of the state's dtype.
+        If state is invalid (see FullState), or eps is not a finite (D, S) array of the state's
+        dtype.
     """
     D = _check_full_state(state)
     check_array(eps, "eps", shape=(D, None))
@@ -373,18 +305,13 @@ def step_full(state: FullState, batch, eps, cfg: NGVIConfig, model) -> tuple[Ful
     Raises
     ------
     ValueError
-        If state is not a FullState of finite float arrays mu (D,), Sigma_inv (D, D) positive
-        definite, g_bar (D,) of one dtype with a non-negative integer t.
-        Also if cfg is not an NGVIConfig with N >= 1, lam a finite (D,) array > 0 in the
-        state's dtype, alpha and beta in (0, 1], decay >= 0, momentum in [0, 1) and curvature
-        in ("ef", "hess", "exact"); if model is not a FlatModel with D parameters; if batch is
-        not a pair (X, y) of finite arrays with 1 <= M <= N rows in the state's dtype (binary
-        labels for a Bernoulli likelihood); if eps is not None for "exact", or not a finite
-        (D, S >= 1) array of the state's dtype otherwise; if "exact" is used with a model that
-        is not linear with one output and a Bernoulli or Gaussian likelihood; or if the
-        arrays mix NumPy and CuPy.
-        Also if the new precision is not positive definite (an indefinite curvature estimate),
-        or if curvature is "hess" with CuPy arrays and a model whose Hessian is autograd's.
+        If state or cfg is invalid (see FullState, NGVIConfig); if model is not a FlatModel with D
+        parameters or batch does not fit it (see Batch); if eps is not None for "exact", or not a
+        finite (D, S >= 1) array of the state's dtype otherwise; if "exact" is used with a model
+        that is not linear with one output and a Bernoulli or Gaussian likelihood; or if the arrays
+        mix NumPy and CuPy. Also if the new precision is not positive definite (an indefinite
+        curvature estimate), or if curvature is "hess" with CuPy arrays and a model whose Hessian
+        is autograd's.
     """
     D = _check_full_state(state)
     xp = xp_of(state.mu, state.Sigma_inv)
@@ -442,8 +369,7 @@ def dense_covariance(state: FullState):
     Raises
     ------
     ValueError
-        If state is not a FullState of finite float arrays of one dtype with a non-negative
-        integer t, or Sigma_inv is not positive definite.
+        If state is invalid (see FullState).
     """
     _check_full_state(state)
     xp = xp_of(state.mu)
@@ -523,9 +449,8 @@ def sample_meanfield(state: MeanFieldState, eps):
     Raises
     ------
     ValueError
-        If state is not a MeanFieldState of finite float arrays mu (D,), prec_diag (D,) > 0,
-        g_bar (D,) of one dtype with a non-negative integer t; if eps is not a finite (D, S)
-        array of the state's dtype; or if the arrays mix NumPy and CuPy.
+        If state is invalid (see MeanFieldState); if eps is not a finite (D, S) array of the
+        state's dtype; or if the arrays mix NumPy and CuPy.
     """
     D = _check_mf_state(state)
     check_array(eps, "eps", shape=(D, None))
@@ -563,18 +488,9 @@ def step_meanfield(state: MeanFieldState, batch, eps, cfg: NGVIConfig,
     Raises
     ------
     ValueError
-        If state is not a MeanFieldState of finite float arrays mu (D,), prec_diag (D,) > 0,
-        g_bar (D,) of one dtype with a non-negative integer t.
-        Also if cfg is not an NGVIConfig with N >= 1, lam a finite (D,) array > 0 in the
-        state's dtype, alpha and beta in (0, 1], decay >= 0, momentum in [0, 1) and curvature
-        in ("ef", "hess", "exact"); if model is not a FlatModel with D parameters; if batch is
-        not a pair (X, y) of finite arrays with 1 <= M <= N rows in the state's dtype (binary
-        labels for a Bernoulli likelihood); if eps is not None for "exact", or not a finite
-        (D, S >= 1) array of the state's dtype otherwise; if "exact" is used with a model that
-        is not linear with one output and a Bernoulli or Gaussian likelihood; or if the
-        arrays mix NumPy and CuPy.
-        Also if the new precision diagonal has an entry <= 0, or if curvature is "hess" with
-        CuPy arrays and a model whose Hessian is autograd's.
+        If state or cfg is invalid (see MeanFieldState, NGVIConfig); if model, batch or eps is
+        invalid, as for ``step_full``; if the new precision diagonal has an entry <= 0, or if
+        curvature is "hess" with CuPy arrays and a model whose Hessian is autograd's.
     """
     D = _check_mf_state(state)
     xp = xp_of(state.mu, state.prec_diag)
@@ -629,8 +545,7 @@ def dense_covariance_meanfield(state: MeanFieldState):
     Raises
     ------
     ValueError
-        If state is not a MeanFieldState of finite float arrays mu (D,), prec_diag (D,) > 0,
-        g_bar (D,) of one dtype with a non-negative integer t.
+        If state is invalid (see MeanFieldState).
     """
     _check_mf_state(state)
     return xp_of(state.mu).diag(1 / state.prec_diag)

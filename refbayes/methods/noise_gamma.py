@@ -40,70 +40,40 @@ __all__ = ["NoiseGammaConfig", "NoiseGammaInfo", "NoiseGammaState", "draw", "ini
 class NoiseGammaConfig(NamedTuple):
     """The learned noise precision's hyperparameters; defaults are the official code's.
 
-    Attributes
-    ----------
-    N : int
-        Training rows N >= 1; the KL is shared over them.  (noise_gamma.4)
-    a0 : float
-        Shape of the prior Gamma(a0, b0), > 0.  (noise_gamma.1)
-    b0 : float
-        Rate of the prior, > 0.  (noise_gamma.1)
-    kl_weight : float
-        Weight of the KL, > 0 (the official ``kl`` = 1).  (noise_gamma.4)
-    lr : float
-        Adam's step size on phi (the official ``learning_rate`` = 1e-3).  (noise_gamma.8)
-    beta1 : float
-        Adam's first-moment decay, in [0, 1) (TensorFlow's default).  (noise_gamma.8)
-    beta2 : float
-        Adam's second-moment decay, in [0, 1) (TensorFlow's default).  (noise_gamma.8)
-    eps_tf : float
-        TensorFlow's Adam epsilon, added to sqrt(v) before the bias correction.  (noise_gamma.8)
+    Each field is documented by its trailing comment. The functions that take a cfg check it
+    and raise ValueError unless: N is an integer >= 1; a0, b0, kl_weight, lr and eps_tf are
+    finite reals > 0; and beta1 and beta2 are in [0, 1).
     """
-    N: int                  # training rows (noise_gamma.4)
-    a0: float = 6.0         # prior shape (noise_gamma.1)
-    b0: float = 6.0         # prior rate (noise_gamma.1)
-    kl_weight: float = 1.0  # weight of KL(q || p) (noise_gamma.4)
-    lr: float = 1e-3        # Adam step size on phi (noise_gamma.8)
-    beta1: float = 0.9      # Adam first-moment decay (noise_gamma.8)
-    beta2: float = 0.999    # Adam second-moment decay (noise_gamma.8)
-    eps_tf: float = 1e-8    # TensorFlow's epsilon (noise_gamma.8)
+    N: int                  # training rows N >= 1; the KL is shared over them (noise_gamma.4)
+    a0: float = 6.0         # shape of the prior Gamma(a0, b0), > 0 (noise_gamma.1)
+    b0: float = 6.0         # rate of the prior, > 0 (noise_gamma.1)
+    kl_weight: float = 1.0  # weight of KL(q || p), > 0 (the official ``kl`` = 1) (noise_gamma.4)
+    lr: float = 1e-3        # Adam step size on phi (the official ``learning_rate``) (noise_gamma.8)
+    beta1: float = 0.9      # Adam first-moment decay, in [0, 1) (TensorFlow's default) (noise_gamma.8)
+    beta2: float = 0.999    # Adam second-moment decay, in [0, 1) (TensorFlow's default) (noise_gamma.8)
+    eps_tf: float = 1e-8    # TensorFlow's Adam epsilon, > 0 (noise_gamma.8)
+    #                         added to sqrt(v) before the bias correction
 
 
 class NoiseGammaState(NamedTuple):
     """The posterior q(tau) = Gamma(exp(phi[0]), exp(phi[1])) and its Adam moments.
 
-    Attributes
-    ----------
-    phi : array of shape (2,)
-        (log a, log b), float64.  (noise_gamma.1)
-    adam : AdamState
-        Adam's moments of phi, (2,) each, and the updates taken.  (noise_gamma.8)
+    Each field is documented by its trailing comment. ``step`` checks a state and raises
+    ValueError unless it is a NoiseGammaState whose phi is a finite float (float64 or float32)
+    (2,) array; adam is not checked.
     """
-    phi: np.ndarray   # (log a, log b), (2,) (noise_gamma.1)
-    adam: AdamState   # Adam's m, v (2,) and t (noise_gamma.8)
+    phi: np.ndarray   # (log a, log b), (2,), float64 from ``init`` (noise_gamma.1)
+    adam: AdamState   # Adam's m, v (2,) and t, the updates taken (noise_gamma.8)
 
 
 class NoiseGammaInfo(NamedTuple):
     """The named intermediates of one update, by equation.
 
-    Attributes
-    ----------
-    a : float
-        Shape before the update.  (noise_gamma.1)
-    b : float
-        Rate before the update.  (noise_gamma.1)
-    r2 : float
-        The mean squared residual the update used.  (noise_gamma.3)
-    J : float
-        The objective at phi.  (noise_gamma.4)
-    grad : array of shape (2,)
-        dJ / dphi.  (noise_gamma.6)
-    phi : array of shape (2,)
-        phi after the update.  (noise_gamma.8)
+    Each field is documented by its trailing comment (the equation tag last).
     """
     a: float           # shape before the update (noise_gamma.1)
     b: float           # rate before the update (noise_gamma.1)
-    r2: float          # mean squared residual (noise_gamma.3)
+    r2: float          # the mean squared residual the update used (noise_gamma.3)
     J: float           # objective at phi (noise_gamma.4)
     grad: np.ndarray   # dJ / dphi, (2,) (noise_gamma.6)
     phi: np.ndarray    # phi after the update, (2,) (noise_gamma.8)
@@ -254,8 +224,8 @@ def objective(phi, r2: float, cfg: NoiseGammaConfig) -> float:
     Raises
     ------
     ValueError
-        If cfg is not a valid NoiseGammaConfig, phi is not a finite float (2,) array, or r2
-        is not a finite real >= 0.
+        If cfg is invalid (see NoiseGammaConfig), phi is not a finite float (2,) array, or r2 is
+        not a finite real >= 0.
     """
     a, b, r2 = _inputs(phi, r2, cfg)
     return float(0.5 * (r2 * a / b - (digamma(a) - math.log(b)))
@@ -282,8 +252,8 @@ def objective_grad(phi, r2: float, cfg: NoiseGammaConfig) -> np.ndarray:
     Raises
     ------
     ValueError
-        If cfg is not a valid NoiseGammaConfig, phi is not a finite float (2,) array, or r2
-        is not a finite real >= 0.
+        If cfg is invalid (see NoiseGammaConfig), phi is not a finite float (2,) array, or r2 is
+        not a finite real >= 0.
     """
     a, b, r2 = _inputs(phi, r2, cfg)
     trigamma, c = float(polygamma(1, a)), cfg.kl_weight / cfg.N
@@ -321,8 +291,8 @@ def step(state: NoiseGammaState, r2: float,
     Raises
     ------
     ValueError
-        If state is not a NoiseGammaState, cfg is not a valid NoiseGammaConfig, state.phi is
-        not a finite float (2,) array, or r2 is not a finite real >= 0.
+        If state or cfg is invalid (see NoiseGammaState, NoiseGammaConfig), or r2 is not a
+        finite real >= 0.
     """
     if not isinstance(state, NoiseGammaState):
         raise ValueError(f"state: expected a NoiseGammaState, got {type(state).__name__}")

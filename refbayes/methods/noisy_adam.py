@@ -73,26 +73,13 @@ class NoisyAdamConfig(NamedTuple):
     Algorithm 1 prints no values; the defaults are Adam's (alpha 1e-3, beta1 0.9, beta2 0.999)
     with the plain ELBO (kl_weight 1) and no extrinsic damping.
 
-    Attributes
-    ----------
-    N : int
-        Training-set size N >= 1: gamma_in = kl_weight eta / N.  (noisy_adam.2)
-    eta : float or array of shape (D,)
-        Prior PRECISION > 0; the paper's eta is 1 / eta.  (noisy_adam.2)
-    alpha : float
-        Step size alpha > 0.  (noisy_adam.10)
-    beta1 : float
-        Momentum decay in [0, 1).  (noisy_adam.6)
-    beta2 : float
-        Decay of f in [0, 1).  (noisy_adam.7)
-    kl_weight : float
-        KL weight lambda > 0.  (noisy_adam.1)-(noisy_adam.3)
-    gamma_ex : float
-        Extrinsic damping >= 0, in the mean update only.  (noisy_adam.9)
-    squares : {"minibatch", "per_example"}
-        "minibatch" (Algorithm 1) or "per_example" squared gradients.  (noisy_adam.7)
+    Each field is documented by its trailing comment. The functions that take a cfg check it
+    against the state and raise ValueError unless: N is an integer >= 1; eta is a finite real >
+    0 or a finite float (D,) array > 0 in the state's dtype; alpha and kl_weight are finite
+    reals > 0; beta1 and beta2 are in [0, 1); gamma_ex is a finite real >= 0; and squares is in
+    SQUARES.
     """
-    N: int                       # training-set size: gamma_in = kl_weight eta / N (noisy_adam.2)
+    N: int                       # training-set size >= 1: gamma_in = kl_weight eta / N (noisy_adam.2)
     eta: Any                     # prior PRECISION > 0, float or (D,); paper: 1 / eta (noisy_adam.2)
     alpha: float = 1e-3          # step size alpha > 0 (noisy_adam.10)
     beta1: float = 0.9           # momentum decay, in [0, 1) (noisy_adam.6)
@@ -105,17 +92,9 @@ class NoisyAdamConfig(NamedTuple):
 class NoisyAdamState(NamedTuple):
     """Noisy Adam state after t steps.
 
-    Attributes
-    ----------
-    mu : array of shape (D,)
-        Mean mu_k.  (noisy_adam.10)
-    m : array of shape (D,)
-        Momentum m_k, the average of v.  (noisy_adam.6)
-    f : array of shape (D,)
-        Average f_k >= 0 of squared gradients (per-example scale).  (noisy_adam.7)
-    t : int
-        Number of steps taken; the step being taken is Algorithm 1's k = t + 1.
-        (noisy_adam.8)
+    Each field is documented by its trailing comment. Every function that takes a state checks
+    it and raises ValueError unless: mu is a finite float (float64 or float32) (D,) array; m
+    and f are finite (D,) arrays of mu's dtype; every f >= 0; and t is an integer >= 0.
     """
     mu: Array  # mu_k, (D,), (noisy_adam.10)
     m: Array   # m_k, momentum average of v, (D,), (noisy_adam.6)
@@ -126,44 +105,17 @@ class NoisyAdamState(NamedTuple):
 class NoisyAdamInfo(NamedTuple):
     """The named intermediates of one Noisy Adam step, by equation.
 
-    Attributes
-    ----------
-    gamma_in : float or array of shape (D,)
-        Intrinsic damping kl_weight eta / N.  (noisy_adam.2)
-    sigma : array of shape (D,)
-        Standard deviation sqrt(kl_weight / N) / sqrt(f_k + gamma_in), from the old f.
-        (noisy_adam.3)
-    w : array of shape (D, S)
-        Draws w_s = mu + sigma eps_s (Algorithm 1 "w ~ N(...)").  (noisy_adam.3)
-    g : array of shape (S, D)
-        Minibatch-mean loss gradient at each draw.  (noisy_adam.4)
-    g_hat : array of shape (D,)
-        Mean over draws of g.  (noisy_adam.4)
-    h_hat : array of shape (D,)
-        Squared-gradient estimate.  (noisy_adam.5)
-    v : array of shape (D,)
-        Descent direction g_hat + gamma_in mean_s(w_s) (Algorithm 1 "v <- ...").
-        (noisy_adam.5)
-    m : array of shape (D,)
-        Momentum m_k.  (noisy_adam.6)
-    f : array of shape (D,)
-        Squared-gradient average f_k.  (noisy_adam.7)
-    m_tilde : array of shape (D,)
-        Bias-corrected momentum m / (1 - beta1^k).  (noisy_adam.8)
-    m_hat : array of shape (D,)
-        Preconditioned step m_tilde / (f + gamma).  (noisy_adam.9)
-    mu : array of shape (D,)
-        Mean mu - alpha m_hat.  (noisy_adam.10)
+    Each field is documented by its trailing comment (the equation tag last).
     """
     gamma_in: Any    # kl_weight eta / N, float or (D,)  (noisy_adam.2)
-    sigma: Array     # sqrt(kl_weight / N) / sqrt(f_k + gamma_in), (D,)  (noisy_adam.3)
+    sigma: Array     # std sqrt(kl_weight / N) / sqrt(f_k + gamma_in), from the old f, (D,)  (noisy_adam.3)
     w: Array         # w_s = mu + sigma eps_s, (D, S)  (noisy_adam.3), Algorithm 1 "w ~ N(...)"
     g: Array         # minibatch-mean loss gradient at each draw, (S, D)  (noisy_adam.4)
     g_hat: Array     # mean over draws of g, (D,)  (noisy_adam.4)
     h_hat: Array     # squared-gradient estimate, (D,)  (noisy_adam.5)
     v: Array         # g_hat + gamma_in mean_s(w_s), (D,)  (noisy_adam.5), Algorithm 1 "v <- ..."
-    m: Array         # m_{k}, (D,)  (noisy_adam.6)
-    f: Array         # f_{k}, (D,)  (noisy_adam.7)
+    m: Array         # momentum m_{k}, (D,)  (noisy_adam.6)
+    f: Array         # squared-gradient average f_{k}, (D,)  (noisy_adam.7)
     m_tilde: Array   # m / (1 - beta1^k), (D,)  (noisy_adam.8)
     m_hat: Array     # m_tilde / (f + gamma), (D,)  (noisy_adam.9)
     mu: Array        # mu - alpha m_hat, (D,)  (noisy_adam.10)
@@ -254,11 +206,7 @@ def prec_diag(state: NoisyAdamState, cfg: NoisyAdamConfig):
     Raises
     ------
     ValueError
-        If state is not a NoisyAdamState of finite float (D,) arrays mu, m, f >= 0 of one
-        dtype with a non-negative integer t.
-        Also if cfg is not a NoisyAdamConfig with N an integer >= 1, eta a finite real > 0
-        or a finite (D,) float array > 0 of the state's dtype, alpha > 0 finite, beta1 and
-        beta2 in [0, 1), kl_weight > 0 finite, gamma_ex >= 0 finite, and squares in SQUARES.
+        If state or cfg is invalid (see NoisyAdamState, NoisyAdamConfig).
     """
     D = _check_state(state)
     N, eta, kl = _check_cfg(cfg, D, state.mu.dtype)
@@ -287,13 +235,8 @@ def sample(state: NoisyAdamState, eps, cfg: NoisyAdamConfig):
     Raises
     ------
     ValueError
-        If state is not a NoisyAdamState of finite float (D,) arrays mu, m, f >= 0 of one
-        dtype with a non-negative integer t.
-        Also if cfg is not a NoisyAdamConfig with N an integer >= 1, eta a finite real > 0
-        or a finite (D,) float array > 0 of the state's dtype, alpha > 0 finite, beta1 and
-        beta2 in [0, 1), kl_weight > 0 finite, gamma_ex >= 0 finite, and squares in SQUARES.
-        Also if eps is not a finite (D, S >= 1) array of the state's dtype, or the arrays mix
-        NumPy and CuPy.
+        If state or cfg is invalid (see NoisyAdamState, NoisyAdamConfig), eps is not a finite (D, S
+        >= 1) array of the state's dtype, or the arrays mix NumPy and CuPy.
     """
     D = _check_state(state)
     N, eta, kl = _check_cfg(cfg, D, state.mu.dtype)
@@ -337,16 +280,11 @@ def step(state: NoisyAdamState, batch, eps, cfg: NoisyAdamConfig,
     Raises
     ------
     ValueError
-        If state is not a NoisyAdamState of finite float (D,) arrays mu, m, f >= 0 of one
-        dtype with a non-negative integer t.
-        Also if cfg is not a NoisyAdamConfig with N an integer >= 1, eta a finite real > 0
-        or a finite (D,) float array > 0 of the state's dtype, alpha > 0 finite, beta1 and
-        beta2 in [0, 1), kl_weight > 0 finite, gamma_ex >= 0 finite, and squares in SQUARES.
-        Also if model is not a FlatModel with D parameters; if batch is not a pair (X, y) of
-        finite arrays with 1 <= M <= N rows in the state's dtype (binary labels for a
-        Bernoulli likelihood); if eps is not a finite (D, S >= 1) array of the state's dtype;
-        if tau is given but not a finite (S,) array > 0 of the state's dtype, or the model's
-        likelihood is not Gaussian with noise_precision 1; or if the arrays mix NumPy and CuPy.
+        If state or cfg is invalid (see NoisyAdamState, NoisyAdamConfig); if model is not a
+        FlatModel with D parameters or batch does not fit it (see Batch); if eps is not a finite
+        (D, S >= 1) array of the state's dtype; if tau is given but not a finite (S,) array > 0 of
+        the state's dtype, or the model's likelihood is not Gaussian with noise_precision 1; or if
+        the arrays mix NumPy and CuPy.
     """
     D = _check_state(state)
     xp = xp_of(state.mu, state.f)

@@ -63,75 +63,36 @@ DAMPINGS = ("factored", "exact")
 class NoisyKFACConfig(NamedTuple):
     """Noisy K-FAC hyperparameters.
 
-    Attributes
-    ----------
-    N : int
-        Training-set size N >= 1.  (noisy_kfac.2)
-    eta : float
-        Prior VARIANCE eta > 0, p(w) = N(0, eta I) (the paper's and the official eta).
-        (noisy_kfac.1)
-    kl_weight : float
-        KL weight lambda > 0.  (noisy_kfac.1)
-    alpha : float
-        Step size alpha > 0.  (noisy_kfac.11)
-    beta : float
-        Weight of the new factor statistics in (0, 1] (official 1 - cov_ema_decay).
-        (noisy_kfac.4)
-    momentum : float
-        Momentum in [0, 1).  (noisy_kfac.11)
-    gamma_ex : float
-        Extrinsic damping >= 0 of the mean's preconditioner.  (noisy_kfac.9)
-    T_stats : int
-        Factor statistics every T_stats >= 1 steps.  (noisy_kfac.4)
-    T_inv : int
-        Refresh of the factors used by the solve and the sampler every T_inv >= 1 steps.
-        (noisy_kfac.6), (noisy_kfac.9)
-    damping : {"factored", "exact"}
-        K-FAC's factored Tikhonov damping (official) or the exact A kron S + gamma I.
-        (noisy_kfac.5)
-    curvature : {"ggn", "ef", "mc"}
-        Output factor from the GGN, the empirical Fisher, or the caller's sampled labels.
-        (noisy_kfac.3)
-    kl_clip : float or None
-        KL clipping bound kappa > 0 of the update (official ``kl_clip``), or None for none.
-        (noisy_kfac.10)
+    Each field is documented by its trailing comment. The functions that take a cfg check it
+    and raise ValueError unless: N, T_stats and T_inv are integers >= 1; eta, kl_weight and
+    alpha are finite reals > 0; beta is in (0, 1]; momentum is in [0, 1); gamma_ex is a finite
+    real >= 0; damping is in DAMPINGS; curvature is in CURVATURES; and kl_clip is None or a
+    finite real > 0.
     """
-    N: int                     # training-set size (noisy_kfac.2)
-    eta: float = 1.0           # prior VARIANCE > 0 (noisy_kfac.1)
-    kl_weight: float = 1.0     # lambda > 0 (noisy_kfac.1)
-    alpha: float = 1e-3        # step size (noisy_kfac.11)
-    beta: float = 1e-2         # weight of the new statistics, in (0, 1] (noisy_kfac.4)
-    momentum: float = 0.9      # in [0, 1) (noisy_kfac.11)
-    gamma_ex: float = 0.0      # extrinsic damping >= 0 (noisy_kfac.9)
-    T_stats: int = 1           # statistics every T_stats steps (noisy_kfac.4)
-    T_inv: int = 1             # refresh every T_inv steps (noisy_kfac.6), (noisy_kfac.9)
-    damping: str = "factored"  # "factored" | "exact" (noisy_kfac.5)
-    curvature: str = "ggn"     # "ggn" | "ef" | "mc" (noisy_kfac.3)
-    kl_clip: Any = None        # kappa > 0 or None (noisy_kfac.10)
+    N: int                     # training-set size >= 1 (noisy_kfac.2)
+    eta: float = 1.0           # prior VARIANCE > 0, p(w) = N(0, eta I), the paper's and the official eta (noisy_kfac.1)
+    kl_weight: float = 1.0     # KL weight lambda > 0 (noisy_kfac.1)
+    alpha: float = 1e-3        # step size alpha > 0 (noisy_kfac.11)
+    beta: float = 1e-2         # weight of the new statistics, in (0, 1]; official 1 - cov_ema_decay (noisy_kfac.4)
+    momentum: float = 0.9      # momentum, in [0, 1) (noisy_kfac.11)
+    gamma_ex: float = 0.0      # extrinsic damping >= 0 of the mean's preconditioner (noisy_kfac.9)
+    T_stats: int = 1           # factor statistics every T_stats >= 1 steps (noisy_kfac.4)
+    T_inv: int = 1             # refresh of the solve's and sampler's factors every T_inv >= 1 steps (noisy_kfac.6), (noisy_kfac.9)
+    damping: str = "factored"  # "factored" (K-FAC's, official) | "exact" A kron S + gamma I (noisy_kfac.5)
+    curvature: str = "ggn"     # output factor from the "ggn" | "ef" | "mc" (the caller's sampled labels) (noisy_kfac.3)
+    kl_clip: Any = None        # KL clipping bound kappa > 0 (official kl_clip), or None for none (noisy_kfac.10)
 
 
 class NoisyKFACState(NamedTuple):
     """Noisy K-FAC state after t steps.
 
-    Attributes
-    ----------
-    mu : array of shape (D,)
-        Mean.  (noisy_kfac.11)
-    m : array of shape (D,)
-        Momentum buffer.  (noisy_kfac.11)
-    A : tuple of arrays
-        Running input factors A_l (n_in + 1, n_in + 1), one per layer.  (noisy_kfac.4)
-    S : tuple of arrays
-        Running output factors S_l (n_out, n_out), one per layer.  (noisy_kfac.4)
-    A_ref : tuple of arrays
-        The input factors as of the last refresh.  (noisy_kfac.6)
-    S_ref : tuple of arrays
-        The output factors as of the last refresh.  (noisy_kfac.6)
-    t : int
-        Number of steps taken.
-    inv : NoisyKFACInverses or None
-        The operators of A_ref, S_ref (a cache, recomputed where missing or stale: see the
-        module docstring).  (noisy_kfac.12)
+    Each field is documented by its trailing comment. Every function that takes a state (with
+    its model) checks it and raises ValueError unless: mu is a finite float (float64 or
+    float32) (D,) array; model is a FlatModel with D parameters; m is a finite (D,) array (its
+    dtype is not checked); t is an integer >= 0; inv is None or a NoisyKFACInverses (its
+    contents are not checked); and A, S, A_ref, S_ref are tuples of one finite square factor
+    per layer, (n_in + 1, n_in + 1) or (n_out, n_out) as ``layer_slices(model)`` gives, in mu's
+    dtype.
     """
     mu: Array       # mean, (D,), (noisy_kfac.11)
     m: Array        # momentum buffer, (D,), (noisy_kfac.11)
@@ -139,8 +100,9 @@ class NoisyKFACState(NamedTuple):
     S: tuple        # running S_l, (n_out, n_out) each (noisy_kfac.4)
     A_ref: tuple    # A_l as of the last refresh (noisy_kfac.6)
     S_ref: tuple    # S_l as of the last refresh (noisy_kfac.6)
-    t: int          # steps taken
+    t: int          # steps taken, an integer >= 0
     inv: Any = None  # operators of A_ref, S_ref, or None (noisy_kfac.12)
+    #                  a cache, recomputed where missing or stale (see the module docstring)
 
 
 class FactoredInverse(NamedTuple):
@@ -151,29 +113,18 @@ class FactoredInverse(NamedTuple):
     the solve L_A^{-T} L_A^{-1} V L_S^{-T} L_S^{-1} (noisy_kfac.9), both by triangular solves
     (``kron.sample_chol``, ``kron.solve_chol``).  (noisy_kfac.12)
 
-    Attributes
-    ----------
-    L_A : array of shape (n_in + 1, n_in + 1)
-        Cholesky factor of A_ref + pi r I (the solve); n_in + 1 with a bias.
-    L_S : array of shape (n_out, n_out)
-        Cholesky factor of S_ref + (r / pi) I (the solve).
-    L_A_in : array of shape (n_in + 1, n_in + 1) or None
-        Cholesky factor of A_ref + pi d I (the sampler; L_A itself when gamma_ex = 0), None
-        when no draw needed it (K-FAC).
-    L_S_in : array of shape (n_out, n_out) or None
-        Cholesky factor of S_ref + (d / pi) I (the sampler), None as L_A_in.
-    A_inv : array of shape (n_in + 1, n_in + 1) or None
-        (A_ref + pi r I)^{-1} = L_A^{-T} L_A^{-1}, formed when the refresh is used more than
-        once (T_inv > 1): the solve is then A_inv V S_inv, two products instead of four
-        triangular solves; None for T_inv = 1.
-    S_inv : array of shape (n_out, n_out) or None
-        (S_ref + (r / pi) I)^{-1}, as A_inv.
+    Each field is documented by its trailing comment.
     """
     L_A: Array     # chol(A_ref + pi sqrt(gamma) I) (noisy_kfac.9), (noisy_kfac.12)
+    #                the solve's; (n_in + 1, n_in + 1) with a bias
     L_S: Array     # chol(S_ref + sqrt(gamma) / pi I) (noisy_kfac.9), (noisy_kfac.12)
     L_A_in: Any    # chol(A_ref + pi sqrt(gamma_in) I) or None (noisy_kfac.6), (noisy_kfac.12)
+    #                the sampler's (L_A itself when gamma_ex = 0); None when no draw needed it (K-FAC)
     L_S_in: Any    # chol(S_ref + sqrt(gamma_in) / pi I) or None (noisy_kfac.6), (noisy_kfac.12)
     A_inv: Any = None  # (A_ref + pi sqrt(gamma) I)^{-1} or None (noisy_kfac.12)
+    #                    = L_A^{-T} L_A^{-1}, formed when the refresh is used more than once
+    #                    (T_inv > 1): the solve is then A_inv V S_inv, two products instead of
+    #                    four triangular solves; None for T_inv = 1
     S_inv: Any = None  # (S_ref + sqrt(gamma) / pi I)^{-1} or None (noisy_kfac.12)
 
 
@@ -184,21 +135,12 @@ class ExactInverse(NamedTuple):
     the solve is Q_A ((Q_A^T V Q_S) * inv) Q_S^T (noisy_kfac.9) and the sampler
     Z = Q_A ((Q_A^T E Q_S) * root) Q_S^T (noisy_kfac.6).  (noisy_kfac.12)
 
-    Attributes
-    ----------
-    Q_A : array of shape (n_in + 1, n_in + 1)
-        Eigenvectors of A_ref; n_in + 1 with a bias.
-    Q_S : array of shape (n_out, n_out)
-        Eigenvectors of S_ref.
-    inv : array of shape (n_in + 1, n_out)
-        (Lam + gamma)^{-1}, elementwise.
-    root : array of shape (n_in + 1, n_out) or None
-        (Lam + gamma_in)^{-1/2}, elementwise; None when no draw needed it (K-FAC).
+    Each field is documented by its trailing comment.
     """
     Q_A: Array     # eigenvectors of A_ref (noisy_kfac.12)
     Q_S: Array     # eigenvectors of S_ref (noisy_kfac.12)
     inv: Array     # (Lam + gamma)^{-1}, (n_in + 1, n_out) (noisy_kfac.12)
-    root: Any      # (Lam + gamma_in)^{-1/2}, (n_in + 1, n_out), or None (noisy_kfac.12)
+    root: Any      # (Lam + gamma_in)^{-1/2}, (n_in + 1, n_out), or None when no draw needed it (noisy_kfac.12)
 
 
 class NoisyKFACInverses(NamedTuple):
@@ -206,16 +148,7 @@ class NoisyKFACInverses(NamedTuple):
 
     (noisy_kfac.12)
 
-    Attributes
-    ----------
-    A_ref : tuple of arrays
-        The A_ref tuple they were computed from (compared by identity).
-    S_ref : tuple of arrays
-        The S_ref tuple they were computed from (compared by identity).
-    key : tuple
-        (damping, gamma_in, gamma) they were computed for.
-    layers : tuple
-        One FactoredInverse or ExactInverse per layer.
+    Each field is documented by its trailing comment.
     """
     A_ref: tuple   # the A_ref tuple they were computed from (compared by identity)
     S_ref: tuple   # the S_ref tuple they were computed from (compared by identity)
@@ -226,26 +159,9 @@ class NoisyKFACInverses(NamedTuple):
 class NoisyKFACInfo(NamedTuple):
     """The named intermediates of one Noisy K-FAC step, by equation.
 
-    Attributes
-    ----------
-    w : array of shape (D, S)
-        Draws (the mean as one column for K-FAC).  (noisy_kfac.7)
-    V : array of shape (D,)
-        Per-example gradient at the draws plus gamma_in w.  (noisy_kfac.8)
-    P : array of shape (D,)
-        Preconditioned gradient.  (noisy_kfac.9)
-    m : array of shape (D,)
-        New momentum buffer.  (noisy_kfac.11)
-    mu : array of shape (D,)
-        New mean.  (noisy_kfac.11)
-    A_hat : tuple of arrays or None
-        Minibatch input statistics (None when not updated this step).  (noisy_kfac.3)
-    S_hat : tuple of arrays or None
-        Minibatch output statistics (None when not updated this step).  (noisy_kfac.3)
-    nu : float
-        KL-clipping factor applied to P (1 without clipping).  (noisy_kfac.10)
+    Each field is documented by its trailing comment (the equation tag last).
     """
-    w: Array       # draws, (D, S) (noisy_kfac.7)
+    w: Array       # draws, (D, S); the mean as one column for K-FAC (noisy_kfac.7)
     V: Array       # gradient at the draws + gamma_in w, (D,) (noisy_kfac.8)
     P: Array       # preconditioned gradient, (D,) (noisy_kfac.9)
     m: Array       # new momentum buffer, (D,) (noisy_kfac.11)
@@ -300,7 +216,7 @@ def gamma_in(cfg: NoisyKFACConfig) -> float:
     Raises
     ------
     ValueError
-        If cfg is not a valid NoisyKFACConfig.
+        If cfg is invalid (see NoisyKFACConfig).
     """
     return _check_config(cfg)["gamma_in"]
 
@@ -475,7 +391,8 @@ def refresh(state: NoisyKFACState, cfg: NoisyKFACConfig, model,
     Raises
     ------
     ValueError
-        If state, cfg or model is invalid, or a damped factor is not positive definite.
+        If state, cfg or model is invalid (see NoisyKFACState, NoisyKFACConfig), or a damped factor
+        is not positive definite.
     """
     c = _check_config(cfg)
     _check_state(state, model)
@@ -539,8 +456,8 @@ def sample(state: NoisyKFACState, eps, cfg: NoisyKFACConfig, model):
     Raises
     ------
     ValueError
-        If state, cfg or model is invalid, or eps is not a finite (D, S >= 1) array of the
-        state's dtype.
+        If state, cfg or model is invalid (see NoisyKFACState, NoisyKFACConfig), or eps is not a
+        finite (D, S >= 1) array of the state's dtype.
     """
     c = _check_config(cfg)
     blocks = _check_state(state, model)
@@ -579,7 +496,7 @@ def dense_covariance(state: NoisyKFACState, cfg: NoisyKFACConfig, model):
     Raises
     ------
     ValueError
-        If state, cfg or model is invalid.
+        If state, cfg or model is invalid (see NoisyKFACState, NoisyKFACConfig).
     """
     c = _check_config(cfg)
     blocks = _check_state(state, model)
@@ -644,10 +561,11 @@ def step(state: NoisyKFACState, batch, eps, cfg: NoisyKFACConfig, model,
     Raises
     ------
     ValueError
-        If state, cfg, model, batch or eps is invalid, or y_tilde is missing for curvature
-        "mc" (or given for another curvature, or of the wrong shape); if tau is given but not
-        a finite (S,) array > 0 of the state's dtype, or the model's likelihood is not Gaussian
-        with noise_precision 1.
+        If state, cfg or model is invalid (see NoisyKFACState, NoisyKFACConfig), batch does not fit
+        model (see Batch), eps is invalid (as for ``sample``), or y_tilde is missing for curvature
+        "mc" (or given for another curvature, or of the wrong shape); if tau is given but not a
+        finite (S,) array > 0 of the state's dtype, or the model's likelihood is not Gaussian with
+        noise_precision 1.
     """
     c = _check_config(cfg)
     blocks = _check_state(state, model)

@@ -69,68 +69,39 @@ class RiemannianLaplaceConfig(NamedTuple):
     ``geomai/utils/geometry.py``, ``new_solve_expmap``: ``solve_ivp`` with its default method
     RK45, atol = 1e-3, rtol = 1e-6).
 
-    Attributes
-    ----------
-    method : {"RK45", "RK23", "DOP853"}
-        Explicit Runge-Kutta method of ``scipy.integrate.solve_ivp``.  (riemannian_laplace.8)
-    rtol : float
-        Relative tolerance of the adaptive step, in [100 eps_f64, 1).  (riemannian_laplace.8)
-    atol : float
-        Absolute tolerance of the adaptive step, >= 0.  (riemannian_laplace.8)
+    Each field is documented by its trailing comment. The functions that take a cfg check it
+    and raise ValueError unless: method is one of METHODS; rtol is in [100 eps, 1), eps the
+    float64 machine epsilon; and atol is a finite real >= 0.
     """
-    method: str = "RK45"  # solve_ivp method, one of METHODS (riemannian_laplace.8)
-    rtol: float = 1e-6    # relative tolerance in [100 eps, 1) (riemannian_laplace.8)
-    atol: float = 1e-3    # absolute tolerance >= 0 (riemannian_laplace.8)
+    method: str = "RK45"  # explicit Runge-Kutta method of scipy.integrate.solve_ivp, one of METHODS (riemannian_laplace.8)
+    rtol: float = 1e-6    # relative tolerance of the adaptive step, in [100 eps_f64, 1) (riemannian_laplace.8)
+    atol: float = 1e-3    # absolute tolerance of the adaptive step, >= 0 (riemannian_laplace.8)
 
 
 class ExpMapInfo(NamedTuple):
     """The end state of one geodesic solve and the solver's report.
 
-    Attributes
-    ----------
-    c : array of shape (D,)
-        End point c(1) = Exp_{theta_map}(v).  (riemannian_laplace.9)
-    cdot : array of shape (D,)
-        End velocity c'(1).  (riemannian_laplace.8)
-    status : int
-        ``solve_ivp`` status: 0, the solver reached t = 1 (a failure raises instead).
-    nfev : int
-        Number of right-hand-side evaluations (each one grad_fn call and one hvp_fn call).
-    n_steps : int
-        Number of accepted steps.
-    n_nonfinite : int
-        Evaluations at trial points where grad_fn or hvp_fn returned NaN or inf: each made
-        the solver reject its step and retry a shorter one (riemannian_laplace.22).
+    Each field is documented by its trailing comment.
     """
-    c: Array          # c(1) = Exp_{theta_map}(v), (D,) (riemannian_laplace.9)
-    cdot: Array       # c'(1), (D,) (riemannian_laplace.8)
-    status: int       # solve_ivp status, 0 = reached t = 1
-    nfev: int         # right-hand-side evaluations
+    c: Array          # end point c(1) = Exp_{theta_map}(v), (D,) (riemannian_laplace.9)
+    cdot: Array       # end velocity c'(1), (D,) (riemannian_laplace.8)
+    status: int       # solve_ivp status, 0 = reached t = 1 (a failure raises instead)
+    nfev: int         # right-hand-side evaluations, each one grad_fn and one hvp_fn call
     n_steps: int      # accepted steps
-    n_nonfinite: int  # non-finite trial evaluations, rejected (riemannian_laplace.22)
+    n_nonfinite: int  # trial evaluations giving NaN or inf, each a rejected step (riemannian_laplace.22)
+    #                   (grad_fn or hvp_fn at a trial point; the solver retries a shorter step)
 
 
 class SampleInfo(NamedTuple):
     """The solver reports of a batch of geodesic solves, one column / entry per velocity.
 
-    Attributes
-    ----------
-    cdot : array of shape (D, S)
-        End velocities c_s'(1).  (riemannian_laplace.8)
-    status : array of shape (S,)
-        ``solve_ivp`` statuses (all 0; a failure raises instead).
-    nfev : array of shape (S,)
-        Right-hand-side evaluations per solve.
-    n_steps : array of shape (S,)
-        Accepted steps per solve.
-    n_nonfinite : array of shape (S,)
-        Non-finite trial evaluations per solve, each a rejected step (riemannian_laplace.22).
+    Each field is documented by its trailing comment.
     """
-    cdot: Array         # c_s'(1), (D, S) (riemannian_laplace.8)
-    status: Array       # (S,) int, 0 = reached t = 1
-    nfev: Array         # (S,) int
-    n_steps: Array      # (S,) int
-    n_nonfinite: Array  # (S,) int (riemannian_laplace.22)
+    cdot: Array         # end velocities c_s'(1), (D, S) (riemannian_laplace.8)
+    status: Array       # (S,) int solve_ivp statuses, all 0 = reached t = 1 (a failure raises instead)
+    nfev: Array         # (S,) int, right-hand-side evaluations per solve
+    n_steps: Array      # (S,) int, accepted steps per solve
+    n_nonfinite: Array  # (S,) int, non-finite trial evaluations per solve (riemannian_laplace.22)
 
 
 # ----------------------------------------------------------------------------- checks
@@ -334,12 +305,10 @@ def exp_map(theta_map, v, grad_fn, hvp_fn, cfg: RiemannianLaplaceConfig):
     Raises
     ------
     ValueError
-        If theta_map, v are not finite float64 NumPy arrays of one shape (D,), D >= 1; if
-        grad_fn or hvp_fn is not callable or returns anything but a float64 (D,) NumPy array,
-        or returns NaN or inf at the base point (at a trial point inside the solve a
-        non-finite value rejects the step instead, riemannian_laplace.22); if cfg is not a
-        RiemannianLaplaceConfig with method in METHODS, rtol in [100 eps, 1) and atol in
-        [0, inf).
+        If theta_map, v are not finite float64 NumPy arrays of one shape (D,), D >= 1; if grad_fn
+        or hvp_fn is not callable or returns anything but a float64 (D,) NumPy array, or returns
+        NaN or inf at the base point (at a trial point inside the solve a non-finite value rejects
+        the step instead, riemannian_laplace.22); if cfg is invalid (see RiemannianLaplaceConfig).
     RuntimeError
         If ``solve_ivp`` stops before t = 1 (its step size underflows, e.g. no shorter step
         avoids non-finite values).
@@ -432,11 +401,10 @@ def sample(theta_map, V, grad_fn, hvp_fn, cfg: RiemannianLaplaceConfig):
     Raises
     ------
     ValueError
-        If theta_map is not a finite float64 NumPy (D,) array, V not a finite float64 NumPy
-        (D, S) array with S >= 1; if grad_fn or hvp_fn is not callable or returns anything but
-        a float64 (D,) NumPy array, or NaN or inf at the base point (see ``exp_map``); if cfg
-        is not a RiemannianLaplaceConfig with method in METHODS, rtol in [100 eps, 1) and atol
-        in [0, inf).
+        If theta_map is not a finite float64 NumPy (D,) array, V not a finite float64 NumPy (D, S)
+        array with S >= 1; if grad_fn or hvp_fn is not callable or returns anything but a float64
+        (D,) NumPy array, or NaN or inf at the base point (see ``exp_map``); if cfg is invalid (see
+        RiemannianLaplaceConfig).
     RuntimeError
         If ``solve_ivp`` stops before t = 1 for a column.
     """

@@ -65,113 +65,62 @@ FORWARDS = ("draw", "mean+draw")  # line 6's gradients at theta_s, or at mu + th
 class SLANGConfig(NamedTuple):
     """SLANG hyperparameters; defaults are the SLANG paper's logistic-regression settings.
 
-    Attributes
-    ----------
-    N : int
-        Training-set size N >= 1.  (slang.3), (slang.7)
-    lam : array of shape (D,)
-        Prior precision lam > 0.  (slang.6), (slang.7)
-    L : int
-        Rank of U, 1 <= L <= D.  (slang.4)
-    alpha : float
-        Mean step size alpha_0 in (0, 1].  (slang.8)
-    beta : float
-        Precision step size beta_0 in (0, 1].  (slang.4)-(slang.6)
-    decay : float
-        Step-size decay >= 0: alpha_t = alpha / (1 + (t + 1)^decay) with t = state.t (the
-        steps already taken), the same for beta; constant alpha, beta for decay = 0.  (ngvi.12)
-    momentum : float
-        Momentum b in [0, 1) of (ngvi.13); 0 is Algorithm 1 as printed, the official code uses
-        0.9.
-    eig : {"exact", "randomized"}
-        fast_eig: exact (lowrank.9) or randomized (lowrank.10).
-    n_iter : int
-        Power iterations >= 0 of the randomized fast_eig.
-    sampler : {"symmetric", "alg3"}
-        fast_sample: "symmetric" (lowrank.8) or "alg3" (lowrank.12).
-    forward : {"draw", "mean+draw"}
-        Where line 6 takes the gradients: at the draws theta_s (Algorithm 1, default) or at
-        mu + theta_s, the weights the official PyTorch code's network runs at (it adds each
-        full draw to its parameters, which hold mu).  (slang.9)
+    Each field is documented by its trailing comment (symbol, range, equation tag).  ``step``
+    checks a SLANGConfig against the state and raises ValueError unless: N is an integer >= 1;
+    lam is a finite float (D,) array > 0 in the state's dtype; L is an integer in [1, D] equal
+    to the state's rank (the columns of U); alpha and beta are finite reals in (0, 1]; decay is
+    a finite real >= 0; momentum is in [0, 1); eig is in EIG_METHODS, sampler in SAMPLERS,
+    forward in FORWARDS; and n_iter is an integer >= 0.
     """
-    N: int                    # training-set size (slang.3), (slang.7)
+    N: int                    # training-set size, >= 1 (slang.3), (slang.7)
     lam: Array                # prior precision (D,), > 0 (slang.6), (slang.7)
     L: int                    # rank of U, 1 <= L <= D (slang.4)
     alpha: float = 0.05       # mean step size alpha_0, in (0, 1] (slang.8)
     beta: float = 0.05        # precision step size beta_0, in (0, 1] (slang.4)-(slang.6)
     decay: float = 0.51       # alpha_t = alpha / (1 + (t + 1)^decay), t = state.t; beta_t alike; 0: constant (ngvi.12)
-    momentum: float = 0.0     # b of (ngvi.13); 0 is Algorithm 1 as printed, the official code uses 0.9
+    #                           decay >= 0; t = state.t counts the steps already taken
+    momentum: float = 0.0     # b in [0, 1) of (ngvi.13); 0 is Algorithm 1 as printed, the official code uses 0.9
     eig: str = "exact"        # fast_eig: "exact" (lowrank.9) or "randomized" (lowrank.10)
-    n_iter: int = 2           # power iterations of the randomized fast_eig
+    n_iter: int = 2           # power iterations >= 0 of the randomized fast_eig
     sampler: str = "symmetric"  # fast_sample: "symmetric" (lowrank.8) or "alg3" (lowrank.12)
     forward: str = "draw"     # line 6 at theta_s ("draw") or at mu + theta_s ("mean+draw", slang.9)
+    #                           mu + theta_s: where the official PyTorch code's network runs (it adds
+    #                           each full draw to its parameters, which hold mu)
 
 
 class SLANGState(NamedTuple):
     """SLANG state after t steps; the precision is U U^T + diag(d).
 
-    Attributes
-    ----------
-    mu : array of shape (D,)
-        Mean mu_t.  (slang.8)
-    U : array of shape (D, L)
-        Low-rank precision factor U_t.  (slang.4)
-    d : array of shape (D,)
-        Diagonal precision part d_t > 0.  (slang.6)
-    g_bar : array of shape (D,)
-        Momentum average of g_hat (likelihood gradient only).  (ngvi.13)
-    t : int
-        Number of steps taken.
+    Each field is documented by its trailing comment.  Every function that takes a state checks
+    it and raises ValueError unless: mu is a finite float (float64 or float32) (D,) array; U, d
+    and g_bar are finite arrays of shapes (D, L), (D,), (D,) in mu's dtype; every d > 0 with
+    1 / d finite, and U U^T and the capacitance I + U^T diag(d)^{-1} U finite
+    (lowrank.check_factor_values); and t is an integer >= 0.
     """
     mu: Array     # mu_t, (D,), (slang.8)
     U: Array      # U_t, (D, L), (slang.4)
     d: Array      # d_t, (D,), > 0, (slang.6)
     g_bar: Array  # momentum average of g_hat (likelihood gradient only), (D,), (ngvi.13)
-    t: int        # steps taken
+    t: int        # steps taken, an integer >= 0
 
 
 class SLANGInfo(NamedTuple):
     """The named intermediates of one SLANG step, by line of Algorithm 1.
 
-    Attributes
-    ----------
-    alpha_t : float
-        Mean step size of this step.  (ngvi.12)
-    beta_t : float
-        Precision step size of this step; delta = 1 - beta_t is line 2.  (ngvi.12)
-    theta : array of shape (D, S)
-        Line 4: theta_s = fast_sample(mu, U, d, eps_s).  (slang.2)
-    G : array of shape (S, M, D)
-        Line 6: per-example gradients g_{s,i}.  (slang.3)
-    W : array of shape (D, L + M S)
-        Line 7 input: [sqrt(delta) U, sqrt(beta_t N / (M S)) G^T].  (slang.4)
-    U : array of shape (D, L)
-        Lines 7, 9: U_{t+1} = fast_eig(W, L).  (slang.4)
-    Delta_d : array of shape (D,)
-        Line 8: diag(W W^T - U_{t+1} U_{t+1}^T).  (slang.5)
-    d : array of shape (D,)
-        Line 10: d_{t+1} = delta d_t + Delta_d + beta_t lam.  (slang.6)
-    g_tilde : array of shape (D,)
-        Line 11: (N / (M S)) sum g_{s,i} + lam * mu_t.  (slang.7)
-    direction : array of shape (D,)
-        Bias-corrected g_bar + lam * mu_t; equals g_tilde when momentum = 0.  (ngvi.13)
-    Delta_mu : array of shape (D,)
-        Line 12: fast_inverse(direction, U_{t+1}, d_{t+1}).  (slang.8)
-    mu : array of shape (D,)
-        Line 13: mu_{t+1} = mu_t - alpha_t Delta_mu.  (slang.8)
+    Each field is documented by its trailing comment (the algorithm line and equation tag).
     """
-    alpha_t: float    # (ngvi.12)
-    beta_t: float     # (ngvi.12); delta = 1 - beta_t is Algorithm 1 line 2
+    alpha_t: float    # mean step size of this step (ngvi.12)
+    beta_t: float     # precision step size of this step (ngvi.12); delta = 1 - beta_t is Algorithm 1 line 2
     theta: Array      # line 4: theta_s = fast_sample(mu, U, d, eps_s), (D, S)  (slang.2)
     G: Array          # line 6: per-example gradients g_{s,i}, (S, M, D)  (slang.3)
     W: Array          # line 7 input: [sqrt(delta) U, sqrt(beta_t N/(M S)) G^T], (D, L + M S)  (slang.4)
     U: Array          # lines 7, 9: U_{t+1} = fast_eig(W, L), (D, L)  (slang.4)
     Delta_d: Array    # line 8: diag(W W^T - U_{t+1} U_{t+1}^T), (D,)  (slang.5)
-    d: Array          # line 10: d_{t+1}, (D,)  (slang.6)
+    d: Array          # line 10: d_{t+1} = delta d_t + Delta_d + beta_t lam, (D,)  (slang.6)
     g_tilde: Array    # line 11: (N/(M S)) sum g_{s,i} + lam * mu_t, (D,)  (slang.7)
     direction: Array  # g_bar bias-corrected + lam * mu_t (ngvi.13); = g_tilde when momentum = 0, (D,)
     Delta_mu: Array   # line 12: fast_inverse(direction, U_{t+1}, d_{t+1}), (D,)  (slang.8)
-    mu: Array         # line 13: mu_{t+1}, (D,)  (slang.8)
+    mu: Array         # line 13: mu_{t+1} = mu_t - alpha_t Delta_mu, (D,)  (slang.8)
 
 
 # ----------------------------------------------------------------------------- checks
@@ -276,10 +225,9 @@ def sample(state: SLANGState, eps, sampler: str = "symmetric"):
     Raises
     ------
     ValueError
-        If state is not a SLANGState of finite float arrays mu (D,), U (D, L), d (D,) > 0,
-        g_bar (D,) of one dtype with a non-negative integer t.
-        Also if sampler is not one of SAMPLERS, eps is not a finite (D,) or (D, S) array of
-        the state's dtype, or (sampler="alg3") U is not of full column rank.
+        If state is invalid (see SLANGState), sampler is not one of SAMPLERS, eps is not a finite
+        (D,) or (D, S) array of the state's dtype, or (sampler="alg3") U is not of full column
+        rank.
     """
     _check_state(state)
     if sampler not in SAMPLERS:
@@ -321,17 +269,11 @@ def step(state: SLANGState, batch, eps, cfg: SLANGConfig, model, *,
     Raises
     ------
     ValueError
-        If state is not a SLANGState of finite float arrays mu (D,), U (D, L), d (D,) > 0,
-        g_bar (D,) of one dtype with a non-negative integer t.
-        Also if cfg is not a SLANGConfig with N >= 1, lam a finite (D,) array > 0 in the
-        state's dtype, L the state's rank, alpha and beta in (0, 1], decay >= 0, momentum in
-        [0, 1), eig in EIG_METHODS, sampler in SAMPLERS, forward in FORWARDS and n_iter an
-        integer >= 0; if model is not a FlatModel with D parameters; if batch is not a pair
-        (X, y) of finite arrays with 1 <= M <= N rows in the state's dtype (binary labels for
-        a Bernoulli likelihood); if eps is None or not a (D, S >= 1) array of the state's
-        dtype; if Omega does not match cfg.eig or has the wrong shape; if the arrays mix NumPy
-        and CuPy; or if the new d has an entry <= 0 (a randomized fast_eig that overshot
-        diag(W W^T)).
+        If state or cfg is invalid (see SLANGState, SLANGConfig); if model is not a FlatModel with
+        D parameters or batch does not fit it (see Batch); if eps is None or not a (D, S >= 1)
+        array of the state's dtype; if Omega does not match cfg.eig or has the wrong shape; if the
+        arrays mix NumPy and CuPy; or if the new d has an entry <= 0 (a randomized fast_eig that
+        overshot diag(W W^T)).
     """
     D, L_state = _check_state(state)
     xp = xp_of(state.mu, state.U, state.d)
@@ -398,8 +340,7 @@ def dense_precision(state: SLANGState):
     Raises
     ------
     ValueError
-        If state is not a SLANGState of finite float arrays mu (D,), U (D, L), d (D,) > 0,
-        g_bar (D,) of one dtype with a non-negative integer t.
+        If state is invalid (see SLANGState).
     """
     _check_state(state)
     return lowrank.dense_precision(state.U, state.d)
@@ -423,8 +364,7 @@ def dense_covariance(state: SLANGState):
     Raises
     ------
     ValueError
-        If state is not a SLANGState of finite float arrays mu (D,), U (D, L), d (D,) > 0,
-        g_bar (D,) of one dtype with a non-negative integer t.
+        If state is invalid (see SLANGState).
     """
     _check_state(state)
     return lowrank.dense_covariance(state.U, state.d)

@@ -88,53 +88,35 @@ class SGDConfig(NamedTuple):
     torch.optim.SGD(lr, momentum, weight_decay) on the mean loss is alpha = lr / N,
     lam = N weight_decay (derivations/swag.md, conventions).
 
-    Attributes
-    ----------
-    N : int
-        Training-set size N >= 1; scales minibatch sums by N / M.  (swag.8)
-    lam : float or array of shape (D,)
-        Prior precision lam >= 0 (weight decay times N).  (swag.8)
-    alpha : float
-        Step size alpha > 0 on the summed objective.  (swag.9)
-    momentum : float
-        Heavy-ball momentum mu in [0, 1).  (swag.9)
+    Each field is documented by its trailing comment. ``sgd_update`` and ``sgd_step`` check a
+    cfg and raise ValueError unless: N is an integer >= 1; lam is a finite real >= 0 or a
+    finite float (D,) array >= 0 in the state's dtype; alpha is a finite real > 0; and momentum
+    is in [0, 1).
     """
-    N: int                 # training-set size, scales minibatch sums by N / M (swag.8)
+    N: int                 # training-set size >= 1, scales minibatch sums by N / M (swag.8)
     lam: Any = 0.0         # prior precision >= 0, scalar or (D,): weight decay times N (swag.8)
-    alpha: float = 1e-3    # step size on the summed objective: torch lr / N (swag.9)
+    alpha: float = 1e-3    # step size > 0 on the summed objective: torch lr / N (swag.9)
     momentum: float = 0.9  # heavy-ball momentum mu in [0, 1) (swag.9)
 
 
 class SGDState(NamedTuple):
     """SGD state after t steps.
 
-    Attributes
-    ----------
-    theta : array of shape (D,)
-        Parameters theta_t.  (swag.9)
-    v : array of shape (D,)
-        Momentum buffer v_t (torch's buffer times N).  (swag.9)
-    t : int
-        Number of steps taken.
+    Each field is documented by its trailing comment. Every function that takes a state checks
+    it and raises ValueError unless: theta is a finite float (float64 or float32) (D,) array; v
+    is a finite (D,) array of theta's dtype; and t is an integer >= 0.
     """
     theta: Array  # theta_t, (D,), (swag.9)
     v: Array      # momentum buffer v_t, (D,); torch's buffer times N (swag.9)
-    t: int        # steps taken
+    t: int        # steps taken, an integer >= 0
 
 
 class SGDInfo(NamedTuple):
     """The named intermediates of one SGD step, by equation.
 
-    Attributes
-    ----------
-    g : array of shape (D,)
-        Objective gradient (N / M) sum_{i in B} grad l_i(theta_t) + lam theta_t.  (swag.8)
-    v : array of shape (D,)
-        Momentum buffer v_{t+1} = momentum v_t + g.  (swag.9)
-    theta : array of shape (D,)
-        Parameters theta_{t+1} = theta_t - alpha v_{t+1}.  (swag.9)
+    Each field is documented by its trailing comment (the equation tag last).
     """
-    g: Array      # (N / M) sum_{i in B} grad l_i(theta_t) + lam theta_t, (D,)  (swag.8)
+    g: Array      # objective gradient (N / M) sum_{i in B} grad l_i(theta_t) + lam theta_t, (D,)  (swag.8)
     v: Array      # v_{t+1} = momentum v_t + g, (D,)  (swag.9)
     theta: Array  # theta_{t+1} = theta_t - alpha v_{t+1}, (D,)  (swag.9)
 
@@ -212,10 +194,8 @@ def sgd_update(state: SGDState, g, cfg: SGDConfig) -> tuple[SGDState, SGDInfo]:
     Raises
     ------
     ValueError
-        If state is not an SGDState with theta a finite float (D,) array, v a finite (D,)
-        array of its dtype and t a non-negative integer; if g is not a finite (D,) array of
-        that dtype; if cfg is not an SGDConfig with N >= 1, lam >= 0 finite, alpha > 0 finite
-        and momentum in [0, 1); or if the arrays mix NumPy and CuPy.
+        If state or cfg is invalid (see SGDState, SGDConfig), g is not a finite (D,) array of
+        the state's dtype, or the arrays mix NumPy and CuPy.
     """
     D = _check_sgd_state(state)
     _, _, alpha, momentum = _check_sgd_config(cfg, D, state.theta.dtype)
@@ -260,9 +240,9 @@ def sgd_step(state: SGDState, batch, noise, cfg: SGDConfig, model) -> tuple[SGDS
     Raises
     ------
     ValueError
-        If state or cfg is invalid (see ``sgd_update``), noise is not None, model is not a
-        FlatModel with D parameters, or batch is not a pair (X, y) of finite arrays with
-        1 <= M <= N rows in theta's dtype; or if the arrays mix NumPy and CuPy.
+        If state or cfg is invalid (see SGDState, SGDConfig), noise is not None, model is not a
+        FlatModel with D parameters, batch does not fit it (see Batch), or the arrays mix NumPy
+        and CuPy.
     """
     D = _check_sgd_state(state)
     N, lam, alpha, momentum = _check_sgd_config(cfg, D, state.theta.dtype)
@@ -326,56 +306,39 @@ def swa_learning_rate(epoch: int, *, alpha_init: float, alpha_swa: float, swa_st
 class SWAGConfig(NamedTuple):
     """SWAG hyperparameters; the defaults are the official code's and the paper's.
 
-    Attributes
-    ----------
-    K : int
-        Size K >= 1 of the deviation buffer (official ``max_num_models``, 20).  (swag.3)
-    scale : float
-        Covariance multiplier > 0: 1/2 is the paper's SWAG, 1 its SWAG-Diagonal.  (swag.6)
-    var_clamp : float
-        Floor >= 0 of theta2_bar - theta_bar^2 (official ``var_clamp``, 1e-30).  (swag.4)
+    Each field is documented by its trailing comment. The functions that take a cfg check it
+    and raise ValueError unless: K is an integer >= 1; scale is a finite real > 0; and
+    var_clamp is a finite real >= 0.
     """
-    K: int = 20               # deviation buffer size, official max_num_models (swag.3)
-    scale: float = 0.5        # covariance multiplier: 1/2 SWAG (paper), 1 SWAG-Diagonal (swag.6)
-    var_clamp: float = 1e-30  # floor of theta2_bar - theta_bar^2, official var_clamp (swag.4)
+    K: int = 20               # deviation buffer size K >= 1, official max_num_models (20) (swag.3)
+    scale: float = 0.5        # covariance multiplier > 0: 1/2 SWAG (paper), 1 SWAG-Diagonal (swag.6)
+    var_clamp: float = 1e-30  # floor >= 0 of theta2_bar - theta_bar^2, official var_clamp (1e-30) (swag.4)
 
 
 class SWAGState(NamedTuple):
     """SWAG moments after n collected snapshots.
 
-    Attributes
-    ----------
-    theta_bar : array of shape (D,)
-        Running mean of the snapshots; theta_SWA.  (swag.1)
-    theta2_bar : array of shape (D,)
-        Running mean of their squares.  (swag.2)
-    D_hat : array of shape (K, D)
-        Ring buffer of deviations; row (n - 1) mod K is the newest, rows >= n are zero.
-        (swag.3)
-    n : int
-        Number of snapshots collected.
+    Each field is documented by its trailing comment. Every function that takes a state checks
+    it and raises ValueError unless: theta_bar is a finite float (float64 or float32) (D,)
+    array; theta2_bar a finite (D,) array; D_hat a (K, D) array with K >= 1 (K = cfg.K where a
+    cfg is given, except in ``diag_variance``), finite except in ``collect`` and ``sample``,
+    which check only its shape and dtype; all three of one dtype and backend; and n an integer
+    >= 0.
     """
-    theta_bar: Array   # running mean theta_SWA, (D,), (swag.1)
+    theta_bar: Array   # running mean of the snapshots, theta_SWA, (D,), (swag.1)
     theta2_bar: Array  # running mean of theta_i^2, (D,), (swag.2)
     D_hat: Array       # (K, D) ring of deviations; row (n - 1) mod K newest; rows >= n zero (swag.3)
-    n: int             # snapshots collected
+    n: int             # snapshots collected, an integer >= 0
 
 
 class SWAGInfo(NamedTuple):
     """The named intermediates of one collection, by equation.
 
-    Attributes
-    ----------
-    theta_bar : array of shape (D,)
-        Updated running mean theta_bar_n.  (swag.1)
-    theta2_bar : array of shape (D,)
-        Updated running second moment.  (swag.2)
-    dev : array of shape (D,)
-        Deviation theta_n - theta_bar_n stored in the buffer.  (swag.3)
+    Each field is documented by its trailing comment (the equation tag last).
     """
     theta_bar: Array   # theta_bar_n, (D,), (swag.1)
     theta2_bar: Array  # running second moment, (D,), (swag.2)
-    dev: Array         # theta_n - theta_bar_n, (D,), (swag.3)
+    dev: Array         # deviation theta_n - theta_bar_n stored in the buffer, (D,), (swag.3)
 
 
 def _check_config(cfg) -> tuple[int, float, float]:
@@ -427,7 +390,7 @@ def init(theta, cfg: SWAGConfig) -> SWAGState:
     Raises
     ------
     ValueError
-        If theta is not a finite float 1-d array or cfg is not a valid SWAGConfig.
+        If theta is not a finite float 1-d array or cfg is invalid (see SWAGConfig).
     """
     check_array(theta, "theta", ndim=1)
     check_float(theta, "theta")
@@ -468,8 +431,8 @@ def collect(state: SWAGState, theta, cfg: SWAGConfig, *,
     Raises
     ------
     ValueError
-        If state is not a SWAGState with finite float arrays of matching shapes (K rows of
-        D_hat) and dtype, theta is not a finite (D,) array of that dtype, or cfg is invalid.
+        If state or cfg is invalid (see SWAGState, SWAGConfig), or theta is not a finite (D,)
+        array of the state's dtype.
     """
     K, _, _ = _check_config(cfg)
     D = _check_state(state, K, buffer_finite=False)
@@ -509,7 +472,7 @@ def rank(state: SWAGState) -> int:
     Raises
     ------
     ValueError
-        If state is not a valid SWAGState.
+        If state is invalid (see SWAGState).
     """
     _check_state(state)
     return min(state.n, state.D_hat.shape[0])
@@ -538,7 +501,7 @@ def deviations(state: SWAGState):
     Raises
     ------
     ValueError
-        If state is not a valid SWAGState.
+        If state is invalid (see SWAGState).
     """
     _check_state(state)
     return state.D_hat[_order(state)].T
@@ -564,7 +527,7 @@ def diag_variance(state: SWAGState, cfg: SWAGConfig):
     Raises
     ------
     ValueError
-        If state or cfg is invalid or no snapshot was collected.
+        If state or cfg is invalid (see SWAGState, SWAGConfig) or no snapshot was collected.
     """
     _, _, var_clamp = _check_config(cfg)
     _check_state(state)
@@ -631,8 +594,8 @@ def sample(state: SWAGState, z1, z2, cfg: SWAGConfig):
     Raises
     ------
     ValueError
-        If state or cfg is invalid, too few snapshots were collected, or z1, z2 are not finite
-        arrays of the shapes above in the state's dtype and backend.
+        If state or cfg is invalid (see SWAGState, SWAGConfig), too few snapshots were collected,
+        or z1, z2 are not finite arrays of the shapes above in the state's dtype and backend.
     """
     K, scale, var_clamp = _check_config(cfg)
     D = _check_state(state, K, buffer_finite=False)
@@ -682,7 +645,7 @@ def dense_covariance(state: SWAGState, cfg: SWAGConfig, *, low_rank: bool = True
     Raises
     ------
     ValueError
-        If state or cfg is invalid or too few snapshots were collected.
+        If state or cfg is invalid (see SWAGState, SWAGConfig) or too few snapshots were collected.
     """
     K, scale, var_clamp = _check_config(cfg)
     _check_state(state, K)
@@ -725,8 +688,9 @@ def log_density(state: SWAGState, theta, cfg: SWAGConfig, *, low_rank: bool = Tr
     Raises
     ------
     ValueError
-        If state or cfg is invalid, cfg.var_clamp is 0, too few snapshots were collected, or
-        theta is not a finite (D,) or (D, S) array of the state's dtype and backend.
+        If state or cfg is invalid (see SWAGState, SWAGConfig), cfg.var_clamp is 0, too few
+        snapshots were collected, or theta is not a finite (D,) or (D, S) array of the state's
+        dtype and backend.
     """
     K, scale, var_clamp = _check_config(cfg)
     D = _check_state(state, K)

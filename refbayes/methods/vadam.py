@@ -74,32 +74,18 @@ class VadamConfig(NamedTuple):
 
     (lr 1e-3, betas (0.9, 0.999).)
 
-    Attributes
-    ----------
-    N : int
-        Training-set size N >= 1; lam_tilde = lam / N.  (vadam.6), (vadam.3)
-    lam : float or array of shape (D,)
-        Prior precision lambda > 0.  (vadam.3), (vadam.6)
-    alpha : float
-        Learning rate alpha > 0.  (vadam.9)
-    beta1 : float
-        Decay gamma_1 of m, in [0, 1).  (vadam.6)
-    beta2 : float
-        Decay gamma_2 of s, in [0, 1).  (vadam.7)
-    bias_correction : bool
-        Divide m, s by 1 - beta^(t+1) before use.  (vadam.8)
-    squares : {"minibatch", "per_example"}
-        Which squared-gradient estimate updates s.  (vadam.5)
-    sqrt : bool
-        Denominator sqrt(s_hat) + lam_tilde; False: s_hat + lam_tilde.  (vadam.9)
+    Each field is documented by its trailing comment. The functions that take a cfg check it
+    against the state and raise ValueError unless: N is an integer >= 1; lam is a finite real >
+    0 or a finite float (D,) array > 0 in the state's dtype; alpha is a finite real > 0; beta1
+    and beta2 are in [0, 1); bias_correction and sqrt are bools; and squares is in SQUARES.
     """
-    N: int                        # training-set size; lam_tilde = lam / N (vadam.6), (vadam.3)
+    N: int                        # training-set size >= 1; lam_tilde = lam / N (vadam.6), (vadam.3)
     lam: Any                      # prior precision lambda > 0, float or (D,) (vadam.3), (vadam.6)
     alpha: float = 1e-3           # learning rate alpha > 0 (vadam.9)
     beta1: float = 0.9            # gamma_1, decay of m, in [0, 1) (vadam.6)
     beta2: float = 0.999          # gamma_2, decay of s, in [0, 1) (vadam.7)
     bias_correction: bool = True  # divide m, s by 1 - beta^(t+1) before use (vadam.8)
-    squares: str = "minibatch"    # "minibatch" | "per_example" (vadam.5)
+    squares: str = "minibatch"    # "minibatch" | "per_example": the estimate updating s (vadam.5)
     sqrt: bool = True             # sqrt(s_hat) + lam_tilde; False: s_hat + lam_tilde (vadam.9)
 
 
@@ -139,17 +125,9 @@ def vprop_config(N: int, lam, alpha: float = 1e-3, beta2: float = 0.999,
 class VadamState(NamedTuple):
     """Vadam state after t steps.
 
-    Attributes
-    ----------
-    mu : array of shape (D,)
-        Mean mu_t.  (vadam.9)
-    m : array of shape (D,)
-        Momentum m_t, the average of g_hat + lam_tilde mu.  (vadam.6)
-    s : array of shape (D,)
-        Average s_t >= 0 of squared gradients (per-example scale).  (vadam.7)
-    t : int
-        Number of steps taken; the step being taken uses the bias-correction power t + 1.
-        (vadam.8)
+    Each field is documented by its trailing comment. Every function that takes a state checks
+    it and raises ValueError unless: mu is a finite float (float64 or float32) (D,) array; m
+    and s are finite (D,) arrays of mu's dtype; every s >= 0; and t is an integer >= 0.
     """
     mu: Array  # mu_t, (D,), (vadam.9)
     m: Array   # m_t, momentum average of g_hat + lam_tilde mu, (D,), (vadam.6)
@@ -160,34 +138,9 @@ class VadamState(NamedTuple):
 class VadamInfo(NamedTuple):
     """The named intermediates of one Vadam step, by equation and line of Fig. 1.
 
-    Attributes
-    ----------
-    sigma : array of shape (D,)
-        Standard deviation 1 / sqrt(N s_t + lam).  (vadam.3), Fig. 1 line 2
-    theta : array of shape (D, S)
-        Draws theta_s = mu_t + sigma eps_s.  (vadam.3)
-    g : array of shape (S, D)
-        Minibatch-mean gradient g_hat_s at each draw.  (vadam.4)
-    g_hat : array of shape (D,)
-        Mean over draws of g.  (vadam.4), line 3
-    h_hat : array of shape (D,)
-        Squared-gradient estimate.  (vadam.5)
-    m : array of shape (D,)
-        Momentum m_{t+1}.  (vadam.6), line 4
-    s : array of shape (D,)
-        Squared-gradient average s_{t+1}.  (vadam.7), line 5
-    m_hat : array of shape (D,)
-        Bias-corrected m_{t+1} (= m without correction).  (vadam.8), line 6
-    s_hat : array of shape (D,)
-        Bias-corrected s_{t+1} (= s without correction).  (vadam.8), line 6
-    denom : array of shape (D,)
-        Denominator sqrt(s_hat) + lam_tilde (or s_hat + lam_tilde).  (vadam.9)
-    Delta_mu : array of shape (D,)
-        Mean update m_hat / denom.  (vadam.9)
-    mu : array of shape (D,)
-        Mean mu_{t+1} = mu_t - alpha Delta_mu.  (vadam.9), line 7
+    Each field is documented by its trailing comment (the equation tag last).
     """
-    sigma: Array     # 1 / sqrt(N s_t + lam), (D,)  (vadam.3), Fig. 1 line 2
+    sigma: Array     # std 1 / sqrt(N s_t + lam), (D,)  (vadam.3), Fig. 1 line 2
     theta: Array     # theta_s = mu_t + sigma eps_s, (D, S)  (vadam.3)
     g: Array         # g_hat_s: minibatch-mean gradient at each draw, (S, D)  (vadam.4)
     g_hat: Array     # mean over draws of g, (D,)  (vadam.4), line 3
@@ -198,7 +151,7 @@ class VadamInfo(NamedTuple):
     s_hat: Array     # bias-corrected s_{t+1} (= s without correction), (D,)  (vadam.8), line 6
     denom: Array     # sqrt(s_hat) + lam_tilde (or s_hat + lam_tilde), (D,)  (vadam.9)
     Delta_mu: Array  # m_hat / denom, (D,)  (vadam.9)
-    mu: Array        # mu_{t+1}, (D,)  (vadam.9), line 7
+    mu: Array        # mu_{t+1} = mu_t - alpha Delta_mu, (D,)  (vadam.9), line 7
 
 
 # ----------------------------------------------------------------------------- checks
@@ -344,11 +297,7 @@ def prec_diag(state: VadamState, cfg: VadamConfig):
     Raises
     ------
     ValueError
-        If state is not a VadamState of finite float (D,) arrays mu, m, s >= 0 of one dtype
-        with a non-negative integer t.
-        Also if cfg is not a VadamConfig with N an integer >= 1, lam a finite real > 0 or a
-        finite (D,) float array > 0 of the state's dtype, alpha > 0 finite, beta1 and beta2 in
-        [0, 1), bias_correction and sqrt bools, and squares in SQUARES.
+        If state or cfg is invalid (see VadamState, VadamConfig).
     """
     D = _check_state(state)
     N, lam = _check_cfg(cfg, D, state.mu.dtype)
@@ -377,13 +326,8 @@ def sample(state: VadamState, eps, cfg: VadamConfig):
     Raises
     ------
     ValueError
-        If state is not a VadamState of finite float (D,) arrays mu, m, s >= 0 of one dtype
-        with a non-negative integer t.
-        Also if cfg is not a VadamConfig with N an integer >= 1, lam a finite real > 0 or a
-        finite (D,) float array > 0 of the state's dtype, alpha > 0 finite, beta1 and beta2 in
-        [0, 1), bias_correction and sqrt bools, and squares in SQUARES.
-        Also if eps is not a finite (D, S >= 1) array of the state's dtype, or the arrays mix
-        NumPy and CuPy.
+        If state or cfg is invalid (see VadamState, VadamConfig), eps is not a finite (D, S >= 1)
+        array of the state's dtype, or the arrays mix NumPy and CuPy.
     """
     D = _check_state(state)
     N, lam = _check_cfg(cfg, D, state.mu.dtype)
@@ -421,15 +365,9 @@ def step(state: VadamState, batch, eps, cfg: VadamConfig, model) -> tuple[VadamS
     Raises
     ------
     ValueError
-        If state is not a VadamState of finite float (D,) arrays mu, m, s >= 0 of one dtype
-        with a non-negative integer t.
-        Also if cfg is not a VadamConfig with N an integer >= 1, lam a finite real > 0 or a
-        finite (D,) float array > 0 of the state's dtype, alpha > 0 finite, beta1 and beta2 in
-        [0, 1), bias_correction and sqrt bools, and squares in SQUARES.
-        Also if model is not a FlatModel with D parameters; if batch is not a pair (X, y) of
-        finite arrays with 1 <= M <= N rows in the state's dtype (binary labels for a
-        Bernoulli likelihood); if eps is not a finite (D, S >= 1) array of the state's dtype;
-        or if the arrays mix NumPy and CuPy.
+        If state or cfg is invalid (see VadamState, VadamConfig); if model is not a FlatModel with
+        D parameters or batch does not fit it (see Batch); if eps is not a finite (D, S >= 1) array
+        of the state's dtype; or if the arrays mix NumPy and CuPy.
     """
     D = _check_state(state)
     xp = xp_of(state.mu, state.s)

@@ -105,33 +105,17 @@ class VOGNConfig(NamedTuple):
     gradients; gamma, tau, rho default to the untempered, undamped, unaugmented natural-gradient
     step (that config uses gamma = 1e-3, rho = 10, tau = 1).
 
-    Attributes
-    ----------
-    N : int
-        Training-set size N; N_eff = rho N.  (vogn.2)
-    delta : float or array of shape (D,)
-        Prior precision delta > 0.  (vogn.1), (vogn.2)
-    alpha : float
-        Learning rate alpha > 0.  (vogn.9)
-    beta1 : float
-        Momentum rate beta_1 in [0, 1).  (vogn.7)
-    beta2 : float
-        Curvature running-average rate beta_2 in (0, 1], the weight of the new estimate.
-        (vogn.8)
-    gamma : float
-        External damping gamma >= 0.  (vogn.4), (vogn.9)
-    tau : float
-        Tempering tau > 0, the KL weight.  (vogn.1), (vogn.2), (vogn.4)
-    rho : float
-        Data-augmentation factor rho > 0, N_eff = rho N.  (vogn.2)
-    curvature : {"ef", "ggn"}
-        Squared per-example gradients ("ef") or the diagonal GGN ("ggn").  (vogn.5)
+    Each field is documented by its trailing comment.  The functions that take a cfg check it
+    against the state and raise ValueError unless: N is an integer >= 1; alpha, tau and rho are
+    finite reals > 0; beta1 is in [0, 1) and beta2 in (0, 1]; gamma is a finite real >= 0;
+    curvature is in CURVATURES; and delta is a finite real > 0 or a finite float (D,) array > 0
+    in the state's dtype.
     """
-    N: int                 # training-set size; N_eff = rho N (vogn.2)
+    N: int                 # training-set size, an integer >= 1; N_eff = rho N (vogn.2)
     delta: Any             # prior precision delta: float > 0 or (D,) array > 0 (vogn.1), (vogn.2)
     alpha: float = 1e-4    # learning rate alpha > 0 (vogn.9)
     beta1: float = 0.9     # momentum rate beta_1 in [0, 1) (vogn.7)
-    beta2: float = 0.999   # curvature running-average rate beta_2 in (0, 1] (vogn.8)
+    beta2: float = 0.999   # curvature running-average rate beta_2 in (0, 1], the new estimate's weight (vogn.8)
     gamma: float = 0.0     # external damping gamma >= 0 (vogn.4), (vogn.9)
     tau: float = 1.0       # tempering tau > 0, the KL weight (vogn.1), (vogn.2), (vogn.4)
     rho: float = 1.0       # data-augmentation factor rho > 0, N_eff = rho N (vogn.2)
@@ -141,60 +125,24 @@ class VOGNConfig(NamedTuple):
 class VOGNState(NamedTuple):
     """VOGN state after t steps.
 
-    Attributes
-    ----------
-    mu : array of shape (D,)
-        Mean mu_t.  (vogn.9)
-    s : array of shape (D,)
-        Curvature running average s_t >= 0, in per-example units.  (vogn.8)
-    m : array of shape (D,)
-        Momentum buffer m_t, prior term included.  (vogn.7)
-    t : int
-        Number of steps taken.
+    Each field is documented by its trailing comment.  Every function that takes a state checks
+    it and raises ValueError unless: mu is a finite float (float64 or float32) (D,) array; s and
+    m are finite (D,) arrays of mu's dtype; every s >= 0; and t is an integer >= 0.
     """
     mu: Array  # mu_t, (D,), (vogn.9)
     s: Array   # s_t >= 0, (D,), curvature running average, per-example units (vogn.8)
     m: Array   # m_t, (D,), momentum buffer incl. the prior term (vogn.7)
-    t: int     # steps taken
+    t: int     # steps taken, an integer >= 0
 
 
 class VOGNInfo(NamedTuple):
     """The named intermediates of one VOGN step, by equation.
 
-    Attributes
-    ----------
-    N_eff : float
-        Effective data size rho N.  (vogn.2)
-    delta_tilde : float or array of shape (D,)
-        Scaled prior precision delta~ = tau delta / N_eff.  (vogn.2)
-    sigma : array of shape (D,)
-        Standard deviation (tau / (N_eff (s_t + delta~ + gamma)))^{1/2}, from the old s.
-        (vogn.4)
-    theta : array of shape (D, S)
-        Draws theta_k = mu + sigma eps_k; mu as (D, 1) for OGN; (D, 0) from ``apply``.
-        (vogn.4)
-    g_k : array of shape (S, D)
-        Per-draw gradient estimates ghat_k; (0, D) from ``apply``.  (vogn.5)
-    h_k : array of shape (S, D)
-        Per-draw curvature estimates hhat_k; (0, D) from ``apply``.  (vogn.5)
-    g_hat : array of shape (D,)
-        Gradient estimate ghat.  (vogn.5), (vogn.6)
-    h_hat : array of shape (D,)
-        Curvature estimate hhat.  (vogn.5), (vogn.6)
-    m : array of shape (D,)
-        Momentum m_{t+1}.  (vogn.7)
-    s : array of shape (D,)
-        Curvature average s_{t+1}.  (vogn.8)
-    prec_diag : array of shape (D,)
-        Precision (N_eff / tau)(s_{t+1} + delta~ + gamma).  (vogn.4)
-    Delta_mu : array of shape (D,)
-        Mean update alpha m_{t+1} / (s_{t+1} + delta~ + gamma).  (vogn.9)
-    mu : array of shape (D,)
-        Mean mu_{t+1}.  (vogn.9)
+    Each field is documented by its trailing comment (the equation tag last).
     """
     N_eff: float        # rho N (vogn.2)
     delta_tilde: Array  # tau delta / N_eff, scalar or (D,) (vogn.2)
-    sigma: Array        # (tau / (N_eff (s_t + delta~ + gamma)))^{1/2}, (D,) (vogn.4)
+    sigma: Array        # std (tau / (N_eff (s_t + delta~ + gamma)))^{1/2}, from the old s, (D,) (vogn.4)
     theta: Array        # theta_k = mu + sigma eps_k, (D, S); mu as (D, 1) for OGN; (D, 0) from apply (vogn.4)
     g_k: Array          # ghat_k, (S, D); (0, D) from apply (vogn.5)
     h_k: Array          # hhat_k, (S, D); (0, D) from apply (vogn.5)
@@ -210,17 +158,10 @@ class VOGNInfo(NamedTuple):
 class Estimates(NamedTuple):
     """One worker's minibatch estimates (vogn.5), or their reduction (vogn.6).
 
-    Attributes
-    ----------
-    g_hat : array of shape (D,)
-        Gradient estimate ghat, a per-example mean.
-    h_hat : array of shape (D,)
-        Curvature estimate hhat, a per-example mean.
-    M : int
-        Number of rows behind the estimate.
+    Each field is documented by its trailing comment.
     """
-    g_hat: Array  # ghat, (D,)
-    h_hat: Array  # hhat, (D,)
+    g_hat: Array  # gradient estimate ghat, a per-example mean, (D,)
+    h_hat: Array  # curvature estimate hhat, a per-example mean, (D,)
     M: int        # rows behind the estimate
 
 
@@ -364,13 +305,8 @@ def sample(state: VOGNState, eps, cfg: VOGNConfig):
     Raises
     ------
     ValueError
-        If state is not a VOGNState of finite float (D,) arrays mu, s >= 0, m of one dtype
-        with a non-negative integer t.
-        If cfg is not a VOGNConfig with N an integer >= 1, alpha > 0, beta1 in [0, 1),
-        beta2 in (0, 1], gamma >= 0, tau > 0, rho > 0, curvature in CURVATURES, and delta a
-        float > 0 or a finite (D,) array > 0 in the state's dtype.
-        Also if eps is not a finite (D, S >= 1) array of the state's dtype, or the arrays mix
-        NumPy and CuPy.
+        If state or cfg is invalid (see VOGNState, VOGNConfig), eps is not a finite (D, S >= 1)
+        array of the state's dtype, or the arrays mix NumPy and CuPy.
     """
     D, _ = _check_state(state)
     c = _scales(cfg, D, state.mu.dtype)
@@ -401,11 +337,7 @@ def prec_diag(state: VOGNState, cfg: VOGNConfig):
     Raises
     ------
     ValueError
-        If state is not a VOGNState of finite float (D,) arrays mu, s >= 0, m of one dtype
-        with a non-negative integer t.
-        If cfg is not a VOGNConfig with N an integer >= 1, alpha > 0, beta1 in [0, 1),
-        beta2 in (0, 1], gamma >= 0, tau > 0, rho > 0, curvature in CURVATURES, and delta a
-        float > 0 or a finite (D,) array > 0 in the state's dtype.
+        If state or cfg is invalid (see VOGNState, VOGNConfig).
     """
     D, _ = _check_state(state)
     return _prec(state.s, _scales(cfg, D, state.mu.dtype))
@@ -429,11 +361,7 @@ def dense_covariance(state: VOGNState, cfg: VOGNConfig):
     Raises
     ------
     ValueError
-        If state is not a VOGNState of finite float (D,) arrays mu, s >= 0, m of one dtype
-        with a non-negative integer t.
-        If cfg is not a VOGNConfig with N an integer >= 1, alpha > 0, beta1 in [0, 1),
-        beta2 in (0, 1], gamma >= 0, tau > 0, rho > 0, curvature in CURVATURES, and delta a
-        float > 0 or a finite (D,) array > 0 in the state's dtype.
+        If state or cfg is invalid (see VOGNState, VOGNConfig).
     """
     p = prec_diag(state, cfg)  # validates state and cfg before any attribute is touched
     return xp_of(p).diag(1 / p)
@@ -496,15 +424,9 @@ def local_estimates(state: VOGNState, batch, eps, cfg: VOGNConfig, model) -> Est
     Raises
     ------
     ValueError
-        If state is not a VOGNState of finite float (D,) arrays mu, s >= 0, m of one dtype
-        with a non-negative integer t.
-        If cfg is not a VOGNConfig with N an integer >= 1, alpha > 0, beta1 in [0, 1),
-        beta2 in (0, 1], gamma >= 0, tau > 0, rho > 0, curvature in CURVATURES, and delta a
-        float > 0 or a finite (D,) array > 0 in the state's dtype.
-        If model is not a FlatModel with D parameters; if batch is not a pair (X, y) of
-        finite arrays with 1 <= M <= N rows, X (M, n_in) and real targets in the state's dtype
-        (binary labels for a Bernoulli likelihood); if eps is not a finite (D, S >= 1) array of
-        the state's dtype; or if the arrays mix NumPy and CuPy.
+        If state or cfg is invalid (see VOGNState, VOGNConfig), model is not a FlatModel with D
+        parameters, batch does not fit it (see Batch), eps is not a finite (D, S >= 1) array of
+        the state's dtype, or the arrays mix NumPy and CuPy.
     """
     _, _, _, g_k, h_k, M = _local(state, batch, eps, cfg, model)
     return Estimates(g_k.mean(axis=0), h_k.mean(axis=0), M)  # (vogn.5)
@@ -579,7 +501,8 @@ def _update(state, g_hat, h_hat, c: _Cfg, sigma):
     return VOGNState(mu_new, s_new, m, state.t + 1), info
 
 
-def apply(state: VOGNState, g_hat, h_hat, cfg: VOGNConfig) -> tuple[VOGNState, VOGNInfo]:
+def apply(state: VOGNState, g_hat, h_hat, cfg: VOGNConfig, *,
+          signed: bool = False) -> tuple[VOGNState, VOGNInfo]:
     """Apply the update (vogn.7)-(vogn.9) from reduced estimates (e.g. from ``allreduce``).
 
     info.theta is (D, 0) and info.g_k, info.h_k are (0, D): the draws belong to the workers.
@@ -594,6 +517,10 @@ def apply(state: VOGNState, g_hat, h_hat, cfg: VOGNConfig) -> tuple[VOGNState, V
         Reduced curvature estimate, >= 0, in the state's dtype.
     cfg : VOGNConfig
         Hyperparameters (N, delta, alpha, beta1, beta2, gamma, tau, rho, curvature).
+    signed : bool, default False
+        Accept an h_hat with negative entries (a Hessian estimate, as IVON's: the reduction
+        (vogn.19) runs VOGN's update on it). VOGN's own GGN and EF estimates are >= 0, and a
+        negative one is refused unless this is set.
 
     Returns
     -------
@@ -605,13 +532,9 @@ def apply(state: VOGNState, g_hat, h_hat, cfg: VOGNConfig) -> tuple[VOGNState, V
     Raises
     ------
     ValueError
-        If state is not a VOGNState of finite float (D,) arrays mu, s >= 0, m of one dtype
-        with a non-negative integer t.
-        If cfg is not a VOGNConfig with N an integer >= 1, alpha > 0, beta1 in [0, 1),
-        beta2 in (0, 1], gamma >= 0, tau > 0, rho > 0, curvature in CURVATURES, and delta a
-        float > 0 or a finite (D,) array > 0 in the state's dtype.
-        Also if g_hat or h_hat is not a finite (D,) array of the state's dtype, h_hat has a
-        negative entry, or the arrays mix NumPy and CuPy.
+        If state or cfg is invalid (see VOGNState, VOGNConfig), g_hat or h_hat is not a finite (D,)
+        array of the state's dtype, h_hat has a negative entry (unless signed), or the arrays
+        mix NumPy and CuPy.
     """
     D, _ = _check_state(state)
     c = _scales(cfg, D, state.mu.dtype)
@@ -619,7 +542,7 @@ def apply(state: VOGNState, g_hat, h_hat, cfg: VOGNConfig) -> tuple[VOGNState, V
     check_array(h_hat, "h_hat", shape=(D,))
     check_same_dtype({"state.mu": state.mu, "g_hat": g_hat, "h_hat": h_hat})
     xp = xp_of(state.mu, g_hat, h_hat)  # one backend
-    if not bool(xp.all(h_hat >= 0)):  # a mean of squares or of GGN diagonals; keeps s >= 0
+    if not signed and not bool(xp.all(h_hat >= 0)):  # means of squares or GGN diagonals: s >= 0
         raise ValueError(f"h_hat: expected >= 0 everywhere, got min {float(h_hat.min())}")
     return _update(state, g_hat, h_hat, c, _sigma(state.s, c))
 
@@ -655,15 +578,7 @@ def step(state: VOGNState, batch, eps, cfg: VOGNConfig, model) -> tuple[VOGNStat
     Raises
     ------
     ValueError
-        If state is not a VOGNState of finite float (D,) arrays mu, s >= 0, m of one dtype
-        with a non-negative integer t.
-        If cfg is not a VOGNConfig with N an integer >= 1, alpha > 0, beta1 in [0, 1),
-        beta2 in (0, 1], gamma >= 0, tau > 0, rho > 0, curvature in CURVATURES, and delta a
-        float > 0 or a finite (D,) array > 0 in the state's dtype.
-        If model is not a FlatModel with D parameters; if batch is not a pair (X, y) of
-        finite arrays with 1 <= M <= N rows, X (M, n_in) and real targets in the state's dtype
-        (binary labels for a Bernoulli likelihood); if eps is not a finite (D, S >= 1) array of
-        the state's dtype; or if the arrays mix NumPy and CuPy.
+        As ``local_estimates``: if state, cfg, model, batch or eps is invalid.
     """
     c, sigma, theta, g_k, h_k, M = _local(state, batch, eps, cfg, model)  # (vogn.2)-(vogn.5)
     g_hat, h_hat, _ = _reduce([Estimates(g_k.mean(axis=0), h_k.mean(axis=0), M)])  # (vogn.5), (vogn.6)

@@ -4,6 +4,8 @@ Every model maps one flat parameter vector theta (D,) and inputs X (M, n_in) to 
 (M, n_out) and a SUMMED negative log-likelihood; see refbayes.models.base.FlatModel for the
 method contract and derivations/per_example_gradients.md for the equations (peg.N).
 """
+from refbayes.models._layers import layout as theta_layout
+from refbayes.models._layers import unflatten as unflatten_theta
 from refbayes.models._numba_kernels import warmup
 from refbayes.models.base import IMPLS, FlatModel, KFACLayer
 from refbayes.models.likelihoods import (LIKELIHOODS, Bernoulli, Categorical, Gaussian,
@@ -13,4 +15,4 @@ from refbayes.models.mlp import MLP
 
 __all__ = ["MLP", "LogisticRegression", "SoftmaxRegression", "add_intercept", "FlatModel",
            "KFACLayer", "IMPLS", "Gaussian", "Bernoulli", "Categorical", "make_likelihood",
-           "LIKELIHOODS", "warmup"]
+           "LIKELIHOODS", "warmup", "theta_layout", "unflatten_theta"]

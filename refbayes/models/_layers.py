@@ -30,6 +30,21 @@ class Layout(NamedTuple):
 
 @functools.lru_cache(maxsize=None)
 def layout(sizes: tuple, bias: bool) -> Layout:
+    """Return where each layer's W_l and b_l sit in theta (``refbayes.models.theta_layout``).
+
+    Parameters
+    ----------
+    sizes : tuple of int
+        Layer widths (n_0, ..., n_L), n_0 the input width.
+    bias : bool
+        Whether every layer has a bias b_l.
+
+    Returns
+    -------
+    Layout
+        ``w_off[l]`` the start of W_l (n_{l-1} * n_l entries, row-major), ``b_off[l]`` that of
+        b_l (-1 without a bias), ``D`` the length of theta.
+    """
     w_off, b_off, pos = [], [], 0
     for n_in, n_out in zip(sizes[:-1], sizes[1:]):
         w_off.append(pos)
@@ -40,7 +55,25 @@ def layout(sizes: tuple, bias: bool) -> Layout:
 
 
 def unflatten(theta, sizes, bias):
-    """[(W_l (n_{l-1}, n_l), b_l (n_l,) or None)] as views into theta."""
+    """Return the layers' (W_l, b_l) as views into theta (``refbayes.models.unflatten_theta``).
+
+    Unchecked and backend-generic: any 1-D array of length ``layout(sizes, bias).D`` works,
+    integer positions included (``refbayes.layout`` maps ``arange(D)`` to build permutations).
+
+    Parameters
+    ----------
+    theta : array of shape (D,)
+        The flat parameter vector.
+    sizes : sequence of int
+        Layer widths (n_0, ..., n_L).
+    bias : bool
+        Whether every layer has a bias b_l.
+
+    Returns
+    -------
+    list of tuple
+        One ``(W_l, b_l)`` per layer: W_l of shape (n_{l-1}, n_l), b_l of shape (n_l,) or None.
+    """
     lay = layout(tuple(sizes), bias)
     params = []
     for l, (n_in, n_out) in enumerate(zip(sizes[:-1], sizes[1:])):

@@ -19,6 +19,8 @@ from __future__ import annotations
 import math
 from typing import NamedTuple
 
+import autograd
+import autograd.numpy as anp
 import numpy as np
 
 from refbayes._checks import (
@@ -30,6 +32,7 @@ from refbayes._checks import (
 )
 from refbayes.backend import xp_of
 from refbayes.models import _layers
+from refbayes.models._numba_kernels import per_example_grads_numba
 
 __all__ = ["FlatModel", "KFACLayer", "IMPLS", "INIT_SCHEMES"]
 
@@ -40,14 +43,7 @@ INIT_SCHEMES = ("glorot", "pytorch")  # init_theta's distributions
 class KFACLayer(NamedTuple):
     """K-FAC ingredients of one layer l, for the loss and labels given.
 
-    (peg.12)
-
-    Attributes
-    ----------
-    a : array of shape (M, n_{l-1})
-        The layer's per-example input a_{l-1} (a_0 = X).
-    g : array of shape (M, n_l)
-        Per-example pre-activation gradient g_l = dl_i/dz_l (= delta_l).
+    (peg.12)  Each field is documented by its trailing comment.
     """
     a: object  # a_{l-1}, (M, n_{l-1}): the layer's per-example input (a_0 = X)
     g: object  # g_l = dl_i/dz_l, (M, n_l): per-example pre-activation gradient (= delta_l)
@@ -58,6 +54,13 @@ class FlatModel:
 
     The base class of ``MLP``, ``LogisticRegression`` and ``SoftmaxRegression``; build those
     (they validate their arguments) rather than this one.  Instances are immutable.
+
+    Valid inputs, checked by every method that takes them (ValueError otherwise, naming the
+    argument): theta is a finite float64 or float32 (D,) array, and thetas a finite float
+    (S, D) array with S >= 1; X is a finite float (M, n_in) array with M >= 1 in theta's dtype;
+    y, where a method takes it, is not None and passes ``likelihood.check_targets`` (M rows,
+    labels in the likelihood's set, or (M,) / (M, n_out) reals for the gaussian likelihood);
+    and the arrays do not mix NumPy and CuPy.
 
     Parameters
     ----------
@@ -300,8 +303,7 @@ class FlatModel:
         Raises
         ------
         ValueError
-        If theta is not a finite float (D,) array, X is not a finite float (M, n_in) array
-        with M >= 1 in theta's dtype, or the arrays mix NumPy and CuPy.
+            If theta or X is invalid (see FlatModel).
         """
         xp, theta, X, _ = self._inputs(theta, X, need_y=False)
         return self._forward(xp, theta, X)[2]
@@ -326,8 +328,7 @@ class FlatModel:
         Raises
         ------
         ValueError
-            If thetas is not a finite float (S, D) array with S >= 1, X is not a finite float
-            (M, n_in) array with M >= 1 in thetas' dtype, or the arrays mix NumPy and CuPy.
+            If thetas or X is invalid (see FlatModel).
         """
         xp, X, _, _ = self._inputs_batched(thetas, X, need_y=False)
         params = _layers.unflatten_batched(thetas, self.sizes, self.bias)
@@ -352,8 +353,7 @@ class FlatModel:
         Raises
         ------
         ValueError
-        If theta is not a finite float (D,) array, X is not a finite float (M, n_in) array
-        with M >= 1 in theta's dtype, or the arrays mix NumPy and CuPy.
+            If theta or X is invalid (see FlatModel).
         """
         xp, theta, X, _ = self._inputs(theta, X, need_y=False)
         return self.likelihood._mean(xp, self._forward(xp, theta, X)[2])
@@ -381,9 +381,7 @@ class FlatModel:
         Raises
         ------
         ValueError
-        If theta is not a finite float (D,) array, X is not a finite float (M, n_in) array
-        with M >= 1 in theta's dtype, or the arrays mix NumPy and CuPy.
-        Also if y is None or does not fit the likelihood (see its ``check_targets``).
+            If theta, X or y is invalid (see FlatModel).
         """
         xp, theta, X, y = self._inputs(theta, X, y)
         return self.likelihood._losses(xp, self._forward(xp, theta, X)[2], y)
@@ -409,9 +407,7 @@ class FlatModel:
         Raises
         ------
         ValueError
-        If theta is not a finite float (D,) array, X is not a finite float (M, n_in) array
-        with M >= 1 in theta's dtype, or the arrays mix NumPy and CuPy.
-        Also if y is None or does not fit the likelihood (see its ``check_targets``).
+            If theta, X or y is invalid (see FlatModel).
         """
         return self.per_example_losses(theta, X, y).sum()
 
@@ -445,9 +441,7 @@ class FlatModel:
         Raises
         ------
         ValueError
-        If theta is not a finite float (D,) array, X is not a finite float (M, n_in) array
-        with M >= 1 in theta's dtype, or the arrays mix NumPy and CuPy.
-        Also if y is None or does not fit the likelihood (see its ``check_targets``).
+            If theta, X or y is invalid (see FlatModel).
         """
         xp, theta, X, y = self._inputs(theta, X, y)
         acts, deltas = self._residual_pass(xp, theta, X, y)
@@ -481,10 +475,8 @@ class FlatModel:
         Raises
         ------
         ValueError
-        If theta is not a finite float (D,) array, X is not a finite float (M, n_in) array
-        with M >= 1 in theta's dtype, or the arrays mix NumPy and CuPy.
-        Also if y is None or does not fit the likelihood (see its ``check_targets``).
-            Also if impl is not one of IMPLS, or is "numba" or "autograd" with CuPy arrays.
+            If theta, X or y is invalid (see FlatModel), or impl is not one of IMPLS, or
+            is "numba" or "autograd" with CuPy arrays.
         """
         xp = xp_of(theta, X, y)
         impl = (self._numpy_impl if xp is np else "vectorized") if impl is None else impl
@@ -495,7 +487,6 @@ class FlatModel:
                              "use impl='vectorized' on the GPU")
         xp, theta, X, y = self._inputs(theta, X, y)
         if impl == "numba":
-            from refbayes.models._numba_kernels import per_example_grads_numba
             return per_example_grads_numba(theta, X, self.sizes, self.bias, self.activation,
                                            lambda f: self.likelihood._grad_f(f, y))
         if impl == "autograd":
@@ -504,13 +495,11 @@ class FlatModel:
         return _layers.per_example_blocks(xp, acts, deltas, self.bias)
 
     def _autograd_loss(self, theta, X, y):
-        import autograd.numpy as anp
         params = _layers.unflatten(theta, self.sizes, self.bias)
         f = _layers.forward(anp, params, X, self.activation)[1]
         return anp.sum(self.likelihood._losses(anp, f, y))
 
     def _per_example_grads_autograd(self, theta, X, y):
-        import autograd
         grad_fn = autograd.grad(self._autograd_loss)
         G = np.empty((X.shape[0], self.D), dtype=theta.dtype)
         for i in range(X.shape[0]):
@@ -544,8 +533,7 @@ class FlatModel:
         Raises
         ------
         ValueError
-        If theta is not a finite float (D,) array, X is not a finite float (M, n_in) array
-        with M >= 1 in theta's dtype, or the arrays mix NumPy and CuPy.
+            If theta or X is invalid (see FlatModel).
         """
         xp, theta, X, _ = self._inputs(theta, X, need_y=False)
         M, K = X.shape[0], self.sizes[-1]
@@ -576,9 +564,7 @@ class FlatModel:
         Raises
         ------
         ValueError
-        If theta is not a finite float (D,) array, X is not a finite float (M, n_in) array
-        with M >= 1 in theta's dtype, or the arrays mix NumPy and CuPy.
-        Also if y is None or does not fit the likelihood (see its ``check_targets``).
+            If theta, X or y is invalid (see FlatModel).
         """
         xp, theta, X, y = self._inputs(theta, X, y)
         M, K = X.shape[0], self.sizes[-1]
@@ -612,15 +598,11 @@ class FlatModel:
         Raises
         ------
         ValueError
-        If theta is not a finite float (D,) array, X is not a finite float (M, n_in) array
-        with M >= 1 in theta's dtype, or the arrays mix NumPy and CuPy.
-        Also if y is None or does not fit the likelihood (see its ``check_targets``).
-            Also if the arrays are CuPy arrays.
+            If theta, X or y is invalid (see FlatModel), or the arrays are CuPy arrays.
         """
         xp, theta, X, y = self._inputs(theta, X, y)
         if xp is not np:
             raise ValueError("theta: the autograd Hessian needs NumPy arrays, got CuPy arrays")
-        import autograd
         H = autograd.hessian(self._autograd_loss)(theta, X, y)  # (peg.17)
         return np.asarray(H, dtype=theta.dtype)
 
@@ -651,10 +633,8 @@ class FlatModel:
         Raises
         ------
         ValueError
-            If theta is not a finite float (D,) array, v not a finite (D,) array of theta's
-            dtype, X is not a finite float (M, n_in) array with M >= 1 in theta's dtype, or
-            the arrays mix NumPy and CuPy; if y is None or does not fit the likelihood (see
-            its ``check_targets``); also if the arrays are CuPy arrays.
+            If theta, X or y is invalid (see FlatModel), v is not a finite (D,) array of
+            theta's dtype, or the arrays are CuPy arrays.
         """
         xp, theta, X, y = self._inputs(theta, X, y)
         xp_of(theta, v)
@@ -663,7 +643,6 @@ class FlatModel:
         if xp is not np:
             raise ValueError("theta: the autograd Hessian-vector product needs NumPy arrays, got "
                              "CuPy arrays")
-        import autograd
         Hv = autograd.hessian_tensor_product(self._autograd_loss)(theta, X, y, v)  # (peg.17)
         return np.asarray(Hv, dtype=theta.dtype)
 
@@ -690,9 +669,7 @@ class FlatModel:
         Raises
         ------
         ValueError
-        If theta is not a finite float (D,) array, X is not a finite float (M, n_in) array
-        with M >= 1 in theta's dtype, or the arrays mix NumPy and CuPy.
-        Also if y is None or does not fit the likelihood (see its ``check_targets``).
+            If theta, X or y is invalid (see FlatModel).
         """
         xp, theta, X, y = self._inputs(theta, X, y)
         params, acts, f = self._forward(xp, theta, X)
@@ -724,9 +701,7 @@ class FlatModel:
         Raises
         ------
         ValueError
-        If theta is not a finite float (D,) array, X is not a finite float (M, n_in) array
-        with M >= 1 in theta's dtype, or the arrays mix NumPy and CuPy.
-        Also if y is None or does not fit the likelihood (see its ``check_targets``).
+            If theta, X or y is invalid (see FlatModel).
         """
         xp, theta, X, y = self._inputs(theta, X, y)
         acts, deltas = self._residual_pass(xp, theta, X, y)
@@ -762,10 +737,8 @@ class FlatModel:
         Raises
         ------
         ValueError
-            If curvature is not None, "ef" or "ggn", thetas is not a finite float (S, D) array
-            with S >= 1, X is not a finite float (M, n_in) array with M >= 1 in thetas' dtype,
-            or the arrays mix NumPy and CuPy.
-        Also if y is None or does not fit the likelihood (see its ``check_targets``).
+            If thetas, X or y is invalid (see FlatModel), or curvature is not None, "ef" or
+            "ggn".
         """
         if curvature not in (None, "ef", "ggn"):
             raise ValueError(f"curvature: expected None, 'ef' or 'ggn', got {curvature!r}")
@@ -808,9 +781,7 @@ class FlatModel:
         Raises
         ------
         ValueError
-            If thetas is not a finite float (S, D) array with S >= 1, X is not a finite float
-            (M, n_in) array with M >= 1 in thetas' dtype, or the arrays mix NumPy and CuPy.
-        Also if y is None or does not fit the likelihood (see its ``check_targets``).
+            If thetas, X or y is invalid (see FlatModel).
         """
         xp, X, y, S = self._inputs_batched(thetas, X, y)
         _, _, f, yy, _, g = self._batched_gradient_pass(xp, thetas, X, y, S)
@@ -842,9 +813,7 @@ class FlatModel:
         Raises
         ------
         ValueError
-            If thetas is not a finite float (S, D) array with S >= 1, X is not a finite float
-            (M, n_in) array with M >= 1 in thetas' dtype, or the arrays mix NumPy and CuPy.
-        Also if y is None or does not fit the likelihood (see its ``check_targets``).
+            If thetas, X or y is invalid (see FlatModel).
         """
         xp, X, y, S = self._inputs_batched(thetas, X, y)
         _, acts, _, _, deltas = self._batched_residual_pass(xp, thetas, X, y, S)
@@ -915,9 +884,7 @@ class FlatModel:
         Raises
         ------
         ValueError
-        If theta is not a finite float (D,) array, X is not a finite float (M, n_in) array
-        with M >= 1 in theta's dtype, or the arrays mix NumPy and CuPy.
-        Also if y is None or does not fit the likelihood (see its ``check_targets``).
+            If theta, X or y is invalid (see FlatModel).
         """
         xp, theta, X, y = self._inputs(theta, X, y)
         acts, deltas = self._residual_pass(xp, theta, X, y)
@@ -973,10 +940,7 @@ class FlatModel:
         Raises
         ------
         ValueError
-            If curvature is not "ggn" or "ef"; if theta is not a finite float (D,) array, X is
-            not a finite float (M, n_in) array with M >= 1 in theta's dtype, or the arrays mix
-            NumPy and CuPy; if y is None or does not fit the likelihood (see its
-            ``check_targets``).
+            If theta, X or y is invalid (see FlatModel), or curvature is not "ggn" or "ef".
         """
         xp, acts, deltas, M = self._kfac_seeds(theta, X, y, curvature)
         out = []
@@ -1033,12 +997,10 @@ class FlatModel:
         Raises
         ------
         ValueError
-            If curvature is not None, "ef" or "ggn", thetas is not a finite float (S, D) array
-            with S >= 1, X is not a finite float (M, n_in) array with M >= 1 in thetas' dtype,
-            or the arrays mix NumPy and CuPy; if y (or a row y_curv[s]) does not fit the
-            likelihood (see its ``check_targets``), y_curv is not (S, M, ...), or y_curv is given
-            with a curvature other than "ef"; if scale is not a finite (S,) array > 0 in thetas'
-            dtype.
+            If thetas, X or y is invalid (see FlatModel); if curvature is not None, "ef" or "ggn";
+            if a row y_curv[s] does not fit the likelihood (see its ``check_targets``), y_curv is
+            not (S, M, ...), or y_curv is given with a curvature other than "ef"; if scale is not a
+            finite (S,) array > 0 in thetas' dtype.
         """
         if curvature not in (None, "ef", "ggn"):
             raise ValueError(f"curvature: expected None, 'ef' or 'ggn', got {curvature!r}")
@@ -1132,10 +1094,7 @@ class FlatModel:
         Raises
         ------
         ValueError
-            If curvature is not "ggn" or "ef"; if theta is not a finite float (D,) array, X is
-            not a finite float (M, n_in) array with M >= 1 in theta's dtype, or the arrays mix
-            NumPy and CuPy; if y is None or does not fit the likelihood (see its
-            ``check_targets``).
+            If theta, X or y is invalid (see FlatModel), or curvature is not "ggn" or "ef".
 
         Notes
         -----
@@ -1239,8 +1198,7 @@ class FlatModel:
         Raises
         ------
         ValueError
-            If theta is not a finite float (D,) array, X is not a finite float (M, n_in) array
-            with M >= 1 in theta's dtype, or the arrays mix NumPy and CuPy.
+            If theta or X is invalid (see FlatModel).
         """
         xp, theta, X, _ = self._inputs(theta, X, need_y=False)
         acts = self._forward(xp, theta, X)[1]

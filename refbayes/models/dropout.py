@@ -14,6 +14,12 @@ The loss is SUMMED over the M rows, l_i = -log p(y_i | f_i) with the model's lik
 N / M minibatch scaling is the caller's. Backprop carries the masks: with delta_k = dl/dh_k,
 delta_{k-1} = ((delta_k W_k^T) * s * z_k) * act'(a_k), and the gradient blocks are
 a~_k^T delta_k and 1^T delta_k, the usual ones with a~_k in place of a_k.
+
+Every public function checks its arguments and raises ValueError unless: model is a FlatModel;
+theta and X are valid for it (theta a finite float (D,) array, X a finite (M, n_0) array with
+M >= 1 of theta's dtype, see FlatModel); y, where taken, fits the model's likelihood; masks is
+a list of L arrays, masks[k] of shape (M, sizes[k]) holding only 0 and 1; scale is a real
+number in [1, inf); and the arrays do not mix NumPy and CuPy.
 """
 from __future__ import annotations
 
@@ -115,9 +121,7 @@ def masked_forward(model, theta, X, masks, scale):
     Raises
     ------
     ValueError
-        If model is not a FlatModel; theta, X are not finite float arrays of shapes (D,) and
-        (M, n_0) with M >= 1 and one dtype; masks is not a list of L binary (M, sizes[k])
-        arrays; scale is not a real number in [1, inf); or the arrays mix NumPy and CuPy.
+        If model, theta, X, masks or scale is invalid (see refbayes.models.dropout).
     """
     xp, theta, X, _, sz = _inputs(model, theta, X, None, masks, scale, need_y=False)
     return _forward(xp, model, theta, X, sz)[3]
@@ -152,10 +156,7 @@ def masked_per_example_losses(model, theta, X, y, masks, scale):
     Raises
     ------
     ValueError
-        If model is not a FlatModel; theta, X are not finite float arrays of shapes (D,) and
-        (M, n_0) with M >= 1 and one dtype; masks is not a list of L binary (M, sizes[k])
-        arrays; scale is not a real number in [1, inf); or the arrays mix NumPy and CuPy.
-        Also if y does not fit the model's likelihood.
+        If model, theta, X, y, masks or scale is invalid (see refbayes.models.dropout).
     """
     xp, theta, X, y, sz = _inputs(model, theta, X, y, masks, scale)
     return model.likelihood._losses(xp, _forward(xp, model, theta, X, sz)[3], y)
@@ -199,10 +200,7 @@ def masked_output_and_grad(model, theta, X, y, masks, scale):
     Raises
     ------
     ValueError
-        If model is not a FlatModel; theta, X are not finite float arrays of shapes (D,) and
-        (M, n_0) with M >= 1 and one dtype; masks is not a list of L binary (M, sizes[k])
-        arrays; scale is not a real number in [1, inf); or the arrays mix NumPy and CuPy.
-        Also if y does not fit the model's likelihood.
+        If model, theta, X, y, masks or scale is invalid (see refbayes.models.dropout).
     """
     xp, theta, X, y, sz = _inputs(model, theta, X, y, masks, scale)
     inputs, deltas, f = _residual_pass(xp, model, theta, X, y, sz)
@@ -238,10 +236,7 @@ def masked_grad(model, theta, X, y, masks, scale):
     Raises
     ------
     ValueError
-        If model is not a FlatModel; theta, X are not finite float arrays of shapes (D,) and
-        (M, n_0) with M >= 1 and one dtype; masks is not a list of L binary (M, sizes[k])
-        arrays; scale is not a real number in [1, inf); or the arrays mix NumPy and CuPy.
-        Also if y does not fit the model's likelihood.
+        If model, theta, X, y, masks or scale is invalid (see refbayes.models.dropout).
     """
     return masked_output_and_grad(model, theta, X, y, masks, scale)[1]
 
@@ -275,10 +270,7 @@ def masked_per_example_grads(model, theta, X, y, masks, scale):
     Raises
     ------
     ValueError
-        If model is not a FlatModel; theta, X are not finite float arrays of shapes (D,) and
-        (M, n_0) with M >= 1 and one dtype; masks is not a list of L binary (M, sizes[k])
-        arrays; scale is not a real number in [1, inf); or the arrays mix NumPy and CuPy.
-        Also if y does not fit the model's likelihood.
+        If model, theta, X, y, masks or scale is invalid (see refbayes.models.dropout).
     """
     xp, theta, X, y, sz = _inputs(model, theta, X, y, masks, scale)
     inputs, deltas, _ = _residual_pass(xp, model, theta, X, y, sz)

@@ -19,6 +19,10 @@ Target conventions (validated by ``check_targets``):
 Labels may be integer or bool arrays, or float arrays holding exactly those integers (0.0, 1.0,
 ...); any other value is an error.
 
+The methods taking (f, y) check them and raise ValueError unless f is a finite float (M, K)
+array with this likelihood's number of columns K, y passes ``check_targets`` (the conventions
+above), and the two do not mix NumPy and CuPy.
+
 The instances hold hyperparameters only. Every method is backend-generic (NumPy or CuPy); the
 private ``_losses(ns, f, y)`` also accepts ``autograd.numpy`` as ``ns`` for the autograd oracle.
 """
@@ -97,8 +101,7 @@ class _Likelihood:
         Raises
         ------
         ValueError
-            If f is not a finite floating 2-d array with this likelihood's number of columns,
-            y does not pass ``check_targets``, or the arrays mix NumPy and CuPy.
+            If f or y is invalid (see refbayes.models.likelihoods).
         """
         xp = xp_of(f, y)
         f, y = self._validated(f, y)
@@ -125,8 +128,7 @@ class _Likelihood:
         Raises
         ------
         ValueError
-            If f is not a finite floating 2-d array with this likelihood's number of columns,
-            y does not pass ``check_targets``, or the arrays mix NumPy and CuPy.
+            If f or y is invalid (see refbayes.models.likelihoods).
         """
         xp_of(f, y)  # refuses a NumPy / CuPy mix before any work
         f, y = self._validated(f, y)
@@ -153,8 +155,7 @@ class _Likelihood:
         Raises
         ------
         ValueError
-            If f is not a finite floating 2-d array with this likelihood's number of columns,
-            y does not pass ``check_targets``, or the arrays mix NumPy and CuPy.
+            If f or y is invalid (see refbayes.models.likelihoods).
         """
         xp_of(f, y)  # refuses a NumPy / CuPy mix before any work
         f, y = self._validated(f, y)
@@ -181,8 +182,7 @@ class _Likelihood:
         Raises
         ------
         ValueError
-            If f is not a finite floating 2-d array with this likelihood's number of columns,
-            y does not pass ``check_targets``, or the arrays mix NumPy and CuPy.
+            If f or y is invalid (see refbayes.models.likelihoods).
         """
         xp_of(f, y)  # refuses a NumPy / CuPy mix before any work
         f, y = self._validated(f, y)

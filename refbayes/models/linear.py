@@ -107,9 +107,8 @@ class _LinearModel(FlatModel):
         Raises
         ------
         ValueError
-            If thetas is not a finite float (S, D) array with S >= 1, X is not a finite float
-            (M, n_features) array with M >= 1 in thetas' dtype, y is not valid labels, or the
-            arrays mix NumPy and CuPy.
+            If thetas, X or y is invalid (see FlatModel; here X has n_features columns, without
+            the ones column).
         """
         xp, Xd, H = self._summed_curvature_inputs(thetas, X, y)
         return _ggn_closed_form(xp, Xd, H)  # (peg.16)
@@ -137,9 +136,8 @@ class _LinearModel(FlatModel):
         Raises
         ------
         ValueError
-            If thetas is not a finite float (S, D) array with S >= 1, X is not a finite float
-            (M, n_features) array with M >= 1 in thetas' dtype, y is not valid labels, or the
-            arrays mix NumPy and CuPy.
+            If thetas, X or y is invalid (see FlatModel; here X has n_features columns, without
+            the ones column).
         """
         xp, Xd, H = self._summed_curvature_inputs(thetas, X, y)
         return _diag_ggn_closed_form(xp, Xd, H)  # (peg.16)
@@ -171,9 +169,8 @@ class _LinearModel(FlatModel):
         Raises
         ------
         ValueError
-            If theta is not a finite float (D,) array, X is not a finite float
-            (M, n_features) array with M >= 1 in theta's dtype, y is not valid labels, or the
-            arrays mix NumPy and CuPy.
+            If theta, X or y is invalid (see FlatModel; here X has n_features columns, without
+            the ones column).
         """
         xp, Xd, H = self._curvature_inputs(theta, X, y)
         return _ggn_closed_form(xp, Xd, H)  # (peg.16)
@@ -200,9 +197,8 @@ class _LinearModel(FlatModel):
         Raises
         ------
         ValueError
-            If theta is not a finite float (D,) array, X is not a finite float
-            (M, n_features) array with M >= 1 in theta's dtype, y is not valid labels, or the
-            arrays mix NumPy and CuPy.
+            If theta, X or y is invalid (see FlatModel; here X has n_features columns, without
+            the ones column).
         """
         return self.ggn(theta, X, y)
 
@@ -228,9 +224,8 @@ class _LinearModel(FlatModel):
         Raises
         ------
         ValueError
-            If theta is not a finite float (D,) array, X is not a finite float
-            (M, n_features) array with M >= 1 in theta's dtype, y is not valid labels, or the
-            arrays mix NumPy and CuPy.
+            If theta, X or y is invalid (see FlatModel; here X has n_features columns, without
+            the ones column).
         """
         xp, Xd, H = self._curvature_inputs(theta, X, y)
         return _diag_ggn_closed_form(xp, Xd, H)  # (peg.16)

@@ -493,3 +493,22 @@ def test_bad_estimates_and_init_raise():
         vogn.sample(_start(D), None, _CFG)
     with pytest.raises(ValueError, match="state: expected a VOGNState"):  # not an AttributeError
         vogn.dense_covariance(None, _CFG)
+
+
+def test_apply_signed_takes_a_negative_curvature_by_the_same_equations():
+    """signed=True (IVON's Hessian estimates, conformance/ivon.py) runs (vogn.7)-(vogn.9) on a
+    signed h_hat: checked against the equations written out with the dense reference's scales."""
+    D = 5
+    rng = np.random.default_rng(3)
+    state = _start(D)._replace(m=rng.standard_normal(D))
+    g_hat, h_hat = rng.standard_normal(D), rng.standard_normal(D)
+    assert h_hat.min() < 0
+    new, info = vogn.apply(state, g_hat, h_hat, _CFG, signed=True)
+    dt = _CFG.tau * _CFG.delta / (_CFG.rho * _CFG.N)                       # (vogn.2)
+    m = _CFG.beta1 * state.m + g_hat + dt * state.mu                       # (vogn.7)
+    s = (1 - _CFG.beta2) * state.s + _CFG.beta2 * h_hat                    # (vogn.8)
+    mu = state.mu - _CFG.alpha * m / (s + dt + _CFG.gamma)                 # (vogn.9)
+    assert_close(new.m, m, EXACT_F64)
+    assert_close(new.s, s, EXACT_F64)
+    assert_close(new.mu, mu, EXACT_F64)
+    assert_close(info.delta_tilde, dt, EXACT_F64)
