@@ -3,22 +3,32 @@
 The public API is every name in the ``__all__`` of a public module of the three subpackages
 (modules whose name starts with ``_`` are private; what a public module re-exports from one is
 public), plus the public methods and properties of the public classes.  Each object goes through
-``numpydoc.validate.validate``; the test fails on any error code in ``ENFORCED``.  State / Config /
-Info NamedTuples document their fields in an Attributes section, checked against ``_fields``.
+``numpydoc.validate.validate``; the test fails on any error code in ``ENFORCED``.
+
+Documentation is written once.  A NamedTuple documents its fields in one place: State / Config /
+Info classes in the trailing comment of each field line (``field_tags``, in refbayes.tracing.tags and
+re-exported by refbayes.golden, reads the equation tags from those comments), other NamedTuples either so or in an Attributes section, never
+both.  A Raises paragraph is not pasted: the validity rules of a State / Config (or of a model's
+inputs) are stated once, in the class (or module) docstring, and each function's Raises names it
+("If state or cfg is invalid (see SLANGState, SLANGConfig)"); such a "(see ...)" must resolve.
 """
 from __future__ import annotations
 
 import ast
+import collections
 import importlib
+import importlib.util
 import inspect
 import pkgutil
+import re
+import sys
 import textwrap
 
 import numpydoc.validate
 import pytest
 from numpydoc.docscrape import ClassDoc, FunctionDoc
 
-PACKAGES = ("refbayes.linalg", "refbayes.models", "refbayes.methods")
+PACKAGES = ("refbayes.linalg", "refbayes.models", "refbayes.methods", "refbayes.tracing")
 
 # Codes that fail the test, one reason each.
 ENFORCED = {
@@ -65,8 +75,9 @@ NOT_ENFORCED = {
     "EX01": "examples live in tests/ and the README; doctests would duplicate them",
 }
 
-# A NamedTuple's fields are documented once, under Attributes (its constructor arguments are the
-# same names); repeating them under Parameters would only invite the two lists to drift.
+# A NamedTuple's fields are documented once, by their trailing comments or under Attributes (its
+# constructor arguments are the same names); repeating them under Parameters would only invite
+# the lists to drift.
 NAMEDTUPLE_EXEMPT = {"PR01", "PR02", "PR03"}
 
 
@@ -122,6 +133,7 @@ def test_api_is_found():
     assert len(API) > 100
     assert "refbayes.linalg.lowrank.solve" in API
     assert "refbayes.methods.vogn.VOGNState" in NAMEDTUPLES
+    assert len(RAISES) > 100
     assert "refbayes.models.base.FlatModel.forward" in API
 
 
@@ -134,16 +146,94 @@ def test_numpydoc(qualname):
         "\n  ".join(errors)
 
 
+# The field-line pattern of field_tags (refbayes.tracing.tags): the tags come from that comment.
+_FIELD_LINE = re.compile(r"\s+(\w+)\s*:[^#]*#(.*)$")
+
+
+def _field_comments(cls) -> dict:
+    """{field: its trailing comment}, read off the class source as ``field_tags`` reads it."""
+    comments = {}
+    for line in inspect.getsource(cls).splitlines():
+        m = _FIELD_LINE.match(line)
+        if m and m.group(1) in cls._fields and m.group(1) not in comments:
+            comments[m.group(1)] = m.group(2).strip()
+    return comments
+
+
 @pytest.mark.parametrize("qualname", NAMEDTUPLES)
-def test_namedtuple_attributes(qualname):
+def test_namedtuple_fields_documented_once(qualname):
     cls = API[qualname]
     attributes = ClassDoc(cls, config={"show_class_members": False})["Attributes"]
+    comments = _field_comments(cls)
+    if cls.__name__.endswith(("State", "Config", "Info")) or comments:
+        assert not attributes, (
+            f"{qualname}: fields documented twice, in an Attributes section and in trailing "
+            "comments; keep the comments (field_tags reads the equation tags from them)")
+        missing = [f for f in cls._fields if not comments.get(f)]
+        assert not missing, f"{qualname}: fields without a trailing comment: {missing}"
+        return
     documented = [name for name, _, _ in attributes]
     assert documented == list(cls._fields), (
         f"{qualname}: the Attributes section must list exactly the fields, in order; "
         f"fields {list(cls._fields)}, documented {documented}")
     incomplete = [name for name, type_, desc in attributes if not type_ or not "".join(desc).strip()]
     assert not incomplete, f"{qualname}: attributes without a type or a description: {incomplete}"
+
+
+def _raises():
+    """{qualname: [(exception, description lines)]} over the public functions and methods."""
+    out = {}
+    for qualname, obj in API.items():
+        func = obj.fget if isinstance(obj, property) else obj
+        if inspect.isfunction(func):
+            entries = FunctionDoc(func)["Raises"]
+            if entries:
+                out[qualname] = [(e.type or e.name, [line.strip() for line in e.desc]) for e in entries]
+    return out
+
+
+RAISES = _raises()
+CLASSES = {obj.__name__: obj for obj in API.values() if inspect.isclass(obj)}
+
+
+def test_no_raises_paragraph_is_pasted():
+    # Three lines in a row, identical in the Raises of two docstrings of one module, are a pasted
+    # paragraph: rules that belong once in a class or module docstring (see the module docstring
+    # above).  Windows of three lines also catch a pasted paragraph followed by different tails.
+    seen = collections.defaultdict(set)
+    for qualname, entries in RAISES.items():
+        obj = API[qualname]
+        module = (obj.fget if isinstance(obj, property) else obj).__module__
+        for exc, desc in entries:
+            for i in range(len(desc) - 2):
+                seen[(module, exc, "\n".join(desc[i:i + 3]))].add(qualname)
+    pasted = [f"{module}: {exc} lines in {len(names)} docstrings ({', '.join(sorted(names))}):\n"
+              f"    {text}" for (module, exc, text), names in seen.items() if len(names) > 1]
+    assert not pasted, "\n".join(pasted)
+
+
+@pytest.mark.parametrize("qualname", [q for q, e in RAISES.items()
+                                      if any("(see " in " ".join(d) for _, d in e)])
+def test_raises_references_resolve(qualname):
+    # "(see SLANGState, SLANGConfig)" must name classes or modules that exist, so the rules the
+    # reader is sent to are there.
+    obj = API[qualname]
+    func = obj.fget if isinstance(obj, property) else obj
+    namespace = sys.modules[func.__module__].__dict__
+    for _, desc in RAISES[qualname]:
+        for group in re.findall(r"\(see ([^)]*)\)", " ".join(desc)):
+            # the class names (XState, FlatModel) and refbayes module paths of the reference
+            for name in re.findall(r"\b(?:refbayes(?:\.\w+)+|[A-Z]\w*[a-z]\w*)", group.split(";")[0]):
+                if name.startswith("refbayes."):
+                    module, _, attr = name.rpartition(".")
+                    target = importlib.import_module(name) if importlib.util.find_spec(name) \
+                        else getattr(importlib.import_module(module), attr, None)
+                else:  # a name of the function's module, or a public class of the API (Batch)
+                    target = namespace.get(name) or CLASSES.get(name)
+                assert target is not None, f"{qualname}: Raises names {name}, which is not found"
+                assert "ValueError" in (inspect.getdoc(target) or ""), (
+                    f"{qualname}: Raises sends the reader to {name}, whose docstring states no "
+                    "validity rules (no 'ValueError')")
 
 
 def _validates_input(func) -> bool:

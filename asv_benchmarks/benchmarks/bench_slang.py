@@ -263,7 +263,7 @@ def table_problem(dataset):
 class SLANGTableEpoch:
     """One driven epoch (``driver.run``, S = 12) of each method of the SLANG logistic-regression
     table, from the experiment's own starting state, on its data: where the table's CPU-hours
-    go (derivations/slang.md). australian: 345 rows, D = 15, M = 32; a1a: 1605 rows, D = 120,
+    go (derivations/slang-findings.md). australian: 345 rows, D = 15, M = 32; a1a: 1605 rows, D = 120,
     M = 128; usps-3vs5: D = 257, M = 64."""
     params = (["australian", "a1a", "usps-3vs5"],
               ["mf-ef", "mf-hess", "mf-exact", "slang-1", "slang-10", "full-ef", "full-hess",
