@@ -17,7 +17,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from refbayes import cli, golden, verify  # noqa: E402
+from refbayes import cli, tracing, verify  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "examples" / "torch_verify.py"
@@ -42,7 +42,7 @@ def _example():
 
 @functools.lru_cache(maxsize=None)
 def _trace(case):
-    return golden.load(GOLDEN / CASES[case][0])
+    return tracing.load(GOLDEN / CASES[case][0])
 
 
 @functools.lru_cache(maxsize=None)
