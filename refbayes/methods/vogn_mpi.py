@@ -27,7 +27,7 @@ import contextlib
 import numpy as np
 
 from refbayes._checks import check_array, check_int, unchecked
-from refbayes.methods import driver, vogn
+from refbayes.methods import driver, records, vogn
 from refbayes.methods._estimates import Batch
 
 __all__ = ["MPI_HINT", "shard", "reduce_estimates", "step", "run"]
@@ -188,9 +188,10 @@ def run(state: vogn.VOGNState, cfg: vogn.VOGNConfig, model, X, y, *, rng: np.ran
     # after the first skip the value scans
     model.likelihood.check_targets(y, N, model.sizes[-1], state.mu.dtype)
     taken = 0
+    draws = records.get_record("vogn").draws  # the driver's draws of one VOGN step
     for _ in range(epochs):
         for idx in driver.epoch_batches(rng, N, M):
-            eps, _ = driver._vogn_draws(rng, cfg, model, len(idx), S, 0, state.mu.dtype, np)
+            eps, _ = draws(rng, cfg, model, len(idx), S, 0, state.mu.dtype, np)
             mine = shard(idx, rank, size)
             with contextlib.nullcontext() if taken == 0 else unchecked():
                 state, _ = step(state, Batch(X[mine], y[mine]), eps, cfg, model, comm)

@@ -81,9 +81,9 @@ def format_trace(trace: Trace, precision: int = 8) -> str:
              f"command: {man['command']}",
              f"model: {man['model']['repr']}, D = {man['model']['D']}",
              "config: " + ", ".join(f"{k}={v!r}" for k, v in trace.config.items()),
-             "draws: step 1 after the start from numpy.random.default_rng(seed); step k + 1 >= 2 "
-             "from numpy.random.default_rng([seed, k]); the problem, the start and the order of "
-             "the draws: derivations/tracing.md", ""]
+             "draws: step 1 after the start from numpy.random.default_rng(seed)"
+             + ("; step k + 1 >= 2 from numpy.random.default_rng([seed, k])" if K > 1 else "")
+             + "; the problem, the start and the order of the draws: derivations/tracing.md", ""]
     for name, value in trace.inputs.items():
         lines += [_block("input", name, value, precision, full=True), ""]
     for k in range(K):
@@ -98,7 +98,9 @@ def to_json(trace: Trace) -> dict:
     """The trace as JSON-ready data: its manifest, and every input and output as nested lists.
 
     Python floats are written by ``json`` with repr, so they round-trip exactly; the manifest
-    gives each array's shape, dtype, tag and parameter axes (``derivations/tracing.md``).
+    gives each array's shape, dtype, tag and parameter axes (``derivations/tracing.md``): read an
+    array back with ``numpy.array(values, dtype).reshape(shape)``, as an empty array's nested
+    list does not keep its shape.
 
     Parameters
     ----------
