@@ -65,7 +65,6 @@ extensions = [
     "myst_parser",
     "sphinx_gallery.gen_gallery",
     "cli_reference",
-    "plain_docstrings",
     "csv_summary",
 ]
 

@@ -11,8 +11,8 @@ ECE and MCE are the top-label calibration errors with ``n_bins`` equal-width bin
 (torchmetrics' ``calibration_error(task="multiclass", norm="l1" / "max")``, the form Bergamin
 et al. 2023 report, times 100 there): confidence c_i = max_k p_ik, bin b holds
 c_i in [b / n_bins, (b + 1) / n_bins) (c_i = 1 in the last bin);
-ECE = sum_b (|B_b| / M) |acc(B_b) - conf(B_b)|, MCE = max over non-empty bins of
-|acc(B_b) - conf(B_b)|. ``reliability_curve`` returns the per-bin counts, conf(B_b) and acc(B_b)
+``ECE = sum_b (|B_b| / M) |acc(B_b) - conf(B_b)|``, MCE = max over non-empty bins of
+``|acc(B_b) - conf(B_b)|``. ``reliability_curve`` returns the per-bin counts, conf(B_b) and acc(B_b)
 of that same binning.
 
 Brier score: (1 / M) sum_i sum_k (p_ik - 1[y_i = k])^2 (the multi-class form, in [0, 2]).
@@ -140,11 +140,11 @@ def calibration_errors(probs, y, n_bins: int = 10) -> tuple:
 def reliability_curve(probs, y, n_bins: int = 15) -> dict:
     """Return the per-bin counts, mean confidences and accuracies of the top-label calibration.
 
-    The bins are exactly those of `calibration_errors`: equal-width bins on [0, 1], a confidence
+    The bins are exactly those of ``calibration_errors``: equal-width bins on [0, 1], a confidence
     c_i = max_k p_ik goes in bin min(floor(c_i n_bins), n_bins - 1) (so c_i = 1 is in the last
-    bin), and ECE = sum_b (count_b / M) |accuracy_b - confidence_b| over the non-empty bins.
+    bin), and ``ECE = sum_b (count_b / M) |accuracy_b - confidence_b|`` over the non-empty bins.
     The default ``n_bins`` (15, the usual reliability-diagram resolution) differs from that of
-    `ece` (10); pass the same value to both to compare them.
+    ``ece`` (10); pass the same value to both to compare them.
 
     Parameters
     ----------
@@ -274,8 +274,8 @@ def misclassification_auroc(probs, y) -> float:
     """Return the AUROC of negative predictive entropy for telling correct predictions from wrong.
 
     The misclassification-detection AUROC of Hendrycks & Gimpel (2017) with the confidence
-    score -H_i (`predictive_entropy`): `auroc` of -H with label 1 where the prediction
-    argmax_k p_ik (the first class on ties, as in `accuracy`) equals y_i and label 0 where it
+    score -H_i (``predictive_entropy``): ``auroc`` of -H with label 1 where the prediction
+    argmax_k p_ik (the first class on ties, as in ``accuracy``) equals y_i and label 0 where it
     does not. 1 means every correct prediction has a lower entropy than every wrong one.
 
     Parameters
@@ -310,7 +310,7 @@ def misclassification_auroc(probs, y) -> float:
 def ood_auroc(probs_in, probs_out) -> float:
     """Return the AUROC of predictive entropy for telling OOD rows from in-distribution ones.
 
-    `auroc` of H (`predictive_entropy`) over the rows of both arrays, with label 1 for the
+    ``auroc`` of H (``predictive_entropy``) over the rows of both arrays, with label 1 for the
     out-of-distribution rows ``probs_out`` and 0 for the in-distribution rows ``probs_in``.
     1 means every out-of-distribution row has a higher entropy than every in-distribution one.
 

@@ -450,8 +450,11 @@ def entropy(q):
 def kl(q, p):
     """Compute the Kullback-Leibler divergence KL(q || p) between two Gaussians.
 
-    KL(q || p) = (tr(Sigma_p^{-1} Sigma_q) + m^T Sigma_p^{-1} m - D
-                  + log det Sigma_p - log det Sigma_q) / 2,   m = mu_q - mu_p.
+    ::
+
+        KL(q || p) = (tr(Sigma_p^{-1} Sigma_q) + m^T Sigma_p^{-1} m - D
+                      + log det Sigma_p - log det Sigma_q) / 2,   m = mu_q - mu_p.
+
     The trace term uses the cheapest identity for the pair (see the module docstring).
     (gaussian.3)
 
@@ -482,9 +485,12 @@ def kl(q, p):
 def symmetric_kl(q, p):
     """Compute the symmetrized KL divergence (KL(q || p) + KL(p || q)) / 2.
 
-    (KL(q || p) + KL(p || q)) / 2
-    = (tr(Sigma_p^{-1} Sigma_q) + tr(Sigma_q^{-1} Sigma_p) + m^T (Sigma_p^{-1} + Sigma_q^{-1}) m
-       - 2 D) / 4,   m = mu_q - mu_p:
+    ::
+
+        (KL(q || p) + KL(p || q)) / 2
+        = (tr(Sigma_p^{-1} Sigma_q) + tr(Sigma_q^{-1} Sigma_p)
+           + m^T (Sigma_p^{-1} + Sigma_q^{-1}) m - 2 D) / 4,   m = mu_q - mu_p:
+
     the log-determinants cancel, so none is computed.  (gaussian.4)
 
     Parameters

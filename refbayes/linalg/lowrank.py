@@ -220,10 +220,10 @@ def _well_conditioned_chol(A):
 
 
 def _fix_signs(V):
-    """Flip each column so that its largest-|entry| (first one on ties) is >= 0.
+    """Flip each column so that its largest-``|entry|`` (first one on ties) is >= 0.
 
     The column maxima and minima decide it (two reductions along the rows, ~10x faster than an
-    argmax of |V| down the columns of a C-ordered (D, L) array); only a column whose largest
+    argmax of ``|V|`` down the columns of a C-ordered (D, L) array); only a column whose largest
     positive and negative entries tie in magnitude takes the argmax, for the first-one rule
     (on NumPy only when there is such a column; on CuPy always, since asking would read a flag
     back from the device). V is flipped in place and returned.
@@ -679,7 +679,7 @@ def top_eig(W, L, *, method="exact", Omega=None, n_iter=2):
     Q^T W W^T Q = S diag(lam) S^T and V = Q S_L diag(lam_L)^{1/2}; O(D K (L + p) (q + 1)).
     Exact (for a generic Omega) when rank(W) <= L + p; otherwise see the error bound in derivations/lowrank.md.
 
-    Columns are ordered by decreasing eigenvalue and each has its largest-|entry| made
+    Columns are ordered by decreasing eigenvalue and each has its largest-``|entry|`` made
     non-negative, so results agree across backends.  SLANG uses
     W = [sqrt(1 - beta) U, sqrt(beta) G^T] so that W W^T = (1 - beta) U U^T + beta G^T G
     (with G (M, D) the per-example gradients, scaled as the SLANG module states).  (lowrank.11)
@@ -700,7 +700,7 @@ def top_eig(W, L, *, method="exact", Omega=None, n_iter=2):
     Returns
     -------
     array of shape (D, L)
-        V, columns by decreasing eigenvalue, each with its largest-|entry| non-negative.
+        V, columns by decreasing eigenvalue, each with its largest-``|entry|`` non-negative.
 
     Raises
     ------

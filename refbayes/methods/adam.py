@@ -9,7 +9,7 @@ alpha the step size, beta1, beta2 the moment decays, eps_adam the constant added
 (sqrt(v_hat) + eps_adam), and the new moments; it knows nothing about models or scaling. The
 same update drives Bayes-by-Backprop (on [mu; rho]) and MC dropout (on theta).
 
-``step`` is the MAP baseline the benchmarks compare VOGN against: one Adam update of theta on
+``step`` is the MAP baseline the benchmarks compare VOGN against: one Adam update of theta on ::
 
     F(theta) = (N / M) sum_{i in B} l_i(theta) + (1/2) sum_j lam_j theta_j^2,
 

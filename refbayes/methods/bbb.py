@@ -8,7 +8,7 @@ sigma = softplus(rho) = log(1 + exp(rho)) (D,); lam the prior precision (scalar 
 N(0, diag(1 / lam)); eps (D, S) standard-normal draws, one column per Monte Carlo sample
 theta_s = mu + sigma * eps_s; a minibatch B of M rows out of N.
 
-Objective (summed-loss convention, minimized):
+Objective (summed-loss convention, minimized)::
 
     F(mu, rho) = (N / (M S)) sum_s sum_{i in B} l_i(theta_s) + kl_weight * KL(q || p)   (bbb.3)
 
@@ -151,10 +151,10 @@ def log_softplus(rho):
 
     Finite even where sigma underflows.  For rho < -36: with u = exp(rho) < 2.4e-16,
     log softplus(rho) = rho + log(log1p(u) / u) = rho - u / 2 + O(u^2), which is rho to
-    rounding (|u / 2| < 1.2e-16 < half an ulp of |rho| >= 36), so log sigma = rho there, also
-    where u underflows (rho < -745).  For rho >= -36, sigma = logaddexp(0, rho) >= 2.3e-16 is a
-    normal number with relative accuracy, and its log is safe.  Two elementwise passes, no
-    cancellation.  No validation.  (bbb.1)
+    rounding (``|u / 2| < 1.2e-16`` < half an ulp of ``|rho| >= 36``), so log sigma = rho
+    there, also where u underflows (rho < -745).  For rho >= -36, sigma = logaddexp(0, rho)
+    >= 2.3e-16 is a normal number with relative accuracy, and its log is safe.  Two elementwise
+    passes, no cancellation.  No validation.  (bbb.1)
 
     Parameters
     ----------

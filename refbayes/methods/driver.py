@@ -2,7 +2,7 @@
 
 ``run`` walks epochs of shuffled minibatches and calls a pure ``step`` with draws from the
 caller's ``numpy.random.Generator``, in this order, so another implementation can replay them
-(each method's draws are its record's, ``refbayes.methods.records``):
+(each method's draws are its record's, ``refbayes.methods.records``)::
 
   per epoch:  perm = rng.permutation(N); the batches are perm[0:M], perm[M:2M], ... (the last
               one may be shorter; it is scaled by its own M);

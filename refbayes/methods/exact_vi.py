@@ -9,8 +9,8 @@ E0, E1, E2 (N,) = E_q[log p(y_i | a_i)] and its first two a-derivatives under q.
 Scaling: full batch, likelihood SUMMED over all N examples, no minibatch (M = N), no Monte Carlo
 (S does not enter: expectations are Gauss-Hermite quadratures), no tempering (tau = 1).
 The Gauss-Hermite rule is verified to 1e-12 absolute for 0 <= v <= V_EXACT = 400 and to 1e-11 up
-to V_MAX = 1600 (the integrands grow like sqrt(v) and the sum's rounding with them), |m| <= M_MAX;
-inputs outside that range raise ValueError.
+to V_MAX = 1600 (the integrands grow like sqrt(v) and the sum's rounding with them),
+``|m| <= M_MAX``; inputs outside that range raise ValueError.
 
 The problem (X, y, lam, likelihood, noise_precision), checked by every function that takes it
 (ValueError otherwise, naming the argument): X a finite float (N, D) array; lam a finite float
@@ -224,7 +224,7 @@ def logistic_expectations(m, v, y):
     second a-derivative -sigmoid(a) sigmoid(-a), s_i = 2 y_i - 1 (exact_vi.2), by Gauss-Hermite
     quadrature, each datum with the rung gh_nodes(v_i) of its own variance
     (exact_vi.3)-(exact_vi.4).  Accurate to 1e-12 absolute for 0 <= v <= V_EXACT (1e-11 up to
-    V_MAX) and |m| <= M_MAX (verified against scipy.integrate.quad).
+    V_MAX) and ``|m| <= M_MAX`` (verified against scipy.integrate.quad).
 
     Parameters
     ----------
@@ -247,7 +247,7 @@ def logistic_expectations(m, v, y):
     Raises
     ------
     ValueError
-        If m is not a finite float 1-d array with |m| <= M_MAX, v not a finite float (N,)
+        If m is not a finite float 1-d array with ``|m| <= M_MAX``, v not a finite float (N,)
         array of m's dtype with 0 <= v <= V_MAX, y not a finite float (N,) array of m's dtype
         with labels in {0, 1}, or the arrays mix NumPy and CuPy.
     """
@@ -479,7 +479,7 @@ def elbo(X, y, lam, mu, Sigma, *, likelihood="logistic", noise_precision=None) -
     ValueError
         If the problem (X, y, lam, likelihood, noise_precision) is invalid (see
         refbayes.methods.exact_vi). Also if mu is not a finite float (D,) array or Sigma not a symmetric
-        positive definite (D, D) array, in X's dtype; or (logistic) if some |m_i| > M_MAX or
+        positive definite (D, D) array, in X's dtype; or (logistic) if some ``|m_i| > M_MAX`` or
         v_i > V_MAX.
     """
     xp, noise_precision = _check_problem(X, y, lam, likelihood, noise_precision)
@@ -611,7 +611,7 @@ def elbo_meanfield(X, y, lam, mu, var, *, likelihood="logistic", noise_precision
     ValueError
         If the problem (X, y, lam, likelihood, noise_precision) is invalid (see
         refbayes.methods.exact_vi). Also if mu or var is not a finite float (D,) array in X's dtype, var
-        has an entry <= 0, or (logistic) some |m_i| > M_MAX or v_i > V_MAX.
+        has an entry <= 0, or (logistic) some ``|m_i| > M_MAX`` or v_i > V_MAX.
     """
     xp, noise_precision = _check_problem(X, y, lam, likelihood, noise_precision)
     _check_mu(mu, X.shape[1], X.dtype)

@@ -13,7 +13,7 @@ P = sum_l (k_l (m_l + n_l) + n_l). q(theta) = N(mu, diag(sigma^2)), sigma (D,) f
 eps (D, S) standard-normal draws; a minibatch B of M rows out of N; lam the prior precision,
 p = N(0, diag(1 / lam)).
 
-Objective (summed-loss convention, minimized), the BBB estimate (bbb.3):
+Objective (summed-loss convention, minimized), the BBB estimate (bbb.3)::
 
     F_hat = (N / (M S)) sum_s sum_{i in B} l_i(mu + sigma * eps_s) + kl_weight * KL(q || p)
 
@@ -748,7 +748,7 @@ def truncate(A, k: int):
 
 
 def truncate_sigma(sigma, model, k: int):
-    """Replace every weight block A_l of a mean-field sigma by |A_l^(k)| (ktied.13).
+    """Replace every weight block A_l of a mean-field sigma by ``|A_l^(k)|`` (ktied.13).
 
     Biases keep their scales.  An entry that becomes exactly 0 stays 0 (a degenerate direction:
     the KL is then infinite); nothing is clipped.

@@ -20,7 +20,8 @@ Scaling: the curvature is of the summed loss over all N rows passed to ``fit`` (
 the Laplace approximation uses the full training set); delta enters unscaled. No tempering
 (laplace-torch's temperature = 1; see derivations/laplace.md, Conventions).
 
-q(theta) = N(mu, Sigma_inv^{-1}) or N(mu, diag(1 / prec_diag)) (laplace.3), (laplace.4):
+q(theta) = N(mu, Sigma_inv^{-1}) or N(mu, diag(1 / prec_diag)) (laplace.3), (laplace.4)::
+
     Sigma_inv = H + diag(delta)                                               (laplace.3)
     theta_s   = mu + L^{-T} eps_s, L L^T = Sigma_inv  /  mu + eps_s / sqrt(prec_diag)  (laplace.4)
     log Z     = log p(D | mu) + log p(mu) + (D / 2) log 2 pi - (1 / 2) log det Sigma_inv (laplace.5)
@@ -835,7 +836,7 @@ def log_marginal_likelihood_grad(model, state: LaplaceState, X, y, cfg: LaplaceC
     ``log_marginal_likelihood(prior_precision, sigma_noise)``): H does not depend on delta, so
     P(delta) = P - diag(delta_fit) + diag(delta) (laplace.10), and for the Gaussian likelihood
     H(tau) = (tau / tau_fit)^p H with p = 1 ("hessian", "ggn") or p = 2 ("ef") (laplace.12).
-    log Z is (laplace.6) there; its gradients are (laplace.11) and (laplace.13):
+    log Z is (laplace.6) there; its gradients are (laplace.11) and (laplace.13)::
 
         d log Z / d log delta_j = (1 - delta_j (mu_j^2 + Sigma_jj)) / 2,
         d log Z / d log tau     = -tau E + N K / 2 - (p / 2)(D_q - sum_j delta_j Sigma_jj),

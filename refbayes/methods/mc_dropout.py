@@ -11,7 +11,7 @@ N(0, l^{-2} I) on every weight and bias; tau = ``noise_precision``, Gal's "model
 Bernoulli(1 - p) by the caller, one per example and layer input; s = 1 / (1 - p) with inverted
 dropout, 1 without.
 
-Objective (summed-loss convention, minimized; derivations/mc_dropout.md):
+Objective (summed-loss convention, minimized; derivations/mc_dropout.md)::
 
     F(theta) = (N / M) sum_{i in B} l_i(theta; z_i) + (1/2) sum_j lam_j theta_j^2   (mc_dropout.3)
 

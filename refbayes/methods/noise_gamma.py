@@ -11,7 +11,7 @@ draws; N the training rows.
 
 Per step: draw tau_s ~ q (one per weight draw, by the driver), give the weight step per-draw
 precisions (``noisy_adam.step`` / ``noisy_kfac.step`` argument ``tau``, (noise_gamma.2)), then
-``step(state, r2, cfg)`` moves phi by one Adam update on
+``step(state, r2, cfg)`` moves phi by one Adam update on ::
 
     J(phi) = (1/2) (r2 a / b - (digamma(a) - log b)) + kl_weight KL(q || p) / N,  (noise_gamma.4)
 

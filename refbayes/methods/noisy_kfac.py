@@ -16,7 +16,8 @@ Scaling: V = (1/(M S)) sum_s sum_{i in B} grad l_i(w_s) + gamma_in mean_s w_s is
 (noisy_kfac.3), taken at the step's draws (the official code takes them at a fresh draw after
 the step: derivations/noisy_kfac.md, C1).
 
-One step (t -> t + 1):
+One step (t -> t + 1)::
+
     w_s  = mu + Sigma^{1/2} eps_s from A_ref, S_ref                       (noisy_kfac.6)-(noisy_kfac.7)
     V    = mean gradient at the draws + gamma_in w                         (noisy_kfac.8)
     P_l  = damped K-FAC solve of V_l with A_ref, S_ref and gamma           (noisy_kfac.9)

@@ -17,8 +17,10 @@ over the M rows ``rows`` scaled by N / M (the prior is not scaled), optionally o
 linearized at theta_map, f_lin = f(theta_map) + J (theta - theta_map) (riemannian_laplace.14)-
 (riemannian_laplace.20). Tempering (tau) and data augmentation (rho) do not enter.
 
-The geodesic equation as solved (riemannian_laplace.7), (riemannian_laplace.8):
+The geodesic equation as solved (riemannian_laplace.7), (riemannian_laplace.8)::
+
     c'' = -g(c) (c'^T H[L](c) c') / (1 + g(c)^T g(c)),    c(0) = theta_map, c'(0) = v,
+
 and Exp_{theta_map}(v) = c(1) (riemannian_laplace.9), by ``scipy.integrate.solve_ivp`` on
 t in [0, 1] (explicit Runge-Kutta; the config defaults are the official code's).
 
@@ -140,7 +142,7 @@ def _check_cfg(cfg) -> RiemannianLaplaceConfig:
 
 
 def _call(f, name: str, D: int, *args, finite: bool = True):
-    """f(*args), checked to be a NumPy float64 (D,) array (the callable's contract), and finite
+    """``f(*args)``, checked to be a NumPy float64 (D,) array (the callable's contract), and finite
     unless ``finite`` is False (trial points inside the ODE solve, riemannian_laplace.22)."""
     out = f(*args)
     if not (hasattr(out, "shape") and hasattr(out, "dtype")):
@@ -164,7 +166,7 @@ def _acceleration(grad_L, hvp_L, c, cdot, D: int, names=("grad_L", "hvp_L"), fin
 
 
 def squared_speed(grad_fn, c, cdot) -> float:
-    """Compute the squared metric speed c'^T M(c) c' = |c'|^2 + (grad L(c)^T c')^2.
+    """Compute the squared metric speed ``c'^T M(c) c' = |c'|^2 + (grad L(c)^T c')^2``.
 
     M(c) = I_D + grad L(c) grad L(c)^T, the metric of the immersion c -> [c, L(c)]
     (riemannian_laplace.1), (riemannian_laplace.2); constant along a geodesic

@@ -15,7 +15,7 @@ Storage: D_hat is kept as a (K, D) ring buffer of rows (one contiguous row per s
 official ``cov_mat_sqrt``); row (n - 1) mod K holds the newest deviation. ``deviations`` returns
 the paper's (D, K') matrix with its columns oldest first, the official row order.
 
-The Gaussian (swag.6):
+The Gaussian (swag.6)::
 
     q = N(theta_bar, scale * (Sigma_diag + D_hat D_hat^T / (K' - 1))),
     Sigma_diag = diag(max(theta2_bar - theta_bar^2, var_clamp)),
@@ -25,7 +25,7 @@ SWAG-Diagonal drops the low-rank term (z2 = None). The official code divides by
 max_num_models - 1 even while n < K; refbayes by the number of stored columns minus one (see the
 conventions table of the note).
 
-SGD (swag.8)-(swag.9) runs on the SUMMED objective sum_i l_i + (lam / 2) |theta|^2 with the
+SGD (swag.8)-(swag.9) runs on the SUMMED objective sum_i l_i + (lam / 2) ``|theta|^2`` with the
 minibatch sum scaled by N / M and heavy-ball momentum, which is torch.optim.SGD(lr, momentum,
 weight_decay) on the MEAN loss with lr = N alpha and weight_decay = lam / N, iterate for
 iterate. No batch normalisation exists in refbayes' models, so the official ``bn_update`` after
@@ -664,10 +664,10 @@ def log_density(state: SWAGState, theta, cfg: SWAGConfig, *, low_rank: bool = Tr
 
     With Sigma = scale (Lambda + V V^T), Lambda = Sigma_diag, V = D_hat / sqrt(K' - 1) and
     C = I + V^T Lambda^{-1} V (K' x K', Cholesky R): log det Sigma = D log scale +
-    sum log Lambda + log det C, and r^T Sigma^{-1} r = (r^T Lambda^{-1} r - |R^{-1} V^T
-    Lambda^{-1} r|^2) / scale.  (swag.11)  O(D K'^2) time, O(D K') memory.  (linalg.lowrank
-    has the same identities for U U^T + diag(d) but requires rank <= D; here K' may exceed a
-    small model's D.)
+    sum log Lambda + log det C, and
+    ``r^T Sigma^{-1} r = (r^T Lambda^{-1} r - |R^{-1} V^T Lambda^{-1} r|^2) / scale``.  (swag.11)
+    O(D K'^2) time, O(D K') memory.  (linalg.lowrank has the same identities for U U^T + diag(d)
+    but requires rank <= D; here K' may exceed a small model's D.)
 
     Parameters
     ----------

@@ -22,7 +22,7 @@ gradient averaged over the draws (the paper's Vadam and the official code); "per
 sums squared per-example gradients (model.sample_moments, no (M, D) rows); "minibatch" squares
 the minibatch gradients.
 
-Vprop (`vprop_config`) is Vadam with beta1 = 0 and no bias correction. With additionally
+Vprop (``vprop_config``) is Vadam with beta1 = 0 and no bias correction. With additionally
 sqrt=False and squares="per_example", a Vadam step IS the 2018 VOGN step (vadam.10) under
 beta_t = 1 - beta2, alpha_t = alpha; with sqrt=True (real Vadam / Vprop) no hyperparameter map
 makes the two equal (derivations/vadam.md).
@@ -93,7 +93,7 @@ def vprop_config(N: int, lam, alpha: float = 1e-3, beta2: float = 0.999,
                  squares: str = "minibatch", sqrt: bool = True) -> VadamConfig:
     """Build the VadamConfig of Vprop: Vadam without momentum and without bias correction.
 
-    Vprop (Khan et al. 2018; the official `Vprop` optimizer) updates
+    Vprop (Khan et al. 2018; the official ``Vprop`` optimizer) updates
     mu <- mu - alpha (g_hat + lam_tilde mu) / (sqrt(s) + lam_tilde), with s the new average
     (s + lam_tilde in the denominator for sqrt=False): (vadam.6)-(vadam.9) with beta1 = 0 and
     bias_correction = False.  Nothing is validated here; ``step`` validates the config.
@@ -280,7 +280,7 @@ def init(mu, s0=None) -> VadamState:
 def prec_diag(state: VadamState, cfg: VadamConfig):
     """Compute the precision of q, N s + lam, with the RAW s (not s_hat).
 
-    As Fig. 1 line 2 and the official `get_weight_precs`.  (vadam.11)
+    As Fig. 1 line 2 and the official ``get_weight_precs``.  (vadam.11)
 
     Parameters
     ----------

@@ -10,6 +10,7 @@ damping; alpha learning rate; beta1 momentum rate; beta2 curvature running-avera
 weight of the NEW estimate); K = S Monte Carlo draws, the columns of eps (D, S).
 
 Scaling, where N, M, S, tau, rho enter:
+
 - N_eff = rho N and delta~ = tau delta / N_eff (vogn.2); the Gaussian is
   q = N(mu, diag(sigma^2)), sigma^2 = tau / (N_eff (s + delta~ + gamma)), so
   prec_diag = (N_eff / tau)(s + delta~ + gamma) (vogn.4).
@@ -18,7 +19,8 @@ Scaling, where N, M, S, tau, rho enter:
   enter only through sigma, prec_diag and delta~, never through ghat or hhat.
 - The objective is (N_eff / tau) E_q[(1/N) sum_n l_n] + KL(q || N(0, diag(delta)^{-1})) (vogn.1).
 
-Algorithm 1 as implemented (one step, t -> t + 1):
+Algorithm 1 as implemented (one step, t -> t + 1)::
+
     sigma   = sqrt(tau / (N_eff (s + delta~ + gamma)))      draws with the OLD s   (vogn.4)
     theta_k = mu + sigma * eps_k, k = 1..S                                         (vogn.4)
     ghat    = mean_k (1/M) sum_i g_{k,i};  hhat = mean_k (1/M) sum_i g_{k,i}^2 ("ef")
@@ -26,12 +28,14 @@ Algorithm 1 as implemented (one step, t -> t + 1):
     m  <- beta1 m + (ghat + delta~ mu)                                             (vogn.7)
     s  <- (1 - beta2) s + beta2 hhat                                               (vogn.8)
     mu <- mu - alpha m / (s + delta~ + gamma)                                      (vogn.9)
+
 The printed sigma line lacks tau and the printed s line weights the old s by (1 - tau beta2):
 for tau != 1 that pair is not a natural-gradient step of the tempered objective (erratum
 E-vogn.1); at tau = 1 those two printed lines are what runs here. The printed momentum line has
 the full delta where delta~ belongs (erratum E-vogn.2); delta~ runs here.
 
 Special cases:
+
 - Khan et al. (2018) VON / VOGN: beta1 = 0, alpha = beta2 = beta_t, tau = rho = 1, gamma = 0
   (then delta~ = lambda / N and sigma^2 = 1 / (N (s + lambda~))); curvature "ggn" gives VON on
   models whose Hessian is the GGN (linear, logistic regression), "ef" gives the 2018 VOGN
@@ -551,8 +555,8 @@ def step(state: VOGNState, batch, eps, cfg: VOGNConfig, model) -> tuple[VOGNStat
     """Take one VOGN step (Algorithm 1 of Osawa et al. 2019, corrected as in vogn.md).
 
     (vogn.2)-(vogn.9).  Equal to
-    apply(state, *allreduce([local_estimates(state, batch, eps, cfg, model)])[:2], cfg) with the
-    draws and per-sample estimates kept in the info.  Deterministic given its inputs.
+    ``apply(state, *allreduce([local_estimates(state, batch, eps, cfg, model)])[:2], cfg)`` with
+    the draws and per-sample estimates kept in the info.  Deterministic given its inputs.
 
     Parameters
     ----------

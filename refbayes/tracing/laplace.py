@@ -260,7 +260,7 @@ def trace_laplace(inputs: LaplaceTraceInputs):
 
 class _MAPPoint(NamedTuple):
     """What a trace records of the MAP: the point and the start, not how L-BFGS reached it
-    (its iterations and |grad| at rounding level move with the BLAS thread count)."""
+    (its iterations and ``|grad|`` at rounding level move with the BLAS thread count)."""
     theta_map: Any
     theta0: Any
 

@@ -104,7 +104,7 @@ def find_map(model, X, y, delta) -> MAPResult:
     L-BFGS-B on L(theta) = sum_i l_i(theta) + (1/2) theta^T diag(delta) theta from
     ``model.init_theta(numpy.random.default_rng(MAP_INIT_SEED))`` with the options MAP_LBFGS,
     then at most MAX_NEWTON Newton steps with the dense Hessian of L, each kept only if it
-    reduces |grad L|_2.  (laplace.1)
+    reduces ``|grad L|_2``.  (laplace.1)
 
     Parameters
     ----------
@@ -120,12 +120,12 @@ def find_map(model, X, y, delta) -> MAPResult:
     Returns
     -------
     MAPResult
-        The MAP theta_map, the start theta0, the iteration counts and |grad L(theta_map)|_2.
+        The MAP theta_map, the start theta0, the iteration counts and ``|grad L(theta_map)|_2``.
 
     Raises
     ------
     ValueError
-        If the recipe ends with |grad L|_2 >= MAP_GTOL (not a stationary point to the digits
+        If the recipe ends with ``|grad L|_2 >= MAP_GTOL`` (not a stationary point to the digits
         the trace prints).
     """
     fun, hess = _neg_log_joint(model, X, y, delta)
