@@ -18,7 +18,7 @@ worst entry is the argmax of ``|a - b|``. Integer and boolean quantities must be
 Tolerance rule. With d the less precise of the trace's and the dump's float types, u(d) its unit
 roundoff (2^-53 for float64, 2^-24 for float32) and kappa the quantity's condition number measured
 when the trace was built (``refbayes.tracing``: the float32 run's error relative to the float64 run,
-in units of u32):
+in units of u32)::
 
     tol = max(exact(d), SAFETY * kappa * u(d))
 

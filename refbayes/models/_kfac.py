@@ -83,7 +83,7 @@ def kfac_curvature(self, theta, X, y, curvature="ggn"):
     curvature block is sum_i (a~_i a~_i^T) kron B_i, with B_i = sum_r c_{l,i,r} c_{l,i,r}^T
     (GGN: c_{l,i,r} the column r of C_i, H_i = C_i C_i^T, backpropagated to the
     pre-activation z_l) or B_i = g_{l,i} g_{l,i}^T (EF: g_{l,i} = dl_i/dz_l).  K-FAC
-    replaces the sum of products by the product of sums over the M rows:
+    replaces the sum of products by the product of sums over the M rows::
 
         A_l = (1/M) sum_i a~_i a~_i^T,   B_l = sum_i B_i,   block ~ A_l kron B_l   (peg.18)
 
@@ -126,7 +126,7 @@ def kfac_moments(self, thetas, X, y, curvature=None, y_curv=None, scale=None):
     """Compute gradients and the draw-averaged K-FAC factors at S parameter vectors at once.
 
     g[s] = sum_i dl_i/dtheta at theta_s with the labels y (peg.6). With a curvature, also,
-    per layer, the mean over the S vectors of ``kfac_curvature``'s factors (peg.18):
+    per layer, the mean over the S vectors of ``kfac_curvature``'s factors (peg.18)::
 
         A_l = (1/S) sum_s (1/M) sum_i a~_i a~_i^T,   B_l = (1/S) sum_s sum_i B_i   (peg.21)
 
@@ -227,15 +227,17 @@ def kfac_block_errors(self, theta, X, y, curvature="ggn"):
     Per layer l, with a~_i, B_i, A_l and B_l as in ``kfac_curvature`` (peg.18) and
     P_i = a~_i a~_i^T, the exact block is Y_l = sum_i P_i kron B_i (the layer's diagonal
     block of ``ggn`` for "ggn"; of G^T G, G = ``per_example_grads``, for "ef"), K-FAC's is
-    X_l = A_l kron B_l with exactly the factors ``kfac_curvature`` returns, and
+    X_l = A_l kron B_l with exactly the factors ``kfac_curvature`` returns, and ::
 
         e_l = ||X_l - Y_l||_F / ||Y_l||_F.   (peg.20)
 
     Neither block (nor any D x D matrix) is formed: with <U kron V, U' kron V'>_F =
     <U, U'>_F <V, V'>_F and <u u^T, v v^T>_F = (u^T v)^2, everything is a sum over M x M
     Gram matrices of the rows a~_i and of the factors E_i (B_i = E_i^T E_i, R rows: the
-    backpropagated columns of C_i for "ggn", R = 1 and E_i = g_i for "ef"):
-    ||Y_l||^2 = sum_ij (a~_i^T a~_j)^2 ||E_i E_j^T||_F^2 and ||X_l|| = ||A_l|| ||B_l||.
+    backpropagated columns of C_i for "ggn", R = 1 and E_i = g_i for "ef")::
+
+        ||Y_l||^2 = sum_ij (a~_i^T a~_j)^2 ||E_i E_j^T||_F^2,   ||X_l|| = ||A_l|| ||B_l||.
+
     Cost per layer: O(M^2 (n_{l-1} + n_l R^2)) time (O(M n_l^2 (R + M)) where
     n_l <= R^2 and the B_i are formed as n_l x n_l matrices instead), M x M Grams plus
     chunks of at most 2^22 entries of memory.
