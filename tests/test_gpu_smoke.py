@@ -19,9 +19,9 @@ import pytest
 
 from refbayes import metrics
 from refbayes.backend import to_numpy
-from refbayes.methods import (adam, bbb, driver, exact_vi, laplace, mc_dropout, ngvi, noisy_adam,
-                              noisy_kfac, records, riemannian_laplace, slang, swag, vadam,
-                              vogn)
+from refbayes.methods import (adam, bbb, driver, exact_vi, ktied, laplace, mc_dropout, ngvi,
+                              noisy_adam, noisy_kfac, records, riemannian_laplace, slang, swag,
+                              vadam, vogn)
 from refbayes.models import MLP, LogisticRegression
 from tests.tolerances import EXACT_F64, assert_close
 
@@ -119,6 +119,9 @@ def _driver_cases():
         "mc-dropout": (reg, mc_dropout.init(mu), mc_dropout.MCDropoutConfig(N, p=0.2), 1),
         "map-adam": (reg, adam.init(mu), adam.MAPConfig(N, lam, adam.AdamConfig(alpha=1e-2)), 1),
         "sgd": (reg, swag.sgd_init(mu), swag.SGDConfig(N, 1.0, alpha=1e-3), 1),
+        "ktied": (reg, ktied.init(mu, reg[0], 2, sigma0=0.1,
+                                  xi=np.zeros(ktied.layout(reg[0], 2).P)),
+                  ktied.KTiedConfig(N, 1.0, alpha=1e-2), 2),
     }
 
 

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from refbayes import verify
-from refbayes.methods import driver, records
+from refbayes.methods import Batch, driver, records
 from refbayes.methods._protocol import Record, TraceStart
 from refbayes.tracing import TRACERS, build, drivers, field_tags
 from refbayes.tracing.problems import N_ROWS, mlp_problem
@@ -105,3 +105,24 @@ def test_every_record_names_an_existing_note_and_matching_types():
 def test_record_of_names_the_supported_pairs():
     with pytest.raises(ValueError, match=r"state, cfg: expected one of the pairs \(FullState"):
         records.record_of(ToyState(np.zeros(2), 0), ToyConfig(3))
+
+
+def test_the_driver_runs_ktied_by_its_record_as_a_hand_loop_does():
+    """driver.run on a KTiedState: the epoch's batches, then eps (D, S), then ktied.step, the
+    same bits as the loop written out (the record is all the driver needed)."""
+    from refbayes.methods import ktied
+    from refbayes.tracing.problems import ktied_problem
+    model, X, y = ktied_problem()
+    N, M, S = X.shape[0], 8, 2
+    cfg = ktied.KTiedConfig(N=N, lam=1.0, alpha=0.01)
+    start = ktied.init(0.1 * np.random.default_rng(1).standard_normal(model.D), model, 2,
+                       sigma0=0.3, xi=np.zeros(ktied.layout(model, 2).P))
+    out = driver.run(start, cfg, model, X, y, rng=np.random.default_rng(4), epochs=2, M=M, S=S)
+    rng, state = np.random.default_rng(4), start
+    for _ in range(2):
+        for idx in driver.epoch_batches(rng, N, M):
+            eps = rng.standard_normal((model.D, S))
+            state, _ = ktied.step(state, Batch(X[idx], y[idx]), eps, cfg, model)
+    assert out.t == state.t == 2 * -(-N // M)
+    np.testing.assert_array_equal(out.mu, state.mu)
+    np.testing.assert_array_equal(out.rho, state.rho)

@@ -7,7 +7,7 @@ caller's ``numpy.random.Generator``, in this order, so another implementation ca
   per epoch:  perm = rng.permutation(N); the batches are perm[0:M], perm[M:2M], ... (the last
               one may be shorter; it is scaled by its own M);
   per step, by method:
-    ngvi (full, mean field), vogn, vadam, noisy_adam, bbb:
+    ngvi (full, mean field), vogn, vadam, noisy_adam, bbb, ktied:
               eps = rng.standard_normal((D, S)) (none for ngvi's curvature="exact", and none for
               vogn with S = 0, which is OGN: gradient and curvature at the mean);
     slang:    eps as above, then, with eig="randomized",
@@ -193,7 +193,7 @@ def run(state, cfg, model, X, y, *, rng: np.random.Generator, epochs: int, M: in
     Parameters
     ----------
     state : NamedTuple
-        A method's State: ngvi (full, mean field), slang, vogn, vadam, noisy_adam, bbb,
+        A method's State: ngvi (full, mean field), slang, vogn, vadam, noisy_adam, bbb, ktied,
         mc_dropout, adam's MAPState, or swag's SGDState.
     cfg : NamedTuple
         The matching Config (a MAPConfig for MAPState, an SGDConfig for SGDState); cfg.N

@@ -5,7 +5,8 @@ Each record's ``draws`` makes one step's random numbers after its minibatch, in 
 caller's generator, cast to the state's dtype (the order is ``refbayes.methods.driver``'s
 module docstring):
 
-- ngvi (full, mean field), vogn, vadam, noisy_adam, bbb: ``eps = rng.standard_normal((D, S))``
+- ngvi (full, mean field), vogn, vadam, noisy_adam, bbb, ktied:
+  ``eps = rng.standard_normal((D, S))``
   (none for ngvi's curvature "exact", none for vogn with S = 0, which is OGN);
 - slang: eps as above, then with eig "randomized" ``Omega = rng.standard_normal((L + M S,
   L + oversample))``;
@@ -20,7 +21,8 @@ from __future__ import annotations
 import numpy as np
 
 from refbayes._checks import check_in_range, check_int
-from refbayes.methods import adam, bbb, mc_dropout, ngvi, noisy_adam, slang, swag, vadam, vogn
+from refbayes.methods import (adam, bbb, ktied, mc_dropout, ngvi, noisy_adam, slang, swag, vadam,
+                              vogn)
 from refbayes.methods._protocol import Record, TraceStart
 
 __all__ = ["RECORDS", "get_record", "record_of"]  # draw_masks is public as driver.draw_masks
@@ -150,6 +152,9 @@ RECORDS: dict[str, Record] = {r.name: r for r in (
     Record("bbb", bbb.BBBState, bbb.BBBConfig, bbb.step, gaussian_draws, "derivations/bbb.md",
            traces=(TraceStart("bbb", _start(lambda mu: bbb.init(mu, sigma0=0.3), lambda N: (
                bbb.BBBConfig(N, lam=1.0, alpha=0.1))), {"M": 8, "S": 2}),)),
+    # traced by its own recipe (refbayes.tracing.ktied: its own problem and a jittered start)
+    Record("ktied", ktied.KTiedState, ktied.KTiedConfig, ktied.step, gaussian_draws,
+           "derivations/ktied.md"),
     Record("mc-dropout", mc_dropout.MCDropoutState, mc_dropout.MCDropoutConfig, mc_dropout.step,
            mask_draws, "derivations/mc_dropout.md",
            traces=(TraceStart("mc-dropout", _start(mc_dropout.init, lambda N: (
