@@ -3,6 +3,14 @@
 An experiment module keeps only its protocol (what to fit, what to measure, its defaults, its
 table and figure); everything else is here, once:
 
+- **the path of a run**, the same for every ``reproduce`` command: plan (:class:`Unit`,
+  :func:`plan`: every saved result checked before anything is computed), start
+  (:func:`start`: the output folder checked, the progress line opened), jobs
+  (:class:`Section`, :func:`execute`: the same job functions serially or in parallel, each
+  result written by the experiment's ``on_result`` as it comes, so an interrupted run resumes
+  from what finished), summary (:func:`read_saved` for results only read, :func:`mean_se`,
+  :func:`write_csv`); the experiment gives its units, jobs, budget (:func:`overridden`) and
+  its tables and figures;
 - **jobs** (:class:`Job`, :func:`run_jobs`): where an experiment's independent jobs run (serially,
   ``--jobs`` local processes, a Dask cluster), with how many BLAS threads (see "Jobs" below);
 - **result files and resume** (:func:`load_result` against a result ``SCHEMA``, :func:`reusable`,
@@ -88,7 +96,9 @@ from refbayes._checks import check_int
 from refbayes._files import atomic_write, atomic_write_text
 
 __all__ = [
+    "DATA_DIR_HELP",
     "FRESH_HINT",
+    "PROGRESS",
     "QUIET",
     "RECOMPUTE_HINT",
     "Job",
@@ -96,30 +106,40 @@ __all__ = [
     "Progress",
     "Quiet",
     "ResultFileError",
+    "Section",
+    "Unit",
     "add_arguments",
+    "add_data_dir",
+    "add_output_arguments",
+    "as_saved",
     "check_scheduler",
     "check_worker_data",
+    "execute",
     "git_commit",
+    "job_options",
     "job_rng",
     "launch_order",
     "load_result",
     "mean_se",
     "output_writable",
-    "parallel",
+    "overridden",
+    "plan",
     "positive_int",
     "provenance",
     "pyplot",
     "read_json",
+    "read_saved",
     "resume",
     "retain_freed_memory",
     "reusable",
-    "run_command_jobs",
     "run_jobs",
     "save_figure",
     "seed_arg",
+    "start",
     "sha256_arrays",
     "thread_limit",
     "writable_error",
+    "worker_path",
     "write_csv",
 ]
 
@@ -556,6 +576,39 @@ class Quiet:
 QUIET = Quiet()
 
 
+class _ProgressArgument:
+    """The type of :data:`PROGRESS`."""
+
+    def __repr__(self):
+        return "PROGRESS"
+
+    def __reduce__(self):  # one object, also after a pickle round trip
+        return "PROGRESS"
+
+
+PROGRESS = _ProgressArgument()
+"""In a :class:`Job`'s ``args``: the progress the job reports to. ``run_jobs`` passes the run's
+:class:`Progress` there when the job runs in this process, :data:`QUIET` when it runs in a
+worker; so one job function serves the serial and the parallel run."""
+
+
+def _with_progress(args: tuple, progress) -> tuple:
+    progress = QUIET if progress is None else progress
+    return tuple(progress if a is PROGRESS else a for a in args)
+
+
+@contextlib.contextmanager
+def _naming(key):
+    """Give an exception raised inside the ``job_key`` of the job that raised it."""
+    try:
+        yield
+    except BaseException as err:
+        if getattr(err, "job_key", None) is None:
+            with contextlib.suppress(AttributeError, TypeError):
+                err.job_key = key
+        raise
+
+
 def check_worker_data(what: str, identity, prov: dict) -> None:
     """Refuse a job whose worker read other data than the main process (checksums differ).
 
@@ -636,7 +689,7 @@ def _dask_client(scheduler: str):
 
 
 def run_jobs(jobs: Iterable[Job], on_result: Callable[[str, object], None], *, n_jobs: int = 1,
-             scheduler: str | None = None, threads: int = 1) -> None:
+             scheduler: str | None = None, threads: int = 1, progress=None) -> None:
     """Run independent jobs serially, in local processes or on a Dask cluster.
 
     Parameters
@@ -652,14 +705,17 @@ def run_jobs(jobs: Iterable[Job], on_result: Callable[[str, object], None], *, n
         Address of a running Dask scheduler.
     threads : int, default 1
         BLAS / OpenMP threads of each job.
+    progress : Progress or None, default None
+        What a job's :data:`PROGRESS` argument becomes when the job runs in this process
+        (None: :data:`QUIET`); a job run elsewhere gets :data:`QUIET`.
 
     Raises
     ------
     ValueError
         For n_jobs or threads < 1, an unusable scheduler address, or no ``distributed`` package.
     Exception
-        The first exception a job raises (the jobs still running are cancelled; the results
-        already handed to ``on_result`` stay).
+        The first exception a job raises, with the job's key as its ``job_key`` attribute (the
+        jobs still running are cancelled; the results already handed to ``on_result`` stay).
     """
     jobs = list(jobs)
     n_jobs = check_int(n_jobs, "jobs", low=1)
@@ -670,31 +726,31 @@ def run_jobs(jobs: Iterable[Job], on_result: Callable[[str, object], None], *, n
     elif n_jobs == 1 or len(jobs) <= 1:
         with thread_limit(threads):
             for job in jobs:
-                on_result(job.key, job.fn(*job.args))
+                with _naming(job.key):
+                    result = job.fn(*_with_progress(job.args, progress))
+                on_result(job.key, result)
     else:
         _run_processes(launch_order(jobs), on_result, min(n_jobs, len(jobs)), threads)
 
 
 
-def parallel(args) -> bool:
-    """Whether a command line asked for its jobs outside this process (``--jobs`` > 1 or
-    ``--dask-scheduler``)."""
-    return args.jobs > 1 or args.dask_scheduler is not None
+def job_options(args) -> dict:
+    """The keyword arguments of :func:`run_jobs` and :func:`execute` a command line asked for:
+    ``--jobs``, ``--dask-scheduler`` and ``--threads`` (1 when the parser has none)."""
+    return {"n_jobs": args.jobs, "scheduler": args.dask_scheduler,
+            "threads": getattr(args, "threads", 1)}
 
-
-def run_command_jobs(jobs: Iterable[Job], on_result: Callable[[str, object], None], args) -> None:
-    """:func:`run_jobs` as a command line asked for it: ``--jobs``, ``--dask-scheduler`` and
-    ``--threads`` (1 when the parser has none)."""
-    run_jobs(jobs, on_result, n_jobs=args.jobs, scheduler=args.dask_scheduler,
-             threads=getattr(args, "threads", 1))
 
 def _run_processes(jobs, on_result, n_jobs, threads):
     ctx = multiprocessing.get_context("spawn")
     with concurrent.futures.ProcessPoolExecutor(max_workers=n_jobs, mp_context=ctx) as pool:
-        futures = {pool.submit(_call, job.fn, job.args, threads): job.key for job in jobs}
+        futures = {pool.submit(_call, job.fn, _with_progress(job.args, None), threads): job.key
+                   for job in jobs}
         try:
             for future in concurrent.futures.as_completed(futures):
-                on_result(futures[future], future.result())
+                with _naming(futures[future]):
+                    result = future.result()
+                on_result(futures[future], result)
         except BaseException:
             for future in futures:
                 future.cancel()
@@ -707,14 +763,155 @@ def _run_dask(jobs, on_result, scheduler, threads):
     with contextlib.closing(client), client.as_current():  # as_completed finds it there
         # pure=False: two jobs with equal arguments are still two runs; keys name the jobs;
         # the scheduler runs higher priorities first
-        futures = {client.submit(_call, job.fn, job.args, threads, key=f"refbayes-{job.key}",
-                                 pure=False, priority=job.cost): job.key for job in jobs}
+        futures = {client.submit(_call, job.fn, _with_progress(job.args, None), threads,
+                                 key=f"refbayes-{job.key}", pure=False, priority=job.cost): job.key
+                   for job in jobs}
         try:
             for future in as_completed(futures):
-                on_result(futures[future], future.result())
+                with _naming(futures[future]):
+                    result = future.result()
+                on_result(futures[future], result)
         except BaseException:
             client.cancel(list(futures))
             raise
+
+
+# ----------------------------------------------------------------------------- the path of a run
+
+class Unit(NamedTuple):
+    """One result file an experiment's plan checks before anything is computed: ``key`` names
+    it in the plan; the file at ``path`` must hold ``schema`` and stands for the run asked for
+    when it records ``settings`` and ``provenance`` (:func:`resume`)."""
+    key: object
+    path: Path
+    schema: dict
+    settings: dict
+    provenance: dict
+
+
+def plan(units: Iterable[Unit], fresh: bool) -> tuple[dict, list]:
+    """Check every unit's saved result, in order, before anything is computed.
+
+    Returns ({key: saved result} of the units whose file stands for the run asked for,
+    [unit] of those to compute, in order). A damaged file, or one with other settings, data or
+    version, raises ValueError naming it (:func:`resume`), unless ``fresh`` (then it is to
+    compute).
+    """
+    saved, todo = {}, []
+    for unit in units:
+        prev = resume(unit.path, unit.schema, unit.settings, unit.provenance, fresh)
+        if prev is None:
+            todo.append(unit)
+        else:
+            saved[unit.key] = prev
+    return saved, todo
+
+
+def read_saved(path: Path, schema: dict, settings=None, current=None, noted=None,
+               what: str = "the summary"):
+    """A saved result that a summary only reads (never recomputes), or None.
+
+    None when there is none, when it is damaged (a note on stderr naming the file, that it is
+    left out of ``what``; once per file when ``noted``, a set, collects the files noted), or,
+    given ``settings``, when it does not stand for ``settings`` and provenance ``current`` (a
+    dict, or a callable returning it, called only when there is a file to compare).
+    """
+    try:
+        saved = load_result(path, schema)
+    except ResultFileError as err:
+        if noted is None or err.path not in noted:
+            if noted is not None:
+                noted.add(err.path)
+            print(f"note: {err.path}: {err.reason}; left out of {what}", file=sys.stderr)
+        return None
+    if saved is None or settings is None:
+        return saved
+    current = current() if callable(current) else current
+    return saved if reusable(path, saved, settings, current, fresh=True) else None
+
+
+def as_saved(obj):
+    """``obj`` in the form it has when read back from a result file (a JSON round trip: tuples
+    become lists, keys strings), so that settings compare equal to the saved ones."""
+    return json.loads(json.dumps(obj))
+
+
+def overridden(defaults: dict, args, keys: Iterable[str]) -> dict:
+    """An experiment's budget: a copy of ``defaults`` (its default or --quick budget) with the
+    ``keys`` the command line sets (attributes of ``args`` that are not None) replaced."""
+    budget = dict(defaults)
+    for key in keys:
+        if getattr(args, key, None) is not None:
+            budget[key] = getattr(args, key)
+    return budget
+
+
+def worker_path(path):
+    """``path`` (None stays None) as a job run in another process or machine needs it: absolute,
+    since a Dask worker runs in a folder of its own."""
+    return None if path is None else Path(path).resolve()
+
+
+def start(out: Path, needed: bool, total: int, done: int, desc: str, enabled: bool = True):
+    """(write, progress) of a run whose plan is made: ``out`` checked (:func:`output_writable`:
+    ValueError when something is ``needed`` and it is not writable, else ``write`` False), then
+    the :class:`Progress` over ``total`` units, ``done`` of them already saved."""
+    write = output_writable(Path(out), needed=needed)
+    return write, Progress(total, done, desc, enabled=enabled)
+
+
+class Section(NamedTuple):
+    """Jobs whose results a run shows together: ``before()`` (a heading) and ``after()`` (its
+    table) run around them (both optional)."""
+    jobs: list
+    before: Callable | None = None
+    after: Callable | None = None
+
+
+def execute(sections: Iterable[Section], on_result: Callable[[str, object], None], progress, *,
+            n_jobs: int = 1, scheduler: str | None = None, threads: int = 1) -> None:
+    """Run an experiment's jobs, section by section, the one way every experiment runs them.
+
+    Serially (``n_jobs`` 1, no ``scheduler``), each section's ``before``, its jobs in this
+    process (their :data:`PROGRESS` argument is ``progress``), its ``after``: a table is shown
+    as soon as its jobs are done. Otherwise every job of every section at once
+    (:func:`run_jobs`: local processes or a Dask cluster), then each section's ``before`` and
+    ``after`` in order. ``on_result(key, result)`` writes each result as it comes in both cases,
+    so an interrupted run keeps what finished and the next one resumes from it.
+    """
+    sections = list(sections)
+    serial = n_jobs == 1 and scheduler is None
+    every = [job for s in sections for job in s.jobs]
+    if every and not serial:  # nothing to compute: no cluster needed
+        run_jobs(every, on_result, n_jobs=n_jobs, scheduler=scheduler, threads=threads,
+                 progress=progress)
+    for s in sections:
+        if s.before is not None:
+            s.before()
+        if s.jobs and serial:
+            run_jobs(s.jobs, on_result, threads=threads, progress=progress)
+        if s.after is not None:
+            s.after()
+
+
+DATA_DIR_HELP = "folder of the benchmark data (default: $REFBAYES_DATA, then the user cache)"
+
+
+def add_output_arguments(parser, name: str, unit: str | None = "run", out_type=Path) -> None:
+    """Add ``--out`` (default ``results/<name>``, parsed by ``out_type``) and, for an
+    experiment that resumes (``unit`` names what its result files hold: run, split, part),
+    ``--fresh`` to an experiment's parser."""
+    parser.add_argument("--out", type=out_type, default=Path(f"results/{name}"),
+                        help=f"output folder (default: results/{name})")
+    if unit is not None:
+        parser.add_argument("--fresh", action="store_true",
+                            help=f"recompute {unit}s whose saved settings differ instead of "
+                                 "stopping")
+
+
+def add_data_dir(parser) -> None:
+    """Add ``--data-dir`` (the benchmark data's folder) to an experiment's parser."""
+    parser.add_argument("--data-dir", type=Path, default=None, help=DATA_DIR_HELP)
 
 
 def add_arguments(parser) -> None:

@@ -74,17 +74,11 @@ from refbayes._files import atomic_write_text, write_json
 from refbayes.datasets import data_identity, load_digits, load_mnist_subset
 from refbayes.experiments import _runner, calibration_methods
 from refbayes.experiments._runner import (
-    Progress,
-    ResultFileError,
     job_rng,
-    load_result,
     mean_se,
-    output_writable,
     positive_int,
     provenance,
     pyplot,
-    resume,
-    reusable,
     save_figure,
     write_csv,
 )
@@ -203,13 +197,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "unless --dataset says otherwise (about "
                              f"{MEASURED_SECONDS['quick']} s on {MEASURED_ON}; the default run "
                              f"about {round(MEASURED_SECONDS['default'] / 60)} minutes)")
-    parser.add_argument("--out", type=Path, default=Path("results/calibration"),
-                        help="output folder (default: results/calibration)")
-    parser.add_argument("--fresh", action="store_true",
-                        help="recompute jobs whose saved settings differ instead of stopping")
-    parser.add_argument("--data-dir", type=Path, default=None,
-                        help="folder of the benchmark data (default: $REFBAYES_DATA, then the "
-                             "user cache)")
+    _runner.add_output_arguments(parser, "calibration", "job")
+    _runner.add_data_dir(parser)
     parser.add_argument("--no-progress", action="store_true", help="no progress output")
     _runner.add_arguments(parser)
 
@@ -254,7 +243,7 @@ def _settings(spec, dataset, task, seed, quick, samples, n_train) -> dict:
          "prior_precision": n_train * WEIGHT_DECAY, "n_bins": N_BINS,
          "samples": 1 if spec.point else samples, "train": _train_name(spec),
          "settings": calibration_methods.resolve(spec, quick), "constants": dict(spec.constants)}
-    return json.loads(json.dumps(s))  # the form it has after a JSON round trip
+    return _runner.as_saved(s)
 
 
 SCHEMA = {"settings": dict, "status": str, "metrics": dict, "seconds": {"total": float}}
@@ -284,12 +273,6 @@ def _jobs(datasets, tasks, seeds, methods, quick, samples, out, data) -> list:
                     jobs.append(_Job(d, task, seed, spec, _job_path(out, d, task, seed, m),
                                      _settings(spec, d, task, seed, quick, samples, n_train), prov))
     return jobs
-
-
-def _saved(job, fresh: bool):
-    """The job's saved result when it stands for this job, else None (ValueError naming the
-    file when it differs or is damaged, unless fresh)."""
-    return resume(job.path, SCHEMA, job.settings, job.provenance, fresh)
 
 
 # ----------------------------------------------------------------------------- one job
@@ -371,9 +354,10 @@ def _run_job(job, td, cache, bar) -> dict:
     return result
 
 
-def _train_job(dataset, task, seed, methods, settings, prov, data_dir) -> dict:
+def _train_job(dataset, task, seed, methods, settings, prov, data_dir,
+               progress=_runner.QUIET) -> dict:
     """One training run of (dataset, task, seed) with the methods it serves, in order, as a job
-    of ``_runner.run_jobs``: {method: result}. The data are reloaded here (from ``data_dir``)
+    of ``_runner.execute``: {method: result}. The data are (re)loaded here (from ``data_dir``)
     and checked against the main process's checksums (``prov``)."""
     X, y, identity = load_data(dataset, data_dir)
     _runner.check_worker_data(f"calibration {dataset}", identity, prov)
@@ -382,36 +366,27 @@ def _train_job(dataset, task, seed, methods, settings, prov, data_dir) -> dict:
     cache, out = {}, {}
     for method, s in zip(methods, settings):
         job = _Job(dataset, task, seed, calibration_methods.METHODS[method], None, s, prov)
-        out[method] = _run_job(job, td, cache, _runner.QUIET)
+        label = f"{method} {dataset} {task} seed {seed}"
+        with progress.run_bar(s["settings"]["epochs"], label, unit="epoch") as bar:
+            out[method] = _run_job(job, td, cache, bar)
     return out
 
 
-def _run_jobs(todo, progress, args) -> None:
-    """The missing jobs grouped by training run (dataset, task, seed, train name), one
-    ``_runner`` job each (local processes or a Dask cluster); each method's file written as
-    its group comes back."""
+def _train_jobs(todo, data_dir) -> tuple[list, dict]:
+    """The missing jobs grouped by training run (dataset, task, seed, train name), in order,
+    one ``_runner`` job each: (jobs, {job key: {method: its _Job}})."""
     groups = {}
     for job in todo:  # todo is in (dataset, task, seed, method) order: kept within a group
         groups.setdefault((job.dataset, job.task, job.seed, _train_name(job.spec)), []).append(job)
-    data_dir = None if args.data_dir is None else Path(args.data_dir).resolve()
+    data_dir = _runner.worker_path(data_dir)
     jobs, owner = [], {}
     for (d, task, seed, train), members in groups.items():
         key = f"{d}/{task}/seed_{seed}/{train}"
         owner[key] = {j.spec.name: j for j in members}
         jobs.append(_runner.Job(key, _train_job, (
             d, task, seed, tuple(j.spec.name for j in members),
-            [j.settings for j in members], members[0].provenance, data_dir)))
-
-    def done(key, results):
-        for method, result in results.items():
-            job = owner[key][method]
-            write_json(job.path, result)
-            label = f"{method} {job.dataset} {job.task} seed {job.seed}"
-            if result["status"] != "ok":
-                progress.echo(f"note: {label} diverged: {result['error']}", file=sys.stderr)
-            progress.advance(label)
-
-    _runner.run_command_jobs(jobs, done, args)
+            [j.settings for j in members], members[0].provenance, data_dir, _runner.PROGRESS)))
+    return jobs, owner
 
 
 # ----------------------------------------------------------------------------- summaries
@@ -446,18 +421,9 @@ def _collect(out, quick, samples, seeds, data, data_dir, noted) -> list:
                 continue
     jobs = _jobs([d for d in DATASETS if d in data], TASKS, seeds,
                  list(calibration_methods.METHODS), quick, samples, out, data)
-    found = []
-    for job in jobs:
-        try:
-            saved = load_result(job.path, SCHEMA)
-        except ResultFileError as err:
-            if err.path not in noted:
-                noted.add(err.path)
-                print(f"note: {err.path}: {err.reason}; left out of the summary", file=sys.stderr)
-            continue
-        if saved is not None and reusable(job.path, saved, job.settings, job.provenance, True):
-            found.append(saved)
-    return found
+    found = (_runner.read_saved(job.path, SCHEMA, job.settings, job.provenance, noted)
+             for job in jobs)
+    return [saved for saved in found if saved is not None]
 
 
 # metric key, column head, digits
@@ -602,41 +568,36 @@ def run(args: argparse.Namespace) -> int:
     method) order, each written when it finishes, and ends with results.csv, summary.json, a
     markdown table per dataset (stdout and table_<dataset>.md) and the reliability diagrams.
     With --jobs > 1 or --dask-scheduler the missing jobs run as independent jobs of
-    ``_runner`` (one per training run, ``_run_jobs``), then the same summaries are written.
+    ``_runner`` (one per training run, ``_train_jobs``), then the same summaries are written.
     """
     quick = bool(args.quick)
     datasets = args.dataset if args.dataset is not None else (("digits",) if quick else DATASETS)
-    samples = args.samples if args.samples is not None else BUDGETS[_budget(quick)]["samples"]
+    samples = _runner.overridden(BUDGETS[_budget(quick)], args, ("samples",))["samples"]
     out = Path(args.out)
     data = {}
     for d in datasets:
         X, y, identity = load_data(d, args.data_dir)
         data[d] = _Data(X, y, identity)
     jobs = _jobs(datasets, args.task, args.seeds, args.method, quick, samples, out, data)
-    todo = [j for j in jobs if _saved(j, args.fresh) is None]
-    write = output_writable(out, needed=bool(todo))
-    cache, current = {}, None
-    with Progress(len(jobs), len(jobs) - len(todo), "calibration",
-                  enabled=not args.no_progress) as progress:
-        if todo and _runner.parallel(args):
-            _run_jobs(todo, progress, args)
-            todo = []
-        for job in todo:
-            group = (job.dataset, job.task, job.seed)
-            if group != current:  # shared fits live for one (dataset, task, seed)
-                cache.clear()
-                current = group
-                d = data[job.dataset]
-                train, test = stratified_split(d.y, TEST_FRAC, _split_rng(job.seed, job.dataset))
-                td = task_data(d.X, d.y, train, test, job.task)
-            label = f"{job.spec.name} {job.dataset} {job.task} seed {job.seed}"
-            with progress.run_bar(job.settings["settings"]["epochs"], label, unit="epoch") as bar:
-                result = _run_job(job, td, cache, bar)
+    _, todo = _runner.plan((_runner.Unit(k, j.path, SCHEMA, j.settings, j.provenance)
+                            for k, j in enumerate(jobs)), args.fresh)
+    todo = [jobs[unit.key] for unit in todo]
+    write, progress = _runner.start(out, bool(todo), len(jobs), len(jobs) - len(todo),
+                                    "calibration", enabled=not args.no_progress)
+    train_jobs, owner = _train_jobs(todo, args.data_dir)
+
+    def done(key, results):  # each method's file written as its training run comes back
+        for method, result in results.items():
+            job = owner[key][method]
             write_json(job.path, result)
+            label = f"{method} {job.dataset} {job.task} seed {job.seed}"
             if result["status"] != "ok":
                 progress.echo(f"note: {label} diverged: {result['error']}", file=sys.stderr)
             progress.advance(label)
-        cache.clear()
+
+    with progress:
+        _runner.execute([_runner.Section(train_jobs)], done, progress,
+                        **_runner.job_options(args))
         noted = set()
         found = _collect(out, quick, samples, args.seeds, data, args.data_dir, noted)
         lines = []

@@ -66,13 +66,10 @@ from refbayes._files import (
 from refbayes.datasets import data_identity, load_mnist, load_mnist_subset
 from refbayes.experiments import _runner
 from refbayes.experiments._runner import (
-    Progress,
     job_rng,
-    output_writable,
     positive_int,
     provenance,
     pyplot,
-    resume,
     reusable,
     save_figure,
     seed_arg,
@@ -192,26 +189,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              f"gradients, 10 final draws (about {MEASURED_SECONDS['quick']} s on "
                              f"{MEASURED_ON}; the default run about "
                              f"{round(MEASURED_SECONDS['default'] / 60)} minutes)")
-    parser.add_argument("--out", type=Path, default=Path("results/ktied"),
-                        help="output folder (default: results/ktied)")
-    parser.add_argument("--fresh", action="store_true",
-                        help="recompute runs whose saved settings differ instead of stopping")
+    _runner.add_output_arguments(parser, "ktied", "run")
     _runner.add_arguments(parser)
-    parser.add_argument("--data-dir", type=Path, default=None,
-                        help="folder of the benchmark data (default: $REFBAYES_DATA, then the "
-                             "user cache)")
+    _runner.add_data_dir(parser)
     parser.add_argument("--no-progress", action="store_true", help="no progress output")
 
 
 def _budget(args) -> dict:
-    b = dict(QUICK if args.quick else DEFAULTS)
-    b.update(batch=args.batch, lr=args.lr, hidden=tuple(args.hidden), n_train=args.n_train)
+    b = _runner.overridden(QUICK if args.quick else DEFAULTS, args,
+                           ("batch", "lr", "n_train", "steps", "eval_every", "snr_steps",
+                            "snr_draws", "final_draws", "checkpoint_every"))
+    b["hidden"] = tuple(args.hidden)
     if args.mnist == "full":  # recorded only when full: a subset run's settings have no "mnist"
         b.update(mnist="full", n_train=60_000)
-    for key in ("steps", "eval_every", "snr_steps", "snr_draws", "final_draws",
-                "checkpoint_every"):
-        if getattr(args, key) is not None:
-            b[key] = getattr(args, key)
     if b["snr_draws"] < 2:
         raise ValueError(f"--snr-draws: expected >= 2 (a variance), got {b['snr_draws']}")
     if args.mnist == "subset" and not 10 <= b["n_train"] <= 4990:
@@ -381,14 +371,7 @@ def _load_checkpoint(out, name, method, settings, prov, fresh):
 def _settings(name, args, budget) -> dict:
     s = {"run": name, "seed": args.seed, "prior_precision": LAM, "rho0": RHO0,
          "rho0_sd": RHO0_SD, "kl_weight": 1.0, "draws_per_step": 1, **budget}
-    return json.loads(json.dumps(s))  # as read back from a file (tuples -> lists)
-
-
-def _train(name, args, budget, data, settings, prov, progress) -> dict:
-    """Train the run ``name`` (checkpoints under --out), write its posterior; its record."""
-    record, mu, sigma = _fit(name, args, budget, data, settings, prov, progress, args.out)
-    atomic_write_npz(Path(args.out) / f"posterior_{name}.npz", mu=mu, sigma=sigma)
-    return record
+    return _runner.as_saved(s)
 
 
 def _fit(name, args, budget, data, settings, prov, progress, ckpt_dir):
@@ -445,38 +428,15 @@ def _fit(name, args, budget, data, settings, prov, progress, ckpt_dir):
     return record, state.mu, method.sigma(state)
 
 
-def _run_job(name, seed, data_dir, budget, settings, prov, ckpt_dir, fresh):
-    """One run, as a job of ``_runner.run_jobs``: (record, mu, sigma). The worker reloads the
-    data and checks that it is what the main process read (its checksums)."""
+def _run_job(name, seed, data_dir, budget, settings, prov, ckpt_dir, fresh,
+             progress=_runner.QUIET):
+    """One run, as a job of ``_runner.execute``: (record, mu, sigma). It (re)loads the data and
+    checks that it is what the main process read (its checksums); it resumes from and writes
+    checkpoints in ``ckpt_dir`` (None: neither)."""
     args = argparse.Namespace(seed=seed, data_dir=data_dir, out=ckpt_dir, fresh=fresh)
     data = _load(args, budget)
     _runner.check_worker_data(f"ktied run {name}", data.identity, prov)
-    return _fit(name, args, budget, data, settings, prov, _runner.QUIET, ckpt_dir)
-
-
-def _train_jobs(args, budget, todo, saved, prov, progress) -> None:
-    """Every missing run as one job (local processes or a Dask cluster); each run's posterior
-    and result file written, and its checkpoint removed, as it comes back."""
-    out = Path(args.out)
-    # local processes share this file system: checkpoints as the serial run; Dask: none
-    ckpt_dir = out.resolve() if args.dask_scheduler is None else None
-    data_dir = None if args.data_dir is None else Path(args.data_dir).resolve()
-    for name, settings in todo:  # refused here, before any job runs, as the serial run would
-        _read_checkpoint(out, name, settings, prov, args.fresh, keys=())
-    jobs = [_runner.Job(f"ktied/{name}", _run_job, (name, args.seed, data_dir, budget,
-                                                      settings, prov, ckpt_dir, args.fresh))
-            for name, settings in todo]
-
-    def done(key, result):
-        name = key.split("/", 1)[1]
-        record, mu, sigma = result
-        atomic_write_npz(out / f"posterior_{name}.npz", mu=mu, sigma=sigma)
-        saved[name] = record
-        write_json(_path(out, name), record)
-        _ckpt_path(out, name).unlink(missing_ok=True)
-        progress.advance(name)
-
-    _runner.run_command_jobs(jobs, done, args)
+    return _fit(name, args, budget, data, settings, prov, progress, ckpt_dir)
 
 
 # ----------------------------------------------------------------------------- post-hoc
@@ -686,24 +646,31 @@ def run(args: argparse.Namespace) -> int:
     out = Path(args.out)
     data = _load(args, budget)
     prov = provenance(data.identity)
-    saved, todo = {}, []
-    for name in args.runs:
-        settings = _settings(name, args, budget)
-        prev = resume(_path(out, name), SCHEMA, settings, prov, args.fresh)
-        if prev is not None:
-            saved[name] = prev
-        else:
-            todo.append((name, settings))
-    write = output_writable(out, needed=bool(todo))
-    with Progress(len(args.runs), len(saved), "ktied", enabled=not args.no_progress) as progress:
-        if todo and _runner.parallel(args):  # every run at once
-            _train_jobs(args, budget, todo, saved, prov, progress)
-            todo = []
-        for name, settings in todo:
-            saved[name] = _train(name, args, budget, data, settings, prov, progress)
-            write_json(_path(out, name), saved[name])
-            _ckpt_path(out, name).unlink(missing_ok=True)
-            progress.advance(name)
+    saved, todo = _runner.plan((_runner.Unit(name, _path(out, name), SCHEMA,
+                                             _settings(name, args, budget), prov)
+                                for name in args.runs), args.fresh)
+    for unit in todo:  # every checkpoint checked too, before any run is trained
+        _read_checkpoint(out, unit.key, unit.settings, prov, args.fresh, keys=())
+    write, progress = _runner.start(out, bool(todo), len(args.runs), len(saved), "ktied",
+                                    enabled=not args.no_progress)
+    # this process and local workers share this file system: checkpoints there; Dask: none
+    ckpt_dir = out.resolve() if args.dask_scheduler is None else None
+    jobs = [_runner.Job(f"ktied/{u.key}", _run_job, (u.key, args.seed,
+                                                      _runner.worker_path(args.data_dir), budget,
+                                                      u.settings, prov, ckpt_dir, args.fresh,
+                                                      _runner.PROGRESS)) for u in todo]
+
+    def done(key, result):  # each run's posterior and result written, its checkpoint removed
+        name = key.split("/", 1)[1]
+        record, mu, sigma = result
+        atomic_write_npz(out / f"posterior_{name}.npz", mu=mu, sigma=sigma)
+        saved[name] = record
+        write_json(_path(out, name), record)
+        _ckpt_path(out, name).unlink(missing_ok=True)
+        progress.advance(name)
+
+    with progress:
+        _runner.execute([_runner.Section(jobs)], done, progress, **_runner.job_options(args))
         posthoc = None
         if "meanfield" in saved and (out / "posterior_meanfield.npz").exists():
             posthoc = _posthoc(args, budget, data, saved["meanfield"])

@@ -50,7 +50,6 @@ Run times (MEASURED_SECONDS, 2-core AMD EPYC VM, nothing else running, all parts
 from __future__ import annotations
 
 import argparse
-import json
 import time
 from pathlib import Path
 
@@ -61,13 +60,10 @@ from refbayes import metrics
 from refbayes._files import format_table, write_json
 from refbayes.experiments import _runner
 from refbayes.experiments._runner import (
-    Progress,
     job_rng,
-    output_writable,
     positive_int,
     provenance,
     pyplot,
-    resume,
     save_figure,
     seed_arg,
     sha256_arrays,
@@ -140,10 +136,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              f"{MEASURED_SECONDS['quick']} s on {MEASURED_ON}; the default run "
                              f"about {MEASURED_SECONDS['default'] // 60 + 1} minutes)")
     parser.add_argument("--seed", type=seed_arg, default=0, help="master seed (default 0)")
-    parser.add_argument("--out", type=Path, default=Path("results/riemannian-laplace"),
-                        help="output folder (default: results/riemannian-laplace)")
-    parser.add_argument("--fresh", action="store_true",
-                        help="recompute parts whose saved settings differ instead of stopping")
+    _runner.add_output_arguments(parser, "riemannian-laplace", "part")
     _runner.add_arguments(parser)
 
 
@@ -397,10 +390,8 @@ COMPUTE = {"a": _part_a, "b": _part_b, "c": _part_c}
 # ----------------------------------------------------------------------------- driver
 
 def _budget(args, part) -> dict:
-    b = dict(BUDGET[part]["quick" if args.quick else "default"])
-    if args.samples is not None:
-        b["samples"] = args.samples
-    return b
+    return _runner.overridden(BUDGET[part]["quick" if args.quick else "default"], args,
+                              ("samples",))
 
 
 def _settings(args, part) -> dict:
@@ -415,7 +406,7 @@ def _settings(args, part) -> dict:
     else:
         s.update(n_train=C_N_TRAIN, n_test=C_N_TEST, width=C_WIDTH, prior_precision=C_DELTA,
                  noise=C_NOISE, sgd_epochs=C_EPOCHS, sgd_lr=C_LR)
-    return json.loads(json.dumps(s))  # as read back from a result file (tuples -> lists)
+    return _runner.as_saved(s)
 
 
 SCHEMA = {"settings": dict, "provenance": dict, "results": {"geodesics": dict}, "seconds": float}
@@ -548,11 +539,11 @@ def _figures(out, saved) -> list:
     return paths
 
 
-def _part_job(part: str, seed: int, budget: dict):
-    """One part, as a job of ``_runner.run_jobs``: (results, seconds). Its randomness is
+def _part_job(part: str, seed: int, budget: dict, progress=_runner.QUIET):
+    """One part, as a job of ``_runner.execute``: (results, seconds). Its randomness is
     ``_rng(seed, part)`` only, so it runs anywhere."""
     t0 = time.perf_counter()
-    results, _ = COMPUTE[part](_rng(seed, part), budget, _runner.QUIET)
+    results, _ = COMPUTE[part](_rng(seed, part), budget, progress)
     return results, time.perf_counter() - t0
 
 
@@ -561,22 +552,11 @@ def _record(settings, prov, results, seconds) -> dict:
             "citation": CITATION}
 
 
-def _compute_jobs(args, todo, saved, out, progress) -> None:
-    """Every missing part as one job (local processes or a Dask cluster), each part's file
-    written as it comes back."""
-    owner = {part: (settings, prov) for part, settings, prov in todo}
-    jobs = [_runner.Job(f"part_{part}", _part_job, (part, args.seed, _budget(args, part)))
-            for part, _, _ in todo]
-
-    def done(key, result):
-        part = key[len("part_"):]
-        settings, prov = owner[part]
-        results, seconds = result
-        saved[part] = _record(settings, prov, results, seconds)
-        write_json(_path(out, part), saved[part])
-        progress.advance(f"part {part}")
-
-    _runner.run_command_jobs(jobs, done, args)
+def _units(args):
+    """Each part asked for: its result file, settings and provenance."""
+    for part in args.part:
+        yield _runner.Unit(part, _path(args.out, part), SCHEMA, _settings(args, part),
+                           provenance(_data_identity(args, part)))
 
 
 def run(args: argparse.Namespace) -> int:
@@ -589,31 +569,23 @@ def run(args: argparse.Namespace) -> int:
     comes back, then the tables are printed as the serial run prints them.
     """
     out = Path(args.out)
-    parts = args.part
-    saved, todo = {}, []
-    for part in parts:
-        path = _path(out, part)
-        settings = _settings(args, part)
-        prov = provenance(_data_identity(args, part))
-        prev = resume(path, SCHEMA, settings, prov, args.fresh)
-        if prev is not None:
-            saved[part] = prev
-        else:
-            todo.append((part, settings, prov))
-    write = output_writable(out, needed=bool(todo))
-    parallel = _runner.parallel(args)
-    with Progress(len(parts), len(parts) - len(todo), "riemannian-laplace") as progress:
-        if parallel and todo:  # every missing part at once
-            _compute_jobs(args, todo, saved, out, progress)
-        for part in parts:
-            if part not in saved:
-                _, settings, prov = next(t for t in todo if t[0] == part)
-                t0 = time.perf_counter()
-                results, _ = COMPUTE[part](_rng(args.seed, part), _budget(args, part), progress)
-                saved[part] = _record(settings, prov, results, time.perf_counter() - t0)
-                write_json(_path(out, part), saved[part])
-                progress.advance(f"part {part}")
-            progress.echo(_table(part, saved[part]))
+    saved, todo = _runner.plan(_units(args), args.fresh)
+    owner = {f"part_{u.key}": u for u in todo}
+    write, progress = _runner.start(out, bool(todo), len(args.part), len(saved),
+                                    "riemannian-laplace")
+
+    def done(key, result):
+        unit = owner[key]
+        saved[unit.key] = _record(unit.settings, unit.provenance, *result)
+        write_json(unit.path, saved[unit.key])
+        progress.advance(f"part {unit.key}")
+
+    sections = [_runner.Section(
+        [_runner.Job(key, _part_job, (u.key, args.seed, _budget(args, u.key), _runner.PROGRESS))
+         for key, u in owner.items() if u.key == part],
+        after=lambda part=part: progress.echo(_table(part, saved[part]))) for part in args.part]
+    with progress:
+        _runner.execute(sections, done, progress, **_runner.job_options(args))
         lines = [f"results: {out}/"]
         if write:
             if "c" in saved:

@@ -26,14 +26,12 @@ import types
 from pathlib import Path
 
 import numpy as np
-from tqdm import tqdm
 
 from refbayes._files import format_table, write_json
 from refbayes._tolerances import EXACT_F64, rel_err
 from refbayes.datasets import make_logistic_regression
 from refbayes.experiments import _runner
 from refbayes.experiments._runner import (
-    output_writable,
     provenance,
     pyplot,
     save_figure,
@@ -56,8 +54,7 @@ def _out_dir(text: str) -> Path:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--out", type=_out_dir, default=Path("results/selfcheck"),
-                        help="output folder (default: results/selfcheck)")
+    _runner.add_output_arguments(parser, "selfcheck", None, out_type=_out_dir)
     parser.add_argument("--seed", type=seed_arg, default=0, help="seed of the synthetic data (default 0)")
     parser.add_argument("--quick", action="store_true", help="smaller problem (smoke test)")
     _runner.add_arguments(parser)
@@ -187,7 +184,7 @@ def _check(label: str, pb):
 
 
 def _check_job(label: str, quick: bool, seed: int):
-    """One group of checks, as a job of ``_runner.run_jobs`` (the problem rebuilt here)."""
+    """One group of checks, as a job of ``_runner.execute`` (the problem rebuilt here)."""
     return _check(label, _problem(quick, seed))
 
 
@@ -197,41 +194,33 @@ def _rows(new):
 
 
 def run(args: argparse.Namespace) -> int:
-    output_writable(Path(args.out), needed=True)  # before any check runs
+    """The ``refbayes reproduce selfcheck`` handler: every group of checks is a job (nothing is
+    resumed: the checks take seconds); selfcheck.json holds the finished groups, in CHECKS
+    order, after each one."""
+    out = Path(args.out)
+    _, progress = _runner.start(out, True, len(CHECKS), 0, "selfcheck")  # before any check runs
     pb = _problem(args.quick, args.seed)
     n, p, width, L = pb.n, pb.p, pb.width, pb.L
-    out = Path(args.out)
     prov = provenance({"synthetic": sha256_arrays(pb.X, pb.y)})
-    rows, timings = [], {}
+    rows, timings, finished = [], {}, {}
 
-    def write():
+    def done(label, result):
+        finished[label] = result
+        rows.clear()
+        timings.clear()
+        for c in CHECKS:
+            if c in finished:
+                rows.extend(_rows(finished[c][0]))
+                timings.update(finished[c][1])
         write_json(out / "selfcheck.json", {"problem": {"n": n, "p": p, "width": width, "L": L,
                                                          "seed": args.seed},
                                              "checks": rows, "timings_s": timings,
                                              "provenance": prov})
+        progress.advance(label)
 
-    if _runner.parallel(args):
-        finished = {}
-        with tqdm(total=len(CHECKS), desc="selfcheck", file=sys.stderr) as bar:
-            def done(label, result):  # the file holds the finished groups, in CHECKS order
-                finished[label] = result
-                rows.clear()
-                timings.clear()
-                for c in CHECKS:
-                    if c in finished:
-                        rows.extend(_rows(finished[c][0]))
-                        timings.update(finished[c][1])
-                write()
-                bar.update(1)
-
-            _runner.run_command_jobs([_runner.Job(c, _check_job, (c, bool(args.quick), args.seed))
-                                      for c in CHECKS], done, args)
-    else:
-        for label in tqdm(CHECKS, desc="selfcheck", file=sys.stderr):
-            new, t = _check(label, pb)
-            timings.update(t)
-            rows.extend(_rows(new))
-            write()
+    jobs = [_runner.Job(c, _check_job, (c, bool(args.quick), args.seed)) for c in CHECKS]
+    with progress:
+        _runner.execute([_runner.Section(jobs)], done, progress, **_runner.job_options(args))
     print(format_table(["check", "relative error", "tolerance", "ok"],
                        [[r["check"], f"{r['error']:.2e}", f"{r['tolerance']:.0e}", "yes" if r["ok"] else "NO"]
                         for r in rows]))

@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import argparse
 import math
-import sys
 import time
 from pathlib import Path
 from typing import NamedTuple
@@ -55,17 +54,13 @@ from refbayes.datasets import (
 from refbayes.experiments import _runner
 from refbayes.experiments._runner import (
     MayLack,
-    Progress,
-    ResultFileError,
     job_rng,
-    load_result,
     mean_se,
-    output_writable,
     positive_int,
     provenance,
     pyplot,
+    read_saved,
     resume,
-    reusable,
     save_figure,
     seed_arg,
     sha256_arrays,
@@ -180,8 +175,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--dataset", default="synthetic", choices=(*DATASETS, "all"),
                         help="default: synthetic data shipped in the package "
                              f"({_about(MEASURED_SECONDS['synthetic'])} on {MEASURED_ON})")
-    parser.add_argument("--data-dir", type=Path, default=None,
-                        help="folder of the benchmark data (default: $REFBAYES_DATA, then the user cache)")
+    _runner.add_data_dir(parser)
     parser.add_argument("--epochs", type=positive_int, default=None,
                         help=f"epochs per run (default: {PAPER_EPOCHS}, the paper's; synthetic "
                              f"{SYNTHETIC['epochs']}; --quick {QUICK[0]})")
@@ -193,10 +187,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help=f"{QUICK[0]} epochs, {QUICK[1]} restarts: australian in "
                              f"{_about(MEASURED_SECONDS['australian --quick'])} on {MEASURED_ON}")
     parser.add_argument("--seed", type=seed_arg, default=0, help="master seed (default 0)")
-    parser.add_argument("--out", type=Path, default=Path("results/slang-logreg"),
-                        help="output folder (default: results/slang-logreg)")
-    parser.add_argument("--fresh", action="store_true",
-                        help="recompute runs whose saved settings differ instead of stopping")
+    _runner.add_output_arguments(parser, "slang-logreg", "run")
     _runner.add_arguments(parser)
 
 
@@ -420,11 +411,10 @@ def _plan(args, name) -> _Plan:
                                  args.seed, M, prior)
             if asked:
                 saved = resume(path, schema, settings, prov, args.fresh)
-                ok = saved is not None
             else:
-                saved = _read_other(path, schema)
-                ok = saved is not None and reusable(path, saved, settings, prov, fresh=True)
-            if ok:
+                saved = read_saved(path, schema, settings, prov,
+                                   what="the summary and figures")
+            if saved is not None:
                 _keep(plan, r, method, saved)
             elif method == "exact-mf-vi":
                 plan.mf_todo.append(r)
@@ -444,17 +434,6 @@ def _plan_exact(args, plan, r, M, prior) -> None:
         _keep(plan, r, "exact-vi", saved)
 
 
-def _read_other(path, schema):
-    """A result this invocation only reads (another method's); a damaged one is left out, with
-    a note naming it."""
-    try:
-        return load_result(path, schema)
-    except ResultFileError as err:
-        print(f"note: {err.path}: {err.reason}; left out of the summary and figures",
-              file=sys.stderr)
-        return None
-
-
 def _restart_data(name, r, seed, data_dir):
     """Restart r's split (with intercepts), prior precisions, exact VI fit and its saved form
     (the scalars a run's file keeps, then mu and Sigma for exact-vi.json)."""
@@ -469,12 +448,12 @@ def _restart_data(name, r, seed, data_dir):
     return (X_tr, y_tr, Xd_tr, Xd_te, y_te), lam, exact, exact_saved
 
 
-def _run_job(name, r, method, epochs, seed, data_dir, prov, bar) -> dict:
+def _run_job(name, r, method, epochs, seed, data_dir, prov, progress) -> dict:
     """One run: ``method`` (or the exact mean-field optimum, "exact-mf-vi") on restart r of
     ``name``, after the restart's exact VI fit (deterministic, so every job of a restart fits
     the same one); returns {method: result to save}. Its randomness is (seed, r, method) only,
     so it runs anywhere (``_runner.run_jobs``), and a restart's methods run side by side.
-    ``bar(steps, label)`` gives the run's progress bar context."""
+    ``progress.run_bar(steps, label)`` gives the run's progress bar context."""
     prior, M, _ = DATASETS[name]
     (X_tr, y_tr, Xd_tr, Xd_te, y_te), lam, exact, exact_saved = _restart_data(name, r, seed,
                                                                               data_dir)
@@ -487,7 +466,7 @@ def _run_job(name, r, method, epochs, seed, data_dir, prov, bar) -> dict:
                                    (Xd_tr, y_tr, Xd_te, y_te), lam, exact)
         return {method: {**saved, "provenance": prov}, **exact_file}
     steps = epochs * math.ceil(X_tr.shape[0] / M)
-    with bar(steps, f"{name} r{r} {method}") as b:
+    with progress.run_bar(steps, f"{name} r{r} {method}") as b:
         try:
             result = _run_one(method, (X_tr, y_tr, Xd_te, y_te), lam, M, epochs,
                               job_rng(seed, r, METHODS.index(method)), exact, b.update)
@@ -555,36 +534,19 @@ def _save_run(args, plan, r, results, progress) -> None:
             progress.advance(f"{plan.name} r{r} {method}")
 
 
-def _compute(args, plan, progress, write) -> None:
-    """Run the plan's missing runs in this process, writing each run's file as it finishes."""
+def _jobs(args, plan, write, owner) -> list:
+    """The plan's runs to compute as jobs of ``_runner.execute`` (``_run_jobs``'s order);
+    ``owner`` maps each job's key to (plan, restart)."""
+    jobs = []
     for r, method in _run_jobs(plan, write):
-        results = _run_job(plan.name, r, method, plan.epochs, args.seed, args.data_dir,
-                           plan.provenance, progress.run_bar)
-        _save_run(args, plan, r, results, progress)
-        if write:
-            _write_summary(Path(args.out), plan.name, _rows(plan))
-
-
-def _compute_jobs(args, plans, progress, write) -> None:
-    """Every missing run of every plan as one job (local processes or a Dask cluster), each
-    run's file written as it comes back."""
-    owner, jobs = {}, []
-    for plan in plans:
-        for r, method in _run_jobs(plan, write):
-            key = f"{plan.name}/restart_{r}/{method}"
-            owner[key] = (plan, r)
-            jobs.append(_runner.Job(key, _run_job, (plan.name, r, method, plan.epochs,
-                                                      args.seed, args.data_dir, plan.provenance,
-                                                      _runner.QUIET.run_bar),
-                                      _job_cost(plan.name, method, plan.epochs)))
-
-    def done(key, results):
-        plan, r = owner[key]
-        _save_run(args, plan, r, results, progress)
-        if write:
-            _write_summary(Path(args.out), plan.name, _rows(plan))
-
-    _runner.run_command_jobs(jobs, done, args)
+        key = f"{plan.name}/restart_{r}/{method}"
+        owner[key] = (plan, r)
+        jobs.append(_runner.Job(key, _run_job, (plan.name, r, method, plan.epochs, args.seed,
+                                                  _runner.worker_path(args.data_dir),
+                                                  plan.provenance,
+                                                  _runner.PROGRESS),
+                                _job_cost(plan.name, method, plan.epochs)))
+    return jobs
 
 
 def _rows(plan, methods=METHODS) -> list:
@@ -701,35 +663,44 @@ def run(args: argparse.Namespace) -> int:
     out = Path(args.out)
     plans = [_plan(args, name) for name in names]
     todo = sum(len(p.todo) + len(p.mf_todo) for p in plans)
-    write = output_writable(out, needed=todo > 0)
     total = sum(p.restarts for p in plans) * len(args.methods)
-    parallel = _runner.parallel(args)
-    with Progress(total, total - sum(len(p.todo) for p in plans), "slang-logreg") as progress:
-        if parallel:  # every run of every dataset at once
-            _compute_jobs(args, plans, progress, write)
-        for plan in plans:
-            name = plan.name
-            progress.echo(_head(name, plan.epochs, plan.restarts))
-            if not parallel:
-                _compute(args, plan, progress, write)
-            shown = tuple(m for m in METHODS if m in args.methods)  # the summary's order, not --methods's
-            progress.echo(_table(name, _rows(plan, shown), shown))
-            present = [m for m in METHODS if any((r, m) in plan.rows for r in range(plan.restarts))]
-            lines = [f"\nresults: {out / name}/, {out / (name + '_summary.csv')}"]
-            if set(present) != set(args.methods):
-                lines.append(f"summary and figures: every method with results there ({', '.join(present)})")
-            if write:
-                _write_summary(out, name, _rows(plan))
-                if plan.states:
-                    lines += [f"figure: {path}" for path in
-                              _figures(out, name, plan.states, _exact_Sigma(plan), plan.curves,
-                                       present)]
-            if name in PAPER_TABLE1:
-                lines.append("\nThe paper's numbers (its repository's table file) come from 10,000 "
-                             "epochs and 'exact' references computed with a piecewise bound on "
-                             "E[log sigmoid]; ours are exact (quadrature to 1e-11).")
-            if name == "usps-3vs5":
-                lines.append("\nusps-3vs5 is built from Roweis' usps_all.mat (2200 images), not the "
-                             "GPML set the paper used (1540): not comparable with the paper's numbers.")
-            progress.echo("\n".join(lines) + "\n")
+    write, progress = _runner.start(out, todo > 0, total,
+                                    total - sum(len(p.todo) for p in plans), "slang-logreg")
+    owner = {}
+
+    def done(key, results):  # each run's file (and the summary) written as it comes
+        plan, r = owner[key]
+        _save_run(args, plan, r, results, progress)
+        if write:
+            _write_summary(out, plan.name, _rows(plan))
+
+    def show(plan):
+        name = plan.name
+        shown = tuple(m for m in METHODS if m in args.methods)  # the summary's order, not --methods's
+        progress.echo(_table(name, _rows(plan, shown), shown))
+        present = [m for m in METHODS if any((r, m) in plan.rows for r in range(plan.restarts))]
+        lines = [f"\nresults: {out / name}/, {out / (name + '_summary.csv')}"]
+        if set(present) != set(args.methods):
+            lines.append(f"summary and figures: every method with results there ({', '.join(present)})")
+        if write:
+            _write_summary(out, name, _rows(plan))
+            if plan.states:
+                lines += [f"figure: {path}" for path in
+                          _figures(out, name, plan.states, _exact_Sigma(plan), plan.curves,
+                                   present)]
+        if name in PAPER_TABLE1:
+            lines.append("\nThe paper's numbers (its repository's table file) come from 10,000 "
+                         "epochs and 'exact' references computed with a piecewise bound on "
+                         "E[log sigmoid]; ours are exact (quadrature to 1e-11).")
+        if name == "usps-3vs5":
+            lines.append("\nusps-3vs5 is built from Roweis' usps_all.mat (2200 images), not the "
+                         "GPML set the paper used (1540): not comparable with the paper's numbers.")
+        progress.echo("\n".join(lines) + "\n")
+
+    sections = [_runner.Section(
+        _jobs(args, plan, write, owner),
+        before=lambda plan=plan: progress.echo(_head(plan.name, plan.epochs, plan.restarts)),
+        after=lambda plan=plan: show(plan)) for plan in plans]
+    with progress:  # per dataset: its heading, its runs, its table
+        _runner.execute(sections, done, progress, **_runner.job_options(args))
     return 0

@@ -71,7 +71,6 @@ from __future__ import annotations
 
 import argparse
 import csv
-import json
 import math
 import sys
 import time
@@ -87,16 +86,11 @@ from refbayes.datasets import data_identity, fit_standardizer, validation_split
 from refbayes.datasets.uci import UCI_NAMES, load_uci, uci_n_splits, uci_split_files
 from refbayes.experiments import _runner, uci_methods
 from refbayes.experiments._runner import (
-    Progress,
-    ResultFileError,
     load_result,
     mean_se,
-    output_writable,
     positive_int,
     provenance,
     pyplot,
-    resume,
-    reusable,
     save_figure,
     seed_arg,
     writable_error,
@@ -398,7 +392,7 @@ def _settings(spec, dataset, split, budget, seed, quick):
          "seed": seed, "budget": "quick" if quick else "full", "hidden": hidden_units(dataset),
          "activation": "relu", "val_frac": VAL_FRAC, "grid": budget.grid,
          "settings": budget.settings}
-    return json.loads(json.dumps(s))  # the form it has after a JSON round trip (lists, floats)
+    return _runner.as_saved(s)
 
 
 def _context(spec, dataset, split, phase, hyper):
@@ -520,7 +514,7 @@ class _Plan(NamedTuple):
     out: Path
     folder: Path
     splits: tuple
-    todo: list         # [(split, path, settings)] to compute, in order
+    todo: list         # [_runner.Unit] of the splits to compute (key: the split), in order
     identity: dict     # relative path -> sha256, filled as splits' files are verified
     seed: int
     quick: bool
@@ -540,26 +534,16 @@ def _split_provenance(plan, k) -> dict:
     return provenance({f: plan.identity[f] for f in files})
 
 
-def _note_damaged(plan, err) -> None:
-    if err.path not in plan.noted:
-        plan.noted.add(err.path)
-        print(f"note: {err.path}: {err.reason}; left out of the summary", file=sys.stderr)
-
-
 def _summary(plan):
     """The splits under the plan's folder whose settings and provenance match, and their mean +- s.e."""
     spec, dataset, budget = plan.spec, plan.dataset, plan.budget
     n_splits = uci_n_splits(dataset)
     rows = []
     for k in range(n_splits):
-        path = plan.folder / f"split_{k}.json"
-        try:
-            saved = load_result(path, SPLIT_SCHEMA)
-        except ResultFileError as err:
-            _note_damaged(plan, err)
-            continue
-        settings = _settings(spec, dataset, k, budget, plan.seed, plan.quick)
-        if saved is not None and reusable(path, saved, settings, _split_provenance(plan, k), fresh=True):
+        saved = _runner.read_saved(plan.folder / f"split_{k}.json", SPLIT_SCHEMA,
+                                   _settings(spec, dataset, k, budget, plan.seed, plan.quick),
+                                   lambda k=k: _split_provenance(plan, k), plan.noted)
+        if saved is not None:
             rows.append({"split": k, "rmse": saved["test"]["rmse"], "ll": saved["test"]["ll"],
                          # (uci.9); None in files written before it was recorded
                          "ll_joint": saved["test"].get("ll_joint"),
@@ -608,11 +592,9 @@ def _saved_summaries(plan, pattern):
     ``pattern``; a damaged one is left out with a note."""
     saved = {}
     for p in sorted(Path(plan.out).glob(pattern)):
-        try:
-            saved[p.parent.parent.name, p.parent.name] = load_result(p, {"summary": dict,
-                                                                       "splits": list})
-        except ResultFileError as err:
-            _note_damaged(plan, err)
+        summary = _runner.read_saved(p, {"summary": dict, "splits": list}, noted=plan.noted)
+        if summary is not None:
+            saved[p.parent.parent.name, p.parent.name] = summary
     return saved
 
 
@@ -647,35 +629,17 @@ def _plan(method, dataset, splits=None, quick=False, out=Path("results/uci"), fr
     budget = uci_methods.resolve(spec, dataset, quick, epochs, grid)
     plan = _Plan(spec, dataset, budget, Path(out), Path(out) / method / dataset, splits, [],
                  {}, seed, quick, data_dir, set(), se_ddof)
-    for k in splits:  # check the data and every saved file before computing anything
-        path = plan.folder / f"split_{k}.json"
-        settings = _settings(spec, dataset, k, budget, seed, quick)
-        current = _split_provenance(plan, k)
-        if resume(path, SPLIT_SCHEMA, settings, current, fresh) is None:
-            plan.todo.append((k, path, settings))
+    # check the data and every saved file before computing anything
+    plan.todo.extend(_runner.plan((_runner.Unit(k, plan.folder / f"split_{k}.json", SPLIT_SCHEMA,
+                                                _settings(spec, dataset, k, budget, seed, quick),
+                                                _split_provenance(plan, k)) for k in splits),
+                                  fresh)[1])
     return plan
 
 
-def _execute(plan, progress, write=True) -> dict:
-    """Compute the plan's missing splits (each written when it finishes); return the summary."""
-    spec, dataset, budget = plan.spec, plan.dataset, plan.budget
-    n_epochs = budget.settings["epochs"] * fits_per_split(budget)
-    for k, path, settings in plan.todo:
-        label = f"{spec.name} {dataset} split {k}"
-        with progress.run_bar(n_epochs, label, unit="epoch") as inner:
-            try:
-                result = _run_split(spec, dataset, k, budget, settings, plan.seed, plan.data_dir, inner)
-            except uci_methods.TrainingError as err:
-                summary, rows = _summary(plan)
-                if rows:
-                    _write_summaries(plan, summary, rows)
-                kept = ", ".join(str(r["split"]) for r in rows) or "none"
-                raise uci_methods.TrainingError(
-                    f"{err}. Finished splits kept in {plan.folder}: {kept}") from err
-        write_json(path, {**result, "provenance": _split_provenance(plan, k)})
-        summary, rows = _summary(plan)
-        _write_summaries(plan, summary, rows)
-        progress.advance(label)
+def _finish(plan, write=True) -> dict:
+    """The plan's summary over the splits under its folder (summary files written, with
+    ``write``, when there is a split)."""
     summary, rows = _summary(plan)
     if rows and write:
         _write_summaries(plan, summary, rows)
@@ -694,39 +658,54 @@ def _split_steps(plan) -> int:
 
 
 def _split_job(method: str, dataset: str, split: int, budget, settings: dict, seed: int,
-               data_dir):
-    """One split of one method on one dataset, as a job of ``_runner.run_jobs``."""
-    return _run_split(uci_methods.METHODS[method], dataset, split, budget, settings, seed,
-                      data_dir, _runner.QUIET)
+               data_dir, progress=_runner.QUIET):
+    """One split of one method on one dataset, as a job of ``_runner.execute``."""
+    spec = uci_methods.METHODS[method]
+    n_epochs = budget.settings["epochs"] * fits_per_split(budget)
+    with progress.run_bar(n_epochs, f"{spec.name} {dataset} split {split}", unit="epoch") as bar:
+        return _run_split(spec, dataset, split, budget, settings, seed, data_dir, bar)
 
 
-def _execute_jobs(plans, progress, n_jobs: int, scheduler, threads: int) -> None:
-    """Compute the missing splits of every plan as independent jobs (local processes or a Dask
-    cluster); each is written, and leaves its plan's todo, as it finishes."""
-    owner, jobs = {}, []
+def _split_jobs(plans, owner) -> list:
+    """The missing splits of ``plans`` as jobs of ``_runner.execute``, in order; ``owner`` maps
+    each job's key to (plan, unit)."""
+    jobs = []
     for plan in plans:
-        for item in plan.todo:
-            k, _, settings = item
-            key = f"{plan.spec.name}/{plan.dataset}/split_{k}"
-            owner[key] = (plan, item)
-            jobs.append(_runner.Job(key, _split_job, (plan.spec.name, plan.dataset, k,
-                                                        plan.budget, settings, plan.seed,
-                                                        plan.data_dir), _split_steps(plan)))
+        for unit in plan.todo:
+            key = f"{plan.spec.name}/{plan.dataset}/split_{unit.key}"
+            owner[key] = (plan, unit)
+            jobs.append(_runner.Job(key, _split_job, (plan.spec.name, plan.dataset, unit.key,
+                                                        plan.budget, unit.settings, plan.seed,
+                                                        _runner.worker_path(plan.data_dir),
+                                                        _runner.PROGRESS),
+                                    _split_steps(plan)))
+    return jobs
 
+
+def _execute(sections, owner, progress, **options) -> None:
+    """Run the sections' splits (``_runner.execute``), each split written, with its plan's
+    summary files, as it finishes. A TrainingError stops the run naming the finished splits of
+    its (method, dataset), which stay on disk and in the summary files."""
     def done(key, result):
-        plan, (k, path, _) = owner[key]
-        write_json(path, {**result, "provenance": _split_provenance(plan, k)})
-        plan.todo.remove(owner[key][1])
+        plan, unit = owner[key]
+        write_json(unit.path, {**result, "provenance": _split_provenance(plan, unit.key)})
+        plan.todo.remove(unit)
         summary, rows = _summary(plan)
         _write_summaries(plan, summary, rows)
-        progress.advance(key)
+        progress.advance(f"{plan.spec.name} {plan.dataset} split {unit.key}")
 
     try:
-        _runner.run_jobs(jobs, done, n_jobs=n_jobs, scheduler=scheduler, threads=threads)
+        _runner.execute(sections, done, progress, **options)
     except uci_methods.TrainingError as err:
-        kept = sum(len(p.splits) - len(p.todo) for p in plans)
+        if getattr(err, "job_key", None) not in owner:
+            raise
+        plan = owner[err.job_key][0]
+        summary, rows = _summary(plan)
+        if rows:
+            _write_summaries(plan, summary, rows)
+        kept = ", ".join(str(r["split"]) for r in rows) or "none"
         raise uci_methods.TrainingError(
-            f"{err}. Finished splits ({kept}) kept under {plans[0].out}") from err
+            f"{err}. Finished splits kept in {plan.folder}: {kept}") from err
 
 
 def run_method(method: str, dataset: str, splits=None, quick: bool = False, out=Path("results/uci"),
@@ -751,14 +730,14 @@ def run_method(method: str, dataset: str, splits=None, quick: bool = False, out=
     come from its coordinates, ``_seeds``).
     """
     plan = _plan(method, dataset, splits, quick, out, fresh, data_dir, seed, epochs, se_ddof, grid)
-    write = output_writable(plan.out, needed=bool(plan.todo))
     n = len(plan.splits)
-    with Progress(n, n - len(plan.todo), f"uci {method} {dataset}", enabled=progress) as bar:
-        if jobs > 1 or dask_scheduler is not None:
-            _execute_jobs([plan], bar, jobs, dask_scheduler, threads)
-            return _execute(plan, bar, write)
-        with _runner.thread_limit(threads):
-            return _execute(plan, bar, write)
+    write, bar = _runner.start(plan.out, bool(plan.todo), n, n - len(plan.todo),
+                               f"uci {method} {dataset}", enabled=progress)
+    owner = {}
+    with bar:
+        _execute([_runner.Section(_split_jobs([plan], owner))], owner, bar, n_jobs=jobs,
+                 scheduler=dask_scheduler, threads=threads)
+        return _finish(plan, write)
 
 
 # ----------------------------------------------------------------------------- published
@@ -891,10 +870,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="smoke-test budget: few epochs, a 2-point grid, few test draws")
     parser.add_argument("--epochs", type=positive_int, default=None,
                         help="epochs per fit (default: the method's; --quick: its quick value)")
-    parser.add_argument("--out", type=Path, default=Path("results/uci"),
-                        help="output folder (default: results/uci)")
-    parser.add_argument("--fresh", action="store_true",
-                        help="recompute splits whose saved settings differ instead of stopping")
+    _runner.add_output_arguments(parser, "uci", "split")
     parser.add_argument("--seed", type=seed_arg, default=0, help="master seed (default 0)")
     parser.add_argument("--grid", type=_argtype(parse_grid), action="append", default=[],
                         metavar="KEY=V1,V2,...",
@@ -910,8 +886,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "its per-draw test predictions to FOLDER/<method>/<dataset>/"
                              "split_<k>.npz")
     _runner.add_arguments(parser)
-    parser.add_argument("--data-dir", type=Path, default=None,
-                        help="folder of the benchmark data (default: $REFBAYES_DATA, then the user cache)")
+    _runner.add_data_dir(parser)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -939,32 +914,37 @@ def run(args: argparse.Namespace) -> int:
                         se_ddof=args.se_ddof, grid=dict(args.grid))
                   for m in methods]) for d, splits in plan]
     every = [p for _, ps in plans for p in ps]
-    write = output_writable(Path(args.out), needed=any(p.todo for p in every))
+    total = sum(len(p.splits) for p in every)
     if args.predictions is not None and (reason := writable_error(args.predictions)):
         raise ValueError(f"--predictions: {reason}; nothing was computed")
-    total = sum(len(p.splits) for p in every)
+    write, progress = _runner.start(Path(args.out), any(p.todo for p in every), total,
+                                    total - sum(len(p.todo) for p in every), "uci")
     published = load_published()
     sources = set()
-    with Progress(total, total - sum(len(p.todo) for p in every), "uci") as progress:
-        if _runner.parallel(args):  # every split of every plan at once
-            _execute_jobs(every, progress, args.jobs, args.dask_scheduler, args.threads)
-        for d, ps in plans:
-            progress.echo(_head(d, args.se_ddof))
-            pairs = _with_saved(ps[0], [_execute(p, progress, write) for p in ps])
-            lines = [_table(d, [s for s, _ in pairs], published)]
-            if any(s.get("saved") for s, _ in pairs):
-                lines.append("(saved): results an earlier invocation wrote under --out, shown as "
-                             "saved (not checked against this one's settings)")
-            sources |= {r["source"] for r in published if r["dataset"] == d}
-            lines.append(f"results: {Path(args.out)}/<method>/{d}/, {Path(args.out) / 'summary.csv'}")
-            path = _figure(ps[0], pairs, published) if write else None
-            if path is not None:
-                lines.append(f"figure: {path}")
-            progress.echo("\n".join(lines) + "\n")
-            if args.predictions is not None:
-                for p in ps:
-                    for k in p.splits:
-                        progress.echo(write_predictions(p, k, args.predictions))
+
+    def show(d, ps):
+        pairs = _with_saved(ps[0], [_finish(p, write) for p in ps])
+        lines = [_table(d, [s for s, _ in pairs], published)]
+        if any(s.get("saved") for s, _ in pairs):
+            lines.append("(saved): results an earlier invocation wrote under --out, shown as "
+                         "saved (not checked against this one's settings)")
+        sources.update(r["source"] for r in published if r["dataset"] == d)
+        lines.append(f"results: {Path(args.out)}/<method>/{d}/, {Path(args.out) / 'summary.csv'}")
+        path = _figure(ps[0], pairs, published) if write else None
+        if path is not None:
+            lines.append(f"figure: {path}")
+        progress.echo("\n".join(lines) + "\n")
+        if args.predictions is not None:
+            for p in ps:
+                for k in p.splits:
+                    progress.echo(write_predictions(p, k, args.predictions))
+
+    owner = {}
+    sections = [_runner.Section(_split_jobs(ps, owner),
+                                before=lambda d=d: progress.echo(_head(d, args.se_ddof)),
+                                after=lambda d=d, ps=ps: show(d, ps)) for d, ps in plans]
+    with progress:  # per dataset: its heading, its splits, its table
+        _execute(sections, owner, progress, **_runner.job_options(args))
     if sources:
         print("published numbers: refbayes/experiments/published/uci.csv, sources "
               f"{', '.join(sorted(sources))} (citations in that file's header)")

@@ -83,6 +83,57 @@ def test_a_failing_job_raises_its_error_and_keeps_the_finished(cluster, where):
     assert set(out) <= {"ok"}
 
 
+@pytest.mark.parametrize("where", ["serial", "processes", "dask"])
+def test_a_failing_job_is_named_on_its_error(cluster, where):
+    """The error carries the key of the job that raised it (``job_key``): the experiment names
+    what failed, and what finished, whether the job ran here or in a worker."""
+    kwargs = {"serial": {}, "processes": {"n_jobs": 2},
+              "dask": {"scheduler": cluster.scheduler_address}}[where]
+    jobs = [_runner.Job("ok", square_plus, (1, 0)), _runner.Job("bad", fail, (7,))]
+    with pytest.raises(ValueError, match="job 7 failed") as info:
+        _runner.run_jobs(jobs, lambda k, r: None, **kwargs)
+    assert info.value.job_key == "bad"
+
+
+def progress_kind(x, progress):
+    """What a job's PROGRESS argument became where it ran."""
+    return x, type(progress).__name__
+
+
+@pytest.mark.parametrize("n_jobs", [1, 2])
+def test_execute_runs_the_same_jobs_serially_and_in_parallel(n_jobs):
+    """Serially each section's heading, jobs and table in turn, the jobs given the run's
+    progress; in parallel every job first (given QUIET in the workers), then each section's
+    heading and table in order. The results are the same."""
+    events, results = [], {}
+
+    class Shown(_runner.Quiet):
+        def echo(self, text="", file=None):
+            events.append(text)
+
+    progress = Shown()
+
+    def done(key, result):
+        results[key] = result
+        events.append(f"job {key}")
+
+    sections = [_runner.Section([_runner.Job(f"{s}{k}", progress_kind, (k, _runner.PROGRESS))
+                                 for k in range(2)],
+                                before=lambda s=s: progress.echo(f"head {s}"),
+                                after=lambda s=s: progress.echo(f"table {s}"))
+                for s in "ab"]
+    _runner.execute(sections, done, progress, n_jobs=n_jobs)
+    shown = [e for e in events if not e.startswith("job ")]
+    assert shown == ["head a", "table a", "head b", "table b"]
+    if n_jobs == 1:
+        assert events == ["head a", "job a0", "job a1", "table a",
+                          "head b", "job b0", "job b1", "table b"]
+        assert results == {f"{s}{k}": (k, "Shown") for s in "ab" for k in range(2)}
+    else:
+        assert events[:4] != shown and all(e.startswith("job ") for e in events[:4])
+        assert results == {f"{s}{k}": (k, "Quiet") for s in "ab" for k in range(2)}
+
+
 def test_launch_order_is_longest_first_and_keeps_ties_in_order():
     jobs = [_runner.Job(k, square_plus, (0, 0), c) for k, c in
             [("a", 1.0), ("b", 5.0), ("c", 1.0), ("d", 9.0), ("e", 5.0)]]

@@ -1,5 +1,6 @@
 """The experiments' runner (refbayes.experiments._runner): damaged result files named, provenance,
 resume, progress, writability, mean_se, CSV; and the public writers of refbayes._files."""
+import argparse
 import io
 import json
 import re
@@ -197,3 +198,38 @@ def test_job_rng_is_the_seed_sequence_of_the_coordinates():
     b = np.random.default_rng(np.random.SeedSequence([3, 1, 4])).standard_normal(3)
     assert np.array_equal(a, b)
     assert not np.array_equal(a, _runner.job_rng(3, 1, 5).standard_normal(3))
+
+
+def test_plan_reuses_what_stands_and_lists_the_rest_in_order(tmp_path):
+    """A plan: the units whose file stands for the run are reused, the others (absent, or with
+    --fresh other settings) are to compute, in order; without --fresh a differing file stops it."""
+    current = _runner.provenance({"d/data.txt": "a" * 64})
+    settings = {"epochs": 2}
+    _files.write_json(tmp_path / "a.json", {"settings": settings, "provenance": current})
+    _files.write_json(tmp_path / "b.json", {"settings": {"epochs": 3}, "provenance": current})
+    units = [_runner.Unit(k, tmp_path / f"{k}.json", {"settings": dict}, settings, current)
+             for k in "abc"]
+    saved, todo = _runner.plan(units, fresh=True)
+    assert list(saved) == ["a"] and [u.key for u in todo] == ["b", "c"]
+    with pytest.raises(ValueError, match="b.json holds a run with other settings"):
+        _runner.plan(units, fresh=False)
+
+
+def test_read_saved_leaves_out_damaged_and_differing_files_noting_each_once(tmp_path, capsys):
+    current = _runner.provenance({})
+    (tmp_path / "bad.json").write_text("{")
+    _files.write_json(tmp_path / "other.json", {"settings": {"x": 2}, "provenance": current})
+    noted = set()
+    for _ in range(2):
+        assert _runner.read_saved(tmp_path / "bad.json", {}, noted=noted) is None
+    assert capsys.readouterr().err.count("bad.json: not valid JSON") == 1
+    assert _runner.read_saved(tmp_path / "none.json", {}) is None
+    assert _runner.read_saved(tmp_path / "other.json", {}, {"x": 1}, lambda: current) is None
+    assert _runner.read_saved(tmp_path / "other.json", {}, {"x": 2}, lambda: current)["settings"] == {"x": 2}
+
+
+def test_overridden_replaces_what_the_command_line_sets():
+    args = argparse.Namespace(samples=7, grid=None)
+    defaults = {"samples": 1, "grid": 80}
+    assert _runner.overridden(defaults, args, ("samples", "grid", "absent")) == {"samples": 7, "grid": 80}
+    assert defaults == {"samples": 1, "grid": 80}
