@@ -511,7 +511,7 @@ def _tables(saved, posthoc, budget) -> str:
                   format_table(["truncation", "-ELBO / N", "test NLL", "accuracy %",
                                 "variance explained by top k, per layer"], trows)]
     steps = sorted({c["step"] for n in names for c in saved[n]["curve"]})
-    marks = [t for t in (1000, 5000, 9000) if t in steps] or steps[1:4]
+    marks = _curve_marks(steps)
     crow = [[_label(n)] + [next((f"{c['neg_elbo']:.3f}" for c in saved[n]["curve"]
                                  if c["step"] == t), "-") for t in marks] for n in names]
     parts += ["", "-ELBO / N on the whole training set (2 draws) during training:",
@@ -532,6 +532,15 @@ def _tables(saved, posthoc, budget) -> str:
                   format_table(["posterior"] + [f"step {t}" for t in snr_steps], srow)]
     parts += [f"paper ({CITATION}): full MNIST, its budget", ""]
     return "\n".join(parts)
+
+
+def _curve_marks(steps: list) -> list:
+    """The evaluation steps the training table shows: the paper's 1000, 5000 and 9000 where the
+    run has them (else the first three after 0), and always the final step."""
+    marks = [t for t in (1000, 5000, 9000) if t in steps] or steps[1:4]
+    if steps and steps[-1] not in marks:
+        marks.append(steps[-1])
+    return marks
 
 
 def _write_csvs(out, saved, posthoc) -> list:

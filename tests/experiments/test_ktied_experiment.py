@@ -146,3 +146,12 @@ def test_the_split_is_stratified_and_disjoint():
     tr, te = exp.split(y, 4000, np.random.default_rng(0))
     assert len(tr) == 4000 and len(te) == 1000 and not set(tr) & set(te)
     assert np.all(np.bincount(y[tr]) == 400)
+
+
+def test_the_training_table_always_shows_the_final_step():
+    # --quick evaluates every 100 of 600 steps: the table stopped at step 300 (issue 35, item 6)
+    assert exp._curve_marks([0, 100, 200, 300, 400, 500, 600]) == [100, 200, 300, 600]
+    assert exp._curve_marks([0, 1000, 5000, 9000, 10000]) == [1000, 5000, 9000, 10000]
+    assert exp._curve_marks([0, 1000, 5000, 9000]) == [1000, 5000, 9000]
+    assert exp._curve_marks([0, 20, 40]) == [20, 40]
+    assert exp._curve_marks([]) == []
