@@ -221,7 +221,7 @@ def test_cli_trace_save_then_verify_round_trip(tmp_path, capsys):
     assert "refbayes trace ogn: 3 step(s), float64" in out and f"saved: {path}" in out
     trace = tracing.load(path)
     assert trace.options["steps"] == 3 and (tmp_path / "ogn.npz.json").is_file()
-    assert main(["verify", str(path), str(path)]) == 2  # a trace is no dump: its manifest key
+    assert main(["verify", str(path), str(path)]) == 0  # a trace verifies against itself
     capsys.readouterr()
     np.savez(tmp_path / "mine.npz", **trace.outputs)
     assert main(["verify", str(path), str(tmp_path / "mine.npz")]) == 0
@@ -257,3 +257,169 @@ def test_a_vanishing_quantity_is_compared_by_its_absolute_error():
     assert row.ok and row.tol == MAP_GTOL and row.max_rel > 1.0
     far = {"g": g + 2 * MAP_GTOL}
     assert verify.compare(trace, far).first_failure.name == "g"
+
+
+# ----------------------------------------------------------------------------- issue 35: the workflow
+
+def _damaged_files(folder):
+    """A truncated npz, one with a flipped byte (bad CRC), an empty file and a text file."""
+    data = VOGN.read_bytes()
+    flipped = bytearray(data)
+    flipped[len(data) // 3] ^= 0xFF
+    files = {"truncated": data[: len(data) // 2], "crc": bytes(flipped), "empty": b"",
+             "text": b"hello\n"}
+    for name, content in files.items():
+        (folder / f"{name}.npz").write_bytes(content)
+    return [folder / f"{name}.npz" for name in files]
+
+
+def test_a_damaged_trace_or_dump_is_a_clear_error_naming_the_argument(tmp_path, capsys,
+                                                                       vogn_trace):
+    good = tmp_path / "good.npz"
+    np.savez(good, **_dump(vogn_trace, ["mu"]))
+    for path in _damaged_files(tmp_path):
+        with pytest.raises(ValueError, match=f"trace: {path} is not a readable npz file"):
+            verify.compare(path, good)
+        with pytest.raises(ValueError, match=f"yours: {path} is not a readable npz file"):
+            verify.compare(VOGN, path)
+        assert main(["verify", str(path), str(good)]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith(f"refbayes: error: trace: {path} is not a readable npz file")
+        assert "Traceback" not in err and "pickled" not in err
+        assert main(["verify", str(VOGN), str(path)]) == 2
+        assert capsys.readouterr().err.startswith(
+            f"refbayes: error: yours: {path} is not a readable npz file")
+
+
+def test_cli_verify_json_that_cannot_be_written_names_json_and_the_path(tmp_path, capsys,
+                                                                         vogn_trace):
+    good = tmp_path / "good.npz"
+    np.savez(good, **_dump(vogn_trace, ["mu"]))
+    (tmp_path / "a_file").write_text("x")
+    for target in ("/proc/nope.json", str(tmp_path / "a_file" / "rows.json")):
+        assert main(["verify", str(VOGN), str(good), "--json", target]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith(f"refbayes: error: --json: cannot write {target}: "), err
+        assert ".tmp" not in err
+    assert not list(tmp_path.glob(".*.tmp"))
+
+
+def test_a_trace_verifies_against_itself(capsys):
+    assert main(["verify", str(VOGN), str(VOGN)]) == 0
+    out = capsys.readouterr().out
+    assert "OK: every compared quantity agrees" in out and MANIFEST_KEY not in out
+    with np.load(VOGN, allow_pickle=False) as npz:
+        arrays = {k: npz[k] for k in npz.files}
+    report = verify.compare(VOGN, arrays)
+    assert report.ok and report.ignored == [] and report.not_dumped == []
+    assert MANIFEST_KEY not in verify.load_dump(VOGN)
+
+
+def test_an_rtol_of_one_or_more_is_refused_and_a_smaller_one_is_reported(vogn_trace):
+    planted = _dump(vogn_trace, ["mu"])
+    planted["mu"] = np.zeros_like(planted["mu"])  # everything wrong: max|0 - b| / max|b| = 1
+    for rtol in (1.0, 1e9):
+        with pytest.raises(ValueError, match="rtol: expected a positive finite number below 1, "
+                                             f"got {rtol!r}: .*a dump of zeros"):
+            verify.compare(vogn_trace, planted, rtol=rtol)
+    report = verify.compare(vogn_trace, _dump(vogn_trace, ["mu", "h_hat"]), rtol=1e-3)
+    assert report.ok and all(r.tol == 1e-3 for r in report.rows)
+    rule = [verify.tolerance(np.float64, vogn_trace.condition[n]) for n in ("mu", "h_hat")]
+    note = next(n for n in report.notes if n.startswith("rtol"))
+    assert f"rtol 1.00e-03 replaced the tolerance rule's {min(rule):.2e} to {max(rule):.2e}" in note
+    assert f"up to {1e-3 / min(rule):.1e} times looser" in note
+    assert "note: rtol 1.00e-03 replaced" in str(report)
+    tight = verify.compare(vogn_trace, _dump(vogn_trace, ["mu"]), rtol=1e-12)
+    assert any("times tighter" in n for n in tight.notes)
+    assert not any(n.startswith("rtol") for n in verify.compare(vogn_trace, planted).notes)
+
+
+def test_a_permuted_quantity_is_named_a_layout_mistake_on_the_input_side(vogn_trace):
+    """Inputs fed in refbayes order to a torch model: its sigma (vogn.4), elementwise in the state's
+    s, holds the trace's values at the torch positions: yours = trace read in torch order."""
+    model = tracing.model_from_spec(vogn_trace.model)
+    sigma = vogn_trace.outputs["sigma"]
+    for lay in ("torch", "flax"):
+        read_in = layout.to_refbayes(sigma, model, lay, axes=(1,))
+        for dump, given in (({"sigma": read_in}, "refbayes"),   # converted to refbayes order
+                            ({"sigma": layout.from_refbayes(read_in, model, lay, axes=(1,))},
+                             lay)):                            # in the layout, --layout given
+            report = verify.compare(vogn_trace, dump, layout=given)
+            bad = report.first_failure
+            assert bad.name == "sigma" and bad.status == "diverges"
+            assert f"values match the trace in {lay} order: a layout mistake, on the input side " \
+                   "if the inputs were fed in refbayes order" in bad.detail, bad.detail
+            text = str(report)
+            assert "check that equation first" not in text
+            assert "a layout mistake, not that equation" in text
+    # the output side keeps its own hint
+    dump = {"sigma": layout.from_refbayes(sigma, model, "torch", axes=(1,))}
+    bad = verify.compare(vogn_trace, dump).first_failure
+    assert "matches in the 'torch' layout: rerun with --layout torch" in bad.detail
+    # a wrong value is no layout mistake
+    wrong = {"sigma": sigma * 1.01}
+    assert "layout" not in verify.compare(vogn_trace, wrong).first_failure.detail
+
+
+def test_layout_torch_converts_each_d_block_of_bbb_mu_rho_quantities():
+    trace = tracing.load(GOLDEN / "bbb.npz")
+    model = tracing.model_from_spec(trace.model)
+    D = model.D
+
+    def blocks(a):  # each D-block of the last axis into torch order
+        return np.concatenate([layout.from_refbayes(a[..., :D], model, "torch"),
+                               layout.from_refbayes(a[..., D:], model, "torch")], axis=-1)
+
+    names = ["delta", "state.adam.m", "state.adam.v", "input.state.adam.m"]
+    ref = {**trace.inputs, **trace.outputs}
+    dump = {n: blocks(ref[n]) for n in names}
+    report = verify.compare(trace, dump, layout="torch")
+    assert report.ok, str(report)
+    assert not any("refbayes order" in n for n in report.notes)
+    # without --layout the block-wise torch order is hinted
+    bad = verify.compare(trace, dump).first_failure
+    assert bad.name == "delta" and "rerun with --layout torch" in bad.detail  # adam.m starts at 0
+    # the worst index is reported where the dump holds it (rho block: D + torch position 14)
+    moved = {"delta": dump["delta"].copy()}
+    moved["delta"][0, D + 14] += 1.0
+    bad = verify.compare(trace, moved, layout="torch").first_failure
+    assert bad.worst == (D + 14,) and bad.yours == pytest.approx(moved["delta"][0, D + 14])
+
+
+def test_layout_torch_says_that_ktied_rho_quantities_are_compared_in_refbayes_order():
+    trace = tracing.load(GOLDEN / "ktied.npz")
+    dump = {n: trace.outputs[n] for n in ("mu", "delta", "state.adam.m", "rho")}
+    model = tracing.model_from_spec(trace.model)
+    dump["mu"] = layout.from_refbayes(dump["mu"], model, "torch", axes=(1,))
+    report = verify.compare(trace, dump, layout="torch")
+    assert report.ok, str(report)
+    note = next(n for n in report.notes if "refbayes order" in n)
+    assert "delta, state.adam.m, rho" in note and "not recorded" in note
+    assert not any("refbayes order" in n for n in
+                   verify.compare(trace, {"mu": trace.outputs["mu"]}).notes)
+
+
+@pytest.fixture(scope="module")
+def mc_trace():
+    return tracing.build("noisy-kfac", curvature="mc")
+
+
+def test_computed_inputs_are_compared_in_the_method_order_like_outputs(mc_trace):
+    """noisy-kfac with curvature mc: the user computes input.probs from their draws w and
+    input.y_tilde from probs and u; they are compared after w, under (noisy_kfac.3)."""
+    names = ["input.u", "pi", "w", "input.probs", "input.y_tilde", "V"]
+    ref = {**mc_trace.inputs, **mc_trace.outputs}
+    dump = {n: ref[n].copy() for n in names}
+    report = verify.compare(mc_trace, dump)
+    assert report.ok
+    assert [r.name for r in report.rows] == names
+    dump["input.probs"][0, 3] = dump["input.probs"][0, 3, ::-1]  # a wrong predictive
+    dump["V"][0, 0] += 1.0
+    report = verify.compare(mc_trace, dump)
+    bad = report.first_failure
+    assert (bad.name, bad.tag, bad.derivation) == \
+        ("input.probs", "(noisy_kfac.3)", "derivations/noisy_kfac.md")
+    assert "FIRST DIVERGENCE: step 1, input.probs (noisy_kfac.3)" in str(report)
+    # a wrong w comes first: probs computed from it are no news
+    dump["w"][0, 0, 0] += 1.0
+    assert verify.compare(mc_trace, dump).first_failure.name == "w"
