@@ -153,12 +153,19 @@ def check_invertible_positive(a, name: str):
     return a
 
 
+def int_range(low=None, high=None) -> str:
+    """The interval [low, high] as a message prints it; an unbounded end (None) is -inf or inf
+    and open: [1, inf), (-inf, 5], [1, 6]."""
+    return (("(-inf" if low is None else f"[{low}") + ", "
+            + ("inf)" if high is None else f"{high}]"))
+
+
 def check_int(n, name: str, *, low=None, high=None) -> int:
-    """An integer in [low, high] (None: unbounded)."""
+    """An integer in [low, high] (None: unbounded; the message prints [low, inf))."""
     if isinstance(n, bool) or not isinstance(n, numbers.Integral):
         raise ValueError(f"{name}: expected an integer, got {n!r}")
     if (low is not None and n < low) or (high is not None and n > high):
-        raise ValueError(f"{name}: expected an integer in [{low}, {high}], got {n}")
+        raise ValueError(f"{name}: expected an integer in {int_range(low, high)}, got {n}")
     return int(n)
 
 
@@ -246,4 +253,5 @@ def check_spd(M, name: str, *, symmetric_checked: bool = False):
     return L
 
 
-__all__ += ["check_spd", "check_symmetric", "check_invertible_positive", "check_binary"]
+__all__ += ["check_spd", "check_symmetric", "check_invertible_positive", "check_binary",
+            "int_range"]

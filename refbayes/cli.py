@@ -154,7 +154,8 @@ def _add_trace(sub, load: bool) -> None:
                                    "full, then each step's named intermediates under their "
                                    "equation tags. --json writes it exactly; --save FILE writes "
                                    "the golden trace that `refbayes verify` reads. The problems, "
-                                   "starts and draws: derivations/tracing.md.")
+                                   "starts and draws: derivations/tracing.md.",
+                       add_help=not load)  # with load, tracing.cli's help: one method's or all
     if not load:  # only `refbayes trace ...` pays for importing the methods
         return
     trace = importlib.import_module("refbayes.tracing.cli")

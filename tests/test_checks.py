@@ -241,3 +241,23 @@ def test_the_driver_checks_every_label_once_and_the_steps_skip_the_label_scans(l
         model.likelihood.losses(f, y[-1:])
         with pytest.raises(ValueError, match=r"y: expected shape \(1\), got \(2,\)"):
             model.likelihood.losses(f, y[-2:])
+
+
+# ----------------------------------------------------------------------------- check_int
+
+@pytest.mark.parametrize("n, low, high, message", [
+    (0, 1, None, "n: expected an integer in [1, inf), got 0"),
+    (-1, 0, None, "n: expected an integer in [0, inf), got -1"),
+    (6, None, 5, "n: expected an integer in (-inf, 5], got 6"),
+    (7, 1, 6, "n: expected an integer in [1, 6], got 7"),
+    (0, 1, 6, "n: expected an integer in [1, 6], got 0"),
+])
+def test_check_int_prints_an_unbounded_end_as_inf(n, low, high, message):
+    """An unbounded end reads [1, inf), not [1, None] (issue 35, item 3)."""
+    with pytest.raises(ValueError) as err:
+        C.check_int(n, "n", low=low, high=high)
+    assert str(err.value) == message
+
+
+def test_check_int_without_bounds_takes_every_integer():
+    assert C.check_int(-10**30, "n") == -10**30 and C.check_int(np.int64(3), "n", low=3) == 3

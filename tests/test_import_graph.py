@@ -548,3 +548,35 @@ def test_privates_used_outside_their_package_are_reported(tmp_path):
         "refbayes/top.py:6: refbayes.top reads refbayes.mid.a._y: _y is private to refbayes.mid",
         "refbayes/top.py:6: refbayes.top reads refbayes.one._x: _x is private to refbayes.one",
     ]
+
+
+# ----------------------------------------------------------------------------- `import refbayes`
+
+SUBPACKAGES = ("linalg", "models", "methods", "datasets", "experiments", "tracing", "conformance",
+               "conventions", "metrics", "layout", "cli", "verify")
+
+
+def test_import_refbayes_imports_no_subpackage_and_says_to_import_them_explicitly():
+    """`import refbayes` stays the lowest layer and cheap (issue 35, item 5): measured with
+    `python -X importtime -c "import refbayes"`, about 60 ms, against about 420 ms with
+    refbayes.methods (which pulls in linalg, models and SciPy) and 240 ms for `refbayes.cli`'s
+    own start-up path, so the package does not import its subpackages. Its docstring says so,
+    and `refbayes.methods` before `import refbayes.methods` is an AttributeError that says what
+    to write."""
+    import subprocess
+    import sys
+    code = ("import sys, refbayes\n"
+            "print(' '.join(sorted(m for m in sys.modules if m.startswith('refbayes'))))\n"
+            "try:\n    refbayes.methods\nexcept AttributeError as err:\n    print(err)\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          cwd=ROOT, check=True)
+    loaded, message = done.stdout.splitlines()
+    assert not {f"refbayes.{p}" for p in SUBPACKAGES} & set(loaded.split()), loaded
+    assert message == ("module 'refbayes' has no attribute 'methods': its subpackages are "
+                       "imported explicitly (`import refbayes.methods`)")
+    import refbayes
+    assert "imported explicitly" in refbayes.__doc__ and "import refbayes.methods" in \
+        refbayes.__doc__
+    with pytest.raises(AttributeError, match="no attribute 'nosuch'$"):
+        refbayes.nosuch  # noqa: B018  (only subpackages get the hint)
+    assert refbayes.unchecked is not None and refbayes.__version__

@@ -11,6 +11,7 @@ import pkgutil
 import re
 import textwrap
 import tokenize
+from pathlib import Path
 from typing import NamedTuple
 
 import numpy as np
@@ -523,8 +524,8 @@ def test_the_shims_still_expose_the_old_names():
     (["laplace", "--prior-precision", "0"],
      "prior_precision: expected a value in (0.0, inf), got 0.0"),
     (["laplace", "--prior-precision", "inf"], "prior_precision: expected a finite real number"),
-    (["laplace", "--S", "0"], "S: expected an integer in [1, None], got 0"),
-    (["laplace", "--seed", "-1"], "seed: expected an integer in [0, None], got -1"),
+    (["laplace", "--S", "0"], "S: expected an integer in [1, inf), got 0"),
+    (["laplace", "--seed", "-1"], "seed: expected an integer in [0, inf), got -1"),
     (["riemannian-laplace", "--ode-method", "Euler"],
      "ode_method: expected one of RK45, RK23, DOP853 for riemannian-laplace, got 'Euler'"),
     (["riemannian-laplace", "--rtol", "1e-20"], "rtol: expected a value in [2.22"),
@@ -540,16 +541,16 @@ def test_the_shims_still_expose_the_old_names():
      "--prior-precision: applies to laplace, riemannian-laplace only, not slang"),
     (["ngvi-full", "--ode-method", "RK23"],
      "--ode-method: applies to riemannian-laplace only, not ngvi-full"),
-    (["swag", "--steps", "1"], "steps: expected an integer in [2, None] (the low-rank covariance "
+    (["swag", "--steps", "1"], "steps: expected an integer in [2, inf) (the low-rank covariance "
                                "divides by K' - 1, K' = min(steps, K)), got 1"),
-    (["swag", "--K", "1"], "K: expected an integer in [2, None] (the low-rank covariance"),
+    (["swag", "--K", "1"], "K: expected an integer in [2, inf) (the low-rank covariance"),
     (["swag", "--scale", "0"], "scale: expected a value in (0.0, inf), got 0.0"),
     (["swag", "--alpha", "-0.001"], "alpha: expected a value in (0.0, inf), got -0.001"),
     (["swag", "--alpha", "nan"], "alpha: expected a finite real number in (0.0, inf), got nan"),
     (["swag", "--momentum", "1"], "momentum: expected a value in [0.0, 1.0), got 1.0"),
     (["swag", "--M", "51"], "M: expected an integer in [1, 50], got 51"),
-    (["swag", "--S", "0"], "S: expected an integer in [1, None], got 0"),
-    (["swag", "--seed", "-2"], "seed: expected an integer in [0, None], got -2"),
+    (["swag", "--S", "0"], "S: expected an integer in [1, inf), got 0"),
+    (["swag", "--seed", "-2"], "seed: expected an integer in [0, inf), got -2"),
     (["swag", "--curvature", "ef"], "--curvature: applies to slang, ngvi-full, ngvi-meanfield, "
                                     "laplace, riemannian-laplace, noisy-kfac, kfac, vogn, ogn only, "
                                     "not swag"),
@@ -570,8 +571,8 @@ def test_the_shims_still_expose_the_old_names():
     (["noisy-kfac", "--kl-clip", "0"], "kl_clip: expected a value in (0.0, inf), got 0.0"),
     (["kfac", "--kl-clip", "inf"], "kl_clip: expected a finite real number"),
     (["noisy-kfac", "--M", "0"], "M: expected an integer in [1, 50], got 0"),
-    (["noisy-kfac", "--S", "0"], "S: expected an integer in [1, None], got 0"),
-    (["noisy-kfac", "--seed", "-1"], "seed: expected an integer in [0, None], got -1"),
+    (["noisy-kfac", "--S", "0"], "S: expected an integer in [1, inf), got 0"),
+    (["noisy-kfac", "--seed", "-1"], "seed: expected an integer in [0, inf), got -1"),
     (["kfac", "--S", "2"], "--S: applies to slang, ngvi-full, ngvi-meanfield, laplace, "
                            "riemannian-laplace, swag, noisy-kfac, ktied, slang-mlp, vogn, vadam, vprop, "
                            "noisy-adam, bbb only, not kfac"),
@@ -582,11 +583,11 @@ def test_the_shims_still_expose_the_old_names():
     (["noisy-kfac", "--alpha", "0.1"], "--alpha: applies to swag only, not noisy-kfac"),
     (["slang", "--damping", "exact"], "--damping: applies to noisy-kfac, kfac only, not slang"),
     (["swag", "--kl-clip", "1e-3"], "--kl-clip: applies to noisy-kfac, kfac only, not swag"),
-    (["ktied", "--k", "0"], "k: expected an integer in [1, None], got 0"),
+    (["ktied", "--k", "0"], "k: expected an integer in [1, inf), got 0"),
     (["ktied", "--M", "31"], "M: expected an integer in [1, 30], got 31"),
     (["ktied", "--M", "0"], "M: expected an integer in [1, 30], got 0"),
-    (["ktied", "--S", "0"], "S: expected an integer in [1, None], got 0"),
-    (["ktied", "--seed", "-1"], "seed: expected an integer in [0, None], got -1"),
+    (["ktied", "--S", "0"], "S: expected an integer in [1, inf), got 0"),
+    (["ktied", "--seed", "-1"], "seed: expected an integer in [0, inf), got -1"),
     (["ktied", "--curvature", "ef"], "--curvature: applies to slang, ngvi-full, ngvi-meanfield, "
                                      "laplace, riemannian-laplace, noisy-kfac, kfac, vogn, ogn only, "
                                      "not ktied"),
@@ -596,12 +597,87 @@ def test_the_shims_still_expose_the_old_names():
     (["ktied", "--damping", "exact"], "--damping: applies to noisy-kfac, kfac only, not ktied"),
     (["slang", "--k", "2"], "--k: applies to ktied only, not slang"),
     (["swag", "--k", "2"], "--k: applies to ktied only, not swag"),
+    # the driven methods (issue 35, items 1 and 2): M in [1, N], S >= 1, checked before building
+    (["vogn", "--M", "0"], "M: expected an integer in [1, 50] (the rows of the shipped problem), "
+                           "got 0"),
+    (["vogn", "--M", "1000"], "M: expected an integer in [1, 50] (the rows of the shipped "
+                              "problem), got 1000"),
+    (["vogn", "--M", "-1"], "M: expected an integer in [1, 50]"),
+    (["ogn", "--M", "0"], "M: expected an integer in [1, 50]"),
+    (["mc-dropout", "--M", "0"], "M: expected an integer in [1, 50]"),
+    (["adam", "--M", "51"], "M: expected an integer in [1, 50]"),
+    (["bbb", "--M", "51"], "M: expected an integer in [1, 50]"),
+    (["slang-mlp", "--M", "0"], "M: expected an integer in [1, 50]"),
+    (["vogn", "--S", "0"], "S: expected an integer in [1, inf) for vogn, got 0 (S = 0 is traced "
+                           "as `refbayes trace ogn`)"),
+    (["vogn", "--S", "-1"], "S: expected an integer in [1, inf) for vogn, got -1"),
+    (["vadam", "--S", "0"], "S: expected an integer in [1, inf), got 0"),
+    (["slang-mlp", "--S", "0"], "S: expected an integer in [1, inf), got 0"),
+    (["noisy-adam", "--S", "-2"], "S: expected an integer in [1, inf), got -2"),
+    (["slang-mlp", "--L", "-1"], "L: expected an integer in [1, 34], got -1"),
+    (["slang-mlp", "--L", "35"], "L: expected an integer in [1, 34], got 35"),
 ])
 def test_bad_arguments_exit_2_with_one_line(capsys, argv, message):
     assert main(["trace", *argv]) == 2
     out = capsys.readouterr()
     assert out.out == ""
     assert out.err.startswith(f"refbayes: error: {message}") and out.err.count("\n") == 1
+
+
+@pytest.mark.parametrize("method, options", [
+    ("vogn", {"M": 1000}), ("vogn", {"M": 0}), ("vogn", {"S": 0}), ("ogn", {"M": 51}),
+    ("adam", {"M": -1}), ("vadam", {"S": 0}),
+])
+def test_build_refuses_driven_options_out_of_range(method, options):
+    """No clamp (M 1000 ran with 50 and recorded 1000) and no reinterpretation (vogn S 0 ran
+    OGN): the Python API refuses them as the command line does."""
+    with pytest.raises(ValueError, match=f"^{next(iter(options))}: expected an integer in "):
+        build(method, **options)
+
+
+@pytest.mark.skipif(not Path("/proc/self").is_dir(), reason="needs Linux's /proc")
+@pytest.mark.parametrize("flag, path", [("--save", "/proc/nope/v.npz"),
+                                        ("--save", "/proc/v.npz"),
+                                        ("--json", "/proc/nope/v.json"),
+                                        ("--json", "/proc/v.json")])
+def test_an_unwritable_output_path_is_an_error_naming_the_flag_and_the_path(capsys, flag, path):
+    """An OSError of writing names --save / --json and the path asked for, never the temporary
+    file beside it (issue 35, item 1)."""
+    assert main(["trace", "adam", flag, path]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"refbayes: error: {flag}: cannot write {path}: "), err
+    assert err.count("\n") == 1 and ".tmp" not in err
+
+
+def _options_shown(out: str) -> set:
+    return set(re.findall(r"^  (?:-\w, )?(--[\w-]+)", out, flags=re.MULTILINE))
+
+
+def test_method_help_shows_only_that_methods_options_with_its_defaults(capsys):
+    """`refbayes trace METHOD --help` (issue 35, item 4): the method's own options from
+    TRACERS[method].options, with its defaults; `refbayes trace --help` keeps every option."""
+    from refbayes.tracing.cli import options_table
+    common = {"--seed", "--precision", "--json", "--save", "--steps", "--dtype", "--help"}
+    for method, tracer in TRACERS.items():
+        assert main(["trace", method, "--help"]) == 0
+        out = capsys.readouterr().out
+        flags = {"--" + (d if len(d) == 1 else d.replace("_", "-")) for d in tracer.options}
+        assert _options_shown(out) == common | flags, method
+        assert out.startswith(f"usage: refbayes trace {method} ")
+    assert main(["trace", "noisy-kfac", "--help"]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    for flag, default in [("--S", 2), ("--curvature", "ggn"), ("--M", 8),
+                          ("--damping", "factored"), ("--kl-clip", None)]:
+        assert re.search(re.escape(flag) + r" \S+ .*?\(default: " + re.escape(str(default)) + r"\)",
+                         out), flag
+    assert "default by method" not in out and "vogn" not in out
+    assert main(["trace", "--help"]) == 0                      # no method: the full list
+    out = capsys.readouterr().out
+    assert _options_shown(out) >= {"--" + (d if len(d) == 1 else d.replace("_", "-"))
+                                   for d in options_table()}
+    assert "default by method" in out
+    assert main(["trace", "nosuch", "--help"]) == 0            # unknown method: the full list
+    assert "default by method" in capsys.readouterr().out
 
 
 def test_help_lists_trace(capsys):

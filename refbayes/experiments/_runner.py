@@ -677,13 +677,16 @@ def check_scheduler(scheduler):
 
 
 def _dask_client(scheduler: str):
+    """(a Client connected to scheduler, distributed.as_completed); ValueError naming the `dask`
+    extra when the optional ``distributed`` package is not installed (every import of it is
+    here), or the address when nothing answers there."""
     try:
-        from distributed import Client
+        from distributed import Client, as_completed
     except ImportError as err:
         raise ValueError(f"--dask-scheduler needs the 'distributed' package ({err}); install it "
                          f"with: {DASK_HINT}") from None
     try:
-        return Client(scheduler, timeout=CONNECT_TIMEOUT, set_as_default=False)
+        return Client(scheduler, timeout=CONNECT_TIMEOUT, set_as_default=False), as_completed
     except (OSError, TimeoutError) as err:
         raise ValueError(f"dask_scheduler: cannot connect to {scheduler} ({err})") from None
 
@@ -758,8 +761,7 @@ def _run_processes(jobs, on_result, n_jobs, threads):
 
 
 def _run_dask(jobs, on_result, scheduler, threads):
-    from distributed import as_completed
-    client = _dask_client(scheduler)
+    client, as_completed = _dask_client(scheduler)
     with contextlib.closing(client), client.as_current():  # as_completed finds it there
         # pure=False: two jobs with equal arguments are still two runs; keys name the jobs;
         # the scheduler runs higher priorities first

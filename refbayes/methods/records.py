@@ -116,6 +116,7 @@ def _vogn_start(mu, rng, N, curvature="ef"):
 
 def _slang_start(mu, rng, N, L=3):
     D = mu.shape[0]
+    L = check_int(L, "L", low=1, high=D)  # before U's draw is shaped by it
     U = 0.5 * rng.standard_normal((D, L))
     d = rng.uniform(0.5, 1.5, D)
     return slang.init(mu, U, d), slang.SLANGConfig(N=N, lam=np.ones(D), L=L)

@@ -6,16 +6,18 @@ starts and the draws are specified in ``derivations/tracing.md``.
 """
 from __future__ import annotations
 
+import argparse
 import json
+import tempfile
 from pathlib import Path
 
 from refbayes._checks import check_int
 from refbayes._files import atomic_write_text
 from refbayes.tracing.files import save
 from refbayes.tracing.printing import format_trace, to_json
-from refbayes.tracing.tracer import DTYPES, TRACERS, build, get_tracer
+from refbayes.tracing.tracer import DTYPES, TRACERS, Tracer, build, get_tracer
 
-__all__ = ["add_arguments", "options_table", "run"]
+__all__ = ["add_arguments", "method_parser", "options_table", "run"]
 
 
 # What each method option means: (type, help). Which methods take it and their defaults are read
@@ -52,15 +54,49 @@ def _applies(defaults: dict) -> str:
     return "; ".join(f"{m}: {d}" for m, d in defaults.items())
 
 
-def add_arguments(parser) -> None:
-    """Add the ``refbayes trace`` arguments to an argparse parser.
+def _keyed(segment: str):
+    """("keys", "text") of a help segment "m1, m2: text" whose keys all name traced methods
+    (or a family: "ngvi" for ngvi-full, ngvi-meanfield), else None."""
+    head, sep, text = segment.partition(": ")
+    keys = head.split(", ")
+    if not sep or not all(any(m == k or m.startswith(k + "-") for m in TRACERS) for k in keys):
+        return None
+    return keys, text
 
-    Parameters
-    ----------
-    parser : argparse.ArgumentParser
-        The ``trace`` subcommand's parser.
-    """
-    parser.add_argument("method", metavar="METHOD", help=f"one of {', '.join(TRACERS)}")
+
+def _help_of(text: str, method: str) -> str:
+    """An option's help for one method: of a text "ngvi: ...; slang: ...; ..." the segment that
+    names it (else the segments that name no method), the whole text when none is keyed."""
+    segments = text.split("; ")
+    keyed = [_keyed(seg) for seg in segments]
+    if not any(keyed):
+        return text
+    mine = [k[1] for k in keyed if k and any(method == m or method.startswith(m + "-")
+                                               for m in k[0])]
+    return "; ".join(mine or [seg for seg, k in zip(segments, keyed) if k is None] or [text])
+
+
+def _flag(dest: str) -> str:
+    return "--" + (dest if len(dest) == 1 else dest.replace("_", "-"))
+
+
+class _MethodHelp(argparse.Action):
+    """-h/--help: after METHOD (``refbayes trace noisy-kfac --help``) that method's own help
+    (``method_parser``), else the parser's, every method's options."""
+
+    def __init__(self, option_strings, dest=argparse.SUPPRESS, default=argparse.SUPPRESS,
+                 help=None):
+        super().__init__(option_strings=option_strings, dest=dest, default=default, nargs=0,
+                         help=help)
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        method = getattr(namespace, "method", None)
+        (method_parser(method, parser.prog) if method in TRACERS else parser).print_help()
+        parser.exit()
+
+
+def _add_common(parser, tracer: Tracer | None = None) -> None:
+    """The arguments every method takes; with a tracer, their help is that method's."""
     parser.add_argument("--seed", type=int, default=0, help="seed of the draws (default 0)")
     parser.add_argument("--precision", type=int, default=8,
                         help="digits after the point (default 8; 16 round-trips float64)")
@@ -71,22 +107,87 @@ def add_arguments(parser) -> None:
                         help="write the golden trace: FILE (.npz, no pickle: every input, draw "
                              "and intermediate by name) and FILE.json (its manifest), for "
                              "`refbayes verify`")
-    parser.add_argument("--steps", type=int, default=None,
-                        help="K chained steps (default 1; steps k + 1 >= 2 draw from "
-                             "default_rng([seed, k])); swag: the SGD steps T >= 2 (default 6); "
-                             "the Laplace and K-FAC traces are one fit (1)")
-    parser.add_argument("--dtype", default=None, choices=DTYPES,
-                        help="precision of the traced run (default float64; float32 for the "
-                             "methods traced in both)")
+    if tracer is None:
+        steps = ("K chained steps (default 1; steps k + 1 >= 2 draw from default_rng([seed, "
+                 "k])); swag: the SGD steps T >= 2 (default 6); the Laplace and K-FAC traces are "
+                 "one fit (1)")
+        dtype = "precision of the traced run (default float64; float32 for the methods traced " \
+                "in both)"
+    else:
+        if not tracer.chained:
+            steps = f"{tracer.name} is traced as one fit: 1 only"
+        elif tracer.default_steps == 1:
+            steps = ("K chained steps (default 1; steps k + 1 >= 2 draw from "
+                     "default_rng([seed, k]))")
+        else:
+            steps = f"the steps T >= 2 (default {tracer.default_steps})"
+        dtype = "precision of the traced run (default float64; float32 too)" if tracer.float32 \
+            else f"{tracer.name} is traced in float64 only"
+    parser.add_argument("--steps", type=int, default=None, help=steps)
+    parser.add_argument("--dtype", default=None, help=dtype,
+                        choices=DTYPES if tracer is None or tracer.float32 else DTYPES[:1])
+
+
+def add_arguments(parser) -> None:
+    """Add the ``refbayes trace`` arguments to an argparse parser.
+
+    A parser made with ``add_help=False`` gets a -h/--help that prints, after METHOD, only that
+    method's options with its defaults (``method_parser``), and without one every method's.
+
+    Parameters
+    ----------
+    parser : argparse.ArgumentParser
+        The ``trace`` subcommand's parser.
+    """
+    if not parser.add_help:
+        parser.add_argument("-h", "--help", action=_MethodHelp,
+                            help="show this help and exit; after METHOD, that method's options "
+                                 "only (refbayes trace METHOD --help)")
+    parser.add_argument("method", metavar="METHOD", help=f"one of {', '.join(TRACERS)}")
+    _add_common(parser)
     group = parser.add_argument_group(
         "method options",
         "Each applies to the methods listed, with their defaults; the problems, starts and "
-        "draws are specified in derivations/tracing.md.")
+        "draws are specified in derivations/tracing.md. `refbayes trace METHOD --help` lists "
+        "one method's.")
     for dest, defaults in options_table().items():
         kind, text = OPTION_HELP.get(dest, (str, "an option of the traced method"))
-        flag = "--" + (dest if len(dest) == 1 else dest.replace("_", "-"))
-        group.add_argument(flag, dest=dest, type=kind, default=None,
+        group.add_argument(_flag(dest), dest=dest, type=kind, default=None,
                            help=f"{text} (default by method: {_applies(defaults)})")
+
+
+def method_parser(method: str, prog: str = "refbayes trace") -> argparse.ArgumentParser:
+    """Build the parser of one method's help: the common arguments and its own options.
+
+    Its options are ``TRACERS[method].options``, each shown with the method's default.
+
+    Parameters
+    ----------
+    method : str
+        A key of ``TRACERS``.
+    prog : str, default "refbayes trace"
+        The command it follows; the usage reads "PROG METHOD ...".
+
+    Returns
+    -------
+    argparse.ArgumentParser
+        For ``print_help``; ``refbayes trace`` itself parses with ``add_arguments``' parser.
+    """
+    tracer = get_tracer(method)
+    parser = argparse.ArgumentParser(
+        prog=f"{prog} {method}",
+        description=f"Build the golden trace of {method} on its small shipped problem and print "
+                    f"it. Its equations: {tracer.derivation}; the problem, the start and the "
+                    "draws: derivations/tracing.md.")
+    _add_common(parser, tracer)
+    group = parser.add_argument_group(
+        f"{method} options", "Its own options, with its defaults." if tracer.options else
+        f"{method} takes no options of its own.")
+    for dest, default in tracer.options.items():
+        kind, text = OPTION_HELP.get(dest, (str, "an option of the traced method"))
+        group.add_argument(_flag(dest), dest=dest, type=kind, default=None,
+                           help=f"{_help_of(text, method)} (default: {default})")
+    return parser
 
 
 def options_table() -> dict:
@@ -119,22 +220,37 @@ def _resolve(args) -> dict:
     return out
 
 
+def _cannot_write(flag: str, path, err: OSError) -> ValueError:
+    """The error of a failed write, naming the flag and the path asked for (an OSError names the
+    temporary file beside it, or the folder being made)."""
+    return ValueError(f"{flag}: cannot write {path}: {err.strerror or err}")
+
+
 def _json_folder(path: Path, flag: str = "--json") -> None:
-    """Make ``path``'s folder ready: create it when its own parent exists, never more.
+    """Make ``path``'s folder ready: create it when its own parent exists, never more, and see
+    that a file can be created there, before the trace is built.
 
     A mistyped ``--json /nonexistent/dir/x.json`` is an error naming the path, not a tree of
-    folders created from the filesystem root.
+    folders created from the filesystem root; an unwritable folder (``/proc``, read-only) is one
+    too, not a traceback about a temporary file after the trace was computed.
     """
     parent = path.parent
-    if parent.is_dir():
-        return
-    for folder in (parent, parent.parent):
-        if folder.exists() and not folder.is_dir():
-            raise ValueError(f"{flag}: cannot write {path}: {folder} is not a folder")
-    if not parent.parent.is_dir():
-        raise ValueError(f"{flag}: cannot write {path}: the folder {parent.parent} does not exist "
-                         "(only the file's own folder is created)")
-    parent.mkdir()
+    if not parent.is_dir():
+        for folder in (parent, parent.parent):
+            if folder.exists() and not folder.is_dir():
+                raise ValueError(f"{flag}: cannot write {path}: {folder} is not a folder")
+        if not parent.parent.is_dir():
+            raise ValueError(f"{flag}: cannot write {path}: the folder {parent.parent} does not "
+                             "exist (only the file's own folder is created)")
+        try:
+            parent.mkdir()
+        except OSError as err:
+            raise _cannot_write(flag, path, err) from None
+    try:
+        with tempfile.NamedTemporaryFile(dir=parent, prefix=f".{path.name}.", suffix=".tmp"):
+            pass
+    except OSError as err:
+        raise _cannot_write(flag, path, err) from None
 
 
 def run(args) -> int:
@@ -155,7 +271,8 @@ def run(args) -> int:
     ValueError
         For an unknown method, an option outside its range or given to a method it does not
         apply to, --steps > 1 for a one-fit trace, float32 for a float64-only trace, or a
-        --json / --save path whose folder cannot be made.
+        --json / --save path whose folder cannot be made or written to (the message names the
+        flag and the path, never a temporary file).
     """
     precision = check_int(args.precision, "precision", low=0, high=17)
     tracer = get_tracer(args.method)
@@ -173,9 +290,15 @@ def run(args) -> int:
                   **options)
     print(format_trace(trace, precision), end="")
     if args.json is not None:
-        path = atomic_write_text(args.json, json.dumps(to_json(trace), indent=1) + "\n")
+        try:
+            path = atomic_write_text(args.json, json.dumps(to_json(trace), indent=1) + "\n")
+        except OSError as err:
+            raise _cannot_write("--json", args.json, err) from None
         print(f"json: {path}")
     if args.save is not None:
-        path = save(trace, args.save)
+        try:
+            path = save(trace, args.save)
+        except OSError as err:
+            raise _cannot_write("--save", args.save, err) from None
         print(f"saved: {path} and {path.name}.json")
     return 0

@@ -10,12 +10,13 @@ from __future__ import annotations
 
 import numpy as np
 
+from refbayes._checks import check_int
 from refbayes.methods.records import RECORDS
 from refbayes.tracing.chain import Chain, run_chain
 from refbayes.tracing.problems import MEAN_SCALE, N_ROWS, mlp_problem
 from refbayes.tracing.tracer import Tracer, register
 
-__all__ = ["driver_chain", "register_record_traces"]
+__all__ = ["check_driven_options", "driver_chain", "register_record_traces"]
 
 OVERSAMPLE = 10  # the driver's default oversampling of SLANG's randomized fast_eig
 
@@ -38,18 +39,66 @@ def driver_chain(record, start, seed: int, **options) -> Chain:
     -------
     Chain
         The start drawn (mu first, then the record's start), ready for ``run_chain``.
+
+    Raises
+    ------
+    ValueError
+        If M or S is outside its range (``check_driven_options``), or a start option is.
     """
+    M, S = check_driven_options(record, start, options.pop("M"), options.pop("S", start.S))
     model, X, y = mlp_problem()
     rng = np.random.default_rng(seed)
     mu = MEAN_SCALE * rng.standard_normal(model.D)
-    M = options.pop("M")
-    S = options.pop("S", start.S)
     state, cfg = start.start(mu, rng, N_ROWS, **options)
 
     def draws(rng, M):
         return record.draws(rng, cfg, model, M, S, OVERSAMPLE, np.float64, np)
 
     return Chain(state, cfg, model, X, y, M, record.step, draws, rng)
+
+
+def check_driven_options(record, start, M, S) -> tuple:
+    """Check a driven trace's M and S before anything is drawn: no clamp, no reinterpretation.
+
+    Parameters
+    ----------
+    record : Record
+        The method's record.
+    start : TraceStart
+        One of ``record.traces``.
+    M : int
+        Minibatch rows, in [1, N] (N = ``N_ROWS``, the shipped problem's rows).
+    S : int
+        Draws per step: >= 1 where S is the trace's option; ``start.S`` where it is not (ogn: 0).
+
+    Returns
+    -------
+    tuple of int
+        (M, S).
+
+    Raises
+    ------
+    ValueError
+        If M is outside [1, N] (the driver's minibatches would cut it to N, or fail deep inside
+        for M < 1), or the option S is < 1: S = 0 of a record that allows it (vogn) is traced
+        as its own method (ogn), which the message names.
+    """
+    M = check_int(M, "M")
+    if not 1 <= M <= N_ROWS:
+        raise ValueError(f"M: expected an integer in [1, {N_ROWS}] (the rows of the shipped "
+                         f"problem), got {M}")
+    if "S" not in start.options:
+        return M, S
+    check_int(S, "S")
+    if S < 1:
+        zero = [t.name for t in record.traces if "S" not in t.options and t.S == 0]
+        where, hint = "", ""
+        if record.zero_samples:
+            where = f" for {start.name}"
+            if S == 0 and zero:
+                hint = f" (S = 0 is traced as `refbayes trace {zero[0]}`)"
+        raise ValueError(f"S: expected an integer in [1, inf){where}, got {S}{hint}")
+    return M, S
 
 
 def _run(record, start):

@@ -74,7 +74,7 @@ class SWAGTraceInputs(NamedTuple):
 def _check_at_least_two(n, name: str) -> int:
     n = check_int(n, name)
     if n < 2:
-        raise ValueError(f"{name}: expected an integer in [2, None] (the low-rank covariance "
+        raise ValueError(f"{name}: expected an integer in [2, inf) (the low-rank covariance "
                          f"divides by K' - 1, K' = min(steps, K)), got {n}")
     return n
 

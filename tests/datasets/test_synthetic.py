@@ -62,9 +62,9 @@ def test_float32_is_the_rounded_float64():
 
 
 @pytest.mark.parametrize("kwargs, match", [
-    ({"n": 0}, r"n: expected an integer in \[1, None\]"),
+    ({"n": 0}, r"n: expected an integer in \[1, inf\)"),
     ({"p": 2.0}, "p: expected an integer"),
-    ({"seed": -1}, r"seed: expected an integer in \[0, None\]"),
+    ({"seed": -1}, r"seed: expected an integer in \[0, inf\)"),
     ({"prior_precision": 0.0}, r"prior_precision: expected a value in \(0.0, inf\)"),
     ({"noise_precision": -1.0}, r"noise_precision: expected a value in \(0.0, inf\)"),
     ({"noise_precision": float("inf")},

@@ -440,3 +440,20 @@ def test_retained_freed_memory_stops_the_page_faults_of_a_monte_carlo_step():
     assert faults("retain") == ("True", 0)
     default = faults("default")
     assert default[0] == "None" and default[1] >= 50, default  # at least one fault per call
+
+
+def test_a_missing_distributed_package_is_a_clear_error_naming_the_extra(monkeypatch, tmp_path,
+                                                                          capsys):
+    """`reproduce EXP --dask-scheduler ...` without the `distributed` package: one line naming
+    --dask-scheduler and the `dask` extra, exit 2, no traceback (issue 35, item 1)."""
+    monkeypatch.setitem(sys.modules, "distributed", None)  # `import distributed` fails
+    with pytest.raises(ValueError, match=r"--dask-scheduler needs the 'distributed' package .*"
+                                         r'pip install "refbayes\[dask\]"'):
+        _runner.run_jobs(_jobs(2), lambda k, r: None, scheduler="tcp://x:1")
+    status = main(["reproduce", "slang-logreg", "--epochs", "1", "--restarts", "1", "--methods",
+                   "mf-ef", "--out", str(tmp_path), "--dask-scheduler", "tcp://x:1"])
+    err = capsys.readouterr().err  # the plan's line, then the error's
+    assert status == 2 and "Traceback" not in err
+    last = err.splitlines()[-1]
+    assert last.startswith("refbayes: error: --dask-scheduler needs the 'distributed' package")
+    assert last.endswith('install it with: pip install "refbayes[dask]"')

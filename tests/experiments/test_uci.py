@@ -869,7 +869,7 @@ def test_noisy_kfac_and_kfac_settings():
     with pytest.raises(ValueError, match="bias_correction: expected one of"):
         uci_methods.resolve(noisy._replace(defaults={**noisy.defaults, "bias_correction": "yes"}),
                             "boston")
-    with pytest.raises(ValueError, match=re.escape("T_inv: expected an integer in [1, None], got 0")):
+    with pytest.raises(ValueError, match=re.escape("T_inv: expected an integer in [1, inf), got 0")):
         uci_methods.resolve(noisy._replace(defaults={**noisy.defaults, "T_inv": 0}), "boston")
 
 

@@ -661,7 +661,7 @@ def _W_Omega():
 @pytest.mark.parametrize("kwargs,match", [
     (dict(L=5), r"L: expected L <= K = 4 \(columns of W\) and L <= D = 6"),
     (dict(W=np.ones((3, 8)), L=4), r"L: expected L <= K = 8 .* and L <= D = 3"),
-    (dict(L=-1), r"L: expected an integer in \[0, None\]"),
+    (dict(L=-1), r"L: expected an integer in \[0, inf\)"),
     (dict(L=2.0), r"L: expected an integer"),
     (dict(W=np.ones(6)), r"W: expected 2 dimensions"),
     (dict(W=np.full((6, 4), np.nan)), r"W: expected finite"),
