@@ -7,7 +7,9 @@ This module only parses arguments and calls library functions (``refbayes.datase
 experiment modules registered in ``refbayes.experiments.EXPERIMENTS``, ``refbayes.trace``). A
 ValueError or OSError (FileNotFoundError, a failed download) becomes ``refbayes: error: ...`` on
 stderr and exit status 2, without a traceback; ``data verify`` exits 1 when a file is missing or
-mismatched.
+mismatched. A Ctrl-C becomes ``refbayes: interrupted`` and exit status 130; during a
+``reproduce`` run, followed by what was saved where and how to resume
+(``experiments.interrupted_note``).
 """
 from __future__ import annotations
 
@@ -210,13 +212,16 @@ def main(argv=None) -> int:
         args = parser.parse_args(argv)
     except SystemExit as exc:  # argparse already printed usage/help or its error message
         return exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 2)
+    experiments.forget_run()  # interrupted_note speaks of a run this command started, or none
     try:
         return int(args._handler(args))
     except BrokenPipeError:  # the reader went away (`refbayes data list | head`): nothing to say
         sys.stderr.close()
         return 0
     except KeyboardInterrupt:
-        print("refbayes: interrupted", file=sys.stderr)
+        # what a `reproduce` run saved (folder, results, checkpoints) and how to resume it
+        note = experiments.interrupted_note()
+        print("refbayes: interrupted" + (f"; {note}" if note else ""), file=sys.stderr)
         return 130
     except (ValueError, OSError) as err:
         print(f"refbayes: error: {err}", file=sys.stderr)

@@ -91,11 +91,18 @@ def fake_experiment(monkeypatch):
     def add_arguments(parser):
         parser.add_argument("--quick", action="store_true")
         parser.add_argument("--dataset", default="yacht")
+        parser.add_argument("--out", default="results/fake")
 
     def run(args):
         module.calls.append((args.quick, args.dataset))
         if args.dataset == "bad":
             raise ValueError("dataset: expected one of yacht, got 'bad'")
+        if args.dataset.startswith("ctrl-c"):  # Ctrl-C: before the plan, or after 1 of 2 runs
+            if args.dataset == "ctrl-c-after-one":
+                from refbayes.experiments import _runner
+                _, progress = _runner.start(args.out, True, 3, 1, "fake", enabled=False)
+                progress.advance("first")
+            raise KeyboardInterrupt
         return 0
 
     module.add_arguments, module.run = add_arguments, run
@@ -120,6 +127,20 @@ def test_reproduce_error_and_unknown_experiment(fake_experiment, capsys):
     assert "refbayes: error: dataset: expected one of yacht" in capsys.readouterr().err
     assert main(["reproduce", "nosuch"]) == 2
     assert "invalid choice: 'nosuch'" in capsys.readouterr().err
+
+
+def test_an_interrupted_run_says_what_was_saved_and_how_to_resume(fake_experiment, tmp_path,
+                                                                   capsys):
+    out = tmp_path / "out"
+    argv = ["reproduce", "fake", "--dataset", "ctrl-c-after-one", "--out", str(out)]
+    assert main(argv) == 130
+    err = capsys.readouterr().err
+    assert err == (f"refbayes: interrupted; 2 of 3 result(s) saved under {out} (1 by this run); "
+                   "to resume, run the same command again: saved results that match are reused "
+                   "(without --fresh)\n")
+    # interrupted before any run started (or a later command): nothing to report of the last run
+    assert main(["reproduce", "fake", "--dataset", "ctrl-c"]) == 130
+    assert capsys.readouterr().err == "refbayes: interrupted\n"
 
 
 def test_reproduce_with_an_unimportable_experiment(monkeypatch, capsys):

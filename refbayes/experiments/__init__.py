@@ -6,16 +6,23 @@ maps the command-line name to the module path, imported only when that experimen
 machinery they share (jobs, resume, provenance, summaries) is ``refbayes.experiments._runner``;
 what the command line needs of it is re-exported here: ``positive_int`` (an argparse type),
 ``thread_limit`` and ``retain_freed_memory`` (the BLAS threads and memory policy a run runs
-under).
+under), ``interrupted_note`` and ``forget_run`` (what an interrupted run saved).
 """
 from __future__ import annotations
 
 import importlib
 from types import ModuleType
 
-from refbayes.experiments._runner import positive_int, retain_freed_memory, thread_limit
+from refbayes.experiments._runner import (
+    forget_run,
+    interrupted_note,
+    positive_int,
+    retain_freed_memory,
+    thread_limit,
+)
 
-__all__ = ["EXPERIMENTS", "get_experiment", "positive_int", "retain_freed_memory", "thread_limit"]
+__all__ = ["EXPERIMENTS", "forget_run", "get_experiment", "interrupted_note", "positive_int",
+           "retain_freed_memory", "thread_limit"]
 
 EXPERIMENTS: dict[str, str] = {
     "selfcheck": "refbayes.experiments.selfcheck",

@@ -17,11 +17,17 @@ table and figure); everything else is here, once:
   :func:`resume`): a saved result is reused only when its settings, its data checksums and its
   refbayes version equal the current ones; anything else stops the run with the --fresh hint;
 - **provenance** (:func:`provenance`): every result file records ``{"provenance": {"data_sha256":
-  {relative path: sha256}, "refbayes_version": ..., "git_commit": ...}}``. The git commit is
-  recorded for provenance only: a development checkout moves to a new commit on every change,
-  documentation included, so refusing on it would throw away every result at each commit; the
-  version is the promise about numbers (a release that changes results changes it), and the data
-  checksums catch changed inputs;
+  {relative path: sha256}, "refbayes_version": ..., "code_sha256": ..., "git_commit": ...}}``.
+  ``code_sha256`` (:func:`code_sha256`) identifies the code in every install, a wheel or a
+  ``pip install .`` included (where ``git_commit`` is None): the sha256 of the installed
+  ``refbayes`` package's ``*.py`` files. What reuse compares, and why, is :func:`reusable`'s
+  docstring: settings, data checksums, refbayes version and the result schema; a result computed
+  by other code is reused with a note naming both code digests, never refused. Files written
+  before ``code_sha256`` existed lack it and are read and reused as before;
+- **interrupted runs**: :func:`start` records the run (its folder, its results), so that
+  ``refbayes: interrupted`` can say what was saved and how to resume (:func:`interrupted_note`);
+  a summary written while results are still missing is marked (:func:`write_summary_csv`: a
+  ``*.partial.csv`` name; the experiment's JSON summary: ``"complete": false``);
 - **progress** (:class:`Progress`), the **output folder** check (:func:`output_writable`);
 - **summaries**: :func:`mean_se`, :func:`write_csv`, :func:`write_json`, :func:`format_table`,
   :func:`pyplot` for figures (skipped without matplotlib);
@@ -114,8 +120,11 @@ __all__ = [
     "as_saved",
     "check_scheduler",
     "check_worker_data",
+    "code_sha256",
     "execute",
+    "forget_run",
     "git_commit",
+    "interrupted_note",
     "job_options",
     "job_rng",
     "launch_order",
@@ -123,6 +132,7 @@ __all__ = [
     "mean_se",
     "output_writable",
     "overridden",
+    "partial_path",
     "plan",
     "positive_int",
     "provenance",
@@ -141,6 +151,7 @@ __all__ = [
     "writable_error",
     "worker_path",
     "write_csv",
+    "write_summary_csv",
 ]
 
 FRESH_HINT = "use --fresh to recompute it or another --out"
@@ -281,11 +292,32 @@ def sha256_arrays(*arrays) -> str:
     return h.hexdigest()
 
 
+def _package_digest(root: Path) -> str:
+    """sha256 over the ``*.py`` files under ``root``, sorted by their relative (POSIX) path:
+    for each, the path, its length in bytes and its bytes (so no two file sets collide)."""
+    root = Path(root)
+    h = hashlib.sha256()
+    for rel, path in sorted((p.relative_to(root).as_posix(), p) for p in root.rglob("*.py")):
+        data = path.read_bytes()
+        h.update(f"{rel}\0{len(data)}\0".encode())
+        h.update(data)
+    return h.hexdigest()
+
+
+@functools.cache
+def code_sha256() -> str:
+    """The sha256 of the source of the ``refbayes`` package in use (its ``*.py`` files, sorted by
+    relative path; :func:`_package_digest`): the code's identity in every install, a wheel or a
+    ``pip install .`` included, where there is no git checkout. Computed once per process."""
+    return _package_digest(Path(__file__).resolve().parents[1])
+
+
 def provenance(data_sha256: dict) -> dict:
     """The provenance a result file records: the checksums of the data it read (relative path ->
-    sha256), the refbayes version and the git commit (None outside a git checkout)."""
+    sha256), the refbayes version, the sha256 of the refbayes source (:func:`code_sha256`) and
+    the git commit (None outside a git checkout)."""
     return {"data_sha256": dict(sorted(data_sha256.items())), "refbayes_version": __version__,
-            "git_commit": git_commit()}
+            "code_sha256": code_sha256(), "git_commit": git_commit()}
 
 
 def _refusal(saved, settings, current):
@@ -311,16 +343,52 @@ def _refusal(saved, settings, current):
     return None
 
 
+_STALE_NOTED: set = set()  # the (saved, current) code digests already noted in this process
+
+
+def _note_other_code(path, saved, current) -> None:
+    """A note on stderr, once per (saved, current) pair of code digests in this process, when
+    ``saved`` (reused) was computed by other refbayes code than ``current`` names. Nothing for a
+    file without a digest (written before it was recorded): there is nothing to compare."""
+    old = saved["provenance"].get("code_sha256")
+    new = current.get("code_sha256")
+    if not isinstance(old, str) or not isinstance(new, str) or old == new:
+        return
+    if (old, new) in _STALE_NOTED:
+        return
+    _STALE_NOTED.add((old, new))
+    print(f"note: {path} (and any other saved result from the same code) was computed by other "
+          f"refbayes code (code_sha256 {old}; this is {new}); it is reused because its settings, "
+          "data and refbayes version match; to recompute, delete it or choose another --out",
+          file=sys.stderr)
+
+
 def reusable(path: Path, saved: dict, settings: dict, current: dict, fresh: bool) -> bool:
     """Whether the saved result ``saved`` (read from ``path``) stands for the run now asked for.
 
     True when its settings, data checksums and refbayes version equal ``settings`` and
-    ``current`` (from :func:`provenance`); the git commit is not compared (see the module
-    docstring). Otherwise False with ``fresh`` (recompute it), else ValueError naming the file,
-    what differs and the --fresh remedy.
+    ``current`` (from :func:`provenance`); its shape was checked against the result schema
+    before (:func:`load_result`). Otherwise False with ``fresh`` (recompute it), else ValueError
+    naming the file, what differs and the --fresh remedy.
+
+    What is not compared, and why:
+
+    - ``code_sha256``, the digest of the refbayes source: it changes with every edit of any
+      file of the package (a docstring, a comment, a method the experiment never calls), and
+      most edits do not change a result; refusing on it would throw away hours of saved runs
+      (a default ktied run is over an hour, the UCI tables days of CPU) at every such edit, and
+      with ``--fresh`` recompute them. The refbayes version is the promise about numbers (a
+      release that changes results changes it). A result from other code is still made
+      visible: it is reused with a note on stderr naming both digests and how to recompute
+      (:func:`_note_other_code`; once per pair of digests, not once per file). A file without a
+      digest (written before it was recorded, such as those under ``reproductions/``) is
+      reused as before, silently: there is nothing to compare.
+    - ``git_commit``, for the same reason: a development checkout moves to a new commit on
+      every change, documentation included; and it is None outside a checkout.
     """
     why = _refusal(saved, settings, current)
     if why is None:
+        _note_other_code(path, saved, current)
         return True
     if fresh:
         return False
@@ -355,7 +423,8 @@ class Progress:
     the estimate from the runs computed so far. ``enabled=False`` prints nothing.
     """
 
-    def __init__(self, total: int, done: int = 0, desc: str = "", enabled: bool = True, file=None):
+    def __init__(self, total: int, done: int = 0, desc: str = "", enabled: bool = True, file=None,
+                 resuming: dict | None = None):
         self.file = sys.stderr if file is None else file
         self.enabled = enabled
         self.tty = enabled and bool(getattr(self.file, "isatty", lambda: False)())
@@ -363,11 +432,27 @@ class Progress:
         self.t0 = time.monotonic()
         self.bar = None
         if self.tty:
+            if resuming:
+                print(f"{desc}: {self.plan_line(resuming)}", file=self.file, flush=True)
             self.bar = tqdm(total=total, initial=done, desc=desc, unit="run", file=self.file,
                             dynamic_ncols=True)
         elif enabled:
-            print(f"{desc}: {total} run(s), {done} already done, {total - done} to compute",
-                  file=self.file, flush=True)
+            print(f"{desc}: {total} run(s), {self.plan_line(resuming)}", file=self.file,
+                  flush=True)
+
+    def plan_line(self, resuming: dict | None = None) -> str:
+        """"k already done, n to compute"; with ``resuming`` ({run: step} of the runs that go
+        on from a checkpoint) those are named ("resuming k1 from step 300") and counted out of
+        the runs to compute, and a count of 0 is left out."""
+        resuming = resuming or {}
+        fresh = self.total - self.done0 - len(resuming)
+        if not resuming:
+            return f"{self.done0} already done, {fresh} to compute"
+        parts = [f"{self.done0} already done"] if self.done0 else []
+        parts += [f"resuming {name} from step {step}" for name, step in resuming.items()]
+        if fresh:
+            parts.append(f"{fresh} to compute")
+        return ", ".join(parts)
 
     def run_bar(self, total: int, desc: str, unit: str = "step"):
         """A bar over one run's steps: shown on a terminal only, removed when the run ends."""
@@ -531,6 +616,31 @@ def write_csv(path: Path, rows, header=None):
         writer.writerow(header)
     writer.writerows(rows)
     return atomic_write_text(path, buf.getvalue())
+
+
+def partial_path(path: Path) -> Path:
+    """Where the summary ``path`` is written while the run is incomplete: ``summary.csv`` ->
+    ``summary.partial.csv``."""
+    path = Path(path)
+    return path.with_name(f"{path.stem}.partial{path.suffix}")
+
+
+def write_summary_csv(path: Path, rows, header=None, complete: bool = True):
+    """:func:`write_csv` of a summary: under ``path`` when ``complete``, else under
+    :func:`partial_path` (``summary.partial.csv``); the other of the two is removed, so a
+    folder never shows a final-looking summary beside a newer partial one, nor the reverse.
+
+    A separate name rather than a marker inside: every CSV reader (the csv module, pandas, a
+    spreadsheet) keeps reading both files unchanged (a first comment line would become the
+    header of most of them), a glob for ``summary.csv`` finds only complete summaries, and the
+    name says what the file is to a person listing the folder. Returns the path written, or
+    None (nothing written, nothing removed) when :func:`write_csv` writes nothing.
+    """
+    target, other = (Path(path), partial_path(path)) if complete else (partial_path(path), Path(path))
+    written = write_csv(target, rows, header)
+    if written is not None:
+        other.unlink(missing_ok=True)
+    return written
 
 
 # ----------------------------------------------------------------------------- jobs
@@ -854,12 +964,56 @@ def worker_path(path):
     return None if path is None else Path(path).resolve()
 
 
-def start(out: Path, needed: bool, total: int, done: int, desc: str, enabled: bool = True):
+_RUN: dict = {}  # the run this process started last (start), for interrupted_note
+
+
+def start(out: Path, needed: bool, total: int, done: int, desc: str, enabled: bool = True, *,
+          resuming: dict | None = None, partial: Callable[[], list] | None = None,
+          resumable: bool = True):
     """(write, progress) of a run whose plan is made: ``out`` checked (:func:`output_writable`:
     ValueError when something is ``needed`` and it is not writable, else ``write`` False), then
-    the :class:`Progress` over ``total`` units, ``done`` of them already saved."""
+    the :class:`Progress` over ``total`` units, ``done`` of them already saved; ``resuming``
+    ({run: step}) names the runs that go on from a checkpoint.
+
+    The run is recorded for :func:`interrupted_note`: its folder, its progress, ``partial`` (a
+    callable listing the partial work saved, such as checkpoints, called only after an
+    interrupt) and whether it resumes (``resumable``).
+    """
     write = output_writable(Path(out), needed=needed)
-    return write, Progress(total, done, desc, enabled=enabled)
+    progress = Progress(total, done, desc, enabled=enabled, resuming=resuming)
+    _RUN.clear()
+    _RUN.update(out=Path(out), progress=progress, partial=partial, resumable=resumable)
+    return write, progress
+
+
+def forget_run() -> None:
+    """Forget the run :func:`start` recorded (the command line calls it before each command)."""
+    _RUN.clear()
+
+
+def interrupted_note():
+    """What the run this process started (:func:`start`) saved before it was interrupted, and
+    how to go on; None when no run had started (interrupted while planning: nothing written).
+
+    "3 of 8 result(s) saved under results/uci (2 by this run); k2 checkpointed at step 300;
+    to resume, run the same command again: saved results that match are reused, --fresh is not
+    needed". A run that does not resume (``resumable=False``) says that it starts again.
+    """
+    if not _RUN:
+        return None
+    progress, out = _RUN["progress"], _RUN["out"]
+    now = progress.k - progress.done0
+    text = f"{progress.k} of {progress.total} result(s) saved under {out} ({now} by this run)"
+    partial = []
+    if _RUN["partial"] is not None:
+        with contextlib.suppress(Exception):  # a note must not hide the interrupt
+            partial = list(_RUN["partial"]())
+    if partial:
+        text += "; " + ", ".join(partial)
+    if _RUN["resumable"]:
+        return (text + "; to resume, run the same command again: saved results that match are "
+                "reused (without --fresh)")
+    return text + "; this command does not resume: run it again to start over"
 
 
 class Section(NamedTuple):

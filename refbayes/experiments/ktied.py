@@ -50,6 +50,7 @@ run about 69 minutes of compute (two processes side by side, ``--runs meanfield`
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import time
@@ -658,10 +659,23 @@ def run(args: argparse.Namespace) -> int:
     saved, todo = _runner.plan((_runner.Unit(name, _path(out, name), SCHEMA,
                                              _settings(name, args, budget), prov)
                                 for name in args.runs), args.fresh)
+    resuming = {}  # run -> the step its checkpoint holds (Dask workers read no checkpoints)
     for unit in todo:  # every checkpoint checked too, before any run is trained
-        _read_checkpoint(out, unit.key, unit.settings, prov, args.fresh, keys=())
+        read = _read_checkpoint(out, unit.key, unit.settings, prov, args.fresh, keys=("t",))
+        if read is not None and args.dask_scheduler is None:
+            resuming[unit.key] = int(read[1]["t"])
+
+    def checkpointed():  # after an interrupt: the checkpoints the next run goes on from
+        found = []
+        for unit in todo:
+            with contextlib.suppress(OSError, ValueError, KeyError), \
+                    np.load(_ckpt_path(out, unit.key), allow_pickle=False) as z:
+                found.append(f"{unit.key} checkpointed at step {int(z['t'])}")
+        return found
+
     write, progress = _runner.start(out, bool(todo), len(args.runs), len(saved), "ktied",
-                                    enabled=not args.no_progress)
+                                    enabled=not args.no_progress, resuming=resuming,
+                                    partial=checkpointed)
     # this process and local workers share this file system: checkpoints there; Dask: none
     ckpt_dir = out.resolve() if args.dask_scheduler is None else None
     jobs = [_runner.Job(f"ktied/{u.key}", _run_job, (u.key, args.seed,

@@ -198,7 +198,8 @@ def run(args: argparse.Namespace) -> int:
     resumed: the checks take seconds); selfcheck.json holds the finished groups, in CHECKS
     order, after each one."""
     out = Path(args.out)
-    _, progress = _runner.start(out, True, len(CHECKS), 0, "selfcheck")  # before any check runs
+    _, progress = _runner.start(out, True, len(CHECKS), 0, "selfcheck",  # before any check runs
+                                resumable=False)
     pb = _problem(args.quick, args.seed)
     n, p, width, L = pb.n, pb.p, pb.width, pb.L
     prov = provenance({"synthetic": sha256_arrays(pb.X, pb.y)})
@@ -215,7 +216,9 @@ def run(args: argparse.Namespace) -> int:
         write_json(out / "selfcheck.json", {"problem": {"n": n, "p": p, "width": width, "L": L,
                                                          "seed": args.seed},
                                              "checks": rows, "timings_s": timings,
-                                             "provenance": prov})
+                                             "provenance": prov,
+                                             # false until every group is in (an interrupted run)
+                                             "complete": len(finished) == len(CHECKS)})
         progress.advance(label)
 
     jobs = [_runner.Job(c, _check_job, (c, bool(args.quick), args.seed)) for c in CHECKS]

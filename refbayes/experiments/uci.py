@@ -94,7 +94,6 @@ from refbayes.experiments._runner import (
     save_figure,
     seed_arg,
     writable_error,
-    write_csv,
 )
 from refbayes.models import MLP
 
@@ -495,7 +494,7 @@ def write_predictions(plan, split: int, folder: Path) -> str:
 SUMMARY_FIELDS = ("method", "dataset", "budget", "splits_done", "n_splits", "splits", "epochs",
                   "se_ddof",
                   "rmse_mean", "rmse_se", "rmse_median", "ll_mean", "ll_se", "ll_median",
-                  "ll_joint_mean", "ll_joint_se", "seconds_per_split")
+                  "ll_joint_mean", "ll_joint_se", "seconds_per_split", "complete")
 
 
 # What a split's result file must hold to be read back (the rest is informative).
@@ -551,7 +550,10 @@ def _summary(plan):
                          **{f"hyper.{h}": v for h, v in sorted(saved["hyper"].items())}})
     summary = {"method": spec.name, "dataset": dataset, "budget": "quick" if plan.quick else "full",
                "epochs": budget.settings["epochs"], "splits_done": len(rows),
-               "n_splits": n_splits, "splits": [r["split"] for r in rows]}
+               "n_splits": n_splits, "splits": [r["split"] for r in rows],
+               # false while splits this invocation asked for are missing (running, or the run
+               # was interrupted or stopped): such a summary is not the final one
+               "complete": not plan.todo}
     if rows:
         summary.update(_stats(rows, plan.se_ddof))
     return summary, rows
@@ -599,14 +601,24 @@ def _saved_summaries(plan, pattern):
 
 
 def _write_summaries(plan, summary, rows):
+    """The plan's summary files and the ones over every (method, dataset) under out. Written
+    after every split, so a run that stops (Ctrl-C, a TrainingError) leaves them behind: while
+    a split asked for is missing, the JSON says ``"complete": false`` (in the plan's file at the
+    top and in its summary; in out/summary.json in each (method, dataset)'s entry, which stays a
+    list) and the CSV is ``summary.partial.csv`` (``_runner.write_summary_csv``: readers of
+    summary.csv keep working and see only complete summaries). A summary written before
+    "complete" existed counts as complete."""
     out, folder = Path(plan.out), plan.folder
-    write_json(folder / "summary.json", {"summary": summary, "splits": rows})
-    write_csv(folder / "summary.csv", rows)
+    complete = summary["complete"]
+    write_json(folder / "summary.json", {"summary": summary, "splits": rows, "complete": complete})
+    _runner.write_summary_csv(folder / "summary.csv", rows, complete=complete)
     everything = [v["summary"] for v in _saved_summaries(plan, "*/*/summary.json").values()]
-    flat = [{k: (" ".join(map(str, s[k])) if isinstance(s.get(k), list) else s.get(k))
+    flat = [{k: (" ".join(map(str, s[k])) if isinstance(s.get(k), list) else s.get(k, True)
+                 if k == "complete" else s.get(k))
              for k in SUMMARY_FIELDS} for s in everything]
     write_json(out / "summary.json", everything)
-    write_csv(out / "summary.csv", flat)
+    _runner.write_summary_csv(out / "summary.csv", flat,
+                              complete=all(s.get("complete", True) for s in everything))
 
 
 def _plan(method, dataset, splits=None, quick=False, out=Path("results/uci"), fresh=False,

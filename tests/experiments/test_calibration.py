@@ -63,7 +63,8 @@ def test_quick_run_writes_every_job_with_metrics_in_range(quick):
             assert (s["method"], s["task"], s["dataset"], s["budget"]) == \
                 (m, task, "digits", "quick")
             assert s["samples"] == (1 if cm.METHODS[m].point else 10)
-            assert set(r["provenance"]) == {"data_sha256", "refbayes_version", "git_commit"}
+            assert set(r["provenance"]) == {"data_sha256", "refbayes_version", "code_sha256",
+                                             "git_commit"}
             assert list(r["provenance"]["data_sha256"]) == ["digits/digits.csv.gz"]
             chance = 1 / (10 if task == "main" else exp.IN_CLASSES)
             # every method learns: well above chance even on the smoke-test budget

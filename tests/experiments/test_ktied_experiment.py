@@ -98,11 +98,17 @@ def test_an_interrupted_run_resumes_from_its_checkpoint_bit_for_bit(tiny, data_d
 
     monkeypatch.setattr(exp, "_save_checkpoint", save_then_stop)
     argv = [*TINY, "--runs", "2", "--data-dir", str(data_dir), "--out", str(out)]
-    assert _run(argv)[0] == 130  # "refbayes: interrupted"
+    status, _, stderr = _run(argv)
+    assert status == 130
+    assert stderr.endswith(f"refbayes: interrupted; 0 of 1 result(s) saved under {out} (0 by this "
+                           "run); k2 checkpointed at step 15; to resume, run the same command "
+                           "again: saved results that match are reused (without --fresh)\n")
     assert (out / "k2.ckpt.npz").exists() and not (out / "run_k2.json").exists()
     monkeypatch.setattr(exp, "_save_checkpoint", original)
-    status, _, stderr = _run(argv)
+    status, _, stderr = _run([a for a in argv if a != "--no-progress"])
     assert status == 0, stderr
+    assert "ktied: 1 run(s), resuming k2 from step 15\n" in stderr
+    assert "0 already done" not in stderr
     resumed, whole = _saved(out, "k2"), _saved(tiny[0], "k2")
     for key in ("final", "curve", "snr", "settings"):
         assert resumed[key] == whole[key], key

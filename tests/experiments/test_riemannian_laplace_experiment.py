@@ -40,7 +40,8 @@ def test_quick_run_writes_every_part_table_and_figure(quick):
     for part in PARTS:
         saved = _saved(out, part)
         assert saved["settings"]["part"] == part and saved["settings"]["seed"] == 0
-        assert set(saved["provenance"]) == {"data_sha256", "refbayes_version", "git_commit"}
+        assert set(saved["provenance"]) == {"data_sha256", "refbayes_version", "code_sha256",
+                                             "git_commit"}
         for geo in saved["results"]["geodesics"].values():  # time per geodesic is recorded
             assert geo["mean_nfev"] >= 6 and geo["seconds_per_exp_map"] > 0
     for name in ("a_banana_posterior.png", "b_regression.png", "c_classification.png"):

@@ -57,6 +57,57 @@ def test_provenance_records_data_version_and_commit():
     assert commit is None or re.fullmatch(r"[0-9a-f]{40,64}", commit)
 
 
+def test_provenance_records_a_digest_of_the_installed_source(tmp_path, monkeypatch):
+    """code_sha256 identifies the code where git_commit is None (a wheel, `pip install .`): the
+    sha256 of the package's *.py files sorted by relative path, computed once per process.
+    (Checked on a copy: the package may be edited while the tests run.)"""
+    import hashlib
+    from pathlib import Path
+    root = Path(refbayes.__file__).resolve().parent
+    copy = tmp_path / "refbayes"
+    for p in root.rglob("*.py"):
+        (copy / p.relative_to(root)).parent.mkdir(parents=True, exist_ok=True)
+        (copy / p.relative_to(root)).write_bytes(p.read_bytes())
+    h = hashlib.sha256()
+    for rel, p in sorted((p.relative_to(copy).as_posix(), p) for p in copy.rglob("*.py")):
+        h.update(f"{rel}\0{p.stat().st_size}\0".encode() + p.read_bytes())
+    assert _runner._package_digest(copy) == h.hexdigest()
+    (copy / "notes.txt").write_text("x")  # files other than *.py (caches, data) do not count
+    assert _runner._package_digest(copy) == h.hexdigest()
+    with open(copy / "metrics.py", "a") as f:  # an edit does
+        f.write("# an edit\n")
+    assert _runner._package_digest(copy) != h.hexdigest()
+    # the digest of the package in use, cached: recorded in every provenance
+    hits = _runner.code_sha256.cache_info().hits
+    assert _runner.provenance({})["code_sha256"] == _runner.code_sha256()
+    assert _runner.code_sha256.cache_info().hits >= hits + 1
+    assert re.fullmatch(r"[0-9a-f]{64}", _runner.code_sha256())
+    roots = []
+    monkeypatch.setattr(_runner, "_package_digest", lambda r: roots.append(Path(r)) or "d" * 64)
+    assert _runner.code_sha256.__wrapped__() == "d" * 64 and roots == [root]
+
+
+def test_a_result_from_other_code_is_reused_with_a_note_naming_both_digests(tmp_path, capsys,
+                                                                           monkeypatch):
+    monkeypatch.setattr(_runner, "_STALE_NOTED", set())
+    path = tmp_path / "r.json"
+    current = _runner.provenance({"d/data.txt": "a" * 64})
+    assert _runner.reusable(path, _saved(code_sha256="c" * 64), {"epochs": 2}, current, fresh=False)
+    err = capsys.readouterr().err
+    assert err.startswith(f"note: {path} ") and "c" * 64 in err and current["code_sha256"] in err
+    assert "delete it or choose another --out" in err
+    # once per pair of digests (not once per file of a 20-split table); the same code: silent
+    assert _runner.reusable(tmp_path / "s.json", _saved(code_sha256="c" * 64), {"epochs": 2},
+                            current, fresh=True)
+    assert _runner.reusable(path, _saved(), {"epochs": 2}, current, fresh=False)
+    assert capsys.readouterr().err == ""
+    # a file written before the digest was recorded (reproductions/): reused, silently
+    old = _saved()
+    del old["provenance"]["code_sha256"]
+    assert _runner.reusable(path, old, {"epochs": 2}, current, fresh=False)
+    assert capsys.readouterr().err == ""
+
+
 def test_git_commit_is_none_outside_a_checkout_or_without_git(tmp_path, monkeypatch):
     assert _runner._git_head(tmp_path) is None  # not a checkout
     (tmp_path / ".git").mkdir()             # looks like one, but git cannot read it
@@ -93,6 +144,37 @@ def test_reuse_needs_same_settings_data_and_version(tmp_path):
         assert msg.startswith(f"--out: {path} {what}"), msg
         assert msg.endswith("use --fresh to recompute it or another --out")
         assert not _runner.reusable(path, saved, settings, current, fresh=True)
+
+
+def test_progress_names_the_runs_resumed_from_a_checkpoint():
+    stream = io.StringIO()
+    _runner.Progress(total=1, done=0, desc="ktied", file=stream, resuming={"k1": 300})
+    assert stream.getvalue() == "ktied: 1 run(s), resuming k1 from step 300\n"
+    stream = io.StringIO()
+    _runner.Progress(total=4, done=1, desc="ktied", file=stream, resuming={"k1": 300})
+    assert stream.getvalue() == "ktied: 4 run(s), 1 already done, resuming k1 from step 300, 2 to compute\n"
+
+
+def test_a_summary_written_before_the_run_is_complete_is_named_partial(tmp_path):
+    path = tmp_path / "summary.csv"
+    rows = [{"split": 0, "rmse": 1.0}]
+    assert _runner.write_summary_csv(path, rows, complete=False) == tmp_path / "summary.partial.csv"
+    assert not path.exists()
+    assert (tmp_path / "summary.partial.csv").read_text().splitlines() == ["split,rmse", "0,1.0"]
+    assert _runner.write_summary_csv(path, rows * 2) == path  # complete: the final name only
+    assert not (tmp_path / "summary.partial.csv").exists() and path.read_text().count("\n") == 3
+    _runner.write_summary_csv(path, rows, complete=False)  # a later, incomplete run
+    assert not path.exists()  # no final-looking file beside the newer partial one
+
+
+def test_interrupted_note_of_a_run_that_does_not_resume(tmp_path):
+    _runner.start(tmp_path, True, 5, 0, "selfcheck", enabled=False, resumable=False,
+                  partial=lambda: ["k2 checkpointed at step 15"])
+    assert _runner.interrupted_note() == (
+        f"0 of 5 result(s) saved under {tmp_path} (0 by this run); k2 checkpointed at step 15; "
+        "this command does not resume: run it again to start over")
+    _runner.forget_run()
+    assert _runner.interrupted_note() is None
 
 
 def test_progress_prints_plain_lines_off_a_terminal():

@@ -22,7 +22,9 @@ def test_selfcheck_quick_passes_and_writes_results(tmp_path, capsys):
     data = make_logistic_regression(200, 10, 0)  # the --quick problem, seed 0
     assert result["provenance"] == {"data_sha256": {"synthetic": _runner.sha256_arrays(data.X, data.y)},
                                     "refbayes_version": refbayes.__version__,
+                                    "code_sha256": _runner.code_sha256(),
                                     "git_commit": _runner.git_commit()}
+    assert result["complete"] is True  # every group in: the final file
 
 
 def test_selfcheck_reports_a_failing_check(tmp_path, monkeypatch, capsys):

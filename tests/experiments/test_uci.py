@@ -60,6 +60,58 @@ def test_quick_split_end_to_end(method, data_dir, tmp_path, capsys):
     assert (out / "summary.csv").read_text().startswith("method,dataset,budget")
 
 
+def test_summaries_of_an_interrupted_run_are_marked_incomplete(data_dir, tmp_path, monkeypatch,
+                                                               capsys):
+    """Ctrl-C after split 0 of 0,1: the summary files written after split 0 must not look final
+    (JSON "complete": false, the CSVs under *.partial.csv); the resumed run completes them."""
+    args = ["--method", "map", "--dataset", DATASET, "--quick", "--epochs", 3, "--splits", "0,1",
+            "--data-dir", data_dir, "--out", tmp_path]
+    real = _runner.Progress.advance
+
+    def advance_then_stop(self, label):  # split 0 written, with its summaries: Ctrl-C
+        real(self, label)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(_runner.Progress, "advance", advance_then_stop)
+    assert _reproduce(*args) == 130
+    err = capsys.readouterr().err
+    assert f"refbayes: interrupted; 1 of 2 result(s) saved under {tmp_path} (1 by this run)" in err
+    assert "run the same command again" in err
+    folder = tmp_path / "map" / DATASET
+    saved = json.loads((folder / "summary.json").read_text())
+    assert saved["complete"] is False and saved["summary"]["complete"] is False
+    assert [s["complete"] for s in json.loads((tmp_path / "summary.json").read_text())] == [False]
+    for f in (folder, tmp_path):
+        assert not (f / "summary.csv").exists() and (f / "summary.partial.csv").exists()
+    assert (tmp_path / "summary.partial.csv").read_text().splitlines()[1].endswith(",False")
+    monkeypatch.setattr(_runner.Progress, "advance", real)
+    assert _reproduce(*args) == 0
+    assert json.loads((folder / "summary.json").read_text())["complete"] is True
+    assert json.loads((tmp_path / "summary.json").read_text())[0]["complete"] is True
+    for f in (folder, tmp_path):
+        assert (f / "summary.csv").exists() and not (f / "summary.partial.csv").exists()
+
+
+def test_a_committed_reproduction_without_a_code_digest_is_resumed(data_dir, tmp_path, capsys,
+                                                                   monkeypatch):
+    """The files under reproductions/ predate code_sha256: they are read and reused as they are
+    (nothing recomputed, no note), and the run completes their summary."""
+    src = Path(__file__).resolve().parents[2] / "reproductions" / "uci-yacht-low-tau"
+    out = tmp_path / "out"
+    shutil.copytree(src, out)
+    split = out / "slang" / DATASET / "split_0.json"
+    assert "code_sha256" not in json.loads(split.read_text())["provenance"]
+    mtimes = {p: p.stat().st_mtime_ns for p in out.rglob("split_*.json")}
+    monkeypatch.setattr(_runner, "_STALE_NOTED", set())
+    assert _reproduce("--method", "slang", "--dataset", DATASET, "--grid", "noise_precision=46.3",
+                      "--out", out, "--data-dir", data_dir) == 0
+    captured = capsys.readouterr()
+    assert "note:" not in captured.err
+    assert {p: p.stat().st_mtime_ns for p in out.rglob("split_*.json")} == mtimes
+    summary = json.loads((out / "slang" / DATASET / "summary.json").read_text())
+    assert summary["complete"] is True and summary["summary"]["splits_done"] == 20
+
+
 def test_resume_keeps_files_and_matches_an_uninterrupted_run(data_dir, tmp_path, capsys):
     common = ["--method", "map", "--dataset", DATASET, "--quick", "--epochs", 3,
               "--data-dir", data_dir]
