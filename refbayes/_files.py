@@ -13,8 +13,8 @@ from pathlib import Path
 
 import numpy as np
 
-__all__ = ["atomic_write", "atomic_write_npz", "atomic_write_text", "format_table", "publish",
-           "write_json"]
+__all__ = ["atomic_write", "atomic_write_npz", "atomic_write_text", "cannot_write", "format_table",
+           "publish", "write_json"]
 
 
 def publish(tmp, path) -> Path:
@@ -43,6 +43,12 @@ def atomic_write(path: Path, write, mode: str = "wb") -> Path:
         Path(tmp).unlink(missing_ok=True)
         raise
     return path
+
+
+def cannot_write(flag: str, path, err: OSError) -> ValueError:
+    """The error of a failed write, naming the command-line flag and the path asked for: the
+    OSError itself names the temporary file beside it, or the folder being made."""
+    return ValueError(f"{flag}: cannot write {path}: {err.strerror or err}")
 
 
 def atomic_write_text(path: Path, text: str) -> Path:

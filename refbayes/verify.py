@@ -58,7 +58,7 @@ import numpy as np
 
 from refbayes import __version__, tracing
 from refbayes import layout as layouts
-from refbayes._files import atomic_write_text, format_table
+from refbayes._files import atomic_write_text, cannot_write, format_table
 from refbayes._tolerances import exact
 from refbayes.tracing.files import MANIFEST_KEY
 
@@ -693,8 +693,6 @@ def run(args) -> int:
         try:
             written = atomic_write_text(args.json, json.dumps(doc, indent=1) + chr(10))
         except OSError as err:  # not the temporary file's name: the path asked for
-            folder = Path(args.json).parent
-            raise ValueError(f"--json: cannot write {args.json}: {err.strerror or err} (its "
-                             f"folder {folder} must be a writable folder, or creatable)") from None
+            raise cannot_write("--json", args.json, err) from None
         print(f"json: {written}")
     return 0 if report.ok else 1

@@ -12,8 +12,8 @@ from refbayes.methods.driver import epoch_batches
 from refbayes.models import MLP, LogisticRegression, SoftmaxRegression
 from refbayes.tracing.tags import field_tags
 
-__all__ = ["Chain", "arrays_of", "cfg_arrays", "fit_arrays", "model_from_spec", "model_spec",
-           "run_chain", "scalars_of"]
+__all__ = ["Chain", "arrays_of", "cfg_arrays", "drawn_chain", "fit_arrays", "model_from_spec",
+           "model_spec", "run_chain", "scalars_of"]
 
 
 def model_spec(model) -> dict:
@@ -214,6 +214,33 @@ class Chain(NamedTuple):
     rng: np.random.Generator | None
     tags: dict | None = None
     first: tuple | None = None
+
+
+def drawn_chain(inputs, step: Callable) -> Chain:
+    """Build the chain of a recipe that drew its own first step.
+
+    Step 1 consumes ``inputs``' minibatch and eps; steps k + 1 >= 2 draw the minibatch, then eps
+    of the same shape (none when ``inputs.eps`` is None).
+
+    Parameters
+    ----------
+    inputs : NamedTuple
+        A recipe's inputs with fields state, cfg, model, X, y, idx and eps.
+    step : callable
+        The method's step.
+
+    Returns
+    -------
+    Chain
+        Ready for ``run_chain``.
+    """
+    eps = inputs.eps
+
+    def draws(rng, M):
+        return (None if eps is None else rng.standard_normal(eps.shape)), {}
+
+    return Chain(inputs.state, inputs.cfg, inputs.model, inputs.X, inputs.y, len(inputs.idx),
+                 step, draws, None, first=(inputs.idx, eps, {}))
 
 
 def _noise_arrays(noise, kwargs) -> dict:

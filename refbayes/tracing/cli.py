@@ -12,7 +12,7 @@ import tempfile
 from pathlib import Path
 
 from refbayes._checks import check_int
-from refbayes._files import atomic_write_text
+from refbayes._files import atomic_write_text, cannot_write
 from refbayes.tracing.files import save
 from refbayes.tracing.printing import format_trace, to_json
 from refbayes.tracing.tracer import DTYPES, TRACERS, Tracer, build, get_tracer
@@ -220,12 +220,6 @@ def _resolve(args) -> dict:
     return out
 
 
-def _cannot_write(flag: str, path, err: OSError) -> ValueError:
-    """The error of a failed write, naming the flag and the path asked for (an OSError names the
-    temporary file beside it, or the folder being made)."""
-    return ValueError(f"{flag}: cannot write {path}: {err.strerror or err}")
-
-
 def _json_folder(path: Path, flag: str = "--json") -> None:
     """Make ``path``'s folder ready: create it when its own parent exists, never more, and see
     that a file can be created there, before the trace is built.
@@ -245,12 +239,12 @@ def _json_folder(path: Path, flag: str = "--json") -> None:
         try:
             parent.mkdir()
         except OSError as err:
-            raise _cannot_write(flag, path, err) from None
+            raise cannot_write(flag, path, err) from None
     try:
         with tempfile.NamedTemporaryFile(dir=parent, prefix=f".{path.name}.", suffix=".tmp"):
             pass
     except OSError as err:
-        raise _cannot_write(flag, path, err) from None
+        raise cannot_write(flag, path, err) from None
 
 
 def run(args) -> int:
@@ -293,12 +287,12 @@ def run(args) -> int:
         try:
             path = atomic_write_text(args.json, json.dumps(to_json(trace), indent=1) + "\n")
         except OSError as err:
-            raise _cannot_write("--json", args.json, err) from None
+            raise cannot_write("--json", args.json, err) from None
         print(f"json: {path}")
     if args.save is not None:
         try:
             path = save(trace, args.save)
         except OSError as err:
-            raise _cannot_write("--save", args.save, err) from None
+            raise cannot_write("--save", args.save, err) from None
         print(f"saved: {path} and {path.name}.json")
     return 0

@@ -13,7 +13,7 @@ import numpy as np
 from refbayes._checks import check_int
 from refbayes.methods import Batch, ktied
 from refbayes.methods.driver import epoch_batches
-from refbayes.tracing.chain import Chain, run_chain
+from refbayes.tracing.chain import drawn_chain, run_chain
 from refbayes.tracing.problems import KT_ROWS, MEAN_SCALE, ktied_problem
 from refbayes.tracing.tracer import Tracer, register
 
@@ -100,20 +100,9 @@ def make_ktied_inputs(method: str = "ktied", *, seed: int = 0, M: int = 8, S: in
     return KTiedTraceInputs(method, seed, model, X, y, xi, idx, eps, state, cfg)
 
 
-def _chain(seed: int, **options) -> Chain:
-    """Step 1 is ``make_ktied_inputs``' step with its draws; later steps draw idx, then eps."""
-    inputs = make_ktied_inputs(seed=seed, **options)
-    eps = inputs.eps
-
-    def draws(rng, M):
-        return rng.standard_normal(eps.shape), {}
-
-    return Chain(inputs.state, inputs.cfg, inputs.model, inputs.X, inputs.y, len(inputs.idx),
-                 ktied.step, draws, None, first=(inputs.idx, eps, {}))
-
-
 def _run(seed, steps, dtype, **options):
-    return run_chain(_chain(seed, **options), seed, steps, dtype)
+    return run_chain(drawn_chain(make_ktied_inputs(seed=seed, **options), ktied.step), seed,
+                     steps, dtype)
 
 
 register(Tracer("ktied", "derivations/ktied.md", _run, {"S": 1, "M": 8, "k": 2}))

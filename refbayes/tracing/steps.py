@@ -13,7 +13,7 @@ from refbayes._checks import check_int
 from refbayes.linalg import lowrank
 from refbayes.methods import Batch, ngvi, slang
 from refbayes.methods.driver import epoch_batches
-from refbayes.tracing.chain import Chain, run_chain
+from refbayes.tracing.chain import drawn_chain, run_chain
 from refbayes.tracing.problems import MEAN_SCALE, N_FEATURES, N_ROWS, logistic_problem
 from refbayes.tracing.tracer import Tracer, register
 
@@ -133,22 +133,10 @@ def step(inputs: TraceInputs):
     return STEPS[inputs.method](inputs.state, inputs.batch, inputs.eps, inputs.cfg, inputs.model)
 
 
-def _chain(method: str, seed: int, **opts) -> Chain:
-    """Step 1 is ``make_inputs``' step with its draws; later steps draw idx, then eps of the
-    same shape."""
-    inputs = make_inputs(method, seed=seed, **opts)
-    eps = inputs.eps
-
-    def draws(rng, M):
-        return (None if eps is None else rng.standard_normal(eps.shape)), {}
-
-    return Chain(inputs.state, inputs.cfg, inputs.model, inputs.X, inputs.y, len(inputs.idx),
-                 STEPS[method], draws, None, first=(inputs.idx, eps, {}))
-
-
 def _run(method: str):
     def run(seed, steps, dtype, **opts):
-        return run_chain(_chain(method, seed, **opts), seed, steps, dtype)
+        chain = drawn_chain(make_inputs(method, seed=seed, **opts), STEPS[method])
+        return run_chain(chain, seed, steps, dtype)
     return run
 
 
