@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import functools
 import math
 import numbers
 
@@ -255,3 +256,29 @@ def check_spd(M, name: str, *, symmetric_checked: bool = False):
 
 __all__ += ["check_spd", "check_symmetric", "check_invertible_positive", "check_binary",
             "int_range"]
+
+
+def check_at_construction(cls, check) -> None:
+    """Make ``cls(...)`` of the NamedTuple config ``cls`` run ``check(cfg)`` on the new instance.
+
+    typing.NamedTuple forbids a ``__new__`` in the class body and a validating subclass would
+    move the field comments (``field_tags`` reads them off the class source) away from the class
+    the methods name, so the check is attached after the class, as one line beside the module's
+    config check: ``check_at_construction(SWAGConfig, _check_config)``. The class itself is
+    unchanged (same source, docstring, fields, ``isinstance``); the call and unpickling (which
+    calls ``cls.__new__``) run the check and raise its ValueError. ``_make`` and ``_replace``
+    build the tuple directly and are NOT re-validated, which is why the consumers keep checking
+    every cfg they are given.
+    """
+    new = cls.__new__
+
+    @functools.wraps(new)
+    def __new__(_cls, *args, **kwargs):
+        self = new(_cls, *args, **kwargs)
+        check(self)
+        return self
+
+    cls.__new__ = staticmethod(__new__)
+
+
+__all__ += ["check_at_construction"]

@@ -539,7 +539,8 @@ BAD_CFG = [
     (cv.to_emtiyaz_vogn, vadam.VadamConfig(10, 1.0), "cfg"),
     (cv.to_emtiyaz_vadam, vadam.VadamConfig(10, 1.0, bias_correction=False), "cfg.bias_correction"),
     (cv.to_emtiyaz_vadam, vadam.VadamConfig(10, 1.0, squares="per_example"), "cfg.squares"),
-    (cv.to_emtiyaz_vadam, vadam.VadamConfig(10, 1.0, alpha=-1.0), "cfg.alpha"),
+    # built by _replace: construction itself refuses alpha < 0 (tests/methods/test_configs.py)
+    (cv.to_emtiyaz_vadam, vadam.VadamConfig(10, 1.0)._replace(alpha=-1.0), "cfg.alpha"),
     (cv.to_emtiyaz_vprop, vadam.VadamConfig(10, 1.0), "cfg.beta1"),
     (cv.to_torch_sgd, swag.SGDConfig(10, lam=np.ones(3)), "cfg.lam"),
     (cv.to_swa_gaussian, swag.SGDConfig(10), "cfg"),

@@ -118,8 +118,9 @@ def check_batch(batch, model, N, dtype, name: str = "batch"):
     X (and real targets) in the state's dtype, class labels as integers or in that dtype, binary
     labels for a Bernoulli likelihood. Errors name ``name``."""
     if not isinstance(batch, tuple) or len(batch) != 2:
-        raise ValueError(f"{name}: expected a Batch(X, y) (or a pair of arrays), "
-                         f"got {type(batch).__name__}")
+        got = (f"a tuple of {len(batch)}" if isinstance(batch, tuple)
+               else type(batch).__name__)
+        raise ValueError(f"{name}: expected a Batch(X, y) (or a pair of arrays), got {got}")
     X, y = batch
     check_array(X, f"{name}.X", shape=(None, model.sizes[0]))
     check_array(y, f"{name}.y", ndim=(1, 2))

@@ -26,6 +26,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from refbayes._checks import (
+    check_at_construction,
     check_array,
     check_float,
     check_in_range,
@@ -63,6 +64,9 @@ class AdamConfig(NamedTuple):
     Each field is documented by its trailing comment. The functions that take a cfg check it
     and raise ValueError unless: alpha and eps_adam are finite reals > 0, and beta1 and beta2
     are in [0, 1).
+
+    Construction (``AdamConfig(...)``, and unpickling) checks these rules too; ``_replace`` and
+    ``_make`` do not, so the functions check every cfg again.
     """
     alpha: float = 1e-3      # step size alpha > 0 (adam.4)
     beta1: float = 0.9       # first-moment decay, in [0, 1) (adam.1)
@@ -75,7 +79,13 @@ class MAPConfig(NamedTuple):
 
     ``step(state, batch, cfg.adam, model, cfg.N, cfg.lam)`` is its step.
 
-    Each field is documented by its trailing comment.
+    Each field is documented by its trailing comment. ``check_map_config`` (the driver's check)
+    raises ValueError unless: N is an integer >= 1; lam is a finite real >= 0 or a finite float
+    (D,) array >= 0 in the state's dtype; and adam is an AdamConfig in its ranges.
+
+    Construction (``MAPConfig(...)``, and unpickling) checks these rules too, except lam's
+    length and dtype, known only with the state; ``_replace`` and ``_make`` do not, so the
+    functions check every cfg again.
     """
     N: int                                # training-set size >= 1, scales minibatch sums by N / M (adam.5)
     lam: Any = 0.0                        # prior precision, scalar or (D,), >= 0 (adam.5)
@@ -165,13 +175,13 @@ def check_lam(lam, D: int, dtype, *, strict: bool, name: str = "lam"):
         return lam
     check_array(lam, name, shape=(D,))
     check_float(lam, name)
-    if lam.dtype != dtype:
+    if dtype is not None and lam.dtype != dtype:
         raise ValueError(f"{name}: expected dtype {dtype} (the state's), got {lam.dtype}")
     check_positive(lam, name, strict=strict)
     return lam
 
 
-def check_map_config(cfg, D: int, dtype):
+def check_map_config(cfg, D=None, dtype=None):
     """A MAPConfig for a state of D parameters of ``dtype``: cfg.N, cfg.lam (finite, >= 0) and
     cfg.adam (an AdamConfig in range), each error naming the field as the driver's caller wrote
     it (cfg.lam, cfg.adam.alpha, ...)."""
@@ -184,6 +194,10 @@ def check_map_config(cfg, D: int, dtype):
     check_adam_hyper(cfg.adam.alpha, cfg.adam.beta1, cfg.adam.beta2, cfg.adam.eps_adam,
                      prefix="cfg.adam.")
     return cfg
+
+
+check_at_construction(AdamConfig, check_adam_config)
+check_at_construction(MAPConfig, check_map_config)  # D, dtype unknown: lam's length and dtype later
 
 
 # ----------------------------------------------------------------------------- the optimizer

@@ -31,7 +31,13 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from refbayes._checks import check_array, check_float, check_in_range, check_same_dtype
+from refbayes._checks import (
+    check_array,
+    check_at_construction,
+    check_float,
+    check_in_range,
+    check_same_dtype,
+)
 from refbayes.backend import xp_of
 from refbayes.methods._estimates import (
     Batch,
@@ -79,6 +85,10 @@ class BBBConfig(NamedTuple):
     and raises ValueError unless: N is an integer >= 1; lam is a finite real > 0 or a finite
     float (D,) array > 0 in the state's dtype; alpha and eps_adam are finite reals > 0; beta1
     and beta2 are in [0, 1); and kl_weight is a finite real >= 0.
+
+    Construction (``BBBConfig(...)``, and unpickling) checks these rules too, except lam's
+    length and dtype, known only with the state; ``_replace`` and ``_make`` do not, so the
+    functions check every cfg again.
     """
     N: int                   # training-set size >= 1, minibatch sums scaled by N / M (bbb.3)
     lam: Any                 # prior precision, scalar or (D,), > 0 (bbb.7)
@@ -366,7 +376,7 @@ def _check_state(state) -> int:
     return D
 
 
-def _check_cfg(cfg, D, dtype):
+def _check_cfg(cfg, D=None, dtype=None):
     if not isinstance(cfg, BBBConfig):
         raise ValueError(f"cfg: expected a BBBConfig, got {type(cfg).__name__}")
     N = check_N(cfg.N)
@@ -375,6 +385,9 @@ def _check_cfg(cfg, D, dtype):
     hyper = check_adam_hyper(cfg.alpha, cfg.beta1, cfg.beta2, cfg.eps_adam)
     kl_weight = check_in_range(cfg.kl_weight, "cfg.kl_weight", 0.0, math.inf, high_open=True)
     return N, lam, hyper, kl_weight
+
+
+check_at_construction(BBBConfig, _check_cfg)  # D, dtype unknown: lam's length and dtype later
 
 
 def _draws(mu, sigma, eps):

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import math
 import numbers
+import warnings
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -150,6 +151,27 @@ def _check_k(k, L: int) -> tuple:
     return tuple(int(c) for c in k)
 
 
+def _rho_size(sizes, k, bias: bool) -> int:
+    """P = sum_l (n_in + n_out) k_l (+ n_out with biases), the length of rho (ktied.10)."""
+    return sum((m + n) * c + (n if bias else 0) for (m, n), c in zip(zip(sizes[:-1], sizes[1:]), k))
+
+
+def _warn_if_redundant(sizes, k, bias: bool) -> None:
+    """UserWarning naming each layer whose k_l exceeds min(n_in, n_out): columns beyond that
+    rank add parameters to rho, not rank to U_l V_l^T."""
+    caps = tuple(min(m, n) for m, n in zip(sizes[:-1], sizes[1:]))
+    over = [(i, c, cap) for i, (c, cap) in enumerate(zip(k, caps)) if c > cap]
+    if not over:
+        return
+    layers = "; ".join(f"layer {i} ({sizes[i]} x {sizes[i + 1]}): {c} > {cap}"
+                       for i, c, cap in over)
+    kept = tuple(min(c, cap) for c, cap in zip(k, caps))
+    warnings.warn(f"k: k_l exceeds min(n_in, n_out) on {layers}; U_l V_l^T has rank <= min(n_in, n_out) "
+                  f"whatever k, so the extra columns are redundant parameters: P = "
+                  f"{_rho_size(sizes, k, bias)}, against {_rho_size(sizes, kept, bias)} with "
+                  f"k = {kept}", UserWarning, stacklevel=3)
+
+
 def layout(model, k) -> KTiedLayout:
     """Compute where each layer's scale parameters sit in rho (ktied.1).
 
@@ -158,7 +180,12 @@ def layout(model, k) -> KTiedLayout:
     model : FlatModel
         A refbayes.models model (MLP, or a linear model: one layer).
     k : int or sequence of int
-        The rank of the tie, one for every layer or one per layer, each >= 1.
+        The rank of the tie, one for every layer or one per layer, each >= 1. A k_l above
+        min(n_in, n_out) of its layer is kept as given, not clamped and not refused, with a
+        UserWarning: U_l V_l^T has rank <= min(n_in, n_out) whatever k_l (that rank is already
+        exact, ktied.11), so the extra k_l - min(n_in, n_out) columns of R^U_l, R^V_l are
+        redundant parameters that P counts as (ktied.10) does. It is still a valid tie (a golden
+        trace uses k = 4 on a (5, 3) layer). Pass one k per layer to avoid them.
 
     Returns
     -------
@@ -170,7 +197,21 @@ def layout(model, k) -> KTiedLayout:
     ValueError
         If model is not a FlatModel or k is not an integer >= 1 or a sequence of them, one
         per layer.
+
+    Warns
+    -----
+    UserWarning
+        If a k_l exceeds min(n_in, n_out) of its layer; the message gives P and the P of the
+        same tie with each such k_l lowered to min(n_in, n_out).
     """
+    lay = _layout(model, k)
+    _warn_if_redundant(lay.sizes, lay.k, model.bias)
+    return lay
+
+
+def _layout(model, k) -> KTiedLayout:
+    """``layout`` without its warning, for the functions of a tie already made (or warned
+    about by their own caller-facing check)."""
     check_model(model)
     sizes = tuple(model.sizes)
     k = _check_k(k, len(sizes) - 1)
@@ -209,11 +250,18 @@ def n_variational_params(model, k=None) -> int:
     ValueError
         If model is not a FlatModel or k is neither None, an integer >= 1 nor a sequence of
         them, one per layer.
+
+    Warns
+    -----
+    UserWarning
+        If a k_l exceeds min(n_in, n_out) of its layer, as ``layout``.
     """
     check_model(model)
     if k is None:
         return 2 * model.D
-    return model.D + layout(model, k).P  # (ktied.10)
+    lay = _layout(model, k)
+    _warn_if_redundant(lay.sizes, lay.k, model.bias)
+    return model.D + lay.P  # (ktied.10)
 
 
 # ----------------------------------------------------------------------------- sigma from rho
@@ -275,7 +323,7 @@ def _check_state(state, model) -> KTiedLayout:
     check_model(model)
     if not isinstance(state.k, tuple):
         raise ValueError(f"state.k: expected a tuple of integers >= 1, got {state.k!r}")
-    lay = layout(model, state.k)
+    lay = _layout(model, state.k)  # init warned about a redundant k
     check_array(state.mu, "state.mu", shape=(lay.D,))
     check_float(state.mu, "state.mu")
     check_array(state.rho, "state.rho", shape=(lay.P,))
@@ -326,9 +374,16 @@ def init(mu, model, k, sigma0: float, xi, jitter: float = 0.1) -> KTiedState:
         If mu is not a finite float (D,) array, k not a valid rank, sigma0 not a finite
         number > 0, jitter not a finite number >= 0, or xi not a finite (P,) array of mu's
         dtype on mu's backend.
+
+    Warns
+    -----
+    UserWarning
+        If a k_l exceeds min(n_in, n_out) of its layer, as ``layout``; the functions that take
+        the state do not warn again.
     """
     check_model(model)
-    lay = layout(model, k)
+    lay = _layout(model, k)
+    _warn_if_redundant(lay.sizes, lay.k, model.bias)
     xp = xp_of(mu, xi)
     check_array(mu, "mu", shape=(lay.D,))
     check_float(mu, "mu")
@@ -397,7 +452,7 @@ def from_mean_field(mu, sigma, model) -> KTiedState:
     if not bool(xp.all(sigma > 0)):
         raise ValueError("sigma: expected > 0 everywhere (standard deviations)")
     sizes = model.sizes
-    lay = layout(model, tuple(min(m, n) for m, n in zip(sizes[:-1], sizes[1:])))
+    lay = _layout(model, tuple(min(m, n) for m, n in zip(sizes[:-1], sizes[1:])))
     pos = xp.empty(lay.P, dtype=mu.dtype)
     for l in range(len(lay.k)):
         m, n, c = sizes[l], sizes[l + 1], lay.k[l]

@@ -28,7 +28,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from refbayes._checks import check_array, check_float, check_in_range
+from refbayes._checks import check_array, check_at_construction, check_float, check_in_range
 from refbayes.backend import xp_of
 from refbayes.methods._estimates import (
     Batch,
@@ -75,6 +75,9 @@ class MCDropoutConfig(NamedTuple):
     noise_precision, alpha and eps_adam are finite reals > 0; beta1 and beta2 are in [0, 1);
     and inverted and decay_biases are bools. ``step`` also requires noise_precision to be the
     model's Gaussian noise precision (1 for classification).
+
+    Construction (``MCDropoutConfig(...)``, and unpickling) checks these rules too; ``_replace``
+    and ``_make`` do not, so the functions check every cfg again.
     """
     N: int                       # training-set size >= 1, minibatch sums scaled by N / M (mc_dropout.3)
     p: float = 0.05              # dropout (drop) probability, in [0, 1) (mc_dropout.1), (mc_dropout.4)
@@ -130,6 +133,9 @@ def _check_cfg(cfg):
         if not isinstance(getattr(cfg, name), bool):
             raise ValueError(f"{name}: expected True or False, got {getattr(cfg, name)!r}")
     return N, p, ls, tau, hyper
+
+
+check_at_construction(MCDropoutConfig, _check_cfg)
 
 
 def _check_tau(model, tau):

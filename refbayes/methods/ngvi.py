@@ -28,6 +28,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from refbayes._checks import (
+    check_at_construction,
     check_array,
     check_float,
     check_invertible_positive,
@@ -93,6 +94,10 @@ class NGVIConfig(NamedTuple):
     ("ef", "hess", "exact").  "hess" on an MLP is autograd's Hessian, NumPy only: the steps
     refuse it with CuPy arrays (linear and logistic regression have it in closed form on both
     backends).
+
+    Construction (``NGVIConfig(...)``, and unpickling) checks these rules too, except lam's
+    length and dtype, known only with the state; ``_replace`` and ``_make`` do not, so the
+    functions check every cfg again.
     """
     N: int                   # training-set size >= 1, scales minibatch sums by N / M (ngvi.6)
     lam: Array               # prior precision (D,), > 0 (ngvi.10), (ngvi.11)
@@ -170,13 +175,16 @@ class MeanFieldInfo(NamedTuple):
 
 # ----------------------------------------------------------------------------- checks
 
-def _check_cfg(cfg, D, dtype):
+def _check_cfg(cfg, D=None, dtype=None):
     if not isinstance(cfg, NGVIConfig):
         raise ValueError(f"cfg: expected an NGVIConfig, got {type(cfg).__name__}")
     N = check_N(cfg.N)
     check_prior(cfg.lam, D, dtype)
     alpha, beta, decay, momentum = check_hyper(cfg.alpha, cfg.beta, cfg.decay, cfg.momentum)
     return N, alpha, beta, decay, momentum, check_curvature(cfg.curvature)
+
+
+check_at_construction(NGVIConfig, _check_cfg)  # D, dtype unknown: lam's length and dtype later
 
 
 def _check_mu(mu):

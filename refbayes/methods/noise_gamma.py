@@ -30,7 +30,13 @@ from typing import NamedTuple
 import numpy as np
 from scipy.special import digamma, gammaln, polygamma
 
-from refbayes._checks import check_float, check_in_range, check_int, check_positive
+from refbayes._checks import (
+    check_at_construction,
+    check_float,
+    check_in_range,
+    check_int,
+    check_positive,
+)
 from refbayes.methods.adam import AdamConfig, AdamState, adam_update
 
 __all__ = ["NoiseGammaConfig", "NoiseGammaInfo", "NoiseGammaState", "draw", "init", "kl_gamma",
@@ -43,6 +49,9 @@ class NoiseGammaConfig(NamedTuple):
     Each field is documented by its trailing comment. The functions that take a cfg check it
     and raise ValueError unless: N is an integer >= 1; a0, b0, kl_weight, lr and eps_tf are
     finite reals > 0; and beta1 and beta2 are in [0, 1).
+
+    Construction (``NoiseGammaConfig(...)``, and unpickling) checks these rules too;
+    ``_replace`` and ``_make`` do not, so the functions check every cfg again.
     """
     N: int                  # training rows N >= 1; the KL is shared over them (noise_gamma.4)
     a0: float = 6.0         # shape of the prior Gamma(a0, b0), > 0 (noise_gamma.1)
@@ -87,6 +96,9 @@ def _check_cfg(cfg) -> None:
         check_positive(getattr(cfg, name), f"cfg.{name}")
     for name in ("beta1", "beta2"):
         check_in_range(getattr(cfg, name), f"cfg.{name}", 0.0, 1.0, high_open=True)
+
+
+check_at_construction(NoiseGammaConfig, _check_cfg)
 
 
 def _check_phi(phi) -> np.ndarray:

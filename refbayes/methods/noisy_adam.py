@@ -27,6 +27,7 @@ import math
 from typing import Any, NamedTuple
 
 from refbayes._checks import (
+    check_at_construction,
     check_array,
     check_float,
     check_in_range,
@@ -78,6 +79,10 @@ class NoisyAdamConfig(NamedTuple):
     0 or a finite float (D,) array > 0 in the state's dtype; alpha and kl_weight are finite
     reals > 0; beta1 and beta2 are in [0, 1); gamma_ex is a finite real >= 0; and squares is in
     SQUARES.
+
+    Construction (``NoisyAdamConfig(...)``, and unpickling) checks these rules too, except eta's
+    length and dtype, known only with the state; ``_replace`` and ``_make`` do not, so the
+    functions check every cfg again.
     """
     N: int                       # training-set size >= 1: gamma_in = kl_weight eta / N (noisy_adam.2)
     eta: Any                     # prior PRECISION > 0, float or (D,); paper: 1 / eta (noisy_adam.2)
@@ -121,7 +126,7 @@ class NoisyAdamInfo(NamedTuple):
     mu: Array        # mu - alpha m_hat, (D,)  (noisy_adam.10)
 
 
-def _check_cfg(cfg, D, dtype):
+def _check_cfg(cfg, D=None, dtype=None):
     if not isinstance(cfg, NoisyAdamConfig):
         raise ValueError(f"cfg: expected a NoisyAdamConfig, got {type(cfg).__name__}")
     N = check_N(cfg.N)
@@ -135,6 +140,9 @@ def _check_cfg(cfg, D, dtype):
     check_in_range(cfg.gamma_ex, "cfg.gamma_ex", 0.0, math.inf, high_open=True)
     check_squares(cfg.squares)
     return N, eta, kl
+
+
+check_at_construction(NoisyAdamConfig, _check_cfg)  # D, dtype unknown: eta's length, dtype later
 
 
 def _check_state(state):

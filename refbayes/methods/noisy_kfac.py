@@ -40,7 +40,14 @@ from __future__ import annotations
 import math
 from typing import Any, NamedTuple
 
-from refbayes._checks import check_array, check_float, check_in_range, check_int, check_positive
+from refbayes._checks import (
+    check_array,
+    check_at_construction,
+    check_float,
+    check_in_range,
+    check_int,
+    check_positive,
+)
 from refbayes.backend import linalg_of, xp_of
 from refbayes.linalg import kron
 from refbayes.methods._estimates import (
@@ -69,6 +76,9 @@ class NoisyKFACConfig(NamedTuple):
     alpha are finite reals > 0; beta is in (0, 1]; momentum is in [0, 1); gamma_ex is a finite
     real >= 0; damping is in DAMPINGS; curvature is in CURVATURES; and kl_clip is None or a
     finite real > 0.
+
+    Construction (``NoisyKFACConfig(...)``, and unpickling) checks these rules too; ``_replace``
+    and ``_make`` do not, so the functions check every cfg again.
     """
     N: int                     # training-set size >= 1 (noisy_kfac.2)
     eta: float = 1.0           # prior VARIANCE > 0, p(w) = N(0, eta I), the paper's and the official eta (noisy_kfac.1)
@@ -244,6 +254,9 @@ def _check_config(cfg) -> dict:
     return {"kl_clip": kl_clip, "N": N, "lam": lam, "alpha": alpha, "beta": beta,
             "momentum": momentum, "gamma_in": g_in, "gamma": g_in + gamma_ex,
             "T_stats": T_stats, "T_inv": T_inv}
+
+
+check_at_construction(NoisyKFACConfig, _check_config)
 
 
 def init(mu, model) -> NoisyKFACState:

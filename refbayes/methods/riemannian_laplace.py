@@ -40,7 +40,7 @@ from typing import Any, NamedTuple
 import numpy as np
 from scipy.integrate import solve_ivp
 
-from refbayes._checks import check_array, check_in_range, check_positive
+from refbayes._checks import check_array, check_at_construction, check_in_range, check_positive
 from refbayes.backend import xp_of
 from refbayes.methods._estimates import check_model
 
@@ -74,6 +74,9 @@ class RiemannianLaplaceConfig(NamedTuple):
     Each field is documented by its trailing comment. The functions that take a cfg check it
     and raise ValueError unless: method is one of METHODS; rtol is in [100 eps, 1), eps the
     float64 machine epsilon; and atol is a finite real >= 0.
+
+    Construction (``RiemannianLaplaceConfig(...)``, and unpickling) checks these rules too;
+    ``_replace`` and ``_make`` do not, so the functions check every cfg again.
     """
     method: str = "RK45"  # explicit Runge-Kutta method of scipy.integrate.solve_ivp, one of METHODS (riemannian_laplace.8)
     rtol: float = 1e-6    # relative tolerance of the adaptive step, in [100 eps_f64, 1) (riemannian_laplace.8)
@@ -138,7 +141,10 @@ def _check_cfg(cfg) -> RiemannianLaplaceConfig:
         raise ValueError(f"cfg.method: expected one of {METHODS}, got {cfg.method!r}")
     rtol = check_in_range(cfg.rtol, "cfg.rtol", _RTOL_MIN, 1.0, high_open=True)
     atol = check_in_range(cfg.atol, "cfg.atol", 0.0, math.inf, high_open=True)
-    return RiemannianLaplaceConfig(cfg.method, rtol, atol)
+    return RiemannianLaplaceConfig._make((cfg.method, rtol, atol))  # checked: no second check
+
+
+check_at_construction(RiemannianLaplaceConfig, _check_cfg)
 
 
 def _call(f, name: str, D: int, *args, finite: bool = True):

@@ -23,7 +23,13 @@ from __future__ import annotations
 import math
 from typing import Any, NamedTuple
 
-from refbayes._checks import check_array, check_float, check_int, check_same_dtype
+from refbayes._checks import (
+    check_array,
+    check_at_construction,
+    check_float,
+    check_int,
+    check_same_dtype,
+)
 from refbayes.backend import xp_of
 from refbayes.linalg import lowrank
 from refbayes.methods._estimates import (
@@ -71,6 +77,10 @@ class SLANGConfig(NamedTuple):
     to the state's rank (the columns of U); alpha and beta are finite reals in (0, 1]; decay is
     a finite real >= 0; momentum is in [0, 1); eig is in EIG_METHODS, sampler in SAMPLERS,
     forward in FORWARDS; and n_iter is an integer >= 0.
+
+    Construction (``SLANGConfig(...)``, and unpickling) checks these rules too, except lam's
+    length and dtype, L <= D and L = the state's rank, known only with the state; ``_replace``
+    and ``_make`` do not, so the functions check every cfg again.
     """
     N: int                    # training-set size, >= 1 (slang.3), (slang.7)
     lam: Array                # prior precision (D,), > 0 (slang.6), (slang.7)
@@ -142,13 +152,13 @@ def _check_state(state):
     return D, state.U.shape[1]
 
 
-def _check_cfg(cfg, D, L_state, dtype):
+def _check_cfg(cfg, D=None, L_state=None, dtype=None):
     if not isinstance(cfg, SLANGConfig):
         raise ValueError(f"cfg: expected a SLANGConfig, got {type(cfg).__name__}")
     N = check_N(cfg.N)
     check_prior(cfg.lam, D, dtype)
     L = check_int(cfg.L, "L", low=1, high=D)
-    if L != L_state:
+    if L_state is not None and L != L_state:
         raise ValueError(f"L: expected the state's rank {L_state} (U has {L_state} columns), "
                          f"got L = {L}")
     hyper = check_hyper(cfg.alpha, cfg.beta, cfg.decay, cfg.momentum)
@@ -160,6 +170,9 @@ def _check_cfg(cfg, D, L_state, dtype):
         raise ValueError(f"forward: expected one of {FORWARDS}, got {cfg.forward!r}")
     check_int(cfg.n_iter, "n_iter", low=0)
     return (N, L) + hyper
+
+
+check_at_construction(SLANGConfig, _check_cfg)  # D, dtype unknown: L <= D and lam later
 
 
 # ----------------------------------------------------------------------------- public API

@@ -37,6 +37,7 @@ import math
 from typing import Any, NamedTuple
 
 from refbayes._checks import (
+    check_at_construction,
     check_array,
     check_float,
     check_in_range,
@@ -92,6 +93,10 @@ class SGDConfig(NamedTuple):
     cfg and raise ValueError unless: N is an integer >= 1; lam is a finite real >= 0 or a
     finite float (D,) array >= 0 in the state's dtype; alpha is a finite real > 0; and momentum
     is in [0, 1).
+
+    Construction (``SGDConfig(...)``, and unpickling) checks these rules too, except lam's
+    length and dtype, known only with the state; ``_replace`` and ``_make`` do not, so the
+    functions check every cfg again.
     """
     N: int                 # training-set size >= 1, scales minibatch sums by N / M (swag.8)
     lam: Any = 0.0         # prior precision >= 0, scalar or (D,): weight decay times N (swag.8)
@@ -133,7 +138,7 @@ def _check_sgd_state(state) -> int:
     return D
 
 
-def _check_sgd_config(cfg, D: int, dtype):
+def _check_sgd_config(cfg, D=None, dtype=None):
     if not isinstance(cfg, SGDConfig):
         raise ValueError(f"cfg: expected an SGDConfig, got {type(cfg).__name__}")
     N = check_N(cfg.N)
@@ -141,6 +146,9 @@ def _check_sgd_config(cfg, D: int, dtype):
     alpha = float(check_positive(cfg.alpha, "cfg.alpha"))
     momentum = check_in_range(cfg.momentum, "cfg.momentum", 0.0, 1.0, high_open=True)
     return N, lam, alpha, momentum
+
+
+check_at_construction(SGDConfig, _check_sgd_config)  # D, dtype unknown: lam's length and dtype later
 
 
 def sgd_init(theta) -> SGDState:
@@ -309,6 +317,9 @@ class SWAGConfig(NamedTuple):
     Each field is documented by its trailing comment. The functions that take a cfg check it
     and raise ValueError unless: K is an integer >= 1; scale is a finite real > 0; and
     var_clamp is a finite real >= 0.
+
+    Construction (``SWAGConfig(...)``, and unpickling) checks these rules too; ``_replace`` and
+    ``_make`` do not, so the functions check every cfg again.
     """
     K: int = 20               # deviation buffer size K >= 1, official max_num_models (20) (swag.3)
     scale: float = 0.5        # covariance multiplier > 0: 1/2 SWAG (paper), 1 SWAG-Diagonal (swag.6)
@@ -348,6 +359,9 @@ def _check_config(cfg) -> tuple[int, float, float]:
     scale = float(check_positive(cfg.scale, "cfg.scale"))
     var_clamp = float(check_positive(cfg.var_clamp, "cfg.var_clamp", strict=False))
     return K, scale, var_clamp
+
+
+check_at_construction(SWAGConfig, _check_config)
 
 
 def _check_state(state, K=None, *, buffer_finite: bool = True) -> int:

@@ -61,6 +61,7 @@ import math
 from typing import Any, NamedTuple
 
 from refbayes._checks import (
+    check_at_construction,
     check_array,
     check_float,
     check_in_range,
@@ -114,6 +115,10 @@ class VOGNConfig(NamedTuple):
     finite reals > 0; beta1 is in [0, 1) and beta2 in (0, 1]; gamma is a finite real >= 0;
     curvature is in CURVATURES; and delta is a finite real > 0 or a finite float (D,) array > 0
     in the state's dtype.
+
+    Construction (``VOGNConfig(...)``, and unpickling) checks these rules too, except delta's
+    length and dtype, known only with the state; ``_replace`` and ``_make`` do not, so the
+    functions check every cfg again.
     """
     N: int                 # training-set size, an integer >= 1; N_eff = rho N (vogn.2)
     delta: Any             # prior precision delta: float > 0 or (D,) array > 0 (vogn.1), (vogn.2)
@@ -199,7 +204,7 @@ def _check_state(state):
     return D, xp
 
 
-def _scales(cfg, D: int, dtype) -> _Cfg:
+def _scales(cfg, D=None, dtype=None) -> _Cfg:
     """Validate cfg and form N_eff = rho N, delta~ = tau delta / N_eff.  (vogn.2)"""
     if not isinstance(cfg, VOGNConfig):
         raise ValueError(f"cfg: expected a VOGNConfig, got {type(cfg).__name__}")
@@ -217,7 +222,7 @@ def _scales(cfg, D: int, dtype) -> _Cfg:
     if hasattr(delta, "shape"):
         check_array(delta, "cfg.delta", shape=(D,))
         check_float(delta, "cfg.delta")
-        if delta.dtype != dtype:
+        if dtype is not None and delta.dtype != dtype:
             raise ValueError(f"cfg.delta: expected dtype {dtype} (the state's), got {delta.dtype}")
         check_positive(delta, "cfg.delta")
     else:
@@ -225,6 +230,9 @@ def _scales(cfg, D: int, dtype) -> _Cfg:
     N_eff = rho * N                                                  # (vogn.2)
     delta_tilde = (tau / N_eff) * delta                              # (vogn.2)
     return _Cfg(N_eff, delta_tilde, alpha, beta1, beta2, gamma, tau, cfg.curvature, N)
+
+
+check_at_construction(VOGNConfig, _scales)  # D, dtype unknown: delta's length and dtype later
 
 
 def _check_eps(eps, D: int, dtype):

@@ -2,6 +2,8 @@
 Bayesian linear regression (exact posterior, evidence and predictive), GGN == Hessian for
 logistic regression, diagonal structures, the empirical Fisher, sampling as a linear map,
 laplace-torch's evidence formula, the per-tensor prior, and bad input."""
+import warnings
+
 import numpy as np
 import pytest
 
@@ -10,6 +12,11 @@ from refbayes.methods import laplace
 from refbayes.models import MLP, LogisticRegression
 from tests.reference import laplace_dense as ref
 from tests.tolerances import EXACT_F32, EXACT_F64, assert_close
+
+# fit here is mostly at points that are not a MAP (the identities tested hold at any theta); its
+# non-stationarity UserWarning is tested in test_laplace.py (test_fit_warns_away_from_a_minimum)
+pytestmark = pytest.mark.filterwarnings(
+    "ignore:laplace.fit. theta_map is not a stationary point:UserWarning")
 
 N, P = 30, 3
 NOISE = 4.0
@@ -222,20 +229,27 @@ def _base():
     return X, y, model, theta, cfg, laplace.fit(model, theta, X, y, cfg)
 
 
+# the bad cfgs are made with _replace, which is not re-validated (LaplaceConfig(0.0) itself
+# raises, tested in test_config_checked_at_construction), so that fit's own check is tested
 @pytest.mark.parametrize("change, match", [
-    (lambda a: {**a, "cfg": laplace.LaplaceConfig(0.0)}, r"cfg\.prior_precision: expected"),
-    (lambda a: {**a, "cfg": laplace.LaplaceConfig(-1.0)}, r"cfg\.prior_precision: expected"),
-    (lambda a: {**a, "cfg": laplace.LaplaceConfig(float("nan"))}, r"cfg\.prior_precision:"),
+    (lambda a: {**a, "cfg": a["cfg"]._replace(prior_precision=0.0)},
+     r"cfg\.prior_precision: expected"),
+    (lambda a: {**a, "cfg": a["cfg"]._replace(prior_precision=-1.0)},
+     r"cfg\.prior_precision: expected"),
+    (lambda a: {**a, "cfg": a["cfg"]._replace(prior_precision=float("nan"))},
+     r"cfg\.prior_precision:"),
     (lambda a: {**a, "cfg": laplace.LaplaceConfig(np.ones(3))},
      r"cfg\.prior_precision: expected shape \(4\)"),
     (lambda a: {**a, "cfg": laplace.LaplaceConfig(np.ones(4, dtype=np.float32))},
      r"cfg\.prior_precision: expected dtype float64"),
-    (lambda a: {**a, "cfg": laplace.LaplaceConfig(1.0, "lowrank")}, r"cfg\.structure: expected"),
-    (lambda a: {**a, "cfg": laplace.LaplaceConfig(1.0, "full", "fisher")},
+    (lambda a: {**a, "cfg": a["cfg"]._replace(structure="lowrank")},
+     r"cfg\.structure: expected"),
+    (lambda a: {**a, "cfg": a["cfg"]._replace(curvature="fisher")},
      r"cfg\.curvature: expected"),
     (lambda a: {**a, "cfg": (1.0, "full", "ggn")}, r"cfg: expected a LaplaceConfig"),
     (lambda a: {**a, "theta": np.full(4, np.nan)}, r"theta_map: expected finite"),
-    (lambda a: {**a, "theta": np.zeros(5)}, r"model: expected a model with D = 5"),
+    (lambda a: {**a, "theta": np.zeros(5)},  # fit has no state: the model's D is named
+     r"theta_map: expected shape \(4,\) \(the model's D = 4 parameters\), got \(5,\)"),
     (lambda a: {**a, "model": "logistic"}, r"model: expected a refbayes.models model"),
     (lambda a: {**a, "X": a["X"][:, :2]}, r"X: expected shape"),
     (lambda a: {**a, "y": a["y"] + 0.5}, r"y: expected"),
@@ -283,3 +297,37 @@ def test_state_and_other_bad_input_raises():
         laplace.expand_prior_precision(net, np.ones(3))
     with pytest.raises(ValueError, match=r"values: expected .*> 0"):
         laplace.expand_prior_precision(net, np.array([1.0, 0.0]))
+
+
+def test_curvature_names_the_models_D_for_a_theta_of_the_wrong_length():
+    X, y, model, theta, cfg, _ = _base()
+    with pytest.raises(ValueError, match=r"theta_map: expected shape \(4,\) \(the model's D = 4"):
+        laplace.curvature(model, np.zeros(5), X, y, cfg)
+
+
+def test_fit_warns_away_from_a_minimum():
+    # L(theta) = sum_i l_i + (1/2) delta |theta|^2: its minimiser passes silently (the test
+    # runs with every warning an error), a point off it is named with |grad L|_2 and the bound
+    X, y, model, _, cfg, _ = _base()
+    from scipy.optimize import minimize
+    res = minimize(lambda th: model.loss(th, X, y) + 0.5 * th @ th,
+                   np.zeros(model.D), jac=lambda th: model.grad(th, X, y) + th,
+                   method="L-BFGS-B", options={"gtol": 1e-12, "ftol": 1e-15})
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        laplace.fit(model, res.x, X, y, cfg)
+    off = res.x + 1e-2
+    g = np.linalg.norm(model.grad(off, X, y) + off)
+    bound = laplace.STATIONARY_RTOL * (np.linalg.norm(model.grad(off, X, y)) + np.linalg.norm(off))
+    assert g > bound
+    with pytest.warns(UserWarning, match=rf"\|grad L\|_2 = {g:.3g} > {bound:.3g} = "
+                                         r"STATIONARY_RTOL \(0\.001\)") as rec:
+        state = laplace.fit(model, off, X, y, cfg)
+    assert len(rec) == 1 and rec[0].filename == __file__  # stacklevel: the caller's line
+    np.testing.assert_array_equal(state.mu, off)  # the state is returned all the same
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        quiet = laplace.fit(model, off, X, y, cfg, check_stationary=False)
+    np.testing.assert_array_equal(quiet.Sigma_inv, state.Sigma_inv)
+    with pytest.raises(ValueError, match=r"^check_stationary: expected a bool, got 1"):
+        laplace.fit(model, off, X, y, cfg, check_stationary=1)
