@@ -1,7 +1,8 @@
-"""Time one Riemannian Laplace geodesic three ways, in one process: refbayes' autograd
-Hessian-vector product, refbayes' dense autograd Hessian, and the official code's approach
-(PyTorch: torch.func gradient and forward-over-reverse HVP, the right-hand side in float32,
-scipy's solve_ivp RK45 on float64 state), on the regression net of the RLA paper and of
+"""Time one Riemannian Laplace geodesic five ways, in one process: refbayes' closed-form
+Hessian-vector product (the R-operator, ``FlatModel.hvp``), autograd's HVP (``_hvp_autograd``),
+refbayes' dense autograd Hessian, and the official code's approach (PyTorch: torch.func gradient
+and forward-over-reverse HVP, scipy's solve_ivp on float64 state) with the right-hand side in
+float32, as the official code evaluates it, and in float64 (equal precision), on the regression net of the RLA paper and of
 asv_benchmarks/benchmarks/bench_laplace.py (MLP [1, 15, 1] tanh, D = 46, N = 100 rows of
 y = sin(2 x) + N(0, 0.2^2), prior precision 1, theta0 and v as in its ExpMap benchmark).
 
@@ -90,16 +91,19 @@ def main() -> int:
     model, theta, v = bench.model(), bench.theta0(), bench._velocity(N)
     X, y = bench.data(N)
     loss32 = _torch_loss(model, X, y, bench.PRIOR, torch.float32)
+    loss64 = _torch_loss(model, X, y, bench.PRIOR, torch.float64)
     print(f"MLP [1, 15, 1] tanh, D = {model.D}, N = {N}; median of {REPEATS} runs, "
           f"torch {torch.__version__} threads {torch.get_num_threads()}")
     print(f"{'solver':<26} {'path':<32} {'s/geodesic':>10} {'nfev':>6} {'ms/eval':>8} "
           f"{'end vs hvp':>10}")
     for tol, cfg in bench.TOLS.items():
         ref_c = None
-        for path in ("hvp", "dense", "official-style"):
-            if path == "official-style":
+        for path in ("hvp", "autograd", "dense", "official-style", "official-style-f64"):
+            if path.startswith("official-style"):
+                loss, dtype = ((loss64, torch.float64) if path.endswith("f64")
+                               else (loss32, torch.float32))
                 sec, (c, nfev) = _median_seconds(
-                    lambda: official_style_exp_map(theta, v, loss32, cfg))
+                    lambda: official_style_exp_map(theta, v, loss, cfg, dtype))  # noqa: B023
             else:
                 run = bench.geodesic_case(path, tol, N)
                 sec, info = _median_seconds(run)
@@ -107,8 +111,10 @@ def main() -> int:
             if ref_c is None:
                 ref_c = c
             err = float(np.max(np.abs(c - ref_c)) / np.max(np.abs(ref_c)))
-            label = {"hvp": "refbayes autograd HVP", "dense": "refbayes dense Hessian",
-                     "official-style": "torch.func HVP, float32 RHS"}[path]
+            label = {"hvp": "refbayes closed-form HVP", "autograd": "refbayes autograd HVP",
+                     "dense": "refbayes dense Hessian",
+                     "official-style": "torch.func HVP, float32 RHS",
+                     "official-style-f64": "torch.func HVP, float64 RHS"}[path]
             print(f"{tol + ' ' + cfg.method:<26} {label:<32} {sec:10.3f} {nfev:6d} "
                   f"{1e3 * sec / nfev:8.3f} {err:10.2e}", flush=True)
     return 0

@@ -7,9 +7,9 @@ with noise_precision = 25 (the data's); theta0 from the model's initializer (see
 the cost of ``fit`` and ``glm_predictive`` does not depend on theta (``fit`` runs with
 check_stationary=False: its stationarity check, one gradient pass, would warn at theta0), and a
 MAP of this net is slow to reach (L-BFGS: ~0.3-0.8 s, ~600-1500 iterations) and makes the
-geodesics much longer (see ExpMap). ``laplace`` runs on CuPy except for the curvature "hessian" of this MLP
-(autograd's); the Riemannian Laplace geodesic is NumPy-only (the ODE is scipy's, the HVP
-autograd's): those "cupy" cases are skipped (setup raises NotImplementedError). The CuPy cases
+geodesics much longer (see ExpMap). ``laplace`` runs on CuPy except for the curvature "hessian"
+of this MLP (autograd's); the Riemannian Laplace geodesic is NumPy-only (the ODE is scipy's):
+those "cupy" cases are skipped (setup raises NotImplementedError). The CuPy cases
 build their inputs on the host and copy them to the device once, in setup.
 
 - LaplaceFit: ``laplace.fit`` for every structure x curvature, N training rows. The Hessian at
@@ -28,14 +28,17 @@ build their inputs on the host and copy them to the device once, in setup.
   (full GGN, N = 100): "lbfgs" and "adam" over one delta and the noise precision, "grid" over
   laplace-torch's 100 values; ``track_evaluations`` counts evidence evaluations.
 - ExpMapWidth: one geodesic at the official tolerances vs the hidden width (D = 16 .. 451).
+- GeodesicRHS: one right-hand side of the geodesic ODE (``geodesic_acceleration`` with
+  ``loss_fns``), the closed-form HVP vs autograd's, D = 46 and D = 2701.
 - ExpMap: one ``riemannian_laplace.exp_map`` from theta0 with L = sum_i l_i + |theta|^2 / 2
   (prior precision 1), v a draw from the GGN Laplace posterior at theta0, N(0, (GGN + I)^{-1});
-  hvp_fn either model.hvp (autograd, no D x D matrix: the "hvp" path) or model.hessian(c) @ u
-  (the dense D x D autograd Hessian at every right-hand-side evaluation: "dense"), each plus the
-  prior term, as tests/methods/test_riemannian_laplace.py builds them. Solver at the config
+  hvp_fn model.hvp (the closed-form R-operator, no D x D matrix: the "hvp" path), autograd's
+  reverse-over-reverse product ("autograd", what "hvp" was before the R-operator) or
+  model.hessian(c) @ u (the dense D x D autograd Hessian at every right-hand-side evaluation:
+  "dense"), each plus the prior term, as tests/methods/test_riemannian_laplace.py builds them. Solver at the config
   defaults (RK45, rtol 1e-6, atol 1e-3, the official code's) and at a tight tolerance (DOP853,
   rtol = atol = 1e-10). ``track_nfev`` is the solver's right-hand-side evaluations (one grad_fn
-  and one hvp_fn call each), which is the same for both paths up to rounding. From theta0 a
+  and one hvp_fn call each), which is the same for all paths up to rounding. From theta0 a
   geodesic takes 80 / 62 evaluations at the defaults and 494 / 398 tight (N = 20 / 100); from an
   L-BFGS MAP of this net, with v drawn the same way there (measured once on the dev machine),
   482 / 1496 at the defaults and 1646 at N = 20 tight (at N = 100 the tight solve left the
@@ -201,20 +204,24 @@ def geodesic_case(path, tol, N):
     if path == "hvp":
         def hvp_fn(theta, u):
             return net.hvp(theta, u, X, y) + PRIOR * u
+    elif path == "autograd":
+        def hvp_fn(theta, u):
+            return net._hvp_autograd(theta, u, X, y) + PRIOR * u
     elif path == "dense":
         def hvp_fn(theta, u):
             return (net.hessian(theta, X, y) + PRIOR * eye) @ u
     else:
-        raise ValueError(f"path: expected 'hvp' or 'dense', got {path!r}")
+        raise ValueError(f"path: expected 'hvp', 'autograd' or 'dense', got {path!r}")
     theta, v, cfg = theta0(), _velocity(N), TOLS[tol]
     return lambda: rl.exp_map(theta, v, grad_fn, hvp_fn, cfg)[1]
 
 
 class ExpMap:
-    """One geodesic Exp_theta0(v): HVP path vs the dense-Hessian path, default vs tight solver.
+    """One geodesic Exp_theta0(v): the closed-form HVP (R-operator), autograd's HVP and the
+    dense-Hessian path, default vs tight solver.
 
     Seconds per geodesic: the dense path at the tight tolerance runs ~20 s (one sample)."""
-    params = (BACKENDS, ["hvp", "dense"], list(TOLS), NS_GEODESIC)
+    params = (BACKENDS, ["hvp", "autograd", "dense"], list(TOLS), NS_GEODESIC)
     param_names = ["backend", "path", "tol", "N"]
     number = 1
     repeat = (1, 5, 30.0)
@@ -233,6 +240,31 @@ class ExpMap:
 
     track_nfev.unit = "rhs evaluations"
 
+
+
+class GeodesicRHS:
+    """One right-hand side of the geodesic ODE, ``geodesic_acceleration`` with the (grad_fn,
+    hvp_fn) of ``riemannian_laplace.loss_fns`` (N = 100 rows, prior 1): hvp_fn by the closed-form
+    R-operator (the library's) vs by autograd's reverse-over-reverse product, on the paper's
+    regression net (D = 46) and a wider one, MLP [1, 50, 50, 1] (D = 2701)."""
+    params = (BACKENDS, ["closed-form", "autograd"], [15, 50])
+    param_names = ["backend", "hvp", "width"]
+
+    def setup(self, name, hvp, width):
+        _numpy_only(name)
+        net = model() if width == 15 else MLP([1, 50, 50, 1], "tanh", "gaussian",
+                                               noise_precision=NOISE_PRECISION)
+        X, y = data(100)
+        grad_fn, hvp_fn = rl.loss_fns(net, X, y, PRIOR)
+        if hvp == "autograd":
+            def hvp_fn(theta, u):
+                return net._hvp_autograd(theta, u, X, y) + PRIOR * u
+        rng = np.random.default_rng(3)
+        self.args = (grad_fn, hvp_fn, 0.3 * rng.standard_normal(net.D),
+                     rng.standard_normal(net.D))
+
+    def time_rhs(self, name, hvp, width):
+        rl.geodesic_acceleration(*self.args)
 
 
 def class_model():
@@ -391,9 +423,16 @@ def main():
         nfev = b.run().nfev
         label = f"exp_map width={width} (nfev {nfev})"
         print(f"{label:<40} {_median_ms(b.run):10.3f}", flush=True)
+    for hvp in GeodesicRHS.params[1]:
+        for width in GeodesicRHS.params[2]:
+            b = GeodesicRHS()
+            b.setup("numpy", hvp, width)
+            label = f"geodesic rhs {hvp} width={width}"
+            rhs = functools.partial(b.time_rhs, "numpy", hvp, width)
+            print(f"{label:<40} {_median_ms(rhs):10.3f}", flush=True)
     for N in NS_GEODESIC:
         for tol in TOLS:
-            for path in ["hvp", "dense"]:
+            for path in ExpMap.params[1]:
                 fn = geodesic_case(path, tol, N)
                 nfev = fn().nfev
                 label = f"exp_map {path} {tol} N={N} (nfev {nfev})"

@@ -1,7 +1,7 @@
 """The curvature methods of FlatModel: output Jacobians, GGN, Hessian, Hessian-vector products
 and the GGN / empirical-Fisher diagonals, at one theta or batched over S parameter vectors.
 
-Implements (peg.7)-(peg.11) and (peg.17) of derivations/per_example_gradients.md, in the symbols
+Implements (peg.7)-(peg.11), (peg.17) and (peg.22)-(peg.27) of derivations/per_example_gradients.md, in the symbols
 and shapes of refbayes.models.base. Each public function here is a method of FlatModel (its
 first argument ``self`` is the model), bound by name in FlatModel's class body, so that
 ``FlatModel.ggn`` is this ``ggn``: called, documented and overridden (the linear models' closed
@@ -16,7 +16,8 @@ from refbayes._checks import check_array, check_same_dtype
 from refbayes.backend import xp_of
 from refbayes.models import _layers
 
-__all__ = ["diag_ef", "diag_ggn", "ggn", "hessian", "hvp", "jacobian", "sample_moments"]
+__all__ = ["diag_ef", "diag_ggn", "ggn", "ggn_vp", "hessian", "hvp", "jacobian", "jvp",
+           "sample_moments"]
 
 
 def _seeded_rows(model, xp, params, acts, seeds):
@@ -118,19 +119,30 @@ def hessian(self, theta, X, y):
     H = autograd.hessian(self._autograd_loss)(theta, X, y)  # (peg.17)
     return np.asarray(H, dtype=theta.dtype)
 
-def hvp(self, theta, v, X, y):
-    """Compute the Hessian-vector product H v of sum_i l_i, by autograd (NumPy only).
 
-    H is the Hessian of ``hessian`` (peg.17); H v = d/dtheta (grad(theta)^T v) is formed by
-    reverse-over-reverse differentiation without the D x D matrix (one gradient pass of
-    the scalar grad^T v).
+def _r_inputs(self, theta, v, X, y, need_y=True):
+    """Validated (xp, theta, X, y) and v split into per-layer blocks (V_l, c_l)."""
+    xp, theta, X, y = self._inputs(theta, X, y, need_y=need_y)
+    xp_of(theta, v)
+    check_array(v, "v", shape=(self.D,))
+    check_same_dtype({"theta": theta, "v": v})
+    return xp, theta, X, y, _layers.unflatten(v, self.sizes, self.bias)
+
+
+def hvp(self, theta, v, X, y):
+    """Compute the Hessian-vector product H v of sum_i l_i in closed form (NumPy or CuPy).
+
+    H is the Hessian of ``hessian`` (peg.17); H v = R{grad} is Pearlmutter's R-operator: one
+    forward pass of the directional derivatives R{z_l} beside (peg.1), then one backward pass of
+    R{delta_l} beside (peg.3), (peg.22)-(peg.26). The D x D matrix is never formed. The same
+    product by autograd (reverse over reverse, NumPy only) is ``_hvp_autograd``, its test oracle.
 
     Parameters
     ----------
     theta : array of shape (D,)
         Flat parameter vector (float64 or float32).
     v : array of shape (D,)
-        The vector, same dtype as theta.
+        The vector, same dtype and backend as theta.
     X : array of shape (M, n_in)
         Inputs, M >= 1, same dtype as theta.
     y : array of shape (M,) or (M, n_out)
@@ -139,17 +151,30 @@ def hvp(self, theta, v, X, y):
 
     Returns
     -------
-    numpy.ndarray of shape (D,)
+    array of shape (D,)
         The product H v, in theta's dtype.
 
     Raises
     ------
     ValueError
-        If theta, X or y is invalid (see FlatModel), v is not a finite (D,) array of
-        theta's dtype, or the arrays are CuPy arrays.
+        If theta, X or y is invalid (see FlatModel), or v is not a finite (D,) array of
+        theta's dtype on theta's backend.
     """
+    xp, theta, X, y, dparams = _r_inputs(self, theta, v, X, y)
+    params, acts, f = self._forward(xp, theta, X)
+    r_zs, r_f = _layers.r_forward(params, dparams, acts, self.activation)  # (peg.22)
+    r = self.likelihood._grad_f(f, y)  # (peg.2)
+    deltas = _layers.backward(params, acts, r, self.activation)  # (peg.3)
+    r_seed = xp.einsum("mkl,ml->mk", self.likelihood._hess_f(f, y), r_f)  # (peg.23)
+    r_deltas = _layers.r_backward(params, dparams, acts, deltas, r_zs, r_seed,
+                                  self.activation)  # (peg.24)
+    return _layers.r_blocks(xp, acts, deltas, r_zs, r_deltas, self.bias,
+                            self.activation)  # (peg.25)
+
+
+def _hvp_autograd(self, theta, v, X, y):
+    """H v by autograd's reverse-over-reverse product (NumPy only): the oracle of ``hvp``. (peg.17)"""
     xp, theta, X, y = self._inputs(theta, X, y)
-    xp_of(theta, v)
     check_array(v, "v", shape=(self.D,))
     check_same_dtype({"theta": theta, "v": v})
     if xp is not np:
@@ -157,6 +182,75 @@ def hvp(self, theta, v, X, y):
                          "CuPy arrays")
     Hv = autograd.hessian_tensor_product(self._autograd_loss)(theta, X, y, v)  # (peg.17)
     return np.asarray(Hv, dtype=theta.dtype)
+
+
+def jvp(self, theta, v, X):
+    """Compute the output Jacobian-vector products J_i v = R{f_i} in one forward pass.
+
+    (peg.22)
+
+    Parameters
+    ----------
+    theta : array of shape (D,)
+        Flat parameter vector (float64 or float32).
+    v : array of shape (D,)
+        The vector, same dtype and backend as theta.
+    X : array of shape (M, n_in)
+        Inputs, M >= 1, same dtype as theta.
+
+    Returns
+    -------
+    array of shape (M, n_out)
+        Row i is J_i v, J_i = df_i/dtheta as in ``jacobian``.
+
+    Raises
+    ------
+    ValueError
+        If theta or X is invalid (see FlatModel), or v is not a finite (D,) array of theta's
+        dtype on theta's backend.
+    """
+    xp, theta, X, _, dparams = _r_inputs(self, theta, v, X, None, need_y=False)
+    params, acts, _ = self._forward(xp, theta, X)
+    return _layers.r_forward(params, dparams, acts, self.activation)[1]  # (peg.22)
+
+
+def ggn_vp(self, theta, v, X, y):
+    """Compute the GGN-vector product sum_i J_i^T H_i J_i v without J or the D x D GGN.
+
+    (peg.27) J v by the R pass (peg.22), the seed H_i J_i v (peg.23), then plain backprop (peg.3)-(peg.6):
+    the Hessian of the loss of the network linearized at theta, applied to v; ``ggn(theta, X,
+    y) @ v`` up to rounding.
+
+    Parameters
+    ----------
+    theta : array of shape (D,)
+        Flat parameter vector (float64 or float32).
+    v : array of shape (D,)
+        The vector, same dtype and backend as theta.
+    X : array of shape (M, n_in)
+        Inputs, M >= 1, same dtype as theta.
+    y : array of shape (M,) or (M, n_out)
+        Targets: labels (M,) for classification; reals (M,) or (M, n_out) for the gaussian
+        likelihood.
+
+    Returns
+    -------
+    array of shape (D,)
+        The product GGN v, in theta's dtype.
+
+    Raises
+    ------
+    ValueError
+        If theta, X or y is invalid (see FlatModel), or v is not a finite (D,) array of
+        theta's dtype on theta's backend.
+    """
+    xp, theta, X, y, dparams = _r_inputs(self, theta, v, X, y)
+    params, acts, f = self._forward(xp, theta, X)
+    r_f = _layers.r_forward(params, dparams, acts, self.activation)[1]  # J v (peg.22)
+    seed = xp.einsum("mkl,ml->mk", self.likelihood._hess_f(f, y), r_f)  # (peg.23)
+    deltas = _layers.backward(params, acts, seed, self.activation)  # (peg.27)
+    return _layers.summed_blocks(xp, acts, deltas, self.bias)  # (peg.27)
+
 
 def diag_ggn(self, theta, X, y):
     """Compute the GGN diagonal without forming a D x D matrix.

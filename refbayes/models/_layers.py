@@ -1,6 +1,7 @@
 """Dense-layer machinery shared by every flat-theta model: layout, forward pass, backprop.
 
-Implements (peg.1)-(peg.6) and the layer forms (peg.10)-(peg.11) of
+Implements (peg.1)-(peg.6), the layer forms (peg.10)-(peg.11) and the R-operator passes
+(peg.22)-(peg.26) of
 derivations/per_example_gradients.md. Symbols: a_{l-1} (M, n_{l-1}) the layer-l input
 (a_0 = X), z_l = a_{l-1} W_l + b_l, a_l = act(z_l) for hidden layers, f = z_L (M, K);
 delta_l = dl_i/dz_l (M, [R,] n_l) the backpropagated error, with an optional axis R of seeds.
@@ -16,7 +17,7 @@ from typing import NamedTuple
 __all__ = ["ACTIVATIONS", "Layout", "layout", "unflatten", "activate", "act_prime",
            "forward", "backward", "per_example_blocks", "summed_blocks", "sum_sq_blocks",
            "unflatten_batched", "forward_batched", "backward_batched", "summed_blocks_batched",
-           "sum_sq_blocks_batched"]
+           "sum_sq_blocks_batched", "act_second", "r_forward", "r_backward", "r_blocks"]
 
 ACTIVATIONS = ("relu", "tanh", "sigmoid")
 
@@ -105,6 +106,19 @@ def act_prime(a, activation):
     return a * (1.0 - a)  # (peg.5)
 
 
+def act_second(a, activation):
+    """act''(z_l) written through the output a_l = act(z_l). (peg.26)
+
+    relu: 0 (also at the kink, as relu'(0) = 0 makes 1[z > 0] flat there); tanh: -2 a (1 - a^2);
+    sigmoid: a (1 - a) (1 - 2 a).
+    """
+    if activation == "relu":
+        return None  # the act'' term of (peg.24) vanishes
+    if activation == "tanh":
+        return -2.0 * a * (1.0 - a * a)  # (peg.26)
+    return a * (1.0 - a) * (1.0 - 2.0 * a)  # (peg.26)
+
+
 def forward(ns, params, X, activation):
     """Inputs of every layer [a_0 = X, a_1, ..., a_{L-1}] and the output f = z_L. (peg.1)"""
     acts = [X]
@@ -131,6 +145,58 @@ def backward(params, acts, seed, activation):
             ap = ap[:, None, :]
         deltas.append((deltas[-1] @ W_next.T) * ap)  # (peg.3)
     return deltas[::-1]
+
+
+def r_forward(params, dparams, acts, activation):
+    """The R pass beside (peg.1) along v = (V_l, c_l): ([R{z_1}, ..., R{z_{L-1}}], R{f}). (peg.22)
+
+    R{z_l} = R{a_{l-1}} W_l + a_{l-1} V_l + c_l with R{a_0} = 0 and R{a_l} = act'(z_l) * R{z_l};
+    R{f} = R{z_L} is J v.
+    """
+    r_zs, r_a = [], None
+    for l, ((W, _), (V, c)) in enumerate(zip(params, dparams)):
+        r_z = acts[l] @ V  # (peg.22)
+        if r_a is not None:
+            r_z += r_a @ W  # (peg.22)
+        if c is not None:
+            r_z += c
+        if l == len(params) - 1:
+            return r_zs, r_z
+        r_zs.append(r_z)
+        r_a = act_prime(acts[l + 1], activation) * r_z  # (peg.22)
+
+
+def r_backward(params, dparams, acts, deltas, r_zs, r_seed, activation):
+    """[R{delta_1}, ..., R{delta_L}] from R{delta_L} = r_seed (M, K), beside (peg.3). (peg.24)
+
+    R{delta_l} = (R{delta_{l+1}} W_{l+1}^T + delta_{l+1} V_{l+1}^T) * act'(z_l)
+    + (delta_{l+1} W_{l+1}^T) * act''(z_l) * R{z_l}; deltas are those of (peg.3), unseeded axis.
+    """
+    r_deltas = [r_seed]
+    for l in range(len(params) - 1, 0, -1):
+        W_next, V_next = params[l][0], dparams[l][0]
+        a = acts[l]
+        back = deltas[l] @ W_next.T  # delta_{l+1} W_{l+1}^T
+        r_d = (r_deltas[-1] @ W_next.T + deltas[l] @ V_next.T) * act_prime(a, activation)
+        second = act_second(a, activation)
+        if second is not None:
+            r_d += back * second * r_zs[l - 1]  # (peg.24)
+        r_deltas.append(r_d)
+    return r_deltas[::-1]
+
+
+def r_blocks(xp, acts, deltas, r_zs, r_deltas, bias, activation):
+    """H v (D,): R{a_{l-1}}^T Delta_l + A_{l-1}^T R{Delta_l} and 1^T R{Delta_l} per layer. (peg.25)"""
+    blocks = []
+    for l, (a, d, r_d) in enumerate(zip(acts, deltas, r_deltas)):
+        w = a.T @ r_d  # (peg.25)
+        if l > 0:  # R{a_0} = 0
+            r_a = act_prime(a, activation) * r_zs[l - 1]  # (peg.22)
+            w += r_a.T @ d  # (peg.25)
+        blocks.append(w.reshape(-1))
+        if bias:
+            blocks.append(r_d.sum(axis=0))  # (peg.25)
+    return xp.concatenate(blocks)
 
 
 def per_example_blocks(xp, acts, deltas, bias):

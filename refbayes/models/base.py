@@ -14,10 +14,10 @@ Every public method validates theta, X, y (shapes, one float dtype for theta and
 labels) and raises ValueError naming the argument. theta and X must share a dtype (float64 or
 float32); results come back in that dtype on the backend of the inputs.
 
-FlatModel's curvature methods (``jacobian``, ``ggn``, ``hessian``, ``hvp``, ``diag_ggn``,
-``diag_ef``, ``sample_moments``) are defined in refbayes.models._curvature and its K-FAC methods
-(``kfac_*``, with ``KFACLayer``) in refbayes.models._kfac, and bound by name in the class body
-below: they are FlatModel's methods, documented there.
+FlatModel's curvature methods (``jacobian``, ``jvp``, ``ggn``, ``ggn_vp``, ``hessian``, ``hvp``,
+``diag_ggn``, ``diag_ef``, ``sample_moments``) are defined in refbayes.models._curvature and its
+K-FAC methods (``kfac_*``, with ``KFACLayer``) in refbayes.models._kfac, and bound by name in the
+class body below: they are FlatModel's methods, documented there.
 """
 from __future__ import annotations
 
@@ -81,7 +81,8 @@ class FlatModel:
     # default per-example-gradient implementation on NumPy, chosen by measurement
     # (bench_per_example.PerExampleGrads: numba at 0.57-1.05x the vectorized time on nine MLP shapes)
     _numpy_impl = "numba"
-    # hessian / hvp / _hessian_sum are autograd's (NumPy only); models with a closed form say so
+    # hessian / _hessian_sum are autograd's (NumPy only); models with a closed form say so (hvp is
+    # the R-operator's closed form on both backends)
     hessian_on_cupy = False
 
     def __init__(self, sizes, activation, likelihood, bias):
@@ -593,6 +594,9 @@ class FlatModel:
     ggn = _curvature.ggn
     hessian = _curvature.hessian
     hvp = _curvature.hvp
+    _hvp_autograd = _curvature._hvp_autograd
+    jvp = _curvature.jvp
+    ggn_vp = _curvature.ggn_vp
     diag_ggn = _curvature.diag_ggn
     diag_ef = _curvature.diag_ef
     sample_moments = _curvature.sample_moments
