@@ -110,7 +110,9 @@ def from_swa_gaussian(*, max_num_models, var_clamp=1e-30, scale=1.0, no_cov_mat=
     no_cov_mat : bool, default False
         Must be False (refbayes always keeps the deviation buffer).
     block : bool, default False
-        Must be False: ``sample_blockwise`` multiplies the covariance by scale^2 (E1).
+        Must be False: ``sample_blockwise`` has covariance scale^2 (Sigma_diag +
+        blockdiag_b(D_b D_b^T) / (K - 1)), one independent low-rank draw per parameter tensor
+        (E1); it is refbayes' ``sample`` on each tensor's own moments at scale^2.
 
     Returns
     -------
@@ -123,7 +125,8 @@ def from_swa_gaussian(*, max_num_models, var_clamp=1e-30, scale=1.0, no_cov_mat=
         If an argument is out of range, or no_cov_mat / block is set.
     """
     _fixed(no_cov_mat, "no_cov_mat", (False,), "refbayes' SWAG keeps the deviation buffer")
-    _fixed(block, "block", (False,), "sample_blockwise scales the covariance by scale^2 (E1)")
+    _fixed(block, "block", (False,), "sample_blockwise has covariance scale^2 (Sigma_diag + "
+           "the per-tensor block diagonal of the low-rank term) (E1)")
     return swag.SWAGConfig(K=check_int(max_num_models, "max_num_models", low=1),
                            scale=_pos(scale, "scale"),
                            var_clamp=_nonneg(var_clamp, "var_clamp"))

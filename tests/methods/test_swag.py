@@ -3,6 +3,7 @@ scipy, torch's SGD semantics written out, and the stationary covariance of SGD o
 (derivations/swag.md)."""
 from __future__ import annotations
 
+import itertools
 import math
 
 import numpy as np
@@ -182,8 +183,9 @@ def test_swa_is_the_mean_and_float32_matches_float64():
 
 def test_erratum_blockwise_scale_squares_the_covariance():
     """E1: the official sample_blockwise (scale * std * eps, scale / sqrt(K - 1) * D_hat z2)
-    has covariance scale^2 Sigma; refbayes' sample (= the official sample_fullrank) has
-    scale Sigma, as the paper's (1/2)(Sigma_diag + Sigma_lr)."""
+    has covariance scale^2 Sigma for ONE parameter tensor (with several, the low-rank part is
+    block diagonal: test_swag_official.py); refbayes' sample (= the official sample_fullrank)
+    has scale Sigma, as the paper's (1/2)(Sigma_diag + Sigma_lr)."""
     thetas = np.random.default_rng(8).standard_normal((6, 4))
     state, cfg = _collected(thetas, K=6)
     scale = 0.5
@@ -266,14 +268,14 @@ def test_driver_runs_sgd_and_replays_its_batches():
 def test_swa_learning_rate_is_the_official_schedule():
     """(swag.10): flat to r = 0.5, linear to alpha_swa at r = 0.9, flat after; the SGD baseline
     (swa_start = epochs, ratio 0.01) reaches 0.01 alpha_init."""
-    f = lambda e: swag.swa_learning_rate(e, alpha_init=0.1, alpha_swa=0.02, swa_start=10)  # noqa: E731
+    f = lambda e: swag.swa_learning_rate(e, alpha_init=0.1, alpha_swa=0.02, swa_start=10)
     assert [f(e) for e in (0, 5)] == [0.1, 0.1]
     assert f(7) == pytest.approx(0.1 * (1 - (1 - 0.2) * (0.7 - 0.5) / 0.4), rel=1e-15)
     assert f(9) == pytest.approx(0.02, rel=1e-15) and f(30) == pytest.approx(0.02, rel=1e-15)
     assert swag.swa_learning_rate(99, alpha_init=1.0, alpha_swa=0.01, swa_start=100) \
         == pytest.approx(0.01)
     ratios = [f(e) for e in range(12)]
-    assert all(a >= b * (1 - 1e-15) for a, b in zip(ratios, ratios[1:]))  # one rounding at r = 0.9
+    assert all(a >= b * (1 - 1e-15) for a, b in itertools.pairwise(ratios))  # one rounding at r = 0.9
 
 
 # ----------------------------------------------------------------------------- SGD as OU
