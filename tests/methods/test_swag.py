@@ -118,6 +118,28 @@ def test_sampler_covariance_is_exact_as_a_linear_map(scale, low_rank, n, K):
     assert rel_err(swag.dense_covariance(state, cfg, low_rank=low_rank), scale * Sigma) < EXACT_F64
 
 
+@pytest.mark.parametrize("scale", [0.5, 0.3])
+@pytest.mark.parametrize("n, K", [(5, 3), (3, 5), (9, 4)])
+def test_sampler_draws_are_the_printed_map(scale, n, K):
+    """(swag.7) draw by draw: theta = theta_bar + sqrt(scale) (sqrt(var) z1 + D_hat z2 /
+    sqrt(K' - 1)), with D_hat the batch deviations oldest first, written out here. The
+    covariance test above cannot see a sign flip of the low-rank term or z2's rows applied to
+    the deviations in another order (both leave A A^T unchanged); this one does."""
+    rng = np.random.default_rng(n * 10 + K)
+    thetas = rng.standard_normal((n, 6))
+    state, cfg = _collected(thetas, K)
+    cfg = cfg._replace(scale=scale)
+    mean, sq, dev = _batch_moments(thetas, K)
+    Kp = dev.shape[1]
+    z1, z2 = rng.standard_normal((6, 4)), rng.standard_normal((Kp, 4))
+    by_hand = mean[:, None] + np.sqrt(scale) * (np.sqrt(sq - mean ** 2)[:, None] * z1
+                                                + dev @ z2 / np.sqrt(Kp - 1))  # (swag.7)
+    assert rel_err(swag.sample(state, z1, z2, cfg), by_hand) < EXACT_F64
+    diag_only = mean[:, None] + np.sqrt(scale) * np.sqrt(sq - mean ** 2)[:, None] * z1
+    assert rel_err(swag.sample(state, z1, None, cfg), diag_only) < EXACT_F64
+    assert rel_err(dev @ z2, -dev @ z2) > 1.0  # the low-rank term is not zero here
+
+
 def test_sampler_covariance_from_draws():
     """The sample covariance of S draws is within MC_SIGMAS standard deviations of the dense
     covariance, entry by entry; Var(C_hat_ij) = (C_ii C_jj + C_ij^2) / S for Gaussian draws (the
