@@ -1,14 +1,15 @@
-"""The refbayes command: data, reproduce, trace, verify and conformance.
+"""The refbayes command: data, reproduce, trace, verify, conformance and derivation.
 
-Subcommands: data list|fetch|verify, reproduce EXPERIMENT, trace METHOD, verify TRACE YOURS and
-conformance NAME.
+Subcommands: data list|fetch|verify, reproduce EXPERIMENT, trace METHOD, verify TRACE YOURS,
+conformance NAME and derivation NAME (print the note that ``derivations/NAME.md`` names).
 
 This module only parses arguments and calls library functions (``refbayes.datasets``, the
 experiment modules registered in ``refbayes.experiments.EXPERIMENTS``, ``refbayes.trace``). A
 ValueError or OSError (FileNotFoundError, a failed download) becomes ``refbayes: error: ...`` on
 stderr and exit status 2, without a traceback; ``data verify`` exits 1 when a file is missing or
-mismatched. A Ctrl-C becomes ``refbayes: interrupted`` and exit status 130; during a
-``reproduce`` run, followed by what was saved where and how to resume
+mismatched, ``verify`` when a quantity diverges, and ``conformance`` when the library under test
+has a defect (``CONFORMANCE_EXIT_STATUS``). A Ctrl-C becomes ``refbayes: interrupted`` and exit
+status 130; during a ``reproduce`` run, followed by what was saved where and how to resume
 (``experiments.interrupted_note``).
 """
 from __future__ import annotations
@@ -16,6 +17,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import sys
+from pathlib import Path
 
 from refbayes import __version__, experiments
 from refbayes._files import format_table
@@ -28,7 +30,16 @@ from refbayes.datasets import (
     verify,
 )
 
-__all__ = ["build_parser", "main"]
+__all__ = ["build_parser", "derivations_dir", "main"]
+
+# `refbayes conformance --help` and docs/commands.md ("Exit status") say this; tests/test_cli.py
+# checks both against what `main` returns.
+CONFORMANCE_EXIT_STATUS = (
+    "Exit status: 0 when every row agrees or is a documented convention (and for --list); 1 when "
+    "the report ran to the end and at least one row is a defect (a difference no documented "
+    "convention explains: a finding about the library under test, or about refbayes where the "
+    "row's note says so, not a crash of the command); 2 on a usage error, an unknown NAME, or "
+    "torch or the library missing; 130 when interrupted.")
 
 
 def _cmd_list(args) -> int:
@@ -87,6 +98,70 @@ def _cmd_verify(args) -> int:
         print(f"{failed} file(s) missing or mismatched; run `refbayes data fetch NAME` to repair.",
               file=sys.stderr)
     return 1 if failed else 0
+
+
+def derivations_dir() -> Path:
+    """The folder of the derivation notes that docstrings and messages name ``derivations/NAME.md``.
+
+    An install carries them inside the package (``refbayes/derivations/``, copied there by
+    setup.py's build step); a source checkout has them at the top of the repository.
+
+    Returns
+    -------
+    pathlib.Path
+        The folder holding ``notation.md`` and one note per method.
+
+    Raises
+    ------
+    OSError
+        If neither place holds the notes (a build that left them out).
+    """
+    here = Path(__file__).resolve().parent
+    for folder in (here / "derivations", here.parent / "derivations"):
+        if (folder / "notation.md").is_file():
+            return folder
+    raise OSError(f"the derivation notes are missing: neither {here / 'derivations'} nor "
+                  f"{here.parent / 'derivations'} holds them; reinstall refbayes (`pip install .`)")
+
+
+def _cmd_derivation(args) -> int:
+    folder = derivations_dir()
+    notes = sorted(p.stem for p in folder.glob("*.md"))
+    if args.name is None:
+        print(f"derivation notes in {folder} (`refbayes derivation NAME` prints one):")
+        rows = []
+        for stem in notes:
+            first = (folder / f"{stem}.md").read_text(encoding="utf-8").lstrip().split("\n")[0]
+            rows.append([stem, first.lstrip("# ").strip()])
+        print(format_table(["name", "title"], rows))
+        return 0
+    # a pointer as printed ("derivations/vogn.md#errata") is accepted as it stands
+    stem = args.name.split("#")[0].strip()
+    stem = stem.removeprefix("derivations/").removesuffix(".md")
+    if stem not in notes:
+        raise ValueError(f"NAME: expected one of {', '.join(notes)}, got {args.name!r}")
+    path = folder / f"{stem}.md"
+    print(path if args.path else path.read_text(encoding="utf-8"), end="\n" if args.path else "")
+    return 0
+
+
+def _add_derivation(sub) -> None:
+    p = sub.add_parser(
+        "derivation", help="print a derivation note (the derivations/NAME.md that messages name)",
+        description="Print the derivation note NAME: the equations (NAME.n) that code comments, "
+                    "docstrings, messages and traces tag, with the errata and the conventions of "
+                    "public implementations. Docstrings and messages point to the notes as "
+                    "derivations/NAME.md; they are installed with the package (a source checkout "
+                    "reads the repository's derivations/). Without NAME, list the notes.")
+    try:
+        notes = ", ".join(sorted(path.stem for path in derivations_dir().glob("*.md")))
+    except OSError as err:  # reported when the command runs
+        notes = f"(unavailable: {err})"
+    p.add_argument("name", nargs="?", metavar="NAME",
+                   help="the note, also as 'vogn.md' or a pointer as printed "
+                        "('derivations/vogn.md#errata'); none lists them; one of " + notes)
+    p.add_argument("--path", action="store_true", help="print the note's file path, not its text")
+    p.set_defaults(_handler=_cmd_derivation)
 
 
 def _unavailable(name: str, err: Exception):
@@ -178,9 +253,14 @@ def _add_tool(sub, name: str, load: bool, help: str, description: str) -> None:
 def build_parser(load_experiments: bool = True, load_trace: bool = True) -> argparse.ArgumentParser:
     """The argument parser; ``load_experiments`` imports the experiment modules for ``reproduce``,
     ``load_trace`` the methods for ``trace``."""
-    parser = argparse.ArgumentParser(prog="refbayes", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="refbayes", description=__doc__.split("\n")[0],
+        epilog="Docstrings, messages and traces point to derivation notes as derivations/NAME.md; "
+               "they are installed with the package: `refbayes derivation NAME` prints one.")
     parser.add_argument("--version", action="version", version=f"refbayes {__version__}")
-    sub = parser.add_subparsers(dest="command", metavar="{data,reproduce,trace,verify,conformance}", required=True)
+    sub = parser.add_subparsers(
+        dest="command", metavar="{data,reproduce,trace,verify,conformance,derivation}",
+        required=True)
     _add_data(sub)
     rep = sub.add_parser("reproduce", help="run a paper experiment (list: `reproduce --help`)",
                          description="Run one registered experiment.")
@@ -197,7 +277,9 @@ def build_parser(load_experiments: bool = True, load_trace: bool = True) -> argp
               "run a public library against refbayes on identical inputs (needs the "
               "`conformance` extra: torch)",
               "Run a public implementation (laplace-torch, ivon-opt) and refbayes on identical "
-              "inputs and draws; print quantity, max relative error and verdict.")
+              "inputs and draws; print quantity, max relative error and verdict. "
+              + CONFORMANCE_EXIT_STATUS)
+    _add_derivation(sub)
     return parser
 
 

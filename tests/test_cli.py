@@ -1,11 +1,18 @@
-"""The `refbayes` command: data list/verify/fetch exit codes and output, reproduce dispatch."""
+"""The `refbayes` command: data list/verify/fetch exit codes and output, reproduce dispatch,
+conformance's exit status, and the derivation notes the package's pointers name."""
+import re
+import shutil
+import subprocess
 import sys
 import types
+from pathlib import Path
 
 import pytest
 
 import refbayes.experiments as experiments
 from refbayes.cli import main
+
+_ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_data_list_on_staged_data(data_dir, capsys):
@@ -178,3 +185,151 @@ def test_cli_imports_refbayes_modules_at_the_top_only():
     names = [(n.module if isinstance(n, ast.ImportFrom) else n.names[0].name) or "" for n in nested]
     optional = ("distributed", "matplotlib", "torch", "mpi4py", "cupy")
     assert all(m.split(".")[0] in optional for m in names), names
+
+
+def _fake_report(monkeypatch, verdicts):
+    """Make `refbayes conformance laplace-torch` print a report with these verdicts, no torch."""
+    from refbayes import conformance
+    rows = [conformance.Row(f"q{i}", 0.0 if v == "agree" else 0.5,
+                            0.5 if v == "convention" else None, v, "" if v == "agree" else "why")
+            for i, v in enumerate(verdicts)]
+    report = conformance.Report("laplace-torch", "fake report", rows)
+    module = types.SimpleNamespace(report=lambda: report)
+    monkeypatch.setattr(conformance, "get_report", lambda name: module)
+
+
+@pytest.mark.parametrize("verdicts, status", [(["agree", "convention"], 0),
+                                              (["agree", "defect", "convention"], 1)])
+def test_conformance_exit_status_is_one_exactly_when_a_row_is_a_defect(monkeypatch, capsys,
+                                                                      verdicts, status):
+    _fake_report(monkeypatch, verdicts)
+    assert main(["conformance", "laplace-torch"]) == status
+    assert "fake report" in capsys.readouterr().out
+
+
+def test_conformance_help_and_docs_state_the_exit_status(capsys):
+    from refbayes.cli import CONFORMANCE_EXIT_STATUS
+    assert main(["conformance", "--help"]) == 0
+    help_text = " ".join(capsys.readouterr().out.split())
+    assert " ".join(CONFORMANCE_EXIT_STATUS.split()) in help_text
+    for claim in ("0 when every row agrees or is a documented convention",
+                  "1 when the report ran to the end and at least one row is a defect",
+                  "2 on a usage error, an unknown NAME", "130 when interrupted"):
+        assert claim in help_text
+    assert main(["conformance", "nope"]) == 2  # what the help promises for an unknown NAME
+    capsys.readouterr()
+    page = (_ROOT / "docs" / "commands.md").read_text(encoding="utf-8")
+    section = " ".join(page.split("## Conformance")[1].split("\n## ")[0].split())
+    for claim in ("- 0: every row agrees or is a documented convention",
+                  "- 1: the report ran to the end and at least one row is a defect",
+                  "- 2: a usage error, an unknown NAME, or torch or the library missing",
+                  "- 130: interrupted"):
+        assert claim in section
+
+
+# ----------------------------------------------------------------- derivation notes (issue 35.8)
+_POINTER = re.compile(r"derivations/([a-z0-9_-]+)\.md(?:#([a-z0-9_-]+))?")
+
+
+def _slug(heading: str) -> str:
+    """GitHub's / MyST's anchor of a Markdown heading."""
+    return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+
+
+def _pointers():
+    """(file, note, anchor) of every ``derivations/NAME.md[#anchor]`` in the package and docs."""
+    files = sorted((_ROOT / "refbayes").rglob("*.py")) + [_ROOT / "README.md"] \
+        + sorted((_ROOT / "docs").glob("*.md"))
+    out = []
+    for path in files:
+        for note, anchor in _POINTER.findall(path.read_text(encoding="utf-8")):
+            out.append((path.relative_to(_ROOT).as_posix(), note, anchor))
+    return out
+
+
+def test_every_derivation_pointer_names_a_note_and_heading_that_exist():
+    notes = _ROOT / "derivations"
+    pointers = _pointers()
+    assert len(pointers) > 100  # the scan sees the package's pointers
+    bad = []
+    for where, note, anchor in pointers:
+        path = notes / f"{note}.md"
+        if not path.is_file():
+            bad.append(f"{where}: derivations/{note}.md does not exist")
+        elif anchor:
+            headings = re.findall(r"^#+ (.*)$", path.read_text(encoding="utf-8"), re.MULTILINE)
+            slugs = {_slug(h) for h in headings}
+            if anchor not in slugs:
+                bad.append(f"{where}: derivations/{note}.md has no heading #{anchor}")
+    assert bad == []
+
+
+def test_every_traced_method_and_equation_tag_names_an_existing_note():
+    from refbayes.methods import records
+    from refbayes.tracing import TRACERS, tags
+    named = [rec.note for rec in records.RECORDS.values()]
+    named += [tracer.derivation for tracer in TRACERS.values()]
+    # the note a trace or a verify report names for each tag the code carries
+    for path in (_ROOT / "refbayes").rglob("*.py"):
+        for label in tags.LABEL.findall(path.read_text(encoding="utf-8")):
+            named.append(tags.derivation_of(f"({label})", ""))
+    assert len(set(named)) > 15
+    missing = sorted({n for n in named if not re.fullmatch(r"derivations/[\w-]+\.md", n)
+                      or not (_ROOT / n).is_file()})
+    assert missing == []
+
+
+def test_derivation_command_prints_the_note_a_pointer_names(capsys):
+    from refbayes.cli import derivations_dir
+    assert derivations_dir() == _ROOT / "derivations"  # a source checkout reads the repository's
+    text = (_ROOT / "derivations" / "vogn.md").read_text(encoding="utf-8")
+    for name in ("vogn", "vogn.md", "derivations/vogn.md#errata"):
+        assert main(["derivation", name]) == 0
+        assert capsys.readouterr().out == text
+    assert main(["derivation", "vogn", "--path"]) == 0
+    assert capsys.readouterr().out.strip() == str(_ROOT / "derivations" / "vogn.md")
+    assert main(["derivation"]) == 0
+    listing = capsys.readouterr().out
+    assert "notation" in listing and "tracing" in listing and "VON, VOGN and OGN" in listing
+    assert main(["derivation", "nope"]) == 2
+    assert "expected one of bbb," in capsys.readouterr().err
+    assert main(["--help"]) == 0
+    assert "refbayes derivation NAME" in " ".join(capsys.readouterr().out.split())
+
+
+def test_derivation_notes_dir_prefers_the_installed_copy(tmp_path, monkeypatch):
+    from refbayes import cli
+    pkg = tmp_path / "site" / "refbayes"
+    (pkg / "derivations").mkdir(parents=True)
+    (pkg / "derivations" / "notation.md").write_text("# notation\n")
+    monkeypatch.setattr(cli, "__file__", str(pkg / "cli.py"))
+    assert cli.derivations_dir() == pkg / "derivations"
+    (pkg / "derivations" / "notation.md").unlink()
+    with pytest.raises(OSError, match="derivation notes are missing"):
+        cli.derivations_dir()
+
+
+def test_the_build_ships_every_derivation_note(tmp_path):
+    """What `pip install .` installs: setup.py's build_py puts derivations/*.md in the package, and
+    MANIFEST.in keeps them in an sdist (a wheel built from it has them too)."""
+    src = tmp_path / "src"
+    src.mkdir()
+    for name in ("pyproject.toml", "setup.py", "MANIFEST.in", "README.md"):
+        shutil.copy(_ROOT / name, src / name)
+    ignore = shutil.ignore_patterns("__pycache__", "*.pyc")
+    shutil.copytree(_ROOT / "refbayes", src / "refbayes", ignore=ignore)
+    shutil.copytree(_ROOT / "derivations", src / "derivations", ignore=ignore)
+    assert "graft derivations" in (src / "MANIFEST.in").read_text().split("\n")
+    out = tmp_path / "lib"
+    subprocess.run([sys.executable, "setup.py", "-q", "build_py", "--build-lib", str(out)], cwd=src,
+                   check=True, capture_output=True)
+    notes = sorted(p.name for p in (_ROOT / "derivations").glob("*.md"))
+    shipped = out / "refbayes" / "derivations"
+    assert sorted(p.name for p in shipped.glob("*.md")) == notes and "vogn.md" in notes
+    for name in notes:
+        assert (shipped / name).read_bytes() == (_ROOT / "derivations" / name).read_bytes()
+    shutil.rmtree(src / "derivations")  # a build without the notes fails, not ships without them
+    fail = subprocess.run([sys.executable, "setup.py", "-q", "build_py", "--build-lib",
+                           str(tmp_path / "lib2")], cwd=src, capture_output=True, text=True,
+                          check=False)
+    assert fail.returncode != 0 and "no derivation notes" in fail.stderr

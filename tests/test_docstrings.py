@@ -72,7 +72,8 @@ NOT_ENFORCED = {
     "SA02": "only matters where See Also exists (not required)",
     "SA03": "only matters where See Also exists (not required)",
     "SA04": "only matters where See Also exists (not required)",
-    "EX01": "examples live in tests/ and the README; doctests would duplicate them",
+    "EX01": ("a method module's examples are in its module docstring (one Examples section, run by "
+             "tests/test_examples_in_docstrings.py); one per function would repeat them"),
 }
 
 # A NamedTuple's fields are documented once, by their trailing comments or under Attributes (its

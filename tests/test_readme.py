@@ -86,3 +86,22 @@ def test_quoted_run_times_are_the_measured_ones():
     for run, seconds in MEASURED_SECONDS.items():
         assert f"{_about(seconds)} on 2 cores" in text, run
         assert f" {seconds} s" in text, f"{run}: the measured {seconds} s is not in docs/commands.md"
+
+
+def test_dataset_names_the_pages_give_commands_exist():
+    """`--dataset X|Y` of `refbayes reproduce calibration` and `refbayes data fetch NAME` in the
+    pages name real datasets: the subset is `mnist-5k` in both, `mnist` is full MNIST."""
+    from refbayes.datasets import dataset_names
+    from refbayes.experiments import calibration
+    data = set(dataset_names(include_optional=True))
+    seen = 0
+    for page, text in PAGES.items():
+        text = " ".join(text.split())
+        for names in re.findall(r"refbayes reproduce calibration \[?--dataset ([\w|,-]+)", text):
+            for name in re.split(r"[|,]", names):
+                seen += 1
+                assert name in (*calibration.DATASETS, "all"), \
+                    f"{page}: calibration --dataset {name}"
+        for name in re.findall(r"`refbayes data fetch ([a-z][\w-]*)`", text):
+            assert name in data, f"{page}: refbayes data fetch {name}"
+    assert seen >= 3

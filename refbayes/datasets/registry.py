@@ -31,7 +31,7 @@ from importlib import resources
 from typing import NamedTuple
 
 __all__ = ["ContentCheck", "FileSpec", "DatasetSpec", "DATASETS", "UCI_FOLDERS", "UCI_N_SPLITS",
-           "get_dataset", "dataset_names", "load_checksums"]
+           "DERIVED_TASKS", "get_dataset", "dataset_names", "load_checksums"]
 
 
 class ContentCheck(NamedTuple):
@@ -268,8 +268,22 @@ def dataset_names(*, include_optional: bool = False) -> list:
     return [name for name, spec in DATASETS.items() if include_optional or not spec.optional]
 
 
+# Names of tasks built from a registered dataset, as experiments spell them: not datasets, so
+# `refbayes data fetch usps-3vs5` is refused, naming the dataset that holds the files.
+DERIVED_TASKS = {
+    "usps-3vs5": ("usps", ("refbayes reproduce slang-logreg's task of digits 3 vs 5, built from "
+                           "Roweis' usps_all.mat")),
+}
+
+
 def get_dataset(name: str) -> DatasetSpec:
-    """The registry entry ``name``; ValueError listing the valid names otherwise."""
+    """The registry entry ``name``; ValueError listing the valid names otherwise (and, for the
+    name of a task built from a dataset, ``DERIVED_TASKS``, naming that dataset)."""
     if not isinstance(name, str) or name not in DATASETS:
-        raise ValueError(f"dataset: expected one of {', '.join(DATASETS)}; got {name!r}")
+        hint = ""
+        if isinstance(name, str) and name in DERIVED_TASKS:
+            source, what = DERIVED_TASKS[name]
+            hint = (f" ({name!r} is {what}: its data are dataset {source!r}, "
+                    f"`refbayes data fetch {source}`)")
+        raise ValueError(f"dataset: expected one of {', '.join(DATASETS)}; got {name!r}{hint}")
     return DATASETS[name]

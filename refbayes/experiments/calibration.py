@@ -2,12 +2,15 @@
 
 Protocol (derivations/calibration_experiment.md gives the reasons and the measured tables):
 
-- Data: the staged MNIST subset (``load_mnist_subset``: 5000 images of 784 pixels / 255, 500
-  per digit) and the UCI optdigits set (``load_digits``: 1797 images of 64 counts / 16).
+- Data: ``mnist-5k``, the staged MNIST subset (``load_mnist_subset``: 5000 images of 784 pixels
+  / 255, 500 per digit), and ``digits``, the UCI optdigits set (``load_digits``: 1797 images of 64
+  counts / 16): the names of ``refbayes data``. ``mnist`` there is full MNIST (60,000 + 10,000
+  images), which this benchmark does not run; ``--dataset mnist`` is refused with a message naming
+  ``mnist-5k``, so an old command line cannot silently run on other data.
 - Split, per dataset and seed: stratified 80 / 20: in each class (in label order), the rows
   permuted by ``default_rng(SeedSequence([seed, dataset index, 0]))``, the first
   round(0.2 n_c) to the test split, the rest to the training split (both then sorted by row).
-  MNIST 4000 / 1000, digits 1438 / 359 (class sizes 174-183).
+  mnist-5k 4000 / 1000, digits 1438 / 359 (class sizes 174-183).
 - Tasks: "main" trains on the training split (10 classes) and scores the test split; "ood"
   trains on the training rows of digits 0-4 only (a network with 5 outputs), scores the test
   rows of digits 0-4 (in-distribution) and separates them from the test rows of digits 5-9
@@ -16,7 +19,7 @@ Protocol (derivations/calibration_experiment.md gives the reasons and the measur
   units under --quick); theta_0 Glorot (``model.init_theta``), drawn first from the training
   generator.
 - Prior: N(0, I / lam) with lam = N_train * 5e-4, the SWAG paper's weight decay 5e-4 on the
-  mean loss, the same for every method of a dataset and task (MNIST 2.0, digits 0.7185; the
+  mean loss, the same for every method of a dataset and task (mnist-5k 2.0, digits 0.7185; the
   OOD task's N_train is about half).
 - Methods: the registry refbayes.experiments.calibration_methods (map, swa, swag-diag, swag,
   bbb, mc_dropout, vogn); each trains on the task's training rows with its own optimizer and
@@ -45,8 +48,9 @@ Output (``--out``, default results/calibration), written as the jobs finish:
 ``<dataset>/<task>/seed_<k>/<method>.json`` (atomic; settings, provenance, status "ok" or
 "diverged" with the error, metrics, reliability curve, seconds), then ``results.csv`` (one row
 per job found under --out whose settings match, for every dataset whose data is at hand),
-``summary.json`` (the tables' numbers), ``table_<dataset>.md`` (the markdown table printed on
-stdout) and, with matplotlib (the ``plot`` extra), ``reliability_<dataset>.png`` (one panel per
+``summary.json`` (the tables' numbers), ``table_<dataset>.md`` (the table printed on stdout, as
+Markdown for the docs; stdout shows it as aligned text, like every experiment) and, with
+matplotlib (the ``plot`` extra), ``reliability_<dataset>.png`` (one panel per
 method: per-bin accuracy against confidence, the diagonal, ECE in the title; main task, counts
 pooled over seeds). A job whose
 saved settings, data checksums and refbayes version match is loaded, not recomputed; otherwise
@@ -70,7 +74,7 @@ from typing import NamedTuple
 import numpy as np
 
 from refbayes import metrics
-from refbayes._files import atomic_write_text, write_json
+from refbayes._files import atomic_write_text, format_table, write_json
 from refbayes.datasets import data_identity, load_digits, load_mnist_subset
 from refbayes.experiments import _runner, calibration_methods
 from refbayes.experiments._runner import (
@@ -87,11 +91,16 @@ from refbayes.models import MLP
 __all__ = ["DATASETS", "DESCRIPTION", "MEASURED_SECONDS", "TASKS", "add_arguments", "load_data",
            "run", "stratified_split", "task_data"]
 
-DESCRIPTION = ("Calibration benchmark: every method on one MLP, MNIST-5k and digits: accuracy, "
-               "NLL, ECE, Brier, misclassification and OOD AUROC, reliability diagrams")
+DESCRIPTION = ("Calibration benchmark: every method on one MLP, mnist-5k (the 5000-image MNIST "
+               "subset) and digits: accuracy, NLL, ECE, Brier, misclassification and OOD AUROC, "
+               "reliability diagrams")
 
 PROTOCOL = 1  # bump when the protocol changes, so old result files are not mistaken for new ones
-DATASETS = ("mnist", "digits")
+DATASETS = ("mnist-5k", "digits")  # refbayes data's names (the index seeds the split: keep)
+# names that mean other data in `refbayes data`: refused with the reason, never run on a stand-in
+OTHER_DATA = {"mnist": "'mnist' is full MNIST (60,000 + 10,000 images, `refbayes data fetch "
+                       "mnist`), which calibration does not run; the 5000-image subset it runs is "
+                       "'mnist-5k'"}
 TASKS = ("main", "ood")
 TEST_FRAC = 0.2
 WEIGHT_DECAY = 5e-4   # lam = N_train * WEIGHT_DECAY (the SWAG paper's weight decay)
@@ -99,12 +108,13 @@ N_BINS = 15
 IN_CLASSES = 5        # the "ood" task trains on digits 0..IN_CLASSES-1
 BUDGETS = {"full": {"hidden": 200, "samples": 30}, "quick": {"hidden": 32, "samples": 10}}
 # (registered dataset, files its loader reads): their checksums are the result's data identity
-_DATA = {"mnist": (load_mnist_subset, "mnist-5k", ("mnist/mnist_5k.csv.gz",)),
+_DATA = {"mnist-5k": (load_mnist_subset, "mnist-5k", ("mnist/mnist_5k.csv.gz",)),
          "digits": (load_digits, "digits", ("digits/digits.csv.gz",))}
 
 # Wall-clock seconds on the 2-core development VM (AMD EPYC) with OMP/OPENBLAS/MKL_NUM_THREADS=1,
 # other jobs keeping the load at ~1-2: the default run (both datasets, both tasks, every method,
-# one seed; mnist 490 s of it, bbb the largest share: 176 s on mnist main) and --quick (digits).
+# one seed; mnist-5k 490 s of it, bbb the largest share: 176 s on its main task) and --quick
+# (digits).
 # Peak memory of the default run: 0.6 GB. Remeasure when the budgets change.
 MEASURED_SECONDS = {"default": 547, "quick": 4}
 MEASURED_ON = "2 cores, one BLAS thread"
@@ -115,7 +125,8 @@ MEASURED_ON = "2 cores, one BLAS thread"
 def load_data(dataset: str, data_dir=None):
     """(X (n, p) float64, y (n,) int64, data identity {file: sha256}) of ``dataset``."""
     if dataset not in _DATA:
-        raise ValueError(f"dataset: expected one of {', '.join(DATASETS)}, got {dataset!r}")
+        hint = f" ({OTHER_DATA[dataset]})" if dataset in OTHER_DATA else ""
+        raise ValueError(f"dataset: expected one of {', '.join(DATASETS)}, got {dataset!r}{hint}")
     loader, name, files = _DATA[dataset]
     X, y = loader(data_dir)
     return np.asarray(X, dtype=np.float64), np.asarray(y).astype(np.int64), \
@@ -162,16 +173,18 @@ def task_data(X, y, train, test, task: str) -> TaskData:
 
 # ----------------------------------------------------------------------------- arguments
 
-def _names(kind: str, choices):
+def _names(kind: str, choices, hints=None):
     def parse(text: str) -> tuple:
         if text == "all":
             return tuple(choices)
         names = tuple(dict.fromkeys(n.strip() for n in text.split(",") if n.strip()))
         bad = [n for n in names if n not in choices]
         if bad or not names:
+            why = "; ".join((hints or {})[n] for n in bad if n in (hints or {}))
             raise argparse.ArgumentTypeError(
                 f"unknown {kind} {', '.join(map(repr, bad)) or repr(text)}; expected one of "
-                f"{', '.join(choices)}, a comma-separated list of them, or all")
+                f"{', '.join(choices)}, a comma-separated list of them, or all"
+                + (f" ({why})" if why else ""))
         return tuple(n for n in choices if n in names)
     parse.__name__ = kind
     return parse
@@ -179,9 +192,10 @@ def _names(kind: str, choices):
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     methods = tuple(calibration_methods.METHODS)
-    parser.add_argument("--dataset", type=_names("dataset", DATASETS), default=None,
-                        help="mnist, digits, a comma-separated list, or all (default: all; "
-                             "--quick: digits)")
+    parser.add_argument("--dataset", type=_names("dataset", DATASETS, OTHER_DATA), default=None,
+                        help="mnist-5k (the 5000-image MNIST subset; not full MNIST, which is "
+                             "`refbayes data`'s mnist), digits, a comma-separated list, or all "
+                             "(default: all; --quick: digits)")
     parser.add_argument("--method", type=_names("method", methods), default=methods,
                         help=f"{', '.join(methods)}, a comma-separated list, or all (default)")
     parser.add_argument("--task", type=_names("task", TASKS), default=TASKS,
@@ -468,28 +482,66 @@ def _cell(r, key, digits, n, diverged):
     return text
 
 
-def _markdown(dataset, rows, seeds) -> str:
-    head = ["method", *(c[1] for c in COLUMNS), "OOD AUROC", "fit s"]
-    lines = ["| " + " | ".join(head) + " |", "|" + "|".join("---" for _ in head) + "|"]
+HEAD = ("method", *(c[1] for c in COLUMNS), "OOD AUROC", "fit s")
+
+
+def _table_rows(rows) -> list[list[str]]:
+    """The cells of a dataset's table, one row per method (``HEAD``'s columns)."""
+    out = []
     for r in rows:
         cells = [r["method"]]
         cells += [_cell(r, key, digits, r["seeds_main"], r["diverged_main"])
                   for key, _, digits in COLUMNS]
         cells.append(_cell(r, "ood_auroc", 4, r["seeds_ood"], r["diverged_ood"]))
         cells.append("-" if r["fit_seconds"] is None else f"{r['fit_seconds']:.3g}")
-        lines.append("| " + " | ".join(cells) + " |")
+        out.append(cells)
+    return out
+
+
+def _markdown(rows) -> str:
+    """The table as Markdown: table_<dataset>.md, which the docs include."""
+    lines = ["| " + " | ".join(HEAD) + " |", "|" + "|".join("---" for _ in HEAD) + "|"]
+    lines += ["| " + " | ".join(cells) + " |" for cells in _table_rows(rows)]
     return "\n".join(lines)
 
 
+def _text(rows) -> str:
+    """The table as aligned text (``_files.format_table``), as every experiment prints it."""
+    return format_table(list(HEAD), _table_rows(rows))
+
+
 def _heading(dataset, found, seeds) -> str:
-    s = next((f["settings"] for f in found if f["settings"]["dataset"] == dataset), None)
-    if s is None:
+    """Two lines: what was run (data, network, the budget: epochs of each method's training run,
+    S posterior draws per prediction, seeds), then what the columns are."""
+    runs = [f for f in found if f["settings"]["dataset"] == dataset]
+    if not runs:
         return f"{dataset}: no results"
-    return (f"{dataset}: test metrics of the main task (10 classes) and OOD AUROC of the ood task "
-            f"(train 0-{IN_CLASSES - 1}, entropy of 5-9 vs 0-4); MLP {s['hidden']}-{s['hidden']} "
-            f"ReLU, {s['budget']} budget, mean{' ± s.e.' if seeds > 1 else ''} over {seeds} "
-            f"seed{'s' if seeds > 1 else ''}; fit s: seconds of the main task's training run (one "
-            "SGD run serves swa, swag-diag and swag)")
+    s = runs[0]["settings"]
+    main = [f for f in runs if f["settings"]["task"] == "main" and f.get("n")]
+    sizes = (f"{main[0]['n']['train']} train / {main[0]['n']['test']} test rows, "
+             if main else "")
+    epochs, point, draws = {}, [], set()
+    for name in calibration_methods.METHODS:
+        mine = [f["settings"] for f in runs if f["settings"]["method"] == name]
+        if mine:
+            epochs[name] = mine[0]["settings"]["epochs"]
+            if calibration_methods.METHODS[name].point:  # one network, no draws
+                point.append(name)
+            else:
+                draws.update(m["samples"] for m in mine)
+    by_epochs = {}
+    for name, e in epochs.items():
+        by_epochs.setdefault(e, []).append(name)
+    budget = ", ".join(f"{e} epochs ({', '.join(names)})" if len(by_epochs) > 1 else f"{e} epochs"
+                       for e, names in by_epochs.items())
+    S = "/".join(str(k) for k in sorted(draws)) or "-"
+    return (f"{dataset} ({sizes}main task): {s['budget']} budget: MLP {s['hidden']}-{s['hidden']} "
+            f"ReLU, {budget}, S = {S} posterior draws per prediction"
+            + (f" ({', '.join(point)}: one network)" if point else "")
+            + f", mean{' ± s.e.' if seeds > 1 else ''} over {seeds} seed{'s' if seeds > 1 else ''}"
+            f"\ncolumns: test metrics of the main task (10 classes); OOD AUROC of the ood task "
+            f"(train 0-{IN_CLASSES - 1}, entropy of 5-9 vs 0-4); fit s: seconds of the main "
+            "task's training run (one SGD run serves swa, swag-diag and swag)")
 
 
 def _figure(out, dataset, found):
@@ -566,7 +618,8 @@ def run(args: argparse.Namespace) -> int:
     Loads the data and checks every saved job (and that --out is writable when something is to
     be computed) before training anything; then runs the missing jobs in (dataset, task, seed,
     method) order, each written when it finishes, and ends with results.csv, summary.json, a
-    markdown table per dataset (stdout and table_<dataset>.md) and the reliability diagrams.
+    table per dataset (aligned text on stdout, Markdown in table_<dataset>.md) and the
+    reliability diagrams.
     With --jobs > 1 or --dask-scheduler the missing jobs run as independent jobs of
     ``_runner`` (one per training run, ``_train_jobs``), then the same summaries are written.
     """
@@ -605,11 +658,10 @@ def run(args: argparse.Namespace) -> int:
         for d in datasets:
             rows = _summary(found, d)
             summary[d] = rows
-            table = _markdown(d, rows, args.seeds)
-            lines += [_heading(d, found, args.seeds), "", table, ""]
+            heading = _heading(d, found, args.seeds)
+            lines += [heading, _text(rows), ""]
             if write:
-                atomic_write_text(out / f"table_{d}.md",
-                                  f"{_heading(d, found, args.seeds)}\n\n{table}\n")
+                atomic_write_text(out / f"table_{d}.md", f"{heading}\n\n{_markdown(rows)}\n")
         if write:
             csv_path = write_csv(out / "results.csv", [_row(f) for f in found], ROW_FIELDS)
             write_json(out / "summary.json", summary)

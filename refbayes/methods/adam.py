@@ -16,6 +16,27 @@ same update drives Bayes-by-Backprop (on [mu; rho]) and MC dropout (on theta).
 the summed-loss convention: the minibatch sum over the M rows of B is scaled by N / M (no Monte
 Carlo, S = 1 trivially; no tempering, tau = 1; no data augmentation, rho = 1), and the prior
 precision lam (a scalar or (D,); lam = 0 is plain Adam on the loss) enters unscaled.
+
+Examples
+--------
+One Adam step of the MAP baseline on 20 synthetic logistic-regression points (the caller draws
+the minibatch), and the bare Adam update it is built on:
+
+>>> import numpy as np
+>>> from refbayes.datasets import make_logistic_regression
+>>> from refbayes.methods import adam
+>>> from refbayes.models import LogisticRegression
+>>> data = make_logistic_regression(20, 3, 0)     # N = 20 rows, 3 features, seed 0
+>>> model = LogisticRegression(3)                 # D = 4 with the intercept
+>>> state = adam.init(np.zeros(model.D))
+>>> idx = np.random.default_rng(0).choice(20, size=8, replace=False)   # minibatch, M = 8
+>>> batch = adam.Batch(data.X[idx], data.y[idx].astype(float))
+>>> state, info = adam.step(state, batch, adam.AdamConfig(alpha=0.1), model, 20, 1.0)  # N, lam
+>>> state.theta.shape, info.g.shape
+((4,), (4,))
+>>> delta, moments = adam.adam_update(np.ones(3), adam.adam_init(3), adam.AdamConfig(alpha=0.1))
+>>> np.round(delta, 6).tolist()                    # the first step is -alpha sign(grad)
+[-0.1, -0.1, -0.1]
 """
 from __future__ import annotations
 

@@ -22,6 +22,27 @@ Gradients: the data term by the reparameterization trick from one summed backpro
 (``model.grad``, no per-example gradients), the KL term in closed form. Adam runs on the
 concatenation [mu; rho] (2D,) with ONE AdamState, so both halves share alpha, beta1, beta2,
 eps_adam and the bias-correction step count.
+
+Examples
+--------
+One Bayes-by-Backprop step on 20 synthetic logistic-regression points; the caller draws the
+minibatch and the standard-normal eps (a step draws nothing):
+
+>>> import numpy as np
+>>> from refbayes.datasets import make_logistic_regression
+>>> from refbayes.methods import bbb
+>>> from refbayes.models import LogisticRegression
+>>> data = make_logistic_regression(20, 3, 0)     # N = 20 rows, 3 features, seed 0
+>>> model = LogisticRegression(3)                 # D = 4 with the intercept
+>>> state = bbb.init(np.zeros(model.D), sigma0=0.3)
+>>> cfg = bbb.BBBConfig(N=20, lam=1.0, alpha=0.1)
+>>> rng = np.random.default_rng(0)
+>>> idx = rng.choice(20, size=8, replace=False)   # minibatch, M = 8
+>>> eps = rng.standard_normal((model.D, 2))       # S = 2 draws
+>>> batch = bbb.Batch(data.X[idx], data.y[idx].astype(float))
+>>> state, info = bbb.step(state, batch, eps, cfg, model)
+>>> state.mu.shape, state.rho.shape, info.delta.shape     # Adam runs on [mu; rho] (2 D,)
+((4,), (4,), (8,))
 """
 from __future__ import annotations
 

@@ -19,6 +19,27 @@ Draws are made in float64 and cast to the state's dtype. A floating-point overfl
 operation inside a step (NumPy), or non-finite values in the new state, stop the run with a
 ``TrainingError`` naming the step and epoch, and everything the callback
 saw before stays with the caller.
+
+Examples
+--------
+``run`` takes the epochs of steps of any recorded method, drawing every minibatch and every eps
+from the Generator it is given, in the order of the method's record; the same seed gives the
+same state, bit for bit:
+
+>>> import numpy as np
+>>> from refbayes.datasets import make_logistic_regression
+>>> from refbayes.methods import driver, vogn
+>>> from refbayes.models import LogisticRegression
+>>> data = make_logistic_regression(20, 3, 0)     # N = 20 rows, 3 features, seed 0
+>>> model = LogisticRegression(3)                 # D = 4 with the intercept
+>>> start = vogn.init(np.zeros(model.D), np.ones(model.D))
+>>> cfg = vogn.VOGNConfig(N=20, delta=1.0, alpha=0.1)
+>>> def fit(seed):
+...     return driver.run(start, cfg, model, data.X, data.y.astype(float),
+...                       rng=np.random.default_rng(seed), epochs=3, M=5, S=2)
+>>> state = fit(0)
+>>> int(state.t), bool(np.array_equal(state.mu, fit(0).mu))   # 3 epochs of 20 / 5 steps
+(12, True)
 """
 from __future__ import annotations
 

@@ -19,6 +19,29 @@ Objective (summed-loss convention, minimized), the BBB estimate (bbb.3)::
 
 Gaussian mean-field VI, the paper's baseline, is ``refbayes.methods.bbb`` unchanged; the
 hyperparameters are the same, so ``KTiedConfig`` is ``bbb.BBBConfig``.
+
+Examples
+--------
+One k-tied Normal step (rank k = 2 in the first layer, 1 in the 4 x 1 output layer) on a small
+MLP and 20 synthetic regression points; the caller draws the start's jitter xi, the minibatch and the standard-normal eps:
+
+>>> import numpy as np
+>>> from refbayes.datasets import make_linear_regression
+>>> from refbayes.methods import ktied
+>>> from refbayes.models import MLP
+>>> data = make_linear_regression(20, 2, 0, 4.0)  # N = 20 rows, 2 features, seed 0, tau = 4
+>>> model = MLP([2, 4, 1], "tanh", "gaussian", noise_precision=4.0)   # D = 17
+>>> rng = np.random.default_rng(0)
+>>> k = (2, 1)                                    # per layer, each <= min(n_in, n_out)
+>>> P = ktied.layout(model, k).P                # the number of scale parameters
+>>> state = ktied.init(0.5 * rng.standard_normal(model.D), model, k, 0.1, rng.standard_normal(P))
+>>> cfg = ktied.KTiedConfig(N=20, lam=1.0, alpha=0.01)
+>>> idx = rng.choice(20, size=8, replace=False)   # minibatch, M = 8
+>>> eps = rng.standard_normal((model.D, 2))       # S = 2 draws
+>>> batch = ktied.Batch(data.X[idx], data.y[idx])
+>>> state, info = ktied.step(state, batch, eps, cfg, model)
+>>> P, state.rho.shape, ktied.std(state, model).shape
+(22, (22,), (17,))
 """
 from __future__ import annotations
 

@@ -20,6 +20,30 @@ dropout, l^2 / (1 - p) with it, l^2 on biases (0 with ``decay_biases=False``, Ga
 N / M scales the minibatch sum (one mask draw per row, S = 1 per step); tau enters only
 through the likelihood inside l_i; no tempering, no data augmentation. Dividing F by N tau gives
 Gal's averaged objective with weight decay l^2 (1 - p) / (2 N tau) (``gal_weight_decay``).
+
+Examples
+--------
+One MC dropout step on a small MLP and 20 synthetic regression points; the caller draws the
+minibatch and the dropout masks (a step draws nothing), then predicts with 10 mask draws:
+
+>>> import numpy as np
+>>> from refbayes.datasets import make_linear_regression
+>>> from refbayes.methods import driver, mc_dropout
+>>> from refbayes.models import MLP
+>>> data = make_linear_regression(20, 2, 0, 4.0)  # N = 20 rows, 2 features, seed 0, tau = 4
+>>> model = MLP([2, 4, 1], "tanh", "gaussian", noise_precision=4.0)   # D = 17
+>>> rng = np.random.default_rng(0)
+>>> state = mc_dropout.init(0.5 * rng.standard_normal(model.D))
+>>> cfg = mc_dropout.MCDropoutConfig(N=20, p=0.1, noise_precision=4.0, alpha=0.01)
+>>> idx = rng.choice(20, size=8, replace=False)   # minibatch, M = 8
+>>> masks = driver.draw_masks(rng, model, 8, cfg.p)  # one mask per layer input
+>>> batch = mc_dropout.Batch(data.X[idx], data.y[idx])
+>>> state, info = mc_dropout.step(state, batch, masks, cfg, model)
+>>> [z.shape for z in masks], state.theta.shape
+([(8, 2), (8, 4)], (17,))
+>>> test_masks = [driver.draw_masks(rng, model, 5, cfg.p) for _ in range(10)]
+>>> mc_dropout.predict_samples(state, data.X[:5], test_masks, cfg, model).shape
+(10, 5, 1)
 """
 from __future__ import annotations
 

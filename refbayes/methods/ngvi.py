@@ -20,6 +20,29 @@ a_i = x~_i^T theta (ngvi.9; linear models with one output; no draws, eps=None).
 Sampling: full, theta_s = mu + Sigma_chol_inv^T eps_s with Sigma_chol_inv^T = L^{-T}, L L^T =
 Sigma_inv (lower Cholesky of the precision) (ngvi.4); mean-field, theta_s = mu + eps_s /
 sqrt(prec_diag) (ngvi.14).
+
+Examples
+--------
+One full-covariance and one mean-field natural-gradient VI step on 20 synthetic
+logistic-regression points; the caller draws the minibatch and the standard-normal eps:
+
+>>> import numpy as np
+>>> from refbayes.datasets import make_logistic_regression
+>>> from refbayes.methods import ngvi
+>>> from refbayes.models import LogisticRegression
+>>> data = make_logistic_regression(20, 3, 0)     # N = 20 rows, 3 features, seed 0
+>>> model = LogisticRegression(3)                 # D = 4 with the intercept
+>>> cfg = ngvi.NGVIConfig(N=20, lam=np.ones(model.D))
+>>> rng = np.random.default_rng(0)
+>>> idx = rng.choice(20, size=8, replace=False)   # minibatch, M = 8
+>>> eps = rng.standard_normal((model.D, 2))       # S = 2 draws
+>>> batch = ngvi.Batch(data.X[idx], data.y[idx].astype(float))
+>>> full, info = ngvi.step_full(ngvi.init_full(np.zeros(model.D), np.eye(model.D)), batch, eps,
+...                             cfg, model)
+>>> mf, _ = ngvi.step_meanfield(ngvi.init_meanfield(np.zeros(model.D), np.ones(model.D)), batch,
+...                             eps, cfg, model)
+>>> full.Sigma_inv.shape, mf.prec_diag.shape, info.G.shape   # G: (S, M, D)
+((4, 4), (4,), (2, 8, 4))
 """
 from __future__ import annotations
 

@@ -21,6 +21,21 @@ only through the draws (stop-gradient too), so no reparameterization gradient en
 
 Every function is deterministic; the draws of tau come from the caller (``draw`` takes the
 Generator).
+
+Examples
+--------
+The Gamma posterior of the noise precision tau that Noisy K-FAC and Noisy Adam learn for
+regression: the caller's Generator draws tau for the weight step, then one update of q at the
+step's mean squared residual r2 (a number the weight step computes; 0.3 here):
+
+>>> import numpy as np
+>>> from refbayes.methods import noise_gamma
+>>> state = noise_gamma.init()                    # q(tau) = Gamma(6, 6), mean 1
+>>> taus = noise_gamma.draw(state, np.random.default_rng(0), 4)   # S = 4 draws
+>>> cfg = noise_gamma.NoiseGammaConfig(N=20)
+>>> state, info = noise_gamma.step(state, 0.3, cfg)
+>>> taus.shape, round(float(info.r2), 3), state.phi.shape
+((4,), 0.3, (2,))
 """
 from __future__ import annotations
 

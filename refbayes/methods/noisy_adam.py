@@ -20,6 +20,27 @@ Sign: Algorithm 1 ascends the log-likelihood, mu <- mu + alpha m_hat with
 v = grad log p - gamma_in w; refbayes descends the loss, v = g_hat + gamma_in w,
 mu <- mu - alpha m_hat: the same iterates.
 The prior term is evaluated at the DRAWS w_s (Algorithm 1), not at mu (as Vadam does).
+
+Examples
+--------
+One Noisy Adam step on 20 synthetic logistic-regression points; the caller draws the minibatch
+and the standard-normal eps (a step draws nothing):
+
+>>> import numpy as np
+>>> from refbayes.datasets import make_logistic_regression
+>>> from refbayes.methods import noisy_adam
+>>> from refbayes.models import LogisticRegression
+>>> data = make_logistic_regression(20, 3, 0)     # N = 20 rows, 3 features, seed 0
+>>> model = LogisticRegression(3)                 # D = 4 with the intercept
+>>> state = noisy_adam.init(np.zeros(model.D))
+>>> cfg = noisy_adam.NoisyAdamConfig(N=20, eta=1.0, alpha=0.1)
+>>> rng = np.random.default_rng(0)
+>>> idx = rng.choice(20, size=8, replace=False)   # minibatch, M = 8
+>>> eps = rng.standard_normal((model.D, 1))       # S = 1 draw, as in the paper
+>>> batch = noisy_adam.Batch(data.X[idx], data.y[idx].astype(float))
+>>> state, info = noisy_adam.step(state, batch, eps, cfg, model)
+>>> state.mu.shape, info.w.shape, noisy_adam.prec_diag(state, cfg).shape
+((4,), (4, 1), (4,))
 """
 from __future__ import annotations
 

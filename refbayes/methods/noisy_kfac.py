@@ -34,6 +34,27 @@ A_ref, S_ref (by identity) and the damping it was computed for, and any step, ``
 ``dense_covariance`` that finds it missing or made for other factors or another damping
 recomputes it, so a state built by hand (``inv=None``) or changed with ``_replace`` is always
 used correctly. (The state's arrays must not be modified in place; nothing here does.)
+
+Examples
+--------
+One Noisy K-FAC step on a small MLP and 20 synthetic regression points; the caller draws the
+minibatch and the standard-normal eps (a step draws nothing):
+
+>>> import numpy as np
+>>> from refbayes.datasets import make_linear_regression
+>>> from refbayes.methods import noisy_kfac
+>>> from refbayes.models import MLP
+>>> data = make_linear_regression(20, 2, 0, 4.0)  # N = 20 rows, 2 features, seed 0, tau = 4
+>>> model = MLP([2, 4, 1], "tanh", "gaussian", noise_precision=4.0)   # D = 17
+>>> rng = np.random.default_rng(0)
+>>> state = noisy_kfac.init(0.5 * rng.standard_normal(model.D), model)
+>>> cfg = noisy_kfac.NoisyKFACConfig(N=20, alpha=0.01)
+>>> idx = rng.choice(20, size=8, replace=False)   # minibatch, M = 8
+>>> eps = rng.standard_normal((model.D, 1))       # one draw of the weights
+>>> batch = noisy_kfac.Batch(data.X[idx], data.y[idx])
+>>> state, info = noisy_kfac.step(state, batch, eps, cfg, model)
+>>> state.mu.shape, [A.shape for A in info.A_hat], [S.shape for S in info.S_hat]
+((17,), [(3, 3), (5, 5)], [(4, 4), (1, 1)])
 """
 from __future__ import annotations
 

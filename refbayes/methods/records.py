@@ -15,6 +15,23 @@ module docstring):
 
 The traces' starts (``TraceStart``) draw after the mean ``mu``, from the same generator; the
 shipped problem is ``refbayes.tracing.problems.mlp_problem``.
+
+Examples
+--------
+The record of a (state, cfg) pair names the method's step, its derivation note and how one step
+draws; ``driver.run`` and the tracer call the record's ``draws`` with their Generator:
+
+>>> import numpy as np
+>>> from refbayes.methods import records, vogn
+>>> from refbayes.models import LogisticRegression
+>>> model = LogisticRegression(3)                 # D = 4 with the intercept
+>>> cfg = vogn.VOGNConfig(N=20, delta=1.0)
+>>> rec = records.record_of(vogn.init(np.zeros(model.D), np.ones(model.D)), cfg)
+>>> rec.name, rec.note, rec.step is vogn.step
+('vogn', 'derivations/vogn.md', True)
+>>> noise, kwargs = rec.draws(np.random.default_rng(0), cfg, model, 8, 2, 10, np.float64, np)
+>>> noise.shape, kwargs                           # eps (D, S), no further draws
+((4, 2), {})
 """
 from __future__ import annotations
 

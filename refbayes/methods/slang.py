@@ -17,6 +17,29 @@ Randomness: ``step`` draws nothing. eps (D, S) feeds fast_sample (line 4); with
 eig="randomized" the caller also passes Omega (L + M S, L + p), the test matrix of fast_eig.
 With eig="exact" (the default) line 7 is an exact rank-L truncation, so a step is a
 deterministic function of (state, batch, eps).
+
+Examples
+--------
+One SLANG step (rank L = 2) on 20 synthetic logistic-regression points; the caller draws the
+minibatch and the standard-normal eps (a step draws nothing):
+
+>>> import numpy as np
+>>> from refbayes.datasets import make_logistic_regression
+>>> from refbayes.methods import slang
+>>> from refbayes.models import LogisticRegression
+>>> data = make_logistic_regression(20, 3, 0)     # N = 20 rows, 3 features, seed 0
+>>> model = LogisticRegression(3)                 # D = 4 with the intercept
+>>> state = slang.init(np.zeros(model.D), np.zeros((model.D, 2)), np.ones(model.D))  # mu, U, d
+>>> cfg = slang.SLANGConfig(N=20, lam=np.ones(model.D), L=2)
+>>> rng = np.random.default_rng(0)
+>>> idx = rng.choice(20, size=8, replace=False)   # minibatch, M = 8
+>>> eps = rng.standard_normal((model.D, 2))       # S = 2 draws
+>>> batch = slang.Batch(data.X[idx], data.y[idx].astype(float))
+>>> state, info = slang.step(state, batch, eps, cfg, model)
+>>> state.U.shape, info.G.shape, slang.dense_covariance(state).shape   # G: (S, M, D)
+((4, 2), (2, 8, 4), (4, 4))
+
+``refbayes.methods.driver.run`` takes many such steps, drawing from a Generator it is given.
 """
 from __future__ import annotations
 

@@ -30,6 +30,35 @@ minibatch sum scaled by N / M and heavy-ball momentum, which is torch.optim.SGD(
 weight_decay) on the MEAN loss with lr = N alpha and weight_decay = lam / N, iterate for
 iterate. No batch normalisation exists in refbayes' models, so the official ``bn_update`` after
 each sample has no counterpart.
+
+Examples
+--------
+SWAG on 20 synthetic logistic-regression points: momentum-SGD steps, a snapshot collected after
+each, then draws from the SWAG Gaussian. ``sgd_step`` keeps the drivers' step signature
+``step(state, batch, noise, cfg, model)`` (``refbayes.methods._protocol``), so SGD, which draws
+nothing, takes ``noise=None`` in the third place; the caller draws the minibatches and the
+sampler's z1, z2:
+
+>>> import numpy as np
+>>> from refbayes.datasets import make_logistic_regression
+>>> from refbayes.methods import swag
+>>> from refbayes.models import LogisticRegression
+>>> data = make_logistic_regression(20, 3, 0)     # N = 20 rows, 3 features, seed 0
+>>> model = LogisticRegression(3)                 # D = 4 with the intercept
+>>> sgd_cfg, cfg = swag.SGDConfig(N=20, lam=1.0, alpha=0.005), swag.SWAGConfig(K=3)
+>>> sgd, moments = swag.sgd_init(np.zeros(model.D)), swag.init(np.zeros(model.D), cfg)
+>>> rng = np.random.default_rng(0)
+>>> for _ in range(5):
+...     idx = rng.choice(20, size=8, replace=False)   # minibatch, M = 8
+...     batch = swag.Batch(data.X[idx], data.y[idx].astype(float))
+...     sgd, _ = swag.sgd_step(sgd, batch, None, sgd_cfg, model)   # noise: None
+...     moments, _ = swag.collect(moments, sgd.theta, cfg)
+>>> int(moments.n), swag.rank(moments)
+(5, 3)
+>>> z1 = rng.standard_normal((model.D, 10))       # S = 10 draws
+>>> z2 = rng.standard_normal((swag.rank(moments), 10))
+>>> swag.sample(moments, z1, z2, cfg).shape
+(4, 10)
 """
 from __future__ import annotations
 
@@ -232,7 +261,11 @@ def sgd_step(state: SGDState, batch, noise, cfg: SGDConfig, model) -> tuple[SGDS
     batch : Batch
         The minibatch rows Batch(X_B (M, n_in), y_B (M,)), 1 <= M <= N.
     noise : None
-        SGD draws nothing; the argument keeps the drivers' step signature.
+        Always None, passed in the third place: ``sgd_step(state, batch, None, cfg, model)``.
+        SGD draws nothing, but every method's step has the one signature
+        ``step(state, batch, noise, cfg, model)`` (``refbayes.methods._protocol``), which
+        ``driver.run``, the tracer and the record ``records.RECORDS["sgd"]`` call alike; a
+        default cannot be given, since cfg and model follow it.
     cfg : SGDConfig
         The problem and step hyperparameters.
     model : FlatModel

@@ -26,6 +26,27 @@ Vprop (``vprop_config``) is Vadam with beta1 = 0 and no bias correction. With ad
 sqrt=False and squares="per_example", a Vadam step IS the 2018 VOGN step (vadam.10) under
 beta_t = 1 - beta2, alpha_t = alpha; with sqrt=True (real Vadam / Vprop) no hyperparameter map
 makes the two equal (derivations/vadam.md).
+
+Examples
+--------
+One Vadam step on 20 synthetic logistic-regression points; the caller draws the minibatch and the
+standard-normal eps (a step draws nothing):
+
+>>> import numpy as np
+>>> from refbayes.datasets import make_logistic_regression
+>>> from refbayes.methods import vadam
+>>> from refbayes.models import LogisticRegression
+>>> data = make_logistic_regression(20, 3, 0)     # N = 20 rows, 3 features, seed 0
+>>> model = LogisticRegression(3)                 # D = 4 with the intercept
+>>> state = vadam.init(np.zeros(model.D))
+>>> cfg = vadam.VadamConfig(N=20, lam=1.0, alpha=0.1)
+>>> rng = np.random.default_rng(0)
+>>> idx = rng.choice(20, size=8, replace=False)   # minibatch, M = 8
+>>> eps = rng.standard_normal((model.D, 1))       # S = 1 draw
+>>> batch = vadam.Batch(data.X[idx], data.y[idx].astype(float))
+>>> state, info = vadam.step(state, batch, eps, cfg, model)
+>>> state.mu.shape, info.theta.shape, vadam.prec_diag(state, cfg).shape
+((4,), (4, 1), (4,))
 """
 from __future__ import annotations
 

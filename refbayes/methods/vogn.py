@@ -54,6 +54,27 @@ the data-parallel step equals the one-worker step exactly, up to the order of fl
 summation, for equal or unequal M_w.
 
 Randomness: nothing is drawn here; eps (D, S) comes from the caller.
+
+Examples
+--------
+One VOGN step on 20 synthetic logistic-regression points; the caller draws the minibatch and the
+standard-normal eps (a step draws nothing):
+
+>>> import numpy as np
+>>> from refbayes.datasets import make_logistic_regression
+>>> from refbayes.methods import vogn
+>>> from refbayes.models import LogisticRegression
+>>> data = make_logistic_regression(20, 3, 0)     # N = 20 rows, 3 features, seed 0
+>>> model = LogisticRegression(3)                 # D = 4 with the intercept
+>>> state = vogn.init(np.zeros(model.D), np.ones(model.D))   # mu, s
+>>> cfg = vogn.VOGNConfig(N=20, delta=1.0, alpha=0.1)
+>>> rng = np.random.default_rng(0)
+>>> idx = rng.choice(20, size=8, replace=False)   # minibatch, M = 8
+>>> eps = rng.standard_normal((model.D, 2))       # S = 2 draws
+>>> batch = vogn.Batch(data.X[idx], data.y[idx].astype(float))
+>>> state, info = vogn.step(state, batch, eps, cfg, model)
+>>> state.mu.shape, info.g_hat.shape, int(state.t)
+((4,), (4,), 1)
 """
 from __future__ import annotations
 

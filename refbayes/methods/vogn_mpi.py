@@ -19,6 +19,22 @@ the plain average of the ranks' means would not be.
 Reduction (vogn.6): rank w sends [M_w ghat_w, M_w hhat_w, M_w] (its sums, not its means), one
 ``Allreduce(SUM)`` of 2 D + 1 floats, and every rank divides by M = sum_w M_w; then every rank
 applies the same update (vogn.7)-(vogn.9) to its own copy of the state, so the copies stay equal.
+
+Examples
+--------
+Each rank keeps its shard of every minibatch the shared Generator draws (M = 5 rows on R = 2
+ranks: unequal shards are fine):
+
+>>> import numpy as np
+>>> from refbayes.methods import vogn_mpi
+>>> idx = np.random.default_rng(0).choice(20, size=5, replace=False)
+>>> [vogn_mpi.shard(idx, rank, 2).shape for rank in range(2)]
+[(3,), (2,)]
+
+A script run as ``mpiexec -n 2 python fit.py`` (needs the ``mpi`` extra) takes the same steps
+as ``driver.run`` with the same seed::
+
+    state = vogn_mpi.run(start, cfg, model, X, y, rng=np.random.default_rng(0), epochs=3, M=5, S=2)
 """
 from __future__ import annotations
 

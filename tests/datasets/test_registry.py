@@ -108,3 +108,21 @@ def test_content_digest_sees_every_value():
     X[1, 2] = 1e-300
     assert libsvm_content_digest(X, y) != base
     assert libsvm_content_digest(np.zeros((2, 3)), np.array([1.0, 1.0])) != base
+
+
+def test_a_task_name_is_not_a_dataset_name_and_says_which_dataset_holds_it():
+    """`usps-3vs5` (slang-logreg's task) vs `usps` (the file): `refbayes data fetch usps-3vs5`
+    is refused, naming the dataset to fetch; the experiment reads that dataset's files."""
+    from refbayes.datasets.registry import DERIVED_TASKS
+    from refbayes.experiments import slang_logreg
+    for task, (source, _) in DERIVED_TASKS.items():
+        assert task not in DATASETS and source in DATASETS
+        assert slang_logreg.DATA_FILES[task][0] == source
+        message = (rf"got '{task}' \('{task}' is .*: its data are dataset '{source}', "
+                   rf"`refbayes data fetch {source}`\)")
+        with pytest.raises(ValueError, match=message):
+            get_dataset(task)
+    # every task name an experiment uses for a registered dataset's files is either that
+    # dataset's name or listed here
+    for task, (source, _) in slang_logreg.DATA_FILES.items():
+        assert task == source or DERIVED_TASKS[task][0] == source

@@ -9,6 +9,7 @@ import csv
 import io
 import json
 import math
+import re
 from pathlib import Path
 
 import numpy as np
@@ -112,18 +113,51 @@ def test_summary_files_agree_with_the_job_files(quick):
         for key in ("accuracy", "nll", "ece", "brier", "misclassification_auroc"):
             assert float(row[key]) == r["metrics"][key]
     table = (out / "table_digits.md").read_text()
-    assert table.strip() in stdout  # the printed table is the saved one
     lines = [ln for ln in table.splitlines() if ln.startswith("| ")]
     assert lines[0].startswith("| method | accuracy | NLL | ECE (15 bins) | Brier |")
     assert [ln.split("|")[1].strip() for ln in lines[1:]] == list(METHODS)
+    printed = _printed_rows(stdout)  # the printed table holds the saved one's cells
+    assert list(printed) == list(METHODS)
     for ln in lines[1:]:
         cells = [c.strip() for c in ln.split("|")[1:-1]]
+        assert printed[cells[0]] == cells
         main_r, ood_r = _saved(out, "main", cells[0]), _saved(out, "ood", cells[0])
         assert cells[1] == f"{main_r['metrics']['accuracy']:.4f}"
         assert cells[3] == f"{main_r['metrics']['ece']:.4f}"
         assert cells[7] == f"{ood_r['metrics']['ood_auroc']:.4f}"
     summary = json.loads((out / "summary.json").read_text())
     assert [r["method"] for r in summary["digits"]] == list(METHODS)
+
+
+def _printed_rows(stdout) -> dict:
+    """{method: cells} of the aligned-text table on stdout (columns split at 2+ spaces)."""
+    lines = stdout.splitlines()
+    head = next(i for i, ln in enumerate(lines) if ln.startswith("method  "))
+    assert set(lines[head + 1].replace(" ", "")) == {"-"}  # format_table's rule line
+    rows = {}
+    for ln in lines[head + 2:]:
+        if not ln.strip():
+            break
+        cells = re.split(r"\s{2,}", ln.strip())
+        rows[cells[0]] = cells
+    return rows
+
+
+def test_stdout_is_aligned_text_and_titles_state_S_and_the_budget(quick):
+    """Like every experiment: an aligned table (no Markdown pipes) whose title states the data,
+    the budget (quick, epochs of the training runs) and S; the Markdown stays in the file."""
+    out, stdout, _, _ = quick
+    assert "| method |" not in stdout and "|---" not in stdout
+    assert (out / "table_digits.md").read_text().count("| method |") == 1
+    title = next(ln for ln in stdout.splitlines() if ln.startswith("digits ("))
+    epochs = {cm.resolve(spec, True)["epochs"] for spec in cm.METHODS.values()}
+    assert title.startswith("digits (1438 train / 359 test rows, main task): quick budget: "
+                            "MLP 32-32 ReLU, ")
+    assert all(f"{e} epochs" in title for e in epochs)
+    point = [m for m, spec in cm.METHODS.items() if spec.point]
+    assert f"S = 10 posterior draws per prediction ({', '.join(point)}: one network)" in title
+    assert title.endswith("mean over 1 seed")
+    assert stdout.splitlines()[stdout.splitlines().index(title) + 1].startswith("columns: ")
 
 
 def test_reliability_figure_is_written(quick):
@@ -252,7 +286,7 @@ def test_diverging_runs_are_recorded_not_raised(data_dir, tmp_path, monkeypatch)
         assert f"note: {m} digits main seed 0 diverged" in err
     assert json.loads((tmp_path / "digits/main/seed_0/swag.json").read_text())["fit_reused"]
     assert json.loads((tmp_path / "digits/main/seed_0/bbb.json").read_text())["status"] == "ok"
-    rows = {ln.split("|")[1].strip(): ln for ln in stdout.splitlines() if ln.startswith("| ")}
+    rows = {m: " ".join(cells) for m, cells in _printed_rows(stdout).items()}
     assert "diverged" in rows["map"] and "diverged" in rows["swag"]
     assert "diverged" not in rows["bbb"]
     # a recorded divergence is a result: resumed, not retried
@@ -267,7 +301,14 @@ def test_diverging_runs_are_recorded_not_raised(data_dir, tmp_path, monkeypatch)
 @pytest.mark.parametrize("argv, message", [
     (["--method", "nosuch"], "unknown method 'nosuch'; expected one of map, swa"),
     (["--method", "map,sgd"], "unknown method 'sgd'"),
-    (["--dataset", "cifar"], "unknown dataset 'cifar'; expected one of mnist, digits"),
+    (["--dataset", "cifar"], "unknown dataset 'cifar'; expected one of mnist-5k, digits"),
+    # `refbayes data`'s mnist is full MNIST: refused with the name of the subset, not run on it
+    (["--dataset", "mnist"], ("unknown dataset 'mnist'; expected one of mnist-5k, digits, a "
+                              "comma-separated list of them, or all ('mnist' is full MNIST "
+                              "(60,000 + 10,000 images, `refbayes data fetch mnist`), which "
+                              "calibration does not run; the 5000-image subset it runs is "
+                              "'mnist-5k')")),
+    (["--dataset", "digits,mnist"], "'mnist-5k'"),
     (["--task", "main,other"], "unknown task 'other'"),
     (["--seeds", "0"], "expected an integer >= 1, got '0'"),
     (["--samples", "-3"], "expected an integer >= 1"),
@@ -290,23 +331,23 @@ def test_list_arguments_are_parsed_in_registry_order():
     parse = exp._names("method", METHODS)
     assert parse("vogn,map") == ("map", "vogn")
     assert parse("all") == METHODS
-    assert exp._names("dataset", exp.DATASETS)("digits,mnist,digits") == ("mnist", "digits")
+    assert exp._names("dataset", exp.DATASETS)("digits,mnist-5k,digits") == ("mnist-5k", "digits")
 
 
 # ----------------------------------------------------------------------------- split and tasks
 
 def test_split_is_stratified_disjoint_and_seeded():
     y = np.repeat(np.arange(10), np.arange(20, 30))  # 20..29 rows per class, sorted like MNIST
-    tr, te = exp.stratified_split(y, 0.2, exp._split_rng(0, "mnist"))
+    tr, te = exp.stratified_split(y, 0.2, exp._split_rng(0, "mnist-5k"))
     assert np.intersect1d(tr, te).size == 0
     assert np.array_equal(np.sort(np.concatenate([tr, te])), np.arange(y.size))
     assert np.all(np.diff(tr) > 0) and np.all(np.diff(te) > 0)
     for c in range(10):
         n_c = np.sum(y == c)
         assert np.sum(y[te] == c) == round(0.2 * n_c)
-    again = exp.stratified_split(y, 0.2, exp._split_rng(0, "mnist"))
+    again = exp.stratified_split(y, 0.2, exp._split_rng(0, "mnist-5k"))
     assert np.array_equal(again[0], tr) and np.array_equal(again[1], te)
-    other = exp.stratified_split(y, 0.2, exp._split_rng(1, "mnist"))
+    other = exp.stratified_split(y, 0.2, exp._split_rng(1, "mnist-5k"))
     assert not np.array_equal(other[1], te)
     other = exp.stratified_split(y, 0.2, exp._split_rng(0, "digits"))
     assert not np.array_equal(other[1], te)
@@ -319,7 +360,7 @@ def test_split_rejects_bad_fractions(bad, message):
 
 
 def test_split_of_the_staged_sets(data_dir):
-    for d, n_test in (("mnist", 1000), ("digits", 359)):
+    for d, n_test in (("mnist-5k", 1000), ("digits", 359)):
         X, y, identity = exp.load_data(d, data_dir)
         tr, te = exp.stratified_split(y, exp.TEST_FRAC, exp._split_rng(0, d))
         assert te.size == n_test and tr.size + te.size == y.size
@@ -410,3 +451,17 @@ def test_swa_needs_epochs_before_collecting():
     hyper = {**cm.resolve(spec, quick=True), "epochs": 3, "swa_epochs": 3, "prior_precision": 1.0}
     with pytest.raises(ValueError, match="swa_epochs: expected fewer than epochs"):
         spec.fit(model, X, y, hyper, np.random.default_rng(0), lambda k: None)
+
+
+def test_dataset_names_are_refbayes_data_names_and_keep_their_seeds(data_dir):
+    """mnist-5k and digits are `refbayes data`'s names for the files each loads; the rename from
+    'mnist' kept the dataset's index, which seeds its split (results stay bit-identical)."""
+    from refbayes.datasets import get_dataset
+    assert exp.DATASETS == ("mnist-5k", "digits")
+    for d in exp.DATASETS:
+        _, _, identity = exp.load_data(d, data_dir)
+        assert set(identity) == {f.path for f in get_dataset(d).files}
+    assert exp._split_rng(0, "mnist-5k").integers(1 << 62) == \
+        exp.job_rng(0, 0, 0).integers(1 << 62)
+    with pytest.raises(ValueError, match="'mnist' is full MNIST.*'mnist-5k'"):
+        exp.load_data("mnist", data_dir)
