@@ -107,7 +107,9 @@ REPORTS = {
     "laplace-torch": ReportSpec(
         "refbayes.conformance.laplace_torch", ("torch", "laplace"),
         "laplace-torch's Laplace (full, diag, kron; all weights and last layer; GGN, EF, "
-        "Hessian) vs refbayes.methods.laplace on the `refbayes trace laplace` problem"),
+        "Hessian; regression and classification with the probit and MC links; temperature, "
+        "K-FAC damping and generator=) vs refbayes.methods.laplace and dense float64 "
+        "computations"),
     "ivon": ReportSpec(
         "refbayes.conformance.ivon", ("torch", "ivon"),
         "ivon-opt's IVON optimizer vs the NumPy IVON reference step, and its reduction to "
@@ -201,8 +203,9 @@ def format_report(report: Report) -> str:
     counts = {v: sum(r.verdict == v for r in report.rows) for v in VERDICTS}
     summary = ", ".join(f"{n} {v}" for v, n in counts.items())
     return "\n".join([report.title,
-                      (f"max rel error = max|refbayes - library| / max|library|; "
-                       f"raw -> mapped for conventions; tolerance {TOLERANCE:g}"),
+                      (f"max rel error = max|refbayes - library| / max|library| (refbayes: "
+                       f"the dense value where refbayes has no counterpart); raw -> mapped "
+                       f"for conventions; tolerance {TOLERANCE:g}"),
                       format_table(["quantity", "max rel error", "verdict", "note"], rows),
                       f"{len(report.rows)} rows: {summary}"])
 
