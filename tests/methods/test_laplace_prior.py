@@ -85,6 +85,24 @@ def test_evidence_at_new_hyperparameters_equals_refit(curvature, structure):
         assert abs(got.log_marglik - want) <= EXACT_F64 * abs(want), (tau_new, got, want)
 
 
+@pytest.mark.parametrize("curvature", ["ggn", "ef"])
+def test_kron_evidence_at_a_new_noise_precision_equals_refit(curvature):
+    """The K-FAC branch of (laplace.12): each B_l scaled by c = (tau'/tau)^p (p = 1 GGN, 2 EF),
+    against a refit at noise precision tau' (its B_l built from the new likelihood). A branch
+    that scaled A_l and B_l both (c^2), or neither, fails: the change of tau moves log Z here."""
+    X, y, model, theta = _net()
+    cfg = laplace.LaplaceConfig(2.0, "kron", curvature)
+    state = laplace.fit(model, theta, X, y, cfg)
+    lml = laplace.log_marginal_likelihood(model, state, X, y, cfg)
+    for tau_new in (0.7, 5.0):
+        got = laplace.log_marginal_likelihood_grad(model, state, X, y, cfg, None, tau_new)
+        other = MLP([3, 4, 1], activation="tanh", likelihood="gaussian", noise_precision=tau_new)
+        want = laplace.log_marginal_likelihood(other, laplace.fit(other, theta, X, y, cfg), X,
+                                               y, cfg)
+        assert abs(got.log_marglik - want) <= EXACT_F64 * abs(want), (tau_new, got, want)
+        assert abs(want - lml) > 1e-2 * abs(lml)
+
+
 @pytest.mark.parametrize("structure", ["full", "diag"])
 @pytest.mark.parametrize("curvature", ["ggn", "ef"])
 def test_evidence_gradient_matches_autograd(curvature, structure):
