@@ -125,7 +125,14 @@ def _lowrank_checks(F, lam, L):
             (f"KL(rank-{L} || rank-{L + 3}) vs dense formula", rel_err(kl, kl_ref))]
 
 
-def _figure(rows, out: Path):
+def _problem_text(n, p, width, L, seed, quick) -> str:
+    """The problem the checks ran on, in words: what the table and the figure title state (no
+    Monte Carlo samples and no training: every check is one deterministic evaluation)."""
+    return (f"{'--quick' if quick else 'full'} problem: n = {n} rows, p = {p} features, MLP "
+            f"width {width}, rank L = {L}, seed {seed}; deterministic (no sampling, no training)")
+
+
+def _figure(rows, out: Path, title: str = ""):
     plt = pyplot()
     if plt is None:
         return None
@@ -142,6 +149,8 @@ def _figure(rows, out: Path):
     ax.invert_yaxis()
     ax.set_xlabel("relative error vs dense oracle (float64)")
     ax.legend(loc="lower right")
+    if title:
+        ax.set_title(title, fontsize=8)
     fig.tight_layout()
     path = out / "selfcheck.png"
     save_figure(fig, path, dpi=120)
@@ -224,13 +233,15 @@ def run(args: argparse.Namespace) -> int:
     jobs = [_runner.Job(c, _check_job, (c, bool(args.quick), args.seed)) for c in CHECKS]
     with progress:
         _runner.execute([_runner.Section(jobs)], done, progress, **_runner.job_options(args))
+    problem = _problem_text(n, p, width, L, args.seed, args.quick)
+    print(f"selfcheck: {problem}")
     print(format_table(["check", "relative error", "tolerance", "ok"],
                        [[r["check"], f"{r['error']:.2e}", f"{r['tolerance']:.0e}", "yes" if r["ok"] else "NO"]
                         for r in rows]))
     print()
     print(format_table(["timing (n = %d)" % n, "best of runs (ms)"],
                        [[k, f"{1e3 * v:.3f}"] for k, v in timings.items()]))
-    fig = _figure(rows, out)
+    fig = _figure(rows, out, problem)
     print(f"\nresults: {out / 'selfcheck.json'}" + (f", figure: {fig}" if fig else ""))
     failed = [r["check"] for r in rows if not r["ok"]]
     if failed:

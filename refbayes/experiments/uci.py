@@ -66,6 +66,13 @@ Noisy K-FAC: 1000 epochs, M = 10 / 100, S = 10, 100 test draws, 7 noise precisio
 same at the mean). ``quick``:
 each method's ``quick`` overrides (SLANG 5 epochs, 10 test draws; MAP 20 epochs) and a 2-point
 grid: a smoke test of a few seconds per split on the small sets, not comparable with papers.
+The table's budget column states each row's budget (:func:`budget_text`: epochs, M, S, test
+draws, grid points), as do the figure's legend entries; when a method with published figures
+for the dataset ran below its full budget (--quick, or --epochs below the method's), a
+``CAVEAT - quick run: ...; not comparable to the published figures`` line heads the table
+(the published columns are kept). No convergence flag: the protocol is each source's fixed
+budget (the published numbers are at those budgets too), and a split records no training curve
+to judge one by.
 """
 from __future__ import annotations
 
@@ -84,7 +91,7 @@ from scipy.special import logsumexp
 from refbayes._files import format_table, write_json
 from refbayes.datasets import data_identity, fit_standardizer, validation_split
 from refbayes.datasets.uci import UCI_NAMES, load_uci, uci_n_splits, uci_split_files
-from refbayes.experiments import _runner, uci_methods
+from refbayes.experiments import _report, _runner, uci_methods
 from refbayes.experiments._runner import (
     load_result,
     mean_se,
@@ -549,6 +556,7 @@ def _summary(plan):
                          "seconds": saved["seconds"]["total"],
                          **{f"hyper.{h}": v for h, v in sorted(saved["hyper"].items())}})
     summary = {"method": spec.name, "dataset": dataset, "budget": "quick" if plan.quick else "full",
+               "budget_text": budget_text(budget, plan.quick),
                "epochs": budget.settings["epochs"], "splits_done": len(rows),
                "n_splits": n_splits, "splits": [r["split"] for r in rows],
                # false while splits this invocation asked for are missing (running, or the run
@@ -557,6 +565,37 @@ def _summary(plan):
     if rows:
         summary.update(_stats(rows, plan.se_ddof))
     return summary, rows
+
+
+def budget_text(budget, quick: bool) -> str:
+    """A fit's budget in words, e.g. 'full: 120 epochs, M = 10, S = 4, 20 test draws, 9-point
+    grid': what the table's budget column and the figure's legend state."""
+    st = budget.settings
+    S = budget.grid.get("S_train", (st["S_train"],) if "S_train" in st else None)
+    points = math.prod(len(v) for v in budget.grid.values())
+    return (f"{'quick' if quick else 'full'}: {st['epochs']} epochs, M = {st['M']}, "
+            + (f"S = {'/'.join(map(str, S))}, " if S else "")
+            + f"{st['S_test']} test draws, {points}-point grid")
+
+
+def _caveat(dataset, summaries, published) -> str:
+    """The line above the table when a method with published figures for ``dataset`` ran below
+    its full budget (--quick, or --epochs below the method's default): not comparable."""
+    pub = {r["method"] for r in published if r["dataset"] == dataset}
+    reduced = []
+    for s in summaries:
+        spec = uci_methods.METHODS.get(s["method"])
+        if spec is None or ((spec.published_as or s["method"]) not in pub):
+            continue
+        full = uci_methods.resolve(spec, dataset).settings["epochs"]
+        if s.get("budget") == "quick" or (s.get("epochs") or full) < full:
+            reduced.append(f"{s['method']}: {s.get('budget_text', s.get('budget'))}, the full "
+                           f"budget is {full} epochs")
+    if not reduced:
+        return ""
+    quick = all(s.get("budget") == "quick" for s in summaries)
+    return _report.caveat("see the budget column", "the published figures", reduced,
+                          "quick" if quick else "")
 
 
 def _stats(rows, ddof):
@@ -818,7 +857,7 @@ def _table(dataset, summaries, published) -> str:
         shown.add(key)
         p = pub.get(key)
         name = s["method"] + (" (saved)" if s.get("saved") else "")
-        lines.append([name, f"{s['splits_done']}/{s['n_splits']}", s["budget"],
+        lines.append([name, f"{s['splits_done']}/{s['n_splits']}", s.get("budget_text", s["budget"]),
                       _fmt(s.get("rmse_mean"), s.get("rmse_se")), _fmt_median(s.get("rmse_median")),
                       _fmt(s.get("ll_mean"), s.get("ll_se")), _fmt_median(s.get("ll_median")),
                       _fmt(s.get("ll_joint_mean"), s.get("ll_joint_se")),
@@ -854,7 +893,8 @@ def _figure(plan, pairs, published):
             ax.axhspan(r[key] - r[key + "_pm"], r[key] + r[key + "_pm"], color=c, alpha=0.15)
         for j, (s, rows) in enumerate(pairs):
             ax.plot([r["split"] for r in rows], [r[key] for r in rows], "o", color=colors[j % len(colors)],
-                    label=f"{s['method']} ({s['budget']}, {s['splits_done']}/{s['n_splits']} splits)")
+                    label=f"{s['method']} ({s.get('budget_text', s['budget'])}, "
+                          f"{s['splits_done']}/{s['n_splits']} splits)")
         ax.set_xlim(-0.5, uci_n_splits(dataset) - 0.5)
         ax.set_xticks(range(uci_n_splits(dataset)))
         ax.set_xlabel("split")
@@ -936,7 +976,8 @@ def run(args: argparse.Namespace) -> int:
 
     def show(d, ps):
         pairs = _with_saved(ps[0], [_finish(p, write) for p in ps])
-        lines = [_table(d, [s for s, _ in pairs], published)]
+        caveat = _caveat(d, [s for s, _ in pairs], published)
+        lines = [*([caveat] if caveat else []), _table(d, [s for s, _ in pairs], published)]
         if any(s.get("saved") for s, _ in pairs):
             lines.append("(saved): results an earlier invocation wrote under --out, shown as "
                          "saved (not checked against this one's settings)")

@@ -61,7 +61,7 @@ def test_tiny_run_writes_runs_tables_and_figures(tiny):
         assert (out / name).read_text().count("\n") >= 4
     for name in ("spectra.png", "heatmap_A.png", "elbo_vs_step.png", "snr.png"):
         assert (out / name).stat().st_size > 5_000
-    assert "post-hoc rank-k truncation" in stdout and "paper: -ELBO" in stdout
+    assert "post-hoc rank-k truncation" in stdout and "paper (full MNIST): -ELBO" in stdout
     assert "0.501 / 0.133 / 96.8 / 957" in stdout  # the paper's row printed beside
 
 
@@ -161,3 +161,59 @@ def test_the_training_table_always_shows_the_final_step():
     assert exp._curve_marks([0, 1000, 5000, 9000]) == [1000, 5000, 9000]
     assert exp._curve_marks([0, 20, 40]) == [20, 40]
     assert exp._curve_marks([]) == []
+
+
+# ----------------------------------------------------------------------------- issue 35, item 6
+
+def _record(name, budget, curve):
+    final = {"neg_elbo": curve[-1][1], "neg_elbo_se": 0.01, "nll": 0.2, "nll_se": 0.02,
+             "accuracy": 0.94, "accuracy_se": 0.01, "kl": 1.0}
+    return {"settings": {"run": name, "seed": 0, **budget}, "final": final, "n_params": 957_000,
+            "curve": [{"step": t, "neg_elbo": v, "nll": 0.2, "accuracy": 0.9,
+                       "minibatch_neg_elbo": None} for t, v in curve],
+            "snr": [], "seconds": 1.0}
+
+
+QUICK_CURVE = [(0, 300.0), (100, 292.3), (200, 281.7), (300, 271.0), (400, 260.0), (500, 249.5),
+               (600, 239.0)]  # a --quick run's mean-field -ELBO / N (seed 0): still falling
+
+
+def test_quick_table_states_s_and_budget_and_the_caveat_and_flags_the_falling_curve():
+    budget = dict(exp.QUICK, hidden=(400, 400))
+    saved = {"meanfield": _record("meanfield", budget, QUICK_CURVE)}
+    table = exp._tables(saved, None, budget, quick=True)
+    head, caveat = table.splitlines()[:2]
+    assert "600 steps of Adam (0.001, M = 128), S = 1 draw per step" in head
+    assert "2 draws every 100 steps and 10 draws at the end" in head
+    assert caveat.startswith("CAVEAT - quick run: S = 1, 600 steps, the MNIST 5k subset")
+    assert "not comparable to the paper's figures" in caveat and "600 of our default 10000" in caveat
+    assert "full (mean field) (not converged)" in table and "0.501 / 0.133" in table
+    assert "not converged: full (mean field): -ELBO / N (whole training set) went 249.5 -> 239" in table
+
+
+def test_a_levelled_run_at_the_full_budget_on_full_mnist_has_neither_caveat_nor_flag():
+    budget = dict(exp.DEFAULTS, mnist="full", n_train=60_000)
+    curve = [(t, 0.5 + 50.0 * np.exp(-t / 500.0)) for t in range(0, 10_001, 250)]
+    saved = {"meanfield": _record("meanfield", budget, curve)}
+    table = exp._tables(saved, None, budget)
+    assert "CAVEAT" not in table and "not converged" not in table
+    assert exp._convergence(saved["meanfield"], 10_000)["converged"] is True
+    # the same, on the 5k subset: the default run is still not the paper's data
+    budget = dict(exp.DEFAULTS)
+    table = exp._tables({"meanfield": _record("meanfield", budget, curve)}, None, budget)
+    assert table.splitlines()[1].startswith("CAVEAT - reduced-budget run:")
+
+
+def test_figures_state_the_budget_and_mark_an_unconverged_curve(tmp_path, monkeypatch):
+    pytest.importorskip("matplotlib")
+    figs = []
+    monkeypatch.setattr(exp, "save_figure", lambda fig, path, **kw: figs.append(fig))
+    budget = dict(exp.QUICK, hidden=(400, 400))
+    level = [(t, 0.5 + 10.0 * np.exp(-t / 30.0)) for t, _ in QUICK_CURVE]
+    saved = {"meanfield": _record("meanfield", budget, QUICK_CURVE),
+             "k1": _record("k1", budget, level)}
+    exp._figures(tmp_path, saved, None)
+    elbo = figs[0].axes[0]
+    assert "600 steps of Adam (0.001, M = 128), S = 1 draw per step" in elbo.get_title()
+    labels = [t.get_text() for t in elbo.get_legend().get_texts()]
+    assert labels == ["full (mean field) (not converged)", "k-tied, k = 1"]

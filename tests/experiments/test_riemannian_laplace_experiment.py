@@ -182,3 +182,98 @@ def test_generated_data_follow_the_seed_only():
     assert Xtr.shape == (150, 1) and Xte.shape == (50, 1)
     Xm, ym = exp.make_two_moons(np.random.default_rng(0), 265, 0.3)
     assert Xm.shape == (265, 2) and set(np.unique(ym)) == {0, 1}
+
+
+# ----------------------------------------------------------------------------- issue 35, item 6
+
+def _args(quick, samples=None):
+    import argparse
+    return argparse.Namespace(quick=quick, samples=samples, seed=0, part=PARTS)
+
+
+def _saved_stub(part, quick, conv=None):
+    """A part's saved record with this budget's settings and placeholder results."""
+    s = exp._settings(_args(quick), part)
+    if part == "a":
+        r = {"measures": {m: {"mean_log_density": -4.0, "outside_hpd99": 0.01} for m in ("la", "rla")}}
+    elif part == "b":
+        r = {"scores": {m: {"nll": 1.0, "rmse": 0.3} for m in exp.B_METHODS},
+             "prior_precision": 0.05, "noise_precision": 13.0, "log_evidence": -89.0}
+    else:
+        r = {"scores": {m: {"accuracy": 0.9, "nll": 0.2, "brier": 0.1, "ece": 0.01, "mce": 0.05}
+                        for m in exp.C_METHODS}}
+    r["geodesics"] = {"rla": {"mean_nfev": 20.0, "seconds_per_exp_map": 0.01}}
+    if conv is not None:
+        r["convergence"] = {"map": conv}
+    return {"settings": s, "results": r, "seconds": 1.0}
+
+
+def test_every_table_and_figure_title_states_s_and_the_budget():
+    for quick in (True, False):
+        for part in PARTS:
+            saved = _saved_stub(part, quick)
+            S = exp.BUDGET[part]["quick" if quick else "default"]["samples"]
+            head = exp._table(part, saved).splitlines()[0]
+            title = exp._figure_title(saved, "first line")
+            for text in (head, title):
+                assert f"S = {S} posterior sample(s) per method" in text, text
+                assert {"a": "20 points", "b": "150 train / 50 test points",
+                        "c": "265 train / 795 test points"}[part] in text
+            assert {"a": "L-BFGS", "b": f"at most {exp.B_MAXITER} iterations",
+                    "c": "MAP by 2500 full-batch SGD epochs"}[part] in head
+    # S = 1 (quick) says what a sampled row then is; the paper's S = 50 does not
+    assert "each sampled row (la, rla, rla-lin) is ONE network" in exp._table("c", _saved_stub("c", True))
+    assert "ONE network" not in exp._table("b", {**_saved_stub("b", False),
+                                                  "settings": {**_saved_stub("b", False)["settings"],
+                                                               "samples": 50}})
+
+
+def test_a_map_that_is_not_stationary_is_flagged_and_a_converged_one_is_not():
+    """laplace.fit's own check, recorded: a deliberately short SGD run on a logistic regression
+    fails it, the L-BFGS optimum passes; the flag reaches the table and the figure title."""
+    rng = np.random.default_rng(0)
+    X = rng.standard_normal((40, 2))
+    y = (X[:, 0] + 0.5 * rng.standard_normal(40) > 0).astype(np.int64)
+    model = LogisticRegression(2, intercept=True)
+    _, gnorm, conv = exp._map(model, X, y, 1.0, np.zeros(3), 1000)
+    assert conv["converged"] is True and gnorm == conv["grad_norm"] <= conv["bound"]
+    short = np.zeros(3)
+    for _ in range(5):
+        short = short - 1e-3 * (model.grad(short, X, y) + short)
+    bad = exp._stationarity(model, short, X, y, 1.0, "5 SGD steps")
+    assert bad["converged"] is False and "5 SGD steps" in bad["reason"]
+    table = exp._table("c", _saved_stub("c", True, bad))
+    assert "not converged: MAP: the MAP (5 SGD steps) is not a stationary point" in table
+    assert "MAP not converged (|grad L|" in exp._figure_title(_saved_stub("c", True, bad), "t")
+    assert "not converged" not in exp._table("c", _saved_stub("c", True, conv))
+    assert "not converged" not in exp._figure_title(_saved_stub("c", True, conv), "t")
+
+
+@pytest.fixture(scope="module")
+def part_b_map():
+    """Part (b)'s first MAP (the paper's prior), by the experiment's own L-BFGS budget (~3 s)."""
+    rng = exp._rng(0, "b")
+    X, y, _, _ = exp.make_snelson_standin(rng)
+    model0 = MLP([1, exp.B_WIDTH, 1], activation="tanh", noise_precision=1.0)
+    theta0 = model0.init_theta(rng)
+    return model0, X, y, exp._map(model0, X, y, exp.B_DELTA0, theta0,
+                                  exp.BUDGET["b"]["quick"]["maxiter"])
+
+
+def test_part_b_map_is_a_stationary_point_quick_or_not(part_b_map):
+    """At the former 2000 (quick) / 5000 (default) L-BFGS iterations the MAP stopped at
+    |grad L| = 0.11 / 0.004, far above laplace.fit's bound, and fit warned (issue 35, item 6)."""
+    assert exp.BUDGET["b"]["quick"]["maxiter"] == exp.BUDGET["b"]["default"]["maxiter"]
+    _, _, _, (_, _, conv) = part_b_map
+    assert conv["converged"] is True, conv["reason"]
+
+
+def test_the_evidence_grid_fits_at_the_prior_the_map_was_found_at(part_b_map):
+    """It fitted at prior precision 1.0 a MAP of delta0 = 2e-3: fit warned |grad L| = 16, which
+    is (1 - delta0) theta, not a defect of the MAP; the grid's evidence is the same either way."""
+    import warnings
+    model0, X, y, (theta, _, _) = part_b_map
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", UserWarning)
+        delta, tau, log_z = exp._evidence_grid(model0, X, y, theta, exp.B_DELTA0)
+    assert delta in exp.B_DELTA_GRID and tau in exp.B_TAU_GRID and np.isfinite(log_z)

@@ -19,6 +19,9 @@ def test_selfcheck_quick_passes_and_writes_results(tmp_path, capsys):
     assert (out / "selfcheck.png").stat().st_size > 0
     printed = capsys.readouterr().out
     assert "rank-3: sample S S^T vs dense inverse" in printed and "NO" not in printed.split()
+    # the problem the checks ran on heads the table (issue 35, item 6)
+    assert printed.startswith("selfcheck: --quick problem: n = 200 rows, p = 10 features, MLP "
+                              "width 20, rank L = 3, seed 0; deterministic")
     data = make_logistic_regression(200, 10, 0)  # the --quick problem, seed 0
     assert result["provenance"] == {"data_sha256": {"synthetic": _runner.sha256_arrays(data.X, data.y)},
                                     "refbayes_version": refbayes.__version__,

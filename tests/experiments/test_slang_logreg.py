@@ -498,3 +498,62 @@ def test_slang_runs_with_the_matlab_code_s_momentum_and_the_baselines_without(no
     for method, momentum in seen.items():
         saved = json.loads((out / "synthetic" / "restart_0" / f"{method}.json").read_text())
         assert saved["settings"]["momentum"] == momentum
+
+
+# ----------------------------------------------------------------------------- issue 35, item 6
+
+def test_checkpoints_hold_the_start_of_the_convergence_window():
+    assert {180, 200} <= set(slang_logreg._checkpoints(200))
+    assert {9000, 10_000} <= set(slang_logreg._checkpoints(10_000))
+
+
+def test_convergence_flag_unset_on_a_levelled_kl_and_set_on_a_falling_one():
+    levelled = [[e, 0.64 + 30.0 * np.exp(-e / 10.0)] for e in slang_logreg._checkpoints(200)]
+    falling = [[e, 30.0 / np.sqrt(e)] for e in slang_logreg._checkpoints(200)]  # 200 epochs: not yet
+    assert slang_logreg._convergence(levelled, 200)["converged"] is True
+    assert slang_logreg._convergence(falling, 200)["converged"] is False
+    # the full-Gaussian runs' noise floor: 100% relative, under the 0.01 nats
+    floor = [[1, 5.0], [180, 2.4e-3], [200, 1.2e-3]]
+    assert slang_logreg._convergence(floor, 200)["converged"] is True
+    rows = [{"method": "slang-1", "restart": r, "nll": 0.3, "kl": 4.7, "converged": r == 0}
+            for r in range(3)]
+    rows += [{"method": "full-hess", "restart": r, "nll": 0.3, "kl": 0.03, "converged": True}
+             for r in range(3)]
+    rows += [{"method": m, "restart": r, "nll": 0.3, "kl": 0.0, "converged": None}
+             for m in slang_logreg.REFERENCE_ROWS for r in range(3)]
+    table = slang_logreg._table("synthetic", rows, ("slang-1", "full-hess"))
+    cells = {line.split()[0]: line.split() for line in table.splitlines()[2:6]}
+    assert (cells["slang-1"][7], cells["full-hess"][7], cells["exact-vi"][7]) == ("1/3", "3/3", "-")
+    assert "not converged: slang-1: restart(s) 1, 2 of 3" in table
+    assert "not converged: full-hess" not in table
+
+
+def test_a_run_below_the_papers_budget_prints_the_caveat_in_its_table():
+    caveat = slang_logreg._caveat("australian", 500, 5, quick=True)
+    assert caveat == ("CAVEAT - quick run: S = 12, 500 epochs, 5 restart(s); not comparable to the "
+                      "paper's Table 1 (500 of the paper's 10000 epochs; 5 of its 20 restarts)")
+    assert slang_logreg._caveat("australian", 10_000, 20) == ""
+    assert slang_logreg._caveat("a1a", 10_000, 1) == ""
+    assert slang_logreg._caveat("synthetic", 200, 3) == ""  # no paper row printed beside it
+    rows = [{"method": m, "nll": 0.3, "kl": 1.0} for m in (*slang_logreg.METHODS,
+                                                           *slang_logreg.REFERENCE_ROWS)]
+    table = slang_logreg._table("australian", rows, slang_logreg.METHODS, caveat)
+    assert table.splitlines()[0] == caveat and "2.240e+04" in table  # the paper's column kept
+
+
+def test_the_convergence_figure_states_the_budget_and_marks_unconverged_methods(tmp_path,
+                                                                                monkeypatch):
+    pytest.importorskip("matplotlib")
+    figs = []
+    monkeypatch.setattr(slang_logreg, "save_figure", lambda fig, path, **kw: figs.append(fig))
+    ep = slang_logreg._checkpoints(200)
+    curves = {(0, "slang-1"): [[e, 30.0 / np.sqrt(e)] for e in ep],
+              (0, "full-hess"): [[e, 0.03 + 30.0 * np.exp(-e / 10.0)] for e in ep]}
+    head = slang_logreg._head("synthetic", 200, 1)
+    slang_logreg._figures(tmp_path, "synthetic", {}, np.eye(3), curves, ("slang-1", "full-hess"),
+                          head)
+    assert head in figs[0]._suptitle.get_text()
+    ax = figs[1].axes[0]
+    assert head in ax.get_title() and "S = 12" in ax.get_title()
+    assert [t.get_text() for t in ax.get_legend().get_texts()] == \
+        ["slang-1 (not converged: 1/1)", "full-hess"]

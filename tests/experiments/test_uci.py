@@ -1147,3 +1147,30 @@ def test_predictions_of_a_split_not_run_is_an_error(data_dir, tmp_path):
     plan = uci._plan("map", DATASET, [4], quick=True, out=tmp_path, data_dir=data_dir, epochs=1)
     with pytest.raises(FileNotFoundError, match="split_4.json: no result for split 4; run the split"):
         uci.final_predictions(plan, 4)
+
+
+# ----------------------------------------------------------------------------- issue 35, item 6
+
+def test_the_budget_column_states_epochs_m_and_s_and_a_quick_run_gets_the_caveat():
+    spec = uci_methods.METHODS["slang"]
+    quick = uci_methods.resolve(spec, "boston", quick=True)
+    full = uci_methods.resolve(spec, "boston")
+    assert uci.budget_text(quick, True).startswith(
+        f"quick: 5 epochs, M = {quick.settings['M']}, S = ")
+    assert "10 test draws" in uci.budget_text(quick, True)
+    assert uci.budget_text(full, False).startswith("full: 120 epochs")
+    published = uci.load_published()
+    summary = {"method": "slang", "splits_done": 1, "n_splits": 20, "budget": "quick",
+               "budget_text": uci.budget_text(quick, True), "epochs": 5, "rmse_mean": 1.0,
+               "rmse_se": None, "ll_mean": -1.0, "ll_se": None}
+    caveat = uci._caveat("boston", [summary], published)
+    assert caveat.startswith("CAVEAT - quick run:") and "not comparable to the published" in caveat
+    assert "slang: quick: 5 epochs" in caveat and "the full budget is 120 epochs" in caveat
+    row = next(x for x in uci._table("boston", [summary], published).splitlines()
+               if x.startswith("slang"))
+    assert uci.budget_text(quick, True) in row
+    # --epochs below the method's own is reduced too; the full budget is not
+    assert uci._caveat("boston", [{**summary, "budget": "full", "epochs": 60}], published)
+    assert uci._caveat("boston", [{**summary, "budget": "full", "epochs": 120}], published) == ""
+    # nothing published beside the method: nothing to compare, no caveat
+    assert uci._caveat("boston", [{**summary, "method": "kfac"}], []) == ""
