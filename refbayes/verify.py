@@ -27,8 +27,10 @@ in units of u32)::
 
 with exact(d) the exact-identity tolerance of ``refbayes._tolerances`` (1e-10 for float64, 1e-3 for
 float32) and SAFETY = 10, since a measured error is one sample of rounding, and another
-implementation's order of operations rounds differently. Where kappa was not measured (the
-methods traced in float64 only), tol = exact(d). ``rtol`` overrides the rule, and the report's
+implementation's order of operations rounds differently. Every float quantity of a trace of
+format version 2 carries kappa (the float64-only Laplace methods measure it on inputs rounded to
+float32: the manifest's ``condition_rule``); where kappa is null (an integer, or a quantity
+compared by its absolute error), tol = exact(d). ``rtol`` overrides the rule, and the report's
 notes say by how much (the range of the rule's tolerances it replaced, and the factor); it must
 be below 1: at rtol >= 1 a dump of zeros passes every float quantity (its error is exactly 1).
 

@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 from refbayes import __version__, tracing, verify
+from refbayes.cli import main as cli_main
 from refbayes.methods import vogn
 from refbayes.tracing.files import MANIFEST_KEY
 from refbayes.tracing.steps import make_inputs, step
@@ -162,9 +163,24 @@ def _rewrite_manifest(src: Path, dst: Path, **changes) -> Path:
 def test_load_refuses_another_format_version_and_names_the_rebuild_command(tmp_path):
     path = _rewrite_manifest(GOLDEN / "adam.npz", tmp_path / "v2.npz",
                              format_version=tracing.FORMAT_VERSION + 1)
-    with pytest.raises(ValueError, match="format version 2, this refbayes .* reads version 1; "
-                                         "rebuild it with: refbayes trace adam"):
+    with pytest.raises(ValueError, match="format version 3, this refbayes .* reads version 2 "
+                                         "only .*re-run `refbayes trace` to rebuild it: "
+                                         "refbayes trace adam"):
         tracing.load(path)
+
+
+def test_a_version_1_trace_is_refused_by_verify_and_rebuilt_by_bless(tmp_path, capsys):
+    """Format version 2 renamed inputs (input.batch.*, input.cfg.*): a version-1 trace is
+    refused with the command that rebuilds it, and bless rebuilds it from its own options."""
+    path = _rewrite_manifest(GOLDEN / "adam.npz", tmp_path / "v1.npz", format_version=1)
+    assert cli_main(["verify", str(path), str(GOLDEN / "adam.npz")]) == 2
+    err = capsys.readouterr().err
+    assert "format version 1" in err and "re-run `refbayes trace` to rebuild it: " \
+        "refbayes trace adam --seed 0 --steps 2" in err
+    tracing.bless(tmp_path)
+    rebuilt = tracing.load(path)
+    assert rebuilt.manifest["format_version"] == tracing.FORMAT_VERSION == 2
+    assert rebuilt.options == tracing.load(GOLDEN / "adam.npz").options
 
 
 def test_load_refuses_arrays_that_disagree_with_the_manifest(tmp_path):
@@ -216,7 +232,9 @@ def test_the_manifest_records_the_version_and_parameter_axes():
     assert t.param_axes["g_k"] == (2,) and t.param_axes["theta"] == (1,)
     assert t.param_axes["input.state.mu"] == (0,) and t.param_axes["N_eff"] == ()
     assert t.param_axes["input.eps"] == (1,) and "input.eps" in t.per_step
-    assert "input.cfg.delta" not in t.inputs and t.config["delta"] == 1.0
+    # every numeric config field is an input too (0-d), the strings only in the manifest
+    assert t.inputs["input.cfg.delta"].shape == () and t.config["delta"] == 1.0
+    assert t.config["curvature"] == "ef" and not any("curvature" in n for n in t.inputs)
     assert tracing.model_from_spec(t.model).D == 34
     with pytest.raises(ValueError, match="model: cannot rebuild"):
         tracing.model_from_spec({"class": "Nope", "repr": "Nope()"})

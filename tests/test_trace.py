@@ -6,6 +6,7 @@ import functools
 import importlib
 import inspect
 import io
+import itertools
 import json
 import pkgutil
 import re
@@ -21,6 +22,7 @@ from scipy.stats import multivariate_normal
 
 import refbayes.methods
 import refbayes.tracing
+from refbayes import verify
 from refbayes.cli import main
 from refbayes.datasets import make_logistic_regression
 from refbayes.linalg import kron
@@ -37,12 +39,14 @@ from refbayes.methods._estimates import Batch
 from refbayes.methods.adam import AdamState
 from refbayes.models import MLP, LogisticRegression
 from refbayes.tracing import (
+    FORMAT_VERSION,
     NOTE_OF,
     TRACERS,
     build,
     derivation_of,
     field_tags,
     format_trace,
+    load,
     to_json,
 )
 from refbayes.tracing.kfac import NoisyKFACTraceInfo, make_noisy_kfac_inputs
@@ -64,6 +68,7 @@ from refbayes.tracing.problems import (
 from refbayes.tracing.steps import make_inputs, step
 from refbayes.tracing.swag import SWAGTraceInfo, make_swag_inputs
 from refbayes.tracing.tags import LABEL
+from refbayes.tracing.tracer import CONDITION_RULES
 from tests.test_trace_tags import ROOT, _labels
 from tests.tolerances import EXACT_F64, ODE_F64, assert_close
 
@@ -73,7 +78,8 @@ INFO = {"slang": slang.SLANGInfo, "ngvi-full": ngvi.FullInfo, "ngvi-meanfield": 
         "swag": SWAGTraceInfo, "noisy-kfac": NoisyKFACTraceInfo, "kfac": NoisyKFACTraceInfo,
         "ktied": ktied.KTiedInfo}
 STATE = {"slang": slang.SLANGState, "ngvi-full": ngvi.FullState,
-         "ngvi-meanfield": ngvi.MeanFieldState, "ktied": ktied.KTiedState}
+         "ngvi-meanfield": ngvi.MeanFieldState, "ktied": ktied.KTiedState,
+         "noisy-kfac": noisy_kfac.NoisyKFACState, "kfac": noisy_kfac.NoisyKFACState}
 
 
 @functools.cache
@@ -255,7 +261,9 @@ def test_the_noisy_kfac_trace_is_pi_the_library_info_and_the_new_factors():
     A and S: a field renamed or added in noisy_kfac.py shows up here (and in the tag checks)."""
     assert NoisyKFACTraceInfo._fields == ("pi", *noisy_kfac.NoisyKFACInfo._fields, "A", "S")
     nk, kf = _built("noisy-kfac"), _built("kfac")
-    assert list(dict.fromkeys(map(_head, nk.outputs))) == list(NoisyKFACTraceInfo._fields)
+    assert list(dict.fromkeys(map(_head, nk.outputs))) == [*NoisyKFACTraceInfo._fields, "state"]
+    assert [n for n in nk.outputs if n.startswith("state.")] == [
+        "state.A_ref.0", "state.A_ref.1", "state.S_ref.0", "state.S_ref.1", "state.t"]
     assert kf.tags == nk.tags and list(kf.outputs) == list(nk.outputs)
 
 
@@ -305,6 +313,8 @@ def _blocks(out: str) -> dict:
 def _values(block) -> np.ndarray:
     """A block printed in full, as an array of its shape."""
     _, shape, text = block
+    if "".join(text).strip() in ("True", "False"):  # a 0-d bool (a config flag)
+        return np.array("".join(text).strip() == "True")
     return np.array([float(v) for v in NUMBER.findall(text)]).reshape(shape)
 
 
@@ -334,7 +344,15 @@ def test_format_trace_prints_the_header_every_input_in_full_and_every_output_und
     lines = out.splitlines()
     assert out.endswith("\n") and lines[:4] == _header(t)
     assert lines[4].startswith("draws: step 1 after the start from numpy.random.default_rng(seed)")
-    assert "derivations/tracing.md" in lines[4] and lines[5] == ""
+    assert "derivations/tracing.md" in lines[4]
+    rest = lines[5:]
+    if t.manifest["note"]:  # noisy-kfac, kfac: the update order
+        assert rest.pop(0) == f"order: {t.manifest['note']}"
+    assert rest[:2] == [f"condition: {t.manifest['condition_rule']}", ""]
+    # each output's scale, once, before the steps
+    at = lines.index("scales (which sum over data each output is):")
+    assert lines[at + 1:at + 1 + len(t.outputs)] == [
+        f"  {n}: {m['scale']}" for n, m in t.manifest["outputs"].items()]
     assert t.manifest["command"].startswith(f"refbayes trace {method} --seed {t.options['seed']} ")
     blocks = _blocks(out)
     K = next(iter(t.outputs.values())).shape[0]
@@ -841,8 +859,8 @@ def _direct_laplace(method, t):
                 "log_det_ratio": log_det - np.sum(np.log(delta)), "scatter": scatter,
                 "f_mean": pred.f_mean, "f_var": pred.f_var, "y_var": pred.y_var}
     ode = riemannian_laplace.RiemannianLaplaceConfig(t.options["ode_method"],
-                                                     float(t.inputs["input.ode.rtol"]),
-                                                     float(t.inputs["input.ode.atol"]))
+                                                     float(t.inputs["input.cfg.ode.rtol"]),
+                                                     float(t.inputs["input.cfg.ode.atol"]))
 
     def grad_fn(theta):
         return model.grad(theta, X, y) + delta * theta
@@ -870,22 +888,26 @@ def test_laplace_outputs_equal_direct_library_calls_on_the_trace_inputs(method, 
     assert t.method == method and t.options["seed"] == opts.get("seed", 0)
     # the recorded problem is the documented recipe
     model, X, y = _shipped_problem()
-    np.testing.assert_array_equal(t.inputs["input.X"], X)
-    np.testing.assert_array_equal(t.inputs["input.y"], y)
+    np.testing.assert_array_equal(t.inputs["input.batch.X"], X)  # the fit consumes every row
+    np.testing.assert_array_equal(t.inputs["input.batch.y"], y)
     np.testing.assert_array_equal(t.inputs["input.X_star"], np.linspace(-3, 3, 5)[:, None])
     assert t.model["repr"] == repr(model) and t.model["D"] == 13
     D_q = 5 if opts.get("subset") == "last_layer" else 13
     eps = np.random.default_rng(opts.get("seed", 0)).standard_normal((D_q, opts.get("S", 2)))
     np.testing.assert_array_equal(t.inputs["input.eps"], eps)  # the documented draw
+    ode = {} if method == "laplace" else {
+        "ode.method": opts.get("ode_method", "RK45"), "ode.rtol": opts.get("rtol", 1e-6),
+        "ode.atol": opts.get("atol", 1e-3)}
     assert t.config == {"prior_precision": opts.get("prior_precision", 1.0),
                         "structure": opts.get("structure", "full"),
                         "curvature": opts.get("curvature", "ggn"),
-                        "subset": opts.get("subset", "all")}
+                        "subset": opts.get("subset", "all"), **ode}
+    assert float(t.inputs["input.cfg.prior_precision"]) == t.config["prior_precision"]
     if method == "riemannian-laplace":
         assert (t.options["ode_method"], t.options["rtol"], t.options["atol"]) == \
             (opts.get("ode_method", "RK45"), opts.get("rtol", 1e-6), opts.get("atol", 1e-3))
-        assert float(t.inputs["input.ode.rtol"]) == t.options["rtol"]
-        assert float(t.inputs["input.ode.atol"]) == t.options["atol"]
+        assert float(t.inputs["input.cfg.ode.rtol"]) == t.options["rtol"]
+        assert float(t.inputs["input.cfg.ode.atol"]) == t.options["atol"]
     # the MAP the trace records is the recipe's, for this prior (never the seed)
     found = shipped_map(opts.get("prior_precision", 1.0))
     np.testing.assert_array_equal(t.inputs["input.map.theta_map"], found.theta_map)
@@ -971,15 +993,15 @@ def _swag_library(t):
     X, y, _ = make_logistic_regression(50, 5, 0)
     model = LogisticRegression(5)
     i = t.inputs
-    sgd_cfg = swag.SGDConfig(N=int(i["input.sgd.N"]), lam=float(i["input.sgd.lam"]),
-                             alpha=float(i["input.sgd.alpha"]),
-                             momentum=float(i["input.sgd.momentum"]))
-    cfg = swag.SWAGConfig(**t.config)
+    sgd_cfg = swag.SGDConfig(N=int(i["input.cfg.sgd.N"]), lam=float(i["input.cfg.sgd.lam"]),
+                             alpha=float(i["input.cfg.sgd.alpha"]),
+                             momentum=float(i["input.cfg.sgd.momentum"]))
+    cfg = swag.SWAGConfig(**{k: v for k, v in t.config.items() if not k.startswith("sgd.")})
     diag = cfg._replace(scale=1.0)  # SWAG-Diagonal at the paper's scale 1
-    theta0, z1, z2 = (i[f"input.{k}"] for k in ("theta0", "z1", "z2"))
+    theta0, z1, z2 = i["input.state.theta"], i["input.eps.z1"], i["input.eps.z2"]
     opt, state = swag.sgd_init(theta0.copy()), swag.init(theta0, cfg)
     rows = []
-    for idx in i["input.idx"]:
+    for idx in i["input.batch.idx"]:
         opt, s_info = swag.sgd_step(opt, Batch(X[idx], y[idx]), None, sgd_cfg, model)
         state, c_info = swag.collect(state, opt.theta, cfg)
         rows.append([np.array(a) for a in (*s_info, *c_info)])
@@ -1041,16 +1063,21 @@ def test_swag_outputs_equal_direct_library_calls_and_the_equations(opts):
     o = _swag_settings(opts)
     assert t.method == "swag" and t.options == {"dtype": "float64", **o}
     X, y, _ = make_logistic_regression(50, 5, 0)
-    np.testing.assert_array_equal(t.inputs["input.X"], X)
-    np.testing.assert_array_equal(t.inputs["input.y"], y)
-    assert t.config == {"K": o["K"], "scale": o["scale"], "var_clamp": 1e-30}
-    assert {k: t.inputs[f"input.sgd.{k}"].item() for k in ("N", "lam", "alpha", "momentum")} == \
-        {"N": 50, "lam": 1.0, "alpha": o["alpha"], "momentum": o["momentum"]}
-    # the draws are the documented ones, in the documented order
+    sgd = {"N": 50, "lam": 1.0, "alpha": o["alpha"], "momentum": o["momentum"]}
+    assert t.config == {**{f"sgd.{k}": v for k, v in sgd.items()}, "K": o["K"],
+                        "scale": o["scale"], "var_clamp": 1e-30}
+    assert {k: t.inputs[f"input.cfg.sgd.{k}"].item() for k in sgd} == sgd
+    assert {k: t.inputs[f"input.cfg.{k}"].item() for k in ("K", "scale", "var_clamp")} == \
+        {"K": o["K"], "scale": o["scale"], "var_clamp": 1e-30}
+    # the draws are the documented ones, in the documented order, under the naming rule
     draws = _swag_draws(o["seed"], o["steps"], o["M"], o["S"], o["K"])
-    assert [n for n in t.inputs if n[6:] in draws] == [f"input.{n}" for n in draws]
+    names = {"theta0": "input.state.theta", "idx": "input.batch.idx", "z1": "input.eps.z1",
+             "z2": "input.eps.z2"}
     for name, value in draws.items():
-        np.testing.assert_array_equal(t.inputs[f"input.{name}"], value, err_msg=name)
+        np.testing.assert_array_equal(t.inputs[names[name]], value, err_msg=name)
+    # each SGD step's minibatch rows: row t of input.batch.X is X[idx[t]]
+    np.testing.assert_array_equal(t.inputs["input.batch.X"], X[draws["idx"]])
+    np.testing.assert_array_equal(t.inputs["input.batch.y"], y[draws["idx"]])
     library, by_hand = _swag_library(t), _swag_by_hand(draws, o)
     assert list(t.outputs) == list(library) == list(by_hand)
     for field, value in library.items():
@@ -1073,7 +1100,8 @@ def test_swag_same_seed_same_trace_other_seed_other_draws(capsys):
     a, b, c = (_trace(capsys, "swag", "--seed", s) for s in ("3", "3", "4"))
     assert a == b
     A, C = _blocks(a), _blocks(c)
-    for name in ("input.theta0", "input.idx", "input.z1", "input.z2", "theta_s"):
+    for name in ("input.state.theta", "input.batch.idx", "input.eps.z1", "input.eps.z2",
+                 "theta_s"):
         assert A[name] != C[name], name
 
 
@@ -1252,9 +1280,10 @@ def _nk_library(t):
         *(tuple(i[f"input.state.{k}.{l}"] for l in range(2)) for k in ("A", "S", "A_ref", "S_ref")),
         int(i["input.state.t"]))
     cfg = noisy_kfac.NoisyKFACConfig(**t.config)
-    idx = i["input.idx"]
-    new, info = noisy_kfac.step(state, Batch(X[idx], y[idx]), i.get("input.eps"), cfg, model,
-                                y_tilde=i.get("input.y_tilde"))
+    idx = i["input.batch.idx"][0]  # step 1's inputs
+    step1 = {n: i[n][0] for n in ("input.eps", "input.y_tilde") if n in i}
+    new, info = noisy_kfac.step(state, Batch(X[idx], y[idx]), step1.get("input.eps"), cfg, model,
+                                y_tilde=step1.get("input.y_tilde"))
     pi = None
     if cfg.damping == "factored":
         pi = np.array([float(kron.factored_damping_pi(A, S))
@@ -1282,8 +1311,9 @@ def test_noisy_kfac_outputs_equal_a_direct_step_and_the_equations(method, opts):
     o = _nk_settings(method, {("kl-clip" if k == "kl_clip" else k): v for k, v in opts.items()})
     assert t.method == method and t.options["seed"] == o["seed"]
     X, y, _ = make_logistic_regression(50, 5, 0)
-    np.testing.assert_array_equal(t.inputs["input.X"], X)
-    np.testing.assert_array_equal(t.inputs["input.y"], y)
+    idx = t.inputs["input.batch.idx"]  # (K, M): the minibatch itself is input.batch.X, .y
+    np.testing.assert_array_equal(t.inputs["input.batch.X"], X[idx])
+    np.testing.assert_array_equal(t.inputs["input.batch.y"], y[idx])
     assert t.model["D"] == 34 and t.model["sizes"] == [5, 4, 2]
     assert t.config == {**NK_CONFIG, "damping": o["damping"], "curvature": o["curvature"],
                         "kl_clip": o["kl-clip"]}
@@ -1299,18 +1329,23 @@ def test_noisy_kfac_outputs_equal_a_direct_step_and_the_equations(method, opts):
             np.testing.assert_array_equal(i[f"input.state.{name}_ref.{l}"], F)
             assert np.linalg.eigvalsh(F).min() >= 0.5 and not np.allclose(F, np.eye(len(F)))
     for name in ("idx", "eps", "u"):
+        key = "input.batch.idx" if name == "idx" else f"input.{name}"
         if draws[name] is None:
-            assert f"input.{name}" not in i
-        else:
-            np.testing.assert_array_equal(i[f"input.{name}"], draws[name], err_msg=name)
+            assert key not in i
+        else:  # step 1's row
+            np.testing.assert_array_equal(i[key][0], draws[name], err_msg=name)
     library, by_hand = _nk_library(t), _flat(_nk_by_hand(method, draws, o))
     # the sampled labels: the inverse CDF of the predictive at the step's own draws
     if o["curvature"] == "mc":
-        np.testing.assert_array_equal(i["input.y_tilde"], by_hand.pop("y_tilde"))
-        assert_close(i["input.probs"], by_hand.pop("probs"), EXACT_F64, "probs")
+        np.testing.assert_array_equal(i["input.y_tilde"][0], by_hand.pop("y_tilde"))
+        assert_close(i["input.probs"][0], by_hand.pop("probs"), EXACT_F64, "probs")
     else:
         assert "input.y_tilde" not in i and "input.probs" not in i
-    assert list(t.outputs) == list(library) == list(by_hand)
+    state_out = ["state.A_ref.0", "state.A_ref.1", "state.S_ref.0", "state.S_ref.1", "state.t"]
+    assert list(t.outputs) == list(library) + state_out and list(library) == list(by_hand)
+    for name in state_out[:4]:  # T_inv = 1: every step refreshes, A_ref = A
+        np.testing.assert_array_equal(t.outputs[name], t.outputs[name[6:].replace("_ref", "")])
+    np.testing.assert_array_equal(t.outputs["state.t"], np.arange(1, t.options["steps"] + 1))
     assert ("pi" in t.outputs) == (o["damping"] == "factored")  # exact damping has no split
     for name, value in library.items():
         saved = t.outputs[name][0]
@@ -1330,7 +1365,7 @@ def test_noisy_kfac_same_seed_same_trace_other_seed_other_draws(capsys):
     assert a == b
     A, C = _blocks(a), _blocks(c)
     for name in ("input.state.mu", "input.state.m", "input.state.A.0", "input.state.S.1",
-                 "input.idx", "input.eps", "w", "P"):
+                 "input.batch.idx", "input.eps", "w", "P"):
         assert A[name] != C[name], name
 
 
@@ -1342,6 +1377,61 @@ def test_kfac_takes_no_draws():
         make_noisy_kfac_inputs("kfac", S=3)
     assert make_noisy_kfac_inputs("noisy-kfac").eps.shape == (34, 2)  # the default S
     assert "input.eps" not in _built("kfac").inputs
+
+
+def test_noisy_kfac_step_two_preconditions_with_step_one_factors():
+    """Issue 35, item 11. Step 1 preconditions with the drawn factors (the last refresh), so its
+    P, m and mu are the same under ggn, ef and mc; with T_inv = 1 step 2 preconditions with
+    step 1's refresh, so its P depends on the curvature. Step 2 is noisy_kfac.step from step
+    1's state on the draws of default_rng([seed, 1]), and its pi is the split of step 1's
+    factors: the mean step's pi, not only the first sampler's."""
+    X, y, _ = make_logistic_regression(50, 5, 0)
+    model = MLP([5, 4, 2], activation="tanh", likelihood="categorical")
+    for method in ("noisy-kfac", "kfac"):
+        traces = {c: _built(method, curvature=c) for c in noisy_kfac.CURVATURES}
+        assert all(t.options["steps"] == 2 for t in traces.values())  # the default
+        P = {c: t.outputs["P"] for c, t in traces.items()}
+        for name in ("P", "m", "mu"):
+            assert all(np.array_equal(t.outputs[name][0], traces["ggn"].outputs[name][0])
+                       for t in traces.values()), name
+        for a, b in itertools.combinations(noisy_kfac.CURVATURES, 2):
+            assert np.max(np.abs(P[a][1] - P[b][1])) > 1e-6 * np.max(np.abs(P[a][1])), (a, b)
+        for curvature, t in traces.items():
+            out, i = t.outputs, t.inputs
+            rng = np.random.default_rng([0, 1])
+            idx = rng.permutation(50)[:8]
+            np.testing.assert_array_equal(i["input.batch.idx"][1], idx)
+            if method == "noisy-kfac":
+                np.testing.assert_array_equal(i["input.eps"][1], rng.standard_normal((34, 2)))
+            if curvature == "mc":
+                np.testing.assert_array_equal(i["input.u"][1], rng.random(i["input.u"][1].shape))
+            A1 = tuple(out[f"A.{l}"][0] for l in range(2))
+            S1 = tuple(out[f"S.{l}"][0] for l in range(2))
+            state = noisy_kfac.NoisyKFACState(out["mu"][0], out["m"][0], A1, S1, A1, S1, 1)
+            cfg = noisy_kfac.NoisyKFACConfig(**t.config)
+            _, info = noisy_kfac.step(state, Batch(X[idx], y[idx]), i["input.eps"][1]
+                                      if "input.eps" in i else None, cfg, model,
+                                      y_tilde=i["input.y_tilde"][1] if "input.y_tilde" in i
+                                      else None)
+            for name in ("w", "V", "P", "m", "mu"):
+                np.testing.assert_array_equal(out[name][1], getattr(info, name), err_msg=name)
+            pi = [kron.factored_damping_pi(A, S) for A, S in zip(A1, S1)]
+            np.testing.assert_array_equal(out["pi"][1], pi)
+        # one step is the first step of two: any prefix of a K-step trace is the shorter trace
+        one = _built(method, steps=1)
+        for name, a in one.outputs.items():
+            np.testing.assert_array_equal(a[0], traces["ggn"].outputs[name][0], err_msg=name)
+
+
+def test_noisy_kfac_trace_states_the_update_order():
+    """The printed trace and the manifest say which factors precondition each step, and that
+    the order is the official code's, not Algorithm 2's."""
+    for method in ("noisy-kfac", "kfac"):
+        t = _built(method)
+        note = t.manifest["note"]
+        assert "LAST refresh" in note and "not Algorithm 2's" in note and "official" in note
+        assert f"order: {note}" in format_trace(t).splitlines()
+    assert all(not _built(m).manifest["note"] for m in METHODS if m not in ("noisy-kfac", "kfac"))
 
 
 # ----------------------------------------------------------------------------- the k-tied trace
@@ -1559,3 +1649,112 @@ def test_ktied_same_seed_same_trace_other_seed_other_draws(capsys):
     X, _ = _kt_problem()
     for inputs in (i3, i4):
         np.testing.assert_array_equal(inputs["input.batch.X"][0], X[inputs["input.batch.idx"][0]])
+
+
+# ------------------------------------------- issue 35, items 10 and 14: names, scales, conditions
+
+# The one naming rule of derivations/tracing.md ("Names"): the groups every method's inputs
+# fall in, and the recipe inputs a section of the note documents by name.
+INPUT_GROUPS = re.compile(r"input\.(state\.\w+(\.\w+)*|cfg\.\w+(\.\w+)?|batch\.(idx|X|y)"
+                          r"|eps|eps\.\w+|masks\.\d+)")
+RECIPE_INPUTS = {"input.X_star", "input.map.theta_map", "input.map.theta0", "input.Omega",
+                 "input.u", "input.probs", "input.y_tilde"}
+NAME_CASES = [(m, {}) for m in METHODS] + [
+    ("noisy-kfac", {"curvature": "mc"}), ("riemannian-laplace", {"subset": "last_layer"}),
+    ("slang", {"steps": 2, "dtype": "float32"})]
+
+
+@pytest.mark.parametrize("method, opts", NAME_CASES,
+                         ids=[f"{m}-{i}" for i, (m, _) in enumerate(NAME_CASES)])
+def test_every_trace_names_its_inputs_by_the_one_rule(method, opts):
+    """input.state.*, input.cfg.<field>, input.batch.X / y (/ idx: the minibatch itself, not the
+    whole set to be indexed), input.eps(.*), input.masks.*, and the documented recipe inputs;
+    every numeric config field, scalars included, is input.cfg.<field> (0-d for a scalar),
+    equal to the manifest's config; the strings are in the manifest only."""
+    t = _built(method, **opts)
+    for name in t.inputs:
+        assert INPUT_GROUPS.fullmatch(name) or name in RECIPE_INPUTS, name
+    assert "input.batch.X" in t.inputs and "input.batch.y" in t.inputs
+    assert not {"input.X", "input.y", "input.idx"} & set(t.inputs)
+    if "input.batch.idx" in t.inputs:  # the rows of the batch are the rows idx of the data
+        idx = t.inputs["input.batch.idx"]
+        assert t.inputs["input.batch.X"].shape[:idx.ndim] == idx.shape
+    for field, value in t.config.items():
+        name = f"input.cfg.{field}"
+        if isinstance(value, str) or value is None:
+            assert name not in t.inputs, name
+        else:
+            a = t.inputs[name]
+            assert a.shape == () and a.item() == value, name
+            assert a.dtype.kind in "biuf"
+    # the dump of a trace is the trace: verify takes every input, config scalars included
+    assert verify.compare(t, {**t.inputs, **t.outputs}).ok
+
+
+def test_a_config_array_and_nested_configs_are_named_by_their_field():
+    t = _built("slang")  # lam is a (D,) array
+    assert t.inputs["input.cfg.lam"].shape == (6,)
+    adam = _built("adam")  # MAPConfig(N, lam, adam=AdamConfig(alpha, ...)): input.cfg.adam.*
+    assert float(adam.inputs["input.cfg.adam.alpha"]) == adam.config["adam.alpha"] == 0.1
+    swag_t = _built("swag")  # its second config, SGDConfig, as input.cfg.sgd.*
+    assert float(swag_t.inputs["input.cfg.sgd.alpha"]) == swag_t.config["sgd.alpha"]
+    assert int(swag_t.inputs["input.cfg.K"]) == swag_t.config["K"] == 4
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_every_quantity_has_a_scale_phrase_printed_once(method):
+    t = _built(method)
+    for group in ("inputs", "outputs"):
+        for name, meta in t.manifest[group].items():
+            assert isinstance(meta["scale"], str) and len(meta["scale"]) > 3, (group, name)
+    out = format_trace(t)
+    for name, meta in t.manifest["outputs"].items():
+        assert out.count(f"\n  {name}: {meta['scale']}\n") == 1, name
+
+
+def test_the_scale_phrases_tell_a_raw_sum_from_a_scaled_one():
+    """Issue 35, item 14: BBB's g (bbb.4) is the raw minibatch sum, g_hat (bbb.5) N / (M S)
+    times the sum; VOGN's g_hat is a per-example mean; a Laplace H sums over all N."""
+    bbb = _built("bbb").manifest["outputs"]
+    assert "unscaled" in bbb["g"]["scale"] and "N / M" in bbb["g"]["scale"]
+    assert bbb["g_hat"]["scale"].startswith("N / (M S) times the sum")
+    assert _built("vogn").manifest["outputs"]["g_hat"]["scale"].startswith("per-example mean")
+    assert _built("laplace").manifest["outputs"]["H"]["scale"].startswith(
+        "the sum over all N")
+    assert _built("bbb").manifest["outputs"]["mu"]["scale"].startswith("none")
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_every_float_output_has_a_measured_condition_and_the_rule_is_stated(method):
+    """Issue 35, item 14: no trace leaves its conditions null. The float32 methods (now also
+    noisy-kfac, kfac and swag) by a float32 run; laplace and riemannian-laplace, float64 only,
+    by a float64 run on their inputs rounded to float32; the manifest says which."""
+    t = _built(method)
+    rule = t.manifest["condition_rule"]
+    assert rule == CONDITION_RULES["rounded" if method in ("laplace", "riemannian-laplace")
+                                   else "float32"]
+    absolute = t.manifest["absolute"]
+    for name, a in t.outputs.items():
+        kappa = t.condition[name]
+        if a.dtype.kind == "f" and name not in absolute:
+            assert kappa is not None and kappa >= 1.0, name
+        else:
+            assert kappa is None, name
+    assert f"condition: {rule}" in format_trace(t).splitlines()
+
+
+def test_the_rounded_condition_sees_the_ill_conditioned_ode():
+    """At the official RK45 tolerances the RLA's end points amplify an input perturbation of
+    float32 size by far more than at DOP853 1e-12 (derivations/tracing.md, "Condition")."""
+    loose = _built("riemannian-laplace").condition
+    tight = _built("riemannian-laplace", ode_method="DOP853", rtol=1e-12, atol=1e-12).condition
+    assert loose["c"] > 1e3 * tight["c"] and tight["c"] < 100
+
+
+def test_the_committed_golden_traces_follow_the_current_format():
+    for path in sorted((ROOT / "tests" / "golden").glob("*.npz")):
+        t = load(path)
+        assert t.manifest["format_version"] == FORMAT_VERSION == 2
+        assert t.manifest["condition_rule"] and all(
+            "scale" in m for g in ("inputs", "outputs") for m in t.manifest[g].values())
+        assert not {"input.X", "input.y", "input.idx"} & set(t.inputs), path.name

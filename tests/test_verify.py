@@ -90,7 +90,8 @@ def test_the_float32_golden_trace_matches_the_float64_one_within_its_rule():
 
 
 def test_missing_quantities_are_an_error_naming_the_expected_names(vogn_trace):
-    with pytest.raises(ValueError, match="yours: none of the 22 quantities of the vogn trace is "
+    n = len(vogn_trace.inputs) + len(vogn_trace.outputs)
+    with pytest.raises(ValueError, match=f"yours: none of the {n} quantities of the vogn trace is "
                                          "in the dump .it has loss, theta_hat.; expected names "
                                          "such as N_eff, delta_tilde"):
         verify.compare(vogn_trace, {"loss": np.ones(2), "theta_hat": np.ones(3)})
@@ -230,7 +231,7 @@ def test_cli_trace_save_then_verify_round_trip(tmp_path, capsys):
 @pytest.mark.parametrize("argv, message", [
     (["trace", "vogn", "--save", "x.npy"], "--save: expected a file name ending in .npz"),
     (["trace", "laplace", "--dtype", "float32"], "dtype: laplace is traced in float64 only"),
-    (["trace", "kfac", "--steps", "2"], "--steps: kfac is traced as one fit"),
+    (["trace", "laplace", "--steps", "2"], "--steps: laplace is traced as one fit"),
     (["trace", "vogn", "--L", "2"], "--L: applies to"),
 ])
 def test_cli_trace_refuses_bad_golden_options(capsys, argv, message):
@@ -412,8 +413,10 @@ def test_computed_inputs_are_compared_in_the_method_order_like_outputs(mc_trace)
     dump = {n: ref[n].copy() for n in names}
     report = verify.compare(mc_trace, dump)
     assert report.ok
-    assert [r.name for r in report.rows] == names
-    dump["input.probs"][0, 3] = dump["input.probs"][0, 3, ::-1]  # a wrong predictive
+    # two steps (the default): the fed input u at both steps, then each step in the method order
+    assert [(r.name, r.step) for r in report.rows] == [("input.u", 1), ("input.u", 2)] + [
+        (n, k) for k in (1, 2) for n in names[1:]]
+    dump["input.probs"][0, 0, 3] = dump["input.probs"][0, 0, 3, ::-1]  # a wrong predictive
     dump["V"][0, 0] += 1.0
     report = verify.compare(mc_trace, dump)
     bad = report.first_failure

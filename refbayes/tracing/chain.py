@@ -139,20 +139,25 @@ def scalars_of(cfg, prefix: str = "") -> dict:
     return out
 
 
-def cfg_arrays(cfg) -> dict:
-    """Name a config's array fields 'input.cfg.<field>' (its scalars are in ``scalars_of``).
+def cfg_arrays(cfg, prefix: str = "input.cfg.") -> dict:
+    """Name every numeric field of a config 'input.cfg.<field>' (``derivations/tracing.md``).
+
+    Scalars are 0-d arrays (a bool a 0-d bool array), nested configs 'input.cfg.adam.alpha';
+    strings and None are left out (they stay in the manifest's config, ``scalars_of``).
 
     Parameters
     ----------
     cfg : NamedTuple
         A method's Config.
+    prefix : str, default 'input.cfg.'
+        Prepended to every name (a second config of a trace: 'input.cfg.sgd.').
 
     Returns
     -------
     dict of str to numpy.ndarray
-        The fields of at least one dimension (a (D,) prior precision, ...).
+        The numeric fields: scalars (0-d) and arrays (a (D,) prior precision, ...).
     """
-    return {n: a for n, a in arrays_of("input.cfg.", cfg).items() if a.ndim > 0}
+    return arrays_of(prefix, cfg)
 
 
 def _cast(value, dtype):
@@ -202,6 +207,10 @@ class Chain(NamedTuple):
     first : tuple or None
         (idx, noise, kwargs) of step 1 when drawn already (the ``refbayes trace`` recipes);
         None: step 1 draws from ``rng``.
+    labels : callable or None
+        ``labels(rng, state, X_B, noise) -> kwargs``: inputs drawn after the noise that depend on
+        the state the step starts from (Noisy K-FAC's sampled labels at its draws), merged into
+        the step's kwargs for steps k + 1 >= 2 (step 1's are in ``first``); None: none.
     """
     state: Any
     cfg: Any
@@ -214,6 +223,7 @@ class Chain(NamedTuple):
     rng: np.random.Generator | None
     tags: dict | None = None
     first: tuple | None = None
+    labels: Callable | None = None
 
 
 def drawn_chain(inputs, step: Callable) -> Chain:
@@ -290,6 +300,8 @@ def run_chain(chain: Chain, seed: int, steps: int, dtype) -> tuple:
             idx = epoch_batches(rng, N, chain.M)[0]
             noise, kwargs = chain.draws(rng, chain.M)
         noise, kwargs = _cast(noise, dtype), {n: _cast(v, dtype) for n, v in kwargs.items()}
+        if chain.labels is not None and not (k == 0 and chain.first is not None):
+            kwargs.update(chain.labels(rng, state, X[idx], noise))
         drawn = {"input.batch.idx": np.asarray(idx), "input.batch.X": X[idx],
                  "input.batch.y": y[idx], **_noise_arrays(noise, kwargs)}
         state, info = chain.step(state, Batch(X[idx], y[idx]), noise, cfg, chain.model, **kwargs)
@@ -317,17 +329,30 @@ def run_chain(chain: Chain, seed: int, steps: int, dtype) -> tuple:
     return inputs, outputs, tags, scalars_of(cfg), model_spec(chain.model), set(per_step)
 
 
-def fit_arrays(inputs, info) -> tuple:
+def fit_arrays(inputs, info, names: dict | None = None, configs: tuple = ("cfg",)) -> tuple:
     """Collect a trace taken as one fit (or one SGD run): its inputs and its Info, one step.
+
+    The inputs are named by the rule of ``derivations/tracing.md`` ("Names"): ``method``,
+    ``seed`` and ``model`` are recorded in the manifest; a config field (``configs``; the first
+    is the method's own) goes to the manifest's config (``scalars_of``) and, every numeric field
+    including the scalars, to ``input.cfg.<field>`` (a second config ``sgd`` to
+    ``input.cfg.sgd.<field>``); ``state`` to ``input.state.<field>``; the data X, y to
+    ``input.batch.X``, ``input.batch.y``: the rows ``X[idx]``, ``y[idx]`` with
+    ``input.batch.idx`` when the inputs hold ``idx`` (any shape: swag's (T, M), one row per SGD
+    step), else the whole set, every row of which the fit consumes; ``eps`` to ``input.eps``;
+    ``names`` renames a field (e.g. swag's ``{"z1": "input.eps.z1"}``); every other numeric
+    field is ``input.<field>``.
 
     Parameters
     ----------
     inputs : NamedTuple
-        Everything the fit consumed; ``cfg`` its config (scalars to the manifest, arrays as
-        ``input.cfg.<field>``), ``method``, ``seed`` and ``model`` are recorded elsewhere, every
-        other numeric field as ``input.<field>``.
+        Everything the fit consumed.
     info : NamedTuple
         The fit's named intermediates; their tags are read off the class's field comments.
+    names : dict of str to str, optional
+        A field's array name (or prefix, for a NamedTuple field) in place of the rule's.
+    configs : tuple of str, default ("cfg",)
+        The config fields, the method's own first.
 
     Returns
     -------
@@ -335,13 +360,33 @@ def fit_arrays(inputs, info) -> tuple:
         (inputs, outputs, tags, config, model spec, per-step input names) as in ``Tracer.run``;
         each output has a leading step axis of length 1.
     """
+    names = dict(names or {})
     arrays, config = {}, {}
-    for name, value in inputs._asdict().items():
-        if name == "cfg":
-            config = scalars_of(value)
-            arrays.update(cfg_arrays(value))
-        elif name not in ("method", "seed", "model"):
+    fields = inputs._asdict()
+    for name, value in fields.items():
+        if name in ("method", "seed", "model") or value is None:
+            continue
+        if name in configs:
+            sub = "" if name == configs[0] else f"{name}."
+            config.update(scalars_of(value, sub))
+            arrays.update(cfg_arrays(value, f"input.cfg.{sub}"))
+        elif name in names:
+            key = names[name]
+            arrays.update(arrays_of(key + "." if _is_namedtuple(value) else "",
+                                    value if _is_namedtuple(value) else {key: value}))
+        elif name == "state":
+            arrays.update(arrays_of("input.state.", value))
+        elif name in ("X", "y"):
+            idx = fields.get("idx")
+            arrays[f"input.batch.{name}"] = np.asarray(value if idx is None else value[idx])
+        elif name == "idx":
+            arrays["input.batch.idx"] = np.asarray(value)
+        else:
             arrays.update(arrays_of("input.", {name: value}))
+    order = ("input.state.", "input.cfg.", "input.batch.idx", "input.batch.", "input.eps")
+    rank = {n: next((i for i, p in enumerate(order) if n.startswith(p)), len(order))
+            for n in arrays}
+    arrays = {n: arrays[n] for n in sorted(arrays, key=lambda n: rank[n])}
     outputs = {n: a[None] for n, a in arrays_of("", info).items()}
     table = field_tags(type(info))
     tags = {n: table.get(n.split(".")[0], "") for n in outputs}

@@ -108,17 +108,17 @@ def _add_common(parser, tracer: Tracer | None = None) -> None:
                              "and intermediate by name) and FILE.json (its manifest), for "
                              "`refbayes verify`")
     if tracer is None:
-        steps = ("K chained steps (default 1; steps k + 1 >= 2 draw from default_rng([seed, "
-                 "k])); swag: the SGD steps T >= 2 (default 6); the Laplace and K-FAC traces are "
-                 "one fit (1)")
+        steps = ("K chained steps (default 1; noisy-kfac, kfac: 2; steps k + 1 >= 2 draw from "
+                 "default_rng([seed, k])); swag: the SGD steps T >= 2 (default 6); the Laplace "
+                 "traces are one fit (1)")
         dtype = "precision of the traced run (default float64; float32 for the methods traced " \
                 "in both)"
     else:
         if not tracer.chained:
             steps = f"{tracer.name} is traced as one fit: 1 only"
-        elif tracer.default_steps == 1:
-            steps = ("K chained steps (default 1; steps k + 1 >= 2 draw from "
-                     "default_rng([seed, k]))")
+        elif tracer.name != "swag":
+            steps = (f"K chained steps (default {tracer.default_steps}; steps k + 1 >= 2 draw "
+                     "from default_rng([seed, k]))")
         else:
             steps = f"the steps T >= 2 (default {tracer.default_steps})"
         dtype = "precision of the traced run (default float64; float32 too)" if tracer.float32 \

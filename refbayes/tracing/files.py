@@ -13,10 +13,13 @@ import numpy as np
 from refbayes import __version__
 from refbayes._files import atomic_write_npz, atomic_write_text
 
-__all__ = ["FORMAT", "FORMAT_VERSION", "MANIFEST_KEY", "Trace", "load", "read_npz", "save"]
+__all__ = ["FORMAT", "FORMAT_VERSION", "MANIFEST_KEY", "Trace", "load", "read_manifest", "read_npz",
+           "save"]
 
 FORMAT = "refbayes-golden-trace"
-FORMAT_VERSION = 1
+# 2: the one naming rule (input.batch.*, input.cfg.<field> for every numeric config field,
+# input.eps.*), a scale per quantity, condition numbers for every trace, chained noisy-kfac
+FORMAT_VERSION = 2
 MANIFEST_KEY = "__manifest__"
 
 
@@ -128,6 +131,35 @@ def read_npz(path, name: str) -> dict:
                          f"({err})") from None
 
 
+def read_manifest(path) -> dict:
+    """Read the manifest of a golden trace of any format version.
+
+    ``bless`` rebuilds an older trace from it; ``load`` refuses one.
+
+    Parameters
+    ----------
+    path : str or pathlib.Path
+        The npz file.
+
+    Returns
+    -------
+    dict
+        The manifest.
+
+    Raises
+    ------
+    FileNotFoundError
+        If the file does not exist.
+    ValueError
+        If it is not an npz file or has no manifest.
+    """
+    arrays = read_npz(path, "trace")
+    if MANIFEST_KEY not in arrays:
+        raise ValueError(f"trace: {path} has no {MANIFEST_KEY} entry; it is not a golden trace "
+                         "(make one with `refbayes trace METHOD --save FILE`)")
+    return json.loads(str(arrays[MANIFEST_KEY]))
+
+
 def load(path) -> Trace:
     """Read a golden trace written by ``save``.
 
@@ -160,8 +192,9 @@ def load(path) -> Trace:
                          f"{FORMAT!r}")
     if manifest.get("format_version") != FORMAT_VERSION:
         raise ValueError(f"trace: {path} has format version {manifest.get('format_version')}, this "
-                         f"refbayes (version {__version__}) reads version {FORMAT_VERSION}; "
-                         f"rebuild it with: {manifest.get('command', 'refbayes trace METHOD')}")
+                         f"refbayes (version {__version__}) reads version {FORMAT_VERSION} only "
+                         f"(the names and the manifest changed); re-run `refbayes trace` to "
+                         f"rebuild it: {manifest.get('command', 'refbayes trace METHOD')}")
     inputs, outputs = {}, {}
     for group, target in (("inputs", inputs), ("outputs", outputs)):
         for name, meta in manifest[group].items():

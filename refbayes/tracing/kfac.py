@@ -1,5 +1,9 @@
-"""Traces of Noisy K-FAC and K-FAC (noisy-kfac, kfac): one ``noisy_kfac.step`` from drawn
-non-identity factors, K-FAC being the same step with eps = None.
+"""Traces of Noisy K-FAC and K-FAC (noisy-kfac, kfac): K chained ``noisy_kfac.step``s (default
+2) from drawn non-identity factors, K-FAC being the same steps with eps = None.
+
+A step preconditions with the factors of the last refresh and only then refreshes (the official
+code's order, not Algorithm 2's: ``ORDER_NOTE``), so the curvature statistics reach P from step
+2 on.
 
 The problem, the config, the draws, their order and the sampling map are in
 ``derivations/tracing.md``.
@@ -15,12 +19,12 @@ from refbayes._checks import check_in_range, check_int
 from refbayes.linalg import kron
 from refbayes.methods import Batch, noisy_kfac
 from refbayes.methods.driver import epoch_batches
-from refbayes.tracing.chain import fit_arrays
+from refbayes.tracing.chain import Chain, run_chain
 from refbayes.tracing.problems import MEAN_SCALE, N_ROWS, mlp_problem
 from refbayes.tracing.tracer import Tracer, one_of, register
 
 __all__ = ["KFAC_METHODS", "NoisyKFACTraceInfo", "NoisyKFACTraceInputs", "make_noisy_kfac_inputs",
-           "trace_noisy_kfac"]
+           "noisy_kfac_chain", "trace_noisy_kfac"]
 
 KFAC_METHODS = ("noisy-kfac", "kfac")  # kfac: noisy_kfac.step with eps = None
 # A config in which every hyperparameter is distinct from 1 and from the others' misreadings
@@ -36,7 +40,9 @@ class NoisyKFACTraceInfo(NamedTuple):
     The fields w .. nu are those of ``noisy_kfac.NoisyKFACInfo`` (for K-FAC w is the mean as one
     column; nu = min(1, sqrt(kl_clip / (alpha^2 <V, P>))) is already applied to P); A and S are
     the new state's running factors, also its new A_ref, S_ref (T_inv = 1). pi is the
-    factored-damping split sqrt((tr A_ref / (n_in + 1)) / (tr S_ref / n_out)) of each layer.
+    factored-damping split sqrt((tr A_ref / (n_in + 1)) / (tr S_ref / n_out)) of each layer, of
+    the A_ref, S_ref the step starts with: the split of its sampler and of its mean step's solve
+    alike. Per step; the trace adds the new state's A_ref, S_ref and t (``state.*``).
     """
     pi: Any      # damping split per layer, (L,), or None for exact damping (noisy_kfac.5)
     w: Any       # draws, (D, S) (noisy_kfac.7)
@@ -83,6 +89,17 @@ def _sampled_labels(probs, u):
     C = probs.shape[-1]
     count = np.sum(np.cumsum(probs, axis=-1) <= u[..., None], axis=-1)
     return np.minimum(count, C - 1).astype(np.int64)
+
+
+def _labels(rng, state, eps, cfg, model, X_B) -> dict:
+    """The sampled labels of curvature "mc" after the step's eps (``derivations/tracing.md``):
+    u = rng.random((S, M)), then the inverse CDF of the predictive at the step's own draws w
+    (the mean for kfac)."""
+    S = 1 if eps is None else eps.shape[1]
+    u = rng.random((S, X_B.shape[0]))
+    w = state.mu[:, None] if eps is None else noisy_kfac.sample(state, eps, cfg, model)
+    probs = np.stack([model.predict(w[:, s], X_B) for s in range(S)])
+    return {"u": u, "probs": probs, "y_tilde": _sampled_labels(probs, u)}
 
 
 def make_noisy_kfac_inputs(method: str, *, seed: int = 0, M: int = 8, S: int | None = None,
@@ -152,20 +169,33 @@ def make_noisy_kfac_inputs(method: str, *, seed: int = 0, M: int = 8, S: int | N
     state = noisy_kfac.NoisyKFACState(mu, m, A, Sf, A, Sf, 0)
     u = probs = y_tilde = None
     if curvature == "mc":
-        u = rng.random((S, M))
-        w = mu[:, None] if eps is None else noisy_kfac.sample(state, eps, cfg, model)
-        X_B = X[idx]
-        probs = np.stack([model.predict(w[:, s], X_B) for s in range(S)])
-        y_tilde = _sampled_labels(probs, u)
+        u, probs, y_tilde = _labels(rng, state, eps, cfg, model, X[idx]).values()
     return NoisyKFACTraceInputs(method, seed, model, X, y, idx, eps, u, probs, y_tilde, state,
                                 cfg)
+
+
+def _traced_step(state, batch, eps, cfg, model, u=None, probs=None, y_tilde=None):
+    """One ``noisy_kfac.step`` as traced: (new state, NoisyKFACTraceInfo).
+
+    u and probs are recorded inputs that the step does not take (y_tilde is made from them).
+    The new state's ``inv`` (a cache of the refreshed factors' decompositions, no quantity of
+    its own) is dropped; the next step recomputes it from A_ref, S_ref.
+    """
+    new, info = noisy_kfac.step(state, batch, eps, cfg, model, y_tilde=y_tilde)
+    pi = None
+    if cfg.damping == "factored":
+        pi = np.array([kron.factored_damping_pi(A, S)  # (noisy_kfac.5)
+                       for A, S in zip(state.A_ref, state.S_ref)], dtype=state.mu.dtype)
+    return new._replace(inv=None), NoisyKFACTraceInfo(pi, *info, A=new.A, S=new.S)
 
 
 def trace_noisy_kfac(inputs: NoisyKFACTraceInputs) -> NoisyKFACTraceInfo:
     """Take the traced step by a direct call of ``noisy_kfac.step``, and collect its intermediates.
 
-    pi from ``linalg.kron.factored_damping_pi`` of the state's A_ref, S_ref (factored damping);
-    w .. nu are the step's ``NoisyKFACInfo``; A and S the new state's running factors.
+    pi from ``linalg.kron.factored_damping_pi`` of the state's A_ref, S_ref (factored damping):
+    the split of this step's sampler (noisy_kfac.7) and of its mean step's solve (noisy_kfac.9)
+    alike, both with the factors of the last refresh; w .. nu are the step's
+    ``NoisyKFACInfo``; A and S the new state's running factors.
 
     Parameters
     ----------
@@ -177,25 +207,59 @@ def trace_noisy_kfac(inputs: NoisyKFACTraceInputs) -> NoisyKFACTraceInfo:
     NoisyKFACTraceInfo
         The intermediates, in the trace's output order.
     """
-    state, cfg = inputs.state, inputs.cfg
-    new, info = noisy_kfac.step(state, inputs.batch, inputs.eps, cfg, inputs.model,
-                                y_tilde=inputs.y_tilde)
-    pi = None
-    if cfg.damping == "factored":
-        pi = np.array([float(kron.factored_damping_pi(A, S))  # (noisy_kfac.5)
-                       for A, S in zip(state.A_ref, state.S_ref)])
-    return NoisyKFACTraceInfo(pi, *info, A=new.A, S=new.S)
+    return _traced_step(inputs.state, inputs.batch, inputs.eps, inputs.cfg, inputs.model,
+                        y_tilde=inputs.y_tilde)[1]
+
+
+def noisy_kfac_chain(inputs: NoisyKFACTraceInputs) -> Chain:
+    """Chain K traced steps from ``inputs`` (its step 1).
+
+    Steps k + 1 >= 2 draw the minibatch, eps (noisy-kfac) and for curvature "mc" the labels at
+    their own draws, from ``default_rng([seed, k])`` (``derivations/tracing.md``).
+
+    Parameters
+    ----------
+    inputs : NoisyKFACTraceInputs
+        From ``make_noisy_kfac_inputs``.
+
+    Returns
+    -------
+    Chain
+        Ready for ``run_chain``.
+    """
+    eps, cfg, model = inputs.eps, inputs.cfg, inputs.model
+
+    def draws(rng, M):
+        return (None if eps is None else rng.standard_normal(eps.shape)), {}
+
+    def labels(rng, state, X_B, noise):
+        return _labels(rng, state, noise, cfg, model, X_B)
+
+    first = {} if inputs.y_tilde is None else {"u": inputs.u, "probs": inputs.probs,
+                                               "y_tilde": inputs.y_tilde}
+    return Chain(inputs.state, cfg, model, inputs.X, inputs.y, len(inputs.idx), _traced_step,
+                 draws, None, first=(inputs.idx, eps, first),
+                 labels=labels if cfg.curvature == "mc" else None)
 
 
 def _run(method: str):
     def run(seed, steps, dtype, **options):
         inputs = make_noisy_kfac_inputs(method, seed=seed, **options)
-        return fit_arrays(inputs, trace_noisy_kfac(inputs))
+        return run_chain(noisy_kfac_chain(inputs), seed, steps, dtype)
     return run
 
 
 _OPTIONS = {"curvature": "ggn", "M": 8, "damping": "factored", "kl_clip": None}
+# Two steps by default: step 1 preconditions with the drawn factors (the last refresh), so its
+# P, m and mu do not depend on the curvature; step 2 preconditions with step 1's refresh.
+# The update order, as the printed trace and the manifest state it (derivations/noisy_kfac.md, C4).
+ORDER_NOTE = ("each step samples w and preconditions V (P, m, mu) with the factors of the LAST "
+              "refresh (the drawn A_ref, S_ref at step 1; step k's refresh at step k + 1), and "
+              "only then takes the statistics A_hat, S_hat at w, updates A, S and refreshes "
+              "(T_inv = 1): the official code's order, not Algorithm 2's (factors and inverses "
+              "updated before the mean step), so step k's own A_hat, S_hat reach P only at "
+              "step k + 1; pi is the split of the step's sampler and of its mean step alike")
 register(Tracer("noisy-kfac", "derivations/noisy_kfac.md", _run("noisy-kfac"),
-                {"S": 2, **_OPTIONS}, chained=False, float32=False))
+                {"S": 2, **_OPTIONS}, default_steps=2, note=ORDER_NOTE))
 register(Tracer("kfac", "derivations/noisy_kfac.md", _run("kfac"), dict(_OPTIONS),
-                chained=False, float32=False))
+                default_steps=2, note=ORDER_NOTE))

@@ -7,6 +7,7 @@ One fit on the shipped 1-d regression (``problems.regression_problem``) at its d
 from __future__ import annotations
 
 import math
+import warnings
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -15,7 +16,7 @@ import scipy.linalg
 from refbayes._checks import check_in_range, check_int
 from refbayes.linalg import kron
 from refbayes.methods import laplace, riemannian_laplace
-from refbayes.tracing.chain import fit_arrays
+from refbayes.tracing.chain import arrays_of, fit_arrays
 from refbayes.tracing.problems import MAP_GTOL, MAPResult, regression_problem, shipped_map
 from refbayes.tracing.tracer import Tracer, one_of, register
 
@@ -270,15 +271,37 @@ def _run(method: str):
         inputs = make_laplace_inputs(method, seed=seed, **options)
         info = trace_laplace(inputs)
         found = inputs.map
-        return fit_arrays(inputs._replace(map=_MAPPoint(found.theta_map, found.theta0)), info)
+        return fit_arrays(inputs._replace(map=_MAPPoint(found.theta_map, found.theta0)), info,
+                          configs=("cfg", "ode"))
     return run
+
+
+def _round32(a):
+    return np.asarray(a).astype(np.float32).astype(np.float64)
+
+
+def _rounded(method: str):
+    """The fit in float64 on its inputs rounded to float32 (X, y, X_star, the MAP point, eps):
+    the outputs ``build`` measures the condition numbers from (``Tracer.rounded``)."""
+    def rounded(seed, steps, **options):
+        inputs = make_laplace_inputs(method, seed=seed, **options)
+        found = inputs.map._replace(theta_map=_round32(inputs.map.theta_map))
+        inputs = inputs._replace(X=_round32(inputs.X), y=_round32(inputs.y),
+                                 X_star=_round32(inputs.X_star), map=found,
+                                 eps=_round32(inputs.eps))
+        with warnings.catch_warnings():  # the rounded point is no MAP to 1e-10 any more
+            warnings.simplefilter("ignore")
+            info = trace_laplace(inputs)
+        return {n: a[None] for n, a in arrays_of("", info).items()}
+    return rounded
 
 
 _OPTIONS = {"S": 2, "curvature": "ggn", "prior_precision": 1.0, "structure": "full",
             "subset": "all"}
 register(Tracer("laplace", "derivations/laplace.md", _run("laplace"), dict(_OPTIONS),
-                chained=False, float32=False))
+                chained=False, float32=False, rounded=_rounded("laplace")))
 register(Tracer("riemannian-laplace", "derivations/riemannian_laplace.md",
                 _run("riemannian-laplace"),
                 {**_OPTIONS, "ode_method": "RK45", "rtol": 1e-6, "atol": 1e-3},
-                chained=False, float32=False, absolute=(("g", MAP_GTOL),)))
+                chained=False, float32=False, absolute=(("g", MAP_GTOL),),
+                rounded=_rounded("riemannian-laplace")))

@@ -60,7 +60,7 @@ def _block(label: str, name: str, value, precision: int, full: bool = False) -> 
 
 
 def format_trace(trace: Trace, precision: int = 8) -> str:
-    """Format a golden trace as printed: header, inputs, then each step's outputs by tag.
+    """Format a golden trace as printed: header, inputs, scales, then each step's outputs.
 
     Parameters
     ----------
@@ -83,9 +83,15 @@ def format_trace(trace: Trace, precision: int = 8) -> str:
              "config: " + ", ".join(f"{k}={v!r}" for k, v in trace.config.items()),
              "draws: step 1 after the start from numpy.random.default_rng(seed)"
              + ("; step k + 1 >= 2 from numpy.random.default_rng([seed, k])" if K > 1 else "")
-             + "; the problem, the start and the order of the draws: derivations/tracing.md", ""]
+             + "; the problem, the start and the order of the draws: derivations/tracing.md"]
+    if man.get("note"):
+        lines.append(f"order: {man['note']}")
+    lines.append(f"condition: {man.get('condition_rule') or 'not measured'}")
+    lines.append("")
     for name, value in trace.inputs.items():
         lines += [_block("input", name, value, precision, full=True), ""]
+    lines.append("scales (which sum over data each output is):")
+    lines += [f"  {name}: {meta.get('scale')}" for name, meta in man["outputs"].items()] + [""]
     for k in range(K):
         lines.append(f"step {k + 1}:")
         for name, value in trace.outputs.items():

@@ -178,9 +178,14 @@ def trace_swag(inputs: SWAGTraceInputs) -> SWAGTraceInfo:
 
 def _run(seed, steps, dtype, **options):
     inputs = make_swag_inputs(seed=seed, steps=steps, **options)
-    return fit_arrays(inputs, trace_swag(inputs))
+    if dtype == "float32":  # the data, the start and the draws rounded (made in float64)
+        inputs = inputs._replace(**{f: getattr(inputs, f).astype(np.float32)
+                                    for f in ("X", "y", "theta0", "z1", "z2")})
+    return fit_arrays(inputs, trace_swag(inputs), configs=("cfg", "sgd"),
+                      names={"theta0": "input.state.theta", "z1": "input.eps.z1",
+                             "z2": "input.eps.z2"})
 
 
 register(Tracer("swag", "derivations/swag.md", _run,
                 {"S": 2, "M": 8, "momentum": 0.9, "K": 4, "scale": 0.5, "alpha": 2e-3},
-                float32=False, default_steps=6))
+                default_steps=6))

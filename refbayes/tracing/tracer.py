@@ -15,9 +15,10 @@ import numpy as np
 from refbayes import __version__
 from refbayes._checks import check_int
 from refbayes._tolerances import rel_err
-from refbayes.tracing.files import FORMAT, FORMAT_VERSION, Trace, load, save
+from refbayes.tracing.files import FORMAT, FORMAT_VERSION, Trace, read_manifest, save
+from refbayes.tracing.scales import input_scale, scale_of
 
-__all__ = ["DTYPES", "TRACERS", "Tracer", "bless", "build", "command_line", "get_tracer", "main",
+__all__ = ["CONDITION_RULES", "DTYPES", "TRACERS", "Tracer", "bless", "build", "command_line", "get_tracer", "main",
            "one_of", "register"]
 
 DTYPES = ("float64", "float32")
@@ -51,6 +52,13 @@ class Tracer(NamedTuple):
         Outputs that vanish in exact arithmetic (a gradient at the MAP), with the absolute bound
         they are compared with: relative to their own rounding-level scale an error means
         nothing.
+    rounded : callable or None
+        For a method traced in float64 only: ``rounded(seed, steps, **options) -> outputs``,
+        the run in float64 on its inputs rounded to float32, from which ``build`` measures the
+        condition numbers (``CONDITION_RULES["rounded"]``); None for the float32 methods.
+    note : str
+        What the printed trace and the manifest must say of the traced order (noisy-kfac: which
+        factors precondition the step), '' for none.
     """
     name: str
     derivation: str
@@ -61,6 +69,26 @@ class Tracer(NamedTuple):
     default_steps: int = 1
     sign_free: tuple = ()
     absolute: tuple = ()
+    rounded: Callable | None = None
+    note: str = ""
+
+
+# How each trace's condition numbers were measured (the manifest's "condition_rule"); the float
+# outputs of every trace are measured by one of the two, and the integer ones (counts, indices)
+# are compared exactly and carry null.
+CONDITION_RULES = {
+    "float32": "kappa = rel_err(float32 run, float64 run) / 2^-24: the same inputs rounded to "
+               "float32 and the whole step run in float32 (rel_err of refbayes._tolerances); "
+               "null for an integer output (compared exactly) and for an output compared by "
+               "its absolute error (the manifest's absolute)",
+    "rounded": "kappa = rel_err(float64 run on the inputs rounded to float32, float64 run) / "
+               "2^-24: this method is traced in float64 only (its fit needs float64: a MAP "
+               "to |grad| < 1e-10, an ODE solve), so kappa measures how much the quantity "
+               "amplifies a relative perturbation of its inputs of the size of float32 "
+               "rounding, not the rounding inside the fit; null for an integer output "
+               "(compared exactly) and for an output compared by its absolute error (the "
+               "manifest's absolute: a gradient that vanishes at the MAP)",
+}
 
 
 # filled by the recipe modules, in the order refbayes.tracing imports them
@@ -169,7 +197,11 @@ def command_line(method: str, options: dict) -> str:
 
 def build(method: str, *, seed: int = 0, steps: int | None = None, dtype: str = "float64",
           **options) -> Trace:
-    """Trace a method: run it, and (where it runs in float32) measure each output's condition.
+    """Trace a method: run it, and measure each float output's condition number.
+
+    By a float32 run of the same inputs where the method runs in float32, else by a float64 run
+    on the inputs rounded to float32 (``Tracer.rounded``); the manifest's ``condition_rule``
+    says which (``CONDITION_RULES``).
 
     Parameters
     ----------
@@ -212,16 +244,24 @@ def build(method: str, *, seed: int = 0, steps: int | None = None, dtype: str = 
     opts = {**tracer.options, **{k: v for k, v in options.items() if v is not None}}
     inputs, outputs, tags, config, model, per_step = tracer.run(seed, steps, dtype, **opts)
     condition = dict.fromkeys(outputs)
+    rule = None
     if tracer.float32:
         other = tracer.run(seed, steps, "float32" if dtype == "float64" else "float64", **opts)[1]
         f64, f32 = (outputs, other) if dtype == "float64" else (other, outputs)
+        rule = "float32"
+    elif tracer.rounded is not None:
+        f64, f32 = outputs, tracer.rounded(seed, steps, **opts)
+        rule = "rounded"
+    if rule is not None:
         for name in outputs:
-            if outputs[name].dtype.kind == "f":
+            if outputs[name].dtype.kind == "f" and name not in dict(tracer.absolute):
                 with np.errstate(invalid="ignore", over="ignore"):
                     err = rel_err(f32[name], f64[name])
                 condition[name] = max(1.0, err / U32) if np.isfinite(err) else float("inf")
     D = model["D"]
-    param_axes = {n: _param_axes(a, D, per_step=n in per_step or n in outputs)
+    # the data rows are never a parameter axis (swag's (T, M, ...) batches with T = D = 6)
+    param_axes = {n: () if n.startswith("input.batch.") else
+                  _param_axes(a, D, per_step=n in per_step or n in outputs)
                   for n, a in {**inputs, **outputs}.items()}
     full = {"seed": seed, "steps": steps, "dtype": dtype, **opts}
     manifest = {
@@ -230,11 +270,15 @@ def build(method: str, *, seed: int = 0, steps: int | None = None, dtype: str = 
         "derivation": tracer.derivation, "model": model, "config": config,
         "order": list(outputs), "sign_free": list(tracer.sign_free),
         "absolute": dict(tracer.absolute),
+        "condition_rule": CONDITION_RULES[rule] if rule else None,
+        "note": tracer.note,
         "inputs": {n: {"shape": list(a.shape), "dtype": str(a.dtype), "tag": tags.get(n, ""),
-                       "param_axes": list(param_axes[n]), "per_step": n in per_step}
+                       "scale": input_scale(n), "param_axes": list(param_axes[n]),
+                       "per_step": n in per_step}
                    for n, a in inputs.items()},
         "outputs": {n: {"shape": list(a.shape), "dtype": str(a.dtype), "tag": tags.get(n, ""),
-                        "param_axes": list(param_axes[n]), "condition": condition[n]}
+                        "scale": scale_of(method, n), "param_axes": list(param_axes[n]),
+                        "condition": condition[n]}
                     for n, a in outputs.items()},
     }
     return Trace(method, full, inputs, outputs, tags, param_axes, condition, config, model,
@@ -243,6 +287,8 @@ def build(method: str, *, seed: int = 0, steps: int | None = None, dtype: str = 
 
 def bless(folder) -> list[Path]:
     """Rebuild every golden trace in a folder from its own manifest's options, and overwrite it.
+
+    A trace of an older format version is rebuilt in the current one from the same options.
 
     For an intended numerical change: run it (``python -m refbayes.tracing tests/golden``), look
     at ``git diff --stat``, and commit the files with the reason.
@@ -267,8 +313,8 @@ def bless(folder) -> list[Path]:
     if not files:
         raise FileNotFoundError(f"folder: no *.npz golden traces in {folder}")
     for path in files:
-        old = load(path)
-        save(build(old.method, **old.options), path)
+        old = read_manifest(path)  # any format version: its method and options
+        save(build(old["method"], **old["options"]), path)
     return files
 
 
