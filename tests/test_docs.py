@@ -287,3 +287,23 @@ def test_inline_tool_commands(page, span):
             assert option in run.stdout, f"{page}: `{span}`: dask {words[1]} has no {option}"
     else:
         raise AssertionError(f"{page}: no check for `{span}`: add one to tests/test_docs.py")
+
+
+def test_cli_reference_has_each_trace_methods_own_help():
+    """docs/cli.md's generated page: after `refbayes trace`, one section per traced method with
+    that method's options and defaults (the generic trace help names no method's defaults)."""
+    pytest.importorskip("sphinx")
+    sys.path.insert(0, str(ROOT / "docs" / "_ext"))
+    try:
+        import cli_reference
+    finally:
+        sys.path.remove(str(ROOT / "docs" / "_ext"))
+    from refbayes.tracing.tracer import TRACERS
+
+    pages = dict(cli_reference.sections())
+    for method in TRACERS:
+        text = pages[f"refbayes trace {method}"]
+        assert text.startswith(f"usage: refbayes trace {method}")
+        assert f"{method} options" in text
+    assert "--kl-clip" in pages["refbayes trace noisy-kfac"]
+    assert "--kl-clip" not in pages["refbayes trace vogn"]

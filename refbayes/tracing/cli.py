@@ -45,7 +45,7 @@ OPTION_HELP = {
                      "with N = 50)"),
     "damping": (str, "factored (the official K-FAC damping) or exact (A kron S + gamma I)"),
     "kl_clip": (float, "KL-clipping bound kappa > 0 of (noisy_kfac.10) (official kl_clip, 1e-3 "
-                       "in its configs; default: no clipping)"),
+                       "in its configs; None: no clipping)"),
     "k": (int, "rank k of every layer's tie A_l = U_l V_l^T, >= 1"),
 }
 
