@@ -2,8 +2,8 @@
 
 Build: ``sphinx-build -W --keep-going -b html docs docs/_build/html`` (the ``docs`` extra).
 Generated at build time, git-ignored (docs/.gitignore): ``api/`` (one page per module of
-API_MODULES), ``derivations/`` (one stub per note of ../derivations/, which it includes in place)
-and ``tutorials/`` (sphinx-gallery runs every script of ``tutorial_scripts/``).
+API_MODULES), ``derivations/`` (one stub per note of ../derivations/, which it includes in place),
+``labels.md`` (tools/label_index.py: every label, its code lines and its tests) and ``tutorials/`` (sphinx-gallery runs every script of ``tutorial_scripts/``).
 """
 import os
 import sys
@@ -16,7 +16,23 @@ sys.path.insert(0, str(DOCS / "_ext"))
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
+import importlib.util  # noqa: E402
+
 import refbayes  # noqa: E402
+
+
+def _load_label_index():
+    """tools/label_index.py, loaded from its path (tools/ is not a package)."""
+    spec = importlib.util.spec_from_file_location("label_index", ROOT / "tools" / "label_index.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["label_index"] = module  # dataclasses resolve their module by name
+    spec.loader.exec_module(module)
+    return module
+
+
+# The label index page, generated from the notes', the code's and the tests' tags of this tree.
+label_index = _load_label_index()
+label_index.OUTPUT.write_text(label_index.render(label_index.build()), encoding="utf-8")
 
 # The API pages: the one list to edit (a module here gets a page under api/).
 API_MODULES = [

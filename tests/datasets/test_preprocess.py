@@ -46,6 +46,7 @@ def regression_split(draw, scales=(1e-3, 1.0, 7.5, 1e3), offsets=(0.0, 0.998, 28
 
 @given(regression_split())
 def test_standardize_matches_oracle(data):
+    # checks (data.3)
     scaled, stats = standardize(*data)
     want = _oracle_standardize(*data)
     # Train and test are compared together so that the reference scale is the training one
@@ -74,6 +75,7 @@ def test_standardize_float32(data):
 
 
 def test_constant_columns_and_constant_target_are_exactly_zero():
+    # checks (data.3)
     X = np.array([[0.998, 1.0], [0.998, 2.0], [0.998, 4.0]])
     y = np.full(3, 2.5)
     stats = fit_standardizer(X, y)
@@ -118,6 +120,7 @@ def test_transform_bad_inputs():
 
 
 def test_validation_split_takes_the_last_fifth():
+    # checks (data.2)
     X, y = np.arange(455.0 * 2).reshape(455, 2), np.arange(455.0)
     tv = validation_split(X, y)
     assert tv.X_train.shape == (364, 2) and tv.X_val.shape == (91, 2)  # int(0.8 * 455) = 364
@@ -144,6 +147,7 @@ def test_validation_split_shape_mismatch():
 @pytest.mark.parametrize("n, frac, n_train, n_test", [(690, 0.5, 345, 345), (683, 0.5, 341, 342),
                                                       (10, 0.3, 7, 3), (10, 0.01, 9, 1)])
 def test_random_split_sizes_and_contract(n, frac, n_train, n_test):
+    # checks (data.1)
     train, test = random_split(n, np.random.default_rng(7), test_fraction=frac)
     assert train.size == n_train and test.size == n_test
     perm = np.random.default_rng(7).permutation(n)  # the documented construction

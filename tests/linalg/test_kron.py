@@ -79,6 +79,7 @@ def _each(X):
 @given(case=cases(max_D=16))
 def test_dense_is_the_kronecker_definition(xp, dtype, case):
     """dense(A, S)[i n_out + j, k n_out + l] = A[i, k] S[j, l]: the row-major vec convention."""
+    # checks (kron.1)
     A, S, _ = _inputs(case, dtype)
     got = kron.dense(*_on(xp, A, S))
     assert got.dtype == dtype
@@ -91,6 +92,7 @@ def test_dense_is_the_kronecker_definition(xp, dtype, case):
 def test_kron_matvec_matches_dense(xp, dtype, case, batch):
     """(A kron S) vec(X) for general (non-symmetric) square factors, against the dense product
     applied to X.reshape(-1), the row-major flattening of DESIGN.md."""
+    # checks (kron.2)
     rng = np.random.default_rng(case.seed)
     A = rng.standard_normal((case.n_in, case.n_in)).astype(dtype)
     S = rng.standard_normal((case.n_out, case.n_out)).astype(dtype)
@@ -108,6 +110,7 @@ def test_kron_matvec_matches_dense(xp, dtype, case, batch):
 @HYP
 @given(case=cases(), batch=st.sampled_from([(), (3,)]))
 def test_solve_matches_dense_inverse(xp, dtype, case, batch):
+    # checks (kron.4), (kron.5)
     A, S, X = _inputs(case, dtype, batch)
     damping = _rep(case.damping, dtype)
     got = kron.solve(*_on(xp, A, S, X), damping=damping)
@@ -123,6 +126,7 @@ def test_solve_matches_dense_inverse(xp, dtype, case, batch):
 def test_solve_with_singular_factor_and_damping(xp, dtype, case, rank, damping):
     """A = B B^T / n_in with rank(B) < n_in is only PSD; A kron S + damping I is still SPD and
     the eigenbasis solve must handle it (the K-FAC case of fewer examples than inputs)."""
+    # checks (kron.5)
     rng = np.random.default_rng(case.seed)
     damping = _rep(damping, dtype)
     r = min(rank, case.n_in - 1)
@@ -141,6 +145,7 @@ def test_solve_with_singular_factor_and_damping(xp, dtype, case, rank, damping):
 @HYP
 @given(case=cases())
 def test_logdet_matches_slogdet(xp, dtype, case):
+    # checks (kron.4), (kron.6)
     A, S, _ = _inputs(case, dtype)
     damping = _rep(case.damping, dtype)
     got = kron.logdet(*_on(xp, A, S), damping=damping)
@@ -158,6 +163,7 @@ def test_factored_damping_pi_is_the_printed_formula_and_minimizes_the_trace(xp, 
     """pi equals Martens & Grosse's printed trace-norm formula, and it minimizes
     f(pi) = tr(sqrt(gamma) (pi I kron S + A kron I / pi)) = sqrt(gamma)(pi n_in tr S + n_out tr A / pi),
     the trace of the error term of (kron.7): f(pi) <= f(pi (1 +- 1e-2))."""
+    # checks (kron.8)
     A, S, _ = _inputs(case, dtype)
     pi = kron.factored_damping_pi(*_on(xp, A, S))
     A64, S64 = ref.as64(A), ref.as64(S)
@@ -224,6 +230,7 @@ def test_sample_is_a_square_root_of_the_inverse_kronecker(xp, dtype, case):
 @HYP
 @given(case=cases())
 def test_sample_cov_is_a_square_root_of_the_kronecker(xp, dtype, case):
+    # checks (kron.11)
     A, S, W_mean = _inputs(case, dtype)
     E = _identity_eps(case.n_in, case.n_out, dtype)
     D = E.shape[-1]

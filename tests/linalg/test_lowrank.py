@@ -79,6 +79,7 @@ def _assert_dtype(result, dtype, what):
 @HYP
 @given(data=st.data())
 def test_matvec_matches_dense(xp, dtype, data):
+    # checks (lowrank.1)
     U, d, x = data.draw(factors_and_rhs(dtype))
     got = lowrank.matvec(*_on(xp, U, d, x))
     _assert_dtype(got, dtype, "matvec")
@@ -89,6 +90,7 @@ def test_matvec_matches_dense(xp, dtype, data):
 @HYP
 @given(data=st.data())
 def test_solve_matches_dense_inverse(xp, dtype, data):
+    # checks (lowrank.3)
     U, d, g = data.draw(factors_and_rhs(dtype))
     got = lowrank.solve(*_on(xp, U, d, g))
     _assert_dtype(got, dtype, "solve")
@@ -110,6 +112,7 @@ def test_logdet_matches_slogdet(xp, dtype, data):
     # log det P = sum_i log lam_i is a signed sum that can cancel to 0 (d = (0.1, 10), U = 0), so
     # its error is measured against sum_i |log lam_i| (each log lam_i is accurate relative to
     # itself); a relative error against |log det P| itself would be ill-posed near 0.
+    # checks (lowrank.4)
     U, d = data.draw(factors(dtype))
     got = lowrank.logdet(*_on(xp, U, d))
     _assert_dtype(got, dtype, "logdet")
@@ -124,6 +127,7 @@ def test_logdet_matches_slogdet(xp, dtype, data):
 @HYP
 @given(data=st.data())
 def test_diag_inv_and_trace_inv_match_dense(xp, dtype, data):
+    # checks (lowrank.5), (lowrank.6)
     U, d = data.draw(factors(dtype))
     cov = dense.inverse(dense.lowrank_precision(U, d))
     got = lowrank.diag_inv(*_on(xp, U, d))
@@ -138,6 +142,7 @@ def test_diag_inv_and_trace_inv_match_dense(xp, dtype, data):
 @HYP
 @given(data=st.data())
 def test_quad_and_inv_quad_match_dense(xp, dtype, data):
+    # checks (lowrank.7)
     U, d, x = data.draw(factors_and_rhs(dtype))
     P = dense.lowrank_precision(U, d)
     X = dense.host64(_columns(x))
@@ -157,6 +162,7 @@ def test_quad_and_inv_quad_match_dense(xp, dtype, data):
 @HYP
 @given(data=st.data())
 def test_dense_twins_match_oracles(xp, dtype, data):
+    # checks (lowrank.1), (lowrank.2)
     U, d = data.draw(factors(dtype))
     P = dense.lowrank_precision(U, d)
     got_P = lowrank.dense_precision(*_on(xp, U, d))
@@ -305,6 +311,7 @@ def full_rank_factors(draw, dtype):
 @HYP
 @given(data=st.data())
 def test_sample_alg3_corrected_matches_dense(xp, dtype, data):
+    # checks (lowrank.12)
     U, d = data.draw(full_rank_factors(dtype))
     S = _factor_of(lowrank.sample_alg3, xp, U, d)
     _assert_dtype(S, dtype, "sample_alg3")
@@ -431,6 +438,7 @@ def _check_columns(V, W, L, dtype):
 @HYP
 @given(data=st.data())
 def test_top_eig_exact_is_the_rank_L_truncation(xp, dtype, data):
+    # checks (lowrank.9)
     W, L, _ = data.draw(gapped_W(dtype))
     V = lowrank.top_eig(xp.asarray(W), L)
     _assert_dtype(V, dtype, "top_eig")
@@ -468,6 +476,7 @@ def test_top_eig_exact_top_L_eigensolver_matches_the_truncation(xp, dtype, D, K,
 def test_top_eig_randomized_exact_when_rank_at_most_L_plus_p(xp, dtype, data, n_iter):
     # rank(W) <= L + p: W Omega spans range(W) for a Gaussian Omega (almost surely), so the
     # Rayleigh-Ritz step sees all of W W^T and returns its exact truncation
+    # checks (lowrank.10)
     W, L, rng = data.draw(gapped_W(dtype, max_rank_over_L=5))
     Omega = rng.standard_normal((W.shape[1], L + 5)).astype(dtype)
     V = lowrank.top_eig(*_on(xp, W), L, method="randomized", Omega=xp.asarray(Omega),
@@ -557,6 +566,7 @@ def test_top_eig_randomized_converges_to_exact_truncation(xp, dtype, data):
 def test_top_eig_slang_factor_scaling():
     # W = [sqrt(1 - beta) U, sqrt(beta) G^T] gives W W^T = (1 - beta) U U^T + beta G^T G; the
     # poster's fast_eig(delta u_j, beta g_i) read literally (unrooted) would give delta^2, beta^2
+    # checks (lowrank.11)
     rng = np.random.default_rng(3)
     D, L, M, beta = 12, 3, 4, 0.3
     U, G = rng.standard_normal((D, L)), rng.standard_normal((M, D))

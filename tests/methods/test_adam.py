@@ -19,6 +19,7 @@ def _grads(steps, seed=0, scale=1.0):
 
 @pytest.mark.parametrize("beta1, beta2", [(0.9, 0.999), (0.0, 0.5), (0.5, 0.0)])
 def test_updates_match_hand_written_adam(beta1, beta2):
+    # checks (adam.1), (adam.2), (adam.3), (adam.4)
     cfg = adam.AdamConfig(alpha=0.03, beta1=beta1, beta2=beta2, eps_adam=1e-6)
     state = adam.adam_init(D)
     m, v = np.zeros(D), np.zeros(D)
@@ -88,6 +89,7 @@ def _mlp_problem(seed=4):
 
 @pytest.mark.parametrize("lam_kind", ["scalar", "vector", "zero"])
 def test_map_steps_match_dense(lam_kind):
+    # checks (adam.5), (adam.6)
     model, X, y, theta0 = _mlp_problem()
     lam = {"scalar": 0.7, "vector": np.linspace(0.1, 2.0, model.D), "zero": 0.0}[lam_kind]
     cfg = adam.AdamConfig(alpha=0.02, beta1=0.8, beta2=0.99, eps_adam=1e-7)

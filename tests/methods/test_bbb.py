@@ -95,6 +95,7 @@ def test_kl_gradients_match_autograd():
 
 @pytest.mark.parametrize("kind", ["mlp", "logistic"])
 def test_steps_match_dense(kind):
+    # checks (bbb.2), (bbb.10): draws; Adam on [mu; rho]
     model = _mlp() if kind == "mlp" else LogisticRegression(P)
     X, y = _problem(model, seed=5)
     cfg = bbb.BBBConfig(N, _lam(model.D), alpha=0.05, beta1=0.8, beta2=0.99, eps_adam=1e-6,
@@ -196,6 +197,7 @@ def test_inv_softplus_round_trip_and_init():
 
 
 def test_sample_is_a_linear_map_with_the_right_covariance():
+    # checks (bbb.2)
     model = _mlp()
     state = _start(model)
     R = bbb.sample(state, np.eye(model.D)) - state.mu[:, None]

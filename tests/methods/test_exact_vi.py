@@ -41,6 +41,7 @@ _M_GRID = [-500.0, -40.0, -3.0, 0.0, 0.7, 12.0, 500.0]
 def test_gh_matches_quad(v):
     """Covered range: 0 <= v <= 1600 (every rung at its threshold), |m| <= 500: |GH - quad| <= 1e-12
     up to v = 400, 1e-11 above."""
+    # checks (exact_vi.2), (exact_vi.3)
     m = np.array(_M_GRID)
     y = np.arange(len(m)) % 2 * 1.0
     E0, E1, E2 = ev.logistic_expectations(m, np.full(len(m), v), y)
@@ -75,6 +76,7 @@ def test_gh_outside_verified_range_raises(m, v, match):
 
 
 def test_elbo_and_grad_match_dense_quad_oracle():
+    # checks (exact_vi.1), (exact_vi.2), (exact_vi.5), (exact_vi.6)
     X, y, lam = _problem()
     mu, Sigma = _random_q(X.shape[1], 0)
     assert_close(ev.elbo(X, y, lam, mu, Sigma), dense_elbo(X, y, lam, mu, Sigma), EXACT_F64, "ELBO")
@@ -97,6 +99,7 @@ def test_float32_matches_float64():
 
 
 def test_fit_full_is_stationary_and_a_local_max():
+    # checks (exact_vi.7), (exact_vi.8): Newton to Sigma^{-1} = T
     X, y, lam = _problem()
     r = ev.fit_full(X, y, lam, tol=TOL)
     assert r.grad_norm <= TOL
@@ -112,6 +115,7 @@ def test_fit_full_is_stationary_and_a_local_max():
 
 
 def test_fit_meanfield_is_stationary_and_a_local_max():
+    # checks (exact_vi.10), (exact_vi.11)
     X, y, lam = _problem()
     r = ev.fit_meanfield(X, y, lam, tol=TOL)
     assert r.grad_norm <= TOL

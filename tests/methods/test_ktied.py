@@ -77,6 +77,7 @@ def test_gradients_are_autograd_of_the_mc_objective(kind, k, S, kl_weight):
 @pytest.mark.parametrize("kind, k", [("mlp", 2), ("logistic", 1)])
 def test_steps_match_dense(kind, k):
     """Four steps, the same draws and rows, against autograd gradients and Adam by hand."""
+    # checks (ktied.7)
     model = _MODELS[kind]()
     X, y = _problem(model, seed=5)
     lam = _lam(model.D)

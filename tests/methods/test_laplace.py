@@ -64,6 +64,7 @@ def _problem(name):
 def test_blr_posterior_is_exact(curvature):
     """At the exact MAP, the full Laplace approximation is the exact posterior: mean and
     covariance (explicit inverse of tau_n X~^T X~ + diag(delta))."""
+    # checks (laplace.1), (laplace.3)
     X, y, model, delta, mean, Prec = _blr()
     # theta* is the MAP: the gradient of the negative log joint vanishes there
     assert_close(model.grad(mean, X, y), -delta * mean, EXACT_F64, "stationarity")
@@ -242,6 +243,7 @@ def test_float32_matches_float64():
 # ----------------------------------------------------------------------------- prior (laplace.9)
 
 def test_expand_prior_precision_per_tensor():
+    # checks (laplace.9)
     model = MLP([3, 4, 2], activation="tanh")
     values = np.array([1.0, 2.0, 3.0, 4.0])
     delta = laplace.expand_prior_precision(model, values)

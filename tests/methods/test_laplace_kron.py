@@ -184,6 +184,7 @@ def test_kron_float32_matches_float64():
 def test_last_layer_precision_is_the_networks_block(likelihood, curvature):
     """(laplace.25): the head's curvature on the features is the exact last-layer block of the
     whole network's Hessian / GGN / EF (the loss reaches W_L, b_L only through the head)."""
+    # checks (peg.19)
     X, y, model, theta = _mlp(likelihood)
     H = {"hessian": model.hessian, "ggn": model.ggn,
          "ef": lambda *a: ref.ef_outer_loop(model, *a)}[curvature](theta, X, y)

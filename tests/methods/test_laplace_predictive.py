@@ -63,6 +63,7 @@ CLASSIFIERS = ["logistic", "mlp-bernoulli", "mlp-categorical"]
 def test_probit_is_laplace_torch_formula(problem, structure):
     """probs == the probit line written literally on the dense J inv(P) J^T; f_mean, f_var ==
     the dense oracle; Bernoulli probs are (M,), categorical (M, K) summing to 1."""
+    # checks (laplace.14)
     model, state, X_star = _problem(problem, structure)
     pred = laplace.glm_class_predictive(model, state, X_star)
     f_mean, f_var = ref.glm_functional_dense(model, state.mu, laplace.dense_precision(state),
@@ -88,6 +89,7 @@ def test_probit_is_laplace_torch_formula(problem, structure):
 def test_glm_mc_matches_dense(problem, structure):
     """The MC link with the caller's eps (K, S) == explicit inv(P), J Sigma J^T, one
     np.linalg.cholesky per test point and a loop over the draws."""
+    # checks (laplace.15)
     model, state, X_star = _problem(problem, structure)
     K = model.sizes[-1]
     eps = np.random.default_rng(3).standard_normal((K, 7))
@@ -174,6 +176,7 @@ def test_network_linearized_differs_from_sampling():
 def test_mc_predictive_matches_dense(problem, structure):
     """y_mean (and the Gaussian mixture covariance) == theta_s = mu + inv(chol(P))^T eps_s,
     a forward pass per draw, and the averages written out."""
+    # checks (laplace.16)
     model, state, X_star = _problem(problem, structure)
     eps = np.random.default_rng(7).standard_normal((model.D, 9))
     pred = laplace.mc_predictive(model, state, X_star, eps)

@@ -142,6 +142,7 @@ def test_lbfgs_optimum_is_stationary(prior_structure):
     maximiser in delta_g, and whether L-BFGS-B reports convergence on its way to infinity
     depends on rounding (the zero biases of init_theta failed it under OpenBLAS's Haswell and
     Zen kernels)."""
+    # checks (laplace.17)
     X, y, model, theta = _net()
     theta = theta + 0.1 * np.random.default_rng(2).standard_normal(model.D)
     assert np.all(theta != 0.0)
@@ -172,6 +173,7 @@ def test_blr_alternating_optimum_is_exact_evidence_maximiser(prior_structure):
     """Alternate the exact BLR MAP for (delta, tau) with the post-hoc optimiser: at its fixed
     point the total derivative of the exact evidence vanishes (the MAP's own derivative drops
     out), so it is scipy's maximiser of log N(y; 0, X~ diag(delta)^{-1} X~^T + I / tau)."""
+    # checks (laplace.17)
     X, y = _blr_data()
     model0 = MLP([P, 1], likelihood="gaussian", noise_precision=NOISE)
     G, ids = laplace._prior_groups(model0, laplace.LaplaceState(

@@ -47,6 +47,7 @@ def _lam_by_hand(model, l, p, inverted, decay_biases):
 @pytest.mark.parametrize("inverted", [True, False])
 @pytest.mark.parametrize("decay_biases", [True, False])
 def test_steps_match_dense(likelihood, inverted, decay_biases):
+    # checks (mc_dropout.1), (mc_dropout.2), (mc_dropout.3), (mc_dropout.5), (mc_dropout.6)
     model = _model(likelihood)
     X, y, theta0 = _data(model)
     tau = TAU if likelihood == "gaussian" else 1.0
@@ -187,6 +188,7 @@ def test_erratum_inverted_dropout_needs_one_over_one_minus_p():
 
 @pytest.mark.parametrize("K", [1, 2])
 def test_predictive_log_likelihood_matches_hand_formula(K):
+    # checks (mc_dropout.7), (mc_dropout.8)
     rng = np.random.default_rng(8)
     S, n, tau = 5, 6, 0.7
     F = rng.standard_normal((S, n, K)) * 2.0
@@ -212,6 +214,7 @@ def test_predictive_log_likelihood_is_stable_for_far_targets():
 
 
 def test_predict_samples_contract():
+    # checks (mc_dropout.7)
     model = _model()
     X, _, theta = _data(model, seed=9)
     cfg = mc_dropout.MCDropoutConfig(N, p=0.2, noise_precision=TAU)

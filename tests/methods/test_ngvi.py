@@ -59,6 +59,8 @@ def test_linear_hessian_estimates_take_the_summed_closed_form(S):
 @pytest.mark.parametrize("decay", [0.0, 0.51])
 @pytest.mark.parametrize("S", [1, 3])
 def test_full_steps_match_dense(curvature, momentum, decay, S):
+    # checks (ngvi.4), (ngvi.5)
+    # checks (ngvi.6), (ngvi.9), (ngvi.12), (ngvi.13)
     X, y, model = _problem()
     cfg = ngvi.NGVIConfig(N, LAM, alpha=0.3, beta=0.2, decay=decay, curvature=curvature,
                           momentum=momentum)
@@ -79,6 +81,7 @@ def test_full_steps_match_dense(curvature, momentum, decay, S):
 @pytest.mark.parametrize("momentum", [0.0, 0.9])
 @pytest.mark.parametrize("decay", [0.0, 0.51])
 def test_meanfield_steps_match_dense(curvature, momentum, decay):
+    # checks (ngvi.14), (ngvi.16)
     X, y, model = _problem()
     cfg = ngvi.NGVIConfig(N, LAM, alpha=0.3, beta=0.2, decay=decay, curvature=curvature,
                           momentum=momentum)
@@ -96,6 +99,7 @@ def test_meanfield_steps_match_dense(curvature, momentum, decay):
 def test_full_exact_converges_to_exact_vi():
     """Full batch, "exact" curvature, constant steps: the fixed point of (ngvi.10)-(ngvi.11) is the
     exact-VI optimum (derivations/ngvi.md), reached to symmetric KL <= 1e-8."""
+    # checks (ngvi.1): the fixed point is the ELBO's maximiser
     X, y, model = _problem()
     cfg = ngvi.NGVIConfig(N, LAM, alpha=0.5, beta=0.5, decay=0.0, curvature="exact")
     state = ngvi.init_full(np.zeros(D), np.eye(D))
@@ -171,6 +175,7 @@ def test_float32_full_step_matches_float64():
 
 
 def test_info_contract_and_sampling():
+    # checks (ngvi.4), (ngvi.14)
     X, y, model = _problem()
     state = _start_full()
     (idx, eps), = _batches(1, 3)

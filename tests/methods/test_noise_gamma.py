@@ -39,6 +39,7 @@ def test_kl_gamma_is_the_integral(a, b, a0, b0):
 def test_objective_is_the_expected_negative_log_likelihood():
     """(noise_gamma.4): J - KL / N = E_q[-log N(y | f, 1 / tau)] - log(2 pi) / 2 per row at a
     residual r2, by quadrature over tau."""
+    # checks (noise_gamma.1): E_q[tau], E_q[log tau]
     a, b, r2 = 9.0, 3.0, 2.0
     q = stats.gamma(a, scale=1.0 / b)
     lo, hi = q.ppf(1e-14), q.ppf(1.0 - 1e-14)
@@ -101,12 +102,24 @@ def test_step_is_tensorflows_adam():
 
 
 def test_draw_is_numpys_gamma_in_shape_and_rate():
+    # checks (noise_gamma.1)
     state = noise_gamma.init(9.0, 3.0)
     got = noise_gamma.draw(state, np.random.default_rng(4), 5)
     want = np.random.default_rng(4).gamma(9.0, 1.0 / 3.0, size=5)
     assert_close(got, want, EXACT_F64, "draws")
     assert noise_gamma.mean(state) == pytest.approx(3.0, rel=EXACT_F64)
 
+
+
+def test_residual_r2_is_the_mean_over_draws_and_rows():
+    """(noise_gamma.3): r2 = (1 / (S M)) sum_s sum_i (y_i - f(x_i; w_s))^2, the residual the
+    UCI driver hands to noise_gamma.step, against the double sum written out (S = 3, M = 5)."""
+    from refbayes.experiments.uci_methods import residual_r2
+
+    rng = np.random.default_rng(7)
+    F, y = rng.standard_normal((3, 5)), rng.standard_normal(5)
+    want = sum((y[i] - F[s, i]) ** 2 for s in range(3) for i in range(5)) / (3 * 5)
+    assert_close(residual_r2(F, y), want, EXACT_F64, "r2")
 
 def test_bad_input_is_refused():
     state = noise_gamma.init()

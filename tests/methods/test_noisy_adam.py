@@ -39,6 +39,7 @@ def _batches(steps, S, seed=2):
 @pytest.mark.parametrize("beta1", [0.0, 0.9])
 @pytest.mark.parametrize("S", [1, 3])
 def test_steps_match_dense(S, beta1, kl, gamma_ex, squares):
+    # checks (noisy_adam.3), (noisy_adam.5), (noisy_adam.6), (noisy_adam.7), (noisy_adam.8), (noisy_adam.9), (noisy_adam.10)
     X, y, model = _problem()
     Xd = add_intercept(X)
     cfg = na.NoisyAdamConfig(N, ETA, alpha=0.05, beta1=beta1, beta2=0.8, kl_weight=kl,
@@ -118,6 +119,7 @@ def test_fixed_point_on_linear_regression(squares, alpha, steps, beta1, kl):
     """eps = 0, full batch: v = 0 iff g_hat + gamma_in mu = 0, i.e. the mean converges to the
     posterior mean under the prior precision kl_weight eta (the posterior mean for kl_weight = 1);
     f converges to the squared-gradient estimate there, not to the mean-field optimum."""
+    # checks (noisy_adam.1), (noisy_adam.11): the optimum of the KL-weighted objective
     X, y, Xd, model = _linear_regression()
     eta = np.ones(D)
     post_mu = np.linalg.solve(4.0 * Xd.T @ Xd + np.diag(kl * eta), 4.0 * Xd.T @ y)
@@ -204,6 +206,7 @@ def test_erratum_dataset_gradient_scaling():
 
 
 def test_info_contract_and_sampling():
+    # checks (noisy_adam.3), (noisy_adam.9), (noisy_adam.11)
     X, y, model = _problem()
     state = _start()
     (idx, eps), = _batches(1, 3)

@@ -175,6 +175,7 @@ def test_steps_match_a_dense_reimplementation(T_stats, T_inv, curvature, damping
     different sizes, gamma_ex > 0: mean, momentum and factors equal the dense
     re-implementation, under both dampings; T_stats, T_inv > 1 included (so the cached
     operators are reused between refreshes); "mc" with the caller's sampled labels."""
+    # checks (noisy_kfac.3), (noisy_kfac.4), (noisy_kfac.8), (noisy_kfac.9), (noisy_kfac.11)
     rng = np.random.default_rng(4)
     model = MLP([3, 4, 3, 3], "tanh", "categorical")
     N = 30

@@ -171,6 +171,7 @@ def test_noisy_kfac_is_ngvi_with_the_precision_one_step_ahead(case):
     """(noisy_kfac.13)-(noisy_kfac.18): under the map of the module docstring, 4 steps of
     nk.step and ngvi.step_full give the same means after every step, and Noisy K-FAC's
     covariance after t steps is ngvi's after t + 1, to EXACT_F64 (relative)."""
+    # checks (noisy_kfac.1): F maps to ngvi's ELBO, kl_weight 0.5 included
     assert _run(**CASES[case]) < EXACT_F64
 
 

@@ -38,6 +38,7 @@ def _batches(steps, S, seed=2):
 def test_steps_match_dense_reimplementation(L, decay, momentum, S):
     """Five consecutive steps with the same eps and minibatches: U U^T, d, mu, Delta_d and the
     draws agree with explicit D x D algebra to 1e-10."""
+    # checks (slang.3), (slang.8)
     X, y, model = _problem()
     cfg = slang.SLANGConfig(N, LAM, L=L, alpha=0.3, beta=0.2, decay=decay, momentum=momentum)
     state = _start(L)
@@ -176,6 +177,17 @@ def test_default_sampler_is_a_nonsymmetric_root():
     assert _rel(S.T @ S, Sigma) > 1e-1
     assert _rel(S, (Q * np.sqrt(w)) @ Q.T) > 1e-1
 
+
+
+def test_dense_precision_and_covariance_are_the_printed_q():
+    """(slang.1): dense_precision is U U^T + diag(d) written out, dense_covariance its explicit
+    inverse (the code forms it by Woodbury), for a state with L = 3 < D and d spread out."""
+    rng = np.random.default_rng(6)
+    state = slang.init(rng.standard_normal(D), rng.standard_normal((D, 3)),
+                       np.linspace(0.2, 5.0, D))
+    P = state.U @ state.U.T + np.diag(state.d)
+    assert_close(slang.dense_precision(state), P, EXACT_F64, "P = U U^T + diag(d)")
+    assert_close(slang.dense_covariance(state), np.linalg.inv(P), EXACT_F64, "Sigma = P^{-1}")
 
 def test_float32_step_matches_float64():
     X, y, model = _problem()

@@ -105,6 +105,7 @@ def _identity_draws(state, low_rank):
 def test_sampler_covariance_is_exact_as_a_linear_map(scale, low_rank, n, K):
     """(swag.6)-(swag.7): the sampler is theta_bar + A [z1; z2]; A A^T equals
     scale (Sigma_diag + D_hat D_hat^T / (K' - 1)) formed from the batch moments."""
+    # checks (swag.5)
     thetas = np.random.default_rng(n * 10 + K).standard_normal((n, 6))
     state, cfg = _collected(thetas, K)
     cfg = cfg._replace(scale=scale)

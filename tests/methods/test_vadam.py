@@ -6,7 +6,7 @@ import pytest
 
 from refbayes.backend import to_numpy
 from refbayes.datasets import make_logistic_regression
-from refbayes.methods import vadam
+from refbayes.methods import ngvi, vadam
 from refbayes.models import MLP, LogisticRegression, add_intercept
 from tests.reference import vadam_dense as ref
 from tests.tolerances import CONVERGED, EXACT_F32, EXACT_F64, assert_close
@@ -40,6 +40,7 @@ def _batches(steps, S, seed=2):
 @pytest.mark.parametrize("beta1", [0.0, 0.9])
 @pytest.mark.parametrize("S", [1, 3])
 def test_steps_match_dense(S, beta1, bias_correction, sqrt, squares):
+    # checks (vadam.3), (vadam.5), (vadam.7), (vadam.8), (vadam.9)
     X, y, model = _problem()
     cfg = vadam.VadamConfig(N, LAM, alpha=0.05, beta1=beta1, beta2=0.8,
                             bias_correction=bias_correction, squares=squares, sqrt=sqrt)
@@ -105,6 +106,23 @@ def test_reduces_to_vogn_2018(S):
         assert_close(state.mu, mu, EXACT_F64, f"mean, step {t}")
         assert_close(vadam.prec_diag(state, cfg), N * (s + LAM / N), EXACT_F64, "precision")
 
+
+
+def test_von_form_is_the_ngvi_meanfield_step_on_the_per_example_scale():
+    """(vadam.2): with beta1 = 0, no bias correction, per-example squares and sqrt=False, Vadam's
+    step is ngvi.step_meanfield ("ef") with prec_diag = N s + lam, beta = 1 - beta2 and the same
+    alpha and eps: precision and mean agree after every step, to 1e-10."""
+    X, y, model = _problem()
+    cfg = vadam.VadamConfig(N, LAM, alpha=0.3, beta1=0.0, beta2=0.8, bias_correction=False,
+                            squares="per_example", sqrt=False)
+    ncfg = ngvi.NGVIConfig(N, LAM, alpha=0.3, beta=0.2, decay=0.0, curvature="ef")
+    state = _start()._replace(m=np.zeros(D))
+    mf = ngvi.init_meanfield(state.mu, N * state.s + LAM)
+    for t, (idx, eps) in enumerate(_batches(4, 2)):
+        state, _ = vadam.step(state, vadam.Batch(X[idx], y[idx]), eps, cfg, model)
+        mf, _ = ngvi.step_meanfield(mf, ngvi.Batch(X[idx], y[idx]), eps, ncfg, model)
+        assert_close(vadam.prec_diag(state, cfg), mf.prec_diag, EXACT_F64, f"precision, step {t}")
+        assert_close(state.mu, mf.mu, EXACT_F64, f"mean, step {t}")
 
 def test_vprop_with_square_root_is_not_vogn():
     """With sqrt=True (real Vprop) the same map does NOT give VOGN: the mean's denominator is
@@ -215,6 +233,7 @@ def test_erratum_summed_gradient_scaling():
 
 
 def test_info_contract_and_sampling():
+    # checks (vadam.3), (vadam.8)
     X, y, model = _problem()
     state = _start()
     (idx, eps), = _batches(1, 3)
@@ -235,6 +254,7 @@ def test_info_contract_and_sampling():
 
 def test_init_prec_init_convention():
     """The official init s0 = (prec_init - lam) / N gives precision prec_init."""
+    # checks (vadam.11)
     cfg = vadam.VadamConfig(N, LAM)
     st = vadam.init(np.zeros(D), (10.0 - LAM) / N)
     assert_close(vadam.prec_diag(st, cfg), np.full(D, 10.0), EXACT_F64, "initial precision")

@@ -66,6 +66,7 @@ def _delta(setting, D):
 def test_steps_match_dense(problem, curvature, setting, draws):
     """Three consecutive steps against tests/reference/vogn_dense.py (autograd per-example loops)
     with the same eps and minibatch: draws, s, m and mu to 1e-10."""
+    # checks (vogn.4), (vogn.5)
     X, y, model = _problem(problem)
     D = model.D
     delta, hyper = _delta(setting, D), _SETTINGS[setting]
@@ -188,6 +189,7 @@ def test_reduces_to_ngvi_meanfield(pair):
     """tau = rho = 1, gamma = 0, beta1 = 0: VOGN is ngvi.step_meanfield with prec_diag =
     N (s + delta / N), lam = delta, alpha, beta = beta2, no decay, no momentum, same eps (vogn.12).
     For logistic regression the Hessian is the GGN."""
+    # checks (vogn.3)
     X, y, model = _logistic()
     D = model.D
     delta = np.linspace(0.5, 2.0, D)
@@ -212,6 +214,7 @@ def _linear_regression(seed=3, noise=4.0):
 def test_tempered_reduces_to_ngvi_via_noise():
     """tau, rho != 1 on a Gaussian likelihood: VOGN("ggn") equals ngvi("hess") on the model with
     noise precision rho tau_n / tau, prec_diag = (rho N / tau)(s + delta~) (vogn.12)."""
+    # checks (vogn.3)
     X, y, noise = _linear_regression()
     tau, rho = 0.5, 3.0
     model = MLP([P, 1], likelihood="gaussian", noise_precision=noise)
@@ -262,6 +265,7 @@ def _blr_optimum(X, y, noise, delta, tau=1.0, rho=1.0):
 def test_von_converges_to_the_meanfield_optimum(tau, rho, beta1):
     """Full batch, one draw eps = 0 (the gradient is linear in theta, so g(mu) = E_q[g]), GGN =
     Hessian: the iteration converges to the exact mean-field optimum to 1e-8 (vogn.md)."""
+    # checks (vogn.1): the optimum of the tempered objective
     X, y, noise = _linear_regression()
     model = MLP([P, 1], likelihood="gaussian", noise_precision=noise)
     D = model.D
@@ -512,3 +516,47 @@ def test_apply_signed_takes_a_negative_curvature_by_the_same_equations():
     assert_close(new.s, s, EXACT_F64)
     assert_close(new.mu, mu, EXACT_F64)
     assert_close(info.delta_tilde, dt, EXACT_F64)
+
+
+# ----------------------------------------------------------------------------- IVON (vogn.13)-(vogn.18)
+
+@pytest.mark.parametrize("hess_approx", ["price", "gradsq"])
+def test_ivon_step_is_the_printed_equations_by_hand(hess_approx):
+    """IVON's step (refbayes/conformance/ivon.py) against (vogn.13)-(vogn.18) written out on
+    logistic regression with the hand gradient (sigmoid(x~^T theta) - y) x~ averaged over the M
+    rows: two steps from h != f and m != 0, beta1 > 0 with debiasing, the rescaled step size and a
+    clip radius that binds in some coordinates and not in others."""
+    from refbayes.conformance import ivon
+
+    X, y, model = _logistic()
+    Xd, D, S, wd, r = add_intercept(X), model.D, 3, 0.05, 0.5
+    cfg = ivon.IVONConfig(lr=0.3, ess=N, hess_init=0.4, beta1=0.8, beta2=0.7, weight_decay=wd,
+                          clip_radius=r, hess_approx=hess_approx)
+    rng = np.random.default_rng(4)
+    state = ivon.init(0.3 * rng.standard_normal(D), cfg)
+    state = state._replace(m=0.1 * rng.standard_normal(D), h=rng.uniform(0.2, 1.0, D))
+    mu, m, h = state.mu, state.m, state.h
+    bound = []
+    for t, (idx, eps) in enumerate(_batches(2, D, S, seed=5)):
+        state, info = ivon.step(state, (X[idx], y[idx]), eps, cfg, model)
+        sigma = 1.0 / np.sqrt(N * (h + wd))                                        # (vogn.13)
+        theta = mu[:, None] + sigma[:, None] * eps                                  # (vogn.13)
+        g = np.array([np.mean([(0.5 * (1 + np.tanh(Xd[i] @ theta[:, k] / 2)) - y[i]) * Xd[i]
+                               for i in idx], axis=0) for k in range(S)])          # (vogn.14)
+        g_hat = g.mean(axis=0)                                                      # (vogn.14)
+        if hess_approx == "price":
+            f = np.mean([g[k] * eps[:, k] / sigma for k in range(S)], axis=0)      # (vogn.15)
+        else:
+            f = N * np.mean([g[k] ** 2 for k in range(S)], axis=0)                 # (vogn.15)
+        m = 0.8 * m + 0.2 * g_hat                                                   # (vogn.16)
+        h = 0.7 * h + 0.3 * f + 0.3 ** 2 * (h - f) ** 2 / (2 * (h + wd))           # (vogn.17)
+        raw = (m / (1 - 0.8 ** (t + 1)) + wd * mu) / (h + wd)                       # (vogn.18)
+        mu = mu - 0.3 * (0.4 + wd) * np.clip(raw, -r, r)                            # (vogn.18)
+        bound += list(np.abs(raw) > r)
+        assert_close(info.theta, theta, EXACT_F64, f"draws, step {t}")
+        assert_close(info.g_hat, g_hat, EXACT_F64, f"g_hat, step {t}")
+        assert_close(info.f, f, EXACT_F64, f"f, step {t}")
+        assert_close(state.m, m, EXACT_F64, f"m, step {t}")
+        assert_close(state.h, h, EXACT_F64, f"h, step {t}")
+        assert_close(state.mu, mu, EXACT_F64, f"mu, step {t}")
+    assert any(bound) and not all(bound), "the clip radius must bind in some coordinates only"

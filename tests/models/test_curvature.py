@@ -31,6 +31,7 @@ def oracle():
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("case", CASES, ids=ids(CASES))
 def test_jacobian(case, dtype, xp, oracle):
+    # checks (peg.7)
     theta, X, _ = batch(case, dtype, xp)
     J = case.model.jacobian(theta, X)
     assert J.dtype == dtype and J.shape == (case.M, case.model.sizes[-1], case.model.D)
@@ -40,6 +41,7 @@ def test_jacobian(case, dtype, xp, oracle):
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("case", CASES, ids=ids(CASES))
 def test_ggn(case, dtype, xp, oracle):
+    # checks (peg.8)
     theta, X, y = batch(case, dtype, xp)
     A = case.model.ggn(theta, X, y)
     assert A.dtype == dtype and A.shape == (case.model.D, case.model.D)

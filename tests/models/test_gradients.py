@@ -49,6 +49,7 @@ def test_forward_matches_naive(case, dtype, xp):
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("case", CASES, ids=ids(CASES))
 def test_vectorized_per_example_grads(case, dtype, xp, oracle_G):
+    # checks (peg.2), (peg.3), (peg.5)
     theta, X, y = batch(case, dtype, xp)
     G = case.model.per_example_grads(theta, X, y, impl="vectorized")
     assert G.dtype == dtype and G.shape == (case.M, case.model.D)
@@ -59,6 +60,7 @@ def test_vectorized_per_example_grads(case, dtype, xp, oracle_G):
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("case", CASES, ids=ids(CASES))
 def test_numpy_impls_per_example_grads(case, dtype, impl, oracle_G):
+    # checks (peg.2), (peg.3), (peg.5)
     theta, X, y = batch(case, dtype)
     G = case.model.per_example_grads(theta, X, y, impl=impl)
     assert G.dtype == dtype and G.shape == (case.M, case.model.D)
@@ -106,6 +108,7 @@ def test_diag_ef_is_diag_of_GtG(case, dtype, xp, oracle_G):
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("case", CASES, ids=ids(CASES))
 def test_kfac_factors_rebuild_rows(case, dtype, xp, oracle_G):
+    # checks (peg.12)
     theta, X, y = batch(case, dtype, xp)
     layers = case.model.kfac_factors(theta, X, y)
     assert len(layers) == len(case.model.sizes) - 1
@@ -138,6 +141,7 @@ def test_predict(case, xp):
 def test_relu_derivative_at_zero_is_zero(impl):
     """relu'(0) = 0 (derivations/per_example_gradients.md): with z_1 = 0 exactly, the bias
     gradient delta_1 = (delta_2 W_2^T) relu'(0) is 0 (it would be (-0.5, -0.25) with relu'(0) = 1)."""
+    # checks (peg.5)
     from refbayes.models import MLP
     model = MLP([1, 2, 1], activation="relu")
     # W_1 = [[1, -1]], b_1 = [0, 0]: at x = 0 both hidden pre-activations are exactly 0

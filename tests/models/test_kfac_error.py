@@ -93,6 +93,7 @@ def _check(got, want, tol, what):
 @pytest.mark.parametrize("curvature", CURVATURES)
 @pytest.mark.parametrize("case", CASES, ids=IDS)
 def test_matches_the_dense_blocks(case, curvature, xp):
+    # checks (peg.20)
     theta, X, y = batch(case, np.float64, xp)
     got = case.model.kfac_block_errors(theta, X, y, curvature)
     for k in KEYS:
