@@ -16,8 +16,8 @@ from refbayes._checks import check_array, check_same_dtype
 from refbayes.backend import xp_of
 from refbayes.models import _layers
 
-__all__ = ["diag_ef", "diag_ggn", "ggn", "ggn_vp", "hessian", "hvp", "jacobian", "jvp",
-           "sample_moments"]
+__all__ = ["diag_ef", "diag_ggn", "ggn", "ggn_vp", "grad_hvp", "hessian", "hvp", "jacobian",
+           "jvp", "sample_moments"]
 
 
 def _seeded_rows(model, xp, params, acts, seeds):
@@ -160,16 +160,56 @@ def hvp(self, theta, v, X, y):
         If theta, X or y is invalid (see FlatModel), or v is not a finite (D,) array of
         theta's dtype on theta's backend.
     """
-    xp, theta, X, y, dparams = _r_inputs(self, theta, v, X, y)
-    params, acts, f = self._forward(xp, theta, X)
-    r_zs, r_f = _layers.r_forward(params, dparams, acts, self.activation)  # (peg.22)
+    return _grad_hvp(self, *_r_inputs(self, theta, v, X, y))[1]
+
+
+def grad_hvp(self, theta, v, X, y):
+    """Compute the gradient g = sum_i dl_i/dtheta and H v from one forward and one backward pass.
+
+    The R-operator's passes (peg.22)-(peg.26) run beside the gradient's (peg.1)-(peg.6), so both
+    cost about as much as ``hvp`` alone: what a geodesic's right-hand side needs at one point
+    (``riemannian_laplace.loss_fns``). Each equals ``grad`` and ``hvp`` bit for bit.
+
+    Parameters
+    ----------
+    theta : array of shape (D,)
+        Flat parameter vector (float64 or float32).
+    v : array of shape (D,)
+        The vector, same dtype and backend as theta.
+    X : array of shape (M, n_in)
+        Inputs, M >= 1, same dtype as theta.
+    y : array of shape (M,) or (M, n_out)
+        Targets: labels (M,) for classification; reals (M,) or (M, n_out) for the gaussian
+        likelihood.
+
+    Returns
+    -------
+    g : array of shape (D,)
+        The gradient, as ``grad``.
+    Hv : array of shape (D,)
+        The product H v, as ``hvp``.
+
+    Raises
+    ------
+    ValueError
+        If theta, X or y is invalid (see FlatModel), or v is not a finite (D,) array of
+        theta's dtype on theta's backend.
+    """
+    return _grad_hvp(self, *_r_inputs(self, theta, v, X, y))
+
+
+def _grad_hvp(self, xp, theta, X, y, dparams):
+    """(g, H v) of validated inputs, v split into dparams.  (peg.6), (peg.22)-(peg.25)"""
+    params, acts, f = self._forward(xp, theta, X)  # (peg.1)
     r = self.likelihood._grad_f(f, y)  # (peg.2)
-    deltas = _layers.backward(params, acts, r, self.activation)  # (peg.3)
+    deltas = _layers.backward(params, acts, r, self.activation)  # (peg.3), as grad's pass
+    r_zs, r_f = _layers.r_forward(params, dparams, acts, self.activation)  # (peg.22)
     r_seed = xp.einsum("mkl,ml->mk", self.likelihood._hess_f(f, y), r_f)  # (peg.23)
     r_deltas = _layers.r_backward(params, dparams, acts, deltas, r_zs, r_seed,
                                   self.activation)  # (peg.24)
-    return _layers.r_blocks(xp, acts, deltas, r_zs, r_deltas, self.bias,
-                            self.activation)  # (peg.25)
+    g = _layers.summed_blocks(xp, acts, deltas, self.bias)  # (peg.6)
+    return g, _layers.r_blocks(xp, acts, deltas, r_zs, r_deltas, self.bias,
+                               self.activation)  # (peg.25)
 
 
 def _hvp_autograd(self, theta, v, X, y):

@@ -15,9 +15,10 @@ labels) and raises ValueError naming the argument. theta and X must share a dtyp
 float32); results come back in that dtype on the backend of the inputs.
 
 FlatModel's curvature methods (``jacobian``, ``jvp``, ``ggn``, ``ggn_vp``, ``hessian``, ``hvp``,
-``diag_ggn``, ``diag_ef``, ``sample_moments``) are defined in refbayes.models._curvature and its
-K-FAC methods (``kfac_*``, with ``KFACLayer``) in refbayes.models._kfac, and bound by name in the
-class body below: they are FlatModel's methods, documented there.
+``grad_hvp``, ``diag_ggn``, ``diag_ef``, ``sample_moments``) are defined in
+refbayes.models._curvature and its K-FAC methods (``kfac_*``, with ``KFACLayer``) in
+refbayes.models._kfac, and bound by name in the class body below: they are FlatModel's methods,
+documented there.
 """
 from __future__ import annotations
 
@@ -594,6 +595,7 @@ class FlatModel:
     ggn = _curvature.ggn
     hessian = _curvature.hessian
     hvp = _curvature.hvp
+    grad_hvp = _curvature.grad_hvp
     _hvp_autograd = _curvature._hvp_autograd
     jvp = _curvature.jvp
     ggn_vp = _curvature.ggn_vp

@@ -82,6 +82,7 @@ def _points(p, seed=3):
 def test_acceleration_equals_printed_christoffel_form(name):
     """(riemannian_laplace.7) = (riemannian_laplace.3): the simplified right-hand side equals the
     printed general form with dM/dc from autograd and an explicit solve against M, to 1e-10."""
+    # checks (riemannian_laplace.4), (riemannian_laplace.5), (riemannian_laplace.6)
     p = problem(name)
     for c, cdot in _points(p):
         a = rl.geodesic_acceleration(p.grad, p.hvp, c, cdot)
@@ -108,6 +109,7 @@ def test_wrong_simplifications_fail_the_dense_check(variant):
 
 def test_squared_speed_is_the_dense_quadratic_form():
     """(riemannian_laplace.2): |c'|^2 + (g^T c')^2 = c'^T (I + g g^T) c' with M formed densely."""
+    # checks (riemannian_laplace.1)
     p = problem("mlp")
     for c, cdot in _points(p):
         M = np.asarray(ref.metric_fn(p.L)(c))
@@ -120,6 +122,7 @@ def test_squared_speed_is_the_dense_quadratic_form():
 def test_exp_map_equals_the_dense_christoffel_solve():
     """c(1), c'(1) of exp_map equal a DOP853 solve of the printed Christoffel form, to the ODE
     tolerance; the geodesic is not the straight line theta + v."""
+    # checks (riemannian_laplace.8), (riemannian_laplace.9)
     p = problem("logistic")
     v = p.velocity()
     c1, info = rl.exp_map(p.theta_map, v, p.grad, p.hvp, TIGHT)
@@ -257,6 +260,24 @@ def test_loss_fns_equal_autograd_of_the_dense_loss(name, batch, prior, linearize
         theta, u = theta_lin + 0.8 * rng.standard_normal(D), rng.standard_normal(D)
         assert_close(grad_fn(theta), autograd.grad(L)(theta), EXACT_F64, "grad L")
         assert_close(hvp_fn(theta, u), autograd.hessian(L)(theta) @ u, EXACT_F64, "H[L] u")
+
+
+def test_loss_fns_gradient_kept_from_hvp_fn_is_the_fresh_one_and_follows_theta():
+    """hvp_fn keeps the gradient of its pass (grad_hvp) for grad_fn at the same theta: bit for bit
+    what grad_fn computes afresh; at another theta, or after theta is changed in place, grad_fn
+    computes anew (the kept value is keyed by theta's bytes, not the array's identity)."""
+    model, X, y = _data("mlp")
+    rng = np.random.default_rng(3)
+    grad_fn, hvp_fn = rl.loss_fns(model, X, y, 1.3)
+    fresh_fn, _ = rl.loss_fns(model, X, y, 1.3)
+    theta, u = rng.standard_normal(model.D), rng.standard_normal(model.D)
+    hvp_fn(theta, u)
+    np.testing.assert_array_equal(grad_fn(theta), fresh_fn(theta))
+    theta[0] += 0.5  # the same array, another point
+    np.testing.assert_array_equal(grad_fn(theta), fresh_fn(theta))
+    other = rng.standard_normal(model.D)
+    np.testing.assert_array_equal(grad_fn(other), fresh_fn(other))
+    assert not np.array_equal(fresh_fn(other), fresh_fn(theta))
 
 
 @pytest.mark.parametrize("name", ["logistic", "mlp"])

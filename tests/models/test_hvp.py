@@ -54,6 +54,7 @@ def _oracles(case_id):
 def test_hvp_jvp_and_ggn_vp_on_both_backends(case, dtype, xp):
     """hvp, jvp and ggn_vp on NumPy and CuPy against the float64 oracles of
     tests/reference/per_example.py: the dense Hessian, the Jacobian loop and the GGN, times v."""
+    # checks (peg.27)
     theta, X, y = batch(case, dtype, xp)
     v64 = _vector(case, np.float64)
     v = xp.asarray(v64.astype(dtype))
@@ -125,3 +126,13 @@ def test_hvp_rejects_bad_theta():
     with pytest.raises(ValueError, match=r"^theta: expected shape"):
         _NET.hvp(np.ones(_NET.D + 1), np.ones(_NET.D), X, y)
 
+
+
+@pytest.mark.parametrize("case", CASES, ids=ids(CASES))
+def test_grad_hvp_is_grad_and_hvp_bit_for_bit(case):
+    """grad_hvp's one pass returns exactly grad's and hvp's values (peg.6), (peg.22)-(peg.25)."""
+    theta, X, y = batch(case)
+    v = _vector(case, np.float64)
+    g, Hv = case.model.grad_hvp(theta, v, X, y)
+    np.testing.assert_array_equal(g, case.model.grad(theta, X, y))
+    np.testing.assert_array_equal(Hv, case.model.hvp(theta, v, X, y))
