@@ -176,7 +176,8 @@ def _check_k(k, L: int) -> tuple:
 
 def _rho_size(sizes, k, bias: bool) -> int:
     """P = sum_l (n_in + n_out) k_l (+ n_out with biases), the length of rho (ktied.10)."""
-    return sum((m + n) * c + (n if bias else 0) for (m, n), c in zip(zip(sizes[:-1], sizes[1:]), k))
+    pairs = zip(sizes[:-1], sizes[1:])
+    return sum((m + n) * c + (n if bias else 0) for (m, n), c in zip(pairs, k))
 
 
 def _warn_if_redundant(sizes, k, bias: bool) -> None:
@@ -189,8 +190,8 @@ def _warn_if_redundant(sizes, k, bias: bool) -> None:
     layers = "; ".join(f"layer {i} ({sizes[i]} x {sizes[i + 1]}): {c} > {cap}"
                        for i, c, cap in over)
     kept = tuple(min(c, cap) for c, cap in zip(k, caps))
-    warnings.warn(f"k: k_l exceeds min(n_in, n_out) on {layers}; U_l V_l^T has rank <= min(n_in, n_out) "
-                  f"whatever k, so the extra columns are redundant parameters: P = "
+    warnings.warn(f"k: k_l exceeds min(n_in, n_out) on {layers}; U_l V_l^T has rank <= "
+                  f"min(n_in, n_out) whatever k, so the extra columns are redundant parameters: P = "
                   f"{_rho_size(sizes, k, bias)}, against {_rho_size(sizes, kept, bias)} with "
                   f"k = {kept}", UserWarning, stacklevel=3)
 
@@ -330,6 +331,7 @@ def _chain(xp, G_sigma, rho, lay, factors):
         m, n, c = lay.sizes[l], lay.sizes[l + 1], lay.k[l]
         RU, RV, rb = _blocks(rho, lay, l)
         G = G_sigma[lay.w_theta[l]:lay.w_theta[l] + m * n].reshape(m, n)
+        # dF/dR^U = (G V) * sigmoid(R^U), dF/dR^V = (G^T U) * sigmoid(R^V)  (ktied.6)
         out[lay.u_off[l]:lay.u_off[l] + m * c] = ((G @ V) * _sigmoid(xp, RU)).reshape(-1)
         out[lay.v_off[l]:lay.v_off[l] + n * c] = ((G.T @ U) * _sigmoid(xp, RV)).reshape(-1)
         if rb is not None:

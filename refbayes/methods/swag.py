@@ -658,6 +658,7 @@ def sample(state: SWAGState, z1, z2, cfg: SWAGConfig):
         # D_hat z2 from the ring rows in place: D_hat^T is (D, K); the z2 row of ring row r
         # goes to r, the rows not yet filled get zero weight
         w = xp.zeros((K, S), dtype=z2.dtype)
+        # the low-rank divisor K' - 1 of (swag.5), the columns actually stored  (swag.7)
         w[xp.asarray(order)] = z2 * math.sqrt(scale / (Kp - 1))
         out += state.D_hat.T @ w                                                # (swag.7)
     out += state.theta_bar[:, None]                                             # (swag.7)

@@ -334,3 +334,32 @@ def _bad_cases():
 def test_bad_input_raises(call, match):
     with pytest.raises(ValueError, match=match):
         call()
+
+
+def test_samplers_draws_are_the_printed_maps():
+    """(kron.10), (kron.11) draw by draw, written out with explicit inverses: W = W_mean +
+    L_A^{-T} E L_S^{-1} (sample; sample_chol without the mean) and W = W_mean + L_A E L_S^T
+    (sample_cov), L lower Cholesky factors, for a stack of random E and one unbatched E. The
+    C C^T tests above are blind to a sign flip and to L^{-1} in place of L^{-T} on one side
+    composed with the matching change on the other; this test is not."""
+    # checks (kron.10), (kron.11)
+    EXACT_F64 = exact(np.float64)  # tests/tolerances.py
+    rng = np.random.default_rng(10)
+    n_in, n_out = 4, 3
+    GA, GS = rng.standard_normal((n_in, n_in)), rng.standard_normal((n_out, n_out))
+    A, S = GA @ GA.T + 0.5 * np.eye(n_in), GS @ GS.T + 0.5 * np.eye(n_out)
+    W_mean = rng.standard_normal((n_in, n_out))
+    E = rng.standard_normal((n_in, n_out, 5))
+    L_A, L_S = np.linalg.cholesky(A), np.linalg.cholesky(S)
+    prec = np.stack([np.linalg.inv(L_A).T @ E[:, :, k] @ np.linalg.inv(L_S) for k in range(5)],
+                    axis=-1)  # (kron.10)
+    cov = np.stack([L_A @ E[:, :, k] @ L_S.T for k in range(5)], axis=-1)  # (kron.11)
+    assert_close(kron.sample(W_mean, A, S, E), W_mean[:, :, None] + prec, EXACT_F64, "sample")
+    assert_close(kron.sample_chol(L_A, L_S, E), prec, EXACT_F64, "sample_chol")
+    assert_close(kron.sample_cov(W_mean, A, S, E), W_mean[:, :, None] + cov, EXACT_F64,
+                 "sample_cov")
+    E0 = np.ascontiguousarray(E[:, :, 0])
+    assert_close(kron.sample(W_mean, A, S, E0), W_mean + prec[:, :, 0], EXACT_F64, "unbatched")
+    assert_close(kron.sample_cov(W_mean, A, S, E0), W_mean + cov[:, :, 0], EXACT_F64,
+                 "sample_cov unbatched")
+    assert np.max(np.abs(prec)) > 1e-1 and np.max(np.abs(cov)) > 1e-1  # not negligible

@@ -723,3 +723,32 @@ def test_orth_is_orthonormal_and_spans_y_on_both_paths():
         Q = lr._orth(Y)
         assert_close(Q.T @ Q, np.eye(12), EXACT_F64, "Q^T Q")
         assert_close(Q @ (Q.T @ Y), Y, EXACT_F64, "projection onto span(Q)")
+
+
+def test_sample_draws_are_the_printed_maps():
+    """(lowrank.8) and (lowrank.12) draw by draw, in the note's own forms, mu != 0 and random and
+    unit eps: T = I - V f(V^T V) V^T with f(lam) = 1 / (t (1 + t)), t = sqrt(1 + lam), from the
+    eigendecomposition of V^T V, theta = mu + d^{-1/2} T eps; and K = (X^{-T} + V^T V)^{-1},
+    theta = mu + d^{-1/2} (eps - V K V^T eps). A sign flip of the perturbation, X^{-1} for
+    X^{-T}, or T applied after d^{-1/2} instead of before fails here."""
+    # checks (lowrank.8), (lowrank.12)
+    rng = np.random.default_rng(12)
+    D, L = 9, 3
+    U = rng.standard_normal((D, L))
+    d = np.linspace(0.2, 5.0, D)
+    mu = rng.standard_normal(D)
+    eps = np.hstack([rng.standard_normal((D, 3)), np.eye(D)])
+    V = U / np.sqrt(d)[:, None]
+    lam, Q = np.linalg.eigh(V.T @ V)
+    t = np.sqrt(1 + lam)
+    T = np.eye(D) - V @ ((Q / (t * (1 + t))) @ Q.T) @ V.T  # (lowrank.8)
+    by_hand = mu[:, None] + (T @ eps) / np.sqrt(d)[:, None]  # (lowrank.8)
+    assert_close(lowrank.sample(mu, U, d, eps), by_hand, EXACT_F64, "sample")
+    A = np.linalg.cholesky(V.T @ V)
+    B = np.linalg.cholesky(np.eye(L) + A.T @ A)
+    A_inv = np.linalg.inv(A)
+    X = A_inv.T @ (B - np.eye(L)) @ A_inv
+    K = np.linalg.inv(np.linalg.inv(X).T + V.T @ V)  # (lowrank.12)
+    by_hand = mu[:, None] + (eps - V @ K @ V.T @ eps) / np.sqrt(d)[:, None]  # (lowrank.12)
+    assert_close(lowrank.sample_alg3(mu, U, d, eps), by_hand, EXACT_F64, "sample_alg3")
+    assert np.max(np.abs(by_hand - mu[:, None])) > 1e-1  # the perturbation is not negligible

@@ -361,3 +361,17 @@ def test_step_on_each_backend_matches_dense(xp):
                                      _lam(model.D), 1.0, 0.05, 0.9, 0.999, 1e-8)
     assert_close(to_numpy(state.mu), mu, EXACT_F64, "mu")
     assert_close(to_numpy(state.rho), rho, EXACT_F64, "rho")
+
+
+def test_sample_draws_are_the_printed_map():
+    """Draw by draw, written out here: theta_s = mu + sigma * eps_s, sigma = softplus(rho) =
+    log(1 + exp(rho)) (log1p form). test_sample_is_a_linear_map_with_the_right_covariance sees
+    only R R^T, blind to a sign flip of the perturbation; this test is not."""
+    # checks (bbb.1), (bbb.2)
+    model = _mlp()
+    state = _start(model)
+    eps = np.hstack([np.random.default_rng(7).standard_normal((model.D, 3)), np.eye(model.D)])
+    sigma = np.log1p(np.exp(state.rho))  # (bbb.1)
+    by_hand = state.mu[:, None] + sigma[:, None] * eps  # (bbb.2)
+    assert_close(bbb.sample(state, eps), by_hand, EXACT_F64, "draws")
+    assert np.max(np.abs(by_hand - state.mu[:, None])) > 1e-2  # the perturbation is not negligible

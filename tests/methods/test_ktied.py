@@ -469,3 +469,33 @@ def test_softmax_regression_has_one_tied_layer():
     assert ktied.layout(model, 2).P == 2 * (model.sizes[0] + 4) + (4 if model.bias else 0)
     assert_close(ktied.std(state, model), ref.sigma_of(state.rho, model, state.k), EXACT_F64,
                  "sigma")
+
+
+def test_sample_draws_are_the_printed_map():
+    """Draw by draw, written out here: rho walked in its printed order concat_l (vec R^U_l,
+    vec R^V_l, r^b_l), A_l = softplus(R^U_l) softplus(R^V_l)^T, sigma = concat_l (vec A_l,
+    softplus(r^b_l)) in theta's order, theta_s = mu + sigma * eps_s. The covariance test
+    above sees only R R^T, blind to a sign flip of the perturbation; a transposed A_l (U^T
+    against V, or rows and columns of W_l swapped) changes the draws and is caught here."""
+    # checks (ktied.1), (ktied.2)
+    model = _mlp()
+    k = (2, 3, 1)
+    state = _start(model, k)
+    eps = np.hstack([np.random.default_rng(7).standard_normal((model.D, 3)), np.eye(model.D)])
+    def sp(x):  # softplus, (bbb.1)
+        return np.log1p(np.exp(x))
+
+    parts, r = [], 0
+    for l, c in enumerate(k):
+        m, n = model.sizes[l], model.sizes[l + 1]
+        U = sp(state.rho[r:r + m * c].reshape(m, c))
+        r += m * c
+        V = sp(state.rho[r:r + n * c].reshape(n, c))
+        r += n * c
+        parts += [(U @ V.T).reshape(-1), sp(state.rho[r:r + n])]  # (ktied.1): W_l row-major, b_l
+        r += n
+    assert r == state.rho.shape[0]
+    sigma = np.concatenate(parts)
+    by_hand = state.mu[:, None] + sigma[:, None] * eps  # (ktied.2)
+    assert_close(ktied.sample(state, eps, model), by_hand, EXACT_F64, "draws")
+    assert np.max(np.abs(by_hand - state.mu[:, None])) > 1e-2  # the perturbation is not negligible

@@ -334,3 +334,36 @@ def test_step_and_predictive_on_each_backend_match_dense(xp):
     ll = mc_dropout.predictive_log_likelihood(F, xp.asarray(y[:4]), TAU)
     logp = norm.logpdf(y[:4][None], loc=F_ref, scale=1 / np.sqrt(TAU)).sum(axis=2)
     assert_close(to_numpy(ll), logsumexp(logp, axis=0) - np.log(3), EXACT_F64, "predictive")
+
+
+@pytest.mark.parametrize("inverted", [True, False])
+def test_predict_samples_draws_are_the_printed_map(inverted):
+    """The draws of MC dropout, written out here: masks z_k = (u >= p) for u ~ U(0, 1) drawn
+    layer by layer (so P(z = 1) = 1 - p, the KEEP probability), and pass s of the predictive is
+    the masked network a~_k = s z_k a_k, h_k = a~_k W_k + b_k, a_{k+1} = relu(h_k), f = h_{L-1},
+    with W_k (n_k, n_{k+1}) row-major then b_k in theta and s = 1 / (1 - p) (inverted) or 1.
+    Swapping keep and drop (u < p), the mask on the wrong side (on the outputs h_k), or a
+    missing scale fails here."""
+    # checks (mc_dropout.1), (mc_dropout.7)
+    model = _model()
+    X, _, theta = _data(model, seed=12)
+    p = 0.3
+    cfg = mc_dropout.MCDropoutConfig(N, p=p, noise_precision=TAU, inverted=inverted)
+    masks_list = [draw_masks(np.random.default_rng(20 + s), model, 5, p) for s in range(3)]
+    s_scale = 1 / (1 - p) if inverted else 1.0  # (mc_dropout.1)
+    F = mc_dropout.predict_samples(mc_dropout.init(theta), X[:5], masks_list, cfg, model)
+    for s, masks in enumerate(masks_list):
+        u = np.random.default_rng(20 + s)
+        z = [(u.random((5, n)) >= p).astype(float) for n in model.sizes[:-1]]  # z ~ Bern(1 - p)
+        for zk, mk in zip(z, masks):
+            np.testing.assert_array_equal(mk, zk)
+        a, pos = X[:5], 0
+        for k, (n_in, n_out) in enumerate(zip(model.sizes[:-1], model.sizes[1:])):
+            W = theta[pos:pos + n_in * n_out].reshape(n_in, n_out)
+            b = theta[pos + n_in * n_out:pos + n_in * n_out + n_out]
+            pos += n_in * n_out + n_out
+            h = (s_scale * z[k] * a) @ W + b  # (mc_dropout.1)
+            a = np.maximum(h, 0.0) if k < len(z) - 1 else h
+        assert pos == model.D
+        assert_close(F[s], a, EXACT_F64, f"pass {s}")  # (mc_dropout.7)
+    assert 0 < np.mean(np.concatenate([m.ravel() for m in masks_list[0]])) < 1

@@ -304,3 +304,19 @@ def test_step_on_each_backend_matches_dense(xp, squares):
     assert_close(to_numpy(state.mu), mu, EXACT_F64, "mean")
     assert_close(to_numpy(na.prec_diag(state, cfg)), N / 0.5 * (f + 0.5 * ETA / N), EXACT_F64,
                  "precision")
+
+
+def test_sample_draws_are_the_printed_map():
+    """Draw by draw, written out here: w_s = mu + sigma o eps_s, sigma = sqrt(lambda / N) /
+    sqrt(f + gamma_in), gamma_in = lambda eta / N (gamma_ex not in it). The covariance check
+    above sees only R R^T, blind to a sign flip of the perturbation; this test is not."""
+    # checks (noisy_adam.2), (noisy_adam.3)
+    state = _start()
+    kl = 0.5
+    cfg = na.NoisyAdamConfig(N, ETA, kl_weight=kl, gamma_ex=0.2)
+    eps = np.hstack([np.random.default_rng(7).standard_normal((D, 3)), np.eye(D)])
+    gamma_in = kl * ETA / N  # (noisy_adam.2)
+    sigma = np.sqrt(kl / N) / np.sqrt(state.f + gamma_in)  # (noisy_adam.3)
+    by_hand = state.mu[:, None] + sigma[:, None] * eps  # (noisy_adam.3)
+    assert_close(na.sample(state, eps, cfg), by_hand, EXACT_F64, "draws")
+    assert np.max(np.abs(by_hand - state.mu[:, None])) > 1e-2  # the perturbation is not negligible

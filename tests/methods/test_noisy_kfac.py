@@ -382,3 +382,43 @@ def test_steps_in_each_backend_and_dtype_equal_the_float64_steps(damping, dtype,
         assert rel_err(to_numpy(s.mu), s64.mu) < exact(dtype)
         for F, F64 in zip(s.S + s.A, s64.S + s64.A):
             assert rel_err(to_numpy(F), F64) < exact(dtype)
+
+
+@pytest.mark.parametrize("damping", nk.DAMPINGS)
+def test_sample_draws_are_the_printed_map(damping):
+    """Draw by draw, written out here per layer on its row-major (n_in + 1, n_out) block E_s:
+    factored W_s = M + sqrt(lambda / N) L_A^{-T} E_s L_S^{-1}, L_A L_A^T = A + pi sqrt(gamma_in)
+    I, L_S L_S^T = S + sqrt(gamma_in) / pi I, pi = sqrt((tr A / dim A) / (tr S / dim S)),
+    gamma_in = lambda / (N eta) (explicit inverses); exact: vec_row(W_s - M) = sqrt(lambda / N)
+    (A kron S + gamma_in I)^{-1/2} vec_row(E_s), the symmetric root by eigh. The covariance
+    test above sees only W W^T, blind to a sign flip, to L_A^{-1} for L_A^{-T} paired with the
+    matching change in L_S, or to a permutation of the draws within a block; this one is not."""
+    # checks (noisy_kfac.2), (noisy_kfac.5), (noisy_kfac.6), (noisy_kfac.7)
+    rng = np.random.default_rng(5)
+    model = MLP([3, 4, 2], "tanh", "categorical")
+    state = _state_with_factors(model, rng)
+    N, eta, lam = 25, 0.5, 0.7
+    cfg = nk.NoisyKFACConfig(N, eta=eta, kl_weight=lam, gamma_ex=0.3, damping=damping)
+    eps = np.hstack([rng.standard_normal((model.D, 3)), np.eye(model.D)])
+    g_in = lam / (N * eta)  # (noisy_kfac.2); gamma_ex does not enter the sampler
+    by_hand, start = np.empty_like(eps), 0
+    for A, S in zip(state.A_ref, state.S_ref):
+        n_in, n_out = A.shape[0], S.shape[0]
+        stop = start + n_in * n_out
+        if damping == "factored":
+            pi = math.sqrt((np.trace(A) / n_in) / (np.trace(S) / n_out))  # (noisy_kfac.5)
+            L_A = np.linalg.cholesky(A + pi * math.sqrt(g_in) * np.eye(n_in))
+            L_S = np.linalg.cholesky(S + math.sqrt(g_in) / pi * np.eye(n_out))
+            for s in range(eps.shape[1]):
+                E = eps[start:stop, s].reshape(n_in, n_out)
+                Z = np.linalg.inv(L_A).T @ E @ np.linalg.inv(L_S)  # (noisy_kfac.7)
+                by_hand[start:stop, s] = state.mu[start:stop] + math.sqrt(lam / N) * Z.reshape(-1)
+        else:
+            w, Q = np.linalg.eigh(np.kron(A, S) + g_in * np.eye(n_in * n_out))  # (noisy_kfac.6)
+            root = (Q / np.sqrt(w)) @ Q.T
+            by_hand[start:stop] = state.mu[start:stop, None] \
+                + math.sqrt(lam / N) * (root @ eps[start:stop])  # (noisy_kfac.7)
+        start = stop
+    assert start == model.D
+    assert rel_err(nk.sample(state, eps, cfg, model), by_hand) < EXACT_F64
+    assert np.max(np.abs(by_hand - state.mu[:, None])) > 1e-2  # the perturbation is not negligible

@@ -386,3 +386,31 @@ def test_init_rejects_bad_factors():
         slang.init(np.zeros(D), np.zeros((D, 1)), -np.ones(D))
     with pytest.raises(ValueError, match=r"L \(columns of U\)"):
         slang.init(np.zeros(D), np.zeros((D, 0)), np.ones(D))
+
+
+@pytest.mark.parametrize("sampler", ["symmetric", "alg3"])
+def test_sample_draws_are_the_printed_map(sampler):
+    """Draw by draw, written out here with dense D x D algebra, V = d^{-1/2} U:
+    "symmetric" theta = mu + d^{-1/2} (I + V V^T)^{-1/2} eps (the symmetric root by eigh);
+    "alg3" theta = mu + d^{-1/2} W0^{-T} eps, W0 = I + V X V^T, X = A^{-T} (B - I) A^{-1},
+    A A^T = V^T V, B B^T = I + A^T A (lower Cholesky, explicit inverses). The covariance tests
+    above see only S S^T, which a sign flip of the perturbation, W0^{-1} in place of W0^{-T}
+    or d^{-1/2} applied on the other side leave unchanged (or nearly); this test does not."""
+    # checks (slang.2), (lowrank.8), (lowrank.12)
+    rng = np.random.default_rng(8)
+    state = slang.init(rng.standard_normal(D), rng.standard_normal((D, 3)),
+                       np.linspace(0.2, 5.0, D))
+    eps = np.hstack([rng.standard_normal((D, 3)), np.eye(D)])
+    V = state.U / np.sqrt(state.d)[:, None]
+    if sampler == "symmetric":
+        w, Q = np.linalg.eigh(np.eye(D) + V @ V.T)
+        root = (Q / np.sqrt(w)) @ Q.T  # (I + V V^T)^{-1/2}  (lowrank.8)
+    else:
+        A = np.linalg.cholesky(V.T @ V)
+        B = np.linalg.cholesky(np.eye(3) + A.T @ A)
+        A_inv = np.linalg.inv(A)
+        X = A_inv.T @ (B - np.eye(3)) @ A_inv
+        root = np.linalg.inv(np.eye(D) + V @ X @ V.T).T  # W0^{-T}  (lowrank.12)
+    by_hand = state.mu[:, None] + (root @ eps) / np.sqrt(state.d)[:, None]  # (slang.2)
+    assert_close(slang.sample(state, eps, sampler), by_hand, EXACT_F64, sampler)
+    assert np.max(np.abs(by_hand - state.mu[:, None])) > 1e-1  # the perturbation is not negligible

@@ -144,6 +144,67 @@ def test_erratum_blockwise_divisor_is_k_minus_1_before_the_buffer_fills():
         < EXACT_F64
 
 
+def _official_fullrank_transcribed(thetas, K, scale, z1, z2, var_clamp=1e-30):
+    """swag.py:148-178 (collect_model) then swag.py:96-139 (sample_fullrank, cov=True), on the
+    flat vector (flatten of the per-tensor buffers, :117-118, :125), written out:
+    mean = mean n/(n+1) + theta/(n+1) (:154-156), sq_mean likewise with theta^2 (:159-161),
+    append theta - mean (new mean) as a row (:168-169), drop row 0 when n + 1 > K (:172-173);
+    var = clamp(sq_mean - mean^2, var_clamp) (:120), var_sample = sqrt(var) z1 (:121),
+    cov_sample = C^T z2 / sqrt(max_num_models - 1) (:127-132), mean + sqrt(scale)
+    (var_sample + cov_sample) (:97, :134, :139). Returns the draws, C (K', D), mean and var."""
+    mean, sq_mean, rows = np.zeros(D), np.zeros(D), []
+    for n, th in enumerate(thetas):
+        mean = mean * n / (n + 1.0) + th / (n + 1.0)
+        sq_mean = sq_mean * n / (n + 1.0) + th ** 2 / (n + 1.0)
+        rows.append(th - mean)
+        if n + 1 > K:
+            rows.pop(0)
+    C = np.array(rows)
+    var = np.maximum(sq_mean - mean ** 2, var_clamp)
+    cov_sample = C.T @ z2 / (K - 1) ** 0.5
+    return mean[:, None] + scale ** 0.5 * (np.sqrt(var)[:, None] * z1 + cov_sample), C, mean, var
+
+
+@pytest.mark.parametrize("K, n", [(6, 3), (6, 5), (6, 6), (4, 9)])
+def test_official_divisor_conversion_for_n_below_and_above_K(K, n):
+    """F2 and the conventions table: the official sample_fullrank divides the low-rank draw by
+    sqrt(max_num_models - 1) also while n < K; refbayes by sqrt(K' - 1), K' = min(n, K). With
+    cfg = conventions.from_swa_gaussian(max_num_models=K, scale=...) and z2 scaled by
+    sqrt((K' - 1)/(K - 1)) refbayes' draws are the official draws, draw by draw, and the
+    converted covariance scale (Sigma_diag + (K' - 1)/(K - 1) Sigma_lr) is the official
+    scale (Sigma_diag + C^T C / (K - 1)). For n >= K the factor is 1 (no conversion)."""
+    # checks (swag.5), (swag.6), (swag.7)
+    from refbayes.conventions import swa_gaussian as cv
+    thetas = _snapshots(n, 10 * K + n)
+    Kp = min(n, K)
+    rng = np.random.default_rng(n)
+    Z1 = np.hstack([np.eye(D), np.zeros((D, Kp)), rng.standard_normal((D, 3))])
+    Z2 = np.hstack([np.zeros((Kp, D)), np.eye(Kp), rng.standard_normal((Kp, 3))])
+    for scale in (0.5, 1.0):
+        cfg = cv.from_swa_gaussian(max_num_models=K, scale=scale)
+        state = swag.init(thetas[0], cfg)
+        for th in thetas:
+            state, _ = swag.collect(state, th, cfg)
+        official, C, mean, var_off = _official_fullrank_transcribed(thetas, K, scale, Z1, Z2)
+        assert C.shape == (Kp, D) and rel_err(C.T, swag.deviations(state)) < EXACT_F64
+        factor = (Kp - 1) / (K - 1)                       # the conversion, 1 once n >= K
+        ours = swag.sample(state, Z1, Z2 * math.sqrt(factor), cfg)
+        assert rel_err(ours, official) < EXACT_F64
+        A = official[:, :D + Kp] - mean[:, None]                      # the linear map, (D, D + K')
+        official_cov = scale * (np.diag(var_off) + C.T @ C / (K - 1))
+        assert rel_err(A @ A.T, official_cov) < EXACT_F64
+        var = swag.diag_variance(state, cfg)
+        lr = swag.dense_covariance(state, cfg) - scale * np.diag(var)  # scale Sigma_lr, (swag.5)
+        converted = scale * np.diag(var) + factor * lr
+        assert rel_err(converted, official_cov) < EXACT_F64
+        unconverted = swag.sample(state, Z1, Z2, cfg)
+        if n < K:  # without the conversion the draws and the covariance differ
+            assert rel_err(unconverted, official) > 1e-3
+            assert rel_err(swag.dense_covariance(state, cfg), official_cov) > 1e-3
+        else:
+            assert factor == 1.0 and rel_err(unconverted, official) < EXACT_F64
+
+
 def _official_logprob_transcribed(x, mean, sq_mean, C, *, block):
     """swag.py:223-279 (generate_mean_var_covar, compute_ll_for_block, block_logll /
     full_logll), exact (gpytorch's Cholesky path, D <= 800): var = sq_mean - mean^2 unclamped

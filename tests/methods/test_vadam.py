@@ -368,3 +368,16 @@ def test_reduced_vadam_is_the_library_vogn_step(S):
         assert_close(ainfo.theta, oinfo.theta, EXACT_F64, f"draws, step {t}")
         assert_close(va.s, vo.s, EXACT_F64, f"s, step {t}")
         assert_close(va.mu, vo.mu, EXACT_F64, f"mu, step {t}")
+
+
+def test_sample_draws_are_the_printed_map():
+    """Draw by draw, written out here: theta_s = mu + eps_s / sqrt(N s + lam), the RAW s. The
+    covariance check above sees only R R^T, blind to a sign flip of the perturbation; this
+    test is not."""
+    # checks (vadam.3)
+    state = _start()
+    cfg = vadam.VadamConfig(N, LAM)
+    eps = np.hstack([np.random.default_rng(7).standard_normal((D, 3)), np.eye(D)])
+    by_hand = state.mu[:, None] + eps / np.sqrt(N * state.s + LAM)[:, None]  # (vadam.3)
+    assert_close(vadam.sample(state, eps, cfg), by_hand, EXACT_F64, "draws")
+    assert np.max(np.abs(by_hand - state.mu[:, None])) > 1e-2  # the perturbation is not negligible

@@ -560,3 +560,20 @@ def test_ivon_step_is_the_printed_equations_by_hand(hess_approx):
         assert_close(state.h, h, EXACT_F64, f"h, step {t}")
         assert_close(state.mu, mu, EXACT_F64, f"mu, step {t}")
     assert any(bound) and not all(bound), "the clip radius must bind in some coordinates only"
+
+
+def test_sample_draws_are_the_printed_map():
+    """Draw by draw, written out here: theta_k = mu + sigma * eps_k with sigma = (tau / (N_eff
+    (s + delta~ + gamma)))^{1/2}, N_eff = rho N, delta~ = tau delta / N_eff. The covariance check
+    above sees only R R^T, blind to a sign flip of the perturbation; this test is not."""
+    # checks (vogn.2), (vogn.4)
+    D = 5
+    state = _start(D)
+    cfg = vogn.VOGNConfig(N, 0.8, tau=0.5, rho=2.0, gamma=0.1)
+    eps = np.hstack([np.random.default_rng(7).standard_normal((D, 3)), np.eye(D)])
+    N_eff = 2.0 * N  # (vogn.2)
+    delta_tilde = 0.5 * 0.8 / N_eff  # (vogn.2)
+    sigma = np.sqrt(0.5 / (N_eff * (state.s + delta_tilde + 0.1)))  # (vogn.4)
+    by_hand = state.mu[:, None] + sigma[:, None] * eps  # (vogn.4)
+    assert_close(vogn.sample(state, eps, cfg), by_hand, EXACT_F64, "draws")
+    assert np.max(np.abs(by_hand - state.mu[:, None])) > 1e-2  # the perturbation is not negligible
