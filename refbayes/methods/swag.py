@@ -449,7 +449,7 @@ def init(theta, cfg: SWAGConfig) -> SWAGState:
 
 def collect(state: SWAGState, theta, cfg: SWAGConfig, *,
             inplace: bool = False) -> tuple[SWAGState, SWAGInfo]:
-    """Add one snapshot theta_n to the SWAG moments (the official ``collect_model``).
+    """Add one snapshot theta_n to the SWAG moments (the official ``collect_model``, to an ulp).
 
     theta_bar_n = theta_bar (n - 1)/n + theta_n / n (swag.1), the same for the squares (swag.2),
     and the deviation theta_n - theta_bar_n into the ring buffer, overwriting the oldest row

@@ -499,3 +499,34 @@ def test_sample_draws_are_the_printed_map():
     by_hand = state.mu[:, None] + sigma[:, None] * eps  # (ktied.2)
     assert_close(ktied.sample(state, eps, model), by_hand, EXACT_F64, "draws")
     assert np.max(np.abs(by_hand - state.mu[:, None])) > 1e-2  # the perturbation is not negligible
+
+
+def test_a_layers_snr_figure_is_the_median_with_the_mean_beside():
+    """(ktied.15): a layer's SNR is summarised by the MEDIAN of ktied.snr over its parameters,
+    the mean beside it (both over the finite values; a deterministic gradient's inf is not
+    counted), as the experiment's snr.csv and report table print it ("median (mean)"). Fed
+    gradients with known per-parameter SNRs, through the experiment's own summary."""
+    # checks (ktied.15)
+    from types import SimpleNamespace
+
+    from refbayes.experiments import ktied as experiment
+    R, M = 6, 2
+    g = np.random.default_rng(15).standard_normal((R, 5))
+    g[:, 3] += 40.0          # one near-deterministic parameter: a huge SNR drags the mean
+    g[:, 4] = 1.5            # a deterministic one: SNR inf, not counted
+    queue = list(g)
+
+    def step(state, batch, eps):
+        row = queue.pop(0)
+        return None, SimpleNamespace(grad_rho=row, grad_mu=row[:2])
+
+    method = SimpleNamespace(step=step, scale_slices=[slice(0, 5)], mean_slices=[slice(0, 2)])
+    data = SimpleNamespace(train=(np.zeros((4, 1)), np.zeros(4)))
+    state = SimpleNamespace(mu=np.zeros(2))
+    rows = experiment._snr(method, state, data, seed=0, t=1, R=R, M=M)
+    scale = next(r for r in rows if r["kind"] == "scale")
+    snr = ktied.snr(g)
+    finite = snr[np.isfinite(snr)]
+    assert np.isinf(snr[4]) and scale["n"] == 5 and scale["n_finite"] == 4
+    assert scale["median"] == float(np.median(finite)) and scale["mean"] == float(np.mean(finite))
+    assert scale["mean"] > 10 * scale["median"]  # the two summaries are not interchangeable

@@ -422,3 +422,67 @@ def test_sample_draws_are_the_printed_map(damping):
     assert start == model.D
     assert rel_err(nk.sample(state, eps, cfg, model), by_hand) < EXACT_F64
     assert np.max(np.abs(by_hand - state.mu[:, None])) > 1e-2  # the perturbation is not negligible
+
+
+def test_factored_pi_divides_by_the_bias_augmented_dimension():
+    """(noisy_kfac.12): pi = sqrt((tr A_ref / (n_in + 1)) / (tr S_ref / n_out)) for a layer with a
+    bias, A_ref being (n_in + 1) square (notation.md: n_in counts the inputs, A_l the bias row
+    too). One linear layer, n_in = 2, n_out = 3: the sampler's covariance (lambda / N)
+    (A + pi d I)^{-1} kron (S + d / pi I)^{-1} and K-FAC's preconditioned gradient
+    (A + pi r I)^{-1} V (S + r / pi I)^{-1} of the code equal those with the divisor n_in + 1 = 3
+    and differ from those with n_in = 2 (the note's earlier tr A_ref / n_in)."""
+    # checks (noisy_kfac.12)
+    rng = np.random.default_rng(12)
+    model = MLP([2, 3], "tanh", "gaussian")
+    n_in, n_out = 2, 3
+    state = _state_with_factors(model, rng)
+    A, S = state.A_ref[0], state.S_ref[0]
+    assert A.shape == (n_in + 1, n_in + 1) and S.shape == (n_out, n_out)
+    N, eta, lam, g_ex = 10, 0.05, 0.7, 0.2
+    cfg = nk.NoisyKFACConfig(N, eta=eta, kl_weight=lam, gamma_ex=g_ex, alpha=1.0, momentum=0.0,
+                             damping="factored")
+    g_in = lam / (N * eta)
+    X, y = rng.standard_normal((5, n_in)), rng.standard_normal((5, n_out))
+    _, info = nk.step(state, Batch(X, y), None, cfg, model)  # K-FAC: w = mu, P the solve of V
+
+    def by_hand(divisor):
+        pi = math.sqrt((np.trace(A) / divisor) / (np.trace(S) / n_out))
+        d, r = math.sqrt(g_in), math.sqrt(g_in + g_ex)
+        cov = lam / N * np.kron(np.linalg.inv(A + pi * d * np.eye(n_in + 1)),
+                                np.linalg.inv(S + d / pi * np.eye(n_out)))
+        V = info.V.reshape(n_in + 1, n_out)
+        P = np.linalg.solve(A + pi * r * np.eye(n_in + 1), V) @ np.linalg.inv(S + r / pi * np.eye(n_out))
+        return cov, P.reshape(-1)
+
+    cov, P = by_hand(n_in + 1)
+    assert rel_err(nk.dense_covariance(state, cfg, model), cov) < EXACT_F64
+    assert rel_err(info.P, P) < EXACT_F64
+    cov_n, P_n = by_hand(n_in)
+    assert rel_err(nk.dense_covariance(state, cfg, model), cov_n) > 1e-3
+    assert rel_err(info.P, P_n) > 1e-3
+
+
+def test_v_is_the_negated_ascent_form_averaged_over_the_draws():
+    """(noisy_kfac.8) with S draws: V = (1 / S) sum_s V_s, V_s = (1/M) sum_i grad l_i(w_s)
+    + gamma_in w_s; Zhang et al.'s Algorithm 2 prints the ascent form V_l^paper = D_{W_l} log p
+    - gamma_in W_l (and M_l <- M_l + alpha ...), so V = -(1/S) sum_s V_s^paper and the mean
+    moves by +alpha times the preconditioned ascent direction. Written out from model.grad (the
+    SUMMED negative log-likelihood) at the step's own draws info.w; the one-draw V_1 is not V."""
+    # checks (noisy_kfac.8), (noisy_kfac.11)
+    rng = np.random.default_rng(8)
+    model = MLP([3, 4, 2], "tanh", "categorical")
+    state = _state_with_factors(model, rng)
+    N, eta, lam, S = 30, 0.5, 0.7, 3
+    cfg = nk.NoisyKFACConfig(N, eta=eta, kl_weight=lam, alpha=0.1, momentum=0.0)
+    g_in = lam / (N * eta)
+    X, y = rng.standard_normal((6, 3)), rng.integers(0, 2, 6)
+    M = X.shape[0]
+    eps = rng.standard_normal((model.D, S))
+    new, info = nk.step(state, Batch(X, y), eps, cfg, model)
+    assert rel_err(info.w, nk.sample(state, eps, cfg, model)) < EXACT_F64
+    ascent = [-model.grad(info.w[:, s], X, y) / M - g_in * info.w[:, s] for s in range(S)]
+    V = -np.mean(ascent, axis=0)
+    assert rel_err(info.V, V) < EXACT_F64
+    assert rel_err(info.V, -ascent[0]) > 1e-3  # one draw's V is not the step's
+    # momentum 0 from m = 0: M <- M - alpha P, i.e. + alpha times the solve of the ascent form
+    assert not np.any(state.m) and rel_err(new.mu, state.mu - cfg.alpha * info.P) < EXACT_F64
