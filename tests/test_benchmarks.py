@@ -3,6 +3,7 @@ import importlib
 import inspect
 import itertools
 import pkgutil
+import re
 import sys
 from pathlib import Path
 
@@ -71,3 +72,59 @@ def test_benchmark_runs_once(cls):
     if ran == 0 and skipped and all("REFBAYES_DATA" in r for r in skipped):
         pytest.skip(f"{cls.__name__}: {skipped[0]}")  # data benchmarks, as the data tests do
     assert ran > 0, f"{cls.__name__}: every combination was skipped"
+
+
+_THREAD_VARS = ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS")
+_PIN_PROBE = """
+import json
+{pre}
+import benchmarks
+from benchmarks import bench_lowrank
+bench = bench_lowrank.LowRank()
+bench.setup("numpy", 100, 1)  # a benchmark's setup has run: its pools are loaded
+print(json.dumps(benchmarks.pin_report()))  # the pools loaded now, the variables now
+"""
+
+
+@pytest.mark.parametrize("numpy_first", [False, True], ids=["as-asv-runs-them", "numpy-first"])
+def test_thread_pin_in_a_fresh_benchmark_process(numpy_first):
+    """asv runs benchmarks in processes of its own that import the benchmarks package (its
+    __init__, the pin) before any benchmark module: there every BLAS / OpenMP pool has one thread
+    though the caller set no thread variable (the pin sets them before NumPy loads), and so it
+    does where NumPy was loaded first (threadpoolctl's limit alone; the environment untouched)."""
+    import json
+    import os
+    import subprocess
+    env = {k: v for k, v in os.environ.items()  # the caller sets no thread variable
+           if not k.endswith(("_NUM_THREADS", "_MAXIMUM_THREADS"))
+           and k != "REFBAYES_BENCH_THREADS"}
+    code = _PIN_PROBE.format(pre="import numpy" if numpy_first else "")
+    run = subprocess.run([sys.executable, "-c", code], cwd=BENCH_ROOT, env=env,
+                         capture_output=True, text=True, timeout=120, check=False)
+    assert run.returncode == 0, run.stderr
+    out = json.loads(run.stdout.strip().splitlines()[-1])
+    assert out["numpy_before_pin"] is numpy_first
+    assert out["threads"] == 1
+    # NumPy's BLAS and SciPy's own are both loaded, and every pool has one thread
+    assert {"numpy", "scipy"} <= {k for _, path, _ in out["pools"] for k in ("numpy", "scipy")
+                                  if f"{k}.libs" in path or f"/{k}/" in path}, out["pools"]
+    assert all(n == 1 for _, _, n in out["pools"]), out["pools"]
+    for var in _THREAD_VARS:
+        assert out["env"][var] == (None if numpy_first else "1"), out["env"]
+
+
+def test_every_benchmark_module_is_in_the_pinned_package():
+    """The pin lives in benchmarks/__init__.py, which Python runs before any module of the
+    package: every benchmark file must sit in that package (no second benchmark folder, no
+    module that resets the thread variables or limits)."""
+    bench_dir = BENCH_ROOT / "benchmarks"
+    assert (bench_dir / "__init__.py").is_file()
+    assert not [p for p in BENCH_ROOT.rglob("*.py") if p.parent != bench_dir]
+    modules = {n.split(".")[0] for n, _ in CASES}
+    assert modules == {p.stem for p in bench_dir.glob("bench_*.py")}
+    for path in bench_dir.glob("*.py"):
+        if path.name == "__init__.py":
+            continue
+        text = path.read_text(encoding="utf-8")
+        found = re.findall(r"os\.environ\b|putenv|threadpool_limits|thread_limit\(", text)
+        assert not found, f"{path.name}: {found}: the thread pin is benchmarks/__init__.py's"
