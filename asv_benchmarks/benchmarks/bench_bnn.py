@@ -1,6 +1,7 @@
 """One step of each Bayesian-neural-network method of issue 4 on a 50-unit MLP with kin8nm-sized
 inputs (8 features, one output, D = 8*50 + 50 + 50 + 1 = 501), M in {32, 128}, S (the papers' K)
-in {1, 10}; and one epoch of VOGN on kin8nm itself.
+in {1, 10}; and one epoch of VOGN on kin8nm itself. Beside them, VOGNMnistStep: VOGN ("ef",
+"ggn") at S in {1, 3, 10, 30} and Adam on the MNIST MLP [784, 100, 10], M = 128 (issue 37).
 
 Issue target: a VOGN step costs at most 3x an Adam step on the same network and batch,
 per-example gradients included, and the per-example path is numba / vectorized (never the
@@ -163,6 +164,61 @@ class VOGNEpoch:
             epochs=1, M=M, S=1)
 
 
+# ----------------------------------------------------------------------------- the MNIST MLP
+
+MNIST_SIZES = [784, 100, 10]
+MNIST_N = 60000   # MNIST training rows
+MNIST_M = 128
+MNIST_S = [1, 3, 10, 30]
+
+
+def mnist_model():
+    return MLP(MNIST_SIZES, "relu", "categorical")
+
+
+@functools.cache
+def _mnist_host(M):
+    """(X (M, 784) standard normal, y (M,) labels in 0..9, Glorot theta), seed 0."""
+    rng = np.random.default_rng(0)
+    return (rng.standard_normal((M, MNIST_SIZES[0])), rng.integers(0, MNIST_SIZES[-1], M),
+            mnist_model().init_theta(np.random.default_rng(0)))
+
+
+def mnist_case(xp, method, S, M=MNIST_M):
+    """One step of "adam", "vogn-ef" or "vogn-ggn" on the MNIST MLP [784, 100, 10] (D = 79510),
+    float64, N = 60000, a Glorot theta, the VOGN state at N s = 1e4 and t = 10 (as the tiny net's)."""
+    net = mnist_model()
+    X, y, theta = (xp.asarray(a) for a in _mnist_host(M))
+    batch = Batch(X, y)
+    if method == "adam":
+        st, cfg = adam.init(theta)._replace(t=T), adam.AdamConfig()
+        return lambda: adam.step(st, batch, cfg, net, MNIST_N, LAM)
+    st = vogn.init(theta, xp.full(net.D, 1e4 / MNIST_N))._replace(t=T)
+    cfg = vogn.VOGNConfig(MNIST_N, LAM, curvature=method[5:])
+    eps = xp.asarray(np.random.default_rng(1).standard_normal((net.D, S)))
+    return lambda: vogn.step(st, batch, eps, cfg, net)
+
+
+class VOGNMnistStep:
+    """One VOGN step ("ef", "ggn") at S in {1, 3, 10, 30} beside one Adam step on the MNIST MLP
+    [784, 100, 10], M = 128 (issue 37 item 3): the ratio to "adam" is the figure, S = 1 at most
+    1.3x Adam for "ef", and S draws at most S times the S = 1 step."""
+    params = (BACKENDS, ["adam", "vogn-ef", "vogn-ggn"], MNIST_S)
+    param_names = ["backend", "method", "S"]
+
+    def setup(self, name, method, S):
+        if method == "adam" and S > 1:
+            raise NotImplementedError("adam draws no Gaussian samples: S does not apply")
+        self.xp = backend(name)
+        self.run = mnist_case(self.xp, method, S)
+        self.run()
+        sync(self.xp)
+
+    def time_step(self, name, method, S):
+        self.run()
+        sync(self.xp)
+
+
 # ----------------------------------------------------------------------------- without asv
 
 def main():
@@ -185,6 +241,19 @@ def main():
         c, d = checked[key], driven[key]
         print(f"{m:<14} {M:>4} {S:>3} {1e3 * c:10.3f} {c / checked['adam', M, 1]:7.2f} "
               f"{1e3 * d:10.3f} {d / driven['adam', M, 1]:7.2f}")
+    mnist = {(m, S): mnist_case(np, m, S) for m in ("adam", "vogn-ef", "vogn-ggn")
+             for S in MNIST_S if not (m == "adam" and S > 1)}
+    checked = interleaved_medians(mnist, rounds=9, min_time=0.05)
+    with refbayes.unchecked():
+        driven = interleaved_medians(mnist, rounds=9, min_time=0.05)
+    print(f"\nMNIST MLP {MNIST_SIZES}, M = {MNIST_M}: x adam, and x (S times the S = 1 step)")
+    print(f"{'method':<14} {'S':>3} {'checked ms':>10} {'x adam':>7} {'x S*S1':>7} {'driven ms':>10} "
+          f"{'x adam':>7} {'x S*S1':>7}")
+    for (m, S), c in mnist.items():
+        c, d = checked[m, S], driven[m, S]
+        print(f"{m:<14} {S:>3} {1e3 * c:10.3f} {c / checked['adam', 1]:7.2f} "
+              f"{c / (S * checked[m, 1]):7.2f} {1e3 * d:10.3f} {d / driven['adam', 1]:7.2f} "
+              f"{d / (S * driven[m, 1]):7.2f}")
 
 
 if __name__ == "__main__":

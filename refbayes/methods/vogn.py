@@ -99,6 +99,7 @@ from refbayes.methods._estimates import (
     check_N,
     check_t,
 )
+from refbayes.models._curvature import _sample_moments_trusted
 
 __all__ = [
     "CURVATURES",
@@ -265,20 +266,38 @@ def _check_eps(eps, D: int, dtype):
 # ----------------------------------------------------------------------------- the Gaussian
 
 def _sigma(s, c: _Cfg):
-    """sigma = (tau / (N_eff (s + delta~ + gamma)))^{1/2}.  (vogn.4)"""
-    return xp_of(s).sqrt(c.tau / (c.N_eff * (s + c.delta_tilde + c.gamma)))  # (vogn.4)
+    """sigma = (tau / (N_eff (s + delta~ + gamma)))^{1/2}.  (vogn.4)
+
+    In place on one fresh array: the same operations in the same order as the expression.
+    """
+    xp = xp_of(s)
+    out = _denominator(s, c)
+    xp.multiply(c.N_eff, out, out=out)
+    xp.divide(c.tau, out, out=out)
+    return xp.sqrt(out, out=out)  # (vogn.4)
+
+
+def _denominator(s, c: _Cfg):
+    """s + delta~ + gamma, a fresh array: the denominator of (vogn.4) and (vogn.9)."""
+    out = s + c.delta_tilde
+    out += c.gamma
+    return out
 
 
 def _prec(s, c: _Cfg):
     """prec_diag = (N_eff / tau)(s + delta~ + gamma) = 1 / sigma^2.  (vogn.4)"""
-    return (c.N_eff / c.tau) * (s + c.delta_tilde + c.gamma)  # (vogn.4)
+    out = _denominator(s, c)
+    return xp_of(s).multiply(out, c.N_eff / c.tau, out=out)  # (vogn.4)
 
 
 def _draws(mu, sigma, eps):
     """theta (D, S) = mu + sigma * eps; mu as one column for eps=None (OGN).  (vogn.4), (vogn.10)"""
     if eps is None:
         return mu[:, None]  # (vogn.10)
-    return mu[:, None] + sigma[:, None] * eps  # (vogn.4)
+    # formed as rows (S, D) and returned transposed: the model's (S, D) input without a copy
+    out = sigma * eps.T
+    out += mu
+    return out.T  # (vogn.4)
 
 
 def init(mu, s) -> VOGNState:
@@ -409,8 +428,12 @@ def _per_sample(model, theta, X, y, curvature: str):
     per-example gradients without forming the (M, D) rows (peg.11), "ggn" the diagonal GGN
     (peg.9)-(peg.10); both sums over the rows, divided by M here.
     """
-    g, h = model.sample_moments(xp_of(theta).ascontiguousarray(theta.T), X, y, curvature)
-    return g / X.shape[0], h / X.shape[0]  # (vogn.5)
+    xp = xp_of(theta)
+    # the draws come from the step's checked mu, s, eps and X from check_batch: only y is checked
+    g, h = _sample_moments_trusted(model, xp.ascontiguousarray(theta.T), X, y, curvature)
+    g /= X.shape[0]  # (vogn.5), in place: g and h are the pass's own fresh arrays
+    h /= X.shape[0]  # (vogn.5)
+    return g, h
 
 
 def _local(state, batch, eps, cfg, model):
@@ -519,18 +542,41 @@ def _reduce(estimates) -> Estimates:
     return Estimates(g_hat, h_hat, M)
 
 
+def _one_worker(a_k):
+    """(vogn.5)-(vogn.6) for one worker: the mean over the S draws of a_k (S, D), plus the
+    reduction's 0.0 + (M / M) * mean, in place (x * 1.0 = x, so only 0.0 + x is left: it turns
+    -0.0 into +0.0); equal to ``_reduce([Estimates(a_k.mean(axis=0), ...)])`` bit for bit."""
+    if a_k.shape[0] == 1:  # S = 1: the mean is a_k[0] exactly (one term, divided by 1)
+        return a_k[0] + 0.0  # (vogn.5), (vogn.6)
+    out = a_k.mean(axis=0)  # (vogn.5)
+    out += 0.0  # (vogn.6)
+    return out
+
+
 def _update(state, g_hat, h_hat, c: _Cfg, sigma):
     """(vogn.7)-(vogn.9) from the reduced estimates; returns (new state, info without draws)."""
     xp = xp_of(state.mu)
     mu, s = state.mu, state.s
+    # Each line's operations in the printed order, written in place into fresh arrays (the
+    # results are the expressions' bit for bit): tmp holds delta~ mu + ghat, then beta2 hhat,
+    # then s_{t+1} + delta~ + gamma, which is also prec_diag's factor (vogn.4).
     # NOTE: printed (ghat + delta mu), full delta: the mean settles under an N-times prior (E-vogn.2)
-    m = c.beta1 * state.m + (g_hat + c.delta_tilde * mu)                   # (vogn.7)
-    s_new = (1 - c.beta2) * s + c.beta2 * h_hat                            # (vogn.8)  NOTE: printed (1 - tau beta2) s, E-vogn.1
-    Delta_mu = c.alpha * m / (s_new + c.delta_tilde + c.gamma)            # (vogn.9)
+    tmp = xp.multiply(c.delta_tilde, mu)
+    tmp += g_hat
+    m = xp.multiply(c.beta1, state.m)
+    m += tmp                                                               # (vogn.7)
+    xp.multiply(c.beta2, h_hat, out=tmp)
+    s_new = xp.multiply(1 - c.beta2, s)
+    s_new += tmp                                                           # (vogn.8)  NOTE: printed (1 - tau beta2) s, E-vogn.1
+    xp.add(s_new, c.delta_tilde, out=tmp)
+    tmp += c.gamma
+    Delta_mu = xp.multiply(c.alpha, m)
+    Delta_mu /= tmp                                                        # (vogn.9)
     mu_new = mu - Delta_mu                                                 # (vogn.9)
+    prec = xp.multiply(tmp, c.N_eff / c.tau, out=tmp)                      # (vogn.4), as _prec(s_new, c)
     empty = xp.zeros((0, mu.shape[0]), dtype=mu.dtype)
     info = VOGNInfo(c.N_eff, c.delta_tilde, sigma, empty.T, empty, empty, g_hat, h_hat, m, s_new,
-                    _prec(s_new, c), Delta_mu, mu_new)
+                    prec, Delta_mu, mu_new)
     return VOGNState(mu_new, s_new, m, state.t + 1), info
 
 
@@ -613,7 +659,7 @@ def step(state: VOGNState, batch, eps, cfg: VOGNConfig, model) -> tuple[VOGNStat
     ValueError
         As ``local_estimates``: if state, cfg, model, batch or eps is invalid.
     """
-    c, sigma, theta, g_k, h_k, M = _local(state, batch, eps, cfg, model)  # (vogn.2)-(vogn.5)
-    g_hat, h_hat, _ = _reduce([Estimates(g_k.mean(axis=0), h_k.mean(axis=0), M)])  # (vogn.5), (vogn.6)
+    c, sigma, theta, g_k, h_k, _ = _local(state, batch, eps, cfg, model)  # (vogn.2)-(vogn.5)
+    g_hat, h_hat = _one_worker(g_k), _one_worker(h_k)                     # (vogn.5), (vogn.6)
     new, info = _update(state, g_hat, h_hat, c, sigma)                     # (vogn.7)-(vogn.9)
     return new, info._replace(theta=theta, g_k=g_k, h_k=h_k)

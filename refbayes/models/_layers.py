@@ -297,7 +297,37 @@ def backward_batched(xp, params, acts, seed, activation):
 
 
 def _blocks_batched(xp, acts, e, bias, square):
-    """(S, D) rows: per layer sum_i a_i (x) e_i (square=False) or sum_i a_i^2 (x) e_i, then 1^T e."""
+    """(S, D) rows: per layer sum_i a_i (x) e_i (square=False) or sum_i a_i^2 (x) e_i, then 1^T e.
+
+    On NumPy each block's product is written into its slice of one preallocated (S, D) output
+    (the same products as separate blocks concatenated, bit for bit, without the blocks' fresh
+    memory and the copy); other backends (CuPy: matmul into a strided slice untested there)
+    concatenate the blocks.
+    """
+    S, M = e[0].shape[:2]
+    if getattr(xp, "__name__", "") != "numpy":
+        return _blocks_concatenated(xp, acts, e, bias, square)
+    D = sum((a.shape[-1] + bias) * el.shape[-1] for a, el in zip(acts, e))
+    out = xp.empty((S, D), dtype=e[0].dtype)
+    ones = xp.ones(M, dtype=e[0].dtype)
+    off = 0
+    for a, el in zip(acts, e):
+        n_in, n_out = a.shape[-1], el.shape[-1]
+        a = a * a if square else a
+        block = out[:, off:off + n_in * n_out].reshape(S, n_in, n_out)
+        if not xp.may_share_memory(block, out):  # splitting the unit-stride last axis must give a view
+            raise RuntimeError("_blocks_batched: reshape returned a copy; results would be lost")
+        xp.matmul(xp.swapaxes(a, -1, -2), el, out=block)  # (peg.6) / (peg.10)
+        off += n_in * n_out
+        if bias:
+            # 1^T e as a product: 3-4x faster than a sum over the middle axis of (S, M, n)
+            xp.matmul(ones, el, out=out[:, off:off + n_out])  # (peg.6) / (peg.10): the bias block
+            off += n_out
+    return out
+
+
+def _blocks_concatenated(xp, acts, e, bias, square):
+    """``_blocks_batched`` as separate blocks, concatenated (the non-NumPy backends)."""
     S, M = e[0].shape[:2]
     ones = xp.ones(M, dtype=e[0].dtype)
     blocks = []
