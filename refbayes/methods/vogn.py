@@ -99,7 +99,6 @@ from refbayes.methods._estimates import (
     check_N,
     check_t,
 )
-from refbayes.models._curvature import _sample_moments_trusted
 
 __all__ = [
     "CURVATURES",
@@ -430,7 +429,7 @@ def _per_sample(model, theta, X, y, curvature: str):
     """
     xp = xp_of(theta)
     # the draws come from the step's checked mu, s, eps and X from check_batch: only y is checked
-    g, h = _sample_moments_trusted(model, xp.ascontiguousarray(theta.T), X, y, curvature)
+    g, h = model._sample_moments_trusted(xp.ascontiguousarray(theta.T), X, y, curvature)
     g /= X.shape[0]  # (vogn.5), in place: g and h are the pass's own fresh arrays
     h /= X.shape[0]  # (vogn.5)
     return g, h

@@ -392,12 +392,12 @@ def sample_moments(self, thetas, X, y, curvature=None):
     return _moments(self, xp, thetas, X, y, S, curvature)
 
 
-def _sample_moments_trusted(model, thetas, X, y, curvature):
+def _sample_moments_trusted(self, thetas, X, y, curvature):
     """``sample_moments`` for a caller that built thetas (S, D) itself from checked arrays and has
     checked X (finite, (M, n_in), thetas' dtype) and curvature: only the targets are checked (and
     put in the likelihood's form), not the thetas and X again.  (peg.6), (peg.9)-(peg.11)"""
-    y = model.likelihood.check_targets(y, X.shape[0], model.sizes[-1], thetas.dtype)
-    return _moments(model, xp_of(thetas, X, y), thetas, X, y, thetas.shape[0], curvature)
+    y = self.likelihood.check_targets(y, X.shape[0], self.sizes[-1], thetas.dtype)
+    return _moments(self, xp_of(thetas, X, y), thetas, X, y, thetas.shape[0], curvature)
 
 
 def _moments(self, xp, thetas, X, y, S, curvature):

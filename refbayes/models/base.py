@@ -602,6 +602,7 @@ class FlatModel:
     diag_ggn = _curvature.diag_ggn
     diag_ef = _curvature.diag_ef
     sample_moments = _curvature.sample_moments
+    _sample_moments_trusted = _curvature._sample_moments_trusted  # the VOGN step's checked path
     _hessian_sum = _curvature._hessian_sum
 
     # ---- K-FAC: methods defined in refbayes/models/_kfac.py ----------------------------------
