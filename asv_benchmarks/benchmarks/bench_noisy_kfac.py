@@ -8,6 +8,8 @@ Kronecker-factored solves of refbayes.linalg.kron against a dense solve (issue 1
   more backward pass), T_inv in {1, 20}, T_stats in {1, 20} (T_stats > T_inv skipped); and
   ``adam.step`` (refbayes.methods.adam, the MAP / Adam step: one summed backprop pass) of the same
   net and batch as the reference. Issue target: <= 3x Adam per step at T_inv = 20.
+- KFACStep: the same with eps = None (K-FAC: the gradient at the mean, curvature "ggn", the
+  solve's operators only), T_inv in {1, 20}, T_stats in {1, 20} (issue 37, item 2).
   Inputs (fixed seeds): X (128, 50) standard normal, labels uniform in 0..9 (seed 0); mu from
   ``model.init_theta`` (seed 0); factors from three warm-up steps at beta = 1 (so A, S, A_ref,
   S_ref are the statistics of a real batch at a draw, not the identity of ``init``), then t reset
@@ -196,6 +198,33 @@ class NoisyKFACStep:
 
     def track_ratio(self, name, width, T_inv, T_stats, curvature):
         """Median Noisy K-FAC step / median Adam step, interleaved cycles."""
+        t_nk, t_adam = self.per_step_ms(repeat=3)
+        return float(np.median(t_nk) / np.median(t_adam))
+
+    track_ratio.unit = "x Adam step"
+
+
+class KFACStep(NoisyKFACStep):
+    """K-FAC (``noisy_kfac.step`` with eps = None: the gradient at the mean, no draw, the
+    solve's operators only), curvature "ggn", T_inv consecutive steps vs T_inv Adam steps
+    (issue 37, item 2); same net, batch, warm factors and timing as NoisyKFACStep."""
+    params = (BACKENDS, WIDTHS, T_INVS, T_STATS)
+    param_names = ["backend", "width", "T_inv", "T_stats"]
+
+    def setup(self, name, width, T_inv, T_stats):
+        super().setup(name, width, T_inv, T_stats, "ggn")
+        self.state = nk.refresh(self.state, self.cfg, self.net, sampler=False)
+        self.eps = [None] * T_inv
+        self.noisy_kfac_cycle()
+
+    def time_noisy_kfac_cycle(self, name, width, T_inv, T_stats):
+        self.noisy_kfac_cycle()
+
+    def time_adam_cycle(self, name, width, T_inv, T_stats):
+        self.adam_cycle()
+
+    def track_ratio(self, name, width, T_inv, T_stats):
+        """Median K-FAC step / median Adam step, interleaved cycles."""
         t_nk, t_adam = self.per_step_ms(repeat=3)
         return float(np.median(t_nk) / np.median(t_adam))
 
@@ -397,6 +426,16 @@ def main(profile=False):
                 case = f"{curvature} T_inv={T_inv} T_stats={T_stats}"
                 print(f"{case:<28} {med_nk:19.2f} {med_adam:13.2f} {med_nk / med_adam:6.2f}   "
                       f"{min_nk:7.2f} {min_adam:8.2f} {min_nk / min_adam:6.2f}", flush=True)
+    for T_inv in T_INVS:
+        for T_stats in (t for t in T_STATS if t <= T_inv):
+            b = KFACStep()
+            b.setup("numpy", WIDTH, T_inv, T_stats)
+            t_nk, t_adam = b.per_step_ms(repeat=9 if T_inv > 1 else 61)
+            med_nk, med_adam = np.median(t_nk), np.median(t_adam)
+            min_nk, min_adam = np.min(t_nk), np.min(t_adam)
+            case = f"kfac ggn T_inv={T_inv} T_stats={T_stats}"
+            print(f"{case:<28} {med_nk:19.2f} {med_adam:13.2f} {med_nk / med_adam:6.2f}   "
+                  f"{min_nk:7.2f} {min_adam:8.2f} {min_nk / min_adam:6.2f}", flush=True)
 
     print("\nKronecker solve vs dense numpy.linalg.solve (dense only for D <= "
           f"{DENSE_MAX_D['numpy']})")

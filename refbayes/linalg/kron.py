@@ -130,7 +130,9 @@ def _tri_left(L, X, *, trans):
     """L^{-1} X (trans False) or L^{-T} X (trans True) for a stack X (B, n, m), L lower (n, n)."""
     B, n, m = X.shape
     flat = X.transpose(1, 0, 2).reshape(n, B * m)
-    Y = linalg_of(xp_of(L, X)).solve_triangular(L, flat, lower=True, trans="T" if trans else "N")
+    # the callers have checked (or computed) L and X: no second finite scan here
+    Y = linalg_of(xp_of(L, X)).solve_triangular(L, flat, lower=True, trans="T" if trans else "N",
+                                                check_finite=False)
     return Y.reshape(n, B, m).transpose(1, 0, 2)
 
 

@@ -61,6 +61,9 @@ from __future__ import annotations
 import math
 from typing import Any, NamedTuple
 
+import numpy as np
+from scipy.linalg import blas
+
 from refbayes._checks import (
     check_array,
     check_at_construction,
@@ -158,6 +161,10 @@ class FactoredInverse(NamedTuple):
     #                    (T_inv > 1): the solve is then A_inv V S_inv, two products instead of
     #                    four triangular solves; None for T_inv = 1
     S_inv: Any = None  # (S_ref + sqrt(gamma) / pi I)^{-1} or None (noisy_kfac.12)
+    R_A_in: Any = None  # L_A_in^{-1} (lower) or None (noisy_kfac.12): formed with A_inv, S_inv
+    #                     when the sampler is needed (T_inv > 1, NumPy), so that the draw is two
+    #                     triangular products (BLAS trmm, half a GEMM each) instead of two solves
+    R_S_in: Any = None  # L_S_in^{-1} (lower) or None (noisy_kfac.12)
 
 
 class ExactInverse(NamedTuple):
@@ -341,11 +348,16 @@ def _check_state(state, model) -> list:
     return blocks
 
 
-def _chol_inverse(L):
-    """(L L^T)^{-1} = L^{-T} L^{-1} from the lower Cholesky factor L."""
+def _tri_inverse(L):
+    """L^{-1} (lower) from the lower Cholesky factor L."""
     xp = xp_of(L)
-    R = linalg_of(xp).solve_triangular(L, xp.eye(L.shape[0], dtype=L.dtype), lower=True,
-                                       check_finite=False).T  # L^{-T}
+    return linalg_of(xp).solve_triangular(L, xp.eye(L.shape[0], dtype=L.dtype), lower=True,
+                                          check_finite=False)
+
+
+def _chol_inverse(L, L_inv=None):
+    """(L L^T)^{-1} = L^{-T} L^{-1} from the lower Cholesky factor L (or its inverse L_inv)."""
+    R = (_tri_inverse(L) if L_inv is None else L_inv).T  # L^{-T}
     return R @ R.T
 
 
@@ -362,14 +374,22 @@ def _layer_inverse(A, Sf, damping, g_in, gamma, sampler, explicit):
         return ExactInverse(Q_A, Q_S, 1.0 / (Lam_in + (gamma - g_in)),          # (noisy_kfac.12)
                             1.0 / xp.sqrt(Lam_in))                              # (noisy_kfac.12)
     L_A, L_S = kron.factored_chol(A, Sf, gamma)                                 # (noisy_kfac.9)
-    inverses = (_chol_inverse(L_A), _chol_inverse(L_S)) if explicit else (None, None)
+    R_A = R_S = R_A_in = R_S_in = None
+    if explicit:
+        R_A, R_S = _tri_inverse(L_A), _tri_inverse(L_S)
+    inverses = (_chol_inverse(L_A, R_A), _chol_inverse(L_S, R_S)) if explicit else (None, None)
     if not sampler:
         L_A_in = L_S_in = None
     elif gamma == g_in:  # gamma_ex = 0: the sampler's damped factors are the solve's
-        L_A_in, L_S_in = L_A, L_S
+        L_A_in, L_S_in, R_A_in, R_S_in = L_A, L_S, R_A, R_S
     else:
         L_A_in, L_S_in = kron.factored_chol(A, Sf, g_in)                        # (noisy_kfac.5)
-    return FactoredInverse(L_A, L_S, L_A_in, L_S_in, *inverses)                 # (noisy_kfac.12)
+        if explicit:
+            R_A_in, R_S_in = _tri_inverse(L_A_in), _tri_inverse(L_S_in)
+    if xp is not np:  # the trmm sampler is NumPy's (scipy.linalg.blas)
+        R_A_in = R_S_in = None
+    return FactoredInverse(L_A, L_S, L_A_in, L_S_in, *inverses,                 # (noisy_kfac.12)
+                           R_A_in=R_A_in, R_S_in=R_S_in)
 
 
 def _has_sampler(inv) -> bool:
@@ -439,9 +459,28 @@ def refresh(state: NoisyKFACState, cfg: NoisyKFACConfig, model,
 def _apply_sampler(op, E):
     """Sigma_l^{1/2} E / sqrt(lambda / N) for E (n_in + 1, n_out, S).  (noisy_kfac.6)"""
     if isinstance(op, FactoredInverse):
+        if op.R_A_in is not None:
+            return _sample_trmm(op.R_A_in, op.R_S_in, E)                      # (noisy_kfac.6)
         return kron.sample_chol(op.L_A_in, op.L_S_in, E)                     # (noisy_kfac.6)
     R = (op.Q_A.T @ E.transpose(2, 0, 1) @ op.Q_S) * op.root                  # (S, n_in, n_out)
     return (op.Q_A @ R @ op.Q_S.T).transpose(1, 2, 0)                         # (noisy_kfac.6)
+
+
+def _sample_trmm(R_A, R_S, E):
+    """L_A^{-T} E L_S^{-1} for E (n_in, n_out, S) from R_A = L_A^{-1}, R_S = L_S^{-1} (lower),
+    by two BLAS triangular products.  (noisy_kfac.6)"""
+    n_in, n_out, S = E.shape
+    trmm = _trmm_of(E.dtype)
+    # L_A^{-T} E for the S draws at once: E as (n_in, n_out S)
+    Y = trmm(1.0, R_A, E.reshape(n_in, n_out * S), side=0, lower=1, trans_a=1)
+    # (Y_s L_S^{-1})^T = L_S^{-T} Y_s^T, the S draws side by side: (n_out, n_in S)
+    Yt = Y.reshape(n_in, n_out, S).transpose(1, 0, 2).reshape(n_out, n_in * S)
+    Z = trmm(1.0, R_S, Yt, side=0, lower=1, trans_a=1)
+    return Z.reshape(n_out, n_in, S).transpose(1, 0, 2)                       # (noisy_kfac.6)
+
+
+def _trmm_of(dtype):
+    return blas.dtrmm if dtype == np.float64 else blas.strmm
 
 
 def _apply_solve(op, V):

@@ -486,3 +486,30 @@ def test_v_is_the_negated_ascent_form_averaged_over_the_draws():
     assert rel_err(info.V, -ascent[0]) > 1e-3  # one draw's V is not the step's
     # momentum 0 from m = 0: M <- M - alpha P, i.e. + alpha times the solve of the ascent form
     assert not np.any(state.m) and rel_err(new.mu, state.mu - cfg.alpha * info.P) < EXACT_F64
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+@pytest.mark.parametrize("gamma_ex", [0.0, 0.05])
+def test_the_trmm_sampler_of_a_reused_refresh_is_the_triangular_solve(gamma_ex, dtype):
+    """T_inv > 1 keeps L_A_in^{-1}, L_S_in^{-1} and draws by two triangular products: the same
+    draws as kron.sample_chol's triangular solves, to rounding, for S = 1 and S = 3."""
+    from refbayes.linalg import kron
+    rng = np.random.default_rng(5)
+    model = MLP([3, 5, 2], "tanh", "gaussian")
+    A = tuple(_spd(rng, n_in).astype(dtype) for _, _, n_in, _ in nk.layer_slices(model))
+    S = tuple(_spd(rng, n_out).astype(dtype) for _, _, _, n_out in nk.layer_slices(model))
+    state = nk.NoisyKFACState(rng.standard_normal(model.D).astype(dtype),
+                              np.zeros(model.D, dtype), A, S, A, S, 0)
+    cfg = nk.NoisyKFACConfig(N=10, gamma_ex=gamma_ex, T_inv=4)
+    state = nk.refresh(state, cfg, model)
+    assert all(op.R_A_in is not None for op in state.inv.layers)
+    tol = EXACT_F64 if dtype == np.float64 else 1e-5
+    for n_draws in (1, 3):
+        eps = rng.standard_normal((model.D, n_draws)).astype(dtype)
+        got = nk.sample(state, eps, cfg, model)
+        assert got.dtype == dtype
+        for (start, stop, n_in, n_out), op in zip(nk.layer_slices(model), state.inv.layers):
+            Z = kron.sample_chol(op.L_A_in, op.L_S_in, eps[start:stop].reshape(n_in, n_out,
+                                                                                 n_draws))
+            want = state.mu[start:stop, None] + math.sqrt(1 / 10) * Z.reshape(-1, n_draws)
+            assert rel_err(got[start:stop], want) < tol
