@@ -47,9 +47,11 @@ finishes (atomic; settings, provenance, results), ``c_classification.csv``, and 
 ``c_classification.png``. A part whose saved settings, data checksums and refbayes version match
 is loaded, not recomputed; otherwise the run stops naming the file, unless --fresh.
 
-Run times (MEASURED_SECONDS, 2-core AMD EPYC VM, nothing else running, all parts): default
-124 s (a 4.2 s, b 68 s, c 50 s; a geodesic costs ~1,900-5,300 right-hand-side evaluations,
-0.7-8 s), --quick 18 s; under a load of 2-4 from other jobs the default took 213 s.
+Run times (MEASURED_SECONDS, 2-core AMD EPYC VM, nothing else running, all parts, 2026-11-27,
+with the closed-form Hessian-vector product of FlatModel.grad_hvp): default 32 s (a 1.0 s,
+b 12.7 s, c 15.7 s; a geodesic costs ~1,800-6,100 right-hand-side evaluations, 0.7-1.2 s;
+with autograd's HVP before it, b and c took 68 s and 50 s and a geodesic 0.7-8 s),
+--quick 12 s.
 """
 from __future__ import annotations
 
@@ -120,7 +122,7 @@ B_METHODS = ("map", "la", "la-lin", "rla")
 # Wall-clock seconds measured on the 2-core development VM (OpenBLAS default threads) while other
 # jobs kept the load average at ~2-4, so an idle machine is faster: the default run of all parts
 # (a 4.5 s, b 133 s, c 74 s) and --quick. Remeasure when the budgets change.
-MEASURED_SECONDS = {"default": 124, "quick": 18}
+MEASURED_SECONDS = {"default": 32, "quick": 12}
 MEASURED_ON = "2 cores"
 
 
@@ -144,9 +146,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="posterior samples S per method (default: a 300, b 10, c 10; the "
                              "paper uses 50; --quick: a 100, b 1, c 1)")
     parser.add_argument("--quick", action="store_true",
-                        help="fewer samples, coarser grids, shorter MAP fits (about "
+                        help="fewer samples and coarser grids (about "
                              f"{MEASURED_SECONDS['quick']} s on {MEASURED_ON}; the default run "
-                             f"about {MEASURED_SECONDS['default'] // 60 + 1} minutes)")
+                             f"about {MEASURED_SECONDS['default']} s)")
     parser.add_argument("--seed", type=seed_arg, default=0, help="master seed (default 0)")
     _runner.add_output_arguments(parser, "riemannian-laplace", "part")
     _runner.add_arguments(parser)
