@@ -76,6 +76,7 @@ from refbayes.conventions.slang_bbb import from_slang_bbb, to_slang_bbb
 from refbayes.conventions.swa_gaussian import (
     from_swa_gaussian,
     from_torch_sgd,
+    swa_gaussian_z2_factor,
     to_swa_gaussian,
     to_torch_sgd,
 )
@@ -95,6 +96,7 @@ __all__ = [
     "pytorch_sso_init_precision_from_s0",
     "s0_from_emtiyaz_prec_init",
     "s0_from_pytorch_sso_init_precision",
+    "swa_gaussian_z2_factor",
     "to_emtiyaz_vadam",
     "to_emtiyaz_vogn",
     "to_emtiyaz_vprop",
@@ -162,7 +164,8 @@ CONVENTIONS: dict[str, Convention] = dict([
           "alpha = lr / N, lam = N weight_decay, same momentum"),
     _conv("swa_gaussian", "wjmaddox/swa_gaussian swag.posteriors.SWAG", "swag",
           "derivations/swag.md#conventions-of-the-official-code-wjmaddoxswa_gaussian-at-82c9692",
-          "K = max_num_models, same var_clamp, scale = sample_fullrank's scale"),
+          "K = max_num_models, same var_clamp, scale = sample_fullrank's scale; z2 times "
+          "swa_gaussian_z2_factor(n, K) while n < K"),
     _conv("laplace_torch", "aleximmer/Laplace laplace.Laplace", "laplace",
           "derivations/laplace.md#conventions-of-public-implementations",
           "same prior_precision, structure (full/diag) and subset; curvature from the backend"),

@@ -5,6 +5,8 @@ derivations/swag.md, "Conventions of the official code".
 """
 from __future__ import annotations
 
+import math
+
 from refbayes._checks import check_in_range, check_int
 from refbayes.conventions._common import _config, _fixed, _nonneg, _pos
 from refbayes.methods import swag
@@ -12,6 +14,7 @@ from refbayes.methods import swag
 __all__ = [
     "from_swa_gaussian",
     "from_torch_sgd",
+    "swa_gaussian_z2_factor",
     "to_swa_gaussian",
     "to_torch_sgd",
 ]
@@ -130,6 +133,38 @@ def from_swa_gaussian(*, max_num_models, var_clamp=1e-30, scale=1.0, no_cov_mat=
     return swag.SWAGConfig(K=check_int(max_num_models, "max_num_models", low=1),
                            scale=_pos(scale, "scale"),
                            var_clamp=_nonneg(var_clamp, "var_clamp"))
+
+
+def swa_gaussian_z2_factor(n, max_num_models) -> float:
+    """The factor on refbayes' z2 that makes ``swag.sample`` draw the official code's samples.
+
+    The official low-rank term divides by K - 1 = max_num_models - 1 even while only
+    K' = min(n, K) < K deviations are stored; refbayes divides by K' - 1 (swag.5), (F2). So
+    ``swag.sample(state, z1, factor * z2, cfg)`` with ``cfg = from_swa_gaussian(...)`` is
+    ``sample_fullrank``'s draw for the same standard normals, and its covariance is
+    scale (Sigma_diag + ((K' - 1) / (K - 1)) D_hat D_hat^T / (K' - 1)). The factor is
+    sqrt((K' - 1) / (K - 1)): 1 once n >= K.
+
+    Parameters
+    ----------
+    n : int
+        Snapshots collected, >= 2 (the low-rank term needs two).
+    max_num_models : int
+        The official K, >= 2.
+
+    Returns
+    -------
+    float
+        The factor sqrt((min(n, K) - 1) / (K - 1)).
+
+    Raises
+    ------
+    ValueError
+        If n or max_num_models is not an integer >= 2.
+    """
+    n = check_int(n, "n", low=2)
+    K = check_int(max_num_models, "max_num_models", low=2)
+    return math.sqrt((min(n, K) - 1) / (K - 1))  # (swag.5), (F2)
 
 
 def to_swa_gaussian(cfg: swag.SWAGConfig) -> dict:

@@ -188,7 +188,8 @@ def test_official_divisor_conversion_for_n_below_and_above_K(K, n):
         official, C, mean, var_off = _official_fullrank_transcribed(thetas, K, scale, Z1, Z2)
         assert C.shape == (Kp, D) and rel_err(C.T, swag.deviations(state)) < EXACT_F64
         factor = (Kp - 1) / (K - 1)                       # the conversion, 1 once n >= K
-        ours = swag.sample(state, Z1, Z2 * math.sqrt(factor), cfg)
+        assert cv.swa_gaussian_z2_factor(n, K) == math.sqrt(factor)
+        ours = swag.sample(state, Z1, Z2 * cv.swa_gaussian_z2_factor(n, K), cfg)
         assert rel_err(ours, official) < EXACT_F64
         A = official[:, :D + Kp] - mean[:, None]                      # the linear map, (D, D + K')
         official_cov = scale * (np.diag(var_off) + C.T @ C / (K - 1))
@@ -456,3 +457,11 @@ def test_official_log_density_settings_and_iterative_estimate(official, monkeypa
             assert torch.rand(1) != after  # it drew from the global generator
     est = np.array(est)
     assert np.ptp(est) > 1e-3 and np.min(np.abs(est - exact)) > 1e-6
+
+
+def test_swa_gaussian_z2_factor_refuses_what_has_no_low_rank_term():
+    from refbayes.conventions import swa_gaussian as cv
+    assert cv.swa_gaussian_z2_factor(9, 4) == 1.0
+    for n, K, name in ((1, 4, "n"), (3, 1, "max_num_models"), (2.5, 4, "n")):
+        with pytest.raises(ValueError, match=rf"^{name}: "):
+            cv.swa_gaussian_z2_factor(n, K)
