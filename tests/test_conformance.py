@@ -301,6 +301,7 @@ def test_exact_tempered_log_evidence_by_quadrature():
     """The closed form the tempered-evidence rows are decided by, against adaptive quadrature of
     int prod_i N(y_i; w, sigma^2)^(1/T) N(w; 0, 1 / delta) dw (one parameter) and, at T = 1,
     against the Bayesian-linear-regression evidence of tests/reference."""
+    # checks (laplace.26)
     from scipy.integrate import quad
     from scipy.stats import norm
 

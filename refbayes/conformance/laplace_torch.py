@@ -707,7 +707,7 @@ def exact_tempered_log_evidence(Xa, y, sigma, delta, T) -> float:
     C = sigma ** 2 * T * np.eye(N) + Xa @ Xa.T / delta
     return float(0.5 * N * math.log(2 * math.pi * sigma ** 2 * T)
                  - 0.5 * N / T * math.log(2 * math.pi * sigma ** 2)
-                 + multivariate_normal(np.zeros(N), C).logpdf(y))
+                 + multivariate_normal(np.zeros(N), C).logpdf(y))  # (laplace.26)
 
 
 def _linear_problem():

@@ -534,22 +534,15 @@ def allreduce(estimates) -> Estimates:
 def _reduce(estimates) -> Estimates:
     """(vogn.6) on validated estimates; one worker: weight M / M = 1, the estimate unchanged."""
     M = sum(int(e[2]) for e in estimates)
+    if len(estimates) == 1:
+        # 0.0 + (M / M) g = 0.0 + g exactly (only -0.0 becomes +0.0), without the product's array
+        g_w, h_w, _ = estimates[0]
+        return Estimates(g_w + 0.0, h_w + 0.0, M)  # (vogn.6)
     g_hat, h_hat = 0.0, 0.0
     for g_w, h_w, M_w in estimates:
         g_hat = g_hat + (int(M_w) / M) * g_w  # (vogn.6)
         h_hat = h_hat + (int(M_w) / M) * h_w  # (vogn.6)
     return Estimates(g_hat, h_hat, M)
-
-
-def _one_worker(a_k):
-    """(vogn.5)-(vogn.6) for one worker: the mean over the S draws of a_k (S, D), plus the
-    reduction's 0.0 + (M / M) * mean, in place (x * 1.0 = x, so only 0.0 + x is left: it turns
-    -0.0 into +0.0); equal to ``_reduce([Estimates(a_k.mean(axis=0), ...)])`` bit for bit."""
-    if a_k.shape[0] == 1:  # S = 1: the mean is a_k[0] exactly (one term, divided by 1)
-        return a_k[0] + 0.0  # (vogn.5), (vogn.6)
-    out = a_k.mean(axis=0)  # (vogn.5)
-    out += 0.0  # (vogn.6)
-    return out
 
 
 def _update(state, g_hat, h_hat, c: _Cfg, sigma):
@@ -658,7 +651,7 @@ def step(state: VOGNState, batch, eps, cfg: VOGNConfig, model) -> tuple[VOGNStat
     ValueError
         As ``local_estimates``: if state, cfg, model, batch or eps is invalid.
     """
-    c, sigma, theta, g_k, h_k, _ = _local(state, batch, eps, cfg, model)  # (vogn.2)-(vogn.5)
-    g_hat, h_hat = _one_worker(g_k), _one_worker(h_k)                     # (vogn.5), (vogn.6)
+    c, sigma, theta, g_k, h_k, M = _local(state, batch, eps, cfg, model)  # (vogn.2)-(vogn.5)
+    g_hat, h_hat, _ = _reduce([Estimates(g_k.mean(axis=0), h_k.mean(axis=0), M)])  # (vogn.5), (vogn.6)
     new, info = _update(state, g_hat, h_hat, c, sigma)                     # (vogn.7)-(vogn.9)
     return new, info._replace(theta=theta, g_k=g_k, h_k=h_k)

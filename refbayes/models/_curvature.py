@@ -203,13 +203,12 @@ def _grad_hvp(self, xp, theta, X, y, dparams):
     params, acts, f = self._forward(xp, theta, X)  # (peg.1)
     r = self.likelihood._grad_f(f, y)  # (peg.2)
     deltas = _layers.backward(params, acts, r, self.activation)  # (peg.3), as grad's pass
-    r_zs, r_f = _layers.r_forward(params, dparams, acts, self.activation)  # (peg.22)
+    r_zs, r_as, r_f = _layers.r_forward(params, dparams, acts, self.activation)  # (peg.22)
     r_seed = xp.einsum("mkl,ml->mk", self.likelihood._hess_f(f, y), r_f)  # (peg.23)
     r_deltas = _layers.r_backward(params, dparams, acts, deltas, r_zs, r_seed,
                                   self.activation)  # (peg.24)
     g = _layers.summed_blocks(xp, acts, deltas, self.bias)  # (peg.6)
-    return g, _layers.r_blocks(xp, acts, deltas, r_zs, r_deltas, self.bias,
-                               self.activation)  # (peg.25)
+    return g, _layers.r_blocks(xp, acts, deltas, r_as, r_deltas, self.bias)  # (peg.25)
 
 
 def _hvp_autograd(self, theta, v, X, y):
@@ -251,7 +250,7 @@ def jvp(self, theta, v, X):
     """
     xp, theta, X, _, dparams = _r_inputs(self, theta, v, X, None, need_y=False)
     params, acts, _ = self._forward(xp, theta, X)
-    return _layers.r_forward(params, dparams, acts, self.activation)[1]  # (peg.22)
+    return _layers.r_forward(params, dparams, acts, self.activation)[2]  # (peg.22)
 
 
 def ggn_vp(self, theta, v, X, y):
@@ -286,7 +285,7 @@ def ggn_vp(self, theta, v, X, y):
     """
     xp, theta, X, y, dparams = _r_inputs(self, theta, v, X, y)
     params, acts, f = self._forward(xp, theta, X)
-    r_f = _layers.r_forward(params, dparams, acts, self.activation)[1]  # J v (peg.22)
+    r_f = _layers.r_forward(params, dparams, acts, self.activation)[2]  # J v (peg.22)
     seed = xp.einsum("mkl,ml->mk", self.likelihood._hess_f(f, y), r_f)  # (peg.23)
     deltas = _layers.backward(params, acts, seed, self.activation)  # (peg.27)
     return _layers.summed_blocks(xp, acts, deltas, self.bias)  # (peg.27)

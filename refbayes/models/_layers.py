@@ -148,22 +148,22 @@ def backward(params, acts, seed, activation):
 
 
 def r_forward(params, dparams, acts, activation):
-    """The R pass beside (peg.1) along v = (V_l, c_l): ([R{z_1}, ..., R{z_{L-1}}], R{f}). (peg.22)
+    """The R pass beside (peg.1) along v = (V_l, c_l): (R{z}, R{a}, R{f}).  (peg.22)
 
     R{z_l} = R{a_{l-1}} W_l + a_{l-1} V_l + c_l with R{a_0} = 0 and R{a_l} = act'(z_l) * R{z_l};
-    R{f} = R{z_L} is J v.
+    the lists hold the hidden layers' R{z_l} and R{a_l} (l = 1 .. L-1), and R{f} = R{z_L} is J v.
     """
-    r_zs, r_a = [], None
+    r_zs, r_as = [], []
     for l, ((W, _), (V, c)) in enumerate(zip(params, dparams)):
         r_z = acts[l] @ V  # (peg.22)
-        if r_a is not None:
-            r_z += r_a @ W  # (peg.22)
+        if r_as:
+            r_z += r_as[-1] @ W  # (peg.22)
         if c is not None:
             r_z += c
         if l == len(params) - 1:
-            return r_zs, r_z
+            return r_zs, r_as, r_z
         r_zs.append(r_z)
-        r_a = act_prime(acts[l + 1], activation) * r_z  # (peg.22)
+        r_as.append(act_prime(acts[l + 1], activation) * r_z)  # (peg.22)
 
 
 def r_backward(params, dparams, acts, deltas, r_zs, r_seed, activation):
@@ -176,23 +176,22 @@ def r_backward(params, dparams, acts, deltas, r_zs, r_seed, activation):
     for l in range(len(params) - 1, 0, -1):
         W_next, V_next = params[l][0], dparams[l][0]
         a = acts[l]
-        back = deltas[l] @ W_next.T  # delta_{l+1} W_{l+1}^T
-        r_d = (r_deltas[-1] @ W_next.T + deltas[l] @ V_next.T) * act_prime(a, activation)
+        r_d = r_deltas[-1] @ W_next.T + deltas[l] @ V_next.T  # (peg.24)
+        r_d *= act_prime(a, activation)  # (peg.24)
         second = act_second(a, activation)
-        if second is not None:
-            r_d += back * second * r_zs[l - 1]  # (peg.24)
+        if second is not None:  # relu: act'' = 0
+            r_d += (deltas[l] @ W_next.T) * second * r_zs[l - 1]  # (peg.24)
         r_deltas.append(r_d)
     return r_deltas[::-1]
 
 
-def r_blocks(xp, acts, deltas, r_zs, r_deltas, bias, activation):
+def r_blocks(xp, acts, deltas, r_as, r_deltas, bias):
     """H v (D,): R{a_{l-1}}^T Delta_l + A_{l-1}^T R{Delta_l} and 1^T R{Delta_l} per layer. (peg.25)"""
     blocks = []
     for l, (a, d, r_d) in enumerate(zip(acts, deltas, r_deltas)):
         w = a.T @ r_d  # (peg.25)
         if l > 0:  # R{a_0} = 0
-            r_a = act_prime(a, activation) * r_zs[l - 1]  # (peg.22)
-            w += r_a.T @ d  # (peg.25)
+            w += r_as[l - 1].T @ d  # (peg.25)
         blocks.append(w.reshape(-1))
         if bias:
             blocks.append(r_d.sum(axis=0))  # (peg.25)
