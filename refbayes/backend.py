@@ -109,6 +109,21 @@ def cholesky(M, check: bool = True):
         return xp.linalg.cholesky(M)
 
 
+def solve_triangular(A, B, *, lower=False, trans="N", **kwargs):
+    """A^{-1} B (trans "N") or A^{-T} B (trans "T") for a triangular A (n, n) and B (n,) or (n, k).
+
+    ``scipy.linalg.solve_triangular`` on NumPy, ``cupyx.scipy.linalg.solve_triangular`` on CuPy
+    (``kwargs``, e.g. ``check_finite``, passed on; each library keeps its own defaults), with one
+    difference made up for: an n = 0 system. SciPy returns the empty solution; CuPy 14.2 passes
+    n as cuBLAS trsm's leading dimensions, which must be >= 1, so cuBLAS refuses it
+    (CUBLAS_STATUS_INVALID_VALUE, seen on an H100: a rank L = 0 low-rank factor reaches here).
+    """
+    xp = xp_of(A, B)
+    if xp is not np and A.shape[0] == 0:
+        return xp.empty(B.shape, dtype=A.dtype)
+    return linalg_of(xp).solve_triangular(A, B, lower=lower, trans=trans, **kwargs)
+
+
 def cho_solve(L, B):
     """(L L^T)^{-1} B for a lower Cholesky factor L: the triangular solves L Y = B, L^T Z = Y.
 
@@ -116,7 +131,6 @@ def cho_solve(L, B):
     ``cupyx.scipy.linalg`` has no ``cho_solve``, so the two ``solve_triangular`` calls.
     """
     xp = xp_of(L, B)
-    sla = linalg_of(xp)
     if xp is np:
-        return sla.cho_solve((L, True), B)
-    return sla.solve_triangular(L, sla.solve_triangular(L, B, lower=True), lower=True, trans="T")
+        return linalg_of(xp).cho_solve((L, True), B)
+    return solve_triangular(L, solve_triangular(L, B, lower=True), lower=True, trans="T")

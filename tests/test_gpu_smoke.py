@@ -218,7 +218,11 @@ def test_exact_vi_on_the_device_equals_numpy(cp, fit):
     lam = np.ones(X.shape[1])
     ref = fit(X, y, lam, max_iter=50)
     got = fit(cp.asarray(X), cp.asarray(y), cp.asarray(lam), max_iter=50)
-    assert_same(got, ref, cp, fit.__name__)
+    # grad_norm at the optimum is what the stopping rule left (<= tol = 1e-10): rounding noise of
+    # the reductions (4.10e-11 against 4.10e-11, 1.6e-5 relative, on an H100), so it is compared
+    # as the golden traces compare a vanishing gradient, by its absolute size, not relatively
+    assert max(got.grad_norm, ref.grad_norm) <= 1e-10, (got.grad_norm, ref.grad_norm)
+    assert_same(got._replace(grad_norm=ref.grad_norm), ref, cp, fit.__name__)
 
 
 def test_metrics_on_the_device_equal_numpy(cp):

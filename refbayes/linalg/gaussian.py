@@ -35,7 +35,7 @@ from refbayes._checks import (
     check_same_dtype,
     check_spd,
 )
-from refbayes.backend import linalg_of, xp_of
+from refbayes.backend import solve_triangular, xp_of
 from refbayes.linalg import lowrank
 from refbayes.linalg.kron import _tri_left, _tri_right
 
@@ -223,7 +223,7 @@ def _diag_of_inverse(L):
     (gaussian.7)
     """
     xp = xp_of(L)
-    L_inv = linalg_of(xp).solve_triangular(L, xp.eye(L.shape[0], dtype=L.dtype), lower=True)
+    L_inv = solve_triangular(L, xp.eye(L.shape[0], dtype=L.dtype), lower=True)
     return xp.sum(L_inv * L_inv, axis=0)  # (gaussian.7)
 
 
@@ -258,7 +258,7 @@ def _mahalanobis(c: _Checked, R):
     """
     xp, q = xp_of(R), c.q
     if isinstance(q, DenseCov):
-        Y = linalg_of(xp).solve_triangular(c.chol, R.T, lower=True).T
+        Y = solve_triangular(c.chol, R.T, lower=True).T
     elif isinstance(q, DensePrec):
         Y = R @ c.chol
     elif isinstance(q, DiagCov):
@@ -338,7 +338,7 @@ def _trace_chol(kind_p, L_p, kind_q, L_q):
     cov/prec: Y = L_p^{-1} L_q^{-T}.
     """
     xp = xp_of(L_p, L_q)
-    tri = linalg_of(xp).solve_triangular
+    tri = solve_triangular
     if kind_p == "prec" and kind_q == "cov":
         Y = L_p.T @ L_q
     elif kind_p == "cov" and kind_q == "cov":

@@ -32,7 +32,7 @@ from refbayes._checks import (
     check_symmetric,
     value_checks,
 )
-from refbayes.backend import linalg_of, xp_of
+from refbayes.backend import solve_triangular, xp_of
 
 __all__ = ["dense", "kron_matvec", "solve", "logdet", "damped_eigh", "factored_damping_pi",
            "solve_factored", "factored_chol", "solve_chol", "sample", "sample_chol",
@@ -131,8 +131,7 @@ def _tri_left(L, X, *, trans):
     B, n, m = X.shape
     flat = X.transpose(1, 0, 2).reshape(n, B * m)
     # the callers have checked (or computed) L and X: no second finite scan here
-    Y = linalg_of(xp_of(L, X)).solve_triangular(L, flat, lower=True, trans="T" if trans else "N",
-                                                check_finite=False)
+    Y = solve_triangular(L, flat, lower=True, trans="T" if trans else "N", check_finite=False)
     return Y.reshape(n, B, m).transpose(1, 0, 2)
 
 

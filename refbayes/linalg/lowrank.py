@@ -31,7 +31,7 @@ from refbayes._checks import (
     check_same_dtype,
     value_checks,
 )
-from refbayes.backend import cho_solve, cholesky, linalg_of, xp_of
+from refbayes.backend import cho_solve, cholesky, linalg_of, solve_triangular, xp_of
 from refbayes.linalg._kernels import scale_rows
 
 # LAPACK's Cholesky solve by dtype (``_chol_solve``); other dtypes, L = 0 and CuPy take
@@ -194,8 +194,7 @@ def _chol_solve(R, B):
 
 def _whitened_rhs(R, U, h):
     """Y = R^{-1} U^T h with h = d^{-1} x: the half-solve shared by solve and inv_quad."""
-    sla = linalg_of(xp_of(R))
-    return sla.solve_triangular(R, U.T @ h, lower=True)
+    return solve_triangular(R, U.T @ h, lower=True)
 
 
 def _sqrt_weight(lam):
@@ -367,7 +366,7 @@ def diag_inv(U, d):
     xp = xp_of(U, d)
     D, _ = _check_factors(U, d)
     R = _capacitance_chol(U, d)
-    Y = linalg_of(xp).solve_triangular(R, (U / d[:, None]).T, lower=True)
+    Y = solve_triangular(R, (U / d[:, None]).T, lower=True)
     return 1 / d - xp.sum(Y * Y, axis=0)  # (lowrank.5)
 
 
@@ -555,7 +554,6 @@ def sample_alg3(mu, U, d, eps):
     """
     xp = xp_of(mu, U, d, eps)
     _, L = _check_sample_args(mu, U, d, eps)
-    sla = linalg_of(xp)
     I_L = xp.eye(L, dtype=U.dtype)
     s = xp.sqrt(d)
     V = U / s[:, None]                                       # [poster] Alg. 3 line 2
@@ -569,7 +567,7 @@ def sample_alg3(mu, U, d, eps):
                          "(U of full column rank), got a singular one; use sample() instead")
     # NOTE: printed line 4 factors I + V^T V; the identity needs I + A^T A (lowrank.12)
     B = cholesky(I_L + A.T @ A, check=False)                 # line 4 (corrected)
-    A_inv = sla.solve_triangular(A, I_L, lower=True)
+    A_inv = solve_triangular(A, I_L, lower=True)
     C = A_inv.T @ (B - I_L) @ A_inv                          # line 5: C = X
     # NOTE: printed line 6 reads (C + V^T V)^{-1}; Woodbury for W0^{-T} needs C^{-T}
     K = xp.linalg.inv(xp.linalg.inv(C).T + VtV)              # line 6 (corrected)  (lowrank.12)
@@ -636,7 +634,7 @@ def _chol_qr(Y):
             CHOLQR_MIN_RATIO * float(diag.max()):
         return None
     # Q^T = R_T^{-1} Y^T: one triangular solve with the tall Y's rows as right-hand sides
-    return linalg_of(xp).solve_triangular(R_T, Y.T, lower=True).T
+    return solve_triangular(R_T, Y.T, lower=True).T
 
 
 def _orth(Y):
@@ -793,5 +791,5 @@ def dense_covariance(U, d):
     xp = xp_of(U, d)
     _check_factors(U, d)
     R = _capacitance_chol(U, d)
-    Y = linalg_of(xp).solve_triangular(R, (U / d[:, None]).T, lower=True)
+    Y = solve_triangular(R, (U / d[:, None]).T, lower=True)
     return xp.diag(1 / d) - Y.T @ Y  # (lowrank.2)

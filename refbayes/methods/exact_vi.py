@@ -53,7 +53,7 @@ from refbayes._checks import (
     check_same_dtype,
     check_spd,
 )
-from refbayes.backend import cho_solve, cholesky, linalg_of, xp_of
+from refbayes.backend import cho_solve, cholesky, solve_triangular, xp_of
 from refbayes.linalg import gaussian
 
 __all__ = [
@@ -428,7 +428,7 @@ def _expect(xp, X, y, m, v, noise_precision):
 
 def _chol_inverse(xp, L):
     """(L L^T)^{-1} = L^{-T} L^{-1}, symmetric by construction."""
-    Linv = linalg_of(xp).solve_triangular(L, xp.eye(L.shape[0], dtype=L.dtype), lower=True)
+    Linv = solve_triangular(L, xp.eye(L.shape[0], dtype=L.dtype), lower=True)
     return Linv.T @ Linv
 
 

@@ -82,7 +82,7 @@ from refbayes._checks import (
     check_spd,
     check_symmetric,
 )
-from refbayes.backend import cholesky, linalg_of, to_numpy, xp_of
+from refbayes.backend import cholesky, solve_triangular, to_numpy, xp_of
 from refbayes.linalg import kron
 from refbayes.methods._estimates import check_hessian_backend, check_model
 from refbayes.methods.adam import AdamConfig, adam_init, adam_update
@@ -594,10 +594,12 @@ def fit(model, theta_map, X, y, cfg: LaplaceConfig, *, check_stationary: bool = 
 # ----------------------------------------------------------------------------- the Gaussian
 
 def sample(state: LaplaceState, eps):
-    """Draw theta_s = mu + L^{-T} eps_s (full, L L^T = Sigma_inv) or mu + eps_s / sqrt(prec_diag).
+    """Draw theta_s = mu + R eps_s, R R^T = Sigma, one column of eps per draw.
 
-    (laplace.4)  A linear map of eps: with eps the identity, the columns minus mu form a square
-    root of the covariance.
+    (laplace.4), (laplace.22)  R eps is L^{-T} eps (full, L L^T = Sigma_inv), eps / sqrt(prec_diag)
+    (diag), or per K-FAC block the symmetric root Sigma_l^{1/2} eps_l (kron; unique, so the draw
+    does not depend on the eigensolver). A linear map of eps: with eps the identity, the columns
+    minus mu form a square root of the covariance.
 
     Parameters
     ----------
@@ -630,19 +632,21 @@ def sample(state: LaplaceState, eps):
 
 def _sqrt_cov_times(state, eps):
     """R eps with R R^T = Sigma (D_q, D_q): L^{-T} eps (full), eps / sqrt(prec_diag) (diag), or
-    per K-FAC block Q_A (E_l / sqrt(Lam)) Q_B^T (kron).  (laplace.4), (laplace.22)"""
+    per K-FAC block the symmetric root Sigma_l^{1/2} vec E_l = vec(Q_A ((Q_A^T E_l Q_B) /
+    sqrt(Lam)) Q_B^T) (kron).  (laplace.4), (laplace.22)"""
     xp = xp_of(state.mu)
     structure = _structure(state)
     if structure == "full":
         L = _chol(state)
-        return linalg_of(xp).solve_triangular(L.T, eps, lower=False)  # (laplace.4)
+        return solve_triangular(L.T, eps, lower=False)  # (laplace.4)
     if structure == "diag":
         return eps / xp.sqrt(state.prec_diag)[:, None]  # (laplace.4)
     out = xp.empty_like(eps)
     S = eps.shape[1]
     for start, stop, Q_A, Q_B, Lam in _kron_eigh(state):
         E = eps[start:stop].reshape(Q_A.shape[0], Q_B.shape[0], S).transpose(2, 0, 1)
-        Z = Q_A @ (E / xp.sqrt(Lam)) @ Q_B.T  # (laplace.22)
+        # the symmetric root is unique: the draw does not depend on the eigensolver's basis
+        Z = Q_A @ ((Q_A.T @ E @ Q_B) / xp.sqrt(Lam)) @ Q_B.T  # (laplace.22)
         out[start:stop] = Z.transpose(1, 2, 0).reshape(stop - start, S)
     return out
 
@@ -705,7 +709,7 @@ def dense_covariance(state: LaplaceState):
     structure = _structure(state)
     if structure == "full":
         L = _chol(state)
-        L_inv = linalg_of(xp).solve_triangular(L, xp.eye(Dq, dtype=L.dtype), lower=True)
+        L_inv = solve_triangular(L, xp.eye(Dq, dtype=L.dtype), lower=True)
         return L_inv.T @ L_inv  # (laplace.3)
     if structure == "diag":
         return xp.diag(1.0 / state.prec_diag)  # (laplace.3)
@@ -810,7 +814,7 @@ def _diag_covariance(state):
     Dq = _n_random(state)
     if structure == "full":
         L = _chol(state)
-        L_inv = linalg_of(xp).solve_triangular(L, xp.eye(Dq, dtype=L.dtype), lower=True)
+        L_inv = solve_triangular(L, xp.eye(Dq, dtype=L.dtype), lower=True)
         return xp.sum(L_inv * L_inv, axis=0)  # Sigma_jj = sum_i (L^{-1})_ij^2 (laplace.11)
     if structure == "diag":
         return 1.0 / state.prec_diag  # (laplace.11)
@@ -1164,7 +1168,7 @@ def _functional_covariance(state, J):
     structure = _structure(state)
     if structure == "full":
         L = _chol(state)
-        V = linalg_of(xp).solve_triangular(L, J.reshape(M * K, D).T, lower=True)  # L^{-1} J^T
+        V = solve_triangular(L, J.reshape(M * K, D).T, lower=True)  # L^{-1} J^T
         V = V.reshape(D, M, K)
         return xp.einsum("dmk,dml->mkl", V, V)  # (laplace.7)
     if structure == "diag":

@@ -59,7 +59,7 @@ from refbayes._checks import (
     check_symmetric,
     value_checks,
 )
-from refbayes.backend import cho_solve, cholesky, linalg_of, xp_of
+from refbayes.backend import cho_solve, cholesky, solve_triangular, xp_of
 from refbayes.methods._estimates import (
     CURVATURES,
     Batch,
@@ -275,8 +275,7 @@ def _check_full_state(state):
 
 def _full_draws(mu, L_P, eps):
     """theta_s = mu + L^{-T} eps_s, L L^T = Sigma_inv, so Cov = L^{-T} L^{-1} = Sigma.  (ngvi.4)"""
-    sla = linalg_of(xp_of(mu))
-    return mu[:, None] + sla.solve_triangular(L_P.T, eps, lower=False)  # (ngvi.4)
+    return mu[:, None] + solve_triangular(L_P.T, eps, lower=False)  # (ngvi.4)
 
 
 def sample_full(state: FullState, eps):
@@ -346,7 +345,6 @@ def step_full(state: FullState, batch, eps, cfg: NGVIConfig, model) -> tuple[Ful
     """
     D = _check_full_state(state)
     xp = xp_of(state.mu, state.Sigma_inv)
-    sla = linalg_of(xp)
     dtype = state.mu.dtype
     N, alpha, beta, decay, b, curvature = _check_cfg(cfg, D, dtype)
     check_model(model, D)
@@ -359,7 +357,7 @@ def step_full(state: FullState, batch, eps, cfg: NGVIConfig, model) -> tuple[Ful
     L_P = _chol_precision(state.Sigma_inv, "state.Sigma_inv")
     if curvature == "exact":
         Xd, kind, tau = glm_design(model, X)
-        Z = sla.solve_triangular(L_P, Xd.T, lower=True)      # v_i = |L^{-1} x~_i|^2 = x~_i^T Sigma x~_i
+        Z = solve_triangular(L_P, Xd.T, lower=True)      # v_i = |L^{-1} x~_i|^2 = x~_i^T Sigma x~_i
         g_hat, w = exact_terms(Xd, y, mu, xp.sum(Z * Z, axis=0), kind, tau, N)   # (ngvi.9)
         theta, G = xp.zeros((D, 0), dtype=dtype), xp.zeros((0, M, D), dtype=dtype)
         C_hat = Xd.T @ (Xd * w[:, None])                                          # (ngvi.9)
@@ -405,7 +403,7 @@ def dense_covariance(state: FullState):
     _check_full_state(state)
     xp = xp_of(state.mu)
     L_P = _chol_precision(state.Sigma_inv, "state.Sigma_inv")
-    L_inv = linalg_of(xp).solve_triangular(L_P, xp.eye(L_P.shape[0], dtype=L_P.dtype), lower=True)
+    L_inv = solve_triangular(L_P, xp.eye(L_P.shape[0], dtype=L_P.dtype), lower=True)
     return L_inv.T @ L_inv
 
 

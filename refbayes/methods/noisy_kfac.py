@@ -72,7 +72,7 @@ from refbayes._checks import (
     check_int,
     check_positive,
 )
-from refbayes.backend import linalg_of, xp_of
+from refbayes.backend import solve_triangular, xp_of
 from refbayes.linalg import kron
 from refbayes.methods._estimates import (
     Batch,
@@ -351,7 +351,7 @@ def _check_state(state, model) -> list:
 def _tri_inverse(L):
     """L^{-1} (lower) from the lower Cholesky factor L."""
     xp = xp_of(L)
-    return linalg_of(xp).solve_triangular(L, xp.eye(L.shape[0], dtype=L.dtype), lower=True,
+    return solve_triangular(L, xp.eye(L.shape[0], dtype=L.dtype), lower=True,
                                           check_finite=False)
 
 

@@ -74,7 +74,7 @@ from refbayes._checks import (
     check_positive,
     check_same_dtype,
 )
-from refbayes.backend import cholesky, linalg_of, xp_of
+from refbayes.backend import cholesky, solve_triangular, xp_of
 from refbayes.methods._estimates import (
     Batch,
     check_batch,
@@ -761,7 +761,7 @@ def log_density(state: SWAGState, theta, cfg: SWAGConfig, *, low_rank: bool = Tr
         V = deviations(state) / math.sqrt(Kp - 1)
         C = xp.eye(Kp, dtype=V.dtype) + V.T @ (V / lam[:, None])
         R = cholesky(C, check=False)  # I + a Gram matrix: positive definite by construction
-        u = linalg_of(xp).solve_triangular(R, V.T @ Lr, lower=True)
+        u = solve_triangular(R, V.T @ Lr, lower=True)
         quad = quad - xp.sum(u * u, axis=0)
         logdet = logdet + 2 * xp.sum(xp.log(xp.diag(R)))
     out = -0.5 * (D * math.log(2 * math.pi) + logdet + quad / scale)          # (swag.11)

@@ -200,9 +200,10 @@ def test_sample_is_a_linear_map(structure):
 def test_sample_draws_are_the_printed_map(structure):
     """(laplace.4) / (laplace.22) draw by draw, written out here: full mu + L^{-T} eps (L the
     lower Cholesky factor of Sigma_inv, by an explicit inverse), diag mu + eps / sqrt(prec_diag),
-    kron per layer mu_l + vec(Q_A (E_l / sqrt(Lam)) Q_B^T) from numpy's eigh of A_l and B_l.
-    test_sample_is_a_linear_map sees only S S^T, which a sign flip of the solve (mu - L^{-T} eps)
-    or a transposed factor leaves unchanged; this test does not."""
+    kron per layer mu_l + Sigma_l^{1/2} vec E_l with the symmetric root of the dense block
+    covariance (numpy's eigh of the dense Sigma_l, whose basis does not matter for the root).
+    test_sample_is_a_linear_map sees only S S^T, which a sign flip of the solve (mu - L^{-T} eps),
+    a transposed factor, or a non-symmetric root leaves unchanged; this test does not."""
     X, y, model, theta = _mlp("categorical")
     cfg = laplace.LaplaceConfig(1.5, structure, "ggn")
     state = laplace.fit(model, theta, X, y, cfg)
@@ -215,13 +216,10 @@ def test_sample_draws_are_the_printed_map(structure):
     else:
         step, start = np.empty_like(eps), 0
         for A, B in state.kron:
-            lam_A, Q_A = np.linalg.eigh(A)
-            lam_B, Q_B = np.linalg.eigh(B)
-            Lam = np.outer(lam_A, lam_B) + 1.5
             stop = start + A.shape[0] * B.shape[0]
-            for s in range(eps.shape[1]):
-                E = eps[start:stop, s].reshape(A.shape[0], B.shape[0])
-                step[start:stop, s] = (Q_A @ (E / np.sqrt(Lam)) @ Q_B.T).reshape(-1)  # (.22)
+            lam, Q = np.linalg.eigh(np.linalg.inv(np.kron(A, B) + 1.5 * np.eye(stop - start)))
+            root = (Q * np.sqrt(lam)) @ Q.T  # Sigma_l^{1/2}, symmetric (laplace.22)
+            step[start:stop] = root @ eps[start:stop]  # vec E_l row-major = theta_l's order
             start = stop
     assert_close(laplace.sample(state, eps), theta[:, None] + step, EXACT_F64, "draws")
     assert np.max(np.abs(step)) > 1e-2  # the perturbation is not negligible

@@ -149,6 +149,42 @@ def test_kron_precision_is_blockdiag_of_the_factors(curvature):
                  EXACT_F64, "eps = 0")
 
 
+def test_kron_draw_does_not_depend_on_the_eigenbasis(monkeypatch):
+    """(laplace.22): the draw is Sigma_l^{1/2} eps_l, the symmetric root, so another eigenbasis
+    of A_l and B_l (signs flipped, as cuSOLVER's differ from LAPACK's, and a rotation inside a
+    repeated eigenvalue) gives the same draw; Q_A (E / sqrt(Lam)) Q_B^T, with the same
+    covariance, would not."""
+    _, _, model, theta, _, state = _kron_state("gaussian")
+    eps = np.random.default_rng(3).standard_normal((model.D, 4))
+    want = laplace.sample(state, eps)
+    damped_eigh = kron.damped_eigh
+
+    def other_basis(A, B, damping=0.0):
+        Q_A, Q_B, Lam = damped_eigh(A, B, damping)
+        Q_A, Q_B = Q_A.copy(), Q_B.copy()
+        Q_A[:, ::2] *= -1
+        Q_B[:, 1::2] *= -1
+        return Q_A, Q_B, Lam
+
+    monkeypatch.setattr(kron, "damped_eigh", other_basis)
+    got = laplace.sample(state, eps)
+    assert_close(got, want, EXACT_F64, "draws in another eigenbasis")
+    assert np.max(np.abs(got - theta[:, None])) > 1e-2
+    # a repeated eigenvalue: B = 2 I, and any orthonormal Q_B is an eigenbasis of it
+    monkeypatch.setattr(kron, "damped_eigh", damped_eigh)
+    tied = state._replace(kron=(laplace.KronBlock(np.array([[2.0, 0.5], [0.5, 1.0]]), 2 * np.eye(3)),),
+                          n_fixed=model.D - 6, prior_prec=np.full(6, 1.3))
+    want = laplace.sample(tied, eps[:6])
+    rot = np.linalg.qr(np.random.default_rng(4).standard_normal((3, 3)))[0]
+
+    def rotated(A, B, damping=0.0):
+        Q_A, Q_B, Lam = damped_eigh(A, B, damping)
+        return Q_A, Q_B @ rot, Lam
+
+    monkeypatch.setattr(kron, "damped_eigh", rotated)
+    assert_close(laplace.sample(tied, eps[:6]), want, EXACT_F64, "draws in a rotated eigenbasis")
+
+
 def test_kron_evidence_equals_laplace_torch_form():
     """(laplace.5) with log det from the eigenvalues (laplace.21) equals (laplace.6) with the
     dense precision's slogdet."""

@@ -25,6 +25,10 @@ CuPy 14 runs on CuPy at all, on a machine without a GPU:
   an error, unless inside ``cupyx.errstate(linalg="raise")`` (then ``numpy.linalg.LinAlgError``,
   which is CuPy's ``cupy.linalg.LinAlgError``). Under "raise" each such call reads cuSOLVER's
   status back from the device: one counted synchronisation, as in CuPy.
+- Two differences from LAPACK seen on a device: ``cupy.linalg.eigh`` returns eigenvectors of
+  other signs (here every other column flipped against NumPy's), and
+  ``cupyx.scipy.linalg.solve_triangular`` refuses an n = 0 system (cuBLAS's
+  ``CUBLAS_STATUS_INVALID_VALUE``; here ``cupy._standin.CUBLASError``).
 - The public names of ``cupy``, ``cupy.linalg``, ``cupy.random``, ``cupyx``, ``cupyx.scipy``,
   ``cupyx.scipy.linalg``, ``cupyx.scipy.special`` and the attributes of ``cupy.ndarray`` are
   exactly CuPy 14.2's (pinned in ``cupy14_names.json`` beside this package, with where they were
@@ -475,6 +479,35 @@ def _silent_singular(np_fn, name):
             return _from_numpy(_np.full(b.shape, _np.nan, dtype=_np.result_type(a.dtype, b.dtype)))
     f.__name__ = name
     return f
+
+
+def eigh(a, UPLO="L"):
+    """NumPy's eigh with the sign of every other eigenvector (columns 0, 2, ...) flipped.
+
+    cuSOLVER's syevd and LAPACK's return eigenvectors of other signs (and other bases of a
+    repeated eigenvalue): code whose result depends on the basis differs on a device, as the
+    Laplace K-FAC sampler did on an H100 before it took the symmetric square root. Flipping half
+    the columns makes such code fail here too; an all-column flip would cancel in Q_A X Q_B^T."""
+    if not isinstance(a, ndarray):
+        raise TypeError(f"Unsupported type {type(a)}")
+    lam, Q = _np.linalg.eigh(a._a, UPLO=UPLO)
+    Q = Q.copy()
+    Q[..., :, ::2] *= -1
+    return _from_numpy(lam), _from_numpy(Q)
+
+
+class CUBLASError(RuntimeError):
+    """cupy_backends.cuda.libs.cublas.CUBLASError, as the stand-in raises it."""
+
+
+def solve_triangular(a, b, *args, **kwargs):
+    """SciPy's solve_triangular, refusing an n = 0 system as CuPy 14.2 does: it passes n as
+    cuBLAS trsm's leading dimensions, which must be >= 1 (CUBLAS_STATUS_INVALID_VALUE; seen on
+    an H100), where SciPy returns the empty solution."""
+    import scipy.linalg
+    if isinstance(a, ndarray) and a.ndim == 2 and a.shape[0] == 0:
+        raise CUBLASError("CUBLAS_STATUS_INVALID_VALUE")
+    return lift(scipy.linalg.solve_triangular, "solve_triangular")(a, b, *args, **kwargs)
 
 
 @contextlib.contextmanager

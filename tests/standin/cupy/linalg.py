@@ -1,12 +1,13 @@
 """``cupy.linalg`` of the stand-in: NumPy's linalg behind the device boundary, cuSOLVER's silent
-failures for cholesky, inv and solve (``cupy._standin``)."""
+failures for cholesky, inv and solve, cuSOLVER's eigenvector signs for eigh
+(``cupy._standin``)."""
 import numpy as _np
 
-from cupy._standin import PINNED as _PINNED, _silent_singular, cholesky, lift as _lift
+from cupy._standin import PINNED as _PINNED, _silent_singular, cholesky, eigh, lift as _lift
 
 LinAlgError = _np.linalg.LinAlgError  # CuPy re-exports NumPy's
 
-_SPECIAL = {"LinAlgError": LinAlgError, "cholesky": cholesky,
+_SPECIAL = {"LinAlgError": LinAlgError, "cholesky": cholesky, "eigh": eigh,
             "inv": _silent_singular(_np.linalg.inv, "inv"),
             "solve": _silent_singular(_np.linalg.solve, "solve")}
 for _name in _PINNED["names"]["cupy.linalg"]:
