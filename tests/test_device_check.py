@@ -14,6 +14,7 @@ import os
 import pkgutil
 import subprocess
 import sys
+import tarfile
 from pathlib import Path
 
 import numpy as np
@@ -88,6 +89,13 @@ def test_standin_quick_run(tmp_path):
     report = (out / "device_check.txt").read_text()
     assert "cupy/floor" in report and "MEANINGLESS" in report
     assert report in res.stdout
+    # the steps' raw files end in one archive beside the report
+    assert sorted(p.name for p in out.iterdir()) == [
+        "device_check.json", "device_check.txt", "raw-logs.tar.gz"]
+    with tarfile.open(out / "raw-logs.tar.gz") as tar:
+        names = set(tar.getnames())
+    assert {"gpu-tests.xml", "smoke.xml", "benchmarks.jsonl"} <= names
+    assert sorted(names) == result["raw_logs"]["files"]
 
 
 def test_bandwidth_floor_arithmetic():
@@ -162,13 +170,15 @@ def test_junit_counts(tmp_path):
     xml.write_text(
         '<testsuites><testsuite name="pytest">'
         '<testcase classname="tests.a" name="test_ok"/>'
-        '<testcase classname="tests.a" name="test_bad"><failure message="x"/></testcase>'
+        '<testcase classname="tests.a" name="test_bad"><failure message="x&#10;second line"/>'
+        '</testcase>'
         '<testcase classname="tests.b" name="test_skip"><skipped message="no"/></testcase>'
-        '<testcase classname="tests.b" name="test_err"><error message="y"/></testcase>'
+        '<testcase classname="tests.b" name="test_err"><error>y</error></testcase>'
         '</testsuite></testsuites>')
     counts = dc.junit_counts(xml)
     assert counts == {"passed": 1, "failed": 1, "skipped": 1, "errors": 1,
                       "failures": ["tests.a::test_bad", "tests.b::test_err"],
+                      "failure_messages": {"tests.a::test_bad": "x", "tests.b::test_err": "y"},
                       "skip_reasons": {"no": 1}}
     assert dc.pytest_status(1, counts, 60)[0] == "failed"
     assert dc.pytest_status(None, None, 60)[0] == "timeout"

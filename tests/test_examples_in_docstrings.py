@@ -17,6 +17,9 @@ import pkgutil
 import warnings
 
 import pytest
+
+# numpydoc is a test extra; an image without it (the GPU image) skips this module, not the run.
+pytest.importorskip("numpydoc", reason="numpydoc (the test extra) is not installed")
 from numpydoc.docscrape import NumpyDocString
 
 import refbayes.methods

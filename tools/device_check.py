@@ -47,8 +47,10 @@ skipped, missing, not_run):
    ``refbayes.unchecked()``), at the D of bench_bnn's MLP and of bench_noisy_kfac's. Each pair
    is checked to agree to EXACT_F64 (a disagreement fails the step) before both are timed the
    same way; ``refbayes_over_torch`` is refbayes s / torch s. ``--quick``: the first of each.
-6. report: DIR/device_check.json (versions, card, steps, counts, the timing table, wall seconds,
-   budget) and DIR/device_check.txt (the same, readable), also printed to stdout.
+6. report: DIR/device_check.json (versions, card, steps, counts, each failing test's message,
+   the timing table, wall seconds, budget) and DIR/device_check.txt (the same, readable), also
+   printed to stdout. The steps' own files (logs, junit XML, jsonl rows) are then moved into
+   one archive, DIR/raw-logs.tar.gz, so DIR ends with three files.
 
 The memory-bandwidth floor. Bandwidth = 2 * 256 MiB / t: t the median time of a device-to-device
 copy of a 256 MiB float64 array (``cupy.copyto`` into a preallocated array, timed by CUDA events),
@@ -100,6 +102,7 @@ import signal
 import statistics
 import subprocess
 import sys
+import tarfile
 import time
 import traceback
 import types
@@ -128,6 +131,8 @@ MARGIN_S = 8.0               # kept for the report at the end
 TORCH_RESERVE_S = 60.0       # kept for the torch comparison when torch is installed
 WORKER_GRACE_S = 15.0        # a worker past its own deadline by this much is killed
 SHARES = {"gpu_tests": 0.45, "smoke": 0.35}    # of the budget left when the step starts
+MESSAGE_CHARS = 400          # of each failing test's message kept in the JSON
+RAW_ARCHIVE = "raw-logs.tar.gz"  # the steps' logs, XMLs and jsonl, bundled at the end
 TAIL_CHARS = 3000
 
 BYTES_RULE = ("bytes = nbytes of the device arrays reachable from the instance attributes the "
@@ -426,26 +431,57 @@ def step_versions(result: dict, standin: bool) -> dict:
 
 # ----------------------------------------------------------------------------- steps 3, 4: pytest
 
+def failure_message(element) -> str:
+    """The first line of a junit failure / error (its ``message``, else its text), at most
+    MESSAGE_CHARS characters: what failed, in the JSON, without the raw logs."""
+    text = element.get("message") or (element.text or "").strip()
+    first = text.splitlines()[0] if text else ""
+    return first[:MESSAGE_CHARS]
+
+
+def bundle_raw(out: Path) -> dict:
+    """Move every file of ``out`` but the report (device_check.json / .txt) into one archive,
+    RAW_ARCHIVE: the logs, junit XMLs and jsonl rows of the steps (their content is already
+    summarised in the JSON). ``out`` then holds three files, so a transfer that brings back
+    only a few files (the device machines of some workplaces return 8) loses none of them."""
+    keep = {"device_check.json", "device_check.txt", RAW_ARCHIVE}
+    raw = sorted(p for p in out.iterdir() if p.is_file() and p.name not in keep)
+    if not raw:
+        return {"archive": None, "files": []}
+    tmp = out / (RAW_ARCHIVE + ".tmp")
+    with tarfile.open(tmp, "w:gz") as tar:
+        for p in raw:
+            tar.add(p, arcname=p.name)
+    os.replace(tmp, out / RAW_ARCHIVE)
+    for p in raw:
+        p.unlink()
+    return {"archive": RAW_ARCHIVE, "files": [p.name for p in raw]}
+
+
 def junit_counts(path: Path) -> dict:
-    """passed / failed / skipped / errors and the failing tests' ids from a pytest junit XML."""
+    """passed / failed / skipped / errors, the failing tests' ids and their messages
+    (``failure_messages``, id -> first line) from a pytest junit XML."""
     root = ET.parse(path).getroot()
     counts = {"passed": 0, "failed": 0, "skipped": 0, "errors": 0}
-    failures, skip_reasons = [], collections.Counter()
+    failures, messages, skip_reasons = [], {}, collections.Counter()
     for case in root.iter("testcase"):
         test_id = f"{case.get('classname', '')}::{case.get('name', '')}"
         kinds = {child.tag: child for child in case}
         if "error" in kinds:
             counts["errors"] += 1
             failures.append(test_id)
+            messages[test_id] = failure_message(kinds["error"])
         elif "failure" in kinds:
             counts["failed"] += 1
             failures.append(test_id)
+            messages[test_id] = failure_message(kinds["failure"])
         elif "skipped" in kinds:
             counts["skipped"] += 1
             skip_reasons[kinds["skipped"].get("message", "")] += 1
         else:
             counts["passed"] += 1
     counts["failures"] = failures
+    counts["failure_messages"] = messages
     counts["skip_reasons"] = dict(skip_reasons)
     return counts
 
@@ -495,8 +531,10 @@ def step_pytest(name: str, paths: list[str], out: Path, budget: Budget, standin:
         except ET.ParseError as err:
             rec["junit_error"] = f"ParseError: {err}"
     if counts is not None:
-        rec["counts"] = {k: v for k, v in counts.items() if k not in ("failures", "skip_reasons")}
+        rec["counts"] = {k: v for k, v in counts.items()
+                         if k not in ("failures", "failure_messages", "skip_reasons")}
         rec["failures"] = counts["failures"]
+        rec["failure_messages"] = counts["failure_messages"]
         rec["skip_reasons"] = counts["skip_reasons"]
     rec["status"], rec["reason"] = pytest_status(rc, counts, timeout, skips_fail=name == "smoke")
     return rec
@@ -1250,8 +1288,9 @@ def text_report(result: dict) -> str:
                      + (f"; {extra}" if extra else ""))
         wall = f" ({s['wall_s']:.1f} s)" if "wall_s" in s else ""
         lines.append(f"  {name:<11} {s['status']:<8}{wall} {extra}".rstrip())
+        messages = s.get("failure_messages") or {}
         for f in (s.get("failures") or [])[:20]:
-            lines.append(f"      FAILED {f}")
+            lines.append(f"      FAILED {f}" + (f": {messages[f]}" if messages.get(f) else ""))
     bw = result.get("bandwidth") or {}
     lines.append("")
     if bw.get("bytes_per_s"):
@@ -1385,6 +1424,10 @@ def main(argv=None) -> int:
         run_step("torch", lambda: step_torch(args, out, budget, result, save),
                  needs=MIN_STEP_S + WORKER_GRACE_S)
     result["steps"]["report"] = {"status": "passed"}
+    try:
+        result["raw_logs"] = bundle_raw(out)
+    except OSError as err:
+        result["steps"]["report"] = {"status": "error", "reason": f"bundling the raw logs: {err}"}
     result["wall_s"] = round(budget.elapsed(), 2)
     result["exit_code"] = exit_code(result["steps"])
     report = text_report(result)
