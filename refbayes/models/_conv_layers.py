@@ -1,0 +1,143 @@
+"""Convolution and pooling kernels on NCHW arrays: unfold, fold, the products, their backward passes.
+
+Implements (conv.1) and (conv.4)-(conv.13) of derivations/conv.md. Symbols: x (M, C, H, W) a
+layer input; Wc (C_out, C_in, k_h, k_w) the conv weight, Wm = Wc.reshape(C_out, Q) with
+Q = C_in k_h k_w; U (M, Q, P) the unfolded padded input, P = H_o W_o; Z (M, C_out, H_o, W_o);
+Delta (M, C_out, P) the error at a conv output; windows (M, C, k_h k_w, H_o, W_o) the pooling
+patches, window entry q = u k_w + v (row-major).
+
+Everything here is unchecked. The forward functions take ``ns`` (numpy, cupy or autograd.numpy:
+strided slices, stack, pad, matmul and argmax only); the backward functions take ``xp`` (numpy or
+cupy) and write into fresh arrays.
+"""
+from __future__ import annotations
+
+__all__ = ["out_size", "pad", "windows", "unfold", "fold", "conv_forward", "conv_grads",
+           "conv_backward_input", "max_pool", "max_pool_backward", "avg_pool",
+           "avg_pool_backward"]
+
+
+def out_size(n: int, k: int, s: int, p: int) -> int:
+    """floor((n + 2 p - k) / s) + 1, the output length of a window k, stride s, padding p. (conv.1)"""
+    return (n + 2 * p - k) // s + 1  # (conv.1)
+
+
+def pad(ns, x, ph: int, pw: int):
+    """x zero-padded by ph rows on top and bottom and pw columns left and right."""
+    if ph == 0 and pw == 0:
+        return x
+    # mode positional: autograd's vjp of pad takes it as an argument, not a keyword
+    return ns.pad(x, ((0, 0), (0, 0), (ph, ph), (pw, pw)), "constant")
+
+
+def windows(ns, x, kh: int, kw: int, sh: int, sw: int):
+    """(M, C, kh kw, H_o, W_o): entry q = u kw + v at (h_o, w_o) is x[:, :, sh h_o + u, sw w_o + v]. (conv.4)
+
+    One strided slice per window offset (u, v), stacked: no index arrays, so autograd
+    differentiates it as slices.
+    """
+    Ho, Wo = out_size(x.shape[2], kh, sh, 0), out_size(x.shape[3], kw, sw, 0)
+    return ns.stack([x[:, :, u:u + sh * (Ho - 1) + 1:sh, v:v + sw * (Wo - 1) + 1:sw]
+                     for u in range(kh) for v in range(kw)], axis=2)  # (conv.4)
+
+
+def unfold(ns, xp_pad, kh: int, kw: int, sh: int, sw: int):
+    """U (M, Q, P) of the padded input: U[i, (c, u, v), (h_o, w_o)] = xp_pad[i, c, sh h_o + u, sw w_o + v]. (conv.4)
+
+    Rows (c, u, v) in row-major order, Wm's column order; torch's ``nn.functional.unfold``.
+    """
+    P = windows(ns, xp_pad, kh, kw, sh, sw)
+    M, C, KK, Ho, Wo = P.shape
+    return P.reshape(M, C * KK, Ho * Wo)  # (conv.4)
+
+
+def fold(xp, V, shape, kh: int, kw: int, sh: int, sw: int):
+    """The transpose of ``windows``: (M, C, H, W) with each window entry added where it was read. (conv.9)
+
+    out[:, c, sh h_o + u, sw w_o + v] += V[:, c, u kw + v, h_o, w_o]; one strided slice-add per
+    window offset (u, v), so overlapping windows (stride < kernel) sum, no scatter needed.
+    """
+    out = xp.zeros(shape, dtype=V.dtype)
+    Ho, Wo = V.shape[3], V.shape[4]
+    for u in range(kh):
+        for v in range(kw):
+            out[:, :, u:u + sh * (Ho - 1) + 1:sh, v:v + sw * (Wo - 1) + 1:sw] += V[:, :, u * kw + v]  # (conv.9)
+    return out
+
+
+def conv_forward(ns, x, Wc, b, stride, padding):
+    """(U (M, Q, P), Z (M, C_out, H_o, W_o)): Z_i = Wm U_i + b 1^T, a cross-correlation. (conv.5)"""
+    (kh, kw), (sh, sw), (ph, pw) = Wc.shape[2:], stride, padding
+    M, Cout = x.shape[0], Wc.shape[0]
+    xp_pad = pad(ns, x, ph, pw)
+    U = unfold(ns, xp_pad, kh, kw, sh, sw)
+    Ho, Wo = out_size(x.shape[2], kh, sh, ph), out_size(x.shape[3], kw, sw, pw)
+    Z = Wc.reshape(Cout, -1) @ U  # (conv.5): (C_out, Q) @ (M, Q, P) -> (M, C_out, P)
+    if b is not None:
+        Z = Z + b[:, None]  # (conv.5)
+    return U, Z.reshape(M, Cout, Ho, Wo)
+
+
+def conv_grads(xp, U, Delta, bias: bool, mode: str):
+    """The conv layer's gradient blocks: per-example rows, their sum, or their sum of squares.
+
+    mode "rows": dl_i/dWm = Delta_i U_i^T (M, C_out Q) and dl_i/db = Delta_i 1 (M, C_out)
+    (conv.6)-(conv.7); "sum": their sums over i (C_out Q,), (C_out,) (conv.8); "sum_sq": the sums
+    of their squares (conv.15). Delta is (M, C_out, P); the weight block comes back row-major,
+    theta's order (conv.2).
+    """
+    M = U.shape[0]
+    if mode == "sum":
+        # the M products (C_out, P) @ (P, Q), then summed: tensordot over (i, position) transposes
+        # U into a copy first, ~50x slower here (M = 128, LeNet-5's first layer)
+        blocks = [(Delta @ xp.swapaxes(U, 1, 2)).sum(axis=0).reshape(-1)]  # (conv.8)
+        return blocks + [Delta.sum(axis=(0, 2))] if bias else blocks  # (conv.8)
+    dW = (Delta @ xp.swapaxes(U, 1, 2)).reshape(M, -1)  # (conv.6)
+    db = Delta.sum(axis=2) if bias else None  # (conv.7)
+    if mode == "rows":
+        return [dW] if db is None else [dW, db]
+    # the square of a sum over positions: (conv.15) needs the rows of this layer (not of all D)
+    blocks = [(dW * dW).sum(axis=0)]  # (conv.15)
+    return blocks if db is None else blocks + [(db * db).sum(axis=0)]  # (conv.15)
+
+
+def conv_backward_input(xp, Wc, Delta, x_shape, stride, padding):
+    """dl_i/dx_i (M, C, H, W): fold(Wm^T Delta_i) with the padding cropped off. (conv.9)"""
+    M, C, H, W = x_shape
+    (kh, kw), (sh, sw), (ph, pw) = Wc.shape[2:], stride, padding
+    Ho, Wo = out_size(H, kh, sh, ph), out_size(W, kw, sw, pw)
+    dU = xp.swapaxes(Wc.reshape(Wc.shape[0], -1), 0, 1) @ Delta  # (conv.9): Wm^T Delta_i, (M, Q, P)
+    dxp = fold(xp, dU.reshape(M, C, kh * kw, Ho, Wo), (M, C, H + 2 * ph, W + 2 * pw),
+               kh, kw, sh, sw)  # (conv.9)
+    return dxp[:, :, ph:ph + H, pw:pw + W]  # (conv.9): crop the padding
+
+
+def max_pool(ns, x, kernel, stride):
+    """(onehot (M, C, kh kw, H_o, W_o) bool, y (M, C, H_o, W_o)): the window max, first index on ties. (conv.10)
+
+    y = sum_q 1[q = q*] P[:, :, q]: q* from argmax (NumPy's and CuPy's argmax return the first
+    maximum, torch's tie rule), a constant to autograd, so autograd's gradient is (conv.11).
+    """
+    P = windows(ns, x, kernel[0], kernel[1], stride[0], stride[1])
+    q_star = ns.argmax(P, axis=2)  # (conv.10): the first maximum in row-major window order
+    onehot = q_star[:, :, None] == ns.arange(P.shape[2])[:, None, None]
+    return onehot, ns.sum(P * onehot, axis=2)  # (conv.10)
+
+
+def max_pool_backward(xp, onehot, dy, x_shape, kernel, stride):
+    """dl/dx (M, C, H, W): each output error routed to its window's winner, then folded. (conv.11)"""
+    V = onehot * dy[:, :, None]  # (conv.11)
+    return fold(xp, V, x_shape, kernel[0], kernel[1], stride[0], stride[1])  # (conv.11)
+
+
+def avg_pool(ns, x, kernel, stride):
+    """y (M, C, H_o, W_o): the window mean (1 / (kh kw)) sum_q P[:, :, q], no padding. (conv.12)"""
+    P = windows(ns, x, kernel[0], kernel[1], stride[0], stride[1])
+    return ns.sum(P, axis=2) / (kernel[0] * kernel[1])  # (conv.12)
+
+
+def avg_pool_backward(xp, dy, x_shape, kernel, stride):
+    """dl/dx (M, C, H, W): fold of dy / (kh kw) at every window entry. (conv.13)"""
+    KK = kernel[0] * kernel[1]
+    V = xp.broadcast_to((dy / KK)[:, :, None], dy.shape[:2] + (KK,) + dy.shape[2:])  # (conv.13)
+    return fold(xp, V, x_shape, kernel[0], kernel[1], stride[0], stride[1])  # (conv.13)

@@ -1,0 +1,981 @@
+"""Convolutional networks on a flat theta: Conv2d, MaxPool2d, AvgPool2d, Flatten, Dense, Activation.
+
+Implements derivations/conv.md (conv.1)-(conv.15) (issue 34, first slice): a sequential network
+built from layer records, with the forward pass, per-example losses, the summed gradient, the
+per-example gradients and the diagonal empirical Fisher of the FlatModel contract
+(refbayes.models.base). Dense layers and activations are (peg.1)-(peg.5) and (peg.11) of
+derivations/per_example_gradients.md.
+
+Symbols and shapes: theta (D,); images NCHW, X (M, C, H, W) or its rows X (M, C H W) (each row an
+image flattened row-major in (c, h, w), the 2-D form the methods pass); f (M, K) the outputs; y
+(M,) labels or (M,) / (M, K) reals, as for FlatModel. theta: the parameter layers' blocks in spec
+order; a Conv2d block is its weight (C_out, C_in, k_h, k_w) row-major (torch's ``nn.Conv2d.weight``
+as it is) then its bias (C_out,) (conv.2); a Dense block is W (n_in, n_out) row-major (torch's
+``nn.Linear.weight`` transposed, as for the MLP) then b (n_out,) (conv.3).
+
+Valid inputs, checked by every CNN method that takes them (ValueError otherwise, naming the
+argument): theta is a finite float64 or float32 (D,) array; X is a finite (M, C, H, W) or
+(M, C H W) array with M >= 1 in theta's dtype, (C, H, W) = ``input_shape``; y, where a method
+takes it, passes ``likelihood.check_targets`` (M rows, labels in range); the arrays do not mix
+NumPy and CuPy. Layer records validate their arguments at construction, and ``CNN`` checks that
+the spec chains from ``input_shape`` to a (K,) output (conv.1).
+
+Not provided yet (issue 34, later slices): the curvature (``jacobian``, ``jvp``, ``ggn``,
+``ggn_vp``, ``hessian``, ``hvp``, ``grad_hvp``, ``diag_ggn``, ``sample_moments``), the
+K-FAC methods (``kfac_factors``, ``kfac_curvature``, ``kfac_moments``, ``kfac_block_errors``), the
+batched passes (``forward_batched``, ``sample_losses_and_grads``, ``per_example_grads_batched``),
+``last_layer`` and dropout; those CNN methods raise NotImplementedError. CNN is not a FlatModel
+subclass: FlatModel's inherited methods read the MLP's ``sizes`` layout and would compute the
+wrong thing on a CNN rather than fail.
+"""
+from __future__ import annotations
+
+import math
+import numbers
+from dataclasses import dataclass
+
+import autograd
+import autograd.numpy as anp
+import numpy as np
+
+from refbayes._checks import check_array, check_float, check_int, check_same_dtype
+from refbayes.backend import xp_of
+from refbayes.models import _conv_layers as cl
+from refbayes.models._layers import ACTIVATIONS, act_prime, activate
+from refbayes.models.base import INIT_SCHEMES
+from refbayes.models.likelihoods import LIKELIHOODS, make_likelihood
+
+__all__ = ["Conv2d", "MaxPool2d", "AvgPool2d", "Flatten", "Dense", "Activation", "CNN",
+           "CNN_IMPLS", "tiny_cnn", "lenet5"]
+
+CNN_IMPLS = ("vectorized", "autograd")  # per_example_grads' implementations (FlatModel's names)
+_ISSUE = "issue 34 (CNNs across the library): not provided for CNN yet"
+
+
+def _pair(value, name: str, low: int):
+    """An int or a pair of ints, each >= low, as a pair (height, width)."""
+    if isinstance(value, numbers.Integral) and not isinstance(value, bool):
+        value = (value, value)
+    if not isinstance(value, (tuple, list)) or len(value) != 2:
+        raise ValueError(f"{name}: expected an integer >= {low} or a pair of them, got {value!r}")
+    return tuple(check_int(v, name, low=low) for v in value)
+
+
+@dataclass(frozen=True)
+class Conv2d:
+    """A 2-d convolution layer (cross-correlation, torch's ``nn.Conv2d``) on NCHW images.
+
+    Z_i = Wm U_i + b 1^T on the unfolded, zero-padded input (conv.4)-(conv.5).
+
+    Parameters
+    ----------
+    c_in : int
+        Input channels C_in >= 1.
+    c_out : int
+        Output channels C_out >= 1.
+    kernel : int or tuple of int
+        Kernel size k (square) or (k_h, k_w), each >= 1.
+    stride : int or tuple of int, default 1
+        Stride s or (s_h, s_w), each >= 1.
+    padding : int or tuple of int, default 0
+        Zero padding p or (p_h, p_w) on each side, each >= 0.
+    bias : bool, default True
+        Whether the layer has a bias b (C_out,).
+
+    Raises
+    ------
+    ValueError
+        If an argument is not an integer (pair) in its range, or bias is not a bool.
+    """
+
+    c_in: int
+    c_out: int
+    kernel: tuple
+    stride: tuple = 1
+    padding: tuple = 0
+    bias: bool = True
+
+    def __post_init__(self):
+        object.__setattr__(self, "c_in", check_int(self.c_in, "c_in", low=1))
+        object.__setattr__(self, "c_out", check_int(self.c_out, "c_out", low=1))
+        object.__setattr__(self, "kernel", _pair(self.kernel, "kernel", 1))
+        object.__setattr__(self, "stride", _pair(self.stride, "stride", 1))
+        object.__setattr__(self, "padding", _pair(self.padding, "padding", 0))
+        if not isinstance(self.bias, bool):
+            raise ValueError(f"bias: expected a bool, got {self.bias!r}")
+
+
+@dataclass(frozen=True)
+class MaxPool2d:
+    """Max pooling over k_h x k_w windows, no padding; ties go to the first window index.
+
+    The window maximum, read at the first maximal entry in row-major window order (conv.10).
+
+    Parameters
+    ----------
+    kernel : int or tuple of int
+        Window size k or (k_h, k_w), each >= 1.
+    stride : int or tuple of int, optional
+        Stride s or (s_h, s_w), each >= 1; default the kernel (torch's default).
+
+    Raises
+    ------
+    ValueError
+        If kernel or stride is not an integer (pair) >= 1.
+    """
+
+    kernel: tuple
+    stride: tuple = None
+
+    def __post_init__(self):
+        object.__setattr__(self, "kernel", _pair(self.kernel, "kernel", 1))
+        stride = self.kernel if self.stride is None else _pair(self.stride, "stride", 1)
+        object.__setattr__(self, "stride", stride)
+
+
+@dataclass(frozen=True)
+class AvgPool2d:
+    """Average pooling over k_h x k_w windows, no padding (torch's count_include_pad is moot).
+
+    The mean of each window's k_h k_w entries (conv.12).
+
+    Parameters
+    ----------
+    kernel : int or tuple of int
+        Window size k or (k_h, k_w), each >= 1.
+    stride : int or tuple of int, optional
+        Stride s or (s_h, s_w), each >= 1; default the kernel (torch's default).
+
+    Raises
+    ------
+    ValueError
+        If kernel or stride is not an integer (pair) >= 1.
+    """
+
+    kernel: tuple
+    stride: tuple = None
+
+    def __post_init__(self):
+        object.__setattr__(self, "kernel", _pair(self.kernel, "kernel", 1))
+        stride = self.kernel if self.stride is None else _pair(self.stride, "stride", 1)
+        object.__setattr__(self, "stride", stride)
+
+
+@dataclass(frozen=True)
+class Flatten:
+    """Flatten (C, H, W) to C H W features row-major, torch's ``nn.Flatten()`` order.
+
+    Entry c H W + h W + w holds pixel (c, h, w) (conv.14).
+    """
+
+
+@dataclass(frozen=True)
+class Dense:
+    """A dense layer h W + b, W (n_in, n_out) as the MLP's (peg.1).
+
+    Parameters
+    ----------
+    n_in : int
+        Input width >= 1.
+    n_out : int
+        Output width >= 1.
+    bias : bool, default True
+        Whether the layer has a bias b (n_out,).
+
+    Raises
+    ------
+    ValueError
+        If n_in or n_out is not an integer >= 1, or bias is not a bool.
+    """
+
+    n_in: int
+    n_out: int
+    bias: bool = True
+
+    def __post_init__(self):
+        object.__setattr__(self, "n_in", check_int(self.n_in, "n_in", low=1))
+        object.__setattr__(self, "n_out", check_int(self.n_out, "n_out", low=1))
+        if not isinstance(self.bias, bool):
+            raise ValueError(f"bias: expected a bool, got {self.bias!r}")
+
+
+@dataclass(frozen=True)
+class Activation:
+    """An elementwise activation: relu (relu'(0) = 0), tanh or sigmoid.
+
+    As the MLP's hidden layers (peg.1), (peg.5).
+
+    Parameters
+    ----------
+    name : {"relu", "tanh", "sigmoid"}
+        The activation.
+
+    Raises
+    ------
+    ValueError
+        If name is not one of refbayes.models._layers.ACTIVATIONS.
+    """
+
+    name: str
+
+    def __post_init__(self):
+        if self.name not in ACTIVATIONS:
+            raise ValueError(f"name: expected one of {ACTIVATIONS}, got {self.name!r}")
+
+
+_LAYER_TYPES = (Conv2d, MaxPool2d, AvgPool2d, Flatten, Dense, Activation)
+_PARAM_TYPES = (Conv2d, Dense)
+
+
+# ---------------------------------------------------------------------------- shapes and layout
+
+def _out_shape(layer, shape: tuple, where: str) -> tuple:
+    """The output shape (per example) of ``layer`` on an input of ``shape``; ValueError if it
+    does not chain. (conv.1)"""
+    if isinstance(layer, Activation):
+        return shape
+    if isinstance(layer, Dense):
+        if shape != (layer.n_in,):
+            raise ValueError(f"{where}: Dense expects an input of shape ({layer.n_in},), the "
+                             f"previous layer gives {shape} (a Flatten is needed after images)")
+        return (layer.n_out,)
+    if len(shape) != 3:
+        raise ValueError(f"{where}: {type(layer).__name__} expects a (C, H, W) image input, "
+                         f"the previous layer gives {shape}")
+    if isinstance(layer, Flatten):
+        return (shape[0] * shape[1] * shape[2],)
+    C, H, W = shape
+    if isinstance(layer, Conv2d):
+        if C != layer.c_in:
+            raise ValueError(f"{where}: Conv2d expects {layer.c_in} input channels, the previous "
+                             f"layer gives {C} (shape {shape})")
+        C, pad = layer.c_out, layer.padding
+    else:
+        pad = (0, 0)
+    (kh, kw), (sh, sw) = layer.kernel, layer.stride
+    Ho, Wo = cl.out_size(H, kh, sh, pad[0]), cl.out_size(W, kw, sw, pad[1])  # (conv.1)
+    if Ho < 1 or Wo < 1:  # (conv.1): the kernel exceeds the padded input
+        raise ValueError(f"{where}: kernel {layer.kernel} exceeds the padded input "
+                         f"{(H + 2 * pad[0], W + 2 * pad[1])} (input {shape}, padding {pad}); "
+                         f"expected kernel <= input + 2 padding, giving an output size >= 1")
+    return (C, Ho, Wo)
+
+
+def _chain_shapes(input_shape: tuple, layers: tuple) -> tuple:
+    """(input_shape, shape after layer 1, ..., shape after the last layer). (conv.1)"""
+    shapes = [input_shape]
+    for k, layer in enumerate(layers):
+        shapes.append(_out_shape(layer, shapes[-1], f"layers[{k}]"))
+    return tuple(shapes)
+
+
+def _param_shapes(layers: tuple) -> tuple:
+    """One (weight shape, bias shape or None) per parameter layer, in theta order. (conv.2)-(conv.3)"""
+    out = []
+    for layer in layers:
+        if isinstance(layer, Conv2d):
+            out.append(((layer.c_out, layer.c_in) + layer.kernel,  # (conv.2): torch's layout
+                        (layer.c_out,) if layer.bias else None))
+        elif isinstance(layer, Dense):
+            out.append(((layer.n_in, layer.n_out), (layer.n_out,) if layer.bias else None))  # (conv.3)
+    return tuple(out)
+
+
+def _split(theta, param_shapes):
+    """[(W, b or None)] as views into theta, blocks in spec order. (conv.2)-(conv.3)"""
+    params, pos = [], 0
+    for w_shape, b_shape in param_shapes:
+        n = math.prod(w_shape)
+        W = theta[pos:pos + n].reshape(w_shape)  # (conv.2): row-major
+        pos += n
+        b = None
+        if b_shape is not None:
+            b = theta[pos:pos + b_shape[0]]
+            pos += b_shape[0]
+        params.append((W, b))
+    return params
+
+
+def _fans(w_shape):
+    """torch's (fan_in, fan_out): (C_in k_h k_w, C_out k_h k_w) for a conv, (n_in, n_out) dense."""
+    if len(w_shape) == 4:
+        rf = w_shape[2] * w_shape[3]
+        return w_shape[1] * rf, w_shape[0] * rf
+    return w_shape
+
+
+# ---------------------------------------------------------------------------- forward and backward
+
+def _layer_forward(ns, layer, p, a):
+    """(cache for the backward pass, output) of one layer on the batch a."""
+    if isinstance(layer, Conv2d):
+        U, z = cl.conv_forward(ns, a, p[0], p[1], layer.stride, layer.padding)  # (conv.5)
+        return (a.shape, U), z
+    if isinstance(layer, Dense):
+        z = a @ p[0]  # (peg.1)
+        return a, (z if p[1] is None else z + p[1])
+    if isinstance(layer, Activation):
+        out = activate(ns, a, layer.name)  # (peg.1)
+        return out, out
+    if isinstance(layer, MaxPool2d):
+        onehot, y = cl.max_pool(ns, a, layer.kernel, layer.stride)  # (conv.10)
+        return (a.shape, onehot), y
+    if isinstance(layer, AvgPool2d):
+        return a.shape, cl.avg_pool(ns, a, layer.kernel, layer.stride)  # (conv.12)
+    return a.shape, a.reshape(a.shape[0], -1)  # Flatten: (conv.14), row-major (c, h, w)
+
+
+def _forward(ns, layers, params, X):
+    """(per-layer caches, f): the network on a validated (M, C, H, W) batch."""
+    it = iter(params)
+    caches, a = [], X
+    for layer in layers:
+        cache, a = _layer_forward(ns, layer, next(it) if isinstance(layer, _PARAM_TYPES) else None, a)
+        caches.append(cache)
+    return caches, a
+
+
+def _layer_backward(xp, layer, p, cache, delta):
+    """dl/d(input) of one layer from dl/d(output) = delta (backprop one layer down)."""
+    if isinstance(layer, Conv2d):
+        x_shape, _ = cache
+        D = delta.reshape(delta.shape[0], delta.shape[1], -1)
+        return cl.conv_backward_input(xp, p[0], D, x_shape, layer.stride, layer.padding)  # (conv.9)
+    if isinstance(layer, Dense):
+        return delta @ p[0].T  # (peg.3)
+    if isinstance(layer, Activation):
+        return delta * act_prime(cache, layer.name)  # (peg.3), (peg.5)
+    if isinstance(layer, MaxPool2d):
+        x_shape, onehot = cache
+        return cl.max_pool_backward(xp, onehot, delta, x_shape, layer.kernel, layer.stride)  # (conv.11)
+    if isinstance(layer, AvgPool2d):
+        return cl.avg_pool_backward(xp, delta, cache, layer.kernel, layer.stride)  # (conv.13)
+    return delta.reshape(cache)  # Flatten: (conv.14)
+
+
+def _backward_blocks(xp, layers, params, caches, r, mode: str):
+    """The gradient blocks in theta order from r = dl/df: per-example rows (M, D_l) ("rows"), their
+    sums (D_l,) ("sum") or their sums of squares (D_l,) ("sum_sq")."""
+    it = reversed(params)
+    blocks, delta = [], r  # (peg.2)
+    for k in range(len(layers) - 1, -1, -1):
+        layer = layers[k]
+        p = next(it) if isinstance(layer, _PARAM_TYPES) else None
+        if isinstance(layer, Conv2d):
+            U = caches[k][1]
+            D = delta.reshape(delta.shape[0], delta.shape[1], -1)
+            blocks.append(cl.conv_grads(xp, U, D, layer.bias, mode))  # (conv.6)-(conv.8), (conv.15)
+        elif isinstance(layer, Dense):
+            blocks.append(_dense_grads(caches[k], delta, layer.bias, mode))  # (peg.4), (peg.6), (peg.11)
+        if k > 0:  # the input's error is never needed
+            delta = _layer_backward(xp, layer, p, caches[k], delta)
+    return [b for layer_blocks in reversed(blocks) for b in layer_blocks]
+
+
+def _dense_grads(a, d, bias: bool, mode: str):
+    """Rows a_i^T d_i and d_i (peg.4); sums A^T Delta, 1^T Delta (peg.6); or the sums of their
+    squares (a^2)^T (d^2), 1^T d^2, as the squares of an outer product separate (peg.11)."""
+    if mode == "rows":
+        blocks = [(a[:, :, None] * d[:, None, :]).reshape(a.shape[0], -1)]  # (peg.4)
+        return blocks + [d] if bias else blocks
+    if mode == "sum_sq":
+        a, d = a * a, d * d  # (peg.11)
+    blocks = [(a.T @ d).reshape(-1)]  # (peg.6) / (peg.11)
+    return blocks + [d.sum(axis=0)] if bias else blocks
+
+
+# ---------------------------------------------------------------------------- the model
+
+def _not_provided(name: str):
+    """A CNN method that FlatModel has and CNN does not have yet: it raises NotImplementedError."""
+    def method(self, *args, **kwargs):
+        raise NotImplementedError(f"CNN.{name}: {_ISSUE} (FlatModel.{name} is the MLP's)")
+    method.__name__ = name
+    method.__qualname__ = f"CNN.{name}"
+    method.__doc__ = f"""Raise NotImplementedError: FlatModel.{name} has no CNN version yet (issue 34).
+
+        Parameters
+        ----------
+        *args : object
+            FlatModel.{name}'s arguments, ignored.
+        **kwargs : object
+            FlatModel.{name}'s keyword arguments, ignored.
+
+        Raises
+        ------
+        NotImplementedError
+            Always.
+        """
+    return method
+
+
+class CNN:
+    """A sequential convolutional network x -> f(x; theta) with a likelihood p(y | f).
+
+    theta holds the parameter layers' blocks in spec order (conv.2)-(conv.3), torch's
+    ``parameters()`` order; Conv2d blocks are torch's ``weight`` as it is, Dense blocks the
+    MLP's (``weight`` transposed). Instances are immutable. See refbayes.models.conv for the
+    valid inputs and the methods not provided yet.
+
+    Parameters
+    ----------
+    input_shape : tuple of int
+        (C, H, W), each >= 1: the shape of one image (NCHW batches).
+    layers : sequence of layer records
+        Conv2d, MaxPool2d, AvgPool2d, Flatten, Dense and Activation records, in order; each
+        layer's input must be the previous layer's output (channels, widths) and the last
+        output a (K,) vector. No activation is implied: f is the last layer's output.
+    likelihood : {"gaussian", "bernoulli", "categorical"}, default "categorical"
+        Gaussian on K real outputs, bernoulli on one logit (K == 1), categorical on K >= 2
+        logits.
+    noise_precision : float, default 1.0
+        The gaussian likelihood's noise precision tau > 0, finite (checked for every
+        likelihood; only the gaussian uses it).
+
+    Attributes
+    ----------
+    input_shape : tuple of int
+        (C, H, W).
+    layers : tuple
+        The layer records.
+    likelihood : Gaussian, Bernoulli or Categorical
+        Observation model p(y | f).
+    shapes : tuple of tuple
+        The per-example shape before the first layer and after each layer (conv.1).
+    D : int
+        Number of parameters, len(theta) (conv.3).
+
+    Raises
+    ------
+    ValueError
+        If input_shape is not three integers >= 1, layers is empty or holds something other
+        than the records above, the spec does not chain (channel or width mismatch, a kernel
+        larger than its padded input, a Dense on an image, pooling on a vector), the last
+        output is not a vector whose length K fits the likelihood, or likelihood or
+        noise_precision is invalid.
+    """
+
+    __slots__ = ("input_shape", "layers", "likelihood", "shapes", "D", "_param_shapes")
+
+    def __init__(self, input_shape, layers, likelihood="categorical", noise_precision=1.0):
+        if not isinstance(input_shape, (tuple, list)) or len(input_shape) != 3:
+            raise ValueError(f"input_shape: expected (C, H, W), three integers >= 1, got {input_shape!r}")
+        input_shape = tuple(check_int(n, "input_shape", low=1) for n in input_shape)
+        if not isinstance(layers, (tuple, list)) or len(layers) == 0:
+            raise ValueError(f"layers: expected a non-empty sequence of layer records, got {layers!r:.80}")
+        for k, layer in enumerate(layers):
+            if not isinstance(layer, _LAYER_TYPES):
+                raise ValueError(f"layers[{k}]: expected one of "
+                                 f"{[t.__name__ for t in _LAYER_TYPES]}, got {layer!r:.80}")
+        if likelihood not in LIKELIHOODS:
+            raise ValueError(f"likelihood: expected one of {LIKELIHOODS}, got {likelihood!r}")
+        layers = tuple(layers)
+        shapes = _chain_shapes(input_shape, layers)
+        _check_output(shapes[-1], likelihood)
+        param_shapes = _param_shapes(layers)
+        D = sum(math.prod(w) + (b[0] if b else 0) for w, b in param_shapes)  # (conv.3)
+        for name, value in (("input_shape", input_shape), ("layers", layers),
+                            ("likelihood", make_likelihood(likelihood, noise_precision)),
+                            ("shapes", shapes), ("D", D), ("_param_shapes", param_shapes)):
+            object.__setattr__(self, name, value)
+
+    def __setattr__(self, name, value):
+        raise AttributeError(f"{type(self).__name__} is immutable (hyperparameters only)")
+
+    def __eq__(self, other):
+        return type(self) is type(other) and all(
+            getattr(self, k) == getattr(other, k) for k in ("input_shape", "layers", "likelihood"))
+
+    def __hash__(self):
+        return hash((type(self).__name__, self.input_shape, self.layers, self.likelihood))
+
+    def __repr__(self):
+        return (f"CNN({self.input_shape}, {list(self.layers)}, "
+                f"likelihood={self.likelihood.name!r})")
+
+    @property
+    def n_in(self) -> int:
+        """The width C H W of one input row (the 2-D form of X)."""
+        return math.prod(self.input_shape)
+
+    @property
+    def n_out(self) -> int:
+        """The number K of outputs f_i."""
+        return self.shapes[-1][0]
+
+    # ---- validation ------------------------------------------------------------------------
+
+    def _check_theta(self, theta):
+        check_array(theta, "theta", ndim=1)
+        if theta.shape[0] != self.D:
+            raise ValueError(f"theta: expected shape ({self.D},), got {tuple(theta.shape)}")
+        return check_float(theta, "theta")
+
+    def _check_X(self, X):
+        """X as an (M, C, H, W) batch: NCHW images, or rows (M, C H W) reshaped (a view)."""
+        C, H, W = self.input_shape
+        check_array(X, "X", ndim=(2, 4))
+        if X.shape[1:] not in ((C, H, W), (C * H * W,)):
+            raise ValueError(f"X: expected NCHW images (M, {C}, {H}, {W}) or rows "
+                             f"(M, {C * H * W}), got {tuple(X.shape)}")
+        if X.shape[0] < 1:
+            raise ValueError(f"X: expected at least one example, got shape {tuple(X.shape)}")
+        check_float(X, "X")
+        return X.reshape((X.shape[0],) + self.input_shape)
+
+    def _inputs(self, theta, X, y=None, need_y=True):
+        """xp and validated (theta, X (M, C, H, W), y in the likelihood's canonical form)."""
+        xp = xp_of(theta, X, y)
+        self._check_theta(theta)
+        X = self._check_X(X)
+        check_same_dtype({"theta": theta, "X": X})
+        if need_y:
+            if y is None:
+                raise ValueError("y: expected targets, got None")
+            y = self.likelihood.check_targets(y, X.shape[0], self.n_out, theta.dtype)
+        return xp, theta, X, y
+
+    # ---- parameters ------------------------------------------------------------------------
+
+    def unflatten(self, theta):
+        """Split theta into the parameter layers' weights and biases (views into theta).
+
+        (conv.2)-(conv.3): a Conv2d's W is (C_out, C_in, k_h, k_w), a Dense's (n_in, n_out).
+
+        Parameters
+        ----------
+        theta : array of shape (D,)
+            Flat parameter vector (float64 or float32).
+
+        Returns
+        -------
+        list of tuple
+            [(W, b or None)], one pair per Conv2d or Dense layer, in spec order.
+
+        Raises
+        ------
+        ValueError
+            If theta is invalid (see refbayes.models.conv).
+        """
+        xp_of(theta)
+        self._check_theta(theta)
+        return _split(theta, self._param_shapes)
+
+    def flatten(self, params):
+        """Concatenate the parameter layers' weights and biases into theta, inverse of ``unflatten``.
+
+        theta = concat(vec_row_major(W), b) over the Conv2d and Dense layers in spec order.
+        (conv.2)-(conv.3)
+
+        Parameters
+        ----------
+        params : list of tuple
+            One (W, b) pair per parameter layer, shaped as ``unflatten`` returns them, b None
+            for a layer without a bias.
+
+        Returns
+        -------
+        array of shape (D,)
+            The flat parameter vector theta.
+
+        Raises
+        ------
+        ValueError
+            If params is not one (W, b) pair per parameter layer of those shapes, with finite
+            real values of one dtype on one backend.
+        """
+        n = len(self._param_shapes)
+        if not isinstance(params, (list, tuple)) or len(params) != n:
+            raise ValueError(f"params: expected a list of {n} (W, b) pairs, got "
+                             f"{type(params).__name__} of length "
+                             f"{len(params) if hasattr(params, '__len__') else '?'}")
+        pieces = []
+        for k, (pair, (w_shape, b_shape)) in enumerate(zip(params, self._param_shapes)):
+            if not isinstance(pair, (list, tuple)) or len(pair) != 2:
+                raise ValueError(f"params[{k}]: expected a (W, b) pair, got {pair!r:.80}")
+            pieces.append(check_array(pair[0], f"params[{k}][0]", shape=w_shape).reshape(-1))
+            if b_shape is None:
+                if pair[1] is not None:
+                    raise ValueError(f"params[{k}][1]: expected None (the layer has no bias), got an array")
+            else:
+                pieces.append(check_array(pair[1], f"params[{k}][1]", shape=b_shape))
+        if not pieces:  # a spec of pooling, flatten and activations only: D = 0
+            return np.zeros(0)
+        xp = xp_of(*pieces)
+        check_same_dtype({f"params[{k}]": a for k, a in enumerate(pieces)})
+        return xp.concatenate(pieces)
+
+    def init_theta(self, rng, dtype=np.float64, scheme: str = "glorot"):
+        """Draw an initial theta (NumPy), parameter layer by layer in theta order.
+
+        As ``FlatModel.init_theta``, with torch's fans: fan_in = C_in k_h k_w and fan_out =
+        C_out k_h k_w for a Conv2d, n_in and n_out for a Dense. "glorot": W ~ U(-s, s),
+        s = sqrt(6 / (fan_in + fan_out)), biases zero; "pytorch": W then b ~ U(-s, s),
+        s = 1 / sqrt(fan_in) (torch's default distribution, NumPy's draws).
+
+        Parameters
+        ----------
+        rng : numpy.random.Generator
+            Generator owned by the caller.
+        dtype : numpy dtype, default numpy.float64
+            Either float64 or float32.
+        scheme : {"glorot", "pytorch"}, default "glorot"
+            The initialization's distribution.
+
+        Returns
+        -------
+        numpy.ndarray of shape (D,)
+            The initial theta, in ``dtype``.
+
+        Raises
+        ------
+        ValueError
+            If rng is not a numpy.random.Generator, dtype is neither float64 nor float32, or
+            scheme is not one of refbayes.models.base.INIT_SCHEMES.
+        """
+        if not isinstance(rng, np.random.Generator):
+            raise ValueError(f"rng: expected a numpy.random.Generator, got {type(rng).__name__}")
+        if np.dtype(dtype) not in (np.float32, np.float64):
+            raise ValueError(f"dtype: expected float64 or float32, got {dtype}")
+        if scheme not in INIT_SCHEMES:
+            raise ValueError(f"scheme: expected one of {INIT_SCHEMES}, got {scheme!r}")
+        params = []
+        for w_shape, b_shape in self._param_shapes:
+            fan_in, fan_out = _fans(w_shape)
+            s = math.sqrt(6.0 / (fan_in + fan_out)) if scheme == "glorot" else 1.0 / math.sqrt(fan_in)
+            W = rng.uniform(-s, s, size=w_shape)
+            if b_shape is None:
+                b = None
+            else:
+                b = np.zeros(b_shape) if scheme == "glorot" else rng.uniform(-s, s, size=b_shape)
+            params.append((W, b))
+        return self.flatten(params).astype(dtype)
+
+    # ---- forward -----------------------------------------------------------------------------
+
+    def forward(self, theta, X):
+        """Compute the network output f, the last layer's output.
+
+        Conv2d (conv.4)-(conv.5), MaxPool2d (conv.10), AvgPool2d (conv.12), Flatten (conv.14),
+        Dense and Activation (peg.1), in spec order.
+
+        Parameters
+        ----------
+        theta : array of shape (D,)
+            Flat parameter vector (float64 or float32).
+        X : array of shape (M, C, H, W) or (M, C H W)
+            Images NCHW, or their rows flattened row-major; M >= 1, theta's dtype.
+
+        Returns
+        -------
+        array of shape (M, K)
+            The outputs f.
+
+        Raises
+        ------
+        ValueError
+            If theta or X is invalid (see refbayes.models.conv).
+        """
+        xp, theta, X, _ = self._inputs(theta, X, need_y=False)
+        return _forward(xp, self.layers, _split(theta, self._param_shapes), X)[1]
+
+    def predict(self, theta, X):
+        """Compute the predictive mean E[y | x, theta] of the likelihood at the outputs f.
+
+        Parameters
+        ----------
+        theta : array of shape (D,)
+            Flat parameter vector (float64 or float32).
+        X : array of shape (M, C, H, W) or (M, C H W)
+            Images NCHW, or their rows flattened row-major; M >= 1, theta's dtype.
+
+        Returns
+        -------
+        array of shape (M, K), (M,) or (M, C)
+            Gaussian: f (M, K); bernoulli: p(y = 1) (M,); categorical: the class
+            probabilities (M, K).
+
+        Raises
+        ------
+        ValueError
+            If theta or X is invalid (see refbayes.models.conv).
+        """
+        xp, theta, X, _ = self._inputs(theta, X, need_y=False)
+        f = _forward(xp, self.layers, _split(theta, self._param_shapes), X)[1]
+        return self.likelihood._mean(xp, f)
+
+    def per_example_losses(self, theta, X, y):
+        """Compute the per-example negative log-likelihoods l_i = -log p(y_i | x_i, theta).
+
+        (peg.13)-(peg.15) at the outputs f of ``forward``.
+
+        Parameters
+        ----------
+        theta : array of shape (D,)
+            Flat parameter vector (float64 or float32).
+        X : array of shape (M, C, H, W) or (M, C H W)
+            Images NCHW, or their rows flattened row-major; M >= 1, theta's dtype.
+        y : array of shape (M,) or (M, K)
+            Targets: labels (M,) for classification; reals (M,) or (M, K) for the gaussian
+            likelihood.
+
+        Returns
+        -------
+        array of shape (M,)
+            The losses l_i, constants included.
+
+        Raises
+        ------
+        ValueError
+            If theta, X or y is invalid (see refbayes.models.conv).
+        """
+        xp, theta, X, y = self._inputs(theta, X, y)
+        f = _forward(xp, self.layers, _split(theta, self._param_shapes), X)[1]
+        return self.likelihood._losses(xp, f, y)
+
+    def loss(self, theta, X, y):
+        """Compute the summed loss sum_i l_i, l_i = -log p(y_i | x_i, theta).
+
+        Parameters
+        ----------
+        theta : array of shape (D,)
+            Flat parameter vector (float64 or float32).
+        X : array of shape (M, C, H, W) or (M, C H W)
+            Images NCHW, or their rows flattened row-major; M >= 1, theta's dtype.
+        y : array of shape (M,) or (M, K)
+            Targets: labels (M,) for classification; reals (M,) or (M, K) for the gaussian
+            likelihood.
+
+        Returns
+        -------
+        array of shape ()
+            The loss, a 0-d array of theta's dtype on theta's backend.
+
+        Raises
+        ------
+        ValueError
+            If theta, X or y is invalid (see refbayes.models.conv).
+        """
+        return self.per_example_losses(theta, X, y).sum()
+
+    # ---- gradients -----------------------------------------------------------------------------
+
+    def _gradient_blocks(self, xp, theta, X, y, mode):
+        params = _split(theta, self._param_shapes)
+        caches, f = _forward(xp, self.layers, params, X)
+        r = self.likelihood._grad_f(f, y)  # (peg.2)
+        return _backward_blocks(xp, self.layers, params, caches, r, mode)
+
+    def grad(self, theta, X, y):
+        """Compute the summed gradient g = sum_i dl_i/dtheta.
+
+        Backprop of r = dl/df through every layer, without forming per-example rows: conv
+        blocks sum_i Delta_i U_i^T and sum_i Delta_i 1 (conv.8), dense blocks (peg.6).
+
+        Parameters
+        ----------
+        theta : array of shape (D,)
+            Flat parameter vector (float64 or float32).
+        X : array of shape (M, C, H, W) or (M, C H W)
+            Images NCHW, or their rows flattened row-major; M >= 1, theta's dtype.
+        y : array of shape (M,) or (M, K)
+            Targets: labels (M,) for classification; reals (M,) or (M, K) for the gaussian
+            likelihood.
+
+        Returns
+        -------
+        array of shape (D,)
+            The gradient g.
+
+        Raises
+        ------
+        ValueError
+            If theta, X or y is invalid (see refbayes.models.conv).
+        """
+        xp, theta, X, y = self._inputs(theta, X, y)
+        return xp.concatenate(self._gradient_blocks(xp, theta, X, y, "sum"))  # (conv.8)
+
+    def per_example_grads(self, theta, X, y, impl=None):
+        """Compute the per-example gradients G[i] = dl_i/dtheta, so G.sum(0) == grad.
+
+        "vectorized": one backward pass; conv blocks Delta_i U_i^T and Delta_i 1 as one batched
+        product over the M examples (conv.6)-(conv.7), BackPACK's BatchGrad; dense blocks
+        (peg.4). "autograd": a loop of autograd.grad over examples (the oracle).
+
+        Parameters
+        ----------
+        theta : array of shape (D,)
+            Flat parameter vector (float64 or float32).
+        X : array of shape (M, C, H, W) or (M, C H W)
+            Images NCHW, or their rows flattened row-major; M >= 1, theta's dtype.
+        y : array of shape (M,) or (M, K)
+            Targets: labels (M,) for classification; reals (M,) or (M, K) for the gaussian
+            likelihood.
+        impl : {"vectorized", "autograd"}, optional
+            Default "vectorized" (NumPy or CuPy); "autograd" runs on NumPy only. FlatModel's
+            "numba" has no CNN version.
+
+        Returns
+        -------
+        array of shape (M, D)
+            The per-example gradients G.
+
+        Raises
+        ------
+        ValueError
+            If theta, X or y is invalid (see refbayes.models.conv), or impl is not one of
+            CNN_IMPLS, or is "autograd" with CuPy arrays.
+        """
+        xp = xp_of(theta, X, y)
+        impl = "vectorized" if impl is None else impl
+        if impl not in CNN_IMPLS:
+            raise ValueError(f"impl: expected one of {CNN_IMPLS}, got {impl!r}")
+        if impl == "autograd" and xp is not np:
+            raise ValueError("impl: 'autograd' runs on NumPy arrays only, got CuPy arrays; "
+                             "use impl='vectorized' on the GPU")
+        xp, theta, X, y = self._inputs(theta, X, y)
+        if impl == "autograd":
+            return self._per_example_grads_autograd(theta, X, y)
+        return xp.concatenate(self._gradient_blocks(xp, theta, X, y, "rows"), axis=1)  # (conv.6)-(conv.7)
+
+    def diag_ef(self, theta, X, y):
+        """Compute the diagonal empirical Fisher sum_i g_i^2, g_i = dl_i/dtheta.
+
+        No (M, D) rows: a conv layer's squared rows are formed one layer at a time,
+        sum_i (Delta_i U_i^T)^2 and sum_i (Delta_i 1)^2 (conv.15) (the square of a sum over
+        positions does not separate); a dense layer's sum is (a^2)^T (delta^2) (peg.11).
+
+        Parameters
+        ----------
+        theta : array of shape (D,)
+            Flat parameter vector (float64 or float32).
+        X : array of shape (M, C, H, W) or (M, C H W)
+            Images NCHW, or their rows flattened row-major; M >= 1, theta's dtype.
+        y : array of shape (M,) or (M, K)
+            Targets: labels (M,) for classification; reals (M,) or (M, K) for the gaussian
+            likelihood.
+
+        Returns
+        -------
+        array of shape (D,)
+            The diagonal empirical Fisher.
+
+        Raises
+        ------
+        ValueError
+            If theta, X or y is invalid (see refbayes.models.conv).
+        """
+        xp, theta, X, y = self._inputs(theta, X, y)
+        return xp.concatenate(self._gradient_blocks(xp, theta, X, y, "sum_sq"))  # (conv.15)
+
+    def _autograd_loss(self, theta, X, y):
+        """sum_i l_i through autograd.numpy: the same forward pass, differentiated by autograd."""
+        f = _forward(anp, self.layers, _split(theta, self._param_shapes), X)[1]
+        return anp.sum(self.likelihood._losses(anp, f, y))
+
+    def _per_example_grads_autograd(self, theta, X, y):
+        grad_fn = autograd.grad(self._autograd_loss)
+        G = np.empty((X.shape[0], self.D), dtype=theta.dtype)
+        for i in range(X.shape[0]):
+            G[i] = grad_fn(theta, X[i:i + 1], y[i:i + 1])
+        return G
+
+    # ---- FlatModel methods not provided yet (issue 34, later slices) --------------------------
+
+    jacobian = _not_provided("jacobian")
+    jvp = _not_provided("jvp")
+    ggn = _not_provided("ggn")
+    ggn_vp = _not_provided("ggn_vp")
+    hessian = _not_provided("hessian")
+    hvp = _not_provided("hvp")
+    grad_hvp = _not_provided("grad_hvp")
+    diag_ggn = _not_provided("diag_ggn")
+    sample_moments = _not_provided("sample_moments")
+    kfac_factors = _not_provided("kfac_factors")
+    kfac_curvature = _not_provided("kfac_curvature")
+    kfac_moments = _not_provided("kfac_moments")
+    kfac_block_errors = _not_provided("kfac_block_errors")
+    forward_batched = _not_provided("forward_batched")
+    sample_losses_and_grads = _not_provided("sample_losses_and_grads")
+    per_example_grads_batched = _not_provided("per_example_grads_batched")
+    last_layer = _not_provided("last_layer")
+
+
+def _check_output(shape: tuple, likelihood: str):
+    """The last layer gives a (K,) vector with K fitting the likelihood."""
+    if len(shape) != 1:
+        raise ValueError(f"layers: expected the last layer to output a vector (K,), got shape "
+                         f"{shape} (end with Flatten and/or Dense)")
+    K = shape[0]
+    if likelihood == "bernoulli" and K != 1:
+        raise ValueError(f"layers: expected K == 1 output for the bernoulli likelihood, got {K}")
+    if likelihood == "categorical" and K < 2:
+        raise ValueError(f"layers: expected K >= 2 outputs for the categorical likelihood, got {K}")
+
+
+def tiny_cnn(likelihood: str = "categorical", n_out: int = 3, noise_precision: float = 1.0) -> CNN:
+    """Build the tiny CNN of the tests and traces: 1x6x6 -> conv 3x3 (2) -> relu -> maxpool 2 -> dense.
+
+    Conv2d(1, 2, 3) (-> 2x4x4), relu, MaxPool2d(2) (-> 2x2x2), Flatten (8), Dense(8, n_out);
+    D = 20 + 9 n_out (47 for three classes). See derivations/conv.md.
+
+    Parameters
+    ----------
+    likelihood : {"gaussian", "bernoulli", "categorical"}, default "categorical"
+        The likelihood on the n_out outputs.
+    n_out : int, default 3
+        The number K of outputs (1 for bernoulli).
+    noise_precision : float, default 1.0
+        The gaussian likelihood's noise precision tau > 0.
+
+    Returns
+    -------
+    CNN
+        The model, input_shape (1, 6, 6).
+
+    Raises
+    ------
+    ValueError
+        If the arguments are invalid (see CNN).
+    """
+    layers = [Conv2d(1, 2, 3), Activation("relu"), MaxPool2d(2), Flatten(),
+              Dense(8, check_int(n_out, "n_out", low=1))]
+    return CNN((1, 6, 6), layers, likelihood, noise_precision)
+
+
+def lenet5(n_classes: int = 10, input_shape=(3, 32, 32)) -> CNN:
+    """Build the LeNet-5 of Osawa et al. (2019), their code's ``LeNet5`` (categorical).
+
+    conv 5x5 (6) -> relu -> maxpool 2 -> conv 5x5 (16) -> relu -> maxpool 2 -> flatten ->
+    dense 120 -> relu -> dense 84 -> relu -> dense n_classes; D = 62006 for 3x32x32 and ten
+    classes. Source: team-approx-bayes/dl-with-bayes, classification/models/lenet.py at commit
+    392cbb44fb5e440dc893b87ca701eadbcf208fc8 (derivations/conv.md).
+
+    Parameters
+    ----------
+    n_classes : int, default 10
+        The number of classes K >= 2 (10 for CIFAR-10).
+    input_shape : tuple of int, default (3, 32, 32)
+        (C, H, W); their CIFAR-10 net is 3x32x32 (1x28x28 MNIST: pass (1, 28, 28); the flatten
+        width follows the input).
+
+    Returns
+    -------
+    CNN
+        The model.
+
+    Raises
+    ------
+    ValueError
+        If n_classes < 2 or the input is too small for two 5x5 conv and 2x2 pool stages.
+    """
+    n_classes = check_int(n_classes, "n_classes", low=2)
+    if not isinstance(input_shape, (tuple, list)) or len(input_shape) != 3:
+        raise ValueError(f"input_shape: expected (C, H, W), got {input_shape!r}")
+    input_shape = tuple(check_int(n, "input_shape", low=1) for n in input_shape)
+    convs = [Conv2d(input_shape[0], 6, 5), Activation("relu"), MaxPool2d(2),
+             Conv2d(6, 16, 5), Activation("relu"), MaxPool2d(2), Flatten()]
+    n_flat = _chain_shapes(input_shape, tuple(convs))[-1][0]
+    dense = [Dense(n_flat, 120), Activation("relu"), Dense(120, 84), Activation("relu"),
+             Dense(84, n_classes)]
+    return CNN(input_shape, convs + dense, "categorical")

@@ -1,0 +1,175 @@
+"""Plain-loop oracles for refbayes.models.conv: one example, one output entry at a time.
+
+Nothing here imports refbayes.models. Convolution, pooling and flatten are written as the textbook
+sums over output positions (no unfold, no fold); theta is walked front to back in the documented
+order (derivations/conv.md (conv.2)-(conv.3)); the network of a CNN is rebuilt from its layer
+records' attributes (type name and fields, read as plain data); derivatives come from autograd on
+a single example. The max-pool winner is found by a strictly-greater scan, so ties go to the first
+window entry in row-major order without relying on any argmax.
+"""
+import autograd
+import autograd.numpy as anp
+import numpy as np
+
+from tests.reference.per_example import naive_nll
+
+__all__ = ["conv2d_loop", "max_pool_loop", "max_pool_routing_loop", "avg_pool_loop",
+           "naive_params", "naive_output", "per_example_grads_loop", "LoopSpec"]
+
+
+def _value(v):
+    """The float inside an autograd box (or the float itself)."""
+    while hasattr(v, "_value"):
+        v = v._value
+    return float(v)
+
+
+def _pad(x, ph, pw):
+    """x (C, H, W) with zero rows and columns around, by concatenation (autograd-safe)."""
+    C, H, W = x.shape
+    if pw:
+        z = anp.zeros((C, H, pw))
+        x = anp.concatenate([z, x, z], axis=2)
+    if ph:
+        z = anp.zeros((C, ph, W + 2 * pw))
+        x = anp.concatenate([z, x, z], axis=1)
+    return x
+
+
+def conv2d_loop(x, Wc, b, stride, padding):
+    """(C_out, H_o, W_o): out[o, i, j] = b[o] + sum_{c,u,v} Wc[o,c,u,v] xpad[c, s_h i + u, s_w j + v]."""
+    C_out, _, kh, kw = Wc.shape
+    xp = _pad(x, *padding)
+    Ho = (xp.shape[1] - kh) // stride[0] + 1
+    Wo = (xp.shape[2] - kw) // stride[1] + 1
+    out = []
+    for o in range(C_out):
+        for i in range(Ho):
+            for j in range(Wo):
+                r, c = stride[0] * i, stride[1] * j
+                out.append(anp.sum(Wc[o] * xp[:, r:r + kh, c:c + kw]) + (0.0 if b is None else b[o]))
+    return anp.reshape(anp.stack(out), (C_out, Ho, Wo))
+
+
+def _windows(x, kernel, stride):
+    """[(c, i, j, [window entries in row-major order])] for a (C, H, W) input, no padding."""
+    C, H, W = x.shape
+    (kh, kw), (sh, sw) = kernel, stride
+    Ho, Wo = (H - kh) // sh + 1, (W - kw) // sw + 1
+    for c in range(C):
+        for i in range(Ho):
+            for j in range(Wo):
+                yield c, i, j, [(sh * i + u, sw * j + v) for u in range(kh) for v in range(kw)]
+
+
+def _first_max(x, c, cells):
+    """The first cell holding the window maximum: a strictly-greater scan in row-major order."""
+    best = cells[0]
+    for cell in cells[1:]:
+        if _value(x[c, cell[0], cell[1]]) > _value(x[c, best[0], best[1]]):
+            best = cell
+    return best
+
+
+def _out_hw(x, kernel, stride):
+    return ((x.shape[1] - kernel[0]) // stride[0] + 1, (x.shape[2] - kernel[1]) // stride[1] + 1)
+
+
+def max_pool_loop(x, kernel, stride):
+    """(C, H_o, W_o): the window maximum, read at the first maximal cell."""
+    Ho, Wo = _out_hw(x, kernel, stride)
+    out = [x[c, best[0], best[1]] for c, _, _, cells in _windows(x, kernel, stride)
+           for best in [_first_max(x, c, cells)]]
+    return anp.reshape(anp.stack(out), (x.shape[0], Ho, Wo))
+
+
+def max_pool_routing_loop(x, dy, kernel, stride):
+    """dl/dx (C, H, W) of max pooling: dy[c, i, j] added at the first maximal cell of window (i, j)."""
+    dx = np.zeros(x.shape)
+    for c, i, j, cells in _windows(x, kernel, stride):
+        r, s = _first_max(x, c, cells)
+        dx[c, r, s] += dy[c, i, j]
+    return dx
+
+
+def avg_pool_loop(x, kernel, stride):
+    """(C, H_o, W_o): the plain mean of each window's kh kw entries."""
+    Ho, Wo = _out_hw(x, kernel, stride)
+    n = kernel[0] * kernel[1]
+    out = [sum(x[c, r, s] for r, s in cells) / n for c, _, _, cells in _windows(x, kernel, stride)]
+    return anp.reshape(anp.stack(out), (x.shape[0], Ho, Wo))
+
+
+class LoopSpec:
+    """A CNN's hyperparameters as plain data: input shape, layers as (kind, fields), likelihood."""
+
+    def __init__(self, model):
+        self.input_shape = tuple(model.input_shape)
+        self.layers = [(type(layer).__name__, dict(vars(layer))) for layer in model.layers]
+        self.likelihood = model.likelihood.name
+        self.tau = getattr(model.likelihood, "noise_precision", 1.0)
+
+
+def naive_params(spec, theta):
+    """Walk theta front to back: per Conv2d its (C_out, C_in, kh, kw) weight entries row-major then
+    C_out biases; per Dense its n_in rows of n_out weights then n_out biases."""
+    params, pos = [], 0
+    for kind, f in spec.layers:
+        if kind == "Conv2d":
+            shape = (f["c_out"], f["c_in"]) + tuple(f["kernel"])
+            n_b = f["c_out"] if f["bias"] else 0
+        elif kind == "Dense":
+            shape = (f["n_in"], f["n_out"])
+            n_b = f["n_out"] if f["bias"] else 0
+        else:
+            continue
+        n = int(np.prod(shape))
+        W = anp.reshape(theta[pos:pos + n], shape)
+        pos += n
+        params.append((W, theta[pos:pos + n_b] if n_b else None))
+        pos += n_b
+    assert pos == len(theta)
+    return params
+
+
+def _act(name, z):
+    if name == "relu":
+        return anp.where(z > 0, z, 0.0)
+    if name == "tanh":
+        return anp.tanh(z)
+    return 1.0 / (1.0 + anp.exp(-z))
+
+
+def naive_output(spec, theta, x):
+    """f(x; theta) (K,) for one image x (C, H, W), layer by layer with the loops above."""
+    it = iter(naive_params(spec, theta))
+    h = x
+    for kind, f in spec.layers:
+        if kind == "Conv2d":
+            W, b = next(it)
+            h = conv2d_loop(h, W, b, f["stride"], f["padding"])
+        elif kind == "Dense":
+            W, b = next(it)
+            h = anp.dot(h, W) + (0.0 if b is None else b)
+        elif kind == "Activation":
+            h = _act(f["name"], h)
+        elif kind == "MaxPool2d":
+            h = max_pool_loop(h, f["kernel"], f["stride"])
+        elif kind == "AvgPool2d":
+            h = avg_pool_loop(h, f["kernel"], f["stride"])
+        else:  # Flatten: entry c H W + h W + w, one by one
+            C, H, W_ = h.shape
+            h = anp.stack([h[c, r, s] for c in range(C) for r in range(H) for s in range(W_)])
+    return h
+
+
+def per_example_grads_loop(spec, theta, X, Y):
+    """G (M, D): row i = autograd.grad of example i's loss -log p(y_i | f(x_i)) (float64)."""
+    theta = np.asarray(theta, np.float64)
+    X = np.asarray(X, np.float64).reshape((len(X),) + spec.input_shape)
+    Y = np.asarray(Y, np.float64) if spec.likelihood == "gaussian" else np.asarray(Y).astype(int)
+
+    def loss(th, x, y):
+        return naive_nll(spec, naive_output(spec, th, x), y)
+    g = autograd.grad(loss)
+    return np.stack([g(theta, X[i], Y[i]) for i in range(len(X))])
