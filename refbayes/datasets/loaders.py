@@ -3,8 +3,8 @@ and :func:`load_libsvm`, the verifying reader of any LIBSVM text file.
 
 Every reader takes ``data_dir`` (resolved as in :mod:`refbayes.datasets.paths`) and ``dtype``
 (float64 by default, float32 allowed), and returns float arrays of that dtype, except the
-multiclass labels of MNIST and digits, which are int64 class indices because they index
-one-hot targets and softmax outputs.
+multiclass labels of MNIST, Fashion-MNIST and digits, which are int64 class indices because they
+index one-hot targets and softmax outputs.
 
 Every file is verified against the registry before it is parsed
 (:func:`refbayes.datasets.integrity.verified_file`): a damaged, truncated or edited file raises
@@ -22,7 +22,8 @@ from refbayes.datasets.integrity import check_path, verified_file
 from refbayes.datasets.libsvm import _check_path_arg, parse_libsvm
 
 __all__ = ["load_libsvm", "load_australian", "load_breast_cancer", "load_a1a", "load_usps_3vs5",
-           "load_mnist_subset", "load_mnist", "load_digits", "load_vadam_presplit", "map_labels"]
+           "load_mnist_subset", "load_mnist", "load_fashion_mnist", "load_digits",
+           "load_vadam_presplit", "map_labels"]
 
 
 def map_labels(y, mapping: dict, what: str) -> np.ndarray:
@@ -168,26 +169,52 @@ def load_mnist_subset(data_dir=None, *, dtype=np.float64) -> Data:
     return _load_csv_images("mnist-5k", "mnist/mnist_5k.csv.gz", 785, 255, data_dir, dt)
 
 
-# (file prefix, number of images) of full MNIST's two splits, in the order load_mnist returns them.
+# (file prefix, number of images) of the two splits of full MNIST and Fashion-MNIST, in the order
+# load_mnist and load_fashion_mnist return them.
 _MNIST_SPLITS = (("train", 60000), ("t10k", 10000))
 
 
 def load_mnist(data_dir=None, *, dtype=np.float64) -> TrainTest:
-    """Full MNIST from LeCun's four gzipped IDX files under ``mnist-full/`` of the data directory.
+    """Full MNIST from the four gzipped IDX files under ``mnist-full/`` of the data directory.
 
     X_train (60000, 784) and X_test (10000, 784) are pixels / 255 in [0, 1], each row a 28 x 28
     image flattened row-major (``X[i].reshape(28, 28)`` displays upright); y_train (60000,) and
     y_test (10000,) are int64 digits 0-9, in the files' order (not sorted, not shuffled).
 
-    An optional dataset: it is not in the staged data folder. ``refbayes data fetch mnist``
-    downloads it (11.6 MB); a missing file raises FileNotFoundError naming the places searched.
-    All four files are verified against the registry's sha256 before any is parsed; the IDX
-    magic numbers (2051 images, 2049 labels), the counts and the 28 x 28 shape are then checked
-    (:mod:`refbayes.datasets.idx`), and any difference is a ValueError naming the file. In float64
-    the training X takes 376 MB.
+    Each file is read in either form: LeCun's ``<name>.gz`` (``refbayes data fetch mnist``
+    downloads them, 11.6 MB), or the staged ``<name>.npm.gz`` (the same IDX bytes gzipped by the
+    stager); the ``.gz`` is preferred when both are present. A file missing in both forms raises
+    FileNotFoundError naming the places searched. All four files are verified against the
+    registry before any is parsed: by the sha256 of the file, or else by the sha256 of its
+    decompressed bytes, which must be the canonical IDX files' (so a re-gzipped copy is accepted
+    and a changed image is not). The IDX magic numbers (2051 images, 2049 labels), the counts and
+    the 28 x 28 shape are then checked (:mod:`refbayes.datasets.idx`), and any difference is a
+    ValueError naming the file. In float64 the training X takes 376 MB, in float32 188 MB.
     """
-    dt = float_dtype(dtype)
-    paths = {(prefix, kind): verified_file("mnist", f"mnist-full/{prefix}-{kind}.gz", data_dir)
+    return _load_idx_set("mnist", "mnist-full", data_dir, float_dtype(dtype))
+
+
+def load_fashion_mnist(data_dir=None, *, dtype=np.float64) -> TrainTest:
+    """Fashion-MNIST from the four gzipped IDX files under ``fashion-mnist/`` of the data directory.
+
+    The same layout as :func:`load_mnist`: X_train (60000, 784) and X_test (10000, 784) are
+    pixels / 255 in [0, 1], rows 28 x 28 images flattened row-major; y_train and y_test are int64
+    class indices 0-9 (T-shirt/top, trouser, pullover, dress, coat, sandal, shirt, sneaker, bag,
+    ankle boot), 6000 / 1000 of each, in the files' order. The mean training pixel is 0.2860.
+
+    Each file is verified before any is parsed: by the sha256 of the staged (Debian) .gz, or else
+    by the sha256 of its decompressed bytes, Zalando's IDX files', so a copy downloaded from
+    Zalando (``refbayes data fetch fashion-mnist``; other .gz bytes) verifies too. Then the IDX
+    headers, counts and shapes are checked as for MNIST. Xiao, Rasul & Vollgraf (2017),
+    arXiv:1708.07747. In float64 the training X takes 376 MB, in float32 188 MB.
+    """
+    return _load_idx_set("fashion-mnist", "fashion-mnist", data_dir, float_dtype(dtype))
+
+
+def _load_idx_set(name: str, folder: str, data_dir, dt) -> TrainTest:
+    """The MNIST-layout IDX set ``folder/{train,t10k}-{images-idx3,labels-idx1}-ubyte.gz``, every
+    file verified (in the form present) before any is parsed; pixels / 255 in ``dt``."""
+    paths = {(prefix, kind): verified_file(name, f"{folder}/{prefix}-{kind}.gz", data_dir)
              for prefix, _ in _MNIST_SPLITS for kind in ("images-idx3-ubyte", "labels-idx1-ubyte")}
     out = []
     for prefix, n in _MNIST_SPLITS:

@@ -54,17 +54,19 @@ def _searched(data_dir) -> str:
                      for i, p in enumerate(places, start=1))
 
 
-def require_file(dataset: str, relpath: str, data_dir=None) -> Path:
+def require_file(dataset: str, relpath: str, data_dir=None, alternatives=()) -> Path:
     """The path of ``relpath`` under the resolved data directory; FileNotFoundError if absent.
 
-    The error names the dataset, the path looked at, the three places in resolution order (and
-    which one was used), and the two ways to fix it.
+    The error names the dataset, the path looked at (and the ``alternatives``, other accepted
+    names of the same file, which the caller found absent too), the three places in resolution
+    order (and which one was used), and the two ways to fix it.
     """
     path = resolve_data_dir(data_dir) / relpath
     if path.is_file():
         return path
+    nor = "".join(f" (nor {alt})" for alt in alternatives)
     raise FileNotFoundError(
-        f"dataset {dataset!r}: file not found: {path}\n"
+        f"dataset {dataset!r}: file not found: {path}{nor}\n"
         f"The data directory is the first of these that is set:\n{_searched(data_dir)}\n"
         f"Fix: run `refbayes data fetch {dataset}` (downloads into the directory used above), "
         f"or set {ENV_VAR} (or pass --data-dir) to a folder holding {relpath}.")

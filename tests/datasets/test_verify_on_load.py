@@ -263,7 +263,7 @@ def test_data_identity_resolves_the_data_dir_like_the_loaders(data_dir, monkeypa
 
 def test_data_identity_bad_input(data_dir, tmp_path):
     with pytest.raises(ValueError, match="dataset: expected one of"):
-        data_identity("cifar10", data_dir)
+        data_identity("cifar100", data_dir)
     with pytest.raises(ValueError, match=r"relpaths: 'a1a/a1a' is not a registered file of dataset 'australian'"):
         data_identity("australian", data_dir, ["a1a/a1a"])
     with pytest.raises(ValueError, match="relpaths: expected a list"):
