@@ -18,18 +18,22 @@ and the metrics; a spec only says how to train and how to predict:
 - ``predict(posterior, model, X, rng, S) -> probs``: the predictive class probabilities (n, C),
   the Bayesian model average (1/S') sum_s softmax(f(X; theta_s)) over S' posterior draws
   (S' = S for a sampled posterior, drawn from ``rng``; S' = 1 for a point estimate, ``point``
-  True, which ignores S and draws nothing).
+  True, which ignores S and draws nothing). The Laplace methods average the softmax of the
+  network linearized at the MAP, f_lin(X; theta_s) (laplace.7): their GLM predictive.
 - ``train``: the name of the training run. Specs with the same ``train`` and the same resolved
   ``defaults`` share one fit: the runner seeds the training generator by ``train``, not by the
   method's name, so the fit is the same whichever of them runs it, and it trains once per
   (dataset, task, seed) for all of them in one invocation (SWA, SWAG-Diagonal and SWAG read one
-  SGD run).
+  SGD run; map, laplace-kron and laplace-ll another). Specs that share a run share its ``fit``
+  too (the first of them to run trains it for all): whatever differs is in ``predict`` and
+  ``constants``.
 - ``constants``: settings of the prediction that are fixed in code (SWAG's scale), recorded in
   the result files beside ``defaults``.
 
-Registered: "map", "swa", "swag-diag", "swag", "bbb", "mc_dropout", "vogn". A new method is one
-more ``MethodSpec`` in ``METHODS``; the registry tests (tests/experiments/test_calibration.py)
-are parametrized over it, and ``refbayes reproduce calibration --method all`` runs it.
+Registered: "map", "swa", "swag-diag", "swag", "bbb", "mc_dropout", "vogn", "laplace-kron",
+"laplace-ll", "ktied", "noisy-kfac". A new method is one more ``MethodSpec`` in ``METHODS``; the
+registry tests (tests/experiments/test_calibration.py) are parametrized over it, and
+``refbayes reproduce calibration --method all`` runs it.
 
 The settings and the reasons for them are in derivations/calibration_experiment.md. In short:
 
@@ -50,9 +54,26 @@ The settings and the reasons for them are in derivations/calibration_experiment.
 - vogn: alpha 1e-3, raw momentum 0.9, beta2 0.01 (the UCI benchmark's VOGN), one draw per
   step, squared per-example gradients, s_0 = 100 / N (initial sd 1 / sqrt(100 + lam), about
   0.1), tau = rho = 1.
+- laplace-kron / laplace-ll: map's SGD run (train "map", map's settings), then the state of
+  ``laplace.fit`` at its endpoint on all training rows (``laplace_state``: the curvature summed
+  over chunks of CURVATURE_ROWS rows), GGN curvature, prior precision lam (no tuning), no
+  stationarity check: K-FAC blocks over every layer ("kron", subset "all") or
+  the dense last-layer block ("full", "last_layer"). Predictive: the GLM predictive by Monte
+  Carlo over theta: S draws theta_s = laplace.sample(state, eps), eps (D_q, S) from rng, the
+  BMA of softmax(f_lin(X; theta_s)) (``linearized_bma``); the state is fitted once per job
+  (cached in the posterior), inside the predict time.
+- ktied: the k-tied Normal with k = 2 on every layer, trained exactly as bbb (Adam lr 1e-3,
+  one draw per step, sigma_0 = 1e-3: U_l V_l^T = 1e-3, rho jittered by 0.1 xi (ktied.8)).
+- noisy-kfac: Noisy K-FAC, the authors' classification config (gd-zhang/noisy-K-FAC
+  kfac_plain.json): lr 1e-2 with plain momentum 0.9, factor EMA weight beta = 0.01, mean
+  damping 1e-3 (gamma_in + gamma_ex), KL clipping 1e-3, one draw per step; the shared prior
+  (eta = 1 / lam, kl_weight 1, not the config's tempered 0.5 / 0.1), GGN factors (the expected
+  Fisher the official one-sampled-label estimator estimates), statistics every step and a
+  refresh every 10 steps (the official 10 / 200 were sized for 58,500 CIFAR steps).
 """
 from __future__ import annotations
 
+import functools
 import math
 from types import MappingProxyType
 from typing import Any, NamedTuple
@@ -60,10 +81,19 @@ from typing import Any, NamedTuple
 import numpy as np
 from scipy.special import softmax
 
-from refbayes.experiments._fits import MethodSpec, bbb_fit, dropout_fit, vogn_fit
-from refbayes.methods import driver, mc_dropout, swag
+from refbayes.experiments._fits import (
+    Gaussian,
+    MethodSpec,
+    adam_config,
+    bbb_fit,
+    dropout_fit,
+    train,
+    vogn_fit,
+)
+from refbayes.methods import driver, ktied, laplace, mc_dropout, noisy_kfac, swag
 
-__all__ = ["METHODS", "MethodSpec", "TrainingError", "bma_probs", "resolve"]
+__all__ = ["CURVATURE_ROWS", "METHODS", "MethodSpec", "TrainingError", "bma_probs",
+           "kfac_config", "laplace_state", "linearized_bma", "resolve"]
 
 TrainingError = driver.TrainingError
 
@@ -119,16 +149,30 @@ def _sgd(model, X, y, hyper, rng, progress, swa_start, alpha_swa, snapshot=None)
     return state[0]
 
 
+class _MAPFit(NamedTuple):
+    """The SGD endpoint theta, and what a Laplace approximation at it reads: the training rows
+    (X, y) and the prior precision lam. ``laplace`` holds the Laplace states fitted at theta so
+    far, keyed by their LaplaceConfig (filled by ``_laplace_state``: a job's test and OOD
+    predictions fit once; a fit draws nothing, so the cache does not change any number)."""
+    theta: np.ndarray
+    X: np.ndarray
+    y: np.ndarray
+    lam: float
+    laplace: dict
+
+
 def _map_fit(model, X, y, hyper, rng, progress):
-    """The SGD baseline: the schedule with swa_start = epochs, decaying to lr_ratio * lr."""
+    """The SGD baseline: the schedule with swa_start = epochs, decaying to lr_ratio * lr; the
+    posterior of map, laplace-kron and laplace-ll (one training run, train "map")."""
     N = X.shape[0]
-    return _sgd(model, X, y, hyper, rng, progress, swa_start=hyper["epochs"],
-                alpha_swa=hyper["lr_ratio"] * hyper["lr"] / N).theta
+    theta = _sgd(model, X, y, hyper, rng, progress, swa_start=hyper["epochs"],
+                 alpha_swa=hyper["lr_ratio"] * hyper["lr"] / N).theta
+    return _MAPFit(theta, X, y, float(hyper["prior_precision"]), {})
 
 
-def _point_predict(theta, model, X, rng, S):
-    """softmax(f(X; theta)) of the point estimate (S is not used, nothing is drawn)."""
-    return bma_probs(model, theta[:, None], X)
+def _point_predict(post, model, X, rng, S):
+    """softmax(f(X; theta)) of the SGD endpoint (S is not used, nothing is drawn)."""
+    return bma_probs(model, post.theta[:, None], X)
 
 
 class _SWAG(NamedTuple):
@@ -222,6 +266,136 @@ def _dropout_predict(post, model, X, rng, S):
     return softmax(F, axis=2).mean(axis=0)
 
 
+# ----------------------------------------------------------------------------- Laplace
+
+CURVATURE_ROWS = 1000  # rows per laplace.curvature call: bounds its (rows, C, D_q) Jacobians
+
+
+def laplace_state(model, theta, X, y, cfg, rows: int = CURVATURE_ROWS):
+    """The state of ``laplace.fit(model, theta, X, y, cfg, check_stationary=False)`` (structure
+    "full" or "kron"), its curvature taken over ``rows`` rows at a time (``laplace.curvature``):
+    the GGN is a sum over rows (laplace.2), so the chunks' H add, and a K-FAC block's B_l adds
+    while its A_l is a mean over rows, so the chunks' A_l are averaged with weights n_c / N
+    (laplace.20); then Sigma_inv = H + lam I, symmetrized (laplace.3), or the blocks with delta_l
+    = lam. Equal to laplace.fit's state up to rounding, without its (N, C, D_q) Jacobians (9.6 GB
+    for the last-layer GGN of full MNIST). No stationarity check: SGD's endpoint is not an exact
+    minimum, and the approximation is taken there all the same (laplace-torch's post-hoc use)."""
+    if cfg.structure not in ("full", "kron"):
+        raise ValueError(f"cfg.structure: expected 'full' or 'kron', got {cfg.structure!r}")
+    N = X.shape[0]
+    parts = [(min(rows, N - i), laplace.curvature(model, theta, X[i:i + rows], y[i:i + rows], cfg))
+             for i in range(0, N, rows)]
+    if cfg.structure == "kron":
+        blocks = tuple(laplace.KronBlock(sum(n * p[l].A for n, p in parts) / N,
+                                         sum(p[l].B for _, p in parts))
+                       for l in range(len(parts[0][1])))
+        Dq = sum(b.A.shape[0] * b.B.shape[0] for b in blocks)
+        return laplace.LaplaceState(theta, None, None, np.full(Dq, float(cfg.prior_precision)),
+                                    blocks, model.D - Dq)
+    H = sum(p for _, p in parts)
+    delta = np.full(H.shape[0], float(cfg.prior_precision))
+    Sigma_inv = H + np.diag(delta)
+    return laplace.LaplaceState(theta, 0.5 * (Sigma_inv + Sigma_inv.T), None, delta, None,
+                                model.D - H.shape[0])
+
+
+def _laplace_state(post: _MAPFit, cfg, model):
+    """``laplace_state`` of ``cfg`` at the SGD endpoint post.theta on the training rows, cached
+    in post.laplace."""
+    if cfg not in post.laplace:
+        post.laplace[cfg] = laplace_state(model, post.theta, post.X, post.y, cfg)
+    return post.laplace[cfg]
+
+
+def linearized_bma(model, theta_map, thetas, X) -> np.ndarray:
+    """(1/S) sum_s softmax(f_lin(X; theta_s)) over the columns of thetas (D, S), with the
+    network linearized at theta_map: f_lin(x; theta) = f(x; theta_map) + J(x)(theta -
+    theta_map) (laplace.7), J(x)(theta_s - theta_map) by one Jacobian-vector product per draw
+    (``model.jvp``, (peg.22)). Equal to the softmax of ``laplace.linearized_outputs`` without
+    its (n, C, D) Jacobian; (n, C)."""
+    thetas = np.asarray(thetas)
+    f0 = model.forward(theta_map, X)
+    P = np.zeros(f0.shape)
+    for s in range(thetas.shape[1]):
+        v = np.ascontiguousarray(thetas[:, s] - theta_map)
+        P += softmax(f0 + model.jvp(theta_map, v, X), axis=1)
+    return P / thetas.shape[1]
+
+
+def _glm_sampler(structure: str, subset: str):
+    def predict(post, model, X, rng, S):
+        cfg = laplace.LaplaceConfig(prior_precision=post.lam, structure=structure,
+                                    curvature="ggn", subset=subset)
+        state = _laplace_state(post, cfg, model)
+        eps = rng.standard_normal((model.D - state.n_fixed, S))
+        return linearized_bma(model, post.theta, laplace.sample(state, eps), X)  # (laplace.4)
+    predict.__doc__ = (f"The GLM predictive of the {structure} GGN Laplace approximation "
+                       f"(subset {subset!r}, prior precision lam) at the SGD endpoint, by Monte "
+                       "Carlo: eps (D_q, S) from rng, theta_s = laplace.sample(state, eps), the "
+                       "BMA of the softmax of the network linearized at theta (laplace.7).")
+    return predict
+
+
+# ----------------------------------------------------------------------------- k-tied Normal
+
+def _ktied_fit(model, X, y, hyper, rng, progress):
+    """The k-tied Normal (refbayes.methods.ktied), trained as ``_bbb_fit``: Adam
+    (``_fits.adam_config``) on (mu, rho) of the negative ELBO with prior precision lam,
+    S_train draws per step. Draws: mu_0 = model.init_theta(rng), then xi (P,) for the start's
+    jitter (ktied.8): U_l V_l^T = sigma_init everywhere, rho perturbed by jitter * xi; then the
+    driver's minibatches and eps."""
+    N = X.shape[0]
+    a = adam_config(hyper, N)
+    cfg = ktied.KTiedConfig(N, hyper["prior_precision"], alpha=a.alpha, beta1=a.beta1,
+                            beta2=a.beta2, eps_adam=a.eps_adam)
+    mu0 = model.init_theta(rng)
+    xi = rng.standard_normal(ktied.layout(model, hyper["k"]).P)
+    state = ktied.init(mu0, model, hyper["k"], hyper["sigma_init"], xi, hyper["jitter"])
+    state = train(state, cfg, model, X, y, rng, hyper["epochs"], min(hyper["M"], N), progress,
+                  S=hyper["S_train"])
+    return Gaussian(lambda eps: ktied.sample(state, eps, model))
+
+
+# ----------------------------------------------------------------------------- Noisy K-FAC
+
+def kfac_config(hyper, N: int) -> noisy_kfac.NoisyKFACConfig:
+    """The NoisyKFACConfig of ``hyper`` for N training rows: the shared prior N(0, I / lam) as
+    the prior variance eta = 1 / lam, kl_weight, step alpha = lr (plain momentum, no bias
+    correction: the classification code's), beta, momentum, T_stats, T_inv, kl_clip, factored
+    damping, GGN output factors; gamma_ex = max(0, damping - gamma_in), gamma_in =
+    kl_weight lam / N, so the mean's preconditioner is damped by the official ``damping``
+    (noisy_kfac.md, C3)."""
+    lam, kl = float(hyper["prior_precision"]), float(hyper["kl_weight"])
+    return noisy_kfac.NoisyKFACConfig(
+        N, eta=1.0 / lam, kl_weight=kl, alpha=hyper["lr"], beta=hyper["beta"],
+        momentum=hyper["momentum"], gamma_ex=max(0.0, hyper["damping"] - kl * lam / N),
+        T_stats=hyper["T_stats"], T_inv=hyper["T_inv"], damping="factored", curvature="ggn",
+        kl_clip=hyper["kl_clip"])
+
+
+def _noisy_kfac_fit(model, X, y, hyper, rng, progress):
+    """Noisy K-FAC (refbayes.methods.noisy_kfac, Zhang et al. Algorithm 2) under
+    ``kfac_config``, factors starting at I. Draws, as ``driver.run`` orders them: mu_0 =
+    model.init_theta(rng); per epoch rng.permutation(N) cut into minibatches of M
+    (``driver.epoch_batches``); per step eps = rng.standard_normal((D, S_train)). The data are
+    checked once, the first step checks its inputs, the rest run unchecked; returns the
+    layerwise matrix-variate normal of the last refresh (noisy_kfac.6)."""
+    N = driver.check_data(model, X, y, X.dtype)
+    M, S = min(hyper["M"], N), hyper["S_train"]
+    cfg = kfac_config(hyper, N)
+    state = noisy_kfac.init(model.init_theta(rng), model)
+    for epoch in range(1, hyper["epochs"] + 1):
+        for idx in driver.epoch_batches(rng, N, M):
+            batch = noisy_kfac.Batch(X[idx], y[idx])
+            eps = rng.standard_normal((model.D, S))
+            t = state.t + 1
+            step = functools.partial(noisy_kfac.step, state, batch, eps, cfg, model)
+            state, _ = driver.guarded_step(t, epoch, step, checked=t == 1)
+            driver.check_finite_state(state, t, epoch)
+        progress(1)
+    return Gaussian(lambda eps: noisy_kfac.sample(state, eps, cfg, model))
+
+
 # ----------------------------------------------------------------------------- the registry
 
 _ADAM = {"adam_beta1": 0.9, "adam_beta2": 0.999, "adam_eps": 1e-8}
@@ -289,5 +463,49 @@ VOGN = MethodSpec(
     predict=_gaussian_predict,
 )
 
+LAPLACE_KRON = MethodSpec(
+    name="laplace-kron",
+    description="K-FAC Laplace (Ritter et al. 2018; Daxberger et al. 2021) at map's SGD "
+                "endpoint: GGN, all layers, GLM predictive",
+    defaults=MAP.defaults, quick=MAP.quick, fit=_map_fit,
+    predict=_glm_sampler("kron", "all"), train="map",
+    constants=MappingProxyType({"structure": "kron", "curvature": "ggn", "subset": "all",
+                                "predictive": "glm, Monte Carlo over theta"}),
+)
+
+LAPLACE_LL = MethodSpec(
+    name="laplace-ll",
+    description="Last-layer Laplace (Daxberger et al. 2021) at map's SGD endpoint: full GGN of "
+                "the last layer, GLM predictive",
+    defaults=MAP.defaults, quick=MAP.quick, fit=_map_fit,
+    predict=_glm_sampler("full", "last_layer"), train="map",
+    constants=MappingProxyType({"structure": "full", "curvature": "ggn",
+                                "subset": "last_layer",
+                                "predictive": "glm, Monte Carlo over theta"}),
+)
+
+KTIED = MethodSpec(
+    name="ktied",
+    description="k-tied Normal (Swiatkowski et al. 2020), k = 2: mean field with rank-2 tied "
+                "standard deviations, trained as bbb",
+    defaults={**BBB.defaults, "k": 2, "jitter": 0.1},
+    quick=BBB.quick,
+    fit=_ktied_fit,
+    predict=_gaussian_predict,
+)
+
+NOISY_KFAC = MethodSpec(
+    name="noisy-kfac",
+    description="Noisy K-FAC (Zhang et al. 2018): matrix-variate Gaussian per layer, the "
+                "authors' classification settings",
+    defaults={"epochs": 200, "M": 128, "lr": 1e-2, "momentum": 0.9, "beta": 1e-2,
+              "damping": 1e-3, "kl_clip": 1e-3, "kl_weight": 1.0, "T_stats": 1, "T_inv": 10,
+              "S_train": 1},
+    quick=_QUICK,
+    fit=_noisy_kfac_fit,
+    predict=_gaussian_predict,
+)
+
 METHODS: dict[str, MethodSpec] = {s.name: s for s in (MAP, SWA, SWAG_DIAG, SWAG, BBB, MC_DROPOUT,
-                                                      VOGN)}
+                                                      VOGN, LAPLACE_KRON, LAPLACE_LL, KTIED,
+                                                      NOISY_KFAC)}
