@@ -28,6 +28,7 @@ from refbayes._checks import (
 from refbayes.backend import xp_of
 from refbayes.methods import exact_vi
 from refbayes.models.base import FlatModel
+from refbayes.models.conv import CNN
 from refbayes.models.likelihoods import Bernoulli, Gaussian
 from refbayes.models.linear import add_intercept
 
@@ -94,9 +95,10 @@ def check_N(N) -> int:
     return check_int(N, "N", low=1)
 
 
-def check_model(model, D=None):
-    """A FlatModel, with D parameters unless D is None."""
-    if not isinstance(model, FlatModel):
+def check_model(model, D=None, cnn: bool = False):
+    """A FlatModel (or, with cnn=True, a refbayes.models.conv.CNN: the methods whose steps use only
+    the passes a CNN has), with D parameters unless D is None."""
+    if not isinstance(model, (FlatModel, CNN) if cnn else FlatModel):
         raise ValueError(f"model: expected a refbayes.models model, got {type(model).__name__}")
     if D is not None and model.D != D:
         raise ValueError(f"model: expected a model with D = {D} parameters (the state's), "
@@ -113,6 +115,14 @@ def check_hessian_backend(model, xp, who: str, on_cupy: str) -> None:
                          "or move the arrays to the host with refbayes.backend.to_numpy")
 
 
+def model_widths(model) -> tuple[int, int]:
+    """(n_in, n_out): a row's width and the number of outputs, of a FlatModel (sizes[0],
+    sizes[-1]) or a CNN (C H W of its images as rows, K)."""
+    if isinstance(model, CNN):
+        return model.n_in, model.n_out
+    return model.sizes[0], model.sizes[-1]
+
+
 def check_batch(batch, model, N, dtype, name: str = "batch"):
     """The minibatch rows: 1 <= M <= N rows (any M >= 1 with N None: a whole data set), finite,
     X (and real targets) in the state's dtype, class labels as integers or in that dtype, binary
@@ -122,7 +132,7 @@ def check_batch(batch, model, N, dtype, name: str = "batch"):
                else type(batch).__name__)
         raise ValueError(f"{name}: expected a Batch(X, y) (or a pair of arrays), got {got}")
     X, y = batch
-    check_array(X, f"{name}.X", shape=(None, model.sizes[0]))
+    check_array(X, f"{name}.X", shape=(None, model_widths(model)[0]))
     check_array(y, f"{name}.y", ndim=(1, 2))
     M = X.shape[0]
     if M < 1 or (N is not None and M > N):

@@ -366,7 +366,7 @@ def step(state: MAPState, batch, cfg: AdamConfig, model, N: int, lam) -> tuple[M
         The minibatch rows Batch(X_B (M, n_in), y_B (M,)), 1 <= M <= N.
     cfg : AdamConfig
         Optimizer hyperparameters.
-    model : FlatModel
+    model : FlatModel or CNN
         A refbayes.models model with D parameters.
     N : int
         Training-set size, >= 1; scales the minibatch sum by N / M.
@@ -393,7 +393,7 @@ def step(state: MAPState, batch, cfg: AdamConfig, model, N: int, lam) -> tuple[M
     alpha, beta1, beta2, eps = check_adam_config(cfg)
     N = check_N(N)
     lam = check_lam(lam, D, dtype, strict=False)
-    check_model(model, D)
+    check_model(model, D, cnn=True)
     X, y, M = check_batch(batch, model, N, dtype)
     xp = xp_of(state.theta, X, y)
     theta = state.theta

@@ -513,7 +513,7 @@ def step(state: BBBState, batch, eps, cfg: BBBConfig, model) -> tuple[BBBState, 
         estimate.
     cfg : BBBConfig
         Hyperparameters.
-    model : FlatModel
+    model : FlatModel or CNN
         A refbayes.models model with D parameters.
 
     Returns
@@ -534,7 +534,7 @@ def step(state: BBBState, batch, eps, cfg: BBBConfig, model) -> tuple[BBBState, 
     xp = xp_of(state.mu, state.rho, eps)
     dtype = state.mu.dtype
     N, lam, (alpha, beta1, beta2, eps_adam), kl_weight = _check_cfg(cfg, D, dtype)
-    check_model(model, D)
+    check_model(model, D, cnn=True)
     X, y, M = check_batch(batch, model, N, dtype)
     S = check_draws(eps, D, dtype)
     mu, rho = state.mu, state.rho

@@ -52,7 +52,7 @@ import numpy as np
 from refbayes._checks import check_array, check_int, unchecked
 from refbayes.backend import xp_of
 from refbayes.methods.records import draw_masks, record_of
-from refbayes.methods._estimates import Batch
+from refbayes.methods._estimates import Batch, model_widths
 
 __all__ = ["TrainingError", "check_data", "check_finite_state", "draw_masks", "epoch_batches",
            "guarded_step", "run"]
@@ -149,7 +149,7 @@ def check_data(model, X, y, dtype) -> int:
 
     Parameters
     ----------
-    model : FlatModel
+    model : FlatModel or CNN
         The model whose likelihood the targets are for.
     X : array of shape (N, n_in)
         Training inputs: finite, real, 2-d.
@@ -170,7 +170,7 @@ def check_data(model, X, y, dtype) -> int:
     """
     check_array(X, "X", ndim=2)
     N = X.shape[0]
-    model.likelihood.check_targets(y, N, model.sizes[-1], dtype)
+    model.likelihood.check_targets(y, N, model_widths(model)[1], dtype)
     return N
 
 

@@ -291,7 +291,7 @@ def step(state: NoisyAdamState, batch, eps, cfg: NoisyAdamConfig,
         Standard-normal draws, one column per MC sample (the paper uses S = 1).
     cfg : NoisyAdamConfig
         Hyperparameters.
-    model : FlatModel
+    model : FlatModel or CNN
         A refbayes.models model with D parameters.
     tau : array of shape (S,), optional
         Per-draw noise precisions (a learned noise, refbayes.methods.noise_gamma): draw s's
@@ -319,7 +319,7 @@ def step(state: NoisyAdamState, batch, eps, cfg: NoisyAdamConfig,
     xp = xp_of(state.mu, state.f)
     dtype = state.mu.dtype
     N, eta, kl = _check_cfg(cfg, D, dtype)
-    check_model(model, D)
+    check_model(model, D, cnn=True)
     X, y, _ = check_batch(batch, model, N, dtype)
     S = check_draws(eps, D, dtype)
     if tau is not None:

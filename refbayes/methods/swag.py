@@ -268,7 +268,7 @@ def sgd_step(state: SGDState, batch, noise, cfg: SGDConfig, model) -> tuple[SGDS
         default cannot be given, since cfg and model follow it.
     cfg : SGDConfig
         The problem and step hyperparameters.
-    model : FlatModel
+    model : FlatModel or CNN
         A refbayes.models model with D parameters.
 
     Returns
@@ -289,7 +289,7 @@ def sgd_step(state: SGDState, batch, noise, cfg: SGDConfig, model) -> tuple[SGDS
     N, lam, alpha, momentum = _check_sgd_config(cfg, D, state.theta.dtype)
     if noise is not None:
         raise ValueError(f"noise: SGD draws nothing, expected None, got {type(noise).__name__}")
-    check_model(model, D)
+    check_model(model, D, cnn=True)
     X, y, M = check_batch(batch, model, N, state.theta.dtype)
     xp_of(state.theta, X, y)
     theta = state.theta

@@ -373,7 +373,7 @@ def step(state: VadamState, batch, eps, cfg: VadamConfig, model) -> tuple[VadamS
         Standard-normal draws, one column per MC sample (the paper uses S = 1).
     cfg : VadamConfig
         Hyperparameters.
-    model : FlatModel
+    model : FlatModel or CNN
         A refbayes.models model with D parameters.
 
     Returns
@@ -394,7 +394,7 @@ def step(state: VadamState, batch, eps, cfg: VadamConfig, model) -> tuple[VadamS
     xp = xp_of(state.mu, state.s)
     dtype = state.mu.dtype
     N, lam = _check_cfg(cfg, D, dtype)
-    check_model(model, D)
+    check_model(model, D, cnn=True)
     X, y, _ = check_batch(batch, model, N, dtype)
     check_draws(eps, D, dtype)
     mu, k = state.mu, state.t + 1

@@ -440,7 +440,7 @@ def _local(state, batch, eps, cfg, model):
     D, _ = _check_state(state)
     dtype = state.mu.dtype
     c = _scales(cfg, D, dtype)
-    check_model(model, D)
+    check_model(model, D, cnn=True)
     X, y, M = check_batch(batch, model, c.N, dtype)
     _check_eps(eps, D, dtype)
     xp_of(state.mu, X, eps)  # one backend
@@ -468,7 +468,7 @@ def local_estimates(state: VOGNState, batch, eps, cfg: VOGNConfig, model) -> Est
         (evaluate at theta = mu, vogn.10).
     cfg : VOGNConfig
         Hyperparameters (N, delta, alpha, beta1, beta2, gamma, tau, rho, curvature).
-    model : FlatModel
+    model : FlatModel or CNN
         A refbayes.models model with D parameters.
 
     Returns
@@ -636,7 +636,7 @@ def step(state: VOGNState, batch, eps, cfg: VOGNConfig, model) -> tuple[VOGNStat
         (evaluate at theta = mu, vogn.10).
     cfg : VOGNConfig
         Hyperparameters (N, delta, alpha, beta1, beta2, gamma, tau, rho, curvature).
-    model : FlatModel
+    model : FlatModel or CNN
         A refbayes.models model with D parameters.
 
     Returns

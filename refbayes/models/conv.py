@@ -1,7 +1,7 @@
 """Convolutional networks on a flat theta: Conv2d, MaxPool2d, AvgPool2d, Flatten, Dense, Activation.
 
-Implements derivations/conv.md (conv.1)-(conv.15) (issue 34, first slice): a sequential network
-built from layer records, with the forward pass, per-example losses, the summed gradient, the
+Implements derivations/conv.md (conv.1)-(conv.23) (issue 34, first and second slices): a
+sequential network built from layer records, with the forward pass, per-example losses, the summed gradient, the
 per-example gradients and the diagonal empirical Fisher of the FlatModel contract
 (refbayes.models.base). Dense layers and activations are (peg.1)-(peg.5) and (peg.11) of
 derivations/per_example_gradients.md.
@@ -20,11 +20,16 @@ takes it, passes ``likelihood.check_targets`` (M rows, labels in range); the arr
 NumPy and CuPy. Layer records validate their arguments at construction, and ``CNN`` checks that
 the spec chains from ``input_shape`` to a (K,) output (conv.1).
 
-Not provided yet (issue 34, later slices): the curvature (``jacobian``, ``jvp``, ``ggn``,
-``ggn_vp``, ``hessian``, ``hvp``, ``grad_hvp``, ``diag_ggn``, ``sample_moments``), the
-K-FAC methods (``kfac_factors``, ``kfac_curvature``, ``kfac_moments``, ``kfac_block_errors``), the
-batched passes (``forward_batched``, ``sample_losses_and_grads``, ``per_example_grads_batched``),
-``last_layer`` and dropout; those CNN methods raise NotImplementedError. CNN is not a FlatModel
+Second slice (conv.16)-(conv.23): ``jacobian``, ``ggn``, ``diag_ggn`` (exact, by the columns
+of the output Hessian's factor), ``jvp`` and ``ggn_vp`` (the R-operator's forward pass through
+conv and pooling layers) in closed form; ``hessian``, ``hvp`` and ``grad_hvp``'s H v by autograd of
+the same forward pass (NumPy only; a closed-form R-operator backward pass for conv layers is a
+later slice); ``forward_batched``, ``sample_losses_and_grads``, ``per_example_grads_batched`` and
+``sample_moments`` as a loop over the S parameter vectors of the single-theta passes.
+
+Not provided yet (issue 34, later slices): the K-FAC methods (``kfac_factors``,
+``kfac_curvature``, ``kfac_moments``, ``kfac_block_errors``), ``last_layer`` and dropout; those
+CNN methods raise NotImplementedError. CNN is not a FlatModel
 subclass: FlatModel's inherited methods read the MLP's ``sizes`` layout and would compute the
 wrong thing on a CNN rather than fail.
 """
@@ -384,6 +389,77 @@ def _dense_grads(a, d, bias: bool, mode: str):
     return blocks + [d.sum(axis=0)] if bias else blocks
 
 
+def _seeded(xp, layers, params, caches, seed, mode: str):
+    """The backward pass seeded with r = seed (M, K) instead of dl/df, its blocks concatenated:
+    rows J_i^T seed_i (M, D) ("rows"), their sum ("sum") or sum of squares ("sum_sq")."""
+    return xp.concatenate(_backward_blocks(xp, layers, params, caches, seed, mode),
+                          axis=1 if mode == "rows" else 0)
+
+
+def _jacobian(xp, layers, params, caches, f):
+    """J (M, K, D): row k of every J_i from the pass seeded with e_k.  (conv.16)"""
+    M, K = f.shape
+    rows = []
+    for k in range(K):
+        e_k = xp.zeros((M, K), dtype=f.dtype)
+        e_k[:, k] = 1.0
+        rows.append(_seeded(xp, layers, params, caches, e_k, "rows"))  # (conv.16)
+    return xp.stack(rows, axis=1)
+
+
+def _diag_ggn_blocks(xp, layers, params, caches, C):
+    """sum_r sum_i (J_i^T c_{i,r})^2 (D,) from the factor C (M, K, R), H_i = C_i C_i^T.  (conv.18)"""
+    out = None
+    for r in range(C.shape[2]):
+        sq = _seeded(xp, layers, params, caches, xp.ascontiguousarray(C[:, :, r]), "sum_sq")  # (conv.18)
+        out = sq if out is None else out + sq  # (conv.18): the sum over the R columns
+    return out
+
+
+def _r_layer_forward(ns, layer, p, dp, cache, ra):
+    """R{output} of one layer from R{input} = ra (None: zero) and the direction's block dp = (V, c).
+
+    Conv2d: Wm R{U_i} + Vm U_i + c 1^T (conv.20); Dense: R{a} W + a V + c and activations
+    act'(z) R{z} (peg.22); pooling with the max-pool winners held fixed and flatten (conv.21).
+    """
+    if isinstance(layer, Conv2d):
+        (M, _, H, W), U = cache
+        (kh, kw), (sh, sw), (ph, pw) = layer.kernel, layer.stride, layer.padding
+        Ho, Wo = cl.out_size(H, kh, sh, ph), cl.out_size(W, kw, sw, pw)
+        rz = dp[0].reshape(layer.c_out, -1) @ U  # (conv.20): Vm U_i
+        if dp[1] is not None:
+            rz = rz + dp[1][:, None]  # (conv.20): c 1^T
+        rz = rz.reshape(M, layer.c_out, Ho, Wo)
+        if ra is None:
+            return rz
+        return rz + cl.conv_forward(ns, ra, p[0], None, layer.stride, layer.padding)[1]  # (conv.20)
+    if isinstance(layer, Dense):
+        rz = cache @ dp[0]  # (peg.22): a V
+        if dp[1] is not None:
+            rz = rz + dp[1]  # (peg.22)
+        return rz if ra is None else rz + ra @ p[0]  # (peg.22)
+    if ra is None:
+        return None
+    if isinstance(layer, Activation):
+        return act_prime(cache, layer.name) * ra  # (peg.22)
+    if isinstance(layer, MaxPool2d):
+        P = cl.windows(ns, ra, layer.kernel[0], layer.kernel[1], layer.stride[0], layer.stride[1])
+        return (P * cache[1]).sum(axis=2)  # (conv.21): R{P} at the fixed winner q*
+    if isinstance(layer, AvgPool2d):
+        return cl.avg_pool(ns, ra, layer.kernel, layer.stride)  # (conv.21)
+    return ra.reshape(ra.shape[0], -1)  # (conv.21): Flatten
+
+
+def _r_forward(xp, layers, params, dparams, caches, f):
+    """R{f} = J v (M, K) along v split as dparams, from the forward pass's caches.  (conv.20)-(conv.21)"""
+    it_p, it_d = iter(params), iter(dparams)
+    ra = None  # R{x} = 0
+    for layer, cache in zip(layers, caches):
+        p, dp = (next(it_p), next(it_d)) if isinstance(layer, _PARAM_TYPES) else (None, None)
+        ra = _r_layer_forward(xp, layer, p, dp, cache, ra)
+    return xp.zeros_like(f) if ra is None else ra
+
+
 # ---------------------------------------------------------------------------- the model
 
 def _not_provided(name: str):
@@ -456,6 +532,8 @@ class CNN:
     """
 
     __slots__ = ("input_shape", "layers", "likelihood", "shapes", "D", "_param_shapes")
+    # hessian, hvp and grad_hvp are autograd's (NumPy only) at this slice (conv.19)
+    hessian_on_cupy = False
 
     def __init__(self, input_shape, layers, likelihood="categorical", noise_precision=1.0):
         if not isinstance(input_shape, (tuple, list)) or len(input_shape) != 3:
@@ -880,24 +958,446 @@ class CNN:
             G[i] = grad_fn(theta, X[i:i + 1], y[i:i + 1])
         return G
 
+    # ---- curvature (conv.16)-(conv.22) -------------------------------------------------------
+
+    def _check_v(self, theta, v):
+        xp_of(theta, v)
+        check_array(v, "v", shape=(self.D,))
+        check_same_dtype({"theta": theta, "v": v})
+        return check_float(v, "v")
+
+    def _passes(self, xp, theta, X):
+        """(params, caches, f) of one forward pass on validated inputs."""
+        params = _split(theta, self._param_shapes)
+        caches, f = _forward(xp, self.layers, params, X)
+        return params, caches, f
+
+    def jacobian(self, theta, X):
+        """Compute the output Jacobians J[i, k] = d f_ik / d theta.
+
+        K backward passes of the same forward caches, the k-th seeded with the unit vector e_k
+        for every example: its per-example rows are row k of every J_i (conv.16).
+
+        Parameters
+        ----------
+        theta : array of shape (D,)
+            Flat parameter vector (float64 or float32).
+        X : array of shape (M, C, H, W) or (M, C H W)
+            Images NCHW, or their rows flattened row-major; M >= 1, theta's dtype.
+
+        Returns
+        -------
+        array of shape (M, K, D)
+            The Jacobians J.
+
+        Raises
+        ------
+        ValueError
+            If theta or X is invalid (see refbayes.models.conv).
+        """
+        xp, theta, X, _ = self._inputs(theta, X, need_y=False)
+        params, caches, f = self._passes(xp, theta, X)
+        return _jacobian(xp, self.layers, params, caches, f)  # (conv.16)
+
+    def ggn(self, theta, X, y):
+        """Form the dense generalized Gauss-Newton matrix sum_i J_i^T H_i J_i.
+
+        J from the K seeded backward passes (conv.16), H_i = d^2 l_i / df_i^2 from the
+        likelihood (conv.17).
+
+        Parameters
+        ----------
+        theta : array of shape (D,)
+            Flat parameter vector (float64 or float32).
+        X : array of shape (M, C, H, W) or (M, C H W)
+            Images NCHW, or their rows flattened row-major; M >= 1, theta's dtype.
+        y : array of shape (M,) or (M, K)
+            Targets: labels (M,) for classification; reals (M,) or (M, K) for the gaussian
+            likelihood.
+
+        Returns
+        -------
+        array of shape (D, D)
+            The GGN.
+
+        Raises
+        ------
+        ValueError
+            If theta, X or y is invalid (see refbayes.models.conv).
+        """
+        xp, theta, X, y = self._inputs(theta, X, y)
+        params, caches, f = self._passes(xp, theta, X)
+        J = _jacobian(xp, self.layers, params, caches, f)  # (conv.16)
+        HJ = xp.einsum("mkl,mld->mkd", self.likelihood._hess_f(f, y), J)
+        MK = J.shape[0] * J.shape[1]
+        return J.reshape(MK, -1).T @ HJ.reshape(MK, -1)  # (conv.17)
+
+    def diag_ggn(self, theta, X, y):
+        """Compute the exact GGN diagonal without forming J or a D x D matrix.
+
+        diag(GGN) = sum_r sum_i (J_i^T c_{i,r})^2 with H_i = C_i C_i^T: one backward pass per
+        column of C_i, each squared per example and layer and summed (conv.18), BackPACK's
+        DiagGGNExact.
+
+        Parameters
+        ----------
+        theta : array of shape (D,)
+            Flat parameter vector (float64 or float32).
+        X : array of shape (M, C, H, W) or (M, C H W)
+            Images NCHW, or their rows flattened row-major; M >= 1, theta's dtype.
+        y : array of shape (M,) or (M, K)
+            Targets: labels (M,) for classification; reals (M,) or (M, K) for the gaussian
+            likelihood.
+
+        Returns
+        -------
+        array of shape (D,)
+            The diagonal of the GGN.
+
+        Raises
+        ------
+        ValueError
+            If theta, X or y is invalid (see refbayes.models.conv).
+        """
+        xp, theta, X, y = self._inputs(theta, X, y)
+        params, caches, f = self._passes(xp, theta, X)
+        C = self.likelihood._hess_factor(f, y)  # (M, K, R)
+        return _diag_ggn_blocks(xp, self.layers, params, caches, C)  # (conv.18)
+
+    def hessian(self, theta, X, y):
+        """Form the dense Hessian of sum_i l_i by autograd (NumPy only).
+
+        At this slice the CNN's Hessian is autograd's Hessian of the same vectorized forward
+        pass (conv.19); a closed-form R-operator for conv layers is a later slice.
+
+        Parameters
+        ----------
+        theta : array of shape (D,)
+            Flat parameter vector (float64 or float32).
+        X : array of shape (M, C, H, W) or (M, C H W)
+            Images NCHW, or their rows flattened row-major; M >= 1, theta's dtype.
+        y : array of shape (M,) or (M, K)
+            Targets: labels (M,) for classification; reals (M,) or (M, K) for the gaussian
+            likelihood.
+
+        Returns
+        -------
+        numpy.ndarray of shape (D, D)
+            The Hessian, in theta's dtype.
+
+        Raises
+        ------
+        ValueError
+            If theta, X or y is invalid (see refbayes.models.conv), or the arrays are CuPy
+            arrays.
+        """
+        xp, theta, X, y = self._inputs(theta, X, y)
+        if xp is not np:
+            raise ValueError("theta: the CNN's autograd Hessian needs NumPy arrays, got CuPy arrays")
+        H = autograd.hessian(self._autograd_loss)(theta, X, y)  # (conv.19)
+        return np.asarray(H, dtype=theta.dtype)
+
+    def hvp(self, theta, v, X, y):
+        """Compute the Hessian-vector product H v of sum_i l_i by autograd (NumPy only).
+
+        At this slice autograd's reverse-over-reverse product of the same vectorized forward
+        pass (conv.19), without the D x D matrix; a closed-form R-operator backward pass for
+        conv layers is a later slice.
+
+        Parameters
+        ----------
+        theta : array of shape (D,)
+            Flat parameter vector (float64 or float32).
+        v : array of shape (D,)
+            The vector, same dtype and backend as theta.
+        X : array of shape (M, C, H, W) or (M, C H W)
+            Images NCHW, or their rows flattened row-major; M >= 1, theta's dtype.
+        y : array of shape (M,) or (M, K)
+            Targets: labels (M,) for classification; reals (M,) or (M, K) for the gaussian
+            likelihood.
+
+        Returns
+        -------
+        numpy.ndarray of shape (D,)
+            The product H v, in theta's dtype.
+
+        Raises
+        ------
+        ValueError
+            If theta, X or y is invalid (see refbayes.models.conv), v is not a finite (D,)
+            array of theta's dtype on theta's backend, or the arrays are CuPy arrays.
+        """
+        xp, theta, X, y = self._inputs(theta, X, y)
+        v = self._check_v(theta, v)
+        if xp is not np:
+            raise ValueError("theta: the CNN's autograd Hessian-vector product needs NumPy "
+                             "arrays, got CuPy arrays")
+        Hv = autograd.hessian_tensor_product(self._autograd_loss)(theta, X, y, v)  # (conv.19)
+        return np.asarray(Hv, dtype=theta.dtype)
+
+    def grad_hvp(self, theta, v, X, y):
+        """Compute the gradient g = sum_i dl_i/dtheta and H v.
+
+        (``grad``, ``hvp``): the gradient by the closed-form backward pass (conv.8), H v by
+        autograd (conv.19), NumPy only; each equals its method bit for bit.
+
+        Parameters
+        ----------
+        theta : array of shape (D,)
+            Flat parameter vector (float64 or float32).
+        v : array of shape (D,)
+            The vector, same dtype and backend as theta.
+        X : array of shape (M, C, H, W) or (M, C H W)
+            Images NCHW, or their rows flattened row-major; M >= 1, theta's dtype.
+        y : array of shape (M,) or (M, K)
+            Targets: labels (M,) for classification; reals (M,) or (M, K) for the gaussian
+            likelihood.
+
+        Returns
+        -------
+        g : array of shape (D,)
+            The gradient, as ``grad``.
+        Hv : numpy.ndarray of shape (D,)
+            The product H v, as ``hvp``.
+
+        Raises
+        ------
+        ValueError
+            As ``hvp``.
+        """
+        Hv = self.hvp(theta, v, X, y)  # (conv.19)
+        return self.grad(theta, X, y), Hv
+
+    def jvp(self, theta, v, X):
+        """Compute the output Jacobian-vector products J_i v = R{f_i} in one forward pass.
+
+        Pearlmutter's R-operator forward pass: conv layers Wm R{U_i} + Vm U_i + c 1^T (conv.20),
+        pooling with the max-pool winners fixed and flatten (conv.21), dense layers and
+        activations (peg.22). Neither J nor a backward pass is formed.
+
+        Parameters
+        ----------
+        theta : array of shape (D,)
+            Flat parameter vector (float64 or float32).
+        v : array of shape (D,)
+            The vector, same dtype and backend as theta.
+        X : array of shape (M, C, H, W) or (M, C H W)
+            Images NCHW, or their rows flattened row-major; M >= 1, theta's dtype.
+
+        Returns
+        -------
+        array of shape (M, K)
+            Row i is J_i v, J_i as in ``jacobian``.
+
+        Raises
+        ------
+        ValueError
+            If theta or X is invalid (see refbayes.models.conv), or v is not a finite (D,)
+            array of theta's dtype on theta's backend.
+        """
+        xp, theta, X, _ = self._inputs(theta, X, need_y=False)
+        v = self._check_v(theta, v)
+        params, caches, f = self._passes(xp, theta, X)
+        dparams = _split(v, self._param_shapes)
+        return _r_forward(xp, self.layers, params, dparams, caches, f)  # (conv.20)-(conv.21)
+
+    def ggn_vp(self, theta, v, X, y):
+        """Compute the GGN-vector product sum_i J_i^T H_i J_i v without J or the D x D GGN.
+
+        J v by the R-operator forward pass (conv.20)-(conv.21), the seed H_i J_i v (peg.23),
+        then one backward pass in the summed mode (conv.22); ``ggn(theta, X, y) @ v`` up to
+        rounding.
+
+        Parameters
+        ----------
+        theta : array of shape (D,)
+            Flat parameter vector (float64 or float32).
+        v : array of shape (D,)
+            The vector, same dtype and backend as theta.
+        X : array of shape (M, C, H, W) or (M, C H W)
+            Images NCHW, or their rows flattened row-major; M >= 1, theta's dtype.
+        y : array of shape (M,) or (M, K)
+            Targets: labels (M,) for classification; reals (M,) or (M, K) for the gaussian
+            likelihood.
+
+        Returns
+        -------
+        array of shape (D,)
+            The product GGN v, in theta's dtype.
+
+        Raises
+        ------
+        ValueError
+            If theta, X or y is invalid (see refbayes.models.conv), or v is not a finite (D,)
+            array of theta's dtype on theta's backend.
+        """
+        xp, theta, X, y = self._inputs(theta, X, y)
+        v = self._check_v(theta, v)
+        params, caches, f = self._passes(xp, theta, X)
+        r_f = _r_forward(xp, self.layers, params, _split(v, self._param_shapes), caches, f)
+        seed = xp.einsum("mkl,ml->mk", self.likelihood._hess_f(f, y), r_f)  # (peg.23)
+        return _seeded(xp, self.layers, params, caches, seed, "sum")  # (conv.22)
+
+    # ---- S parameter vectors (conv.23) -------------------------------------------------------
+
+    def _inputs_batched(self, thetas, X, y=None, need_y=True):
+        """xp, validated X (M, C, H, W) and y, and S for S parameter vectors thetas (S, D)."""
+        check_array(thetas, "thetas", ndim=2)
+        S = thetas.shape[0]
+        if S < 1 or thetas.shape[1] != self.D:
+            raise ValueError(f"thetas: expected shape (S >= 1, {self.D}), got {tuple(thetas.shape)}")
+        xp, _, X, y = self._inputs(thetas[0], X, y, need_y)
+        check_float(thetas, "thetas")
+        check_same_dtype({"thetas": thetas, "X": X})
+        return xp, X, y, S
+
+    def forward_batched(self, thetas, X):
+        """Compute the network outputs at S parameter vectors.
+
+        F[s] = ``forward(thetas[s], X)``: a loop over s of the single-theta pass (conv.23).
+
+        Parameters
+        ----------
+        thetas : array of shape (S, D)
+            S >= 1 parameter vectors (float64 or float32).
+        X : array of shape (M, C, H, W) or (M, C H W)
+            Images NCHW, or their rows flattened row-major; M >= 1, thetas' dtype.
+
+        Returns
+        -------
+        array of shape (S, M, K)
+            The outputs F.
+
+        Raises
+        ------
+        ValueError
+            If thetas or X is invalid (see refbayes.models.conv).
+        """
+        xp, X, _, _ = self._inputs_batched(thetas, X, need_y=False)
+        return xp.stack([self._passes(xp, th, X)[2] for th in thetas])  # (conv.23)
+
+    def sample_losses_and_grads(self, thetas, X, y):
+        """Compute the summed losses and gradients at S parameter vectors.
+
+        loss[s] = sum_i l_i(theta_s) and g[s] = ``grad(thetas[s], X, y)``, from one forward
+        and one backward pass per s (conv.23).
+
+        Parameters
+        ----------
+        thetas : array of shape (S, D)
+            S >= 1 parameter vectors (float64 or float32).
+        X : array of shape (M, C, H, W) or (M, C H W)
+            Images NCHW, or their rows flattened row-major; M >= 1, thetas' dtype.
+        y : array of shape (M,) or (M, K)
+            Targets: labels (M,) for classification; reals (M,) or (M, K) for the gaussian
+            likelihood.
+
+        Returns
+        -------
+        loss : array of shape (S,)
+            The summed negative log-likelihoods.
+        g : array of shape (S, D)
+            The summed gradients.
+
+        Raises
+        ------
+        ValueError
+            If thetas, X or y is invalid (see refbayes.models.conv).
+        """
+        xp, X, y, S = self._inputs_batched(thetas, X, y)
+        losses, grads = [], []
+        for th in thetas:  # (conv.23)
+            params, caches, f = self._passes(xp, th, X)
+            losses.append(self.likelihood._losses(xp, f, y).sum())
+            grads.append(_seeded(xp, self.layers, params, caches, self.likelihood._grad_f(f, y), "sum"))
+        return xp.stack(losses), xp.stack(grads)
+
+    def per_example_grads_batched(self, thetas, X, y):
+        """Compute the per-example gradients at S parameter vectors.
+
+        G[s] = ``per_example_grads(thetas[s], X, y)`` (vectorized): a loop over s (conv.23).
+
+        Parameters
+        ----------
+        thetas : array of shape (S, D)
+            S >= 1 parameter vectors (float64 or float32).
+        X : array of shape (M, C, H, W) or (M, C H W)
+            Images NCHW, or their rows flattened row-major; M >= 1, thetas' dtype.
+        y : array of shape (M,) or (M, K)
+            Targets: labels (M,) for classification; reals (M,) or (M, K) for the gaussian
+            likelihood.
+
+        Returns
+        -------
+        array of shape (S, M, D)
+            The per-example gradients G.
+
+        Raises
+        ------
+        ValueError
+            If thetas, X or y is invalid (see refbayes.models.conv).
+        """
+        xp, X, y, _ = self._inputs_batched(thetas, X, y)
+        return xp.stack([xp.concatenate(self._gradient_blocks(xp, th, X, y, "rows"), axis=1)
+                         for th in thetas])  # (conv.23)
+
+    def sample_moments(self, thetas, X, y, curvature=None):
+        """Compute gradients and curvature diagonals at S parameter vectors.
+
+        g[s] = ``grad(thetas[s], X, y)``; with curvature="ef" h[s] = ``diag_ef`` (conv.15),
+        with curvature="ggn" h[s] = ``diag_ggn`` (conv.18); one forward pass per s shared by
+        both (conv.23), and no (M, D) rows.
+
+        Parameters
+        ----------
+        thetas : array of shape (S, D)
+            S >= 1 parameter vectors (float64 or float32).
+        X : array of shape (M, C, H, W) or (M, C H W)
+            Images NCHW, or their rows flattened row-major; M >= 1, thetas' dtype.
+        y : array of shape (M,) or (M, K)
+            Targets: labels (M,) for classification; reals (M,) or (M, K) for the gaussian
+            likelihood.
+        curvature : {None, "ef", "ggn"}, optional
+            Which curvature diagonal to return with the gradients.
+
+        Returns
+        -------
+        g : array of shape (S, D)
+            The summed gradients.
+        h : array of shape (S, D) or None
+            The curvature diagonals, None when curvature is None.
+
+        Raises
+        ------
+        ValueError
+            If thetas, X or y is invalid (see refbayes.models.conv), or curvature is not None,
+            "ef" or "ggn".
+        """
+        if curvature not in (None, "ef", "ggn"):
+            raise ValueError(f"curvature: expected None, 'ef' or 'ggn', got {curvature!r}")
+        xp, X, y, _ = self._inputs_batched(thetas, X, y)
+        gs, hs = [], []
+        for th in thetas:  # (conv.23)
+            params, caches, f = self._passes(xp, th, X)
+            r = self.likelihood._grad_f(f, y)
+            gs.append(_seeded(xp, self.layers, params, caches, r, "sum"))  # (conv.8)
+            if curvature == "ef":
+                hs.append(_seeded(xp, self.layers, params, caches, r, "sum_sq"))  # (conv.15)
+            elif curvature == "ggn":
+                C = self.likelihood._hess_factor(f, y)
+                hs.append(_diag_ggn_blocks(xp, self.layers, params, caches, C))  # (conv.18)
+        return xp.stack(gs), (xp.stack(hs) if hs else None)
+
+    def _sample_moments_trusted(self, thetas, X, y, curvature):
+        """``sample_moments`` under FlatModel's name for VOGN's step: the CNN checks every input."""
+        return self.sample_moments(thetas, X, y, curvature)
+
     # ---- FlatModel methods not provided yet (issue 34, later slices) --------------------------
 
-    jacobian = _not_provided("jacobian")
-    jvp = _not_provided("jvp")
-    ggn = _not_provided("ggn")
-    ggn_vp = _not_provided("ggn_vp")
-    hessian = _not_provided("hessian")
-    hvp = _not_provided("hvp")
-    grad_hvp = _not_provided("grad_hvp")
-    diag_ggn = _not_provided("diag_ggn")
-    sample_moments = _not_provided("sample_moments")
     kfac_factors = _not_provided("kfac_factors")
     kfac_curvature = _not_provided("kfac_curvature")
     kfac_moments = _not_provided("kfac_moments")
     kfac_block_errors = _not_provided("kfac_block_errors")
-    forward_batched = _not_provided("forward_batched")
-    sample_losses_and_grads = _not_provided("sample_losses_and_grads")
-    per_example_grads_batched = _not_provided("per_example_grads_batched")
     last_layer = _not_provided("last_layer")
 
 

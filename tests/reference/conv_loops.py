@@ -14,7 +14,7 @@ import numpy as np
 from tests.reference.per_example import naive_nll
 
 __all__ = ["conv2d_loop", "max_pool_loop", "max_pool_routing_loop", "avg_pool_loop",
-           "naive_params", "naive_output", "per_example_grads_loop", "LoopSpec"]
+           "naive_params", "naive_output", "per_example_grads_loop", "ggn_loop", "LoopSpec"]
 
 
 def _value(v):
@@ -173,3 +173,17 @@ def per_example_grads_loop(spec, theta, X, Y):
         return naive_nll(spec, naive_output(spec, th, x), y)
     g = autograd.grad(loss)
     return np.stack([g(theta, X[i], Y[i]) for i in range(len(X))])
+
+
+def ggn_loop(spec, theta, X, Y):
+    """sum_i J_i^T H_i J_i (D, D): J_i = autograd.jacobian of one image's output, H_i =
+    autograd.hessian of its loss in f_i (float64), one example at a time."""
+    theta = np.asarray(theta, np.float64)
+    X = np.asarray(X, np.float64).reshape((len(X),) + spec.input_shape)
+    Y = np.asarray(Y, np.float64) if spec.likelihood == "gaussian" else np.asarray(Y).astype(int)
+    out = np.zeros((len(theta), len(theta)))
+    for x, y in zip(X, Y):
+        J = autograd.jacobian(lambda th: naive_output(spec, th, x))(theta)
+        H = autograd.hessian(lambda f: naive_nll(spec, f, y))(naive_output(spec, theta, x))
+        out += J.T @ H @ J
+    return out
