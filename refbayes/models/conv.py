@@ -1,6 +1,6 @@
 """Convolutional networks on a flat theta: Conv2d, MaxPool2d, AvgPool2d, Flatten, Dense, Activation.
 
-Implements derivations/conv.md (conv.1)-(conv.23) (issue 34, first and second slices): a
+Implements derivations/conv.md (conv.1)-(conv.32) (issue 34, first to third slices): a
 sequential network built from layer records, with the forward pass, per-example losses, the summed gradient, the
 per-example gradients and the diagonal empirical Fisher of the FlatModel contract
 (refbayes.models.base). Dense layers and activations are (peg.1)-(peg.5) and (peg.11) of
@@ -27,9 +27,14 @@ the same forward pass (NumPy only; a closed-form R-operator backward pass for co
 later slice); ``forward_batched``, ``sample_losses_and_grads``, ``per_example_grads_batched`` and
 ``sample_moments`` as a loop over the S parameter vectors of the single-theta passes.
 
-Not provided yet (issue 34, later slices): the K-FAC methods (``kfac_factors``,
-``kfac_curvature``, ``kfac_moments``, ``kfac_block_errors``), ``last_layer`` and dropout; those
-CNN methods raise NotImplementedError. CNN is not a FlatModel
+Third slice (conv.24)-(conv.32): K-FAC. ``kfac_factors``, ``kfac_curvature``, ``kfac_moments``
+and ``kfac_block_errors`` with FlatModel's signatures plus ``approx`` ("expand", the default, or
+"reduce", Eschenhagen et al. 2023) for conv layers; dense layers are the MLP's (peg.18) either
+way. The factors (A_l, B_l) are those of the matrix W~_l of ``kfac_layout`` (for a conv layer
+[Wm^T; b^T], a permutation of theta's block; for a dense layer theta's block itself).
+
+Not provided yet (issue 34, later slices): ``last_layer`` and dropout; ``last_layer`` raises
+NotImplementedError. CNN is not a FlatModel
 subclass: FlatModel's inherited methods read the MLP's ``sizes`` layout and would compute the
 wrong thing on a CNN rather than fail.
 """
@@ -43,15 +48,21 @@ import autograd
 import autograd.numpy as anp
 import numpy as np
 
-from refbayes._checks import check_array, check_float, check_int, check_same_dtype
+from refbayes._checks import (
+    check_array,
+    check_float,
+    check_int,
+    check_positive_vector,
+    check_same_dtype,
+)
 from refbayes.backend import xp_of
 from refbayes.models import _conv_layers as cl
 from refbayes.models._layers import ACTIVATIONS, act_prime, activate
-from refbayes.models.base import INIT_SCHEMES
+from refbayes.models.base import INIT_SCHEMES, KFACLayer
 from refbayes.models.likelihoods import LIKELIHOODS, make_likelihood
 
 __all__ = ["Conv2d", "MaxPool2d", "AvgPool2d", "Flatten", "Dense", "Activation", "CNN",
-           "CNN_IMPLS", "tiny_cnn", "lenet5"]
+           "CNN_IMPLS", "KFAC_APPROX", "tiny_cnn", "lenet5"]
 
 CNN_IMPLS = ("vectorized", "autograd")  # per_example_grads' implementations (FlatModel's names)
 _ISSUE = "issue 34 (CNNs across the library): not provided for CNN yet"
@@ -458,6 +469,112 @@ def _r_forward(xp, layers, params, dparams, caches, f):
         p, dp = (next(it_p), next(it_d)) if isinstance(layer, _PARAM_TYPES) else (None, None)
         ra = _r_layer_forward(xp, layer, p, dp, cache, ra)
     return xp.zeros_like(f) if ra is None else ra
+
+
+# ---------------------------------------------------------------------------- K-FAC (conv.24)-(conv.32)
+
+KFAC_APPROX = ("expand", "reduce")
+# a layer's K-FAC block error is formed as an n x n matrix up to n^2 = 2^22 entries (conv.31)
+_DENSE_BLOCK_LIMIT = 1 << 22
+
+
+def _check_approx(approx):
+    if approx not in KFAC_APPROX:
+        raise ValueError(f"approx: expected one of {KFAC_APPROX}, got {approx!r}")
+    return approx
+
+
+def _param_layer_errors(xp, layers, params, caches, r):
+    """dl/d(output) of every parameter layer, in theta order, from the seed r = dl/df (M, K):
+    conv (M, C_out, P), dense (M, n_out).  The backward pass (conv.9)-(conv.14), (peg.3)."""
+    it = reversed(params)
+    errs, delta = [], r  # (peg.2)
+    for k in range(len(layers) - 1, -1, -1):
+        layer = layers[k]
+        p = next(it) if isinstance(layer, _PARAM_TYPES) else None
+        if isinstance(layer, Conv2d):
+            errs.append(delta.reshape(delta.shape[0], delta.shape[1], -1))  # Delta_i (C_out, P)
+        elif isinstance(layer, Dense):
+            errs.append(delta)
+        if k > 0:
+            delta = _layer_backward(xp, layer, p, caches[k], delta)
+    return errs[::-1]
+
+
+def _kfac_inputs(xp, layers, caches):
+    """U~ (M, n_a, P) per parameter layer: the unfolded input (conv.4) (a dense layer's input as
+    P = 1 column) with a row of ones appended when the layer has a bias.  (conv.24), (conv.29)"""
+    out = []
+    for layer, cache in zip(layers, caches):
+        if isinstance(layer, Conv2d):
+            U = cache[1]  # (M, Q, P)
+        elif isinstance(layer, Dense):
+            U = cache[:, :, None]  # (conv.29): P = 1
+        else:
+            continue
+        if layer.bias:
+            U = xp.concatenate([U, xp.ones((U.shape[0], 1, U.shape[2]), dtype=U.dtype)], axis=1)  # (conv.24)
+        out.append(U)
+    return out
+
+
+def _kfac_errors(model, xp, params, caches, f, y, curvature, scale=1.0):
+    """E (M, R, n_b, P) per parameter layer: the R seeds of each example backpropagated to the
+    layer's output; "ef": R = 1, the gradient dl_i/df_i (times scale); "ggn": the columns of C_i,
+    H_i = C_i C_i^T (times sqrt(scale)).  (conv.25)"""
+    if curvature == "ef":
+        seeds = [model.likelihood._grad_f(f, y) * scale]  # (peg.2), (noise_gamma.2)
+    else:
+        C = model.likelihood._hess_factor(f, y) * scale ** 0.5  # (M, K, R), (noise_gamma.2)
+        seeds = [xp.ascontiguousarray(C[:, :, r]) for r in range(C.shape[2])]
+    passes = [_param_layer_errors(xp, model.layers, params, caches, s) for s in seeds]  # (conv.25)
+    out = []
+    for per_r in zip(*passes):
+        E = xp.stack(per_r, axis=1)  # (M, R, n_b[, P])
+        out.append(E if E.ndim == 4 else E[..., None])
+    return out
+
+
+def _kfac_pair(xp, U, E, approx):
+    """(A, B) of one layer from U~ (M, n_a, P) and E (M, R, n_b, P).  (conv.26), (conv.27)"""
+    M, n_a, P = U.shape
+    n_b = E.shape[2]
+    if approx == "expand":
+        Uf = xp.swapaxes(U, 0, 1).reshape(n_a, M * P)
+        Ef = xp.moveaxis(E, 2, 0).reshape(n_b, -1)
+        return (Uf @ Uf.T) / (M * P), Ef @ Ef.T  # (conv.26)
+    ubar = U.mean(axis=2)  # (conv.27): patches averaged over the positions (the ones row stays 1)
+    e = E.sum(axis=3).reshape(-1, n_b)  # (conv.27): errors summed over the positions
+    return (ubar.T @ ubar) / M, e.T @ e  # (conv.27)
+
+
+def _kfac_block_error(xp, U, E, A, B):
+    """(||A kron B - Y||_F, ||A kron B||_F, ||Y||_F) of one layer, Y = sum_{i,r} g g^T.  (conv.31)"""
+    M, n_a, P = U.shape
+    R, n_b = E.shape[1], E.shape[2]
+    n = n_a * n_b
+    kfac_norm = xp.linalg.norm(A) * xp.linalg.norm(B)  # (conv.31)
+    if P > 1 or n * n <= _DENSE_BLOCK_LIMIT:
+        # the rows g_{i,r} = vec_row_major(U~_i E_{i,r}^T) (conv.25)
+        Gm = U[:, None] @ xp.swapaxes(E, 2, 3)  # (M, R, n_a, n_b)
+        G = Gm.reshape(M * R, n)
+    if n * n <= _DENSE_BLOCK_LIMIT:
+        Y = G.T @ G  # (conv.25)
+        X = (A[:, None, :, None] * B[None, :, None, :]).reshape(n, n)  # A kron B
+        return xp.linalg.norm(X - Y), kfac_norm, xp.linalg.norm(Y)  # (conv.31)
+    if P > 1:
+        K = G @ G.T  # (conv.31): <g_{i,r}, g_{j,s}>
+        Gm = Gm.reshape(M * R, n_a, n_b)
+        cross = ((A @ Gm @ B) * Gm).sum()  # (conv.31): sum <A Gm B, Gm>
+    else:  # a dense layer: the Gram entries factor (conv.31)
+        a, e = U[:, :, 0], E[..., 0].reshape(M * R, n_b)
+        Ka = xp.repeat(xp.repeat(a @ a.T, R, axis=0), R, axis=1)
+        K = Ka * (e @ e.T)  # (conv.31)
+        aAa = xp.repeat(((a @ A) * a).sum(axis=1), R)
+        cross = (aAa * ((e @ B) * e).sum(axis=1)).sum()  # (conv.31)
+    exact2 = (K * K).sum()  # ||Y||^2 = ||G G^T||^2  (conv.31)
+    err2 = kfac_norm * kfac_norm - 2.0 * cross + exact2  # (conv.31)
+    return xp.sqrt(xp.maximum(err2, 0.0)), kfac_norm, xp.sqrt(exact2)
 
 
 # ---------------------------------------------------------------------------- the model
@@ -1392,12 +1509,261 @@ class CNN:
         """``sample_moments`` under FlatModel's name for VOGN's step: the CNN checks every input."""
         return self.sample_moments(thetas, X, y, curvature)
 
+    # ---- K-FAC (conv.24)-(conv.32) -------------------------------------------------------------
+
+    def kfac_layout(self):
+        """Index arrays mapping theta to each parameter layer's K-FAC matrix W~ (conv.24).
+
+        For parameter layer l, ``theta[idx_l]`` is W~_l (n_a, n_b): for a conv layer
+        [Wm^T; b^T] ((Q + 1, C_out) with a bias, Q = C_in k_h k_w), for a dense layer [W; b^T]
+        ((n_in + 1, n_out), theta's own row-major block). The K-FAC factors (A_l, B_l) of
+        ``kfac_curvature`` approximate the curvature block of vec_row_major(W~_l), i.e. of
+        ``theta[idx_l.ravel()]``, by A_l kron B_l.
+
+        Returns
+        -------
+        list of array of int
+            One (n_a, n_b) index array per parameter layer, in theta order.
+        """
+        out, pos = [], 0
+        for w_shape, b_shape in self._param_shapes:
+            n_w = math.prod(w_shape)
+            if len(w_shape) == 4:  # conv: theta holds Wm (C_out, Q) row-major, then b  (conv.24)
+                c_out, Q = w_shape[0], n_w // w_shape[0]
+                idx = pos + np.arange(n_w).reshape(c_out, Q).T  # W~[q, o] = theta_l[o Q + q]
+                if b_shape is not None:
+                    idx = np.vstack([idx, pos + n_w + np.arange(c_out)[None, :]])  # (conv.24)
+            else:  # dense: [W; b^T] row-major is theta's block  (conv.24)
+                n_b = w_shape[1]
+                idx = pos + np.arange(n_w + (n_b if b_shape else 0)).reshape(-1, n_b)
+            out.append(idx)
+            pos += n_w + (b_shape[0] if b_shape else 0)
+        return out
+
+    def kfac_factors(self, theta, X, y):
+        """Compute the K-FAC ingredients per parameter layer: its input and its output error.
+
+        Conv layer: KFACLayer(a=U (M, Q, P), g=Delta (M, C_out, P)), the unfolded input (conv.4)
+        and dl_i/dZ_i (conv.6), so dl_i/dWm = Delta_i U_i^T; dense layer: the MLP's (peg.12),
+        KFACLayer(a=a_{l-1} (M, n_in), g=dl_i/dz_l (M, n_out)). With the labels y as given
+        (sampled labels give the MC Fisher's; nothing random happens here). No ones row: the
+        factors of ``kfac_curvature`` append it.
+
+        Parameters
+        ----------
+        theta : array of shape (D,)
+            Flat parameter vector (float64 or float32).
+        X : array of shape (M, C, H, W) or (M, C H W)
+            Images NCHW, or their rows flattened row-major; M >= 1, theta's dtype.
+        y : array of shape (M,) or (M, K)
+            Targets: labels (M,) for classification; reals (M,) or (M, K) for the gaussian
+            likelihood.
+
+        Returns
+        -------
+        list of KFACLayer
+            One per parameter layer, in theta order.
+
+        Raises
+        ------
+        ValueError
+            If theta, X or y is invalid (see refbayes.models.conv).
+        """
+        xp, theta, X, y = self._inputs(theta, X, y)
+        params, caches, f = self._passes(xp, theta, X)
+        errs = _param_layer_errors(xp, self.layers, params, caches, self.likelihood._grad_f(f, y))
+        ins = [c[1] if isinstance(layer, Conv2d) else c
+               for layer, c in zip(self.layers, caches) if isinstance(layer, _PARAM_TYPES)]
+        return [KFACLayer(a, g) for a, g in zip(ins, errs)]  # (conv.25), (peg.12)
+
+    def kfac_curvature(self, theta, X, y, curvature="ggn", approx="expand"):
+        """Compute the K-FAC factors (A_l, B_l) of the GGN or empirical Fisher of sum_i l_i.
+
+        Per parameter layer, A_l kron B_l approximates the exact block (conv.25) of
+        vec_row_major(W~_l) (``kfac_layout``; for a dense layer theta's own block, as the MLP's
+        (peg.18)). Conv layers (Eschenhagen et al. 2023), U~_i the unfolded input with a ones
+        row for the bias, E_{i,r} the seeds backpropagated to the layer output::
+
+            expand: A = sum_i U~_i U~_i^T / (M P),  B = sum_{i,r} E_{i,r} E_{i,r}^T       (conv.26)
+            reduce: A = sum_i ubar_i ubar_i^T / M,  ubar_i = U~_i 1 / P,
+                    B = sum_{i,r} (E_{i,r} 1)(E_{i,r} 1)^T                                (conv.27)
+
+        Dense layers: both are (peg.18) (conv.29). KFC (Grosse & Martens 2016) is expand with
+        A times P and B over P (conv.28). Exact only in the cases of (conv.30).
+
+        Parameters
+        ----------
+        theta : array of shape (D,)
+            Flat parameter vector (float64 or float32).
+        X : array of shape (M, C, H, W) or (M, C H W)
+            Images NCHW, or their rows flattened row-major; M >= 1, theta's dtype.
+        y : array of shape (M,) or (M, K)
+            Targets: labels (M,) for classification; reals (M,) or (M, K) for the gaussian
+            likelihood.
+        curvature : {"ggn", "ef"}, default "ggn"
+            The curvature whose blocks are factored (exact output-Hessian factor, or the
+            gradients at y; pass sampled labels with "ef" for the MC Fisher).
+        approx : {"expand", "reduce"}, default "expand"
+            The conv-layer approximation; curvlinops' and laplace-torch's default, = KFC.
+
+        Returns
+        -------
+        list of tuple
+            [(A_l (n_a, n_a), B_l (n_b, n_b))] per parameter layer, n_a = Q + bias or
+            n_in + bias, n_b = C_out or n_out.
+
+        Raises
+        ------
+        ValueError
+            If theta, X or y is invalid (see refbayes.models.conv), curvature is not "ggn" or
+            "ef", or approx is not "expand" or "reduce".
+        """
+        if curvature not in ("ggn", "ef"):
+            raise ValueError(f"curvature: expected 'ggn' or 'ef', got {curvature!r}")
+        _check_approx(approx)
+        xp, theta, X, y = self._inputs(theta, X, y)
+        params, caches, f = self._passes(xp, theta, X)
+        Us = _kfac_inputs(xp, self.layers, caches)
+        Es = _kfac_errors(self, xp, params, caches, f, y, curvature)
+        return [_kfac_pair(xp, U, E, approx) for U, E in zip(Us, Es)]  # (conv.26)-(conv.29)
+
+    def kfac_moments(self, thetas, X, y, curvature=None, y_curv=None, scale=None,
+                     approx="expand"):
+        """Compute gradients and the draw-averaged K-FAC factors at S parameter vectors.
+
+        g[s] = ``grad(thetas[s], X, y)`` (times c_s); with a curvature, per parameter layer the
+        mean over s of ``kfac_curvature``'s factors at thetas[s] (conv.32), with the labels y,
+        or y_curv[s] for "ef" when given (the MC Fisher). ``scale`` c (S,) weighs vector s's
+        loss by c_s (noise_gamma.2): B's terms by c_s^2 for "ef", c_s for "ggn"; A unchanged.
+        A loop over s (conv.23), the MLP's signature (peg.21) plus ``approx``.
+
+        Parameters
+        ----------
+        thetas : array of shape (S, D)
+            S >= 1 parameter vectors (float64 or float32).
+        X : array of shape (M, C, H, W) or (M, C H W)
+            Images NCHW, or their rows flattened row-major; M >= 1, thetas' dtype.
+        y : array of shape (M,) or (M, K)
+            Targets of the gradient.
+        curvature : {None, "ef", "ggn"}, optional
+            Which curvature's factors to return with the gradients.
+        y_curv : array of shape (S, M) or (S, M, K), optional
+            Per-vector targets of the "ef" factors (refused for any other curvature).
+        scale : array of shape (S,), optional
+            Per-vector loss weights c_s > 0 (finite, thetas' dtype); None is c_s = 1.
+        approx : {"expand", "reduce"}, default "expand"
+            As in ``kfac_curvature``.
+
+        Returns
+        -------
+        g : array of shape (S, D)
+            The summed gradients (times c_s).
+        factors : list of tuple or None
+            [(A_l, B_l)] per parameter layer as (conv.32), or None when curvature is None.
+
+        Raises
+        ------
+        ValueError
+            If thetas, X or y is invalid; curvature is not None, "ef" or "ggn"; y_curv is given
+            with another curvature, is not (S, M, ...) or a row does not fit the likelihood;
+            scale is not a finite (S,) array > 0 in thetas' dtype; approx is invalid.
+        """
+        if curvature not in (None, "ef", "ggn"):
+            raise ValueError(f"curvature: expected None, 'ef' or 'ggn', got {curvature!r}")
+        _check_approx(approx)
+        xp, X, y, S = self._inputs_batched(thetas, X, y)
+        xp_of(thetas, y_curv, scale)
+        M = X.shape[0]
+        if scale is not None:
+            check_positive_vector(scale, "scale", S, thetas.dtype, "vector")
+        if y_curv is not None:
+            if curvature != "ef":
+                raise ValueError(f"y_curv: only curvature 'ef' takes its own targets, got "
+                                 f"curvature {curvature!r}")
+            check_array(y_curv, "y_curv", ndim=(2, 3))
+            if tuple(y_curv.shape[:2]) != (S, M):
+                raise ValueError(f"y_curv: expected shape ({S}, {M}, ...) (S, M), got "
+                                 f"{tuple(y_curv.shape)}")
+            try:
+                y_curv = self.likelihood.check_targets(
+                    y_curv.reshape((S * M,) + y_curv.shape[2:]), S * M, self.n_out, thetas.dtype)
+            except ValueError as err:
+                raise ValueError(f"y_curv (the ({S}, {M}, ...) targets of the curvature, "
+                                 f"checked as {S * M} rows): {err}") from err
+            y_curv = y_curv.reshape((S, M) + y_curv.shape[1:])
+        gs, sums = [], None
+        for s, th in enumerate(thetas):  # (conv.23)
+            c = 1.0 if scale is None else scale[s]
+            params, caches, f = self._passes(xp, th, X)
+            gs.append(_seeded(xp, self.layers, params, caches, self.likelihood._grad_f(f, y),
+                              "sum") * c)  # (conv.8), (noise_gamma.2)
+            if curvature is None:
+                continue
+            yc = y if y_curv is None else y_curv[s]
+            Us = _kfac_inputs(xp, self.layers, caches)
+            Es = _kfac_errors(self, xp, params, caches, f, yc, curvature, c)
+            pairs = [_kfac_pair(xp, U, E, approx) for U, E in zip(Us, Es)]  # (conv.26)-(conv.29)
+            sums = pairs if sums is None else [(a + A, b + B) for (a, b), (A, B) in zip(sums, pairs)]
+        g = xp.stack(gs)
+        if curvature is None:
+            return g, None
+        return g, [(A / S, B / S) for A, B in sums]  # (conv.32)
+
+    def kfac_block_errors(self, theta, X, y, curvature="ggn", approx="expand"):
+        """Compute the relative Frobenius error of K-FAC's A_l kron B_l per parameter layer.
+
+        e_l = ||A_l kron B_l - Y_l||_F / ||Y_l||_F (conv.31), Y_l the exact block (conv.25) of
+        vec_row_major(W~_l) (``kfac_layout``) and (A_l, B_l) exactly ``kfac_curvature``'s. Up
+        to n_l^2 = 2^22 entries the difference is formed as a matrix; above, from Grams of the
+        M R per-(example, seed) gradient rows, with an absolute floor of about sqrt(eps) on
+        e_l (conv.31).
+
+        Parameters
+        ----------
+        theta : array of shape (D,)
+            Flat parameter vector (float64 or float32).
+        X : array of shape (M, C, H, W) or (M, C H W)
+            Images NCHW, or their rows flattened row-major; M >= 1, theta's dtype.
+        y : array of shape (M,) or (M, K)
+            Targets.
+        curvature : {"ggn", "ef"}, default "ggn"
+            The curvature whose blocks K-FAC approximates.
+        approx : {"expand", "reduce"}, default "expand"
+            As in ``kfac_curvature``.
+
+        Returns
+        -------
+        dict
+            "rel_err", "kfac_norm", "exact_norm": arrays (L,) (L parameter layers), theta's
+            dtype; rel_err is 0 where both blocks are 0 and inf where only Y_l is.
+
+        Raises
+        ------
+        ValueError
+            If theta, X or y is invalid, curvature is not "ggn" or "ef", or approx is invalid.
+        """
+        if curvature not in ("ggn", "ef"):
+            raise ValueError(f"curvature: expected 'ggn' or 'ef', got {curvature!r}")
+        _check_approx(approx)
+        xp, theta, X, y = self._inputs(theta, X, y)
+        params, caches, f = self._passes(xp, theta, X)
+        Us = _kfac_inputs(xp, self.layers, caches)
+        Es = _kfac_errors(self, xp, params, caches, f, y, curvature)
+        rel, kfac, exact = [], [], []
+        for U, E in zip(Us, Es):
+            A, B = _kfac_pair(xp, U, E, approx)  # (conv.26)-(conv.29)
+            err, kn, ex = _kfac_block_error(xp, U, E, A, B)  # (conv.31)
+            rel.append(xp.where(ex > 0, err / xp.where(ex > 0, ex, 1.0),
+                                xp.where(err > 0, xp.inf, 0.0)))  # (conv.31)
+            kfac.append(kn)
+            exact.append(ex)
+        dtype = theta.dtype
+        return {"rel_err": xp.stack(rel).astype(dtype, copy=False),
+                "kfac_norm": xp.stack(kfac).astype(dtype, copy=False),
+                "exact_norm": xp.stack(exact).astype(dtype, copy=False)}
+
     # ---- FlatModel methods not provided yet (issue 34, later slices) --------------------------
 
-    kfac_factors = _not_provided("kfac_factors")
-    kfac_curvature = _not_provided("kfac_curvature")
-    kfac_moments = _not_provided("kfac_moments")
-    kfac_block_errors = _not_provided("kfac_block_errors")
     last_layer = _not_provided("last_layer")
 
 

@@ -14,7 +14,8 @@ import numpy as np
 from tests.reference.per_example import naive_nll
 
 __all__ = ["conv2d_loop", "max_pool_loop", "max_pool_routing_loop", "avg_pool_loop",
-           "naive_params", "naive_output", "per_example_grads_loop", "ggn_loop", "LoopSpec"]
+           "naive_params", "naive_output", "per_example_grads_loop", "ggn_loop", "kfac_loop",
+           "LoopSpec"]
 
 
 def _value(v):
@@ -187,3 +188,91 @@ def ggn_loop(spec, theta, X, Y):
         H = autograd.hessian(lambda f: naive_nll(spec, f, y))(naive_output(spec, theta, x))
         out += J.T @ H @ J
     return out
+
+
+def _apply(kind, f, h, p):
+    """One layer of ``naive_output`` on one example h (p: the layer's (W, b) or None)."""
+    if kind == "Conv2d":
+        return conv2d_loop(h, p[0], p[1], f["stride"], f["padding"])
+    if kind == "Dense":
+        return anp.dot(h, p[0]) + (0.0 if p[1] is None else p[1])
+    if kind == "Activation":
+        return _act(f["name"], h)
+    if kind == "MaxPool2d":
+        return max_pool_loop(h, f["kernel"], f["stride"])
+    if kind == "AvgPool2d":
+        return avg_pool_loop(h, f["kernel"], f["stride"])
+    C, H, W_ = h.shape
+    return anp.stack([h[c, r, s] for c in range(C) for r in range(H) for s in range(W_)])
+
+
+def kfac_loop(spec, theta, X, Y, j, approx="expand", curvature="ggn"):
+    """K-FAC factors (A, B) of the j-th parameter layer of a CNN, by the definitions of
+    derivations/conv.md (conv.26)-(conv.27), (conv.29), one example and one position at a time.
+
+    The layer input comes from the loops above; each patch u_p (with a trailing 1 for the bias) is
+    read entry by entry from the zero-padded input, (c, u, v) row-major; the output errors are
+    J_p = d f / d z[:, p] (K, C_out) by autograd of the rest of the network at the layer output z,
+    and the curvature at f is H = autograd.hessian of the loss ("ggn": B sums J_p^T H J_p) or its
+    gradient gf ("ef": B sums (J_p^T gf)(J_p^T gf)^T). expand: A = sum_{i,p} u_p u_p^T / (M P),
+    B = sum_{i,p} (.)_p; reduce: A = sum_i ubar ubar^T / M, ubar the mean patch, B from
+    sum_p J_p. No unfold, no factor C of H, no refbayes.
+    """
+    theta = np.asarray(theta, np.float64)
+    X = np.asarray(X, np.float64).reshape((len(X),) + spec.input_shape)
+    Y = np.asarray(Y, np.float64) if spec.likelihood == "gaussian" else np.asarray(Y).astype(int)
+    params = naive_params(spec, theta)
+    where = [k for k, (kind, _) in enumerate(spec.layers) if kind in ("Conv2d", "Dense")]
+    k = where[j]
+    kind, fk = spec.layers[k]
+    p_of = dict(zip(where, params))
+    A, B, M = 0.0, 0.0, len(X)
+    for x, y in zip(X, Y):
+        h = x
+        for kk in range(k):
+            h = _apply(*spec.layers[kk], h, p_of.get(kk))
+        z = _apply(kind, fk, h, p_of[k])
+
+        def tail(zz, k=k):
+            out = zz
+            for kk in range(k + 1, len(spec.layers)):
+                out = _apply(*spec.layers[kk], out, p_of.get(kk))
+            return out
+        f = tail(z)
+        Jz = autograd.jacobian(tail)(z)  # (K,) + z.shape
+        has_bias = p_of[k][1] is not None
+        if kind == "Conv2d":
+            (sh, sw), (ph, pw) = fk["stride"], fk["padding"]
+            kh, kw = fk["kernel"]
+            xpad = _pad(h, ph, pw)
+            Ho, Wo = z.shape[1], z.shape[2]
+            patches, Js = [], []
+            for ho in range(Ho):
+                for wo in range(Wo):
+                    u = [xpad[c, sh * ho + a, sw * wo + b] for c in range(xpad.shape[0])
+                         for a in range(kh) for b in range(kw)]
+                    patches.append(np.array(u + ([1.0] if has_bias else [])))
+                    Js.append(Jz[:, :, ho, wo])
+        else:
+            patches = [np.concatenate([h, [1.0]]) if has_bias else np.array(h)]
+            Js = [Jz]
+        P = len(patches)
+        if curvature == "ggn":
+            H = autograd.hessian(lambda g, t=y: naive_nll(spec, g, t))(f)
+
+            def outer(J1, J2, H=H):
+                return J1.T @ H @ J2
+        else:
+            gf = autograd.grad(lambda g, t=y: naive_nll(spec, g, t))(f)
+
+            def outer(J1, J2, gf=gf):
+                return np.outer(J1.T @ gf, J2.T @ gf)
+        if approx == "expand":
+            A = A + sum(np.outer(u, u) for u in patches) / (M * P)
+            B = B + sum(outer(J, J) for J in Js)
+        else:
+            ubar = sum(patches) / P
+            A = A + np.outer(ubar, ubar) / M
+            Jsum = sum(Js)
+            B = B + outer(Jsum, Jsum)
+    return A, B
