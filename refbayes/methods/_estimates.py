@@ -106,6 +106,57 @@ def check_model(model, D=None, cnn: bool = False):
     return model
 
 
+class KFACBlock(NamedTuple):
+    """One parameter layer's K-FAC block: where it lies in theta and how W~ is read from it.
+
+    Each field is documented by its trailing comment.
+    """
+    start: int    # first entry of the layer's contiguous slice theta[start:stop]
+    stop: int     # one past its last entry
+    n_a: int      # rows of W~: n_in + 1 (dense) or Q + 1 (conv), no + 1 without a bias
+    n_b: int      # columns of W~: n_out or C_out
+    perm: Any     # None (W~ is theta[start:stop] row-major, the MLP's), or the (stop - start,)
+    #               int array with vec_row_major(W~) = theta[start:stop][perm] (conv.24)
+    inv: Any      # None, or argsort(perm): theta[start:stop] = vec_row_major(W~)[inv] (conv.24)
+
+
+def kfac_blocks(model) -> list:
+    """The K-FAC block map: one KFACBlock per parameter layer, in theta order, tiling theta.
+
+    For a FlatModel the row-major [W_l; b_l^T] slices from ``model.sizes`` (perm None); for a CNN
+    the slices of ``kfac_layout`` (conv.24), a conv layer's with the permutation of its slice
+    into W~ = [Wm^T; b^T] order (a dense layer's is the identity, perm None).  (conv.33)"""
+    out, stop = [], 0
+    if isinstance(model, CNN):
+        for idx in model.kfac_layout():
+            start, n = stop, idx.size
+            stop = start + n
+            flat = np.asarray(idx).ravel() - start
+            if int(flat.min()) != 0 or int(flat.max()) != n - 1:
+                raise ValueError("model.kfac_layout(): expected blocks tiling theta in order")
+            perm = None if np.array_equal(flat, np.arange(n)) else flat  # (conv.24)
+            out.append(KFACBlock(start, stop, idx.shape[0], idx.shape[1], perm,
+                                 None if perm is None else np.argsort(perm)))  # (conv.24)
+        return out
+    for n_in, n_out in zip(model.sizes[:-1], model.sizes[1:]):
+        n_in = n_in + (1 if model.bias else 0)
+        start, stop = stop, stop + n_in * n_out
+        out.append(KFACBlock(start, stop, n_in, n_out, None, None))
+    return out
+
+
+def to_kfac(v, block: KFACBlock):
+    """The block's entries of v (D, ...) in vec_row_major(W~) order (rows start..stop of v,
+    permuted for a conv layer).  (conv.24)"""
+    part = v[block.start:block.stop]
+    return part if block.perm is None else part[block.perm]  # (conv.24)
+
+
+def from_kfac(w, block: KFACBlock):
+    """The inverse of ``to_kfac``: rows in vec_row_major(W~) order back to theta's.  (conv.24)"""
+    return w if block.inv is None else w[block.inv]  # (conv.24)
+
+
 def check_hessian_backend(model, xp, who: str, on_cupy: str) -> None:
     """Refuse CuPy arrays where the model's Hessian is autograd's (NumPy only, see
     ``FlatModel.hessian_on_cupy``), naming the caller ``who`` and what works on CuPy."""

@@ -84,9 +84,15 @@ from refbayes._checks import (
 )
 from refbayes.backend import cholesky, solve_triangular, to_numpy, xp_of
 from refbayes.linalg import kron
-from refbayes.methods._estimates import check_hessian_backend, check_model
+from refbayes.methods._estimates import (
+    check_hessian_backend,
+    check_model,
+    kfac_blocks,
+    model_widths,
+)
 from refbayes.methods.adam import AdamConfig, adam_init, adam_update
 from refbayes.models.base import FlatModel
+from refbayes.models.conv import CNN
 from refbayes.models.likelihoods import Gaussian
 
 __all__ = [
@@ -189,8 +195,9 @@ class LaplaceState(NamedTuple):
     finite symmetric (D_q, D_q) array (the functions that factor it also raise when its
     Cholesky factorization fails); prec_diag is a finite (D_q,) array > 0 with 1 / prec_diag
     finite; kron is a non-empty tuple of KronBlock of finite symmetric square float factors
-    that tile the D_q entries, with prior_prec constant on each block; and all arrays share
-    mu's dtype.
+    that tile the D_q entries, with prior_prec constant on each block; kron_perm is None, or for
+    "kron" a NumPy int permutation of range(D_q) within each block's slice (a CNN, (conv.33));
+    and all arrays share mu's dtype.
     """
     mu: Array          # mean: the MAP estimate theta*, (D,) (laplace.1)
     Sigma_inv: Array   # H + diag(delta), (D_q, D_q), for "full"; else None (laplace.3)
@@ -199,6 +206,10 @@ class LaplaceState(NamedTuple):
     kron: Any = None   # (KronBlock(A_l, B_l), ...) for "kron", or None (laplace.20)
     #                    one block per layer in theta order: blockdiag_l(A_l kron B_l + delta_l I)
     n_fixed: int = 0   # leading entries of theta fixed at mu, 0 for subset "all" (laplace.25)
+    kron_perm: Any = None  # "kron" only: None (the blocks are theta's row-major [W_l; b_l^T]
+    #                        slices), or a NumPy (D_q,) int permutation with theta_q[kron_perm]
+    #                        the blocks' vec_row_major(W~_l) concatenated, moving entries only
+    #                        within their layer's slice (a CNN's conv layers) (conv.24), (conv.33)
 
 
 class GLMPredictive(NamedTuple):
@@ -282,6 +293,7 @@ def _check_state(state):
         arrays["state.prec_diag"] = state.prec_diag
     else:
         arrays.update(_check_kron(state.kron, state.prior_prec))
+    _check_kron_perm(state, Dq)
     check_same_dtype(arrays)
     return D, xp_of(*arrays.values())
 
@@ -311,6 +323,44 @@ def _check_kron(blocks, delta):
                          f"parameters (len(state.prior_prec)), got {stop}"
                          + (" or more" if stop > delta.shape[0] else ""))
     return arrays
+
+
+def _check_kron_perm(state, Dq):
+    """state.kron_perm: None, or (kron only) a NumPy int (D_q,) permutation that keeps every
+    entry in its K-FAC block's slice.  (conv.24), (conv.33)"""
+    p = state.kron_perm
+    if p is None:
+        return
+    if state.kron is None:
+        raise ValueError("state.kron_perm: expected None for structure "
+                         f"{_structure(state)!r} (it permutes K-FAC blocks), got an array")
+    if not isinstance(p, np.ndarray) or p.shape != (Dq,) or p.dtype.kind not in "iu":
+        raise ValueError(f"state.kron_perm: expected a NumPy int array of shape ({Dq},), got "
+                         f"{type(p).__name__} {getattr(p, 'shape', '')}")
+    offsets = _kron_offsets(state.kron)
+    lo = np.repeat([a for a, _, _, _ in offsets], [b - a for a, b, _, _ in offsets])
+    hi = np.repeat([b for _, b, _, _ in offsets], [b - a for a, b, _, _ in offsets])
+    if not (np.array_equal(np.sort(p), np.arange(Dq)) and np.all((p >= lo) & (p < hi))):
+        raise ValueError("state.kron_perm: expected a permutation of range(D_q) within each "
+                         "K-FAC block's slice")
+
+
+def _kron_perm(model):
+    """The state's kron_perm for ``model``: None for an MLP (and a CNN without conv layers),
+    else the block map's permutations (``kfac_blocks``) joined.  (conv.24), (conv.33)"""
+    blocks = kfac_blocks(model)
+    if all(b.perm is None for b in blocks):
+        return None
+    return np.concatenate([np.arange(b.start, b.stop) if b.perm is None else b.start + b.perm
+                           for b in blocks])  # (conv.24), (conv.33)
+
+
+def _to_kron_order(state, v, axis=0):
+    """v's random entries (along axis) in the K-FAC blocks' order.  (conv.24), (conv.33)"""
+    if state.kron_perm is None:
+        return v
+    xp = xp_of(v)
+    return xp.take(v, xp.asarray(state.kron_perm), axis=axis)  # (conv.24), (conv.33)
 
 
 def _block_delta(delta, start, stop, name):
@@ -367,6 +417,9 @@ def _chol(state):
 def _tensor_sizes(model) -> list:
     """Entries of each parameter tensor in theta order: W_1, b_1, ..., W_L, b_L (no b_l
     without a bias).  (laplace.9)"""
+    if isinstance(model, CNN):  # torch's parameters() order (conv.2)-(conv.3)
+        return [t.size for pair in model.unflatten(np.zeros(model.D)) for t in pair
+                if t is not None]
     sizes = []
     for n_in, n_out in zip(model.sizes[:-1], model.sizes[1:]):
         sizes.append(n_in * n_out)
@@ -386,7 +439,7 @@ def expand_prior_precision(model, values):
 
     Parameters
     ----------
-    model : FlatModel
+    model : FlatModel or CNN
         A refbayes.models model.
     values : array of shape (T,)
         Prior precisions > 0, T = 2 L with biases, L without.
@@ -399,9 +452,9 @@ def expand_prior_precision(model, values):
     Raises
     ------
     ValueError
-        If model is not a FlatModel, or values is not a finite float (T,) array > 0.
+        If model is not a FlatModel or CNN, or values is not a finite float (T,) array > 0.
     """
-    if not isinstance(model, FlatModel):
+    if not isinstance(model, (FlatModel, CNN)):
         raise ValueError(f"model: expected a refbayes.models model, got {type(model).__name__}")
     sizes = _tensor_sizes(model)
     check_array(values, "values", shape=(len(sizes),))
@@ -438,7 +491,7 @@ def _check_theta_map(model, theta_map) -> int:
     length is checked against the model's D (fit and curvature have no state)."""
     check_array(theta_map, "theta_map", ndim=1)
     check_float(theta_map, "theta_map")
-    check_model(model)
+    check_model(model, cnn=True)
     if theta_map.shape[0] != model.D:
         raise ValueError(f"theta_map: expected shape ({model.D},) (the model's D = {model.D} "
                          f"parameters), got {tuple(theta_map.shape)}")
@@ -469,6 +522,9 @@ def _random_part(model, theta_map, X, cfg):
     the features phi(X) (peg.19), whose curvature is the exact last-layer block of the whole
     network's (laplace.25); for "all" the model itself.  cfg is validated later."""
     if isinstance(cfg, LaplaceConfig) and cfg.subset == "last_layer":
+        if isinstance(model, CNN):
+            raise ValueError("cfg.subset: 'last_layer' is not provided for a CNN (it has no "
+                             "last_layer split yet); use subset 'all'")
         head, phi = model.last_layer(theta_map, X)  # (laplace.25)
         n_fixed = model.D - head.D
         return head, theta_map[n_fixed:], phi, n_fixed
@@ -484,7 +540,7 @@ def curvature(model, theta_map, X, y, cfg: LaplaceConfig):
 
     Parameters
     ----------
-    model : FlatModel
+    model : FlatModel or CNN
         A refbayes.models model with D parameters.
     theta_map : array of shape (D,)
         The MAP estimate theta*, float64 or float32.
@@ -527,7 +583,7 @@ def fit(model, theta_map, X, y, cfg: LaplaceConfig, *, check_stationary: bool = 
 
     Parameters
     ----------
-    model : FlatModel
+    model : FlatModel or CNN
         A refbayes.models model with D parameters (curvature "hessian" on an MLP needs NumPy
         arrays: autograd).
     theta_map : array of shape (D,)
@@ -552,7 +608,7 @@ def fit(model, theta_map, X, y, cfg: LaplaceConfig, *, check_stationary: bool = 
     Raises
     ------
     ValueError
-        If theta_map is not a finite float (D,) array; if model is not a FlatModel with D
+        If theta_map is not a finite float (D,) array; if model is not a FlatModel or CNN with D
         parameters; if cfg is invalid (see LaplaceConfig); if X, y do not fit the model (see
         ``FlatModel.ggn``); or if the precision is not positive definite (an indefinite Hessian
         away from a minimum; for "diag", an entry below the smallest normal float); or if curvature
@@ -582,7 +638,8 @@ def fit(model, theta_map, X, y, cfg: LaplaceConfig, *, check_stationary: bool = 
         check_spd(Sigma_inv, "Sigma_inv")
         return LaplaceState(theta_map, Sigma_inv, None, delta, None, n_fixed)
     if structure == "kron":
-        state = LaplaceState(theta_map, None, None, delta, H, n_fixed)
+        state = LaplaceState(theta_map, None, None, delta, H, n_fixed,
+                             None if n_fixed else _kron_perm(model_q))  # (conv.24), (conv.33)
         _check_state(state)  # delta constant on each block
         _kron_eigh(state)  # every A_l kron B_l + delta_l I positive definite (laplace.21)
         return state
@@ -643,11 +700,16 @@ def _sqrt_cov_times(state, eps):
         return eps / xp.sqrt(state.prec_diag)[:, None]  # (laplace.4)
     out = xp.empty_like(eps)
     S = eps.shape[1]
+    eps = _to_kron_order(state, eps)  # the blocks' W~ order (conv.24), (conv.33)
     for start, stop, Q_A, Q_B, Lam in _kron_eigh(state):
         E = eps[start:stop].reshape(Q_A.shape[0], Q_B.shape[0], S).transpose(2, 0, 1)
         # the symmetric root is unique: the draw does not depend on the eigensolver's basis
         Z = Q_A @ ((Q_A.T @ E @ Q_B) / xp.sqrt(Lam)) @ Q_B.T  # (laplace.22)
         out[start:stop] = Z.transpose(1, 2, 0).reshape(stop - start, S)
+    if state.kron_perm is not None:  # back to theta's order: R = Pm^T R~ Pm (conv.33)
+        back = xp.empty_like(out)
+        back[xp.asarray(state.kron_perm)] = out
+        return back
     return out
 
 
@@ -681,6 +743,11 @@ def dense_precision(state: LaplaceState):
     for start, stop, A, B in _kron_offsets(state.kron):
         P[start:stop, start:stop] = kron.dense(A, B) \
             + state.prior_prec[start] * xp.eye(stop - start, dtype=P.dtype)  # (laplace.20)
+    if state.kron_perm is not None:  # P_theta = Pm^T P Pm in theta's order (conv.33)
+        p = xp.asarray(state.kron_perm)
+        back = xp.empty_like(P)
+        back[p[:, None], p[None, :]] = P
+        return back
     return P
 
 
@@ -741,7 +808,7 @@ def log_marginal_likelihood(model, state: LaplaceState, X, y, cfg: LaplaceConfig
 
     Parameters
     ----------
-    model : FlatModel
+    model : FlatModel or CNN
         The model the state was fit with.
     state : LaplaceState
         The Laplace posterior from ``fit``.
@@ -872,7 +939,7 @@ def _check_evidence_args(model, state, X, y, cfg):
         raise ValueError("cfg.prior_precision: expected the prior precision the state was fit "
                          "with (state.prior_prec); refit, or pass another one to "
                          "log_marginal_likelihood_grad")
-    check_model(model, D)
+    check_model(model, D, cnn=True)
     return D, xp, curvature
 
 
@@ -933,7 +1000,7 @@ def log_marginal_likelihood_grad(model, state: LaplaceState, X, y, cfg: LaplaceC
 
     Parameters
     ----------
-    model : FlatModel
+    model : FlatModel or CNN
         The model the state was fit with (its likelihood's noise precision is tau_fit).
     state : LaplaceState
         The Laplace posterior from ``fit``.
@@ -1020,7 +1087,7 @@ def optimize_prior_precision(model, state: LaplaceState, X, y, cfg: LaplaceConfi
 
     Parameters
     ----------
-    model : FlatModel
+    model : FlatModel or CNN
         The model the state was fit with.
     state : LaplaceState
         The Laplace posterior from ``fit``.
@@ -1174,6 +1241,7 @@ def _functional_covariance(state, J):
     if structure == "diag":
         return xp.einsum("mkd,mld->mkl", J / state.prec_diag, J)  # (laplace.7)
     f_var = xp.zeros((M, K, K), dtype=J.dtype)
+    J = _to_kron_order(state, J, axis=2)  # the blocks' W~ order (conv.24), (conv.33)
     for start, stop, Q_A, Q_B, Lam in _kron_eigh(state):
         R = J[:, :, start:stop].reshape(M, K, Q_A.shape[0], Q_B.shape[0])
         V = ((Q_A.T @ R @ Q_B) / xp.sqrt(Lam)).reshape(M, K, -1)  # eigen-coordinates (laplace.23)
@@ -1190,7 +1258,7 @@ def glm_predictive(model, state: LaplaceState, X_star) -> GLMPredictive:
 
     Parameters
     ----------
-    model : FlatModel
+    model : FlatModel or CNN
         A model with a Gaussian likelihood and D parameters.
     state : LaplaceState
         The Laplace posterior.
@@ -1205,16 +1273,16 @@ def glm_predictive(model, state: LaplaceState, X_star) -> GLMPredictive:
     Raises
     ------
     ValueError
-        If state is invalid (see LaplaceState); if model is not a FlatModel
+        If state is invalid (see LaplaceState); if model is not a FlatModel or CNN
         with D parameters and a Gaussian likelihood; or if X_star is not a finite float
         (M, n_in) array with M >= 1 in the state's dtype.
     """
     D, xp = _check_state(state)
-    check_model(model, D)
+    check_model(model, D, cnn=True)
     if not isinstance(model.likelihood, Gaussian):
         raise ValueError("model: expected a Gaussian likelihood for the closed-form GLM "
                          f"predictive, got {model.likelihood.name!r}")
-    check_array(X_star, "X_star", shape=(None, model.sizes[0]))
+    check_array(X_star, "X_star", shape=(None, model_widths(model)[0]))
     if X_star.shape[0] < 1:
         raise ValueError(f"X_star: expected at least one row, got shape {tuple(X_star.shape)}")
     check_same_dtype({"state.mu": state.mu, "X_star": X_star})
@@ -1252,7 +1320,7 @@ class MCPredictive(NamedTuple):
 
 
 def _check_X_star(model, state, X_star):
-    check_array(X_star, "X_star", shape=(None, model.sizes[0]))
+    check_array(X_star, "X_star", shape=(None, model_widths(model)[0]))
     if X_star.shape[0] < 1:
         raise ValueError(f"X_star: expected at least one row, got shape {tuple(X_star.shape)}")
     check_same_dtype({"state.mu": state.mu, "X_star": X_star})
@@ -1286,7 +1354,7 @@ def glm_class_predictive(model, state: LaplaceState, X_star, link: str = "probit
 
     Parameters
     ----------
-    model : FlatModel
+    model : FlatModel or CNN
         A model with a Bernoulli (one logit) or categorical likelihood and D parameters.
     state : LaplaceState
         The Laplace posterior.
@@ -1307,7 +1375,7 @@ def glm_class_predictive(model, state: LaplaceState, X_star, link: str = "probit
     Raises
     ------
     ValueError
-        If state is invalid (see LaplaceState); if model is not a FlatModel
+        If state is invalid (see LaplaceState); if model is not a FlatModel or CNN
         with D parameters and a Bernoulli or categorical likelihood; if X_star is not a
         finite float (M, n_in) array with M >= 1 in the state's dtype; if link is not in
         LINKS; if eps is not None with "probit", or not a finite (K, S) array (S >= 1) of the
@@ -1315,14 +1383,14 @@ def glm_class_predictive(model, state: LaplaceState, X_star, link: str = "probit
         test point ("mc").
     """
     D, xp = _check_state(state)
-    check_model(model, D)
+    check_model(model, D, cnn=True)
     if isinstance(model.likelihood, Gaussian):
         raise ValueError("model: expected a bernoulli or categorical likelihood, got "
                          "'gaussian' (use glm_predictive)")
     _check_X_star(model, state, X_star)
     if link not in LINKS:
         raise ValueError(f"link: expected one of {LINKS}, got {link!r}")
-    K = model.sizes[-1]
+    K = model_widths(model)[1]
     if link == "probit":
         if eps is not None:
             raise ValueError("eps: expected None for link 'probit' (no sampling), got an array")
@@ -1362,7 +1430,7 @@ def mc_predictive(model, state: LaplaceState, X_star, eps) -> MCPredictive:
 
     Parameters
     ----------
-    model : FlatModel
+    model : FlatModel or CNN
         A model with D parameters (any likelihood).
     state : LaplaceState
         The Laplace posterior.
@@ -1380,13 +1448,13 @@ def mc_predictive(model, state: LaplaceState, X_star, eps) -> MCPredictive:
     Raises
     ------
     ValueError
-        If state is invalid (see LaplaceState); if model is not a FlatModel
+        If state is invalid (see LaplaceState); if model is not a FlatModel or CNN
         with D parameters; if X_star is not a finite float (M, n_in) array with M >= 1 in the
         state's dtype; or if eps is not a finite (D_q, S) array (S >= 1) of the state's dtype
         and backend.
     """
     D, xp = _check_state(state)
-    check_model(model, D)
+    check_model(model, D, cnn=True)
     _check_X_star(model, state, X_star)
     _check_eps(eps, _n_random(state), xp, state, "one row per random parameter")
     thetas = sample(state, eps)  # (laplace.4)
@@ -1414,7 +1482,7 @@ def linearized_outputs(model, theta_map, Theta, X_star):
 
     Parameters
     ----------
-    model : FlatModel
+    model : FlatModel or CNN
         A model with D parameters.
     theta_map : array of shape (D,)
         The linearization point, float64 or float32.
@@ -1431,7 +1499,7 @@ def linearized_outputs(model, theta_map, Theta, X_star):
     Raises
     ------
     ValueError
-        If theta_map is not a finite float (D,) array; if model is not a FlatModel with D
+        If theta_map is not a finite float (D,) array; if model is not a FlatModel or CNN with D
         parameters; if Theta is not a finite (D, S) array with S >= 1 of theta_map's dtype and
         backend; or if X_star is not a finite float (M, n_in) array with M >= 1 in theta_map's
         dtype.
@@ -1439,7 +1507,7 @@ def linearized_outputs(model, theta_map, Theta, X_star):
     check_array(theta_map, "theta_map", ndim=1)
     check_float(theta_map, "theta_map")
     D = theta_map.shape[0]
-    check_model(model, D)
+    check_model(model, D, cnn=True)
     check_array(Theta, "Theta", shape=(D, None))
     if Theta.shape[1] < 1:
         raise ValueError(f"Theta: expected at least one column (S >= 1), got shape "

@@ -81,6 +81,9 @@ from refbayes.methods._estimates import (
     check_model,
     check_N,
     check_t,
+    from_kfac,
+    kfac_blocks,
+    to_kfac,
 )
 
 __all__ = ["CURVATURES", "DAMPINGS", "Batch", "ExactInverse", "FactoredInverse",
@@ -123,8 +126,8 @@ class NoisyKFACState(NamedTuple):
 
     Each field is documented by its trailing comment. Every function that takes a state (with
     its model) checks it and raises ValueError unless: mu is a finite float (float64 or
-    float32) (D,) array; model is a FlatModel with D parameters; m is a finite (D,) array (its
-    dtype is not checked); t is an integer >= 0; inv is None or a NoisyKFACInverses (its
+    float32) (D,) array; model is a FlatModel or CNN with D parameters; m is a finite (D,)
+    array (its dtype is not checked); t is an integer >= 0; inv is None or a NoisyKFACInverses (its
     contents are not checked); and A, S, A_ref, S_ref are tuples of one finite square factor
     per layer, (n_in + 1, n_in + 1) or (n_out, n_out) as ``layer_slices(model)`` gives, in mu's
     dtype.
@@ -213,9 +216,13 @@ class NoisyKFACInfo(NamedTuple):
 def layer_slices(model) -> list:
     """(start, stop, n_in~, n_out) of each layer's [W_l; b_l^T] block in the flat theta.
 
+    For a CNN, (start, stop, n_a, n_b) of each parameter layer's K-FAC matrix W~ (conv.24): a
+    dense layer's slice is W~ row-major, a conv layer's holds W~ = [Wm^T; b^T] permuted, and the
+    methods gather and scatter it through the block map (``_estimates.kfac_blocks``, (conv.33)).
+
     Parameters
     ----------
-    model : FlatModel
+    model : FlatModel or CNN
         The network.
 
     Returns
@@ -226,15 +233,10 @@ def layer_slices(model) -> list:
     Raises
     ------
     ValueError
-        If model is not a FlatModel.
+        If model is not a FlatModel or a CNN.
     """
-    check_model(model)
-    out, stop = [], 0
-    for n_in, n_out in zip(model.sizes[:-1], model.sizes[1:]):
-        n_in = n_in + (1 if model.bias else 0)
-        start, stop = stop, stop + n_in * n_out
-        out.append((start, stop, n_in, n_out))
-    return out
+    check_model(model, cnn=True)
+    return [(b.start, b.stop, b.n_a, b.n_b) for b in kfac_blocks(model)]
 
 
 def gamma_in(cfg: NoisyKFACConfig) -> float:
@@ -296,7 +298,7 @@ def init(mu, model) -> NoisyKFACState:
     ----------
     mu : array of shape (D,)
         Initial mean.
-    model : FlatModel
+    model : FlatModel or CNN
         The network with D parameters.
 
     Returns
@@ -307,11 +309,11 @@ def init(mu, model) -> NoisyKFACState:
     Raises
     ------
     ValueError
-        If mu is not a finite float (D,) array or model is not a FlatModel with D parameters.
+        If mu is not a finite float (D,) array or model is not a FlatModel or CNN with D parameters.
     """
     check_array(mu, "mu", ndim=1)
     check_float(mu, "mu")
-    check_model(model, mu.shape[0])
+    check_model(model, mu.shape[0], cnn=True)
     xp = xp_of(mu)
     A = tuple(xp.eye(n_in, dtype=mu.dtype) for _, _, n_in, _ in layer_slices(model))
     S = tuple(xp.eye(n_out, dtype=mu.dtype) for _, _, _, n_out in layer_slices(model))
@@ -324,21 +326,22 @@ def _check_state(state, model) -> list:
     check_array(state.mu, "state.mu", ndim=1)
     check_float(state.mu, "state.mu")
     D = state.mu.shape[0]
-    check_model(model, D)
+    check_model(model, D, cnn=True)
     check_array(state.m, "state.m", shape=(D,))
     check_t(state.t)
     if state.inv is not None and not isinstance(state.inv, NoisyKFACInverses):
         raise ValueError(f"state.inv: expected a NoisyKFACInverses or None, got "
                          f"{type(state.inv).__name__}")
-    blocks = layer_slices(model)
+    # the block map: slices, and conv layers' permutations (conv.24), (conv.33)
+    blocks = kfac_blocks(model)
     checked = set()
     for name in ("A", "S", "A_ref", "S_ref"):
         factors = getattr(state, name)
         if not isinstance(factors, tuple) or len(factors) != len(blocks):
             raise ValueError(f"state.{name}: expected a tuple of {len(blocks)} factors, got "
                              f"{type(factors).__name__}")
-        for l, (F, (_, _, n_in, n_out)) in enumerate(zip(factors, blocks)):
-            n = n_in if name.startswith("A") else n_out
+        for l, (F, blk) in enumerate(zip(factors, blocks)):
+            n = blk.n_a if name.startswith("A") else blk.n_b
             # after a refresh A_ref, S_ref are the arrays A, S: scan each array once
             check_array(F, f"state.{name}[{l}]", shape=(n, n), finite=id(F) not in checked)
             checked.add(id(F))
@@ -433,7 +436,7 @@ def refresh(state: NoisyKFACState, cfg: NoisyKFACConfig, model,
         The state.
     cfg : NoisyKFACConfig
         The hyperparameters (damping, gamma_in, gamma_ex).
-    model : FlatModel
+    model : FlatModel or CNN
         The network.
     sampler : bool, default True
         Also the sampler's operators (Noisy K-FAC); False for K-FAC's solve alone.
@@ -498,9 +501,11 @@ def _sample_columns(state, eps, blocks, c, inv):
     S = eps.shape[1]
     scale = math.sqrt(c["lam"] / c["N"])
     out = []
-    for (start, stop, n_in, n_out), op in zip(blocks, inv.layers):
-        Z = _apply_sampler(op, eps[start:stop].reshape(n_in, n_out, S))       # (noisy_kfac.6)
-        out.append(state.mu[start:stop, None] + scale * Z.reshape(stop - start, S))  # (noisy_kfac.7)
+    for blk, op in zip(blocks, inv.layers):
+        # eps and the draw in theta's layout, the layer's operators in W~'s (conv.24), (conv.33)
+        Z = _apply_sampler(op, to_kfac(eps, blk).reshape(blk.n_a, blk.n_b, S))  # (noisy_kfac.6)
+        Z = from_kfac(Z.reshape(blk.stop - blk.start, S), blk)                 # (conv.33)
+        out.append(state.mu[blk.start:blk.stop, None] + scale * Z)           # (noisy_kfac.7)
     return xp.concatenate(out, axis=0)
 
 
@@ -519,7 +524,7 @@ def sample(state: NoisyKFACState, eps, cfg: NoisyKFACConfig, model):
         Standard-normal draws, the flat layout (each layer's block row-major (n_in + 1, n_out)).
     cfg : NoisyKFACConfig
         The hyperparameters.
-    model : FlatModel
+    model : FlatModel or CNN
         The network.
 
     Returns
@@ -559,7 +564,7 @@ def dense_covariance(state: NoisyKFACState, cfg: NoisyKFACConfig, model):
         The state.
     cfg : NoisyKFACConfig
         The hyperparameters.
-    model : FlatModel
+    model : FlatModel or CNN
         The network.
 
     Returns
@@ -593,8 +598,10 @@ def _ema(F, H, beta):
 def _precondition(V, blocks, inv):
     """P = the damped K-FAC solve of each layer's block of V.  (noisy_kfac.9)"""
     xp = xp_of(V)
-    return xp.concatenate([_apply_solve(op, V[start:stop].reshape(n_in, n_out)).reshape(-1)
-                           for (start, stop, n_in, n_out), op in zip(blocks, inv.layers)])
+    # each block gathered into W~ order and scattered back (conv.24), (conv.33)
+    return xp.concatenate([from_kfac(_apply_solve(op, to_kfac(V, b).reshape(b.n_a, b.n_b))
+                                     .reshape(-1), b)                          # (noisy_kfac.9)
+                           for b, op in zip(blocks, inv.layers)])
 
 
 def step(state: NoisyKFACState, batch, eps, cfg: NoisyKFACConfig, model,
@@ -613,7 +620,7 @@ def step(state: NoisyKFACState, batch, eps, cfg: NoisyKFACConfig, model,
         Standard-normal draws; None evaluates everything at mu (K-FAC).
     cfg : NoisyKFACConfig
         The hyperparameters.
-    model : FlatModel
+    model : FlatModel or CNN
         The network with D parameters.
     y_tilde : array of shape (S, M) or (S, M, n_out), optional
         Labels sampled from the model's predictive at each draw (S = 1 for K-FAC), required

@@ -43,7 +43,7 @@ from refbayes.methods import (
     vadam,
     vogn,
 )
-from refbayes.models import MLP, Gaussian, LogisticRegression, make_likelihood
+from refbayes.models import CNN, MLP, Gaussian, LogisticRegression, make_likelihood, tiny_cnn
 from refbayes.models import dropout as masked
 from tests.tolerances import EXACT_F64, assert_close
 
@@ -277,6 +277,7 @@ def test_non_finite_hyperparameter_is_rejected(cls, path, value, cname):
 # ----------------------------------------------------------------------------- float arguments
 
 # (module, function or class, argument) -> a call with that argument set to v
+TINY = tiny_cnn("gaussian", n_out=1)  # its spec, for CNN's own noise_precision
 FLOAT_ARGS = {
     ("refbayes.methods.driver", "draw_masks", "p"):
         lambda v: driver.draw_masks(np.random.default_rng(0), NET, M, v),
@@ -346,6 +347,10 @@ FLOAT_ARGS = {
         lambda v: MLP([P, 4, 1], likelihood="gaussian", noise_precision=v),
     ("refbayes.models.mlp", "MLP (categorical)", "noise_precision"):
         lambda v: MLP([P, 4, 3], likelihood="categorical", noise_precision=v),
+    ("refbayes.models.conv", "CNN", "noise_precision"):
+        lambda v: CNN(TINY.input_shape, TINY.layers, "gaussian", noise_precision=v),
+    ("refbayes.models.conv", "tiny_cnn", "noise_precision"):
+        lambda v: tiny_cnn("gaussian", n_out=1, noise_precision=v),
     ("refbayes.models.dropout", "masked_forward", "scale"):
         lambda v: masked.masked_forward(NET, THETA, X[:M], MASKS, v),
 }
