@@ -1,0 +1,112 @@
+"""LeNet-5 (refbayes.models.conv.lenet5, D = 62006) on 3x32x32 inputs, M = 128 (issue 34 section 6):
+the per-example gradients (float32 and float64), the summed gradient, and one Adam step beside one
+VOGN step (S = 1, "ef") of the same net and batch, on NumPy and CuPy.
+
+Issue target: a VOGN step costs at most 3x an Adam step on the same network and batch. The ratio
+is read from one process, interleaved (tools/cnn_timing.py prints it, with torch.func and
+BackPACK's per-example gradients beside refbayes'); asv's figures come from separate processes.
+
+Inputs: X (M, 3, 32, 32) standard normal and y (M,) labels in 0..9 from default_rng(0); theta
+from the model's Glorot initializer (seed 0); N = 50000 (CIFAR-10's training rows), prior
+precision 1; the VOGN state at N s = 1e4 (sigma ~ 1e-2) and t = 10, as bench_bnn's.
+"""
+import functools
+
+import numpy as np
+
+from refbayes.methods import adam, vogn
+from refbayes.methods._estimates import Batch
+from refbayes.models.conv import lenet5
+
+from .common import BACKENDS, backend, sync
+
+M = 128
+N = 50000       # CIFAR-10 training rows
+LAM = 1.0       # prior precision
+T = 10          # steps already taken
+S0 = 1e4 / N    # N s = 1e4: sigma ~ 1e-2
+DTYPES = ["float64", "float32"]
+
+
+def model():
+    return lenet5()
+
+
+@functools.cache
+def _host(dtype="float64", M=M):
+    """(theta (D,), X (M, 3, 32, 32), y (M,) int labels) on the host, in ``dtype``."""
+    net = model()
+    rng = np.random.default_rng(0)
+    X = rng.standard_normal((M,) + net.input_shape).astype(dtype)
+    y = rng.integers(0, net.n_out, M)
+    return net.init_theta(np.random.default_rng(0), dtype=np.dtype(dtype)), X, y
+
+
+def inputs(xp, dtype="float64", M=M):
+    return tuple(xp.asarray(a) for a in _host(dtype, M))
+
+
+def step_case(xp, method, dtype="float64", M=M):
+    """A zero-argument callable running one "adam" or "vogn-ef" / "vogn-ggn" step (S = 1) on
+    LeNet-5, the inputs built once; X passed as rows (M, 3072), the methods' 2-D form."""
+    net = model()
+    theta, X, y = inputs(xp, dtype, M)
+    batch = Batch(xp.ascontiguousarray(X.reshape(M, -1)), y)
+    if method == "adam":
+        st, cfg = adam.init(theta)._replace(t=T), adam.AdamConfig()
+        return lambda: adam.step(st, batch, cfg, net, N, LAM)
+    st = vogn.init(theta, xp.full(net.D, S0, dtype=theta.dtype))._replace(t=T)
+    cfg = vogn.VOGNConfig(N, LAM, curvature=method[5:])
+    eps = xp.asarray(np.random.default_rng(1).standard_normal((net.D, 1)).astype(dtype))
+    return lambda: vogn.step(st, batch, eps, cfg, net)
+
+
+class LeNetPerExampleGrads:
+    """G (M, D) by the vectorized closed form (conv.6)-(conv.7), float64 and float32."""
+    params = (BACKENDS, DTYPES)
+    param_names = ["backend", "dtype"]
+
+    def setup(self, name, dtype):
+        self.xp = backend(name)
+        self.net = model()
+        self.theta, self.X, self.y = inputs(self.xp, dtype)
+        self.net.per_example_grads(self.theta, self.X, self.y, impl="vectorized")
+        sync(self.xp)
+
+    def time_per_example_grads(self, name, dtype):
+        self.net.per_example_grads(self.theta, self.X, self.y, impl="vectorized")
+        sync(self.xp)
+
+
+class LeNetGrad:
+    """The summed gradient (conv.8): Adam's per-step model cost."""
+    params = (BACKENDS, DTYPES)
+    param_names = ["backend", "dtype"]
+
+    def setup(self, name, dtype):
+        self.xp = backend(name)
+        self.net = model()
+        self.theta, self.X, self.y = inputs(self.xp, dtype)
+        self.net.grad(self.theta, self.X, self.y)
+        sync(self.xp)
+
+    def time_grad(self, name, dtype):
+        self.net.grad(self.theta, self.X, self.y)
+        sync(self.xp)
+
+
+class LeNetStep:
+    """One Adam step and one VOGN step (S = 1, "ef"), float64: the ratio to "adam" is the figure
+    (target: at most 3x)."""
+    params = (BACKENDS, ["adam", "vogn-ef"])
+    param_names = ["backend", "method"]
+
+    def setup(self, name, method):
+        self.xp = backend(name)
+        self.run = step_case(self.xp, method)
+        self.run()
+        sync(self.xp)
+
+    def time_step(self, name, method):
+        self.run()
+        sync(self.xp)
