@@ -5,8 +5,8 @@ Protocol (derivations/ktied.md gives every decision and why):
 
 - data: ``load_mnist_subset`` (pixels / 255), split per class by ``default_rng(SeedSequence(
   [seed, 0]))``: --n-train images (default 4000, 400 per digit) to train, the rest (1000) to test;
-  or, with ``--mnist full``, full MNIST's 60,000 / 10,000 (``load_mnist``, the optional dataset
-  ``mnist``: the paper's data, for users who have it);
+  or, with ``--mnist full``, full MNIST's official 60,000 / 10,000 (``load_mnist``, dataset
+  ``mnist``: the paper's data; derivations/ktied.md, "Full MNIST", has the measured run);
 - model: MLP 784-400-400-10 (--hidden), ReLU, categorical likelihood; prior N(0, I) (lam = 1);
 - runs: Gaussian mean-field VI (``methods.bbb``, the paper's GMFVI) and the k-tied Normal
   (``methods.ktied``) for k = 1, 2, 3 (--runs). All start from the same Glorot mean, the
@@ -180,7 +180,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--mnist", choices=("subset", "full"), default="subset",
                         help="subset: the staged 5000 images, split by --n-train (default); "
                              "full: the 60,000 / 10,000 images of full MNIST (the paper's data; "
-                             "`refbayes data fetch mnist` first)")
+                             "in the staged data, or `refbayes data fetch mnist`)")
     parser.add_argument("--n-train", type=positive_int, default=d["n_train"],
                         help=f"training images of the 5000 of the subset, the rest test "
                              f"(default {d['n_train']}; not used with --mnist full)")
