@@ -127,6 +127,7 @@ BUDGETS = {"full": {"hidden": 200, "samples": 30}, "quick": {"hidden": 32, "samp
 _DATA = {"mnist-5k": (load_mnist_subset, "mnist-5k", ("mnist/mnist_5k.csv.gz",)),
          "digits": (load_digits, "digits", ("digits/digits.csv.gz",)),
          "mnist": (lambda data_dir: _stacked(load_mnist(data_dir)), "mnist", None)}
+_OOD_LOADERS = {"fashion-mnist": load_fashion_mnist}  # OOD_SETS' values -> train/test loaders
 SWA_FRACTION = 90 / 200  # --epochs keeps SWA's share of the SGD run (swa_epochs / epochs)
 
 # Wall-clock seconds on the 2-core development VM (AMD EPYC) with OMP/OPENBLAS/MKL_NUM_THREADS=1.
@@ -167,7 +168,7 @@ def load_ood(dataset: str, data_dir=None):
     test split of OOD_SETS[dataset] (Fashion-MNIST's 10,000 for mnist)."""
     if dataset not in OOD_SETS:
         return None
-    return np.asarray(load_fashion_mnist(data_dir).X_test, dtype=np.float64)
+    return np.asarray(_OOD_LOADERS[OOD_SETS[dataset]](data_dir).X_test, dtype=np.float64)
 
 
 def split(dataset: str, y, seed: int):

@@ -16,7 +16,8 @@ from refbayes.backend import xp_of
 from refbayes.models import _layers
 from refbayes.models._curvature import _ggn_column_passes
 
-__all__ = ["KFACLayer", "kfac_block_errors", "kfac_curvature", "kfac_factors", "kfac_moments"]
+__all__ = ["KFACLayer", "check_moment_extras", "kfac_block_errors", "kfac_curvature",
+           "kfac_factors", "kfac_moments"]
 
 
 class KFACLayer(NamedTuple):
@@ -174,26 +175,9 @@ def kfac_moments(self, thetas, X, y, curvature=None, y_curv=None, scale=None):
     if curvature not in (None, "ef", "ggn"):
         raise ValueError(f"curvature: expected None, 'ef' or 'ggn', got {curvature!r}")
     xp, X, y, S = self._inputs_batched(thetas, X, y)
-    xp_of(thetas, y_curv, scale)  # one backend for the sampled labels and weights too
     M = X.shape[0]
-    if scale is not None:
-        check_positive_vector(scale, "scale", S, thetas.dtype, "vector")
-    if y_curv is not None:
-        if curvature != "ef":
-            raise ValueError(f"y_curv: only curvature 'ef' takes its own targets, got "
-                             f"curvature {curvature!r}")
-        check_array(y_curv, "y_curv", ndim=(2, 3))
-        if tuple(y_curv.shape[:2]) != (S, M):
-            raise ValueError(f"y_curv: expected shape ({S}, {M}, ...) (S, M), got "
-                             f"{tuple(y_curv.shape)}")
-        # the S rows of labels checked as one (S M)-row batch, the error naming y_curv
-        try:
-            y_curv = self.likelihood.check_targets(
-                y_curv.reshape((S * M,) + y_curv.shape[2:]), S * M, self.sizes[-1],
-                thetas.dtype)
-        except ValueError as err:
-            raise ValueError(f"y_curv (the ({S}, {M}, ...) targets of the curvature, "
-                             f"checked as {S * M} rows): {err}") from err
+    y_curv = check_moment_extras(self.likelihood, self.sizes[-1], thetas, y_curv, scale,
+                                 curvature, S, M)
     params, acts, f, yy, deltas, g = self._batched_gradient_pass(xp, thetas, X, y, S)
     if scale is not None:
         g = g * scale[:, None]  # grad of c_s sum_i l_i  (noise_gamma.2)
@@ -220,6 +204,32 @@ def kfac_moments(self, thetas, X, y, curvature=None, y_curv=None, scale=None):
             a = xp.concatenate([a, xp.ones((a.shape[0], 1), dtype=a.dtype)], axis=1)
         out.append(((a.T @ a) / a.shape[0], B_l / S))  # (peg.21)
     return g, out
+
+def check_moment_extras(likelihood, n_out, thetas, y_curv, scale, curvature, S, M):
+    """The checked per-draw arguments of a ``kfac_moments`` (the MLP's and the CNN's): scale a
+    finite (S,) array > 0 in thetas' dtype or None; y_curv None, or (S, M, ...) targets for
+    curvature "ef" only, returned as S M rows checked by the likelihood (the error naming
+    y_curv). One backend for thetas, y_curv and scale."""
+    xp_of(thetas, y_curv, scale)  # one backend for the sampled labels and weights too
+    if scale is not None:
+        check_positive_vector(scale, "scale", S, thetas.dtype, "vector")
+    if y_curv is None:
+        return None
+    if curvature != "ef":
+        raise ValueError(f"y_curv: only curvature 'ef' takes its own targets, got "
+                         f"curvature {curvature!r}")
+    check_array(y_curv, "y_curv", ndim=(2, 3))
+    if tuple(y_curv.shape[:2]) != (S, M):
+        raise ValueError(f"y_curv: expected shape ({S}, {M}, ...) (S, M), got "
+                         f"{tuple(y_curv.shape)}")
+    # the S rows of labels checked as one (S M)-row batch, the error naming y_curv
+    try:
+        return likelihood.check_targets(y_curv.reshape((S * M,) + y_curv.shape[2:]), S * M,
+                                        n_out, thetas.dtype)
+    except ValueError as err:
+        raise ValueError(f"y_curv (the ({S}, {M}, ...) targets of the curvature, "
+                         f"checked as {S * M} rows): {err}") from err
+
 
 def kfac_block_errors(self, theta, X, y, curvature="ggn"):
     """Compute the relative Frobenius error of K-FAC's A_l kron B_l per layer.

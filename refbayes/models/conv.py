@@ -52,12 +52,12 @@ from refbayes._checks import (
     check_array,
     check_float,
     check_int,
-    check_positive_vector,
     check_same_dtype,
 )
 from refbayes.backend import xp_of
 from refbayes.models import _conv_layers as cl
 from refbayes.models._layers import ACTIVATIONS, act_prime, activate
+from refbayes.models._kfac import check_moment_extras
 from refbayes.models.base import INIT_SCHEMES, KFACLayer
 from refbayes.models.likelihoods import LIKELIHOODS, make_likelihood
 
@@ -122,7 +122,20 @@ class Conv2d:
 
 
 @dataclass(frozen=True)
-class MaxPool2d:
+class _Pool2d:
+    """A k_h x k_w window with strides, no padding: what MaxPool2d and AvgPool2d share."""
+
+    kernel: tuple
+    stride: tuple = None
+
+    def __post_init__(self):
+        object.__setattr__(self, "kernel", _pair(self.kernel, "kernel", 1))
+        stride = self.kernel if self.stride is None else _pair(self.stride, "stride", 1)
+        object.__setattr__(self, "stride", stride)
+
+
+@dataclass(frozen=True)
+class MaxPool2d(_Pool2d):
     """Max pooling over k_h x k_w windows, no padding; ties go to the first window index.
 
     The window maximum, read at the first maximal entry in row-major window order (conv.10).
@@ -140,17 +153,9 @@ class MaxPool2d:
         If kernel or stride is not an integer (pair) >= 1.
     """
 
-    kernel: tuple
-    stride: tuple = None
-
-    def __post_init__(self):
-        object.__setattr__(self, "kernel", _pair(self.kernel, "kernel", 1))
-        stride = self.kernel if self.stride is None else _pair(self.stride, "stride", 1)
-        object.__setattr__(self, "stride", stride)
-
 
 @dataclass(frozen=True)
-class AvgPool2d:
+class AvgPool2d(_Pool2d):
     """Average pooling over k_h x k_w windows, no padding (torch's count_include_pad is moot).
 
     The mean of each window's k_h k_w entries (conv.12).
@@ -167,14 +172,6 @@ class AvgPool2d:
     ValueError
         If kernel or stride is not an integer (pair) >= 1.
     """
-
-    kernel: tuple
-    stride: tuple = None
-
-    def __post_init__(self):
-        object.__setattr__(self, "kernel", _pair(self.kernel, "kernel", 1))
-        stride = self.kernel if self.stride is None else _pair(self.stride, "stride", 1)
-        object.__setattr__(self, "stride", stride)
 
 
 @dataclass(frozen=True)
@@ -1672,24 +1669,10 @@ class CNN:
             raise ValueError(f"curvature: expected None, 'ef' or 'ggn', got {curvature!r}")
         _check_approx(approx)
         xp, X, y, S = self._inputs_batched(thetas, X, y)
-        xp_of(thetas, y_curv, scale)
         M = X.shape[0]
-        if scale is not None:
-            check_positive_vector(scale, "scale", S, thetas.dtype, "vector")
+        y_curv = check_moment_extras(self.likelihood, self.n_out, thetas, y_curv, scale,
+                                     curvature, S, M)
         if y_curv is not None:
-            if curvature != "ef":
-                raise ValueError(f"y_curv: only curvature 'ef' takes its own targets, got "
-                                 f"curvature {curvature!r}")
-            check_array(y_curv, "y_curv", ndim=(2, 3))
-            if tuple(y_curv.shape[:2]) != (S, M):
-                raise ValueError(f"y_curv: expected shape ({S}, {M}, ...) (S, M), got "
-                                 f"{tuple(y_curv.shape)}")
-            try:
-                y_curv = self.likelihood.check_targets(
-                    y_curv.reshape((S * M,) + y_curv.shape[2:]), S * M, self.n_out, thetas.dtype)
-            except ValueError as err:
-                raise ValueError(f"y_curv (the ({S}, {M}, ...) targets of the curvature, "
-                                 f"checked as {S * M} rows): {err}") from err
             y_curv = y_curv.reshape((S, M) + y_curv.shape[1:])
         gs, sums = [], None
         for s, th in enumerate(thetas):  # (conv.23)
