@@ -55,7 +55,7 @@ The planted mistakes:
   hhat_k = (1/M) sum_i g_{k,i}^2 (the "Gauss-Newton" mistake); it breaks (vogn.5), first seen
   in h_k.
 - slang: the prior gradient left out of line 11, g_tilde = (N / (M S)) sum g_{s,i} instead of
-  (N / (M S)) sum g_{s,i} + lam * mu; it breaks (slang.7), first seen in g_tilde (everything
+  (N / (M S)) sum g_{s,i} + lam * mu; it breaks (slang.5), first seen in g_tilde (everything
   before it, including the new U and d, still agrees).
 
 Parameter order. refbayes' flat theta holds per layer W_l (n_in, n_out) row-major, then b_l;
@@ -259,7 +259,7 @@ def slang_steps(trace, bug: bool = False) -> dict:
     trace : refbayes.tracing.Trace
         A ``slang`` golden trace (exact fast_eig, symmetric sampler).
     bug : bool, default False
-        Plant a mistake in (slang.7): leave the prior gradient lam * mu out of g_tilde.
+        Plant a mistake in (slang.5): leave the prior gradient lam * mu out of g_tilde.
 
     Returns
     -------
@@ -287,31 +287,31 @@ def slang_steps(trace, bug: bool = False) -> dict:
         shrink = 1.0 if decay == 0 else 1.0 / (1.0 + (t + 1) ** decay)   # (ngvi.12)
         alpha_t, beta_t = alpha * shrink, beta * shrink                   # (ngvi.12)
         one_minus_beta = 1.0 - beta_t                                     # line 2: delta
-        # line 4, fast_sample (slang.2): theta = mu + d^{-1/2} T eps, T = (I + V V^T)^{-1/2}
+        # line 4, fast_sample (slang.7): theta = mu + d^{-1/2} T eps, T = (I + V V^T)^{-1/2}
         V = U / torch.sqrt(d)[:, None]
         ev, Q = torch.linalg.eigh(torch.eye(D, dtype=DTYPE) + V @ V.T)
         T = (Q / torch.sqrt(ev)) @ Q.T
-        theta = mu[:, None] + (T @ eps) / torch.sqrt(d)[:, None]          # (slang.2), (D, S)
-        G = torch.stack([G_of(theta[:, j], X, y) for j in range(S)])      # (slang.3), (S, M, D)
+        theta = mu[:, None] + (T @ eps) / torch.sqrt(d)[:, None]          # (slang.7), (D, S)
+        G = torch.stack([G_of(theta[:, j], X, y) for j in range(S)])      # (slang.8), (S, M, D)
         scale = N / (M * S)
         W = torch.cat([math.sqrt(one_minus_beta) * U,
-                       math.sqrt(beta_t * scale) * G.reshape(S * M, D).T], dim=1)  # (slang.4)
-        U_new = _top_eig(W @ W.T, L)                                      # lines 7, 9 (slang.4)
-        Delta_d = (W ** 2).sum(dim=1) - (U_new ** 2).sum(dim=1)           # line 8 (slang.5)
-        d_new = one_minus_beta * d + Delta_d + beta_t * lam               # line 10 (slang.6)
-        g_hat = scale * G.sum(dim=(0, 1))                                 # (ngvi.6)
+                       math.sqrt(beta_t * scale) * G.reshape(S * M, D).T], dim=1)  # (slang.2)
+        U_new = _top_eig(W @ W.T, L)                                      # lines 7, 9 (slang.2)
+        Delta_d = (W ** 2).sum(dim=1) - (U_new ** 2).sum(dim=1)           # line 8 (slang.3)
+        d_new = one_minus_beta * d + Delta_d + beta_t * lam               # line 10 (slang.4)
+        g_hat = scale * G.sum(dim=(0, 1))                                 # (ngvi.8)
         if bug:  # the prior gradient forgotten
             g_tilde = g_hat
         else:
-            g_tilde = g_hat + lam * mu                                    # line 11 (slang.7)
+            g_tilde = g_hat + lam * mu                                    # line 11 (slang.5)
         if b == 0:                                                        # (ngvi.13)
             direction = g_tilde
         else:
             g_bar = b * g_bar + (1 - b) * g_hat
             direction = g_bar / (1 - b ** (t + 1)) + lam * mu
         P = U_new @ U_new.T + torch.diag(d_new)                           # (slang.1)
-        Delta_mu = torch.linalg.solve(P, direction)                       # line 12 (slang.8)
-        mu = mu - alpha_t * Delta_mu                                      # line 13 (slang.8)
+        Delta_mu = torch.linalg.solve(P, direction)                       # line 12 (slang.6)
+        mu = mu - alpha_t * Delta_mu                                      # line 13 (slang.6)
         U, d, t = U_new, d_new, t + 1
         rows.append({"alpha_t": np.float64(alpha_t), "beta_t": np.float64(beta_t),
                      "theta": _np(theta), "G": _np(G), "W": _np(W), "U": _np(U),

@@ -99,7 +99,7 @@ def test_laplace_torch_verdicts(laplace_report):
             row = rows[f"{subset}, kron, GGN: {key}"]
             # the cross block makes a real raw difference, which the per-tensor mapping removes
             assert row.verdict == "convention" and row.raw_error > 1e-2
-            assert row.error <= EXACT_F64 and "(laplace.24)" in row.note
+            assert row.error <= EXACT_F64 and "(laplace.22)" in row.note
     for key in ("precision", "log_det_ratio", "lml", "f_var"):
         assert rows[f"all, full, Hessian (CurvlinopsHessian): {key}"].verdict == "agree"
     for key in ("precision", "f_var"):
@@ -301,7 +301,7 @@ def test_exact_tempered_log_evidence_by_quadrature():
     """The closed form the tempered-evidence rows are decided by, against adaptive quadrature of
     int prod_i N(y_i; w, sigma^2)^(1/T) N(w; 0, 1 / delta) dw (one parameter) and, at T = 1,
     against the Bayesian-linear-regression evidence of tests/reference."""
-    # checks (laplace.26)
+    # checks (laplace.24)
     from scipy.integrate import quad
     from scipy.stats import norm
 

@@ -3,7 +3,7 @@
 The correct torch implementation must agree with every quantity of the committed traces
 (``refbayes verify --layout torch``), and each planted bug must be caught at the equation it
 breaks: VOGN's square-of-the-mean curvature at h_k (vogn.5), SLANG's missing prior gradient at
-g_tilde (slang.7).
+g_tilde (slang.5).
 """
 import functools
 import importlib.util
@@ -26,8 +26,8 @@ GOLDEN = ROOT / "tests" / "golden"
 # method, trace file, the example's function, and where its planted bug must first show
 CASES = {
     "vogn": ("vogn.npz", "vogn_steps", "h_k", "(vogn.5)", "derivations/vogn.md"),
-    "slang": ("slang.npz", "slang_steps", "g_tilde", "(slang.7)", "derivations/slang.md"),
-    "slang-mlp": ("slang-mlp.npz", "slang_steps", "g_tilde", "(slang.7)",
+    "slang": ("slang.npz", "slang_steps", "g_tilde", "(slang.5)", "derivations/slang.md"),
+    "slang-mlp": ("slang-mlp.npz", "slang_steps", "g_tilde", "(slang.5)",
                   "derivations/slang.md"),
 }
 

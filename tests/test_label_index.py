@@ -168,3 +168,18 @@ def test_a_label_outside_its_own_note_is_not_defined_there(tmp_path):
     index = li.build(tmp_path)
     assert "foo.1" not in index.labels
     assert ("derivations/bar.md", 1, "foo.1") in index.unknown
+
+
+def test_labels_out_of_reading_order_or_with_a_gap_are_named(tmp_path):
+    """Issue 38, item 5: a prefix's labels are defined 1, 2, ..., n down its note."""
+    (tmp_path / "derivations").mkdir()
+    for name, body, bad in (("ok", "(ok.1) a\n\n(ok.2) b\n", None),
+                            ("swap", "(swap.2) a\n\n(swap.1) b\n", "(swap.2) in derivations/swap.md:1"),
+                            ("gap", "(gap.1) a\n\n(gap.3) b\n", "(gap.3) in derivations/gap.md:3")):
+        (tmp_path / "derivations" / f"{name}.md").write_text(body)
+        problems = li.build(tmp_path).order_problems()
+        named = [p for p in problems if f"derivations/{name}.md" in p]
+        if bad is None:
+            assert named == []
+        else:
+            assert len(named) == 1 and named[0].startswith(bad) and "reading order" in named[0]

@@ -148,8 +148,8 @@ def test_the_sweep_finds_the_traced_info_classes():
 
 
 class _TaggedInfo(NamedTuple):
-    C_hat: object  # (D, D)  (ngvi.7)-(ngvi.9)
-    g_hat: object  # (D,)  (ngvi.6) / (ngvi.9)
+    C_hat: object  # (D, D)  (ngvi.9)-(ngvi.11)
+    g_hat: object  # (D,)  (ngvi.8) / (ngvi.11)
     h_hat: object  # ghat, (D,) (vogn.5), (vogn.6)
     delta: object  # (ngvi.12); delta = 1 - beta_t is line 2
     plain: object  # a comment naming no equation
@@ -157,20 +157,20 @@ class _TaggedInfo(NamedTuple):
 
 
 class _DriftedInfo(NamedTuple):
-    W: object  # line 7 input: (D, L + M S)  (slang.5)
-    U: object  # lines 7, 9: U_{t+1}, (D, L)  (slang.4)
+    W: object  # line 7 input: (D, L + M S)  (slang.3)
+    U: object  # lines 7, 9: U_{t+1}, (D, L)  (slang.2)
 
 
 def test_field_tags_read_ranges_alternatives_and_lists():
     assert field_tags(_TaggedInfo) == {
-        "C_hat": "(ngvi.7)-(ngvi.9)", "g_hat": "(ngvi.6) / (ngvi.9)",
+        "C_hat": "(ngvi.9)-(ngvi.11)", "g_hat": "(ngvi.8) / (ngvi.11)",
         "h_hat": "(vogn.5), (vogn.6)", "delta": "(ngvi.12)", "plain": "", "bare": ""}
 
 
 def test_the_tag_is_the_comment_so_it_cannot_drift():
-    """No table restates the tags: the comment's tag is the traced tag (a comment naming (slang.5)
-    gives (slang.5), whatever another source says)."""
-    assert field_tags(_DriftedInfo) == {"W": "(slang.5)", "U": "(slang.4)"}
+    """No table restates the tags: the comment's tag is the traced tag (a comment naming (slang.3)
+    gives (slang.3), whatever another source says)."""
+    assert field_tags(_DriftedInfo) == {"W": "(slang.3)", "U": "(slang.2)"}
 
 
 @pytest.mark.parametrize("method", INFO)
@@ -394,12 +394,12 @@ def test_printed_labels_and_shapes_of_the_default_problem(capsys):
     out = _trace(capsys, "slang")
     for header in ["[input] input.batch.idx (1, 8)", "[input] input.eps (1, 6, 1)",
                    "[input] input.state.U (6, 2)", "[(ngvi.12)] alpha_t ()",
-                   "[(slang.2)] theta (6, 1)", "[(slang.3)] G (1, 8, 6)",
-                   "[(slang.4)] W (6, 10)", "[(slang.4)] U (6, 2)", "[(slang.8)] mu (6,)",
+                   "[(slang.7)] theta (6, 1)", "[(slang.8)] G (1, 8, 6)",
+                   "[(slang.2)] W (6, 10)", "[(slang.2)] U (6, 2)", "[(slang.6)] mu (6,)",
                    "[untagged] state.t ()"]:
         assert f"\n{header}\n" in out, header
     out = _trace(capsys, "ngvi-full", "--curvature", "exact")
-    assert "[(ngvi.10)] Sigma_inv (6, 6)" in out and "[(ngvi.4)] theta (6, 0)" in out
+    assert "[(ngvi.4)] Sigma_inv (6, 6)" in out and "[(ngvi.6)] theta (6, 0)" in out
     assert "input.eps" not in out  # curvature 'exact' draws no eps
     assert "[(ngvi.15)] prec_diag (6,)" in _trace(capsys, "ngvi-meanfield")
 
@@ -836,9 +836,9 @@ def _direct_laplace(method, t):
         H = {"ggn": lambda: model.ggn(theta_map, X, y),
              "hessian": lambda: model.hessian(theta_map, X, y),
              "ef": lambda: (lambda G: G.T @ G)(model.per_example_grads(theta_map, X, y))}
-        H = H[c["curvature"]]()[off:, off:]  # the random block (laplace.25)
+        H = H[c["curvature"]]()[off:, off:]  # the random block (laplace.23)
         delta, mu = delta[off:], theta_map[off:]
-        if c["structure"] == "kron":  # (laplace.20): blockdiag(A_l kron B_l) from the model
+        if c["structure"] == "kron":  # (laplace.18): blockdiag(A_l kron B_l) from the model
             head, phi = model.last_layer(theta_map, X) if off else (model, X)
             H = scipy.linalg.block_diag(*[np.kron(A, B) for A, B in head.kfac_curvature(
                 theta_map[off:], phi, y, c["curvature"])])
@@ -1023,9 +1023,9 @@ def _swag_by_hand(draws, o):
     g, V, thetas = [], [], []
     for idx in draws["idx"]:
         Xb, yb = X1[idx], y[idx]
-        g.append(50 / len(idx) * Xb.T @ (1 / (1 + np.exp(-Xb @ theta)) - yb) + theta)  # (swag.8)
-        v = o["momentum"] * v + g[-1]                                                  # (swag.9)
-        theta = theta - o["alpha"] * v                                                 # (swag.9)
+        g.append(50 / len(idx) * Xb.T @ (1 / (1 + np.exp(-Xb @ theta)) - yb) + theta)  # (swag.10)
+        v = o["momentum"] * v + g[-1]                                                  # (swag.11)
+        theta = theta - o["alpha"] * v                                                 # (swag.11)
         V.append(v)
         thetas.append(theta)
     thetas = np.array(thetas)

@@ -243,7 +243,7 @@ def test_cli_trace_prints_float32_and_chained_traces_of_the_printed_methods(caps
     assert main(["trace", "slang", "--steps", "2", "--dtype", "float32"]) == 0
     out = capsys.readouterr().out
     assert "refbayes trace slang: 2 step(s), float32" in out
-    assert out.count("[(slang.4)] U (6, 2)") == 2
+    assert out.count("[(slang.2)] U (6, 2)") == 2
 
 
 def test_a_vanishing_quantity_is_compared_by_its_absolute_error():

@@ -125,7 +125,7 @@ def regression_rows(rows):
         same[w, w] = same[b, b] = True
         cross[w, b] = cross[b, w] = True
         off += (n_in + 1) * n_out
-    rows.append(("regression K-FAC: W and b blocks (laplace.24)",
+    rows.append(("regression K-FAC: W and b blocks (laplace.22)",
                  _rel(P_rb[same], P_lt[same])))
     rows.append(("regression K-FAC: W-b cross block, max |laplace-torch| (dropped: 0)",
                  float(np.max(np.abs(P_lt[cross])))))
@@ -137,7 +137,7 @@ def regression_rows(rows):
 
 
 def last_layer_rows(rows):
-    """laplace-torch's last-layer Laplace (full GGN) against subset "last_layer" (laplace.25)."""
+    """laplace-torch's last-layer Laplace (full GGN) against subset "last_layer" (laplace.23)."""
     model, X, y, X_star = regression_problem()
     delta = 1.0
     theta = find_map(model, X, y, np.full(model.D, delta)).theta_map

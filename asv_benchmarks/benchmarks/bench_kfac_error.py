@@ -1,4 +1,4 @@
-"""K-FAC's relative Frobenius error per layer: ``FlatModel.kfac_block_errors`` ((peg.20), from
+"""K-FAC's relative Frobenius error per layer: ``FlatModel.kfac_block_errors`` ((peg.16), from
 M x M Gram matrices) against the dense route (form each layer's exact block and
 kron(A_l, B_l), then the Frobenius norms).
 

@@ -234,7 +234,7 @@ class ExactVI:
         exact_vi.fit_full(*self.problem)
 
     def track_grad_norm(self, dataset):
-        """The stopping quantity at the returned optimum (exact_vi.6); fit_full's tol is 1e-10."""
+        """The stopping quantity at the returned optimum (exact_vi.4); fit_full's tol is 1e-10."""
         return _exact_vi_fit(dataset).grad_norm
 
     track_grad_norm.unit = "grad norm"

@@ -27,7 +27,7 @@ is max|dense - library| / max|library| and a defect's note gives what the docume
 the number is, what laplace-torch computes, the dense and the library value.
 
 Mappings used (derivations/laplace.md, Conventions): K-FAC per tensor without the W-b cross
-block (laplace.24): refbayes' own factors rearranged as blockdiag(A~ kron B + delta I,
+block (laplace.22): refbayes' own factors rearranged as blockdiag(A~ kron B + delta I,
 A_{bb} B + delta I) with A~ the top-left block of A_l, and laplace-torch's log det
 sum log(outer(lam_A~, lam_B) + delta); temperature T: H / T and the squared-error term / T with
 the normaliser at sigma_noise, i.e. refbayes at noise precision tau / T plus (N K / 2) log T
@@ -201,7 +201,7 @@ def _compare(rows, label, rb, lt, check, what, keys=KEYS):
 
 
 def _per_tensor_kron(st):
-    """refbayes' K-FAC factors in laplace-torch's per-tensor form (laplace.24).
+    """refbayes' K-FAC factors in laplace-torch's per-tensor form (laplace.22).
 
     Per layer with A_l = [[A~, m], [m^T, a]] ((n_in + 1) square) and B_l: the weight block
     A~ kron B + delta I, the bias block a B + delta I, no cross block; log det as laplace-torch
@@ -220,14 +220,14 @@ def _per_tensor_kron(st):
 
 
 def _kron_rows(rows, label, model, st, cfg, rb, lt, X, y, X_star):
-    """Raw (refbayes' augmented-input K-FAC) and mapped (per tensor) comparisons (laplace.24)."""
+    """Raw (refbayes' augmented-input K-FAC) and mapped (per tensor) comparisons (laplace.22)."""
     P_map, log_det = _per_tensor_kron(st)
     full = laplace.LaplaceState(st.mu, P_map, None, st.prior_prec, None, st.n_fixed)
     ldr = log_det - float(np.sum(np.log(st.prior_prec)))
     mapped = {"precision": P_map, "log_det_ratio": ldr,
               "lml": rb["log_lik"] - 0.5 * (ldr + rb["scatter"]),
               "f_var": laplace.glm_predictive(model, full, X_star).f_var}
-    note = ("(laplace.24) K-FAC per tensor: refbayes' A_l, B_l as blockdiag(A~ kron B + delta I, "
+    note = ("(laplace.22) K-FAC per tensor: refbayes' A_l, B_l as blockdiag(A~ kron B + delta I, "
             "A_bb B + delta I), no W-b cross block; log det sum log(outer(lam_A~, lam_B) + delta)")
     for key in ("precision", "log_det_ratio", "lml", "f_var"):
         b = np.asarray(lt[key], float).reshape(np.shape(rb[key]))
@@ -707,7 +707,7 @@ def exact_tempered_log_evidence(Xa, y, sigma, delta, T) -> float:
     C = sigma ** 2 * T * np.eye(N) + Xa @ Xa.T / delta
     return float(0.5 * N * math.log(2 * math.pi * sigma ** 2 * T)
                  - 0.5 * N / T * math.log(2 * math.pi * sigma ** 2)
-                 + multivariate_normal(np.zeros(N), C).logpdf(y))  # (laplace.26)
+                 + multivariate_normal(np.zeros(N), C).logpdf(y))  # (laplace.24)
 
 
 def _linear_problem():

@@ -41,7 +41,7 @@ def from_laplace_torch(*, likelihood, subset_of_weights, hessian_structure, prio
     as the backend ('...GGN' -> "ggn", '...EF' -> "ef", 'AsdlHessian' -> "hessian"), the same
     prior_precision and subset. Not a config field: ``sigma_noise`` is the model's
     noise_precision = 1 / sigma_noise^2. Refused: hessian_structure "kron" (laplace-torch has no
-    W-b cross block, (laplace.24)), "lowrank", "gp"; temperature != 1 and prior_mean != 0
+    W-b cross block, (laplace.22)), "lowrank", "gp"; temperature != 1 and prior_mean != 0
     (refbayes has neither); the EF for regression (laplace-torch's is 2 / tau times the EF of the
     log-likelihood; no config reproduces it).
 
@@ -75,7 +75,7 @@ def from_laplace_torch(*, likelihood, subset_of_weights, hessian_structure, prio
     _fixed(likelihood, "likelihood", _LT_LIKELIHOODS, "laplace-torch's likelihoods")
     _fixed(subset_of_weights, "subset_of_weights", _LT_SUBSETS, "the subsets refbayes has")
     _fixed(hessian_structure, "hessian_structure", _LT_STRUCTURES,
-           "laplace-torch's 'kron' has no W-b cross block (laplace.24); no lowrank / gp")
+           "laplace-torch's 'kron' has no W-b cross block (laplace.22); no lowrank / gp")
     _fixed(prior_mean, "prior_mean", (0.0,), "refbayes' prior is centred at 0")
     _fixed(temperature, "temperature", (1.0,), "refbayes has no tempering")
     curvature = _lt_curvature(backend)
@@ -117,7 +117,7 @@ def to_laplace_torch(cfg: laplace.LaplaceConfig, likelihood: str) -> dict:
     _config(cfg, laplace.LaplaceConfig)
     _fixed(likelihood, "likelihood", _LT_LIKELIHOODS, "laplace-torch's likelihoods")
     _fixed(cfg.structure, "cfg.structure", _LT_STRUCTURES,
-           "laplace-torch's 'kron' has no W-b cross block (laplace.24)")
+           "laplace-torch's 'kron' has no W-b cross block (laplace.22)")
     _fixed(cfg.subset, "cfg.subset", _LT_SUBSETS, "laplace-torch's subsets")
     _fixed(cfg.curvature, "cfg.curvature", tuple(_LT_BACKEND), "the curvatures refbayes has")
     if cfg.curvature == "ef" and likelihood == "regression":

@@ -53,8 +53,8 @@ def from_torch_sgd(*, N, lr, momentum=0.0, weight_decay=0.0, dampening=0.0,
         If an argument is out of range, or dampening / nesterov is set.
     """
     N = check_int(N, "N", low=1)
-    _fixed(dampening, "dampening", (0.0,), "(swag.9) is the undampened heavy ball")
-    _fixed(nesterov, "nesterov", (False,), "(swag.9) is the heavy ball")
+    _fixed(dampening, "dampening", (0.0,), "(swag.11) is the undampened heavy ball")
+    _fixed(nesterov, "nesterov", (False,), "(swag.11) is the heavy ball")
     return swag.SGDConfig(N, lam=N * _nonneg(weight_decay, "weight_decay"),
                           alpha=_pos(lr, "lr") / N,
                           momentum=check_in_range(momentum, "momentum", 0.0, 1.0, high_open=True))

@@ -38,7 +38,7 @@ registry tests (tests/experiments/test_calibration.py) are parametrized over it,
 The settings and the reasons for them are in derivations/calibration_experiment.md. In short:
 
 - map: the SWAG paper's SGD baseline: momentum 0.9, the official piecewise-linear schedule
-  (swag.10) from lr 0.05 down to 0.01 lr (alpha_swa = 0.0005 at swa_start = epochs), weight
+  (swag.12) from lr 0.05 down to 0.01 lr (alpha_swa = 0.0005 at swa_start = epochs), weight
   decay lam / N, minibatch 128; predictive softmax(f(x; theta)).
 - swa / swag-diag / swag: ONE SGD run (train "sgd-swa"): the same SGD, schedule with
   swa_start = epochs - swa_epochs and the constant swa lr 0.01 (the official VGG-16 value,
@@ -128,7 +128,7 @@ def _epochs(hyper, progress, fn):
 # ----------------------------------------------------------------------------- SGD, SWA, SWAG
 
 def _sgd(model, X, y, hyper, rng, progress, swa_start, alpha_swa, snapshot=None):
-    """Momentum SGD (swag.8)-(swag.9) under the official schedule (swag.10), one driver call per
+    """Momentum SGD (swag.10)-(swag.11) under the official schedule (swag.12), one driver call per
     epoch at that epoch's step size; ``snapshot(theta)`` after each epoch e with e + 1 > swa_start
     (the official ``collect_model`` condition). Returns the last SGDState."""
     N = X.shape[0]
@@ -276,7 +276,7 @@ def laplace_state(model, theta, X, y, cfg, rows: int = CURVATURE_ROWS):
     "full" or "kron"), its curvature taken over ``rows`` rows at a time (``laplace.curvature``):
     the GGN is a sum over rows (laplace.2), so the chunks' H add, and a K-FAC block's B_l adds
     while its A_l is a mean over rows, so the chunks' A_l are averaged with weights n_c / N
-    (laplace.20); then Sigma_inv = H + lam I, symmetrized (laplace.3), or the blocks with delta_l
+    (laplace.18); then Sigma_inv = H + lam I, symmetrized (laplace.3), or the blocks with delta_l
     = lam. Equal to laplace.fit's state up to rounding, without its (N, C, D_q) Jacobians (9.6 GB
     for the last-layer GGN of full MNIST). No stationarity check: SGD's endpoint is not an exact
     minimum, and the approximation is taken there all the same (laplace-torch's post-hoc use)."""

@@ -259,7 +259,7 @@ def _part_a(rng, budget, progress):
 
     grad_fn = lambda w: m3.grad(np.r_[w, b], X, y)[:2] + A_DELTA * w  # noqa: E731
     hvp_fn = lambda w, u: m3.hvp(np.r_[w, b], np.r_[u, 0.0], X, y)[:2] + A_DELTA * u  # noqa: E731
-    H = m3.hessian(theta3, X, y)[:2, :2]  # Hessian = GGN for logistic regression (peg.16)
+    H = m3.hessian(theta3, X, y)[:2, :2]  # Hessian = GGN for logistic regression (peg.20)
     state = laplace.LaplaceState(w_map, H + A_DELTA * np.eye(2), None, np.full(2, A_DELTA))
     eps = rng.standard_normal((2, S))
     T_la = laplace.sample(state, eps)  # (laplace.4)

@@ -9,7 +9,7 @@ S = 12 Monte Carlo draws; minibatch 32, 32, 128, 64;
 methods mean-field EF / Hess / Exact, SLANG L in {1, 2, 5, 10}, full Gaussian EF / Hess / Exact
 (natural-gradient steps of refbayes.methods.ngvi / slang, driven by refbayes.methods.driver).
 Metrics: test NLL (mean -log p(y | x) in nats, predictive E_q[sigmoid] by Gauss-Hermite,
-(exact_vi.13)) and the symmetric KL (KL(exact || q) + KL(q || exact)) / 2 to the exact
+(exact_vi.11)) and the symmetric KL (KL(exact || q) + KL(q || exact)) / 2 to the exact
 full-Gaussian VI optimum of the same split (exact_vi.fit_full), mean +- standard error over
 restarts. Two reference rows: exact-vi (the ground truth itself: KL 0, its test NLL) and
 exact-mf-vi (the exact mean-field optimum, exact_vi.fit_meanfield: the paper's "Exact" mean-field
@@ -258,10 +258,10 @@ def _covariance(state):
 
 
 def _test_nll(mu, Sigma, Xd_te, y_te):
-    """Mean over test rows of -log E_q[sigmoid(s a)], a ~ N(x~^T mu, x~^T Sigma x~).  (exact_vi.13)"""
+    """Mean over test rows of -log E_q[sigmoid(s a)], a ~ N(x~^T mu, x~^T Sigma x~).  (exact_vi.11)"""
     m = Xd_te @ mu
     v = ((Xd_te @ Sigma) * Xd_te).sum(axis=1)  # x~_i^T Sigma x~_i: one GEMM, not a 3-operand einsum
-    return float(np.mean(exact_vi.logistic_predictive_nll(m, v, y_te)))  # (exact_vi.13)
+    return float(np.mean(exact_vi.logistic_predictive_nll(m, v, y_te)))  # (exact_vi.11)
 
 
 def _init(method, D, N, lam):

@@ -234,7 +234,7 @@ def _slang_fit(model, X, y, hyper, rng, epochs, M, progress):
 
 
 def _slang_predict(state, model, X, rng, S):
-    """S draws theta_s = mu + S_P eps_s of q (slang.2), eps (D, S) from rng; F[s] = f(X; theta_s)."""
+    """S draws theta_s = mu + S_P eps_s of q (slang.7), eps (D, S) from rng; F[s] = f(X; theta_s)."""
     eps = rng.standard_normal((model.D, S))
     return _forward_rows(model, slang.sample(state, eps), X), model.likelihood.noise_precision
 

@@ -2,7 +2,7 @@
 schedule, input checks, and the minibatch / Monte Carlo estimates of the gradient and curvature
 of E_q[sum_n l_n(theta)].
 
-Implements (ngvi.5)-(ngvi.9), (ngvi.12) and (ngvi.13) of derivations/ngvi.md. Scaling, stated once for the
+Implements (ngvi.7)-(ngvi.11), (ngvi.12) and (ngvi.13) of derivations/ngvi.md. Scaling, stated once for the
 whole family: the loss is SUMMED over the N training examples, a minibatch of M rows stands for
 all N through the factor N / M, and S Monte Carlo draws theta_s are averaged (factor 1 / S). The
 prior precision lam (D,) is never scaled by N, M or S.
@@ -274,7 +274,7 @@ def momentum_direction(g_bar, g_hat, lam, mu, b, t):
 # ----------------------------------------------------------------------------- Monte Carlo estimates
 
 def per_example_grads(model, theta, X, y):
-    """G (S, M, D): G[s, i] = grad l_i(theta_s) for theta (D, S), one column per draw.  (ngvi.5)
+    """G (S, M, D): G[s, i] = grad l_i(theta_s) for theta (D, S), one column per draw.  (ngvi.7)
 
     S = 1: the model's per_example_grads (a view, no copy); S > 1: one batched pass over the S
     draws (``per_example_grads_batched``, equal to S calls to rounding and 1.3-5.8x faster on
@@ -283,45 +283,45 @@ def per_example_grads(model, theta, X, y):
     xp = xp_of(theta)
     if theta.shape[1] == 1:
         return model.per_example_grads(xp.ascontiguousarray(theta[:, 0]), X, y)[None]
-    return model.per_example_grads_batched(xp.ascontiguousarray(theta.T), X, y)  # (ngvi.5)
+    return model.per_example_grads_batched(xp.ascontiguousarray(theta.T), X, y)  # (ngvi.7)
 
 
 def grad_estimate(G, N: int):
-    """g_hat = (N / M) (1 / S) sum_s sum_i g_{s,i}, G (S, M, D).  (ngvi.6)"""
+    """g_hat = (N / M) (1 / S) sum_s sum_i g_{s,i}, G (S, M, D).  (ngvi.8)"""
     S, M, _ = G.shape
-    return (N / (M * S)) * G.sum(axis=(0, 1))  # (ngvi.6)
+    return (N / (M * S)) * G.sum(axis=(0, 1))  # (ngvi.8)
 
 
 def ef_estimate(G, N: int):
-    """EF = (N / M) (1 / S) sum_s sum_i g_{s,i} g_{s,i}^T (D, D).  (ngvi.7)"""
+    """EF = (N / M) (1 / S) sum_s sum_i g_{s,i} g_{s,i}^T (D, D).  (ngvi.9)"""
     S, M, D = G.shape
     F = G.reshape(S * M, D)
-    return (N / (M * S)) * (F.T @ F)  # (ngvi.7)
+    return (N / (M * S)) * (F.T @ F)  # (ngvi.9)
 
 
 def ef_diag_estimate(G, N: int):
-    """diag of (ngvi.7): (N / M) (1 / S) sum_s sum_i g_{s,i}^2 (D,).  (ngvi.7)"""
+    """diag of (ngvi.9): (N / M) (1 / S) sum_s sum_i g_{s,i}^2 (D,).  (ngvi.9)"""
     S, M, _ = G.shape
-    return (N / (M * S)) * (G * G).sum(axis=(0, 1))  # (ngvi.7)
+    return (N / (M * S)) * (G * G).sum(axis=(0, 1))  # (ngvi.9)
 
 
 def hess_estimate(model, theta, X, y, N: int):
-    """H_hat = (N / M) (1 / S) sum_s sum_i grad^2 l_i(theta_s) (D, D).  (ngvi.8)
+    """H_hat = (N / M) (1 / S) sum_s sum_i grad^2 l_i(theta_s) (D, D).  (ngvi.10)
 
     The sum over the S draws is the model's (``_hessian_sum``): S Hessian calls in general, one
     batched pass for linear models, whose Hessian is the GGN (``ggn_sum``, peg.16).
     """
     M, S = X.shape[0], theta.shape[1]
     thetas = xp_of(theta).ascontiguousarray(theta.T)
-    return (N / (M * S)) * model._hessian_sum(thetas, X, y)  # (ngvi.8)
+    return (N / (M * S)) * model._hessian_sum(thetas, X, y)  # (ngvi.10)
 
 
 def hess_diag_estimate(model, theta, X, y, N: int):
-    """diag of (ngvi.8) (D,): the model's ``_hessian_sum`` of diagonals (linear models in closed
+    """diag of (ngvi.10) (D,): the model's ``_hessian_sum`` of diagonals (linear models in closed
     form, without D x D matrices)."""
     M, S = X.shape[0], theta.shape[1]
     thetas = xp_of(theta).ascontiguousarray(theta.T)
-    return (N / (M * S)) * model._hessian_sum(thetas, X, y, diag=True)  # (ngvi.8)
+    return (N / (M * S)) * model._hessian_sum(thetas, X, y, diag=True)  # (ngvi.10)
 
 
 # ----------------------------------------------------------------------------- exact expectations
@@ -349,7 +349,7 @@ def glm_design(model, X):
 def exact_terms(Xd, y, mu, v, kind, tau, N: int):
     """(g_hat (D,), w (M,)) for curvature "exact", a_i = x~_i^T theta ~ N(m_i, v_i), m = X~ mu:
     g_hat = -(N / M) X~^T E1 and w = -(N / M) E2, so that C_hat = X~^T diag(w) X~, with E1, E2 the
-    expected first two a-derivatives of log p by quadrature (exact_vi.2)-(exact_vi.4).  (ngvi.9)"""
+    expected first two a-derivatives of log p by quadrature (exact_vi.2), (exact_vi.12), (exact_vi.13).  (ngvi.11)"""
     yy = y.reshape(-1)
     m = Xd @ mu
     if kind == "logistic":
@@ -357,4 +357,4 @@ def exact_terms(Xd, y, mu, v, kind, tau, N: int):
     else:
         _, E1, E2 = exact_vi.gaussian_expectations(m, v, yy, tau)
     scale = -N / Xd.shape[0]
-    return scale * (Xd.T @ E1), scale * E2  # (ngvi.9)
+    return scale * (Xd.T @ E1), scale * E2  # (ngvi.11)

@@ -1,6 +1,6 @@
 """Exact Gaussian VI for Bayesian logistic (and linear) regression: the ground truth of SLANG.
 
-Implements (exact_vi.1)-(exact_vi.12) of derivations/exact_vi.md.
+Implements (exact_vi.1)-(exact_vi.10), (exact_vi.12), (exact_vi.13) of derivations/exact_vi.md.
 Symbols: X (N, D) design (intercept column already appended by the caller), y (N,) labels in
 {0, 1} (or real targets for ``likelihood="gaussian"``), lam (D,) per-coordinate prior precision
 (prior N(0, diag(lam)^{-1})), mu (D,) mean, Sigma (D, D) covariance, var (D,) mean-field variances,
@@ -98,10 +98,10 @@ class FullVIResult(NamedTuple):
 
     Each field is documented by its trailing comment.
     """
-    mu: Array          # mean mu, (D,), (exact_vi.8)
-    Sigma: Array       # covariance Sigma, (D, D), the inverse of the precision of (exact_vi.7)
+    mu: Array          # mean mu, (D,), (exact_vi.6)
+    Sigma: Array       # covariance Sigma, (D, D), the inverse of the precision of (exact_vi.5)
     elbo: float        # ELBO (exact_vi.1) at (mu, Sigma)
-    grad_norm: float   # gradient norm (exact_vi.6) at (mu, Sigma)
+    grad_norm: float   # gradient norm (exact_vi.4) at (mu, Sigma)
     n_iter: int        # number of accepted iterations
 
 
@@ -110,10 +110,10 @@ class MeanFieldVIResult(NamedTuple):
 
     Each field is documented by its trailing comment.
     """
-    mu: Array          # mean mu, (D,), (exact_vi.8) with the mean-field variances
-    var: Array         # variances var, (D,), the inverse of (exact_vi.10)
+    mu: Array          # mean mu, (D,), (exact_vi.6) with the mean-field variances
+    var: Array         # variances var, (D,), the inverse of (exact_vi.8)
     elbo: float        # ELBO (exact_vi.1) with Sigma = diag(var)
-    grad_norm: float   # gradient norm (exact_vi.11) at (mu, var)
+    grad_norm: float   # gradient norm (exact_vi.9) at (mu, var)
     n_iter: int        # number of accepted iterations
 
 
@@ -122,7 +122,7 @@ class MeanFieldVIResult(NamedTuple):
 def gh_nodes(v_max: float) -> int:
     """Return the node count of the Gauss-Hermite rung used for variance v_max.
 
-    The smallest n = 64 * 2^k with v_max <= n / 32.  (exact_vi.4)
+    The smallest n = 64 * 2^k with v_max <= n / 32.  (exact_vi.13)
 
     Parameters
     ----------
@@ -153,7 +153,7 @@ _RUNG_COVERS = tuple(n / 32 for n in _RUNGS)
 
 def _gh_rungs(v):
     """gh_nodes(v_i) for every entry of the host array v at once (int64): the first rung whose
-    n / 32 is >= v_i, by exact comparisons (searchsorted).  (exact_vi.4)  An entry outside
+    n / 32 is >= v_i, by exact comparisons (searchsorted).  (exact_vi.13)  An entry outside
     [0, V_MAX] (or NaN) raises gh_nodes' ValueError."""
     v = np.asarray(v, dtype=np.float64)
     if v.size and not (float(v.min()) >= 0.0 and float(v.max()) <= V_MAX):
@@ -171,10 +171,10 @@ def _gh_rule(n: int):
 
 
 def _gh_expect(xp, m, v, fn):
-    """E f(a_i) = sum_k w_k f(m_i + sqrt(2 v_i) t_k) (exact_vi.3), each datum with the rung of
-    its own v_i (exact_vi.4), so one large v_i does not cost every datum thousands of nodes.
+    """E f(a_i) = sum_k w_k f(m_i + sqrt(2 v_i) t_k) (exact_vi.12), each datum with the rung of
+    its own v_i (exact_vi.13), so one large v_i does not cost every datum thousands of nodes.
     ``fn(a, rows)`` returns f at the (n_rows, n) points a for the data ``rows``."""
-    host_rungs = _gh_rungs(v.get() if hasattr(v, "get") else v)  # (exact_vi.4)
+    host_rungs = _gh_rungs(v.get() if hasattr(v, "get") else v)  # (exact_vi.13)
     rungs = xp.asarray(host_rungs)
     out = None
     for n in np.unique(host_rungs).tolist():
@@ -214,7 +214,7 @@ def _in_range(xp, m, v) -> bool:
 
 
 def _logistic_expect(xp, m, v, y):
-    """(E0, E1, E2) of the Bernoulli-logit likelihood, no checks (exact_vi.2), (exact_vi.3)."""
+    """(E0, E1, E2) of the Bernoulli-logit likelihood, no checks (exact_vi.2), (exact_vi.12)."""
     def integrands(a, rows):
         s = (2 * y[rows] - 1)[:, None]
         return (-xp.logaddexp(0, -s * a),                                 # log sigma(s a), overflow-free
@@ -226,7 +226,7 @@ def _logistic_expect(xp, m, v, y):
 
 
 def _gaussian_expect(xp, m, v, y, noise_precision):
-    """(E0, E1, E2) of N(y | a, 1 / noise_precision) in closed form (exact_vi.12)."""
+    """(E0, E1, E2) of N(y | a, 1 / noise_precision) in closed form (exact_vi.10)."""
     r = y - m
     E0 = 0.5 * (math.log(noise_precision) - _LOG_2PI) - 0.5 * noise_precision * (r * r + v)
     return E0, noise_precision * r, xp.full_like(m, -noise_precision)
@@ -238,7 +238,7 @@ def logistic_expectations(m, v, y):
     E_{a ~ N(m_i, v_i)} of log sigmoid(s_i a), of its a-derivative y_i - sigmoid(a) and of its
     second a-derivative -sigmoid(a) sigmoid(-a), s_i = 2 y_i - 1 (exact_vi.2), by Gauss-Hermite
     quadrature, each datum with the rung gh_nodes(v_i) of its own variance
-    (exact_vi.3)-(exact_vi.4).  Accurate to 1e-12 absolute for 0 <= v <= V_EXACT (1e-11 up to
+    (exact_vi.12)-(exact_vi.13).  Accurate to 1e-12 absolute for 0 <= v <= V_EXACT (1e-11 up to
     V_MAX) and ``|m| <= M_MAX`` (verified against scipy.integrate.quad).
 
     Parameters
@@ -277,7 +277,7 @@ def gaussian_expectations(m, v, y, noise_precision):
 
     E_{a ~ N(m_i, v_i)} of log N(y_i | a, 1/noise_precision) = (log(noise_precision / 2 pi)
     - noise_precision ((y_i - m_i)^2 + v_i)) / 2, and of its a-derivatives
-    noise_precision (y_i - m_i) and -noise_precision, in closed form.  (exact_vi.12)
+    noise_precision (y_i - m_i) and -noise_precision, in closed form.  (exact_vi.10)
 
     Parameters
     ----------
@@ -320,7 +320,7 @@ def logistic_predictive_nll(m, v, y):
     """Compute the negative log predictive probability -log E_{a ~ N(m_i, v_i)}[sigmoid(s_i a)].
 
     s_i = 2 y_i - 1: the negative log predictive probability of label y_i under q, in nats
-    (exact_vi.13).  Gauss-Hermite as (exact_vi.3)-(exact_vi.4): the expectation is accurate to
+    (exact_vi.11).  Gauss-Hermite as (exact_vi.12)-(exact_vi.13): the expectation is accurate to
     1e-12 absolute in the same (m, v) range, so the NLL is accurate to 1e-12 / p relative to
     the predictive probability p (1e-12 nats where p is not tiny).
 
@@ -351,7 +351,7 @@ def logistic_predictive_nll(m, v, y):
         s = (2 * y[rows] - 1)[:, None]
         return (xp.exp(-xp.logaddexp(0, -s * a)),)  # sigmoid(s a) without 1 - sigmoid cancellation
 
-    return -xp.log(_gh_expect(xp, m, v, integrand)[0])  # (exact_vi.13)
+    return -xp.log(_gh_expect(xp, m, v, integrand)[0])  # (exact_vi.11)
 
 
 # ----------------------------------------------------------------------------- validation
@@ -433,8 +433,8 @@ def _chol_inverse(xp, L):
 
 
 def _kl_prior(q, lam):
-    """KL(q || N(0, diag(lam)^{-1})) by (gaussian.3) with a diagonal p (exact_vi.5)."""
-    return float(gaussian.kl(q, gaussian.DiagPrec(q.mu * 0, lam)))  # (exact_vi.5)
+    """KL(q || N(0, diag(lam)^{-1})) by (gaussian.3) with a diagonal p (exact_vi.3)."""
+    return float(gaussian.kl(q, gaussian.DiagPrec(q.mu * 0, lam)))  # (exact_vi.3)
 
 
 def _full_terms(xp, X, y, lam, mu, Sigma, noise_precision):
@@ -450,14 +450,14 @@ def _full_elbo(xp, X, y, lam, mu, Sigma, noise_precision):
 
 
 def _target_precision(xp, X, lam, E2):
-    """T = diag(lam) - sum_i E2_i x_i x_i^T (exact_vi.7)."""
+    """T = diag(lam) - sum_i E2_i x_i x_i^T (exact_vi.5)."""
     return xp.diag(lam) - X.T @ (E2[:, None] * X)
 
 
 def _full_grad(xp, X, y, lam, mu, Sigma, Sigma_inv, noise_precision):
     _, E1, E2 = _full_terms(xp, X, y, lam, mu, Sigma, noise_precision)
-    g_mu = X.T @ E1 - lam * mu                                                   # (exact_vi.5)
-    g_Sigma = 0.5 * (Sigma_inv - _target_precision(xp, X, lam, E2))             # (exact_vi.6)
+    g_mu = X.T @ E1 - lam * mu                                                   # (exact_vi.3)
+    g_Sigma = 0.5 * (Sigma_inv - _target_precision(xp, X, lam, E2))             # (exact_vi.4)
     return g_mu, g_Sigma
 
 
@@ -509,7 +509,7 @@ def elbo_grad(X, y, lam, mu, Sigma, *, likelihood="logistic", noise_precision=No
 
     dELBO/dmu = sum_i E1_i x_i - lam * mu and
     dELBO/dSigma = (Sigma^{-1} - diag(lam) + sum_i E2_i x_i x_i^T) / 2, the symmetric matrix G
-    with dELBO = <G, dSigma> for symmetric dSigma.  (exact_vi.5)-(exact_vi.6)
+    with dELBO = <G, dSigma> for symmetric dSigma.  (exact_vi.3)-(exact_vi.4)
 
     Parameters
     ----------
@@ -550,7 +550,7 @@ def elbo_grad(X, y, lam, mu, Sigma, *, likelihood="logistic", noise_precision=No
 def grad_norm(g_mu, g_Sigma) -> float:
     """Compute the full-Gaussian solver's stopping quantity sqrt(||g_mu||^2 + ||g_Sigma||_F^2).
 
-    (exact_vi.6)
+    (exact_vi.4)
 
     Parameters
     ----------
@@ -589,8 +589,8 @@ def _mf_elbo(xp, X, y, lam, mu, var, noise_precision):
 
 def _mf_grad(xp, X, y, lam, mu, var, noise_precision):
     _, E1, E2 = _mf_terms(xp, X, y, lam, mu, var, noise_precision)
-    g_mu = X.T @ E1 - lam * mu                                               # (exact_vi.5)
-    g_var = 0.5 * (1 / var - (lam - (X * X).T @ E2))                         # (exact_vi.9)
+    g_mu = X.T @ E1 - lam * mu                                               # (exact_vi.3)
+    g_var = 0.5 * (1 / var - (lam - (X * X).T @ E2))                         # (exact_vi.7)
     return g_mu, g_var
 
 
@@ -638,7 +638,7 @@ def elbo_grad_meanfield(X, y, lam, mu, var, *, likelihood="logistic", noise_prec
     """Compute the ELBO gradients in mu and var of a mean-field Gaussian q.
 
     dELBO/dmu = sum_i E1_i x_i - lam * mu and dELBO/dvar = (1/var - lam + sum_i E2_i x_i^2) / 2.
-    (exact_vi.5), (exact_vi.9)
+    (exact_vi.3), (exact_vi.7)
 
     Parameters
     ----------
@@ -678,7 +678,7 @@ def elbo_grad_meanfield(X, y, lam, mu, var, *, likelihood="logistic", noise_prec
 def grad_norm_meanfield(g_mu, g_var) -> float:
     """Compute the mean-field stopping quantity sqrt(||g_mu||^2 + ||g_var||^2).
 
-    (exact_vi.11)
+    (exact_vi.9)
 
     Parameters
     ----------
@@ -756,7 +756,7 @@ def fit_full(X, y, lam, *, tol=1e-10, max_iter=500, likelihood="logistic",
     """Maximize the ELBO (exact_vi.1) over a full Gaussian N(mu, Sigma).
 
     Damped natural-gradient / Newton fixed point Sigma_inv <- (1 - rho) Sigma_inv + rho T,
-    mu <- mu + rho T^{-1} dELBO/dmu (exact_vi.7)-(exact_vi.8), rho halved from its first trial
+    mu <- mu + rho T^{-1} dELBO/dmu (exact_vi.5)-(exact_vi.6), rho halved from its first trial
     (_first_rho) until the ELBO does not decrease, stopped when grad_norm <= tol.  Starts at
     mu = 0, Sigma_inv = diag(lam) + X^T X / 4 (logistic; every v_i <= 4 there) or the exact
     posterior precision (gaussian).
@@ -805,22 +805,22 @@ def fit_full(X, y, lam, *, tol=1e-10, max_iter=500, likelihood="logistic",
     rho0, prev = 1.0, math.inf
     for it in range(max_iter + 1):
         _, E1, E2 = _full_terms(xp, X, y, lam, mu, Sigma, noise_precision)
-        g_mu = X.T @ E1 - lam * mu                                               # (exact_vi.5)
-        T = _target_precision(xp, X, lam, E2)                                    # (exact_vi.7)
+        g_mu = X.T @ E1 - lam * mu                                               # (exact_vi.3)
+        T = _target_precision(xp, X, lam, E2)                                    # (exact_vi.5)
         # Sigma^{-1} is the iterate itself: re-inverting Sigma would add rounding of order
         # eps * cond(Sigma) * |Sigma^{-1}|, a floor of ~1e-6 on ill-conditioned posteriors
-        g_Sigma = 0.5 * (Sigma_inv - T)                                          # (exact_vi.6)
+        g_Sigma = 0.5 * (Sigma_inv - T)                                          # (exact_vi.4)
         gnorm = grad_norm(g_mu, g_Sigma)
         if gnorm <= tol:
             return FullVIResult(mu, Sigma, value, gnorm, it)
         if it == max_iter:
             break
-        step = cho_solve(cholesky(T), g_mu)                   # (exact_vi.8)
+        step = cho_solve(cholesky(T), g_mu)                   # (exact_vi.6)
         rho0, prev = _first_rho(rho0, gnorm, prev), gnorm
 
         def trial(rho):
-            P_new = (1 - rho) * Sigma_inv + rho * T                              # (exact_vi.7)
-            mu_new = mu + rho * step                                             # (exact_vi.8)
+            P_new = (1 - rho) * Sigma_inv + rho * T                              # (exact_vi.5)
+            mu_new = mu + rho * step                                             # (exact_vi.6)
             state = _full_state(xp, X, y, lam, mu_new, P_new, noise_precision)
             return None if state is None else (mu_new, P_new, *state)
 
@@ -842,10 +842,10 @@ def fit_meanfield(X, y, lam, *, tol=1e-10, max_iter=500, likelihood="logistic",
                   noise_precision=None) -> MeanFieldVIResult:
     """Maximize the ELBO (exact_vi.1) over a mean-field Gaussian N(mu, diag(var)).
 
-    Damped fixed point 1/var <- (1 - rho)/var + rho diag(T) (exact_vi.10),
-    mu <- mu + rho T^{-1} dELBO/dmu (exact_vi.8) with the full T of (exact_vi.7) (the
+    Damped fixed point 1/var <- (1 - rho)/var + rho diag(T) (exact_vi.8),
+    mu <- mu + rho T^{-1} dELBO/dmu (exact_vi.6) with the full T of (exact_vi.5) (the
     mu-Hessian does not factorize), rho chosen as in fit_full, stopped when
-    grad_norm_meanfield <= tol (exact_vi.11).  Starts at mu = 0, 1/var = lam + diag(X^T X) / 4
+    grad_norm_meanfield <= tol (exact_vi.9).  Starts at mu = 0, 1/var = lam + diag(X^T X) / 4
     (logistic) or lam + noise_precision diag(X^T X) (gaussian).
 
     Parameters
@@ -895,13 +895,13 @@ def fit_meanfield(X, y, lam, *, tol=1e-10, max_iter=500, likelihood="logistic",
         if it == max_iter:
             break
         _, _, E2 = _mf_terms(xp, X, y, lam, mu, var, noise_precision)
-        T = _target_precision(xp, X, lam, E2)                                    # (exact_vi.7)
-        step = cho_solve(cholesky(T), g_mu)                   # (exact_vi.8)
+        T = _target_precision(xp, X, lam, E2)                                    # (exact_vi.5)
+        step = cho_solve(cholesky(T), g_mu)                   # (exact_vi.6)
         rho0, prev = _first_rho(rho0, gnorm, prev), gnorm
 
         def trial(rho):
-            var_new = 1 / ((1 - rho) / var + rho * xp.diagonal(T))              # (exact_vi.10)
-            mu_new = mu + rho * step                                             # (exact_vi.8)
+            var_new = 1 / ((1 - rho) / var + rho * xp.diagonal(T))              # (exact_vi.8)
+            mu_new = mu + rho * step                                             # (exact_vi.6)
             new = _mf_state(xp, X, y, lam, mu_new, var_new, noise_precision)
             return None if new is None else (mu_new, var_new, new)
 

@@ -1,7 +1,7 @@
 """Laplace approximation at a MAP estimate (MacKay 1992; Daxberger et al. 2021, "Laplace Redux",
 with the conventions of the laplace-torch library).
 
-Implements (laplace.1)-(laplace.25) of derivations/laplace.md.
+Implements (laplace.1)-(laplace.23) of derivations/laplace.md.
 
 Symbols (derivations/notation.md): theta (D,) flat parameters; mu = theta* the MAP estimate,
 the mean of q; delta (D,) prior precision, p(theta) = N(0, diag(delta)^{-1}) (``prior_precision``:
@@ -11,9 +11,9 @@ J_i^T H_i J_i, "ef" = sum_i g_i g_i^T); Sigma_inv (D, D) the dense posterior pre
 H + diag(delta) (structure "full"); prec_diag (D,) its diagonal counterpart diag(H) + delta
 (structure "diag"); per layer l the K-FAC factors A_l = (1/N) sum_i a~_i a~_i^T and
 B_l = sum_i B_i (structure "kron": blockdiag_l(A_l kron B_l + delta_l I),
-(laplace.20)-(laplace.23));
+(laplace.18)-(laplace.21));
 D_q the number of random parameters theta[n_fixed:] (D, or the last layer's with subset
-"last_layer", (laplace.25)); J(x) (K, D) the output Jacobian at mu; noise_precision the
+"last_layer", (laplace.23)); J(x) (K, D) the output Jacobian at mu; noise_precision the
 Gaussian likelihood's 1 / sigma_noise^2.
 
 Scaling: the curvature is of the summed loss over all N rows passed to ``fit`` (no N / M factor:
@@ -159,25 +159,25 @@ class LaplaceConfig(NamedTuple):
     #                              p(theta) = N(0, diag(delta)^{-1}); an array has one entry per random
     #                              parameter (``expand_prior_precision`` builds it from per-tensor
     #                              values), constant on each layer block [W_l, b_l] for "kron"
-    structure: str = "full"      # "full", "diag" or "kron" (laplace.3), (laplace.20)
+    structure: str = "full"      # "full", "diag" or "kron" (laplace.3), (laplace.18)
     #                              dense Sigma_inv (D_q, D_q), its diagonal prec_diag (D_q,), or one
     #                              K-FAC block A_l kron B_l + delta_l I per layer
     curvature: str = "ggn"       # "hessian", "ggn" or "ef" (laplace.2)
     #                              H of the summed NLL at the MAP: the Hessian, the GGN
     #                              sum_i J_i^T H_i J_i or the EF sum_i g_i g_i^T ("kron": GGN or EF)
-    subset: str = "all"          # "all" or "last_layer" (laplace.25)
+    subset: str = "all"          # "all" or "last_layer" (laplace.23)
     #                              the random parameters: all D, or the last layer's D_q (the rest
     #                              fixed at the MAP)
 
 
 class KronBlock(NamedTuple):
-    """The K-FAC factors of one layer's curvature block, H_l ~ A kron B (peg.18).
+    """The K-FAC factors of one layer's curvature block, H_l ~ A kron B (peg.13).
 
     Each field is documented by its trailing comment.
     """
-    A: Array  # (1/N) sum_i a~_i a~_i^T, (n_in~, n_in~) (peg.18), (laplace.20)
+    A: Array  # (1/N) sum_i a~_i a~_i^T, (n_in~, n_in~) (peg.13), (laplace.18)
     #           a~_i the layer input with a 1 appended for the bias: n_in~ = n_in + 1, or n_in
-    B: Array  # sum_i B_i, the pre-activation GGN (or EF) over the N rows, (n_out, n_out) (peg.18), (laplace.20)
+    B: Array  # sum_i B_i, the pre-activation GGN (or EF) over the N rows, (n_out, n_out) (peg.13), (laplace.18)
 
 
 class LaplaceState(NamedTuple):
@@ -203,9 +203,9 @@ class LaplaceState(NamedTuple):
     Sigma_inv: Array   # H + diag(delta), (D_q, D_q), for "full"; else None (laplace.3)
     prec_diag: Array   # diag(H) + delta, (D_q,), for "diag"; else None (laplace.3)
     prior_prec: Array  # delta inside the precision, per random parameter, (D_q,) (laplace.1)
-    kron: Any = None   # (KronBlock(A_l, B_l), ...) for "kron", or None (laplace.20)
+    kron: Any = None   # (KronBlock(A_l, B_l), ...) for "kron", or None (laplace.18)
     #                    one block per layer in theta order: blockdiag_l(A_l kron B_l + delta_l I)
-    n_fixed: int = 0   # leading entries of theta fixed at mu, 0 for subset "all" (laplace.25)
+    n_fixed: int = 0   # leading entries of theta fixed at mu, 0 for subset "all" (laplace.23)
     kron_perm: Any = None  # "kron" only: None (the blocks are theta's row-major [W_l; b_l^T]
     #                        slices), or a NumPy (D_q,) int permutation with theta_q[kron_perm]
     #                        the blocks' vec_row_major(W~_l) concatenated, moving entries only
@@ -300,7 +300,7 @@ def _check_state(state):
 
 def _check_kron(blocks, delta):
     """K-FAC blocks that tile delta's D_q entries, each with a constant delta on its block;
-    returns {name: array} for the dtype check.  (laplace.20)"""
+    returns {name: array} for the dtype check.  (laplace.18)"""
     if not isinstance(blocks, tuple) or not blocks \
             or not all(isinstance(b, KronBlock) for b in blocks):
         raise ValueError("state.kron: expected a non-empty tuple of KronBlock, got "
@@ -381,7 +381,7 @@ def _structure(state) -> str:
 
 
 def _n_random(state) -> int:
-    """D_q, the number of random parameters theta[n_fixed:].  (laplace.25)"""
+    """D_q, the number of random parameters theta[n_fixed:].  (laplace.23)"""
     return state.mu.shape[0] - int(state.n_fixed)
 
 
@@ -398,11 +398,11 @@ def _kron_offsets(blocks):
 def _kron_eigh(state):
     """Per K-FAC block: (start, stop, Q_A, Q_B, Lam) with A kron B + delta_l I =
     (Q_A kron Q_B) diag(vec Lam) (Q_A kron Q_B)^T, offsets into the D_q random entries.
-    (laplace.21)"""
+    (laplace.19)"""
     out = []
     for start, stop, A, B in _kron_offsets(state.kron):
         delta_l = float(state.prior_prec[start])
-        Q_A, Q_B, Lam = kron.damped_eigh(A, B, delta_l)  # (laplace.21)
+        Q_A, Q_B, Lam = kron.damped_eigh(A, B, delta_l)  # (laplace.19)
         out.append((start, stop, Q_A, Q_B, Lam))
     return out
 
@@ -470,7 +470,7 @@ def _curvature(model, theta, X, y, structure: str, curvature: str):
     xp = xp_of(theta)
     if structure == "kron":
         return tuple(KronBlock(A, B)
-                     for A, B in model.kfac_curvature(theta, X, y, curvature))  # (laplace.20)
+                     for A, B in model.kfac_curvature(theta, X, y, curvature))  # (laplace.18)
     if curvature == "ggn":
         if structure == "full":
             return model.ggn(theta, X, y)  # (laplace.2)
@@ -519,13 +519,13 @@ def _warn_if_not_stationary(model_q, theta_q, X_q, y, delta) -> None:
 def _random_part(model, theta_map, X, cfg):
     """(model_q, theta_q, X_q, n_fixed): the model of the random parameters, their MAP values,
     its inputs and the count of fixed leading entries.  For subset "last_layer" the head on
-    the features phi(X) (peg.19), whose curvature is the exact last-layer block of the whole
-    network's (laplace.25); for "all" the model itself.  cfg is validated later."""
+    the features phi(X) (peg.15), whose curvature is the exact last-layer block of the whole
+    network's (laplace.23); for "all" the model itself.  cfg is validated later."""
     if isinstance(cfg, LaplaceConfig) and cfg.subset == "last_layer":
         if isinstance(model, CNN):
             raise ValueError("cfg.subset: 'last_layer' is not provided for a CNN (it has no "
                              "last_layer split yet); use subset 'all'")
-        head, phi = model.last_layer(theta_map, X)  # (laplace.25)
+        head, phi = model.last_layer(theta_map, X)  # (laplace.23)
         n_fixed = model.D - head.D
         return head, theta_map[n_fixed:], phi, n_fixed
     return model, theta_map, X, 0
@@ -535,7 +535,7 @@ def curvature(model, theta_map, X, y, cfg: LaplaceConfig):
     """Compute the curvature H that ``fit`` adds the prior precision to.
 
     H of the summed negative log-likelihood at theta_map for cfg's curvature, structure and
-    subset (laplace.2), (laplace.20), (laplace.25): for the random parameters theta[n_fixed:]
+    subset (laplace.2), (laplace.18), (laplace.23): for the random parameters theta[n_fixed:]
     only, so that ``fit`` forms H + diag(delta), diag(H) + delta or A_l kron B_l + delta_l I.
 
     Parameters
@@ -563,7 +563,7 @@ def curvature(model, theta_map, X, y, cfg: LaplaceConfig):
         As ``fit``, except for the positive definiteness of the precision.
     """
     D = _check_theta_map(model, theta_map)
-    model_q, theta_q, X_q, n_fixed = _random_part(model, theta_map, X, cfg)  # (laplace.25)
+    model_q, theta_q, X_q, n_fixed = _random_part(model, theta_map, X, cfg)  # (laplace.23)
     structure, curv, _ = _check_cfg(cfg, D - n_fixed, theta_map.dtype, xp_of(theta_map))
     return _curvature(model_q, theta_q, X_q, y, structure, curv)  # (laplace.2)
 
@@ -575,8 +575,8 @@ def fit(model, theta_map, X, y, cfg: LaplaceConfig, *, check_stationary: bool = 
     H is the curvature of the summed negative log-likelihood sum_i l_i over all rows of (X, y) at
     theta_map (laplace.2), delta the prior precision (laplace.1); Sigma_inv = H + diag(delta) for
     structure "full", prec_diag = diag(H) + delta for "diag" (laplace.3), and one K-FAC block
-    A_l kron B_l + delta_l I per layer for "kron" (laplace.20).  With cfg.subset "last_layer"
-    only the last layer's D_q parameters are random and H is their exact block (laplace.25).
+    A_l kron B_l + delta_l I per layer for "kron" (laplace.18).  With cfg.subset "last_layer"
+    only the last layer's D_q parameters are random and H is their exact block (laplace.23).
     theta_map is taken as given: the approximation is a Laplace approximation only where
     theta_map minimises L(theta) = sum_i l_i + (1/2) theta^T diag(delta) theta (over the random
     parameters); a UserWarning says where it clearly does not (see Warns).
@@ -625,7 +625,7 @@ def fit(model, theta_map, X, y, cfg: LaplaceConfig, *, check_stationary: bool = 
     """
     D = _check_theta_map(model, theta_map)
     xp = xp_of(theta_map)
-    model_q, theta_q, X_q, n_fixed = _random_part(model, theta_map, X, cfg)  # (laplace.25)
+    model_q, theta_q, X_q, n_fixed = _random_part(model, theta_map, X, cfg)  # (laplace.23)
     structure, curv, delta = _check_cfg(cfg, D - n_fixed, theta_map.dtype, xp)
     H = _curvature(model_q, theta_q, X_q, y, structure, curv)  # (laplace.2)
     if not isinstance(check_stationary, bool):
@@ -641,7 +641,7 @@ def fit(model, theta_map, X, y, cfg: LaplaceConfig, *, check_stationary: bool = 
         state = LaplaceState(theta_map, None, None, delta, H, n_fixed,
                              None if n_fixed else _kron_perm(model_q))  # (conv.24), (conv.33)
         _check_state(state)  # delta constant on each block
-        _kron_eigh(state)  # every A_l kron B_l + delta_l I positive definite (laplace.21)
+        _kron_eigh(state)  # every A_l kron B_l + delta_l I positive definite (laplace.19)
         return state
     prec_diag = H + delta  # (laplace.3)
     check_invertible_positive(prec_diag, "prec_diag")
@@ -653,7 +653,7 @@ def fit(model, theta_map, X, y, cfg: LaplaceConfig, *, check_stationary: bool = 
 def sample(state: LaplaceState, eps):
     """Draw theta_s = mu + R eps_s, R R^T = Sigma, one column of eps per draw.
 
-    (laplace.4), (laplace.22)  R eps is L^{-T} eps (full, L L^T = Sigma_inv), eps / sqrt(prec_diag)
+    (laplace.4), (laplace.20)  R eps is L^{-T} eps (full, L L^T = Sigma_inv), eps / sqrt(prec_diag)
     (diag), or per K-FAC block the symmetric root Sigma_l^{1/2} eps_l (kron; unique, so the draw
     does not depend on the eigensolver). A linear map of eps: with eps the identity, the columns
     minus mu form a square root of the covariance.
@@ -683,14 +683,14 @@ def sample(state: LaplaceState, eps):
     if xp_of(eps) is not xp:
         raise ValueError("eps: expected an array on the state's backend, got NumPy and CuPy mixed")
     Theta = xp.repeat(state.mu[:, None], eps.shape[1], axis=1)  # fixed entries stay at mu
-    Theta[state.n_fixed:] += _sqrt_cov_times(state, eps)  # (laplace.4), (laplace.22), (laplace.25)
+    Theta[state.n_fixed:] += _sqrt_cov_times(state, eps)  # (laplace.4), (laplace.20), (laplace.23)
     return Theta
 
 
 def _sqrt_cov_times(state, eps):
     """R eps with R R^T = Sigma (D_q, D_q): L^{-T} eps (full), eps / sqrt(prec_diag) (diag), or
     per K-FAC block the symmetric root Sigma_l^{1/2} vec E_l = vec(Q_A ((Q_A^T E_l Q_B) /
-    sqrt(Lam)) Q_B^T) (kron).  (laplace.4), (laplace.22)"""
+    sqrt(Lam)) Q_B^T) (kron).  (laplace.4), (laplace.20)"""
     xp = xp_of(state.mu)
     structure = _structure(state)
     if structure == "full":
@@ -704,7 +704,7 @@ def _sqrt_cov_times(state, eps):
     for start, stop, Q_A, Q_B, Lam in _kron_eigh(state):
         E = eps[start:stop].reshape(Q_A.shape[0], Q_B.shape[0], S).transpose(2, 0, 1)
         # the symmetric root is unique: the draw does not depend on the eigensolver's basis
-        Z = Q_A @ ((Q_A.T @ E @ Q_B) / xp.sqrt(Lam)) @ Q_B.T  # (laplace.22)
+        Z = Q_A @ ((Q_A.T @ E @ Q_B) / xp.sqrt(Lam)) @ Q_B.T  # (laplace.20)
         out[start:stop] = Z.transpose(1, 2, 0).reshape(stop - start, S)
     if state.kron_perm is not None:  # back to theta's order: R = Pm^T R~ Pm (conv.33)
         back = xp.empty_like(out)
@@ -742,7 +742,7 @@ def dense_precision(state: LaplaceState):
     P = xp.zeros((_n_random(state),) * 2, dtype=state.mu.dtype)
     for start, stop, A, B in _kron_offsets(state.kron):
         P[start:stop, start:stop] = kron.dense(A, B) \
-            + state.prior_prec[start] * xp.eye(stop - start, dtype=P.dtype)  # (laplace.20)
+            + state.prior_prec[start] * xp.eye(stop - start, dtype=P.dtype)  # (laplace.18)
     if state.kron_perm is not None:  # P_theta = Pm^T P Pm in theta's order (conv.33)
         p = xp.asarray(state.kron_perm)
         back = xp.empty_like(P)
@@ -781,7 +781,7 @@ def dense_covariance(state: LaplaceState):
     if structure == "diag":
         return xp.diag(1.0 / state.prec_diag)  # (laplace.3)
     R = _sqrt_cov_times(state, xp.eye(Dq, dtype=state.mu.dtype))
-    return R @ R.T  # (laplace.21), (laplace.22)
+    return R @ R.T  # (laplace.19), (laplace.20)
 
 
 def _logdet_precision(state):
@@ -792,7 +792,7 @@ def _logdet_precision(state):
         return 2.0 * xp.sum(xp.log(xp.diagonal(_chol(state))))
     if structure == "diag":
         return xp.sum(xp.log(state.prec_diag))
-    return sum(xp.sum(xp.log(Lam)) for *_, Lam in _kron_eigh(state))  # (laplace.21)
+    return sum(xp.sum(xp.log(Lam)) for *_, Lam in _kron_eigh(state))  # (laplace.19)
 
 
 # ----------------------------------------------------------------------------- evidence
@@ -835,7 +835,7 @@ def log_marginal_likelihood(model, state: LaplaceState, X, y, cfg: LaplaceConfig
     _, xp, _ = _check_evidence_args(model, state, X, y, cfg)
     delta = state.prior_prec
     log_lik = -model.loss(state.mu, X, y)  # (laplace.5)
-    mu, Dq = state.mu[state.n_fixed:], _n_random(state)  # the random block (laplace.25)
+    mu, Dq = state.mu[state.n_fixed:], _n_random(state)  # the random block (laplace.23)
     log_prior = 0.5 * (xp.sum(xp.log(delta)) - Dq * math.log(2.0 * math.pi)
                        - xp.sum(delta * mu * mu))  # (laplace.1)
     logdet = _logdet_precision(state)
@@ -1051,7 +1051,7 @@ def _prior_groups(model, state, prior_structure):
     Dq = _n_random(state)
     if prior_structure == "scalar":
         return 1, np.zeros(Dq, dtype=np.int64)
-    if _structure(state) == "kron":  # one delta per K-FAC block [W_l, b_l] (laplace.20)
+    if _structure(state) == "kron":  # one delta per K-FAC block [W_l, b_l] (laplace.18)
         if prior_structure == "diag":
             raise ValueError("prior_structure: expected 'scalar' or 'layerwise' for a 'kron' "
                              "state (one prior precision per layer block), got 'diag'")
@@ -1230,7 +1230,7 @@ def _functional_covariance(state, J):
     Full: V = L^{-1} J^T (L L^T = Sigma_inv), J Sigma J^T = V^T V; diag: J diag(1/prec_diag) J^T.
     """
     xp = xp_of(state.mu)
-    J = J[:, :, state.n_fixed:]  # the random block's columns (laplace.25)
+    J = J[:, :, state.n_fixed:]  # the random block's columns (laplace.23)
     M, K, D = J.shape
     structure = _structure(state)
     if structure == "full":
@@ -1244,8 +1244,8 @@ def _functional_covariance(state, J):
     J = _to_kron_order(state, J, axis=2)  # the blocks' W~ order (conv.24), (conv.33)
     for start, stop, Q_A, Q_B, Lam in _kron_eigh(state):
         R = J[:, :, start:stop].reshape(M, K, Q_A.shape[0], Q_B.shape[0])
-        V = ((Q_A.T @ R @ Q_B) / xp.sqrt(Lam)).reshape(M, K, -1)  # eigen-coordinates (laplace.23)
-        f_var += V @ V.transpose(0, 2, 1)  # (laplace.23)
+        V = ((Q_A.T @ R @ Q_B) / xp.sqrt(Lam)).reshape(M, K, -1)  # eigen-coordinates (laplace.21)
+        f_var += V @ V.transpose(0, 2, 1)  # (laplace.21)
     return f_var
 
 

@@ -9,16 +9,16 @@ p(theta) = N(0, diag(lam)^{-1}); N training-set size; a minibatch of M rows; S M
 draws theta_s (columns of eps (D, S)); alpha_t, beta_t step sizes of the mean and precision.
 
 Scaling: the loss is SUMMED over the N examples; minibatch sums are multiplied by N / M and
-Monte Carlo sums by 1 / S ((ngvi.6)-(ngvi.8)); lam enters unscaled, multiplied by beta_t in
-the precision update (ngvi.10) and added as lam * mu to the gradient in the mean update (ngvi.11).
+Monte Carlo sums by 1 / S ((ngvi.8)-(ngvi.10)); lam enters unscaled, multiplied by beta_t in
+the precision update (ngvi.4) and added as lam * mu to the gradient in the mean update (ngvi.5).
 No tempering (tau = 1).
 
-Curvature: "ef" the empirical Fisher sum_i g_i g_i^T (ngvi.7), "hess" the Hessian at each draw
-(ngvi.8), "exact" E_q[Hessian] and E_q[gradient] by Gauss-Hermite quadrature over
+Curvature: "ef" the empirical Fisher sum_i g_i g_i^T (ngvi.9), "hess" the Hessian at each draw
+(ngvi.10), "exact" E_q[Hessian] and E_q[gradient] by Gauss-Hermite quadrature over
 a_i = x~_i^T theta (ngvi.9; linear models with one output; no draws, eps=None).
 
 Sampling: full, theta_s = mu + Sigma_chol_inv^T eps_s with Sigma_chol_inv^T = L^{-T}, L L^T =
-Sigma_inv (lower Cholesky of the precision) (ngvi.4); mean-field, theta_s = mu + eps_s /
+Sigma_inv (lower Cholesky of the precision) (ngvi.6); mean-field, theta_s = mu + eps_s /
 sqrt(prec_diag) (ngvi.14).
 
 Examples
@@ -122,13 +122,13 @@ class NGVIConfig(NamedTuple):
     length and dtype, known only with the state; ``_replace`` and ``_make`` do not, so the
     functions check every cfg again.
     """
-    N: int                   # training-set size >= 1, scales minibatch sums by N / M (ngvi.6)
-    lam: Array               # prior precision (D,), > 0 (ngvi.10), (ngvi.11)
-    alpha: float = 0.05      # mean step size alpha_0, in (0, 1] (ngvi.11)
-    beta: float = 0.05       # precision step size beta_0, in (0, 1] (ngvi.10)
+    N: int                   # training-set size >= 1, scales minibatch sums by N / M (ngvi.8)
+    lam: Array               # prior precision (D,), > 0 (ngvi.4), (ngvi.5)
+    alpha: float = 0.05      # mean step size alpha_0, in (0, 1] (ngvi.5)
+    beta: float = 0.05       # precision step size beta_0, in (0, 1] (ngvi.4)
     decay: float = 0.51      # alpha_t = alpha / (1 + (t + 1)^decay), t = state.t; beta_t alike; 0: constant (ngvi.12)
     #                          decay >= 0; t = state.t counts the steps already taken
-    curvature: str = "ef"    # "ef" (ngvi.7), "hess" (ngvi.8) or "exact" (ngvi.9)
+    curvature: str = "ef"    # "ef" (ngvi.9), "hess" (ngvi.10) or "exact" (ngvi.11)
     momentum: float = 0.0    # b in [0, 1) of (ngvi.13); 0 turns momentum off
 
 
@@ -140,8 +140,8 @@ class FullState(NamedTuple):
     Sigma_inv and g_bar are finite (D, D) and (D,) arrays of mu's dtype; Sigma_inv is symmetric
     and its Cholesky factorization succeeds (positive definite); and t is an integer >= 0.
     """
-    mu: Array         # mu_t, (D,), (ngvi.11)
-    Sigma_inv: Array  # Sigma_t^{-1}, (D, D), SPD, (ngvi.10)
+    mu: Array         # mu_t, (D,), (ngvi.5)
+    Sigma_inv: Array  # Sigma_t^{-1}, (D, D), SPD, (ngvi.4)
     g_bar: Array      # momentum average of g_hat (likelihood gradient only), (D,), (ngvi.13)
     t: int            # steps taken, an integer >= 0
 
@@ -153,15 +153,15 @@ class FullInfo(NamedTuple):
     """
     alpha_t: float    # mean step size of this step (ngvi.12)
     beta_t: float     # precision step size of this step (ngvi.12)
-    theta: Array      # theta_s, (D, S) draws; (D, 0) for "exact"  (ngvi.4)
-    G: Array          # g_{s,i}, (S, M, D) per-example gradients; (0, M, D) for "exact"  (ngvi.5)
-    g_hat: Array      # minibatch estimate of E_q[grad sum_n l_n], (D,)  (ngvi.6) / (ngvi.9)
-    C_hat: Array      # minibatch estimate of E_q[grad^2 sum_n l_n], (D, D)  (ngvi.7)-(ngvi.9)
-    Sigma_inv: Array  # precision Sigma_{t+1}^{-1}, (D, D)  (ngvi.10)
-    g_tilde: Array    # g_hat + lam * mu_t, (D,)  (ngvi.11)
+    theta: Array      # theta_s, (D, S) draws; (D, 0) for "exact"  (ngvi.6)
+    G: Array          # g_{s,i}, (S, M, D) per-example gradients; (0, M, D) for "exact"  (ngvi.7)
+    g_hat: Array      # minibatch estimate of E_q[grad sum_n l_n], (D,)  (ngvi.8) / (ngvi.11)
+    C_hat: Array      # minibatch estimate of E_q[grad^2 sum_n l_n], (D, D)  (ngvi.9)-(ngvi.11)
+    Sigma_inv: Array  # precision Sigma_{t+1}^{-1}, (D, D)  (ngvi.4)
+    g_tilde: Array    # g_hat + lam * mu_t, (D,)  (ngvi.5)
     direction: Array  # g_bar bias-corrected + lam * mu_t (ngvi.13); = g_tilde when momentum = 0, (D,)
-    Delta_mu: Array   # Sigma_{t+1} direction, (D,)  (ngvi.11)
-    mu: Array         # mu_{t+1}, (D,)  (ngvi.11)
+    Delta_mu: Array   # Sigma_{t+1} direction, (D,)  (ngvi.5)
+    mu: Array         # mu_{t+1}, (D,)  (ngvi.5)
 
 
 class MeanFieldState(NamedTuple):
@@ -186,9 +186,9 @@ class MeanFieldInfo(NamedTuple):
     alpha_t: float    # mean step size of this step (ngvi.12)
     beta_t: float     # precision step size of this step (ngvi.12)
     theta: Array      # draws theta_s, (D, S); (D, 0) for "exact"  (ngvi.14)
-    G: Array          # per-example gradients g_{s,i}, (S, M, D); (0, M, D) for "exact"  (ngvi.5)
-    g_hat: Array      # minibatch gradient estimate, (D,)  (ngvi.6) / (ngvi.9)
-    c_hat: Array      # diagonal curvature estimate, (D,)  (ngvi.7)-(ngvi.9), diagonals
+    G: Array          # per-example gradients g_{s,i}, (S, M, D); (0, M, D) for "exact"  (ngvi.7)
+    g_hat: Array      # minibatch gradient estimate, (D,)  (ngvi.8) / (ngvi.11)
+    c_hat: Array      # diagonal curvature estimate, (D,)  (ngvi.9)-(ngvi.11), diagonals
     prec_diag: Array  # precision diagonal prec_diag_{t+1}, (D,)  (ngvi.15)
     g_tilde: Array    # g_hat + lam * mu_t, (D,)  (ngvi.16)
     direction: Array  # g_bar bias-corrected + lam * mu_t (ngvi.13); = g_tilde when momentum = 0, (D,)
@@ -274,14 +274,14 @@ def _check_full_state(state):
 
 
 def _full_draws(mu, L_P, eps):
-    """theta_s = mu + L^{-T} eps_s, L L^T = Sigma_inv, so Cov = L^{-T} L^{-1} = Sigma.  (ngvi.4)"""
-    return mu[:, None] + solve_triangular(L_P.T, eps, lower=False)  # (ngvi.4)
+    """theta_s = mu + L^{-T} eps_s, L L^T = Sigma_inv, so Cov = L^{-T} L^{-1} = Sigma.  (ngvi.6)"""
+    return mu[:, None] + solve_triangular(L_P.T, eps, lower=False)  # (ngvi.6)
 
 
 def sample_full(state: FullState, eps):
     """Draw theta = mu + L^{-T} eps from the full Gaussian, L L^T = Sigma_inv (lower Cholesky).
 
-    (ngvi.4)
+    (ngvi.6)
 
     Parameters
     ----------
@@ -358,25 +358,25 @@ def step_full(state: FullState, batch, eps, cfg: NGVIConfig, model) -> tuple[Ful
     if curvature == "exact":
         Xd, kind, tau = glm_design(model, X)
         Z = solve_triangular(L_P, Xd.T, lower=True)      # v_i = |L^{-1} x~_i|^2 = x~_i^T Sigma x~_i
-        g_hat, w = exact_terms(Xd, y, mu, xp.sum(Z * Z, axis=0), kind, tau, N)   # (ngvi.9)
+        g_hat, w = exact_terms(Xd, y, mu, xp.sum(Z * Z, axis=0), kind, tau, N)   # (ngvi.11)
         theta, G = xp.zeros((D, 0), dtype=dtype), xp.zeros((0, M, D), dtype=dtype)
-        C_hat = Xd.T @ (Xd * w[:, None])                                          # (ngvi.9)
+        C_hat = Xd.T @ (Xd * w[:, None])                                          # (ngvi.11)
     else:
-        theta = _full_draws(mu, L_P, eps)                                         # (ngvi.4)
-        G = per_example_grads(model, theta, X, y)                                 # (ngvi.5)
-        g_hat = grad_estimate(G, N)                                               # (ngvi.6)
-        C_hat = (ef_estimate(G, N) if curvature == "ef"                           # (ngvi.7)
-                 else hess_estimate(model, theta, X, y, N))                       # (ngvi.8)
-    Sigma_inv = (1 - beta_t) * state.Sigma_inv + beta_t * (C_hat + xp.diag(lam))  # (ngvi.10)
+        theta = _full_draws(mu, L_P, eps)                                         # (ngvi.6)
+        G = per_example_grads(model, theta, X, y)                                 # (ngvi.7)
+        g_hat = grad_estimate(G, N)                                               # (ngvi.8)
+        C_hat = (ef_estimate(G, N) if curvature == "ef"                           # (ngvi.9)
+                 else hess_estimate(model, theta, X, y, N))                       # (ngvi.10)
+    Sigma_inv = (1 - beta_t) * state.Sigma_inv + beta_t * (C_hat + xp.diag(lam))  # (ngvi.4)
     try:
         L_new = cholesky(Sigma_inv)
     except np.linalg.LinAlgError:
         raise ValueError(f"step_full: the precision after step {state.t} is not positive "
                          f"definite (curvature={curvature!r} gave an indefinite estimate)") from None
-    g_tilde = g_hat + lam * mu                                                    # (ngvi.11)
+    g_tilde = g_hat + lam * mu                                                    # (ngvi.5)
     g_bar, direction = momentum_direction(state.g_bar, g_hat, lam, mu, b, state.t)  # (ngvi.13)
-    Delta_mu = cho_solve(L_new, direction)                                        # (ngvi.11)
-    mu_new = mu - alpha_t * Delta_mu                                              # (ngvi.11)
+    Delta_mu = cho_solve(L_new, direction)                                        # (ngvi.5)
+    mu_new = mu - alpha_t * Delta_mu                                              # (ngvi.5)
     info = FullInfo(alpha_t, beta_t, theta, G, g_hat, C_hat, Sigma_inv, g_tilde, direction,
                     Delta_mu, mu_new)
     return FullState(mu_new, Sigma_inv, g_bar, state.t + 1), info
@@ -492,7 +492,7 @@ def step_meanfield(state: MeanFieldState, batch, eps, cfg: NGVIConfig,
                    model) -> tuple[MeanFieldState, MeanFieldInfo]:
     """Take one natural-gradient step of the mean-field Gaussian.
 
-    (ngvi.5)-(ngvi.9) diagonals, (ngvi.12)-(ngvi.16).  Deterministic given its inputs.
+    (ngvi.7)-(ngvi.11) diagonals, (ngvi.12)-(ngvi.16).  Deterministic given its inputs.
 
     Parameters
     ----------
@@ -536,15 +536,15 @@ def step_meanfield(state: MeanFieldState, batch, eps, cfg: NGVIConfig,
     if curvature == "exact":
         Xd, kind, tau = glm_design(model, X)
         v = (Xd * Xd) @ (1 / state.prec_diag)                 # x~_i^T diag(1/prec_diag) x~_i
-        g_hat, w = exact_terms(Xd, y, mu, v, kind, tau, N)                        # (ngvi.9)
+        g_hat, w = exact_terms(Xd, y, mu, v, kind, tau, N)                        # (ngvi.11)
         theta, G = xp.zeros((D, 0), dtype=dtype), xp.zeros((0, M, D), dtype=dtype)
-        c_hat = (Xd * Xd).T @ w                                                   # (ngvi.9)
+        c_hat = (Xd * Xd).T @ w                                                   # (ngvi.11)
     else:
         theta = _meanfield_draws(mu, state.prec_diag, eps)                        # (ngvi.14)
-        G = per_example_grads(model, theta, X, y)                                 # (ngvi.5)
-        g_hat = grad_estimate(G, N)                                               # (ngvi.6)
-        c_hat = (ef_diag_estimate(G, N) if curvature == "ef"                      # (ngvi.7)
-                 else hess_diag_estimate(model, theta, X, y, N))                  # (ngvi.8)
+        G = per_example_grads(model, theta, X, y)                                 # (ngvi.7)
+        g_hat = grad_estimate(G, N)                                               # (ngvi.8)
+        c_hat = (ef_diag_estimate(G, N) if curvature == "ef"                      # (ngvi.9)
+                 else hess_diag_estimate(model, theta, X, y, N))                  # (ngvi.10)
     prec_diag = (1 - beta_t) * state.prec_diag + beta_t * (c_hat + lam)           # (ngvi.15)
     if not bool(xp.all(prec_diag > 0)):
         raise ValueError(f"step_meanfield: the precision after step {state.t} has entries "

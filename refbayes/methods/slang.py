@@ -10,7 +10,7 @@ S Monte Carlo draws (columns of eps (D, S)); alpha_t, beta_t step sizes, delta =
 Scaling: the loss is SUMMED over the N examples. Per-example gradients g_{s,i} of the M rows at
 the S draws enter the curvature as W = [sqrt(delta) U, sqrt(beta_t N / (M S)) G^T] (line 7) so
 that W W^T = delta U U^T + beta_t EF with EF = (N / (M S)) sum_{s,i} g_{s,i} g_{s,i}^T, the
-empirical Fisher of ngvi (ngvi.7); the gradient is (N / (M S)) sum_{s,i} g_{s,i} (line 11);
+empirical Fisher of ngvi (ngvi.9); the gradient is (N / (M S)) sum_{s,i} g_{s,i} (line 11);
 lam is unscaled, multiplied by beta_t in the d update (line 10). No tempering.
 
 Randomness: ``step`` draws nothing. eps (D, S) feeds fast_sample (line 4); with
@@ -105,11 +105,11 @@ class SLANGConfig(NamedTuple):
     length and dtype, L <= D and L = the state's rank, known only with the state; ``_replace``
     and ``_make`` do not, so the functions check every cfg again.
     """
-    N: int                    # training-set size, >= 1 (slang.3), (slang.7)
-    lam: Array                # prior precision (D,), > 0 (slang.6), (slang.7)
-    L: int                    # rank of U, 1 <= L <= D (slang.4)
-    alpha: float = 0.05       # mean step size alpha_0, in (0, 1] (slang.8)
-    beta: float = 0.05        # precision step size beta_0, in (0, 1] (slang.4)-(slang.6)
+    N: int                    # training-set size, >= 1 (slang.8), (slang.5)
+    lam: Array                # prior precision (D,), > 0 (slang.4), (slang.5)
+    L: int                    # rank of U, 1 <= L <= D (slang.2)
+    alpha: float = 0.05       # mean step size alpha_0, in (0, 1] (slang.6)
+    beta: float = 0.05        # precision step size beta_0, in (0, 1] (slang.2)-(slang.4)
     decay: float = 0.51       # alpha_t = alpha / (1 + (t + 1)^decay), t = state.t; beta_t alike; 0: constant (ngvi.12)
     #                           decay >= 0; t = state.t counts the steps already taken
     momentum: float = 0.0     # b in [0, 1) of (ngvi.13); 0 is Algorithm 1 as printed, the official code uses 0.9
@@ -130,9 +130,9 @@ class SLANGState(NamedTuple):
     1 / d finite, and U U^T and the capacitance I + U^T diag(d)^{-1} U finite
     (lowrank.check_factor_values); and t is an integer >= 0.
     """
-    mu: Array     # mu_t, (D,), (slang.8)
-    U: Array      # U_t, (D, L), (slang.4)
-    d: Array      # d_t, (D,), > 0, (slang.6)
+    mu: Array     # mu_t, (D,), (slang.6)
+    U: Array      # U_t, (D, L), (slang.2)
+    d: Array      # d_t, (D,), > 0, (slang.4)
     g_bar: Array  # momentum average of g_hat (likelihood gradient only), (D,), (ngvi.13)
     t: int        # steps taken, an integer >= 0
 
@@ -144,16 +144,16 @@ class SLANGInfo(NamedTuple):
     """
     alpha_t: float    # mean step size of this step (ngvi.12)
     beta_t: float     # precision step size of this step (ngvi.12); delta = 1 - beta_t is Algorithm 1 line 2
-    theta: Array      # line 4: theta_s = fast_sample(mu, U, d, eps_s), (D, S)  (slang.2)
-    G: Array          # line 6: per-example gradients g_{s,i}, (S, M, D)  (slang.3)
-    W: Array          # line 7 input: [sqrt(delta) U, sqrt(beta_t N/(M S)) G^T], (D, L + M S)  (slang.4)
-    U: Array          # lines 7, 9: U_{t+1} = fast_eig(W, L), (D, L)  (slang.4)
-    Delta_d: Array    # line 8: diag(W W^T - U_{t+1} U_{t+1}^T), (D,)  (slang.5)
-    d: Array          # line 10: d_{t+1} = delta d_t + Delta_d + beta_t lam, (D,)  (slang.6)
-    g_tilde: Array    # line 11: (N/(M S)) sum g_{s,i} + lam * mu_t, (D,)  (slang.7)
+    theta: Array      # line 4: theta_s = fast_sample(mu, U, d, eps_s), (D, S)  (slang.7)
+    G: Array          # line 6: per-example gradients g_{s,i}, (S, M, D)  (slang.8)
+    W: Array          # line 7 input: [sqrt(delta) U, sqrt(beta_t N/(M S)) G^T], (D, L + M S)  (slang.2)
+    U: Array          # lines 7, 9: U_{t+1} = fast_eig(W, L), (D, L)  (slang.2)
+    Delta_d: Array    # line 8: diag(W W^T - U_{t+1} U_{t+1}^T), (D,)  (slang.3)
+    d: Array          # line 10: d_{t+1} = delta d_t + Delta_d + beta_t lam, (D,)  (slang.4)
+    g_tilde: Array    # line 11: (N/(M S)) sum g_{s,i} + lam * mu_t, (D,)  (slang.5)
     direction: Array  # g_bar bias-corrected + lam * mu_t (ngvi.13); = g_tilde when momentum = 0, (D,)
-    Delta_mu: Array   # line 12: fast_inverse(direction, U_{t+1}, d_{t+1}), (D,)  (slang.8)
-    mu: Array         # line 13: mu_{t+1} = mu_t - alpha_t Delta_mu, (D,)  (slang.8)
+    Delta_mu: Array   # line 12: fast_inverse(direction, U_{t+1}, d_{t+1}), (D,)  (slang.6)
+    mu: Array         # line 13: mu_{t+1} = mu_t - alpha_t Delta_mu, (D,)  (slang.6)
 
 
 # ----------------------------------------------------------------------------- checks
@@ -242,7 +242,7 @@ def init(mu, U, d) -> SLANGState:
 def sample(state: SLANGState, eps, sampler: str = "symmetric"):
     """Draw theta = mu + S eps with S S^T = (U U^T + diag d)^{-1} (fast_sample).
 
-    (slang.2)
+    (slang.7)
 
     Parameters
     ----------
@@ -269,7 +269,7 @@ def sample(state: SLANGState, eps, sampler: str = "symmetric"):
     if sampler not in SAMPLERS:
         raise ValueError(f"sampler: expected one of {SAMPLERS}, got {sampler!r}")
     fn = lowrank.sample if sampler == "symmetric" else lowrank.sample_alg3
-    return fn(state.mu, state.U, state.d, eps)  # (slang.2)
+    return fn(state.mu, state.U, state.d, eps)  # (slang.7)
 
 
 def step(state: SLANGState, batch, eps, cfg: SLANGConfig, model, *,
@@ -326,33 +326,33 @@ def step(state: SLANGState, batch, eps, cfg: SLANGConfig, model, *,
     mu, U, d, lam = state.mu, state.U, state.d, cfg.lam
     alpha_t, beta_t = step_sizes(state.t, alpha, beta, decay)                 # (ngvi.12)
     delta = 1.0 - beta_t                                                      # line 2
-    theta = sample(state, eps, cfg.sampler)                                   # line 4 (slang.2)
+    theta = sample(state, eps, cfg.sampler)                                   # line 4 (slang.7)
     # the official PyTorch network adds the whole draw to its parameters, which hold mu (slang.9)
     w = theta if cfg.forward == "draw" else theta + mu[:, None]               # (slang.9)
-    G = per_example_grads(model, w, X, y)                                     # line 6 (slang.3)
+    G = per_example_grads(model, w, X, y)                                     # line 6 (slang.8)
     c = N / (M * S)
     # W is built as its transpose (L + M S, D): each block is then a contiguous row copy, and
     # W^T W in top_eig is a single BLAS product of C-ordered rows.
     W_T = xp.empty((L + M * S, D), dtype=dtype)
-    # NOTE: printed line 7 scales the columns by delta and beta; W W^T needs their roots (slang.4)
-    xp.multiply(U.T, math.sqrt(delta), out=W_T[:L])                           # line 7 (slang.4)
-    xp.multiply(G.reshape(S * M, D), math.sqrt(beta_t * c), out=W_T[L:])      # line 7 (slang.4)
+    # NOTE: printed line 7 scales the columns by delta and beta; W W^T needs their roots (slang.2)
+    xp.multiply(U.T, math.sqrt(delta), out=W_T[:L])                           # line 7 (slang.2)
+    xp.multiply(G.reshape(S * M, D), math.sqrt(beta_t * c), out=W_T[L:])      # line 7 (slang.2)
     W = W_T.T
     U_new = lowrank.top_eig(W, L, method=cfg.eig, Omega=Omega, n_iter=cfg.n_iter)  # lines 7, 9
-    # NOTE: printed line 8 omits N / (M S) on the gradient squares (slang.5)
+    # NOTE: printed line 8 omits N / (M S) on the gradient squares (slang.3)
     Delta_d = (xp.einsum("kd,kd->d", W_T, W_T)
-               - xp.einsum("dl,dl->d", U_new, U_new))                         # line 8 (slang.5)
-    # NOTE: printed line 10 adds lam, not beta_t lam (slang.6)
-    d_new = delta * d + Delta_d + beta_t * lam                                # line 10 (slang.6)
+               - xp.einsum("dl,dl->d", U_new, U_new))                         # line 8 (slang.3)
+    # NOTE: printed line 10 adds lam, not beta_t lam (slang.4)
+    d_new = delta * d + Delta_d + beta_t * lam                                # line 10 (slang.4)
     if not bool(xp.all(d_new > 0)):
         raise ValueError(f"step: d after step {state.t} has entries <= 0 (randomized fast_eig "
                          "overshot diag(W W^T)); use eig='exact' or more power iterations")
-    # NOTE: printed line 11 omits N / M (and 1 / S) on sum_i g_i (slang.7)
-    g_hat = c * G.sum(axis=(0, 1))                                            # (ngvi.6)
-    g_tilde = g_hat + lam * mu                                                # line 11 (slang.7)
+    # NOTE: printed line 11 omits N / M (and 1 / S) on sum_i g_i (slang.5)
+    g_hat = c * G.sum(axis=(0, 1))                                            # (ngvi.8)
+    g_tilde = g_hat + lam * mu                                                # line 11 (slang.5)
     g_bar, direction = momentum_direction(state.g_bar, g_hat, lam, mu, b, state.t)  # (ngvi.13)
-    Delta_mu = lowrank.solve(U_new, d_new, direction)                         # line 12 (slang.8)
-    mu_new = mu - alpha_t * Delta_mu                                          # line 13 (slang.8)
+    Delta_mu = lowrank.solve(U_new, d_new, direction)                         # line 12 (slang.6)
+    mu_new = mu - alpha_t * Delta_mu                                          # line 13 (slang.6)
     info = SLANGInfo(alpha_t, beta_t, theta, G, W, U_new, Delta_d, d_new, g_tilde, direction,
                      Delta_mu, mu_new)
     return SLANGState(mu_new, U_new, d_new, g_bar, state.t + 1), info

@@ -2,7 +2,7 @@
 Baseline for Bayesian Uncertainty in Deep Learning", NeurIPS, arXiv:1902.02476), with the SGD
 that produces their iterates.
 
-Implements (swag.1)-(swag.11) of derivations/swag.md.
+Implements (swag.1)-(swag.7) and (swag.9)-(swag.12) of derivations/swag.md.
 Symbols: theta_i (D,) the i-th collected SGD iterate, i = 1..n; theta_bar (D,) the running mean
 (theta_SWA = theta_bar after the last collection); theta2_bar (D,) the running mean of
 theta_i^2; D_hat the deviation matrix, column j the deviation theta_i - theta_bar_i of one of
@@ -25,7 +25,7 @@ SWAG-Diagonal drops the low-rank term (z2 = None). The official code divides by
 max_num_models - 1 even while n < K; refbayes by the number of stored columns minus one (see the
 conventions table of the note).
 
-SGD (swag.8)-(swag.9) runs on the SUMMED objective sum_i l_i + (lam / 2) ``|theta|^2`` with the
+SGD (swag.10)-(swag.11) runs on the SUMMED objective sum_i l_i + (lam / 2) ``|theta|^2`` with the
 minibatch sum scaled by N / M and heavy-ball momentum, which is torch.optim.SGD(lr, momentum,
 weight_decay) on the MEAN loss with lr = N alpha and weight_decay = lam / N, iterate for
 iterate. No batch normalisation exists in refbayes' models, so the official ``bn_update`` after
@@ -127,10 +127,10 @@ class SGDConfig(NamedTuple):
     length and dtype, known only with the state; ``_replace`` and ``_make`` do not, so the
     functions check every cfg again.
     """
-    N: int                 # training-set size >= 1, scales minibatch sums by N / M (swag.8)
-    lam: Any = 0.0         # prior precision >= 0, scalar or (D,): weight decay times N (swag.8)
-    alpha: float = 1e-3    # step size > 0 on the summed objective: torch lr / N (swag.9)
-    momentum: float = 0.9  # heavy-ball momentum mu in [0, 1) (swag.9)
+    N: int                 # training-set size >= 1, scales minibatch sums by N / M (swag.10)
+    lam: Any = 0.0         # prior precision >= 0, scalar or (D,): weight decay times N (swag.10)
+    alpha: float = 1e-3    # step size > 0 on the summed objective: torch lr / N (swag.11)
+    momentum: float = 0.9  # heavy-ball momentum mu in [0, 1) (swag.11)
 
 
 class SGDState(NamedTuple):
@@ -140,8 +140,8 @@ class SGDState(NamedTuple):
     it and raises ValueError unless: theta is a finite float (float64 or float32) (D,) array; v
     is a finite (D,) array of theta's dtype; and t is an integer >= 0.
     """
-    theta: Array  # theta_t, (D,), (swag.9)
-    v: Array      # momentum buffer v_t, (D,); torch's buffer times N (swag.9)
+    theta: Array  # theta_t, (D,), (swag.11)
+    v: Array      # momentum buffer v_t, (D,); torch's buffer times N (swag.11)
     t: int        # steps taken, an integer >= 0
 
 
@@ -150,9 +150,9 @@ class SGDInfo(NamedTuple):
 
     Each field is documented by its trailing comment (the equation tag last).
     """
-    g: Array      # objective gradient (N / M) sum_{i in B} grad l_i(theta_t) + lam theta_t, (D,)  (swag.8)
-    v: Array      # v_{t+1} = momentum v_t + g, (D,)  (swag.9)
-    theta: Array  # theta_{t+1} = theta_t - alpha v_{t+1}, (D,)  (swag.9)
+    g: Array      # objective gradient (N / M) sum_{i in B} grad l_i(theta_t) + lam theta_t, (D,)  (swag.10)
+    v: Array      # v_{t+1} = momentum v_t + g, (D,)  (swag.11)
+    theta: Array  # theta_{t+1} = theta_t - alpha v_{t+1}, (D,)  (swag.11)
 
 
 def _check_sgd_state(state) -> int:
@@ -208,7 +208,7 @@ def sgd_init(theta) -> SGDState:
 def sgd_update(state: SGDState, g, cfg: SGDConfig) -> tuple[SGDState, SGDInfo]:
     """Take one momentum-SGD step with a given objective gradient g.
 
-    v_{t+1} = momentum v_t + g, theta_{t+1} = theta_t - alpha v_{t+1}.  (swag.9)
+    v_{t+1} = momentum v_t + g, theta_{t+1} = theta_t - alpha v_{t+1}.  (swag.11)
     ``sgd_step`` forms g from a minibatch; this entry takes any g (a test feeds the gradient
     of a quadratic plus Gaussian noise to check the stationary covariance).
 
@@ -243,15 +243,15 @@ def sgd_update(state: SGDState, g, cfg: SGDConfig) -> tuple[SGDState, SGDInfo]:
 
 
 def _sgd(state, g, alpha, momentum):
-    v = momentum * state.v + g                      # (swag.9)
-    theta = state.theta - alpha * v                 # (swag.9)
+    v = momentum * state.v + g                      # (swag.11)
+    theta = state.theta - alpha * v                 # (swag.11)
     return SGDState(theta, v, state.t + 1), SGDInfo(g, v, theta)
 
 
 def sgd_step(state: SGDState, batch, noise, cfg: SGDConfig, model) -> tuple[SGDState, SGDInfo]:
     """Take one momentum-SGD step on the minibatch MAP objective.
 
-    g = (N / M) sum_{i in B} grad l_i(theta_t) + lam theta_t (swag.8), then (swag.9).  The
+    g = (N / M) sum_{i in B} grad l_i(theta_t) + lam theta_t (swag.10), then (swag.11).  The
     gradient is ``model.grad`` (one summed backprop pass).
 
     Parameters
@@ -293,7 +293,7 @@ def sgd_step(state: SGDState, batch, noise, cfg: SGDConfig, model) -> tuple[SGDS
     X, y, M = check_batch(batch, model, N, state.theta.dtype)
     xp_of(state.theta, X, y)
     theta = state.theta
-    g = (N / M) * model.grad(theta, X, y) + lam * theta      # (swag.8)
+    g = (N / M) * model.grad(theta, X, y) + lam * theta      # (swag.10)
     return _sgd(state, g, alpha, momentum)
 
 
@@ -301,7 +301,7 @@ def swa_learning_rate(epoch: int, *, alpha_init: float, alpha_swa: float, swa_st
     """The official SWA / SWAG step-size schedule at a 0-based epoch.
 
     With r = epoch / swa_start: alpha_init for r <= 0.5, then linear down to alpha_swa at
-    r = 0.9, then alpha_swa.  (swag.10)  The official SGD baseline is the same schedule with
+    r = 0.9, then alpha_swa.  (swag.12)  The official SGD baseline is the same schedule with
     swa_start = the number of epochs and alpha_swa = 0.01 alpha_init.
 
     Parameters
@@ -338,7 +338,7 @@ def swa_learning_rate(epoch: int, *, alpha_init: float, alpha_swa: float, swa_st
         factor = 1.0 - (1.0 - ratio) * (r - 0.5) / 0.4
     else:
         factor = ratio
-    return alpha_init * factor                                          # (swag.10)
+    return alpha_init * factor                                          # (swag.12)
 
 
 # ----------------------------------------------------------------------------- SWAG moments
@@ -713,7 +713,7 @@ def log_density(state: SWAGState, theta, cfg: SWAGConfig, *, low_rank: bool = Tr
     With Sigma = scale (Lambda + V V^T), Lambda = Sigma_diag, V = D_hat / sqrt(K' - 1) and
     C = I + V^T Lambda^{-1} V (K' x K', Cholesky R): log det Sigma = D log scale +
     sum log Lambda + log det C, and
-    ``r^T Sigma^{-1} r = (r^T Lambda^{-1} r - |R^{-1} V^T Lambda^{-1} r|^2) / scale``.  (swag.11)
+    ``r^T Sigma^{-1} r = (r^T Lambda^{-1} r - |R^{-1} V^T Lambda^{-1} r|^2) / scale``.  (swag.9)
     O(D K'^2) time, O(D K') memory.  (linalg.lowrank has the same identities for U U^T + diag(d)
     but requires rank <= D; here K' may exceed a small model's D.)
 
@@ -764,6 +764,6 @@ def log_density(state: SWAGState, theta, cfg: SWAGConfig, *, low_rank: bool = Tr
         u = solve_triangular(R, V.T @ Lr, lower=True)
         quad = quad - xp.sum(u * u, axis=0)
         logdet = logdet + 2 * xp.sum(xp.log(xp.diag(R)))
-    out = -0.5 * (D * math.log(2 * math.pi) + logdet + quad / scale)          # (swag.11)
+    out = -0.5 * (D * math.log(2 * math.pi) + logdet + quad / scale)          # (swag.9)
     return float(out[0]) if theta.ndim == 1 else out
 

@@ -4,7 +4,7 @@ Fig. 1).
 
 Implements (vadam.3)-(vadam.11) of derivations/vadam.md.
 Symbols (derivations/notation.md): mu (D,) mean; s (D,) the running average of squared gradients,
-on the PER-EXAMPLE scale, so the precision is prec_diag = N s + lam (vadam.11); m (D,) the momentum
+on the PER-EXAMPLE scale, so the precision is prec_diag = N s + lam (vadam.10); m (D,) the momentum
 average; lam the prior precision, p(theta) = N(0, diag(lam)^{-1}), a scalar or (D,);
 lam_tilde = lam / N; alpha the learning rate; beta1, beta2 (the paper's gamma_1, gamma_2) the decay
 rates of m and s; t the number of steps already taken.
@@ -23,7 +23,7 @@ sums squared per-example gradients (model.sample_moments, no (M, D) rows); "mini
 the minibatch gradients.
 
 Vprop (``vprop_config``) is Vadam with beta1 = 0 and no bias correction. With additionally
-sqrt=False and squares="per_example", a Vadam step IS the 2018 VOGN step (vadam.10) under
+sqrt=False and squares="per_example", a Vadam step IS the 2018 VOGN step (vadam.11) under
 beta_t = 1 - beta2, alpha_t = alpha; with sqrt=True (real Vadam / Vprop) no hyperparameter map
 makes the two equal (derivations/vadam.md).
 
@@ -301,7 +301,7 @@ def init(mu, s0=None) -> VadamState:
 def prec_diag(state: VadamState, cfg: VadamConfig):
     """Compute the precision of q, N s + lam, with the RAW s (not s_hat).
 
-    As Fig. 1 line 2 and the official ``get_weight_precs``.  (vadam.11)
+    As Fig. 1 line 2 and the official ``get_weight_precs``.  (vadam.10)
 
     Parameters
     ----------
@@ -322,7 +322,7 @@ def prec_diag(state: VadamState, cfg: VadamConfig):
     """
     D = _check_state(state)
     N, lam = _check_cfg(cfg, D, state.mu.dtype)
-    return N * state.s + lam  # (vadam.11)
+    return N * state.s + lam  # (vadam.10)
 
 
 def sample(state: VadamState, eps, cfg: VadamConfig):

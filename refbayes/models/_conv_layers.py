@@ -1,6 +1,6 @@
 """Convolution and pooling kernels on NCHW arrays: unfold, fold, the products, their backward passes.
 
-Implements (conv.1) and (conv.4)-(conv.13) of derivations/conv.md. Symbols: x (M, C, H, W) a
+Implements (conv.1) and (conv.4)-(conv.9), (conv.11)-(conv.14) of derivations/conv.md. Symbols: x (M, C, H, W) a
 layer input; Wc (C_out, C_in, k_h, k_w) the conv weight, Wm = Wc.reshape(C_out, Q) with
 Q = C_in k_h k_w; U (M, Q, P) the unfolded padded input, P = H_o W_o; Z (M, C_out, H_o, W_o);
 Delta (M, C_out, P) the error at a conv output; windows (M, C, k_h k_w, H_o, W_o) the pooling
@@ -83,7 +83,7 @@ def conv_grads(xp, U, Delta, bias: bool, mode: str):
 
     mode "rows": dl_i/dWm = Delta_i U_i^T (M, C_out Q) and dl_i/db = Delta_i 1 (M, C_out)
     (conv.6)-(conv.7); "sum": their sums over i (C_out Q,), (C_out,) (conv.8); "sum_sq": the sums
-    of their squares (conv.15). Delta is (M, C_out, P); the weight block comes back row-major,
+    of their squares (conv.10). Delta is (M, C_out, P); the weight block comes back row-major,
     theta's order (conv.2).
     """
     M = U.shape[0]
@@ -96,9 +96,9 @@ def conv_grads(xp, U, Delta, bias: bool, mode: str):
     db = Delta.sum(axis=2) if bias else None  # (conv.7)
     if mode == "rows":
         return [dW] if db is None else [dW, db]
-    # the square of a sum over positions: (conv.15) needs the rows of this layer (not of all D)
-    blocks = [(dW * dW).sum(axis=0)]  # (conv.15)
-    return blocks if db is None else blocks + [(db * db).sum(axis=0)]  # (conv.15)
+    # the square of a sum over positions: (conv.10) needs the rows of this layer (not of all D)
+    blocks = [(dW * dW).sum(axis=0)]  # (conv.10)
+    return blocks if db is None else blocks + [(db * db).sum(axis=0)]  # (conv.10)
 
 
 def conv_backward_input(xp, Wc, Delta, x_shape, stride, padding):
@@ -113,31 +113,31 @@ def conv_backward_input(xp, Wc, Delta, x_shape, stride, padding):
 
 
 def max_pool(ns, x, kernel, stride):
-    """(onehot (M, C, kh kw, H_o, W_o) bool, y (M, C, H_o, W_o)): the window max, first index on ties. (conv.10)
+    """(onehot (M, C, kh kw, H_o, W_o) bool, y (M, C, H_o, W_o)): the window max, first index on ties. (conv.11)
 
     y = sum_q 1[q = q*] P[:, :, q]: q* from argmax (NumPy's and CuPy's argmax return the first
-    maximum, torch's tie rule), a constant to autograd, so autograd's gradient is (conv.11).
+    maximum, torch's tie rule), a constant to autograd, so autograd's gradient is (conv.12).
     """
     P = windows(ns, x, kernel[0], kernel[1], stride[0], stride[1])
-    q_star = ns.argmax(P, axis=2)  # (conv.10): the first maximum in row-major window order
+    q_star = ns.argmax(P, axis=2)  # (conv.11): the first maximum in row-major window order
     onehot = q_star[:, :, None] == ns.arange(P.shape[2])[:, None, None]
-    return onehot, ns.sum(P * onehot, axis=2)  # (conv.10)
+    return onehot, ns.sum(P * onehot, axis=2)  # (conv.11)
 
 
 def max_pool_backward(xp, onehot, dy, x_shape, kernel, stride):
-    """dl/dx (M, C, H, W): each output error routed to its window's winner, then folded. (conv.11)"""
-    V = onehot * dy[:, :, None]  # (conv.11)
-    return fold(xp, V, x_shape, kernel[0], kernel[1], stride[0], stride[1])  # (conv.11)
+    """dl/dx (M, C, H, W): each output error routed to its window's winner, then folded. (conv.12)"""
+    V = onehot * dy[:, :, None]  # (conv.12)
+    return fold(xp, V, x_shape, kernel[0], kernel[1], stride[0], stride[1])  # (conv.12)
 
 
 def avg_pool(ns, x, kernel, stride):
-    """y (M, C, H_o, W_o): the window mean (1 / (kh kw)) sum_q P[:, :, q], no padding. (conv.12)"""
+    """y (M, C, H_o, W_o): the window mean (1 / (kh kw)) sum_q P[:, :, q], no padding. (conv.13)"""
     P = windows(ns, x, kernel[0], kernel[1], stride[0], stride[1])
-    return ns.sum(P, axis=2) / (kernel[0] * kernel[1])  # (conv.12)
+    return ns.sum(P, axis=2) / (kernel[0] * kernel[1])  # (conv.13)
 
 
 def avg_pool_backward(xp, dy, x_shape, kernel, stride):
-    """dl/dx (M, C, H, W): fold of dy / (kh kw) at every window entry. (conv.13)"""
+    """dl/dx (M, C, H, W): fold of dy / (kh kw) at every window entry. (conv.14)"""
     KK = kernel[0] * kernel[1]
-    V = xp.broadcast_to((dy / KK)[:, :, None], dy.shape[:2] + (KK,) + dy.shape[2:])  # (conv.13)
-    return fold(xp, V, x_shape, kernel[0], kernel[1], stride[0], stride[1])  # (conv.13)
+    V = xp.broadcast_to((dy / KK)[:, :, None], dy.shape[:2] + (KK,) + dy.shape[2:])  # (conv.14)
+    return fold(xp, V, x_shape, kernel[0], kernel[1], stride[0], stride[1])  # (conv.14)

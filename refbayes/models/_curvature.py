@@ -1,7 +1,7 @@
 """The curvature methods of FlatModel: output Jacobians, GGN, Hessian, Hessian-vector products
 and the GGN / empirical-Fisher diagonals, at one theta or batched over S parameter vectors.
 
-Implements (peg.7)-(peg.11), (peg.17) and (peg.22)-(peg.27) of derivations/per_example_gradients.md, in the symbols
+Implements (peg.7)-(peg.11), (peg.21) and (peg.22)-(peg.27) of derivations/per_example_gradients.md, in the symbols
 and shapes of refbayes.models.base. Each public function here is a method of FlatModel (its
 first argument ``self`` is the model), bound by name in FlatModel's class body, so that
 ``FlatModel.ggn`` is this ``ggn``: called, documented and overridden (the linear models' closed
@@ -91,7 +91,7 @@ def ggn(self, theta, X, y):
 def hessian(self, theta, X, y):
     """Form the dense Hessian of sum_i l_i, by autograd (NumPy only).
 
-    (peg.17)
+    (peg.21)
 
     Parameters
     ----------
@@ -116,7 +116,7 @@ def hessian(self, theta, X, y):
     xp, theta, X, y = self._inputs(theta, X, y)
     if xp is not np:
         raise ValueError("theta: the autograd Hessian needs NumPy arrays, got CuPy arrays")
-    H = autograd.hessian(self._autograd_loss)(theta, X, y)  # (peg.17)
+    H = autograd.hessian(self._autograd_loss)(theta, X, y)  # (peg.21)
     return np.asarray(H, dtype=theta.dtype)
 
 
@@ -132,7 +132,7 @@ def _r_inputs(self, theta, v, X, y, need_y=True):
 def hvp(self, theta, v, X, y):
     """Compute the Hessian-vector product H v of sum_i l_i in closed form (NumPy or CuPy).
 
-    H is the Hessian of ``hessian`` (peg.17); H v = R{grad} is Pearlmutter's R-operator: one
+    H is the Hessian of ``hessian`` (peg.21); H v = R{grad} is Pearlmutter's R-operator: one
     forward pass of the directional derivatives R{z_l} beside (peg.1), then one backward pass of
     R{delta_l} beside (peg.3), (peg.22)-(peg.26). The D x D matrix is never formed. The same
     product by autograd (reverse over reverse, NumPy only) is ``_hvp_autograd``, its test oracle.
@@ -212,14 +212,14 @@ def _grad_hvp(self, xp, theta, X, y, dparams):
 
 
 def _hvp_autograd(self, theta, v, X, y):
-    """H v by autograd's reverse-over-reverse product (NumPy only): the oracle of ``hvp``. (peg.17)"""
+    """H v by autograd's reverse-over-reverse product (NumPy only): the oracle of ``hvp``. (peg.21)"""
     xp, theta, X, y = self._inputs(theta, X, y)
     check_array(v, "v", shape=(self.D,))
     check_same_dtype({"theta": theta, "v": v})
     if xp is not np:
         raise ValueError("theta: the autograd Hessian-vector product needs NumPy arrays, got "
                          "CuPy arrays")
-    Hv = autograd.hessian_tensor_product(self._autograd_loss)(theta, X, y, v)  # (peg.17)
+    Hv = autograd.hessian_tensor_product(self._autograd_loss)(theta, X, y, v)  # (peg.21)
     return np.asarray(Hv, dtype=theta.dtype)
 
 
@@ -417,7 +417,7 @@ def _hessian_sum(self, thetas, X, y, diag=False):
     """sum_s of ``hessian(thetas[s], X, y)`` (or of its diagonal) over the rows of thetas
     (S, D): S Hessian calls here; models with a closed form for the sum override it."""
     xp = xp_of(thetas)
-    H = [self.hessian(xp.ascontiguousarray(th), X, y) for th in thetas]  # (peg.17)
+    H = [self.hessian(xp.ascontiguousarray(th), X, y) for th in thetas]  # (peg.21)
     return sum(xp.diagonal(h) for h in H) if diag else sum(H)
 
 

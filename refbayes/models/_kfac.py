@@ -1,7 +1,7 @@
 """The K-FAC methods of FlatModel: the per-layer K-FAC ingredients and factors, their average
 over S parameter vectors, and K-FAC's error against the exact curvature blocks.
 
-Implements (peg.12), (peg.18), (peg.20) and (peg.21) of derivations/per_example_gradients.md, in
+Implements (peg.12), (peg.13), (peg.16) and (peg.14) of derivations/per_example_gradients.md, in
 the symbols and shapes of refbayes.models.base. As in refbayes.models._curvature, each public
 function here is a method of FlatModel (its first argument ``self`` is the model), bound by name
 in FlatModel's class body (``FlatModel.kfac_moments`` is this ``kfac_moments``). The inputs are
@@ -86,7 +86,7 @@ def kfac_curvature(self, theta, X, y, curvature="ggn"):
     pre-activation z_l) or B_i = g_{l,i} g_{l,i}^T (EF: g_{l,i} = dl_i/dz_l).  K-FAC
     replaces the sum of products by the product of sums over the M rows::
 
-        A_l = (1/M) sum_i a~_i a~_i^T,   B_l = sum_i B_i,   block ~ A_l kron B_l   (peg.18)
+        A_l = (1/M) sum_i a~_i a~_i^T,   B_l = sum_i B_i,   block ~ A_l kron B_l   (peg.13)
 
     (exact when M = 1, or when every B_i is the same matrix).
 
@@ -117,9 +117,9 @@ def kfac_curvature(self, theta, X, y, curvature="ggn"):
     for a, d in zip(acts, deltas):
         if self.bias:
             a = xp.concatenate([a, xp.ones((M, 1), dtype=a.dtype)], axis=1)
-        A = (a.T @ a) / M  # (peg.18)
+        A = (a.T @ a) / M  # (peg.13)
         d = d.reshape(-1, d.shape[-1])  # the (M R) seeds' rows, one BLAS product below
-        B = d.T @ d  # (peg.18)
+        B = d.T @ d  # (peg.13)
         out.append((A, B))
     return out
 
@@ -127,9 +127,9 @@ def kfac_moments(self, thetas, X, y, curvature=None, y_curv=None, scale=None):
     """Compute gradients and the draw-averaged K-FAC factors at S parameter vectors at once.
 
     g[s] = sum_i dl_i/dtheta at theta_s with the labels y (peg.6). With a curvature, also,
-    per layer, the mean over the S vectors of ``kfac_curvature``'s factors (peg.18)::
+    per layer, the mean over the S vectors of ``kfac_curvature``'s factors (peg.13)::
 
-        A_l = (1/S) sum_s (1/M) sum_i a~_i a~_i^T,   B_l = (1/S) sum_s sum_i B_i   (peg.21)
+        A_l = (1/S) sum_s (1/M) sum_i a~_i a~_i^T,   B_l = (1/S) sum_s sum_i B_i   (peg.14)
 
     at theta_s, with the labels y, or y_curv[s] for "ef" when given (labels sampled from the
     model at theta_s: the Monte Carlo Fisher of K-FAC). Equal to S calls of ``grad`` and
@@ -162,7 +162,7 @@ def kfac_moments(self, thetas, X, y, curvature=None, y_curv=None, scale=None):
     g : array of shape (S, D)
         The summed gradients (times c_s).
     factors : list of tuple or None
-        [(A_l, B_l)] for l = 1..L as in (peg.21), or None when curvature is None.
+        [(A_l, B_l)] for l = 1..L as in (peg.14), or None when curvature is None.
 
     Raises
     ------
@@ -202,7 +202,7 @@ def kfac_moments(self, thetas, X, y, curvature=None, y_curv=None, scale=None):
         a = a.reshape(-1, a.shape[-1])  # (M, n) for the shared input X, else (S M, n)
         if self.bias:
             a = xp.concatenate([a, xp.ones((a.shape[0], 1), dtype=a.dtype)], axis=1)
-        out.append(((a.T @ a) / a.shape[0], B_l / S))  # (peg.21)
+        out.append(((a.T @ a) / a.shape[0], B_l / S))  # (peg.14)
     return g, out
 
 def check_moment_extras(likelihood, n_out, thetas, y_curv, scale, curvature, S, M):
@@ -234,12 +234,12 @@ def check_moment_extras(likelihood, n_out, thetas, y_curv, scale, curvature, S, 
 def kfac_block_errors(self, theta, X, y, curvature="ggn"):
     """Compute the relative Frobenius error of K-FAC's A_l kron B_l per layer.
 
-    Per layer l, with a~_i, B_i, A_l and B_l as in ``kfac_curvature`` (peg.18) and
+    Per layer l, with a~_i, B_i, A_l and B_l as in ``kfac_curvature`` (peg.13) and
     P_i = a~_i a~_i^T, the exact block is Y_l = sum_i P_i kron B_i (the layer's diagonal
     block of ``ggn`` for "ggn"; of G^T G, G = ``per_example_grads``, for "ef"), K-FAC's is
     X_l = A_l kron B_l with exactly the factors ``kfac_curvature`` returns, and ::
 
-        e_l = ||X_l - Y_l||_F / ||Y_l||_F.   (peg.20)
+        e_l = ||X_l - Y_l||_F / ||Y_l||_F.   (peg.16)
 
     Neither block (nor any D x D matrix) is formed: with <U kron V, U' kron V'>_F =
     <U, U'>_F <V, V'>_F and <u u^T, v v^T>_F = (u^T v)^2, everything is a sum over M x M
@@ -315,7 +315,7 @@ def kfac_block_errors(self, theta, X, y, curvature="ggn"):
             # cheaper route here: O(M n^2 (R + M)) instead of O(M^2 R^2 n)
             Bf = (xp.swapaxes(E, 1, 2) @ E).reshape(M, n * n)
             SD = xp.swapaxes(S, 1, 2) @ D
-            Btf = (0.5 * (SD + xp.swapaxes(SD, 1, 2))).reshape(M, n * n)  # (peg.20)
+            Btf = (0.5 * (SD + xp.swapaxes(SD, 1, 2))).reshape(M, n * n)  # (peg.16)
             return Bf @ Bf.T, Btf @ Btf.T, k
         Ef, Sf, Df = E.reshape(M * R, n), S.reshape(M * R, n), D.reshape(M * R, n)
         K = xp.empty((M, M), dtype=E.dtype)
@@ -325,10 +325,10 @@ def kfac_block_errors(self, theta, X, y, curvature="ggn"):
             i1 = min(M, i0 + step)
             rows, shape = slice(i0 * R, i1 * R), (i1 - i0, R, M, R)
             G = (Ef[rows] @ Ef.T).reshape(shape)
-            K[i0:i1] = (G * G).sum(axis=(1, 3))  # <B_i, B_j> = ||E_i E_j^T||^2  (peg.20)
+            K[i0:i1] = (G * G).sum(axis=(1, 3))  # <B_i, B_j> = ||E_i E_j^T||^2  (peg.16)
             SS, DD = Sf[rows] @ Sf.T, Df[rows] @ Df.T
             SD, DS = Sf[rows] @ Df.T, Df[rows] @ Sf.T
-            Kt[i0:i1] = 0.5 * (SS * DD + SD * DS).reshape(shape).sum(axis=(1, 3))  # (peg.20)
+            Kt[i0:i1] = 0.5 * (SS * DD + SD * DS).reshape(shape).sum(axis=(1, 3))  # (peg.16)
         return K, Kt, k
 
     def centred(K):
@@ -341,12 +341,12 @@ def kfac_block_errors(self, theta, X, y, curvature="ggn"):
             a = xp.concatenate([a, xp.ones((M, 1), dtype=a.dtype)], axis=1)
         Kp, Kp_shift, ka = grams(a[:, None, :])  # <P_i, P_j> = (a~_i^T a~_j)^2
         Kb, Kb_shift, kb = grams(E)
-        exact2 = (Kp * Kb).sum()  # ||sum_i P_i kron B_i||^2  (peg.20)
-        kfac2 = Kp.sum() * Kb.sum() / (M * M)  # ||A_l||^2 ||B_l||^2  (peg.20)
-        err2 = (centred(Kp_shift) * centred(Kb_shift)).sum()  # ||X_l - Y_l||^2  (peg.20)
+        exact2 = (Kp * Kb).sum()  # ||sum_i P_i kron B_i||^2  (peg.16)
+        kfac2 = Kp.sum() * Kb.sum() / (M * M)  # ||A_l||^2 ||B_l||^2  (peg.16)
+        err2 = (centred(Kp_shift) * centred(Kb_shift)).sum()  # ||X_l - Y_l||^2  (peg.16)
         err, ex = xp.sqrt(xp.maximum(err2, 0.0)), xp.sqrt(exact2)
         rel.append(xp.where(ex > 0, err / xp.where(ex > 0, ex, 1.0),
-                            xp.where(err > 0, xp.inf, 0.0)))  # (peg.20)
+                            xp.where(err > 0, xp.inf, 0.0)))  # (peg.16)
         scale = 2 * (ka + kb)  # undo the 2^-ka, 2^-kb scalings (P and B are quadratic)
         kfac.append(xp.ldexp(xp.sqrt(kfac2), scale))
         exact.append(xp.ldexp(ex, scale))

@@ -1,6 +1,6 @@
 """FlatModel: a dense network on one flat parameter vector theta, with every quantity methods consume.
 
-Implements (peg.1)-(peg.12) and (peg.17)-(peg.20) of derivations/per_example_gradients.md; ``MLP``,
+Implements (peg.1)-(peg.12) and (peg.13), (peg.15), (peg.16), (peg.21) of derivations/per_example_gradients.md; ``MLP``,
 ``LogisticRegression`` and ``SoftmaxRegression`` are FlatModels.
 
 Symbols and shapes: theta (D,); X (M, n_in); y (M,) class labels for classification (integer
@@ -353,7 +353,7 @@ class FlatModel:
     def per_example_losses(self, theta, X, y):
         """Compute the per-example negative log-likelihoods l_i = -log p(y_i | x_i, theta).
 
-        (peg.13)-(peg.15)
+        (peg.17)-(peg.19)
 
         Parameters
         ----------
@@ -503,7 +503,7 @@ class FlatModel:
     def sample_losses_and_grads(self, thetas, X, y):
         """Compute the summed losses and gradients at S parameter vectors in one batched pass.
 
-        loss[s] = sum_i l_i(theta_s) (peg.13)-(peg.15) and g[s] = sum_i dl_i/dtheta at theta_s
+        loss[s] = sum_i l_i(theta_s) (peg.17)-(peg.19) and g[s] = sum_i dl_i/dtheta at theta_s
         (peg.6): equal to S calls of ``loss`` and ``grad``, from the one forward pass that the
         gradient's backward pass needs (what a Monte Carlo ELBO and its gradient take).
 
@@ -531,7 +531,7 @@ class FlatModel:
         """
         xp, X, y, S = self._inputs_batched(thetas, X, y)
         _, _, f, yy, _, g = self._batched_gradient_pass(xp, thetas, X, y, S)
-        loss = self.likelihood._losses(xp, f, yy).reshape(S, -1).sum(axis=1)  # (peg.13)-(peg.15)
+        loss = self.likelihood._losses(xp, f, yy).reshape(S, -1).sum(axis=1)  # (peg.17)-(peg.19)
         return loss, g
 
     def per_example_grads_batched(self, thetas, X, y):
@@ -619,7 +619,7 @@ class FlatModel:
 
         phi(x) = a_{L-1} is the input of the last layer (x itself for a one-layer model) and
         the head is the one-layer model of W_L, b_L with this model's likelihood; its
-        parameters are theta[D - head.D:], the last entries of the layout.  (peg.19)
+        parameters are theta[D - head.D:], the last entries of the layout.  (peg.15)
 
         Parameters
         ----------
@@ -643,7 +643,7 @@ class FlatModel:
         xp, theta, X, _ = self._inputs(theta, X, need_y=False)
         acts = self._forward(xp, theta, X)[1]
         head = FlatModel(self.sizes[-2:], self.activation, self.likelihood, self.bias)
-        return head, acts[-1]  # (peg.19)
+        return head, acts[-1]  # (peg.15)
 
 
 def _check_sizes(sizes, likelihood_name):

@@ -29,7 +29,7 @@ later slice); ``forward_batched``, ``sample_losses_and_grads``, ``per_example_gr
 
 Third slice (conv.24)-(conv.32): K-FAC. ``kfac_factors``, ``kfac_curvature``, ``kfac_moments``
 and ``kfac_block_errors`` with FlatModel's signatures plus ``approx`` ("expand", the default, or
-"reduce", Eschenhagen et al. 2023) for conv layers; dense layers are the MLP's (peg.18) either
+"reduce", Eschenhagen et al. 2023) for conv layers; dense layers are the MLP's (peg.13) either
 way. The factors (A_l, B_l) are those of the matrix W~_l of ``kfac_layout`` (for a conv layer
 [Wm^T; b^T], a permutation of theta's block; for a dense layer theta's block itself).
 
@@ -138,7 +138,7 @@ class _Pool2d:
 class MaxPool2d(_Pool2d):
     """Max pooling over k_h x k_w windows, no padding; ties go to the first window index.
 
-    The window maximum, read at the first maximal entry in row-major window order (conv.10).
+    The window maximum, read at the first maximal entry in row-major window order (conv.11).
 
     Parameters
     ----------
@@ -158,7 +158,7 @@ class MaxPool2d(_Pool2d):
 class AvgPool2d(_Pool2d):
     """Average pooling over k_h x k_w windows, no padding (torch's count_include_pad is moot).
 
-    The mean of each window's k_h k_w entries (conv.12).
+    The mean of each window's k_h k_w entries (conv.13).
 
     Parameters
     ----------
@@ -178,7 +178,7 @@ class AvgPool2d(_Pool2d):
 class Flatten:
     """Flatten (C, H, W) to C H W features row-major, torch's ``nn.Flatten()`` order.
 
-    Entry c H W + h W + w holds pixel (c, h, w) (conv.14).
+    Entry c H W + h W + w holds pixel (c, h, w) (conv.15).
     """
 
 
@@ -331,11 +331,11 @@ def _layer_forward(ns, layer, p, a):
         out = activate(ns, a, layer.name)  # (peg.1)
         return out, out
     if isinstance(layer, MaxPool2d):
-        onehot, y = cl.max_pool(ns, a, layer.kernel, layer.stride)  # (conv.10)
+        onehot, y = cl.max_pool(ns, a, layer.kernel, layer.stride)  # (conv.11)
         return (a.shape, onehot), y
     if isinstance(layer, AvgPool2d):
-        return a.shape, cl.avg_pool(ns, a, layer.kernel, layer.stride)  # (conv.12)
-    return a.shape, a.reshape(a.shape[0], -1)  # Flatten: (conv.14), row-major (c, h, w)
+        return a.shape, cl.avg_pool(ns, a, layer.kernel, layer.stride)  # (conv.13)
+    return a.shape, a.reshape(a.shape[0], -1)  # Flatten: (conv.15), row-major (c, h, w)
 
 
 def _forward(ns, layers, params, X):
@@ -360,10 +360,10 @@ def _layer_backward(xp, layer, p, cache, delta):
         return delta * act_prime(cache, layer.name)  # (peg.3), (peg.5)
     if isinstance(layer, MaxPool2d):
         x_shape, onehot = cache
-        return cl.max_pool_backward(xp, onehot, delta, x_shape, layer.kernel, layer.stride)  # (conv.11)
+        return cl.max_pool_backward(xp, onehot, delta, x_shape, layer.kernel, layer.stride)  # (conv.12)
     if isinstance(layer, AvgPool2d):
-        return cl.avg_pool_backward(xp, delta, cache, layer.kernel, layer.stride)  # (conv.13)
-    return delta.reshape(cache)  # Flatten: (conv.14)
+        return cl.avg_pool_backward(xp, delta, cache, layer.kernel, layer.stride)  # (conv.14)
+    return delta.reshape(cache)  # Flatten: (conv.15)
 
 
 def _backward_blocks(xp, layers, params, caches, r, mode: str):
@@ -377,7 +377,7 @@ def _backward_blocks(xp, layers, params, caches, r, mode: str):
         if isinstance(layer, Conv2d):
             U = caches[k][1]
             D = delta.reshape(delta.shape[0], delta.shape[1], -1)
-            blocks.append(cl.conv_grads(xp, U, D, layer.bias, mode))  # (conv.6)-(conv.8), (conv.15)
+            blocks.append(cl.conv_grads(xp, U, D, layer.bias, mode))  # (conv.6)-(conv.8), (conv.10)
         elif isinstance(layer, Dense):
             blocks.append(_dense_grads(caches[k], delta, layer.bias, mode))  # (peg.4), (peg.6), (peg.11)
         if k > 0:  # the input's error is never needed
@@ -483,7 +483,7 @@ def _check_approx(approx):
 
 def _param_layer_errors(xp, layers, params, caches, r):
     """dl/d(output) of every parameter layer, in theta order, from the seed r = dl/df (M, K):
-    conv (M, C_out, P), dense (M, n_out).  The backward pass (conv.9)-(conv.14), (peg.3)."""
+    conv (M, C_out, P), dense (M, n_out).  The backward pass (conv.9), (conv.11)-(conv.15), (peg.3)."""
     it = reversed(params)
     errs, delta = [], r  # (peg.2)
     for k in range(len(layers) - 1, -1, -1):
@@ -848,7 +848,7 @@ class CNN:
     def forward(self, theta, X):
         """Compute the network output f, the last layer's output.
 
-        Conv2d (conv.4)-(conv.5), MaxPool2d (conv.10), AvgPool2d (conv.12), Flatten (conv.14),
+        Conv2d (conv.4)-(conv.5), MaxPool2d (conv.11), AvgPool2d (conv.13), Flatten (conv.15),
         Dense and Activation (peg.1), in spec order.
 
         Parameters
@@ -899,7 +899,7 @@ class CNN:
     def per_example_losses(self, theta, X, y):
         """Compute the per-example negative log-likelihoods l_i = -log p(y_i | x_i, theta).
 
-        (peg.13)-(peg.15) at the outputs f of ``forward``.
+        (peg.17)-(peg.19) at the outputs f of ``forward``.
 
         Parameters
         ----------
@@ -1034,7 +1034,7 @@ class CNN:
         """Compute the diagonal empirical Fisher sum_i g_i^2, g_i = dl_i/dtheta.
 
         No (M, D) rows: a conv layer's squared rows are formed one layer at a time,
-        sum_i (Delta_i U_i^T)^2 and sum_i (Delta_i 1)^2 (conv.15) (the square of a sum over
+        sum_i (Delta_i U_i^T)^2 and sum_i (Delta_i 1)^2 (conv.10) (the square of a sum over
         positions does not separate); a dense layer's sum is (a^2)^T (delta^2) (peg.11).
 
         Parameters
@@ -1058,7 +1058,7 @@ class CNN:
             If theta, X or y is invalid (see refbayes.models.conv).
         """
         xp, theta, X, y = self._inputs(theta, X, y)
-        return xp.concatenate(self._gradient_blocks(xp, theta, X, y, "sum_sq"))  # (conv.15)
+        return xp.concatenate(self._gradient_blocks(xp, theta, X, y, "sum_sq"))  # (conv.10)
 
     def _autograd_loss(self, theta, X, y):
         """sum_i l_i through autograd.numpy: the same forward pass, differentiated by autograd."""
@@ -1458,7 +1458,7 @@ class CNN:
     def sample_moments(self, thetas, X, y, curvature=None):
         """Compute gradients and curvature diagonals at S parameter vectors.
 
-        g[s] = ``grad(thetas[s], X, y)``; with curvature="ef" h[s] = ``diag_ef`` (conv.15),
+        g[s] = ``grad(thetas[s], X, y)``; with curvature="ef" h[s] = ``diag_ef`` (conv.10),
         with curvature="ggn" h[s] = ``diag_ggn`` (conv.18); one forward pass per s shared by
         both (conv.23), and no (M, D) rows.
 
@@ -1496,7 +1496,7 @@ class CNN:
             r = self.likelihood._grad_f(f, y)
             gs.append(_seeded(xp, self.layers, params, caches, r, "sum"))  # (conv.8)
             if curvature == "ef":
-                hs.append(_seeded(xp, self.layers, params, caches, r, "sum_sq"))  # (conv.15)
+                hs.append(_seeded(xp, self.layers, params, caches, r, "sum_sq"))  # (conv.10)
             elif curvature == "ggn":
                 C = self.likelihood._hess_factor(f, y)
                 hs.append(_diag_ggn_blocks(xp, self.layers, params, caches, C))  # (conv.18)
@@ -1578,14 +1578,14 @@ class CNN:
 
         Per parameter layer, A_l kron B_l approximates the exact block (conv.25) of
         vec_row_major(W~_l) (``kfac_layout``; for a dense layer theta's own block, as the MLP's
-        (peg.18)). Conv layers (Eschenhagen et al. 2023), U~_i the unfolded input with a ones
+        (peg.13)). Conv layers (Eschenhagen et al. 2023), U~_i the unfolded input with a ones
         row for the bias, E_{i,r} the seeds backpropagated to the layer output::
 
             expand: A = sum_i U~_i U~_i^T / (M P),  B = sum_{i,r} E_{i,r} E_{i,r}^T       (conv.26)
             reduce: A = sum_i ubar_i ubar_i^T / M,  ubar_i = U~_i 1 / P,
                     B = sum_{i,r} (E_{i,r} 1)(E_{i,r} 1)^T                                (conv.27)
 
-        Dense layers: both are (peg.18) (conv.29). KFC (Grosse & Martens 2016) is expand with
+        Dense layers: both are (peg.13) (conv.29). KFC (Grosse & Martens 2016) is expand with
         A times P and B over P (conv.28). Exact only in the cases of (conv.30).
 
         Parameters
@@ -1632,7 +1632,7 @@ class CNN:
         mean over s of ``kfac_curvature``'s factors at thetas[s] (conv.32), with the labels y,
         or y_curv[s] for "ef" when given (the MC Fisher). ``scale`` c (S,) weighs vector s's
         loss by c_s (noise_gamma.2): B's terms by c_s^2 for "ef", c_s for "ggn"; A unchanged.
-        A loop over s (conv.23), the MLP's signature (peg.21) plus ``approx``.
+        A loop over s (conv.23), the MLP's signature (peg.14) plus ``approx``.
 
         Parameters
         ----------

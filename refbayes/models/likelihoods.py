@@ -1,6 +1,6 @@
 """Observation models p(y | f) on a network output f, as functions of f.
 
-Implements (peg.13)-(peg.15) of derivations/per_example_gradients.md. For each example i with
+Implements (peg.17)-(peg.19) of derivations/per_example_gradients.md. For each example i with
 output f_i (K,) and target y_i, the per-example loss is the full negative log-likelihood
 ``l_i = -log p(y_i | f_i)`` (constants included), and each likelihood gives
 
@@ -83,7 +83,7 @@ class _Likelihood:
     def losses(self, f, y):
         """Compute the per-example negative log-likelihoods l_i = -log p(y_i | f_i).
 
-        The formula is this likelihood's (peg.13)-(peg.15); constants included.
+        The formula is this likelihood's (peg.17)-(peg.19); constants included.
 
         Parameters
         ----------
@@ -110,7 +110,7 @@ class _Likelihood:
     def grad_f(self, f, y):
         """Compute the output gradients r_i = dl_i / df_i (the backprop seed).
 
-        The formula is this likelihood's (peg.13)-(peg.15).
+        The formula is this likelihood's (peg.17)-(peg.19).
 
         Parameters
         ----------
@@ -137,7 +137,7 @@ class _Likelihood:
     def hess_f(self, f, y):
         """Compute the output Hessians H_i = d^2 l_i / df_i df_i^T (the GGN's middle factor).
 
-        The formula is this likelihood's (peg.13)-(peg.15).
+        The formula is this likelihood's (peg.17)-(peg.19).
 
         Parameters
         ----------
@@ -164,7 +164,7 @@ class _Likelihood:
     def hess_factor(self, f, y):
         """Compute square-root factors C_i with C_i C_i^T = H_i.
 
-        R = K for gaussian and categorical, R = 1 for bernoulli.  (peg.13)-(peg.15)
+        R = K for gaussian and categorical, R = 1 for bernoulli.  (peg.17)-(peg.19)
 
         Parameters
         ----------
@@ -222,7 +222,7 @@ class Gaussian(_Likelihood):
     """Gaussian likelihood y_i ~ N(f_i, tau^{-1} I_K), tau = ``noise_precision``.
 
     l_i = tau/2 ||y_i - f_i||^2 + K/2 log(2 pi / tau);  r_i = tau (f_i - y_i);  H_i = tau I_K;
-    C_i = sqrt(tau) I_K.  ``mean(f)`` is f (M, K).  (peg.13)
+    C_i = sqrt(tau) I_K.  ``mean(f)`` is f (M, K).  (peg.17)
 
     Parameters
     ----------
@@ -280,21 +280,21 @@ class Gaussian(_Likelihood):
     def _losses(self, ns, f, y):
         K = f.shape[1]
         const = 0.5 * K * math.log(2.0 * math.pi / self.noise_precision)
-        return 0.5 * self.noise_precision * ns.sum((y - f) ** 2, axis=1) + const  # (peg.13)
+        return 0.5 * self.noise_precision * ns.sum((y - f) ** 2, axis=1) + const  # (peg.17)
 
     def _grad_f(self, f, y):
-        return self.noise_precision * (f - y)  # (peg.13)
+        return self.noise_precision * (f - y)  # (peg.17)
 
     def _hess_f(self, f, y):
         xp = xp_of(f)
         M, K = f.shape
-        eye = xp.eye(K, dtype=f.dtype) * self.noise_precision  # (peg.13)
+        eye = xp.eye(K, dtype=f.dtype) * self.noise_precision  # (peg.17)
         return xp.broadcast_to(eye, (M, K, K)).copy()
 
     def _hess_factor(self, f, y):
         xp = xp_of(f)
         M, K = f.shape
-        eye = xp.eye(K, dtype=f.dtype) * math.sqrt(self.noise_precision)  # (peg.13)
+        eye = xp.eye(K, dtype=f.dtype) * math.sqrt(self.noise_precision)  # (peg.17)
         return xp.broadcast_to(eye, (M, K, K)).copy()
 
     def _mean(self, xp, f):
@@ -306,7 +306,7 @@ class Bernoulli(_Likelihood):
     """Bernoulli likelihood: y_i in {0, 1}, p(y_i = 1 | f_i) = sigma(f_i) on one logit (K = 1).
 
     l_i = softplus(f_i) - y_i f_i;  r_i = sigma(f_i) - y_i;  H_i = sigma(f_i)(1 - sigma(f_i));
-    C_i = sqrt(H_i).  ``mean(f)`` is p(y = 1) with shape (M,).  (peg.14)
+    C_i = sqrt(H_i).  ``mean(f)`` is p(y = 1) with shape (M,).  (peg.18)
     """
     name: ClassVar[str] = "bernoulli"
 
@@ -344,20 +344,20 @@ class Bernoulli(_Likelihood):
     def _losses(self, ns, f, y):
         # softplus(f) = log(1 + e^f) = logaddexp(0, f): finite for every finite f
         # y enters as a boolean mask so integer labels cannot promote float32 outputs to float64
-        return ns.logaddexp(0.0, f[:, 0]) - f[:, 0] * (y == 1)  # (peg.14)
+        return ns.logaddexp(0.0, f[:, 0]) - f[:, 0] * (y == 1)  # (peg.18)
 
     def _grad_f(self, f, y):
         xp = xp_of(f)
-        return _sigmoid(xp, f) - y[:, None].astype(f.dtype)  # (peg.14)
+        return _sigmoid(xp, f) - y[:, None].astype(f.dtype)  # (peg.18)
 
     def _hess_f(self, f, y):
         xp = xp_of(f)
         # sigma(f) sigma(-f) = exp(-softplus(f) - softplus(-f)): relative accuracy at any |f|,
         # where s (1 - s) cancels in 1 - s for large positive f (1e-3 relative error at f = 30)
-        return xp.exp(-(xp.logaddexp(0.0, f) + xp.logaddexp(0.0, -f)))[:, :, None]  # (peg.14)
+        return xp.exp(-(xp.logaddexp(0.0, f) + xp.logaddexp(0.0, -f)))[:, :, None]  # (peg.18)
 
     def _hess_factor(self, f, y):
-        return self._hess_f(f, y) ** 0.5  # (peg.14)
+        return self._hess_f(f, y) ** 0.5  # (peg.18)
 
     def _mean(self, xp, f):
         return _sigmoid(xp, f[:, 0])
@@ -369,7 +369,7 @@ class Categorical(_Likelihood):
 
     l_i = logsumexp(f_i) - f_{i, y_i};  r_i = p_i - e_{y_i};  H_i = diag(p_i) - p_i p_i^T;
     C_i = diag(sqrt p_i) - p_i sqrt(p_i)^T (C x C), using sum_c p_ic = 1.
-    ``mean(f)`` is the probability matrix p (M, C).  (peg.15)
+    ``mean(f)`` is the probability matrix p (M, C).  (peg.19)
     """
     name: ClassVar[str] = "categorical"
 
@@ -409,7 +409,7 @@ class Categorical(_Likelihood):
         M, K = f.shape
         # one-hot contraction instead of fancy indexing: valid for NumPy, CuPy and autograd alike
         onehot = (y[:, None] == ns.arange(K)[None, :])
-        return -ns.sum(logp * onehot, axis=1)  # (peg.15)
+        return -ns.sum(logp * onehot, axis=1)  # (peg.19)
 
     def _probs(self, f):
         xp = xp_of(f)
@@ -419,20 +419,20 @@ class Categorical(_Likelihood):
         xp = xp_of(f)
         K = f.shape[1]
         onehot = (y[:, None] == xp.arange(K)[None, :]).astype(f.dtype)
-        return self._probs(f) - onehot  # (peg.15)
+        return self._probs(f) - onehot  # (peg.19)
 
     def _hess_f(self, f, y):
         xp = xp_of(f)
         p = self._probs(f)
         K = f.shape[1]
-        return p[:, :, None] * xp.eye(K, dtype=f.dtype) - p[:, :, None] * p[:, None, :]  # (peg.15)
+        return p[:, :, None] * xp.eye(K, dtype=f.dtype) - p[:, :, None] * p[:, None, :]  # (peg.19)
 
     def _hess_factor(self, f, y):
         xp = xp_of(f)
         p = self._probs(f)
         sq = xp.sqrt(p)
         K = f.shape[1]
-        return sq[:, :, None] * xp.eye(K, dtype=f.dtype) - p[:, :, None] * sq[:, None, :]  # (peg.15)
+        return sq[:, :, None] * xp.eye(K, dtype=f.dtype) - p[:, :, None] * sq[:, None, :]  # (peg.19)
 
     def _mean(self, xp, f):
         return self._probs(f)

@@ -1,6 +1,6 @@
 """Logistic and softmax regression: one-layer FlatModels with closed-form curvature.
 
-Implements (peg.16) of derivations/per_example_gradients.md. With an intercept, theta =
+Implements (peg.20) of derivations/per_example_gradients.md. With an intercept, theta =
 [vec_row_major(W) (n_features * C), b (C,)], the same layout as ``MLP([n_features, C])``, and
 f = X W + b = add_intercept(X) @ [W; b^T] (the ones column is the LAST column). Without an
 intercept, theta = vec_row_major(W) and f = X W. Gradients, per-example gradients, the Jacobian,
@@ -44,16 +44,16 @@ def add_intercept(X):
 
 def _ggn_closed_form(xp, Xd, H):
     """sum_i (x~_i x~_i^T) kron H_i (P C, P C), rows (p, c) and columns (q, d) in theta's
-    row-major (feature, class) order, for the design X~ (M, P) and H (M, C, C).  (peg.16)"""
+    row-major (feature, class) order, for the design X~ (M, P) and H (M, C, C).  (peg.20)"""
     P, C = Xd.shape[1], H.shape[1]
     if C == 1:
-        return Xd.T @ (Xd * H[:, 0, :])  # X~^T diag(h) X~: one GEMM  (peg.16)
-    return xp.einsum("mp,mq,mcd->pcqd", Xd, Xd, H).reshape(P * C, P * C)  # (peg.16)
+        return Xd.T @ (Xd * H[:, 0, :])  # X~^T diag(h) X~: one GEMM  (peg.20)
+    return xp.einsum("mp,mq,mcd->pcqd", Xd, Xd, H).reshape(P * C, P * C)  # (peg.20)
 
 
 def _diag_ggn_closed_form(xp, Xd, H):
-    """diag of ``_ggn_closed_form``: sum_i (x~_ip)^2 H_i[c, c] at entry (p, c).  (peg.16)"""
-    return ((Xd * Xd).T @ xp.diagonal(H, axis1=1, axis2=2)).reshape(-1)  # (peg.16)
+    """diag of ``_ggn_closed_form``: sum_i (x~_ip)^2 H_i[c, c] at entry (p, c).  (peg.20)"""
+    return ((Xd * Xd).T @ xp.diagonal(H, axis1=1, axis2=2)).reshape(-1)  # (peg.20)
 
 
 class _LinearModel(FlatModel):
@@ -61,7 +61,7 @@ class _LinearModel(FlatModel):
     # One layer: the vectorized rows r_i x~_i are a single BLAS-backed outer product, measured
     # 19x faster than the numba loops at D = 1e4, M = 32 (6.5 ms vs 0.35 ms, one core).
     _numpy_impl = "vectorized"
-    hessian_on_cupy = True  # the Hessian is the GGN, in closed form (peg.16)
+    hessian_on_cupy = True  # the Hessian is the GGN, in closed form (peg.20)
 
     def _design(self, xp, X):
         return add_intercept(X) if self.bias else X
@@ -86,7 +86,7 @@ class _LinearModel(FlatModel):
     def ggn_sum(self, thetas, X, y):
         """Form sum_s GGN(theta_s) over S parameter vectors in closed form.
 
-        (peg.16) is linear in H_i, so the sum is sum_i (x~_i x~_i^T) kron (sum_s H_i(theta_s)):
+        (peg.20) is linear in H_i, so the sum is sum_i (x~_i x~_i^T) kron (sum_s H_i(theta_s)):
         one batched forward pass and one contraction for the S vectors (Monte Carlo samples),
         instead of S calls of ``ggn``. Equal to the Hessian's sum, as for ``hessian``.
 
@@ -111,12 +111,12 @@ class _LinearModel(FlatModel):
             the ones column).
         """
         xp, Xd, H = self._summed_curvature_inputs(thetas, X, y)
-        return _ggn_closed_form(xp, Xd, H)  # (peg.16)
+        return _ggn_closed_form(xp, Xd, H)  # (peg.20)
 
     def diag_ggn_sum(self, thetas, X, y):
         """Compute sum_s diag GGN(theta_s) over S parameter vectors in closed form.
 
-        (peg.16) with sum_s H_i(theta_s) in place of H_i, as in ``ggn_sum``: the diagonal
+        (peg.20) with sum_s H_i(theta_s) in place of H_i, as in ``ggn_sum``: the diagonal
         sum_i (x~_ip)^2 sum_s H_i(theta_s)[c, c] at entry (p, c).
 
         Parameters
@@ -140,17 +140,17 @@ class _LinearModel(FlatModel):
             the ones column).
         """
         xp, Xd, H = self._summed_curvature_inputs(thetas, X, y)
-        return _diag_ggn_closed_form(xp, Xd, H)  # (peg.16)
+        return _diag_ggn_closed_form(xp, Xd, H)  # (peg.20)
 
     def _hessian_sum(self, thetas, X, y, diag=False):
-        """The Hessian is the GGN (peg.16): its sum over the S vectors in one pass."""
+        """The Hessian is the GGN (peg.20): its sum over the S vectors in one pass."""
         return self.diag_ggn_sum(thetas, X, y) if diag else self.ggn_sum(thetas, X, y)
 
     def ggn(self, theta, X, y):
         """Form the GGN sum_i (x~_i x~_i^T) kron H_i in closed form.
 
         Entries in theta's (feature, class) row-major order; x~_i is the design row (with the
-        ones column when the model has an intercept).  (peg.16)
+        ones column when the model has an intercept).  (peg.20)
 
         Parameters
         ----------
@@ -173,12 +173,12 @@ class _LinearModel(FlatModel):
             the ones column).
         """
         xp, Xd, H = self._curvature_inputs(theta, X, y)
-        return _ggn_closed_form(xp, Xd, H)  # (peg.16)
+        return _ggn_closed_form(xp, Xd, H)  # (peg.20)
 
     def hessian(self, theta, X, y):
         """Form the Hessian of sum_i l_i, which equals the GGN since d^2 f / d theta^2 = 0.
 
-        (peg.16)  Unlike ``FlatModel.hessian``, this closed form runs on NumPy or CuPy.
+        (peg.20)  Unlike ``FlatModel.hessian``, this closed form runs on NumPy or CuPy.
 
         Parameters
         ----------
@@ -205,7 +205,7 @@ class _LinearModel(FlatModel):
     def diag_ggn(self, theta, X, y):
         """Compute the GGN diagonal in closed form: sum_i (x~_ip)^2 H_i[c, c] at entry (p, c).
 
-        (peg.16)
+        (peg.20)
 
         Parameters
         ----------
@@ -228,7 +228,7 @@ class _LinearModel(FlatModel):
             the ones column).
         """
         xp, Xd, H = self._curvature_inputs(theta, X, y)
-        return _diag_ggn_closed_form(xp, Xd, H)  # (peg.16)
+        return _diag_ggn_closed_form(xp, Xd, H)  # (peg.20)
 
 
 class LogisticRegression(_LinearModel):
@@ -236,7 +236,7 @@ class LogisticRegression(_LinearModel):
 
     theta = [w (n_features,), b] with intercept (D = n_features + 1), else w. Same loss,
     gradients and layout as ``MLP([n_features, 1], likelihood="bernoulli")``. The GGN (= Hessian)
-    is X~^T diag(s (1 - s)) X~ with s = sigma(f). (peg.16)
+    is X~^T diag(s (1 - s)) X~ with s = sigma(f). (peg.20)
 
     Parameters
     ----------
@@ -270,7 +270,7 @@ class SoftmaxRegression(_LinearModel):
     """Softmax regression p(y=c | x) = softmax(x W + b)_c, labels 0..C-1.
 
     theta = [vec_row_major(W) (n_features * C), b (C,)] with intercept, else vec(W).
-    Same layout as ``MLP([n_features, C], likelihood="categorical")``. (peg.16)
+    Same layout as ``MLP([n_features, C], likelihood="categorical")``. (peg.20)
 
     Parameters
     ----------

@@ -2,7 +2,7 @@
 
 Implements the FlatModel interface (refbayes.models.base) for
 h_0 = x, h_l = act(h_{l-1} W_l + b_l) (l < L), f = h_{L-1} W_L + b_L, with
-derivations/per_example_gradients.md (peg.1)-(peg.17).
+derivations/per_example_gradients.md (peg.1)-(peg.12), (peg.17)-(peg.21).
 """
 from __future__ import annotations
 

@@ -30,7 +30,7 @@ OPTION_HELP = {
     "M": (int, "minibatch rows"),
     "L": (int, "rank of U: SLANG's rank, and the low-rank part of the starting precision for "
                "ngvi"),
-    "momentum": (float, "b of (ngvi.13); swag: the SGD's heavy-ball momentum (swag.9)"),
+    "momentum": (float, "b of (ngvi.13); swag: the SGD's heavy-ball momentum (swag.11)"),
     "t": (int, "steps already taken (momentum shows from t > 0)"),
     "prior_precision": (float, "delta > 0 on every parameter; the MAP is refound for it"),
     "structure": (str, "precision structure: full, diag or kron"),

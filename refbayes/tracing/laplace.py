@@ -33,7 +33,7 @@ class LaplaceInfo(NamedTuple):
     """The named intermediates of ``refbayes trace laplace``, in the trace's output order.
 
     For structure "diag" H and the precision are diagonals (D,); for "kron" they are the dense
-    blockdiag_l(A_l kron B_l) and its sum with diag(delta) (laplace.20).
+    blockdiag_l(A_l kron B_l) and its sum with diag(delta) (laplace.18).
     """
     H: Any              # curvature of sum_i l_i at theta*, (D, D) or (D,)  (laplace.2)
     precision: Any      # Sigma_inv (D, D) or prec_diag (D,)  (laplace.3)
@@ -140,7 +140,7 @@ def make_laplace_inputs(method: str, *, seed: int = 0, S: int = 2, prior_precisi
     atol : float, default 1e-3
         Absolute tolerance of the solve (riemannian-laplace only).
     subset : {"all", "last_layer"}, default "all"
-        The random parameters: all D, or the last layer's D_q (laplace.25).
+        The random parameters: all D, or the last layer's D_q (laplace.23).
 
     Returns
     -------
@@ -180,7 +180,7 @@ def make_laplace_inputs(method: str, *, seed: int = 0, S: int = 2, prior_precisi
 
 def _dense_curvature(H):
     """H as traced: the array laplace.curvature returns, or for "kron" the dense block-diagonal
-    blockdiag_l(A_l kron B_l) (laplace.20)."""
+    blockdiag_l(A_l kron B_l) (laplace.18)."""
     if not isinstance(H, tuple):
         return H
     return scipy.linalg.block_diag(*[kron.dense(A, B) for A, B in H])
@@ -188,7 +188,7 @@ def _dense_curvature(H):
 
 def _precision(state):
     if state.kron is not None:
-        return laplace.dense_precision(state)  # (laplace.20)
+        return laplace.dense_precision(state)  # (laplace.18)
     return state.Sigma_inv if state.Sigma_inv is not None else state.prec_diag
 
 
@@ -231,7 +231,7 @@ def trace_laplace(inputs: LaplaceTraceInputs):
         H = _dense_curvature(laplace.curvature(model, theta_map, X, y, cfg))  # (laplace.2)
         log_lik = -float(model.loss(theta_map, X, y))  # (laplace.5)
         # the random block theta[n_fixed:] and its prior (all of theta for subset "all")
-        mu_q, delta_q = theta_map[state.n_fixed:], delta[state.n_fixed:]  # (laplace.25)
+        mu_q, delta_q = theta_map[state.n_fixed:], delta[state.n_fixed:]  # (laplace.23)
         D_q = mu_q.shape[0]
         log_prior = float(0.5 * (np.sum(np.log(delta_q)) - D_q * math.log(2.0 * math.pi)
                                  - np.sum(delta_q * mu_q * mu_q)))  # (laplace.5)

@@ -31,9 +31,9 @@ class SWAGTraceInfo(NamedTuple):
     SWAGInfo of the collection after it); the last row of theta_bar is theta_SWA, the first dev
     is zero. z2's row j multiplies the j-th oldest deviation.
     """
-    g: Any             # (N / M) sum_{i in B} grad l_i(theta_t) + lam theta_t, (T, D)  (swag.8)
-    v: Any             # v_{t+1} = momentum v_t + g, (T, D)  (swag.9)
-    theta: Any         # theta_{t+1} = theta_t - alpha v_{t+1}, the snapshots, (T, D)  (swag.9)
+    g: Any             # (N / M) sum_{i in B} grad l_i(theta_t) + lam theta_t, (T, D)  (swag.10)
+    v: Any             # v_{t+1} = momentum v_t + g, (T, D)  (swag.11)
+    theta: Any         # theta_{t+1} = theta_t - alpha v_{t+1}, the snapshots, (T, D)  (swag.11)
     theta_bar: Any     # theta_bar_n after each collection, (T, D)  (swag.1)
     theta2_bar: Any    # running second moment after each collection, (T, D)  (swag.2)
     dev: Any           # theta_n - theta_bar_n, (T, D)  (swag.3)
@@ -41,9 +41,9 @@ class SWAGTraceInfo(NamedTuple):
     D_hat: Any         # the last K' deviations as columns, oldest first, (D, K')  (swag.3)
     Sigma: Any         # scale (Sigma_diag + D_hat D_hat^T / (K' - 1)), (D, D)  (swag.6)
     theta_s: Any       # SWAG draws from z1, z2, (D, S)  (swag.7)
-    log_q: Any         # log q(theta_s), (S,)  (swag.11)
+    log_q: Any         # log q(theta_s), (S,)  (swag.9)
     theta_s_diag: Any  # SWAG-Diagonal draws from z1 at scale 1, (D, S)  (swag.7)
-    log_q_diag: Any    # SWAG-Diagonal log q(theta_s_diag), (S,)  (swag.11)
+    log_q_diag: Any    # SWAG-Diagonal log q(theta_s_diag), (S,)  (swag.9)
 
 
 class SWAGTraceInputs(NamedTuple):

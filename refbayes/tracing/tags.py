@@ -1,7 +1,7 @@
 """Equation tags: read off the State / Info field comments, and the derivation note of each.
 
 The one source of a traced quantity's tag is the trailing comment of its NamedTuple field, e.g.
-``g_hat: Array  # (D,)  (ngvi.6) / (ngvi.9)``; nothing restates it.
+``g_hat: Array  # (D,)  (ngvi.8) / (ngvi.11)``; nothing restates it.
 """
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import re
 __all__ = ["LABEL", "NOTE_OF", "TAG_EXPR", "derivation_of", "field_tags"]
 
 # One equation label, e.g. (vogn.5); a tag expression is one label or a range or alternative of
-# labels as the comments write them: (ngvi.7)-(ngvi.9), (ngvi.6) / (ngvi.9).
+# labels as the comments write them: (ngvi.9)-(ngvi.11), (ngvi.8) / (ngvi.11).
 LABEL = re.compile(r"\((\w+\.\d+)\)")
 TAG_EXPR = re.compile(r"\(\w+\.\d+\)(?:\s*[-/]\s*\(\w+\.\d+\))*")
 # tag prefixes whose note has another name: Adam's equations are derived in the BBB note
@@ -50,7 +50,7 @@ def derivation_of(tag: str, default: str) -> str:
     Parameters
     ----------
     tag : str
-        One or more tags, e.g. '(bbb.4)' or '(ngvi.6) / (ngvi.9)'; the first decides.
+        One or more tags, e.g. '(bbb.4)' or '(ngvi.8) / (ngvi.11)'; the first decides.
     default : str
         The note to name when the tag is empty.
 

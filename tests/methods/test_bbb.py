@@ -241,7 +241,7 @@ def test_axis_draws_give_the_exact_expected_gradient_for_linear_regression():
 
 
 def test_the_exact_meanfield_posterior_is_a_stationary_point():
-    """mu* = (A + Lam)^{-1} b, sigma*^2 = 1 / (A_jj + lam_j) (exact_vi.12): both gradients of the
+    """mu* = (A + Lam)^{-1} b, sigma*^2 = 1 / (A_jj + lam_j) (exact_vi.10): both gradients of the
     exact expected objective vanish there (to rounding of the gradient's terms, ~|b|)."""
     X, y, lam, A, b, model = _linear_regression()
     mu_opt, var_opt = np.linalg.solve(A + np.diag(lam), b), 1 / (np.diag(A) + lam)

@@ -41,7 +41,7 @@ _M_GRID = [-500.0, -40.0, -3.0, 0.0, 0.7, 12.0, 500.0]
 def test_gh_matches_quad(v):
     """Covered range: 0 <= v <= 1600 (every rung at its threshold), |m| <= 500: |GH - quad| <= 1e-12
     up to v = 400, 1e-11 above."""
-    # checks (exact_vi.2), (exact_vi.3)
+    # checks (exact_vi.2), (exact_vi.12)
     m = np.array(_M_GRID)
     y = np.arange(len(m)) % 2 * 1.0
     E0, E1, E2 = ev.logistic_expectations(m, np.full(len(m), v), y)
@@ -52,7 +52,7 @@ def test_gh_matches_quad(v):
 
 
 def test_vectorized_rungs_are_gh_nodes_per_datum():
-    """The per-datum rungs of the quadrature (exact_vi.4), found at once by exact comparisons,
+    """The per-datum rungs of the quadrature (exact_vi.13), found at once by exact comparisons,
     equal gh_nodes(v_i) everywhere, at every rung's boundary n / 32 and the doubles beside it;
     a variance outside [0, V_MAX] raises gh_nodes' error."""
     covers = [n / 32 for n in (64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768, 65536)]
@@ -76,7 +76,7 @@ def test_gh_outside_verified_range_raises(m, v, match):
 
 
 def test_elbo_and_grad_match_dense_quad_oracle():
-    # checks (exact_vi.1), (exact_vi.2), (exact_vi.5), (exact_vi.6)
+    # checks (exact_vi.1), (exact_vi.2), (exact_vi.3), (exact_vi.4)
     X, y, lam = _problem()
     mu, Sigma = _random_q(X.shape[1], 0)
     assert_close(ev.elbo(X, y, lam, mu, Sigma), dense_elbo(X, y, lam, mu, Sigma), EXACT_F64, "ELBO")
@@ -99,7 +99,7 @@ def test_float32_matches_float64():
 
 
 def test_fit_full_is_stationary_and_a_local_max():
-    # checks (exact_vi.7), (exact_vi.8): Newton to Sigma^{-1} = T
+    # checks (exact_vi.5), (exact_vi.6): Newton to Sigma^{-1} = T
     X, y, lam = _problem()
     r = ev.fit_full(X, y, lam, tol=TOL)
     assert r.grad_norm <= TOL
@@ -115,11 +115,11 @@ def test_fit_full_is_stationary_and_a_local_max():
 
 
 def test_fit_meanfield_is_stationary_and_a_local_max():
-    # checks (exact_vi.10), (exact_vi.11)
+    # checks (exact_vi.8), (exact_vi.9)
     X, y, lam = _problem()
     r = ev.fit_meanfield(X, y, lam, tol=TOL)
     assert r.grad_norm <= TOL
-    # dELBO/dvar_j = dELBO/dSigma_jj at Sigma = diag(var) (exact_vi.9)
+    # dELBO/dvar_j = dELBO/dSigma_jj at Sigma = diag(var) (exact_vi.7)
     g_mu, g_S = dense_grad(X, y, lam, r.mu, np.diag(r.var))
     assert np.sqrt(np.sum(g_mu ** 2) + np.sum(np.diag(g_S) ** 2)) <= TOL
     rng = np.random.default_rng(6)
@@ -142,7 +142,7 @@ def test_gaussian_likelihood_recovers_closed_forms():
     assert_close(r.Sigma, np.linalg.inv(T), EXACT_F64, "posterior covariance")
     mf = ev.fit_meanfield(X, y, lam, likelihood="gaussian", noise_precision=4.0)
     assert_close(mf.mu, mean, EXACT_F64, "mean-field mean (full normal equations)")
-    assert_close(mf.var, 1 / np.diag(T), EXACT_F64, "mean-field variances (exact_vi.12)")
+    assert_close(mf.var, 1 / np.diag(T), EXACT_F64, "mean-field variances (exact_vi.10)")
 
 
 def test_australian_converges(data_dir):
@@ -201,7 +201,7 @@ def test_bad_q_raises():
 
 @pytest.mark.parametrize("v", _V_GRID)
 def test_predictive_nll_matches_quad(v):
-    """(exact_vi.13): E[sigmoid(s a)] by Gauss-Hermite vs quad to 1e-12 absolute on the verified
+    """(exact_vi.11): E[sigmoid(s a)] by Gauss-Hermite vs quad to 1e-12 absolute on the verified
     grid; the NLL is compared through the probability, whose error is the one bounded."""
     m = np.array(_M_GRID)
     y = np.arange(len(m)) % 2 * 1.0

@@ -494,14 +494,14 @@ def test_step_sizes_follow_the_stated_schedule(family, t, decay):
         cfg = slang.SLANGConfig(N, lam, L=1, alpha=alpha, beta=beta, decay=decay)
         state = _SLANG0._replace(t=t)
         new, info = slang.step(state, BATCH, EPS, cfg, MODEL)
-        d = (1 - b_t) * state.d + info.Delta_d + b_t * lam                     # (slang.6)
+        d = (1 - b_t) * state.d + info.Delta_d + b_t * lam                     # (slang.4)
         assert_close(new.d, d, EXACT_F64, "d uses beta_t")
     else:
         cfg = ngvi.NGVIConfig(N, lam, alpha=alpha, beta=beta, decay=decay)
         if family == "full":
             state = _FULL0._replace(t=t)
             new, info = ngvi.step_full(state, BATCH, EPS, cfg, MODEL)
-            P_new = (1 - b_t) * state.Sigma_inv + b_t * (info.C_hat + np.diag(lam))  # (ngvi.10)
+            P_new = (1 - b_t) * state.Sigma_inv + b_t * (info.C_hat + np.diag(lam))  # (ngvi.4)
             assert_close(new.Sigma_inv, P_new, EXACT_F64, "Sigma_inv uses beta_t")
         else:
             state = _MF0._replace(t=t)

@@ -198,7 +198,7 @@ def test_sample_is_a_linear_map(structure):
 
 @pytest.mark.parametrize("structure", ["full", "diag", "kron"])
 def test_sample_draws_are_the_printed_map(structure):
-    """(laplace.4) / (laplace.22) draw by draw, written out here: full mu + L^{-T} eps (L the
+    """(laplace.4) / (laplace.20) draw by draw, written out here: full mu + L^{-T} eps (L the
     lower Cholesky factor of Sigma_inv, by an explicit inverse), diag mu + eps / sqrt(prec_diag),
     kron per layer mu_l + Sigma_l^{1/2} vec E_l with the symmetric root of the dense block
     covariance (numpy's eigh of the dense Sigma_l, whose basis does not matter for the root).
@@ -218,7 +218,7 @@ def test_sample_draws_are_the_printed_map(structure):
         for A, B in state.kron:
             stop = start + A.shape[0] * B.shape[0]
             lam, Q = np.linalg.eigh(np.linalg.inv(np.kron(A, B) + 1.5 * np.eye(stop - start)))
-            root = (Q * np.sqrt(lam)) @ Q.T  # Sigma_l^{1/2}, symmetric (laplace.22)
+            root = (Q * np.sqrt(lam)) @ Q.T  # Sigma_l^{1/2}, symmetric (laplace.20)
             step[start:stop] = root @ eps[start:stop]  # vec E_l row-major = theta_l's order
             start = stop
     assert_close(laplace.sample(state, eps), theta[:, None] + step, EXACT_F64, "draws")

@@ -66,7 +66,7 @@ def _dense_precision(model, theta, X, y, structure, curvature="ggn"):
 @pytest.mark.parametrize("structure", STRUCTURES)
 @pytest.mark.parametrize("curvature", ["ggn", "ef"])
 def test_precision_is_the_dense_curvature_plus_prior(name, structure, curvature):
-    """(laplace.3), (laplace.20) through the block map (conv.33): full H + delta I, diag
+    """(laplace.3), (laplace.18) through the block map (conv.33): full H + delta I, diag
     diag(H) + delta, kron the kfac_curvature blocks placed by kfac_layout."""
     model, X, y, theta = _problem(name)
     state, _ = _fit(model, theta, X, y, structure, curvature)
@@ -80,7 +80,7 @@ def test_precision_is_the_dense_curvature_plus_prior(name, structure, curvature)
 @pytest.mark.parametrize("name", MODELS)
 @pytest.mark.parametrize("structure", STRUCTURES)
 def test_sample_draws_are_the_printed_map(name, structure):
-    """(laplace.4) / (laplace.22): full mu + L^{-T} eps, diag mu + eps / sqrt(prec_diag), kron
+    """(laplace.4) / (laplace.20): full mu + L^{-T} eps, diag mu + eps / sqrt(prec_diag), kron
     mu + Sigma^{1/2} eps with the symmetric root of the whole dense covariance (unique, so equal
     to the per-block roots in the permuted order)."""
     model, X, y, theta = _problem(name)
@@ -93,7 +93,7 @@ def test_sample_draws_are_the_printed_map(name, structure):
         step = eps / np.sqrt(np.diag(P))[:, None]
     else:
         lam, Q = np.linalg.eigh(np.linalg.inv(P))
-        step = ((Q * np.sqrt(lam)) @ Q.T) @ eps  # (laplace.22)
+        step = ((Q * np.sqrt(lam)) @ Q.T) @ eps  # (laplace.20)
     assert rel_err(laplace.sample(state, eps), theta[:, None] + step) < 1e-10
     assert np.max(np.abs(step)) > 1e-2
 
@@ -116,7 +116,7 @@ def test_evidence_is_the_dense_formula(name, structure):
 
 @pytest.mark.parametrize("structure", STRUCTURES)
 def test_predictives_are_the_dense_ones(structure):
-    """(laplace.7), (laplace.23), (laplace.16): the GLM functional covariance J Sigma J^T
+    """(laplace.7), (laplace.21), (laplace.16): the GLM functional covariance J Sigma J^T
     (classifier and gaussian), and the MC predictive's f_samples at the state's draws."""
     model, X, y, theta = _problem("strided")
     state, _ = _fit(model, theta, X, y, structure)

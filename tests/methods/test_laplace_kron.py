@@ -1,4 +1,4 @@
-"""K-FAC ("kron") and last-layer Laplace (refbayes.methods.laplace, (laplace.20)-(laplace.25)):
+"""K-FAC ("kron") and last-layer Laplace (refbayes.methods.laplace, (laplace.18)-(laplace.23)):
 the factors against independent per-example pieces, exactness where K-FAC is exact (one row;
 Bayesian linear regression), the structured Gaussian against its dense twin (sampling map,
 covariance, log-determinant inside the evidence, GLM predictive), the last-layer block against
@@ -42,7 +42,7 @@ def _layer_delta(model, values):
 @pytest.mark.parametrize("likelihood", ["gaussian", "categorical"])
 @pytest.mark.parametrize("curvature", ["ggn", "ef"])
 def test_kfac_factors_equal_the_independent_reference(likelihood, curvature):
-    """(peg.18): A_l = (1/N) sum a~ a~^T from a forward pass written in the reference, B_l the
+    """(peg.13): A_l = (1/N) sum a~ a~^T from a forward pass written in the reference, B_l the
     sum of the per-example exact blocks' bias-bias sub-blocks."""
     X, y, model, theta = _mlp(likelihood)
     got = model.kfac_curvature(theta, X, y, curvature)
@@ -80,7 +80,7 @@ def test_kfac_is_not_exact_for_many_rows():
 
 @pytest.mark.parametrize("curvature", ["ggn", "ef"])
 def test_kron_bias_block_is_exact(curvature):
-    """(laplace.24): A_l's last diagonal entry is 1, so the bias block of A_l kron B_l is
+    """(laplace.22): A_l's last diagonal entry is 1, so the bias block of A_l kron B_l is
     sum_i B_i, the exact bias block of the GGN / EF; the W block is A~ kron B_l with
     A~ = (1/N) sum a a^T (laplace-torch's weight factor); only the W-b cross block is K-FAC's."""
     X, y, model, theta = _mlp("categorical")
@@ -129,9 +129,9 @@ def _kron_state(likelihood="gaussian", curvature="ggn"):
 
 @pytest.mark.parametrize("curvature", ["ggn", "ef"])
 def test_kron_precision_is_blockdiag_of_the_factors(curvature):
-    """(laplace.20): the dense precision is blockdiag(A_l kron B_l + delta_l I) with the model's
-    factors; its inverse is dense_covariance (laplace.21) and the sampling map's square
-    (laplace.22)."""
+    """(laplace.18): the dense precision is blockdiag(A_l kron B_l + delta_l I) with the model's
+    factors; its inverse is dense_covariance (laplace.19) and the sampling map's square
+    (laplace.20)."""
     X, y, model, theta, cfg, state = _kron_state(curvature=curvature)
     P = laplace.dense_precision(state)
     off = 0
@@ -150,7 +150,7 @@ def test_kron_precision_is_blockdiag_of_the_factors(curvature):
 
 
 def test_kron_draw_does_not_depend_on_the_eigenbasis(monkeypatch):
-    """(laplace.22): the draw is Sigma_l^{1/2} eps_l, the symmetric root, so another eigenbasis
+    """(laplace.20): the draw is Sigma_l^{1/2} eps_l, the symmetric root, so another eigenbasis
     of A_l and B_l (signs flipped, as cuSOLVER's differ from LAPACK's, and a rotation inside a
     repeated eigenvalue) gives the same draw; Q_A (E / sqrt(Lam)) Q_B^T, with the same
     covariance, would not."""
@@ -186,7 +186,7 @@ def test_kron_draw_does_not_depend_on_the_eigenbasis(monkeypatch):
 
 
 def test_kron_evidence_equals_laplace_torch_form():
-    """(laplace.5) with log det from the eigenvalues (laplace.21) equals (laplace.6) with the
+    """(laplace.5) with log det from the eigenvalues (laplace.19) equals (laplace.6) with the
     dense precision's slogdet."""
     X, y, model, theta, cfg, state = _kron_state("categorical")
     lml = laplace.log_marginal_likelihood(model, state, X, y, cfg)
@@ -196,7 +196,7 @@ def test_kron_evidence_equals_laplace_torch_form():
 
 
 def test_kron_glm_predictive_matches_dense():
-    """(laplace.23): J Sigma J^T through the eigenbases equals the dense product."""
+    """(laplace.21): J Sigma J^T through the eigenbases equals the dense product."""
     X, y, model, theta, cfg, state = _kron_state("gaussian")
     X_star = np.random.default_rng(9).standard_normal((5, 3))
     pred = laplace.glm_predictive(model, state, X_star)
@@ -218,9 +218,9 @@ def test_kron_float32_matches_float64():
 @pytest.mark.parametrize("likelihood", ["gaussian", "categorical"])
 @pytest.mark.parametrize("curvature", ["hessian", "ggn", "ef"])
 def test_last_layer_precision_is_the_networks_block(likelihood, curvature):
-    """(laplace.25): the head's curvature on the features is the exact last-layer block of the
+    """(laplace.23): the head's curvature on the features is the exact last-layer block of the
     whole network's Hessian / GGN / EF (the loss reaches W_L, b_L only through the head)."""
-    # checks (peg.19)
+    # checks (peg.15)
     X, y, model, theta = _mlp(likelihood)
     H = {"hessian": model.hessian, "ggn": model.ggn,
          "ef": lambda *a: ref.ef_outer_loop(model, *a)}[curvature](theta, X, y)
@@ -356,7 +356,7 @@ def test_kron_layerwise_prior_optimum_is_stationary():
 
 
 def test_curvature_is_what_fit_adds_the_prior_to():
-    """laplace.curvature returns H of (laplace.2) / (laplace.20) / (laplace.25): the GGN, its
+    """laplace.curvature returns H of (laplace.2) / (laplace.18) / (laplace.23): the GGN, its
     last-layer block, and the K-FAC blocks, so that fit's precision is H + delta."""
     X, y, model, theta = _mlp("categorical")
     G = model.ggn(theta, X, y)

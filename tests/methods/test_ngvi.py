@@ -39,7 +39,7 @@ def _batches(steps, S, seed=2):
 
 @pytest.mark.parametrize("S", [1, 3])
 def test_linear_hessian_estimates_take_the_summed_closed_form(S):
-    """(ngvi.8) for LogisticRegression goes through ggn_sum / diag_ggn_sum (one batched pass);
+    """(ngvi.10) for LogisticRegression goes through ggn_sum / diag_ggn_sum (one batched pass);
     MLP([P, 1], "bernoulli") is the same function of the same theta and takes S model.hessian
     calls (autograd): both give the same H_hat and diagonal."""
     from refbayes.methods._estimates import hess_diag_estimate, hess_estimate
@@ -59,8 +59,8 @@ def test_linear_hessian_estimates_take_the_summed_closed_form(S):
 @pytest.mark.parametrize("decay", [0.0, 0.51])
 @pytest.mark.parametrize("S", [1, 3])
 def test_full_steps_match_dense(curvature, momentum, decay, S):
-    # checks (ngvi.4), (ngvi.5)
-    # checks (ngvi.6), (ngvi.9), (ngvi.12), (ngvi.13)
+    # checks (ngvi.6), (ngvi.7)
+    # checks (ngvi.8), (ngvi.11), (ngvi.12), (ngvi.13)
     X, y, model = _problem()
     cfg = ngvi.NGVIConfig(N, LAM, alpha=0.3, beta=0.2, decay=decay, curvature=curvature,
                           momentum=momentum)
@@ -97,7 +97,7 @@ def test_meanfield_steps_match_dense(curvature, momentum, decay):
 
 
 def test_full_exact_converges_to_exact_vi():
-    """Full batch, "exact" curvature, constant steps: the fixed point of (ngvi.10)-(ngvi.11) is the
+    """Full batch, "exact" curvature, constant steps: the fixed point of (ngvi.4)-(ngvi.5) is the
     exact-VI optimum (derivations/ngvi.md), reached to symmetric KL <= 1e-8."""
     # checks (ngvi.1): the fixed point is the ELBO's maximiser
     X, y, model = _problem()
@@ -151,7 +151,7 @@ def test_one_full_batch_step_is_the_linear_regression_posterior(curvature):
 
 
 def test_one_meanfield_step_gives_the_diagonal_of_the_posterior_precision():
-    """Mean field, alpha = beta = 1: prec_diag' = tau diag(X~^T X~) + lam (exact_vi.12)."""
+    """Mean field, alpha = beta = 1: prec_diag' = tau diag(X~^T X~) + lam (exact_vi.10)."""
     X, y, model, Prec, _ = _linear_regression()
     cfg = ngvi.NGVIConfig(N, LAM, alpha=1.0, beta=1.0, decay=0.0, curvature="exact")
     new, _ = ngvi.step_meanfield(_start_mf(), ngvi.Batch(X, y), None, cfg, model)
@@ -175,7 +175,7 @@ def test_float32_full_step_matches_float64():
 
 
 def test_info_contract_and_sampling():
-    # checks (ngvi.4), (ngvi.14)
+    # checks (ngvi.6), (ngvi.14)
     X, y, model = _problem()
     state = _start_full()
     (idx, eps), = _batches(1, 3)
@@ -239,11 +239,11 @@ def test_sample_draws_are_the_printed_map():
     factor of Sigma_inv (explicit inverse), mean-field theta = mu + eps / sqrt(prec_diag). The
     covariance check above sees only R R^T, which a sign flip of the perturbation or L^{-1} in
     place of L^{-T} leaves unchanged; this test does not."""
-    # checks (ngvi.4), (ngvi.14)
+    # checks (ngvi.6), (ngvi.14)
     eps = np.hstack([np.random.default_rng(5).standard_normal((D, 3)), np.eye(D)])
     state = _start_full()
     L = np.linalg.cholesky(state.Sigma_inv)
-    by_hand = state.mu[:, None] + np.linalg.inv(L).T @ eps  # (ngvi.4)
+    by_hand = state.mu[:, None] + np.linalg.inv(L).T @ eps  # (ngvi.6)
     assert_close(ngvi.sample_full(state, eps), by_hand, EXACT_F64, "full draws")
     mf = _start_mf()
     by_hand = mf.mu[:, None] + eps / np.sqrt(mf.prec_diag)[:, None]  # (ngvi.14)

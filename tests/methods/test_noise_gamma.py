@@ -155,7 +155,7 @@ def _data(S=3, M=6, seed=0):
 @pytest.mark.parametrize("curvature", [None, "ef", "mc", "ggn"])
 def test_kfac_moments_scale_is_a_per_draw_noise_precision(curvature):
     """(noise_gamma.2): kfac_moments with scale tau at unit precision equals one call per draw
-    with noise_precision tau_s ("mc": "ef" at the draw's own labels), averaged as (peg.21)."""
+    with noise_precision tau_s ("mc": "ef" at the draw's own labels), averaged as (peg.14)."""
     thetas, X, y, tau, y_curv = _data()
     S = thetas.shape[0]
     curv = "ef" if curvature == "mc" else curvature

@@ -1,6 +1,6 @@
 """Noisy Adam (refbayes.methods.noisy_adam) on a CNN: steps on tiny_cnn against the dense
 Algorithm 1 of tests/reference/noisy_adam_dense.py fed by the model's own autograd per-example
-gradients, and a driver run. derivations/conv.md (conv.15), (conv.23)."""
+gradients, and a driver run. derivations/conv.md (conv.10), (conv.23)."""
 import numpy as np
 import pytest
 
@@ -23,7 +23,7 @@ def _problem(seed=0):
 
 @pytest.mark.parametrize("squares", ["minibatch", "per_example"])
 def test_steps_on_tiny_cnn_match_autograd_dense(squares):
-    # checks (conv.15), (conv.23) through (noisy_adam.6), (noisy_adam.7)
+    # checks (conv.10), (conv.23) through (noisy_adam.6), (noisy_adam.7)
     model, X, y = _problem()
     rng = np.random.default_rng(5)
     cfg = na.NoisyAdamConfig(N, 0.8, alpha=0.02, beta1=0.9, beta2=0.99, squares=squares)

@@ -38,7 +38,7 @@ def _batches(steps, S, seed=2):
 def test_steps_match_dense_reimplementation(L, decay, momentum, S):
     """Five consecutive steps with the same eps and minibatches: U U^T, d, mu, Delta_d and the
     draws agree with explicit D x D algebra to 1e-10."""
-    # checks (slang.3), (slang.8)
+    # checks (slang.8), (slang.6)
     X, y, model = _problem()
     cfg = slang.SLANGConfig(N, LAM, L=L, alpha=0.3, beta=0.2, decay=decay, momentum=momentum)
     state = _start(L)
@@ -90,8 +90,8 @@ def _full_from(state):
 
 @pytest.mark.parametrize("momentum", [0.0, 0.9])
 def test_full_rank_slang_is_the_full_gaussian_ef_step(momentum):
-    """(slang.4)-(slang.6) with L = D (and L + M S >= D): the truncation keeps all of W W^T, so
-    the step is (ngvi.10)-(ngvi.11) with the EF, fed the same draw (eps_full = L_P^T (theta - mu));
+    """(slang.2)-(slang.4) with L = D (and L + M S >= D): the truncation keeps all of W W^T, so
+    the step is (ngvi.4)-(ngvi.5) with the EF, fed the same draw (eps_full = L_P^T (theta - mu));
     Delta_d = 0 up to rounding: |Delta_d| <= 1e-12 max diag(W W^T) (sums of D products ~1e-16)."""
     X, y, model = _problem()
     scfg = slang.SLANGConfig(N, LAM, L=D, alpha=0.3, beta=0.2, decay=0.51, momentum=momentum)
@@ -117,7 +117,7 @@ def test_full_rank_slang_is_the_full_gaussian_ef_step(momentum):
 @pytest.mark.parametrize("L", [1, 2, 4])
 def test_diagonal_of_the_precision_matches_the_full_ef_step(L):
     """diag(U' U'^T + diag d') = diag of the full EF update from the same q and draws, for any L
-    (what Delta_d is for, (slang.5))."""
+    (what Delta_d is for, (slang.3))."""
     X, y, model = _problem()
     cfg = slang.SLANGConfig(N, LAM, L=L, alpha=0.3, beta=0.2, decay=0.0)
     fcfg = ngvi.NGVIConfig(N, LAM, alpha=0.3, beta=0.2, decay=0.0, curvature="ef")
@@ -163,7 +163,7 @@ def test_alg3_sampler_draws_from_the_same_gaussian():
 
 
 def test_default_sampler_is_a_nonsymmetric_root():
-    """(slang.2) sampler="symmetric" is S = d^{-1/2} (I + V V^T)^{-1/2}: only the inner factor is
+    """(slang.7) sampler="symmetric" is S = d^{-1/2} (I + V V^T)^{-1/2}: only the inner factor is
     symmetric. Fed eps = I (mu = 0) sample returns S; S S^T = P^{-1} to 1e-10, while S != S^T,
     S^T S != P^{-1} and S != P^{-1/2} (the symmetric root) by more than 10%, with d spread over
     [0.2, 5]."""
@@ -241,7 +241,7 @@ def _rel(a, b):
 
 def test_erratum_line7_columns():
     """Printed line 7: fast_eig(delta u_1..u_L, beta g_1..g_M); corrected: columns sqrt(delta) u_j,
-    sqrt(beta N / (M S)) g (slang.4). The printed columns truncate a different matrix."""
+    sqrt(beta N / (M S)) g (slang.2). The printed columns truncate a different matrix."""
     new, _, args = _one_step_setup()
     printed = ref.slang_step(*args, line7="printed")
     corrected = ref.slang_step(*args)
@@ -250,7 +250,7 @@ def test_erratum_line7_columns():
 
 
 def test_erratum_line8_scale():
-    """Printed line 8: ... + sum_i beta g_i^2 ...; corrected: beta (N / (M S)) sum g^2 (slang.5).
+    """Printed line 8: ... + sum_i beta g_i^2 ...; corrected: beta (N / (M S)) sum g^2 (slang.3).
     Without the factor Delta_d is not the diagonal of the truncation residual."""
     _, info, args = _one_step_setup()
     printed = ref.slang_step(*args, line8_scaled=False)
@@ -260,8 +260,8 @@ def test_erratum_line8_scale():
 
 
 def test_erratum_line10_prior():
-    """Printed line 10: d <- delta d + Delta_d + lambda 1; corrected: + beta lambda (slang.6),
-    the weighting (ngvi.10) gives the prior. The printed d is lambda (1 - beta) too large."""
+    """Printed line 10: d <- delta d + Delta_d + lambda 1; corrected: + beta lambda (slang.4),
+    the weighting (ngvi.4) gives the prior. The printed d is lambda (1 - beta) too large."""
     new, _, args = _one_step_setup()
     printed = ref.slang_step(*args, line10_beta=False)
     corrected = ref.slang_step(*args)
@@ -271,7 +271,7 @@ def test_erratum_line10_prior():
 
 def test_erratum_line11_scale():
     """Printed line 11: g <- sum_i g_i + lambda mu; corrected: (N / (M S)) sum g + lambda mu
-    (slang.7). With M < N the printed mean step differs."""
+    (slang.5). With M < N the printed mean step differs."""
     new, _, args = _one_step_setup()
     printed = ref.slang_step(*args, line11_scaled=False)
     corrected = ref.slang_step(*args)
@@ -280,7 +280,7 @@ def test_erratum_line11_scale():
 
 
 def test_erratum_vogn_curvature_scale():
-    """Poster VOGN: G = (1/M) sum g_i g_i^T with lambda unscaled; corrected: (N/M) sum (ngvi.7).
+    """Poster VOGN: G = (1/M) sum g_i g_i^T with lambda unscaled; corrected: (N/M) sum (ngvi.9).
     On Bayesian linear regression (Hessian curvature, beta = 1) the corrected step lands on the
     posterior; with the printed 1/M scaling of the data terms it does not (the prior is N times
     too strong relative to the data). slang.step itself, iterated with eps = 0, lands on the
@@ -396,7 +396,7 @@ def test_sample_draws_are_the_printed_map(sampler):
     A A^T = V^T V, B B^T = I + A^T A (lower Cholesky, explicit inverses). The covariance tests
     above see only S S^T, which a sign flip of the perturbation, W0^{-1} in place of W0^{-T}
     or d^{-1/2} applied on the other side leave unchanged (or nearly); this test does not."""
-    # checks (slang.2), (lowrank.8), (lowrank.12)
+    # checks (slang.7), (lowrank.8), (lowrank.12)
     rng = np.random.default_rng(8)
     state = slang.init(rng.standard_normal(D), rng.standard_normal((D, 3)),
                        np.linspace(0.2, 5.0, D))
@@ -411,6 +411,6 @@ def test_sample_draws_are_the_printed_map(sampler):
         A_inv = np.linalg.inv(A)
         X = A_inv.T @ (B - np.eye(3)) @ A_inv
         root = np.linalg.inv(np.eye(D) + V @ X @ V.T).T  # W0^{-T}  (lowrank.12)
-    by_hand = state.mu[:, None] + (root @ eps) / np.sqrt(state.d)[:, None]  # (slang.2)
+    by_hand = state.mu[:, None] + (root @ eps) / np.sqrt(state.d)[:, None]  # (slang.7)
     assert_close(slang.sample(state, eps, sampler), by_hand, EXACT_F64, sampler)
     assert np.max(np.abs(by_hand - state.mu[:, None])) > 1e-1  # the perturbation is not negligible

@@ -61,8 +61,8 @@ def test_mlp_steps_match_dense_reimplementation(likelihood, L, S, momentum):
 
 
 def test_mlp_full_rank_slang_is_the_full_gaussian_ef_step():
-    """L = D on an MLP (L + M S >= D with S = 4): SLANG is the full-Gaussian EF step (ngvi.10)-
-    (ngvi.11) fed the same draw, as for logistic regression in test_slang.py."""
+    """L = D on an MLP (L + M S >= D with S = 4): SLANG is the full-Gaussian EF step (ngvi.4)-
+    (ngvi.5) fed the same draw, as for logistic regression in test_slang.py."""
     X, y, model = _problem("gaussian")
     D = model.D
     lam = np.full(D, 0.5)

@@ -77,7 +77,7 @@ def test_first_deviation_is_zero():
 
 @given(n=st.integers(2, 25), D=st.integers(1, 5), seed=st.integers(0, 2**16))
 def test_running_deviations_are_welford_increments(n, D, seed):
-    """(swag.12): sum_i (theta_i - theta_bar_n)(...)^T = sum_{i>=2} (i/(i-1)) d_i d_i^T, with the
+    """(swag.8): sum_i (theta_i - theta_bar_n)(...)^T = sum_{i>=2} (i/(i-1)) d_i d_i^T, with the
     package's deviations (K = n keeps every one)."""
     thetas = np.random.default_rng(seed).standard_normal((n, D)) + 2
     state, _ = _collected(thetas, K=n)
@@ -162,7 +162,7 @@ def test_sampler_covariance_from_draws():
 @pytest.mark.parametrize("low_rank", [True, False])
 @pytest.mark.parametrize("n, K", [(6, 3), (3, 6), (12, 12)])
 def test_log_density_matches_scipy(low_rank, n, K):
-    """(swag.11) Woodbury + determinant lemma vs scipy's dense multivariate normal."""
+    """(swag.9) Woodbury + determinant lemma vs scipy's dense multivariate normal."""
     rng = np.random.default_rng(n + K)
     thetas = rng.standard_normal((n, 5)) * np.array([1, 2, 0.5, 3, 1])
     state, cfg = _collected(thetas, K)
@@ -248,7 +248,7 @@ def test_erratum_official_log_density_is_not_the_sampled_density():
 # ----------------------------------------------------------------------------- SGD
 
 def test_sgd_equals_torch_semantics_written_out():
-    """(swag.8)-(swag.9): refbayes' SGD on the summed objective with alpha = lr / N and
+    """(swag.10)-(swag.11): refbayes' SGD on the summed objective with alpha = lr / N and
     lam = N wd equals torch.optim.SGD(lr, momentum, weight_decay) on the mean loss (its update
     written out: d = grad_mean + wd p; buf = momentum buf + d (buf = d at the first step);
     p -= lr buf), iterate for iterate, with minibatches of different sizes."""
@@ -289,7 +289,7 @@ def test_driver_runs_sgd_and_replays_its_batches():
 
 
 def test_swa_learning_rate_is_the_official_schedule():
-    """(swag.10): flat to r = 0.5, linear to alpha_swa at r = 0.9, flat after; the SGD baseline
+    """(swag.12): flat to r = 0.5, linear to alpha_swa at r = 0.9, flat after; the SGD baseline
     (swa_start = epochs, ratio 0.01) reaches 0.01 alpha_init."""
     f = lambda e: swag.swa_learning_rate(e, alpha_init=0.1, alpha_swa=0.02, swa_start=10)
     assert [f(e) for e in (0, 5)] == [0.1, 0.1]
@@ -354,7 +354,7 @@ def test_swag_moments_of_sgd_converge_to_the_lyapunov_covariance():
     Dh = swag.deviations(moments)
     low_rank = Dh @ Dh.T / (n - 1)
     # Sigma_diag is the biased (1/n) variance around the running mean: its bias, Sigma / n, is
-    # far below the tolerance; likewise the (swag.12) shrinkage of D_hat D_hat^T
+    # far below the tolerance; likewise the (swag.8) shrinkage of D_hat D_hat^T
     assert np.all(np.abs(var - np.diag(Sigma)) <= MC_SIGMAS * np.diag(sd_cov))
     assert np.all(np.abs(low_rank - Sigma) <= MC_SIGMAS * sd_cov)
     # the check has power: wrong stationary covariances fail it

@@ -19,7 +19,7 @@ def _problem(seed=0):
 
 
 def test_sgd_steps_on_tiny_cnn_match_dense():
-    # checks (conv.8) through (swag.8), (swag.9): the CNN's closed-form gradient in an SGD step
+    # checks (conv.8) through (swag.10), (swag.11): the CNN's closed-form gradient in an SGD step
     model, X, y = _problem()
     rng = np.random.default_rng(5)
     cfg = swag.SGDConfig(N, lam=0.6, alpha=0.01, momentum=0.9)

@@ -88,7 +88,7 @@ def test_scalar_prior_equals_constant_vector():
 
 @pytest.mark.parametrize("S", [1, 2])
 def test_reduces_to_vogn_2018(S):
-    """(vadam.10): beta1 = 0, no bias correction, per-example squares and NO square root is the
+    """(vadam.11): beta1 = 0, no bias correction, per-example squares and NO square root is the
     2018 VOGN step with beta_t = 1 - beta2, alpha_t = alpha (a schedule: a new cfg per step)."""
     X, y, model = _problem()
     Xd = add_intercept(X)
@@ -254,7 +254,7 @@ def test_info_contract_and_sampling():
 
 def test_init_prec_init_convention():
     """The official init s0 = (prec_init - lam) / N gives precision prec_init."""
-    # checks (vadam.11)
+    # checks (vadam.10)
     cfg = vadam.VadamConfig(N, LAM)
     st = vadam.init(np.zeros(D), (10.0 - LAM) / N)
     assert_close(vadam.prec_diag(st, cfg), np.full(D, 10.0), EXACT_F64, "initial precision")
@@ -347,7 +347,7 @@ def test_step_on_each_backend_matches_dense(xp, squares):
 
 @pytest.mark.parametrize("S", [1, 3])
 def test_reduced_vadam_is_the_library_vogn_step(S):
-    """(vadam.10) against refbayes.methods.vogn itself (vogn.11): Vadam(beta1 = 0, no bias
+    """(vadam.11) against refbayes.methods.vogn itself (vogn.11): Vadam(beta1 = 0, no bias
     correction, per-example squares, no square root, beta2 = 1 - b) and VOGN(beta1 = 0,
     beta2 = b, curvature "ef", delta = lam, tau = rho = 1, gamma = 0) take the same steps on an
     MLP from the same (mu, s) with the same draws: draws, s and mu agree to 1e-10."""

@@ -1,6 +1,6 @@
 """Vadam (refbayes.methods.vadam) on a CNN: steps on tiny_cnn against the dense step of
 tests/reference/vadam_dense.py fed by the model's own autograd per-example gradients, and a driver
-run. derivations/conv.md (conv.15), (conv.23)."""
+run. derivations/conv.md (conv.10), (conv.23)."""
 import numpy as np
 import pytest
 
@@ -21,7 +21,7 @@ def _problem(seed=0):
 
 @pytest.mark.parametrize("squares", ["minibatch", "per_example"])
 def test_steps_on_tiny_cnn_match_autograd_dense(squares):
-    # checks (conv.15), (conv.23) through (vadam.4), (vadam.5): sample_moments on a CNN in a step
+    # checks (conv.10), (conv.23) through (vadam.4), (vadam.5): sample_moments on a CNN in a step
     model, X, y = _problem()
     rng = np.random.default_rng(5)
     cfg = vadam.VadamConfig(N, 0.8, alpha=0.02, beta1=0.9, beta2=0.99, squares=squares)

@@ -83,7 +83,7 @@ def test_conv_forward_matches_scipy_correlate(case):
         out = np.stack([sum(scipy.signal.correlate(xpad[c], Wc[o, c], mode="valid")
                             for c in range(conv.c_in))[::sh, ::sw] + (b[o] if conv.bias else 0.0)
                         for o in range(conv.c_out)])
-        want.append(out.reshape(-1))  # (C_out, H_o, W_o) row-major: Flatten's order (conv.14)
+        want.append(out.reshape(-1))  # (C_out, H_o, W_o) row-major: Flatten's order (conv.15)
     assert model.shapes[1] == out.shape  # (conv.1) against scipy's own output size
     assert_close(model.forward(theta, X), np.stack(want), EXACT_F64, "conv vs scipy.signal.correlate")
 
@@ -113,7 +113,7 @@ def _pool_input(shape, ties, rng, M=2):
 
 @given(pool_cases())
 def test_pools_match_loops(case):
-    # checks (conv.10), (conv.12): window max (first index on ties) and window mean, no padding
+    # checks (conv.11), (conv.13): window max (first index on ties) and window mean, no padding
     shape, kernel, stride, ties, seed = case
     rng = np.random.default_rng(seed)
     X = _pool_input(shape, ties, rng)
@@ -126,7 +126,7 @@ def test_pools_match_loops(case):
 
 @given(pool_cases())
 def test_pool_backward_matches_loop_routing(case):
-    # checks (conv.9), (conv.11), (conv.13): the fold of routed (max, first index on ties) or
+    # checks (conv.9), (conv.12), (conv.14): the fold of routed (max, first index on ties) or
     # spread (mean) errors, overlapping windows included
     shape, kernel, stride, ties, seed = case
     rng = np.random.default_rng(seed)
@@ -146,7 +146,7 @@ def test_pool_backward_matches_loop_routing(case):
 
 
 def test_max_pool_tie_goes_to_first_index():
-    # checks (conv.10), (conv.11): a window of equal values routes to its top-left entry
+    # checks (conv.11), (conv.12): a window of equal values routes to its top-left entry
     X = np.ones((1, 1, 2, 2))
     onehot, y = cl.max_pool(np, X, (2, 2), (2, 2))
     dx = cl.max_pool_backward(np, onehot, np.full((1, 1, 1, 1), 5.0), X.shape, (2, 2), (2, 2))
@@ -156,7 +156,7 @@ def test_max_pool_tie_goes_to_first_index():
 
 @pytest.mark.parametrize("name", list(MODELS))
 def test_forward_matches_loop_network_and_rows_equal_images(name):
-    # checks (conv.2), (conv.3), (conv.14): theta walked in the documented order, flatten order
+    # checks (conv.2), (conv.3), (conv.15): theta walked in the documented order, flatten order
     model = MODELS[name]
     theta, X, _ = _batch(model)
     spec = ref.LoopSpec(model)
@@ -169,7 +169,7 @@ def test_forward_matches_loop_network_and_rows_equal_images(name):
 
 @pytest.mark.parametrize("name", list(MODELS))
 def test_grad_matches_autograd(name):
-    # checks (conv.8), (conv.9), (conv.11), (conv.13), (conv.14): the summed backward pass
+    # checks (conv.8), (conv.9), (conv.12), (conv.14), (conv.15): the summed backward pass
     model = MODELS[name]
     theta, X, y = _batch(model, M=5, seed=1)
     g = model.grad(theta, X, y)
@@ -181,7 +181,7 @@ def test_grad_matches_autograd(name):
 @pytest.mark.parametrize("rows", [False, True], ids=["NCHW", "rows"])
 @pytest.mark.parametrize("name", list(MODELS))
 def test_per_example_grads_match_loop_reference(name, rows):
-    # checks (conv.6), (conv.7), (conv.9), (conv.11), (conv.13), (conv.14)
+    # checks (conv.6), (conv.7), (conv.9), (conv.12), (conv.14), (conv.15)
     model = MODELS[name]
     theta, X, y = _batch(model, M=3, seed=2, rows=rows)
     want = ref.per_example_grads_loop(ref.LoopSpec(model), theta, X, y)
@@ -195,7 +195,7 @@ def test_per_example_grads_match_loop_reference(name, rows):
 
 @pytest.mark.parametrize("name", list(MODELS))
 def test_diag_ef_is_the_sum_of_squared_rows(name):
-    # checks (conv.15): sum_i g_i^2 without the (M, D) rows, against the loop reference's rows
+    # checks (conv.10): sum_i g_i^2 without the (M, D) rows, against the loop reference's rows
     model = MODELS[name]
     theta, X, y = _batch(model, M=4, seed=7)
     G = ref.per_example_grads_loop(ref.LoopSpec(model), theta, X, y)
@@ -245,7 +245,7 @@ def test_conv_block_is_torch_weight_row_major_then_bias():
 
 
 def test_dense_only_cnn_is_the_mlp():
-    # checks (conv.3), (conv.14): Dense blocks are the MLP's, Flatten is the row-major reshape
+    # checks (conv.3), (conv.15): Dense blocks are the MLP's, Flatten is the row-major reshape
     cnn = CNN((1, 2, 3), [Flatten(), Dense(6, 4), Activation("tanh"), Dense(4, 3)], "categorical")
     mlp = MLP([6, 4, 3], "tanh", "categorical")
     assert cnn.D == mlp.D
@@ -348,7 +348,7 @@ def test_curvature_not_provided_names_the_issue():
 
 @pytest.mark.parametrize("name", ["tiny-categorical", "mixed-gaussian", "conv-after-conv-padded"])
 def test_backend_results_stay_on_the_inputs_backend(name, xp):
-    # checks (conv.5), (conv.6)-(conv.9), (conv.15) on the xp backend (CuPy where present) against NumPy
+    # checks (conv.5), (conv.6)-(conv.9), (conv.10) on the xp backend (CuPy where present) against NumPy
     model = MODELS[name]
     theta, X, y = _batch(model, M=3, seed=6)
     args = [xp.asarray(a) for a in (theta, X, y)]

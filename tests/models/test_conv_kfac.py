@@ -190,7 +190,7 @@ def test_block_errors_match_the_dense_blocks(name, curvature, approx, route, mon
 
 @pytest.mark.parametrize("curvature", ["ggn", "ef"])
 def test_dense_only_cnn_is_the_mlp(curvature):
-    # checks (conv.29): with P = 1 both variants are the MLP's (peg.18), factors and errors
+    # checks (conv.29): with P = 1 both variants are the MLP's (peg.13), factors and errors
     mlp = MLP([5, 4, 3], activation="tanh", likelihood="categorical")
     cnn = CNN((5, 1, 1), [Flatten(), Dense(5, 4), Activation("tanh"), Dense(4, 3)])
     rng = np.random.default_rng(3)

@@ -152,7 +152,7 @@ def test_mean_reduction_scales_b_by_one_over_m():
 def test_backpack_kflr_is_the_hybrid_of_the_table():
     # checks (conv.28): BackPACK's KFLR for Conv2d is [B_reduce, Omega], Omega = KFC's input factor
     # = P A_expand without the ones row (the conventions table: neither expand nor reduce), and
-    # its bias factor B_reduce; for Linear the MLP's [B, A] (peg.18) without the ones row
+    # its bias factor B_reduce; for Linear the MLP's [B, A] (peg.13) without the ones row
     backpack = pytest.importorskip("backpack")
     from backpack.extensions import KFLR
     torch.manual_seed(2)

@@ -106,7 +106,7 @@ CASES = {
 
 @pytest.mark.parametrize("name", list(CASES))
 def test_matches_torch(name):
-    # checks (conv.2), (conv.3), (conv.5), (conv.6), (conv.7), (conv.10), (conv.12), (conv.14), (conv.15)
+    # checks (conv.2), (conv.3), (conv.5), (conv.6), (conv.7), (conv.11), (conv.13), (conv.15), (conv.10)
     torch.manual_seed(0)
     model, net = CASES[name]()
     net = _torch_of(model) if net is None else net.double()
@@ -131,7 +131,7 @@ def test_matches_torch(name):
 
 @pytest.mark.parametrize("kernel, stride", [((2, 2), (2, 2)), ((3, 2), (1, 1)), ((2, 3), (1, 2))])
 def test_max_pool_ties_as_torch(kernel, stride):
-    # checks (conv.10), (conv.11): torch routes a tied window's error to its first maximum too
+    # checks (conv.11), (conv.12): torch routes a tied window's error to its first maximum too
     rng = np.random.default_rng(1)
     X = rng.integers(0, 2, size=(2, 2, 6, 7)).astype(np.float64)  # many ties
     Xt = torch.from_numpy(X).requires_grad_(True)

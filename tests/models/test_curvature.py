@@ -74,7 +74,7 @@ SUMMED_CASES = [c for c in LINEAR_CASES if not isinstance(c.model, MLP)]
 @pytest.mark.parametrize("case", SUMMED_CASES, ids=ids(SUMMED_CASES))
 def test_linear_ggn_sum_over_parameter_vectors(case, dtype, xp):
     """ggn_sum and diag_ggn_sum at S = 3 parameter vectors: sum_s of the oracle GGN (autograd
-    J_i^T H_i J_i) at each theta_s, i.e. (peg.16) with sum_s H_i(theta_s) in place of H_i."""
+    J_i^T H_i J_i) at each theta_s, i.e. (peg.20) with sum_s H_i(theta_s) in place of H_i."""
     spec = ref.spec_of(case.model)
     rows = [batch(case, seed=s) for s in range(3)]
     _, X, y = rows[0]
@@ -94,7 +94,7 @@ def test_linear_ggn_sum_over_parameter_vectors(case, dtype, xp):
 
 @pytest.mark.parametrize("case", LINEAR_CASES, ids=ids(LINEAR_CASES))
 def test_linear_hessian_equals_ggn(case, xp, oracle):
-    """f is linear in theta, so the Hessian is exactly the GGN (peg.16); checked against autograd."""
+    """f is linear in theta, so the Hessian is exactly the GGN (peg.20); checked against autograd."""
     theta, X, y = batch(case, xp=xp)
     if xp is np or not isinstance(case.model, MLP):  # MLP.hessian is autograd: NumPy only
         assert_close(case.model.hessian(theta, X, y), oracle(case, "hess"), EXACT_F64, "Hessian")
@@ -103,7 +103,7 @@ def test_linear_hessian_equals_ggn(case, xp, oracle):
 
 @pytest.mark.parametrize("case", DEEP_CASES, ids=ids(DEEP_CASES))
 def test_last_layer_block_of_hessian_equals_ggn(case, oracle):
-    """f is linear in (W_L, b_L), so the Hessian's last-layer block is the GGN's (peg.17)."""
+    """f is linear in (W_L, b_L), so the Hessian's last-layer block is the GGN's (peg.21)."""
     theta, X, y = batch(case)
     n_in, n_out = case.model.sizes[-2:]
     last = slice(case.model.D - (n_in + 1) * n_out, case.model.D)
@@ -156,7 +156,7 @@ def test_sample_moments_batched_over_parameter_vectors(case, dtype, xp):
 @pytest.mark.parametrize("case", CASES, ids=ids(CASES))
 def test_sample_losses_and_grads_batched_over_parameter_vectors(case, dtype, xp):
     """sample_losses_and_grads at S = 3 parameter vectors in one batched pass: loss[s] is
-    sum_i l_i(theta_s) against the naive per-example loop (peg.13)-(peg.15), g[s] against the
+    sum_i l_i(theta_s) against the naive per-example loop (peg.17)-(peg.19), g[s] against the
     autograd per-example loop (peg.6), and g equals sample_moments' g."""
     spec = ref.spec_of(case.model)
     rows = [batch(case, seed=s) for s in range(3)]
@@ -178,9 +178,9 @@ def test_sample_losses_and_grads_batched_over_parameter_vectors(case, dtype, xp)
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("case", CASES, ids=ids(CASES))
 def test_kfac_moments_is_the_mean_of_kfac_curvature_over_vectors(case, dtype, xp):
-    """kfac_moments at S = 3 parameter vectors in one batched pass (peg.21): g[s] against the
+    """kfac_moments at S = 3 parameter vectors in one batched pass (peg.14): g[s] against the
     autograd per-example loop at theta_s (peg.6); each layer's (A_l, B_l) against the mean over s
-    of kfac_curvature(theta_s) (peg.18) in float64, for "ggn", "ef" with the labels y, and "ef"
+    of kfac_curvature(theta_s) (peg.13) in float64, for "ggn", "ef" with the labels y, and "ef"
     with per-vector labels y_curv[s] (the Monte Carlo Fisher's sampled labels)."""
     spec = ref.spec_of(case.model)
     rows = [batch(case, seed=s) for s in range(3)]

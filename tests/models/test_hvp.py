@@ -70,7 +70,7 @@ def test_hvp_jvp_and_ggn_vp_on_both_backends(case, dtype, xp):
 
 def test_hvp_differs_from_ggn_vp_by_the_second_derivative_term():
     """On a net with hidden units and a nonzero residual, H v != GGN v: the (peg.24) terms that
-    ggn_vp drops (V_{l+1}, act'') carry the sum_i r_i d^2 f_i / dtheta^2 of (peg.17)."""
+    ggn_vp drops (V_{l+1}, act'') carry the sum_i r_i d^2 f_i / dtheta^2 of (peg.21)."""
     case = next(c for c in CASES if c.id == "mlp-tanh-gaussian2out-2h")
     theta, X, y = batch(case)
     v = _vector(case, np.float64)

@@ -1,4 +1,4 @@
-"""K-FAC's relative Frobenius error per layer (FlatModel.kfac_block_errors, (peg.20)).
+"""K-FAC's relative Frobenius error per layer (FlatModel.kfac_block_errors, (peg.16)).
 
 Oracle: the dense blocks themselves. K-FAC's block is np.kron of the factors ``kfac_curvature``
 returns; the exact block is the layer's diagonal block of ``model.ggn`` ("ggn") or of G^T G with
@@ -93,7 +93,7 @@ def _check(got, want, tol, what):
 @pytest.mark.parametrize("curvature", CURVATURES)
 @pytest.mark.parametrize("case", CASES, ids=IDS)
 def test_matches_the_dense_blocks(case, curvature, xp):
-    # checks (peg.20)
+    # checks (peg.16)
     theta, X, y = batch(case, np.float64, xp)
     got = case.model.kfac_block_errors(theta, X, y, curvature)
     for k in KEYS:
@@ -108,7 +108,7 @@ def test_matches_the_dense_blocks(case, curvature, xp):
 
 @pytest.mark.parametrize("case", CASES, ids=IDS)
 def test_the_ef_block_is_sum_of_kron_products_in_theta_order(case):
-    """The parameter ordering (peg.18) relies on: the layer block of G^T G is
+    """The parameter ordering (peg.13) relies on: the layer block of G^T G is
     sum_i (a~_i a~_i^T) kron (g_i g_i^T) with a~_i = [a_i, 1] ([W_l; b_l^T] row-major)."""
     theta, X, y = batch(case)
     G = case.model.per_example_grads(theta, X, y, impl="autograd")

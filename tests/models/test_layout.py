@@ -74,7 +74,7 @@ def test_intercept_is_last_column_of_ones(linear_cls, extra):
 
 
 def test_logistic_ggn_closed_form():
-    """(peg.16): X~^T diag(s (1 - s)) X~ by hand."""
+    """(peg.20): X~^T diag(s (1 - s)) X~ by hand."""
     model = LogisticRegression(3)
     theta, X, y = batch(Case("x", model))
     Xa = np.hstack([X, np.ones((len(X), 1))])

@@ -47,7 +47,7 @@ def laplace_torch_lml(log_likelihood, P, delta, mu):
 
 
 def kfac_reference(model, theta, X, y, curvature):
-    """K-FAC factors per layer from independent pieces (peg.18): a~_i by a plain forward pass
+    """K-FAC factors per layer from independent pieces (peg.13): a~_i by a plain forward pass
     written out here, B_i as the bias-bias sub-block of the exact per-example GGN
     J_i^T H_i J_i (model.jacobian and the likelihood's H_i) or of g_i g_i^T (per-example
     autograd gradients), whose (bias, bias) block is 1 * B_i since a~_i ends in 1.  Returns
