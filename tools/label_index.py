@@ -128,6 +128,7 @@ class Label:
     code: list = field(default_factory=list)      # (file, line, qualname, counts)
     tests: list = field(default_factory=list)     # (file, line, test id or file)
     oracles: list = field(default_factory=list)   # (file, line, qualname)
+    paper: list = field(default_factory=list)     # lines of its note's "Paper" lines that cover it
 
 
 def note_of(prefix: str) -> str:
@@ -156,7 +157,31 @@ def parse_notes(root: Path = ROOT) -> tuple[dict[str, Label], dict[str, list]]:
                 prefix = label.rsplit(".", 1)[0]
                 if (at_start or at_end) and note == note_of(prefix) and label not in defined:
                     defined[label] = Label(label, note, lineno, stripped)
+    _attach_paper_lines(root, defined)
     return defined, seen
+
+
+PAPER_LINE = re.compile(r"^\s*(?:[-*]\s+)?(?:\*\*)?Paper(?: vs note)?:")
+
+
+def _attach_paper_lines(root: Path, defined: dict[str, Label]) -> None:
+    """A "Paper:" or "Paper vs note:" line covers the labels it names (ranges expanded), or, if it
+    names none, the label defined last above it in its note."""
+    by_note: dict[str, list[Label]] = {}
+    for lab in defined.values():
+        by_note.setdefault(lab.note, []).append(lab)
+    for note, labs in by_note.items():
+        labs.sort(key=lambda lab: lab.line)
+        lines = (root / note).read_text(encoding="utf-8").splitlines()
+        for lineno, line in enumerate(lines, 1):
+            if not PAPER_LINE.match(line):
+                continue
+            named = [x for x in labels_in(line, set(defined)) if x in defined]
+            if not named:
+                above = [lab for lab in labs if lab.line <= lineno]
+                named = [above[-1].label] if above else []
+            for label in named:
+                defined[label].paper.append(lineno)
 
 
 # ---------------------------------------------------------------------------- python files
@@ -269,6 +294,13 @@ class Index:
             if kind != "tag" and label not in self.labels:
                 out.append(f"({label}): EXCEPTIONS lists a label that no note defines")
         return out + self.order_problems()
+
+    def paper_problems(self) -> list[str]:
+        """Issue 38, item 4: every label is covered by a "Paper:" / "Paper vs note:" line."""
+        return [f"({lab.label}) in {lab.note}:{lab.line}: no 'Paper:' or 'Paper vs note:' line "
+                "covers it" for lab in sorted(self.labels.values(),
+                                              key=lambda lab: _sort_key(lab.label))
+                if not lab.paper]
 
     def order_problems(self) -> list[str]:
         """Labels in reading order: each prefix's labels are defined as 1, 2, ..., n down its note."""
@@ -425,11 +457,17 @@ def render(index: Index) -> str:
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--papers", action="store_true",
+                        help="print the labels no 'Paper:' line covers (and exit 1 if any)")
     parser.add_argument("--check", action="store_true",
                         help="write nothing; exit 1 if a label lacks a code line or a deciding "
                              "test, or a tag names no label")
     args = parser.parse_args(argv)
     index = build()
+    if args.papers:
+        missing = index.paper_problems()
+        print("\n".join(missing) or "every label has its Paper line")
+        return int(bool(missing))
     text = render(index)
     problems = index.problems()
     for line in problems:
