@@ -10,6 +10,7 @@ import contextvars
 import functools
 import math
 import numbers
+import warnings
 
 import numpy as np
 
@@ -282,3 +283,55 @@ def check_at_construction(cls, check) -> None:
 
 
 __all__ += ["check_at_construction"]
+
+def rename_at_construction(cls, old: str, new: str, why: str) -> None:
+    """Keep the NamedTuple config field ``new``'s former name ``old`` for one release.
+
+    ``cls(..., old=value)`` builds ``cls(..., new=value)`` and a read of ``cfg.old`` returns
+    ``cfg.new``, each with a DeprecationWarning that says ``why``; giving both names is a
+    ValueError. ``_replace`` and ``_make`` know only the new name. Call it after
+    ``check_at_construction`` so that the check sees the renamed call.
+    """
+    if new not in cls._fields or old in cls._fields:
+        raise ValueError(f"rename_at_construction: {cls.__name__} has no field {new!r} or still "
+                         f"has {old!r}")
+    message = (f"{cls.__name__}.{old} is renamed {cls.__name__}.{new} (the value means the "
+               f"same); {why} The old name goes in the next release.")
+    made = cls.__new__
+
+    @functools.wraps(made)
+    def __new__(_cls, *args, **kwargs):
+        if old in kwargs:
+            if new in kwargs:
+                raise ValueError(f"{cls.__name__}: give {new}= only ({old}= is its former name), "
+                                 "not both")
+            warnings.warn(message, DeprecationWarning, stacklevel=2)
+            kwargs[new] = kwargs.pop(old)
+        return made(_cls, *args, **kwargs)
+
+    def read(self):
+        warnings.warn(message, DeprecationWarning, stacklevel=2)
+        return getattr(self, new)
+
+    cls.__new__ = staticmethod(__new__)
+    setattr(cls, old, property(read, doc=f"Deprecated: {cls.__name__}.{new}."))
+
+
+__all__ += ["rename_at_construction"]
+
+def renamed_keyword(value, old_value, new: str, old: str, where: str):
+    """The argument ``new`` of ``where``, taking its former name ``old`` for one release.
+
+    Returns ``value``, or ``old_value`` (with a DeprecationWarning) when only the old name was
+    given; giving both is a ValueError naming both.
+    """
+    if old_value is None:
+        return value
+    if value is not None:
+        raise ValueError(f"{where}: give {new}= only ({old}= is its former name), not both")
+    warnings.warn(f"{where}({old}=) is renamed {new}= (the value means the same); the old name "
+                  "goes in the next release.", DeprecationWarning, stacklevel=3)
+    return old_value
+
+
+__all__ += ["renamed_keyword"]

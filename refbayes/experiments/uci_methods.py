@@ -555,7 +555,7 @@ def _noisy_adam_learned_fit(model, X, y, hyper, rng, epochs, M, progress):
             eps = rng.standard_normal((model.D, S))
             tau = noise_gamma.draw(q, rng, S)
             state, info = driver.guarded_step(state.t + 1, epoch, lambda: noisy_adam.step(
-                state, batch, eps, step_cfg, model, tau=tau), checked=state.t == 0)
+                state, batch, eps, step_cfg, model, noise_precisions=tau), checked=state.t == 0)
             q, _ = noise_gamma.step(q, residual_r2(_forward_rows(model, info.w, batch.X),
                                                    batch.y), q_cfg)
             driver.check_finite_state(state, state.t, epoch)
@@ -669,7 +669,7 @@ def kfac_train(model, X, y, hyper, rng, epochs, M, progress, noisy=True, learned
                 F = _forward_rows(model, W, batch.X)
                 y_tilde = F + z / np.sqrt(tau_s)[:, None]
                 new, _ = noisy_kfac.step(state, batch, eps, cfg, model, y_tilde=y_tilde,
-                                         tau=tau_s if learned else None)
+                                         noise_precisions=tau_s if learned else None)
                 return new, F
             state, F = driver.guarded_step(t, epoch, take_step, checked=t == 1)
             if learned:

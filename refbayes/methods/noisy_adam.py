@@ -3,9 +3,9 @@ Grosse 2018, "Noisy Natural Gradient as Variational Inference", arXiv:1712.02390
 
 Implements (noisy_adam.3)-(noisy_adam.11) of derivations/noisy_adam.md.
 Symbols: mu (D,) mean; f (D,) running average of squared gradients (per-example scale, the
-diagonal Fisher estimate); m (D,) momentum; eta the prior PRECISION, p(w) = N(0, diag(eta)^{-1}),
-a scalar or (D,) (the paper's eta is the prior VARIANCE: eta_paper = 1 / eta); kl_weight the
-paper's lambda, the weight of the KL term; gamma_in = kl_weight eta / N the intrinsic damping,
+diagonal Fisher estimate); m (D,) momentum; eta the prior VARIANCE as in the paper,
+p(w) = N(0, diag(eta)), given in code as ``prior_precision`` = 1 / eta, a scalar or (D,); kl_weight
+the paper's lambda, the weight of the KL term; gamma_in = kl_weight / (N eta) the intrinsic damping,
 gamma_ex the extrinsic damping, gamma = gamma_in + gamma_ex; alpha, beta1, beta2 as in Adam.
 
 Scaling: the models' losses are SUMMED; Algorithm 1's "grad_w log p(y | x, w)" is the minibatch
@@ -33,7 +33,7 @@ and the standard-normal eps (a step draws nothing):
 >>> data = make_logistic_regression(20, 3, 0)     # N = 20 rows, 3 features, seed 0
 >>> model = LogisticRegression(3)                 # D = 4 with the intercept
 >>> state = noisy_adam.init(np.zeros(model.D))
->>> cfg = noisy_adam.NoisyAdamConfig(N=20, eta=1.0, alpha=0.1)
+>>> cfg = noisy_adam.NoisyAdamConfig(N=20, prior_precision=1.0, alpha=0.1)
 >>> rng = np.random.default_rng(0)
 >>> idx = rng.choice(20, size=8, replace=False)   # minibatch, M = 8
 >>> eps = rng.standard_normal((model.D, 1))       # S = 1 draw, as in the paper
@@ -54,6 +54,8 @@ from refbayes._checks import (
     check_in_range,
     check_positive,
     check_same_dtype,
+    rename_at_construction,
+    renamed_keyword,
 )
 from refbayes.backend import xp_of
 from refbayes.methods._estimates import (
@@ -96,17 +98,21 @@ class NoisyAdamConfig(NamedTuple):
     with the plain ELBO (kl_weight 1) and no extrinsic damping.
 
     Each field is documented by its trailing comment. The functions that take a cfg check it
-    against the state and raise ValueError unless: N is an integer >= 1; eta is a finite real >
-    0 or a finite float (D,) array > 0 in the state's dtype; alpha and kl_weight are finite
-    reals > 0; beta1 and beta2 are in [0, 1); gamma_ex is a finite real >= 0; and squares is in
-    SQUARES.
+    against the state and raise ValueError unless: N is an integer >= 1; prior_precision is a
+    finite real > 0 or a finite float (D,) array > 0 in the state's dtype; alpha and kl_weight
+    are finite reals > 0; beta1 and beta2 are in [0, 1); gamma_ex is a finite real >= 0; and
+    squares is in SQUARES.
 
-    Construction (``NoisyAdamConfig(...)``, and unpickling) checks these rules too, except eta's
-    length and dtype, known only with the state; ``_replace`` and ``_make`` do not, so the
-    functions check every cfg again.
+    ``prior_precision`` was called ``eta`` before; ``eta=`` and ``cfg.eta`` still work, with a
+    DeprecationWarning, for one release (it was a precision while the paper's and
+    ``NoisyKFACConfig.eta`` are the prior variance).
+
+    Construction (``NoisyAdamConfig(...)``, and unpickling) checks these rules too, except the
+    precision's length and dtype, known only with the state; ``_replace`` and ``_make`` do not,
+    so the functions check every cfg again.
     """
-    N: int                       # training-set size >= 1: gamma_in = kl_weight eta / N (noisy_adam.2)
-    eta: Any                     # prior PRECISION > 0, float or (D,); paper: 1 / eta (noisy_adam.2)
+    N: int                       # training-set size >= 1: gamma_in = kl_weight / (N eta) (noisy_adam.2)
+    prior_precision: Any         # 1 / eta > 0 (eta: the paper's prior variance), float or (D,) (noisy_adam.2)
     alpha: float = 1e-3          # step size alpha > 0 (noisy_adam.10)
     beta1: float = 0.9           # momentum decay, in [0, 1) (noisy_adam.6)
     beta2: float = 0.999         # decay of f, in [0, 1) (noisy_adam.7)
@@ -133,7 +139,7 @@ class NoisyAdamInfo(NamedTuple):
 
     Each field is documented by its trailing comment (the equation tag last).
     """
-    gamma_in: Any    # kl_weight eta / N, float or (D,)  (noisy_adam.2)
+    gamma_in: Any    # kl_weight / (N eta) = kl_weight prior_precision / N, float or (D,)  (noisy_adam.2)
     sigma: Array     # std sqrt(kl_weight / N) / sqrt(f_k + gamma_in), from the old f, (D,)  (noisy_adam.3)
     w: Array         # w_s = mu + sigma eps_s, (D, S)  (noisy_adam.3), Algorithm 1 "w ~ N(...)"
     g: Array         # minibatch-mean loss gradient at each draw, (S, D)  (noisy_adam.4)
@@ -152,7 +158,7 @@ def _check_cfg(cfg, D=None, dtype=None):
         raise ValueError(f"cfg: expected a NoisyAdamConfig, got {type(cfg).__name__}")
     N = check_N(cfg.N)
     # every float finite (check_in_range rejects NaN, and inf at an open bound)
-    eta = check_precision(cfg.eta, "cfg.eta", D, dtype)
+    prec = check_precision(cfg.prior_precision, "cfg.prior_precision", D, dtype)
     check_in_range(cfg.alpha, "cfg.alpha", 0.0, math.inf, low_open=True, high_open=True)
     check_decay(cfg.beta1, "cfg.beta1")
     check_decay(cfg.beta2, "cfg.beta2")
@@ -160,10 +166,13 @@ def _check_cfg(cfg, D=None, dtype=None):
                         high_open=True)
     check_in_range(cfg.gamma_ex, "cfg.gamma_ex", 0.0, math.inf, high_open=True)
     check_squares(cfg.squares)
-    return N, eta, kl
+    return N, prec, kl
 
 
-check_at_construction(NoisyAdamConfig, _check_cfg)  # D, dtype unknown: eta's length, dtype later
+check_at_construction(NoisyAdamConfig, _check_cfg)  # D, dtype unknown: the length, dtype later
+rename_at_construction(NoisyAdamConfig, "eta", "prior_precision",
+                       "eta was a prior precision here, while the paper's eta and "
+                       "NoisyKFACConfig.eta are the prior variance.")
 
 
 def _check_state(state):
@@ -189,7 +198,7 @@ def init(mu, f0=None) -> NoisyAdamState:
     """Create the initial NoisyAdamState at mean mu, with m = 0, f = f0 and t = 0.
 
     With f0 = 0 (the default, as Adam's second moment) the first draws have variance
-    (kl_weight / N) / gamma_in = 1 / eta, the prior's.
+    (kl_weight / N) / gamma_in = eta = 1 / prior_precision, the prior's variance.
 
     Parameters
     ----------
@@ -225,7 +234,7 @@ def prec_diag(state: NoisyAdamState, cfg: NoisyAdamConfig):
     state : NoisyAdamState
         The state.
     cfg : NoisyAdamConfig
-        Hyperparameters (N, eta and kl_weight are used).
+        Hyperparameters (N, prior_precision and kl_weight are used).
 
     Returns
     -------
@@ -238,8 +247,8 @@ def prec_diag(state: NoisyAdamState, cfg: NoisyAdamConfig):
         If state or cfg is invalid (see NoisyAdamState, NoisyAdamConfig).
     """
     D = _check_state(state)
-    N, eta, kl = _check_cfg(cfg, D, state.mu.dtype)
-    return (N / kl) * (state.f + kl * eta / N)  # (noisy_adam.11)
+    N, prec, kl = _check_cfg(cfg, D, state.mu.dtype)
+    return (N / kl) * (state.f + kl * prec / N)  # (noisy_adam.11)
 
 
 def sample(state: NoisyAdamState, eps, cfg: NoisyAdamConfig):
@@ -254,7 +263,7 @@ def sample(state: NoisyAdamState, eps, cfg: NoisyAdamConfig):
     eps : array of shape (D, S)
         Standard-normal draws from the caller, one column per sample.
     cfg : NoisyAdamConfig
-        Hyperparameters (N, eta and kl_weight are used).
+        Hyperparameters (N, prior_precision and kl_weight are used).
 
     Returns
     -------
@@ -268,15 +277,15 @@ def sample(state: NoisyAdamState, eps, cfg: NoisyAdamConfig):
         >= 1) array of the state's dtype, or the arrays mix NumPy and CuPy.
     """
     D = _check_state(state)
-    N, eta, kl = _check_cfg(cfg, D, state.mu.dtype)
+    N, prec, kl = _check_cfg(cfg, D, state.mu.dtype)
     check_draws(eps, D, state.mu.dtype)
     xp = xp_of(state.mu, eps)
-    sigma = _sigma(xp, state.f, kl * eta / N, kl, N)  # (noisy_adam.3)
+    sigma = _sigma(xp, state.f, kl * prec / N, kl, N)  # (noisy_adam.3)
     return state.mu[:, None] + sigma[:, None] * eps  # (noisy_adam.3)
 
 
 def step(state: NoisyAdamState, batch, eps, cfg: NoisyAdamConfig,
-         model, tau=None) -> tuple[NoisyAdamState, NoisyAdamInfo]:
+         model, noise_precisions=None, *, tau=None) -> tuple[NoisyAdamState, NoisyAdamInfo]:
     """Take one Noisy Adam step, Algorithm 1's loop body.
 
     (noisy_adam.2)-(noisy_adam.10).  Deterministic given its inputs.
@@ -293,11 +302,14 @@ def step(state: NoisyAdamState, batch, eps, cfg: NoisyAdamConfig,
         Hyperparameters.
     model : FlatModel or CNN
         A refbayes.models model with D parameters.
-    tau : array of shape (S,), optional
-        Per-draw noise precisions (a learned noise, refbayes.methods.noise_gamma): draw s's
+    noise_precisions : array of shape (S,), optional
+        Per-draw noise precisions tau_s (a learned noise, refbayes.methods.noise_gamma): draw s's
         likelihood is N(y | f(x; w_s), 1 / tau_s), its gradients tau_s and its per-example
         squares tau_s^2 times the model's (noise_gamma.2), which must be Gaussian with
         noise_precision 1. None: the model's own likelihood for every draw.
+    tau : array of shape (S,), optional
+        The former name of ``noise_precisions`` (DeprecationWarning; removed in the next
+        release).
 
     Returns
     -------
@@ -311,23 +323,25 @@ def step(state: NoisyAdamState, batch, eps, cfg: NoisyAdamConfig,
     ValueError
         If state or cfg is invalid (see NoisyAdamState, NoisyAdamConfig); if model is not a
         FlatModel with D parameters or batch does not fit it (see Batch); if eps is not a finite
-        (D, S >= 1) array of the state's dtype; if tau is given but not a finite (S,) array > 0 of
-        the state's dtype, or the model's likelihood is not Gaussian with noise_precision 1; or if
-        the arrays mix NumPy and CuPy.
+        (D, S >= 1) array of the state's dtype; if noise_precisions is given but not a finite
+        (S,) array > 0 of the state's dtype, or the model's likelihood is not Gaussian with
+        noise_precision 1; if both noise_precisions and tau are given; or if the arrays mix
+        NumPy and CuPy.
     """
     D = _check_state(state)
     xp = xp_of(state.mu, state.f)
     dtype = state.mu.dtype
-    N, eta, kl = _check_cfg(cfg, D, dtype)
+    N, prec, kl = _check_cfg(cfg, D, dtype)
     check_model(model, D, cnn=True)
     X, y, _ = check_batch(batch, model, N, dtype)
     S = check_draws(eps, D, dtype)
+    tau = renamed_keyword(noise_precisions, tau, "noise_precisions", "tau", "noisy_adam.step")
     if tau is not None:
         xp_of(state.mu, tau)
         check_draw_precisions(tau, S, model, dtype)
     mu, k = state.mu, state.t + 1
     beta1, beta2 = cfg.beta1, cfg.beta2
-    gamma_in = kl * eta / N                                                     # (noisy_adam.2)
+    gamma_in = kl * prec / N                                                    # (noisy_adam.2)
     gamma = gamma_in + cfg.gamma_ex                                             # (noisy_adam.2)
     sigma = _sigma(xp, state.f, gamma_in, kl, N)                                # (noisy_adam.3)
     w = mu[:, None] + sigma[:, None] * eps                                      # (noisy_adam.3)

@@ -71,6 +71,7 @@ from refbayes._checks import (
     check_in_range,
     check_int,
     check_positive,
+    renamed_keyword,
 )
 from refbayes.backend import solve_triangular, xp_of
 from refbayes.linalg import kron
@@ -605,7 +606,8 @@ def _precondition(V, blocks, inv):
 
 
 def step(state: NoisyKFACState, batch, eps, cfg: NoisyKFACConfig, model,
-         y_tilde=None, tau=None) -> tuple[NoisyKFACState, NoisyKFACInfo]:
+         y_tilde=None, noise_precisions=None, *,
+         tau=None) -> tuple[NoisyKFACState, NoisyKFACInfo]:
     """Take one Noisy K-FAC step (K-FAC with eps = None).
 
     (noisy_kfac.3)-(noisy_kfac.12); see the module docstring for the order.
@@ -625,12 +627,15 @@ def step(state: NoisyKFACState, batch, eps, cfg: NoisyKFACConfig, model,
     y_tilde : array of shape (S, M) or (S, M, n_out), optional
         Labels sampled from the model's predictive at each draw (S = 1 for K-FAC), required
         for curvature "mc" and refused otherwise.
-    tau : array of shape (S,), optional
-        Per-draw noise precisions (a learned noise, refbayes.methods.noise_gamma): draw s's
+    noise_precisions : array of shape (S,), optional
+        Per-draw noise precisions tau_s (a learned noise, refbayes.methods.noise_gamma): draw s's
         likelihood is N(y | f(x; w_s), 1 / tau_s), so its gradient is tau_s times the model's,
         its "ef"/"mc" output statistics tau_s^2 times and its "ggn" ones tau_s times
         (noise_gamma.2); the model must be Gaussian with noise_precision 1. For "mc", y_tilde[s]
         must be drawn with precision tau_s. None: the model's own likelihood for every draw.
+    tau : array of shape (S,), optional
+        The former name of ``noise_precisions`` (DeprecationWarning; removed in the next
+        release).
 
     Returns
     -------
@@ -644,9 +649,9 @@ def step(state: NoisyKFACState, batch, eps, cfg: NoisyKFACConfig, model,
     ValueError
         If state, cfg or model is invalid (see NoisyKFACState, NoisyKFACConfig), batch does not fit
         model (see Batch), eps is invalid (as for ``sample``), or y_tilde is missing for curvature
-        "mc" (or given for another curvature, or of the wrong shape); if tau is given but not a
-        finite (S,) array > 0 of the state's dtype, or the model's likelihood is not Gaussian with
-        noise_precision 1.
+        "mc" (or given for another curvature, or of the wrong shape); if noise_precisions is
+        given but not a finite (S,) array > 0 of the state's dtype, or the model's likelihood is
+        not Gaussian with noise_precision 1; if both noise_precisions and tau are given.
     """
     c = _check_config(cfg)
     blocks = _check_state(state, model)
@@ -668,6 +673,7 @@ def step(state: NoisyKFACState, batch, eps, cfg: NoisyKFACConfig, model,
     elif y_tilde is not None:
         raise ValueError(f"y_tilde: only curvature 'mc' uses sampled labels, got curvature "
                          f"{cfg.curvature!r}")
+    tau = renamed_keyword(noise_precisions, tau, "noise_precisions", "tau", "noisy_kfac.step")
     if tau is not None:
         xp_of(state.mu, tau)
         check_draw_precisions(tau, S, model, state.mu.dtype)

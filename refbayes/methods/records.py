@@ -166,7 +166,7 @@ RECORDS: dict[str, Record] = {r.name: r for r in (
     Record("noisy-adam", noisy_adam.NoisyAdamState, noisy_adam.NoisyAdamConfig, noisy_adam.step,
            gaussian_draws, "derivations/noisy_adam.md",
            traces=(TraceStart("noisy-adam", _start(noisy_adam.init, lambda N: (
-               noisy_adam.NoisyAdamConfig(N, eta=1.0, alpha=0.1))), {"M": 8, "S": 2}),)),
+               noisy_adam.NoisyAdamConfig(N, prior_precision=1.0, alpha=0.1))), {"M": 8, "S": 2}),)),
     Record("bbb", bbb.BBBState, bbb.BBBConfig, bbb.step, gaussian_draws, "derivations/bbb.md",
            traces=(TraceStart("bbb", _start(lambda mu: bbb.init(mu, sigma0=0.3), lambda N: (
                bbb.BBBConfig(N, lam=1.0, alpha=0.1))), {"M": 8, "S": 2}),)),

@@ -955,7 +955,7 @@ def _replay_kfac(model, X, y, hyper, rng, epochs, M, noisy, learned=False):
             F = np.stack([model.forward(W[:, s].copy(), X[idx])[:, 0] for s in range(W.shape[1])])
             state, _ = noisy_kfac.step(state, (X[idx], y[idx]), eps, cfg, model,
                                        y_tilde=F + z / np.sqrt(tau_s)[:, None],
-                                       tau=tau_s if learned else None)
+                                       noise_precisions=tau_s if learned else None)
             if learned:
                 q, _ = noise_gamma.step(q, np.mean((y[idx][None, :] - F) ** 2), q_cfg)
         if epoch % hyper["lr_decay_every"] == 0:
@@ -1024,7 +1024,8 @@ def test_learned_noise_noisy_adam_fit_follows_the_documented_draws_and_schedule(
             eps = rng.standard_normal((model.D, 3))
             a, b = np.exp(q.phi)
             tau = rng.gamma(a, 1.0 / b, size=3)
-            state, info = noisy_adam.step(state, (X[idx], y[idx]), eps, step_cfg, model, tau=tau)
+            state, info = noisy_adam.step(state, (X[idx], y[idx]), eps, step_cfg, model,
+                                          noise_precisions=tau)
             F = np.stack([model.forward(info.w[:, s].copy(), X[idx])[:, 0] for s in range(3)])
             q, _ = noise_gamma.step(q, np.mean((y[idx][None, :] - F) ** 2), q_cfg)
         if epoch % 2 == 0:

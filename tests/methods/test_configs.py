@@ -48,7 +48,7 @@ CONFIGS = [
      {"lam": np.array([1.0, NAN]), "beta": 0.0, "curvature": "fisher"}),
     (noise_gamma.NoiseGammaConfig, (10,), noise_gamma._check_cfg, {"a0": 0.0, "beta2": 1.0}),
     (noisy_adam.NoisyAdamConfig, (10, 1.0), noisy_adam._check_cfg,
-     {"eta": -1.0, "gamma_ex": -1.0, "squares": "weird"}),
+     {"prior_precision": -1.0, "gamma_ex": -1.0, "squares": "weird"}),
     (noisy_kfac.NoisyKFACConfig, (10,), noisy_kfac._check_config,
      {"damping": "weird", "T_inv": 0, "kl_clip": 0.0}),
     (riemannian_laplace.RiemannianLaplaceConfig, (), riemannian_laplace._check_cfg,

@@ -195,7 +195,7 @@ def test_noisy_adam_step_with_tau_is_the_step_of_that_precision():
     cfg = noisy_adam.NoisyAdamConfig(30, 1.0, alpha=0.01)
     state = noisy_adam.init(model.init_theta(rng), 1.0)
     eps = rng.standard_normal((model.D, 1))
-    got, _ = noisy_adam.step(state, (X, y), eps, cfg, model, tau=np.array([2.7]))
+    got, _ = noisy_adam.step(state, (X, y), eps, cfg, model, noise_precisions=np.array([2.7]))
     want, _ = noisy_adam.step(state, (X, y), eps, cfg, _net(2.7))
     for name in ("mu", "m", "f"):
         assert_close(getattr(got, name), getattr(want, name), EXACT_F64, name)
@@ -212,7 +212,7 @@ def test_noisy_kfac_step_with_tau_is_the_step_of_that_precision(curvature):
     eps = rng.standard_normal((model.D, 1))
     y_tilde = rng.standard_normal((1, 6)) if curvature == "mc" else None
     got, _ = noisy_kfac.step(state, (X, y), eps, cfg, model, y_tilde=y_tilde,
-                             tau=np.array([2.7]))
+                             noise_precisions=np.array([2.7]))
     want, _ = noisy_kfac.step(state, (X, y), eps, cfg, _net(2.7), y_tilde=y_tilde)
     for name in ("mu", "m", "A", "S"):
         assert_close(_flat(getattr(got, name)), _flat(getattr(want, name)), EXACT_F64, name)
@@ -230,11 +230,11 @@ def test_per_draw_precisions_are_checked():
     state = noisy_adam.init(_net().init_theta(rng), 1.0)
     eps = rng.standard_normal((_net().D, 2))
     with pytest.raises(ValueError, match="noise_precision 1"):
-        noisy_adam.step(state, (X, y), eps, cfg, _net(2.0), tau=np.ones(2))
+        noisy_adam.step(state, (X, y), eps, cfg, _net(2.0), noise_precisions=np.ones(2))
     with pytest.raises(ValueError, match=r"tau: expected a \(2,\) array"):
-        noisy_adam.step(state, (X, y), eps, cfg, _net(), tau=np.ones(3))
+        noisy_adam.step(state, (X, y), eps, cfg, _net(), noise_precisions=np.ones(3))
     with pytest.raises(ValueError, match="tau: expected > 0"):
-        noisy_adam.step(state, (X, y), eps, cfg, _net(), tau=np.array([1.0, 0.0]))
+        noisy_adam.step(state, (X, y), eps, cfg, _net(), noise_precisions=np.array([1.0, 0.0]))
     with pytest.raises(ValueError, match="scale: expected a"):
         _net().kfac_moments(rng.standard_normal((2, _net().D)), X, y, "ef",
                             scale=np.ones(3))

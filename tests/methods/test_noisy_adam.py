@@ -238,7 +238,7 @@ def test_float32_step_matches_float64():
         s32 = na.NoisyAdamState(*[a.astype(np.float32) if hasattr(a, "dtype") else a
                                   for a in state])
         new32, info = na.step(s32, na.Batch(X[idx].astype(np.float32), y[idx].astype(np.float32)),
-                              eps.astype(np.float32), cfg._replace(eta=ETA.astype(np.float32)),
+                              eps.astype(np.float32), cfg._replace(prior_precision=ETA.astype(np.float32)),
                               model)
         assert new32.mu.dtype == new32.f.dtype == info.w.dtype == np.float32
         assert_close(new32.f, new64.f, EXACT_F32, f"f ({squares})")
@@ -250,9 +250,9 @@ _BAD = [
     ({"cfg": _CFG._replace(beta1=1.0)}, "beta1: expected a value in"),
     ({"cfg": _CFG._replace(beta2=1.5)}, "beta2: expected a value in"),
     ({"cfg": _CFG._replace(alpha=-1e-3)}, "alpha: expected a value in"),
-    ({"cfg": _CFG._replace(eta=0.0)}, "eta: expected a finite prior precision > 0"),
-    ({"cfg": _CFG._replace(eta=-ETA)}, "eta: expected > 0"),
-    ({"cfg": _CFG._replace(eta=np.ones((D, 1)))}, "eta: expected shape"),
+    ({"cfg": _CFG._replace(prior_precision=0.0)}, "prior_precision: expected a finite prior precision > 0"),
+    ({"cfg": _CFG._replace(prior_precision=-ETA)}, "prior_precision: expected > 0"),
+    ({"cfg": _CFG._replace(prior_precision=np.ones((D, 1)))}, "prior_precision: expected shape"),
     ({"cfg": _CFG._replace(kl_weight=0.0)}, "kl_weight: expected a value in"),
     ({"cfg": _CFG._replace(gamma_ex=-0.1)}, "gamma_ex: expected a value in"),
     ({"cfg": _CFG._replace(squares="ef")}, "squares: expected one of"),
@@ -320,3 +320,32 @@ def test_sample_draws_are_the_printed_map():
     by_hand = state.mu[:, None] + sigma[:, None] * eps  # (noisy_adam.3)
     assert_close(na.sample(state, eps, cfg), by_hand, EXACT_F64, "draws")
     assert np.max(np.abs(by_hand - state.mu[:, None])) > 1e-2  # the perturbation is not negligible
+
+
+def test_the_former_names_eta_and_tau_still_work_for_one_release_with_a_warning():
+    """Issue 38, item 3: NoisyAdamConfig.eta (a prior PRECISION, against the paper's and
+    NoisyKFACConfig's prior variance eta) is renamed prior_precision, step(tau=) is renamed
+    noise_precisions=; the old names give the same result and a DeprecationWarning."""
+    with pytest.warns(DeprecationWarning, match="renamed NoisyAdamConfig.prior_precision"):
+        old = na.NoisyAdamConfig(N, eta=0.7, alpha=0.05)
+    assert old == na.NoisyAdamConfig(N, prior_precision=0.7, alpha=0.05)
+    with pytest.warns(DeprecationWarning, match="renamed"):
+        assert old.eta == 0.7
+    with pytest.raises(ValueError, match="prior_precision= only"):
+        na.NoisyAdamConfig(N, eta=0.7, prior_precision=0.7)
+    with pytest.raises(ValueError, match="cfg.prior_precision"):
+        with pytest.warns(DeprecationWarning):
+            na.NoisyAdamConfig(N, eta=-1.0)
+    model = MLP([2, 3, 1], activation="tanh", likelihood="gaussian", noise_precision=1.0)
+    rng = np.random.default_rng(0)
+    X, y = rng.standard_normal((5, 2)), rng.standard_normal(5)
+    st = na.init(model.init_theta(rng))
+    eps = rng.standard_normal((model.D, 2))
+    cfg = na.NoisyAdamConfig(5, 1.0, alpha=0.05)
+    taus = np.array([2.0, 0.5])
+    want, _ = na.step(st, na.Batch(X, y), eps, cfg, model, noise_precisions=taus)
+    with pytest.warns(DeprecationWarning, match=r"noisy_adam.step\(tau=\) is renamed"):
+        got, _ = na.step(st, na.Batch(X, y), eps, cfg, model, tau=taus)
+    assert np.array_equal(got.mu, want.mu) and np.array_equal(got.f, want.f)
+    with pytest.raises(ValueError, match="noise_precisions= only"):
+        na.step(st, na.Batch(X, y), eps, cfg, model, noise_precisions=taus, tau=taus)

@@ -513,3 +513,21 @@ def test_the_trmm_sampler_of_a_reused_refresh_is_the_triangular_solve(gamma_ex, 
                                                                                  n_draws))
             want = state.mu[start:stop, None] + math.sqrt(1 / 10) * Z.reshape(-1, n_draws)
             assert rel_err(got[start:stop], want) < tol
+
+
+def test_step_tau_is_the_former_name_of_noise_precisions_kept_one_release_with_a_warning():
+    """Issue 38, item 3: step(tau=) (per-draw noise precisions, not a tempering) is renamed
+    noise_precisions=; the old keyword gives the same step and a DeprecationWarning."""
+    model = MLP([2, 3, 1], activation="tanh", likelihood="gaussian", noise_precision=1.0)
+    rng = np.random.default_rng(1)
+    X, y = rng.standard_normal((6, 2)), rng.standard_normal(6)
+    cfg = nk.NoisyKFACConfig(6, eta=1.0, kl_weight=1.0, alpha=0.1, curvature="ef")
+    state = nk.init(model.init_theta(rng), model)
+    eps = rng.standard_normal((model.D, 2))
+    taus = np.array([2.0, 0.5])
+    want, _ = nk.step(state, (X, y), eps, cfg, model, noise_precisions=taus)
+    with pytest.warns(DeprecationWarning, match=r"noisy_kfac.step\(tau=\) is renamed"):
+        got, _ = nk.step(state, (X, y), eps, cfg, model, tau=taus)
+    assert np.array_equal(got.mu, want.mu) and np.array_equal(got.m, want.m)
+    with pytest.raises(ValueError, match="noise_precisions= only"):
+        nk.step(state, (X, y), eps, cfg, model, noise_precisions=taus, tau=taus)
