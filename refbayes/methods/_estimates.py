@@ -349,7 +349,8 @@ def glm_design(model, X):
 def exact_terms(Xd, y, mu, v, kind, tau, N: int):
     """(g_hat (D,), w (M,)) for curvature "exact", a_i = x~_i^T theta ~ N(m_i, v_i), m = X~ mu:
     g_hat = -(N / M) X~^T E1 and w = -(N / M) E2, so that C_hat = X~^T diag(w) X~, with E1, E2 the
-    expected first two a-derivatives of log p by quadrature (exact_vi.2), (exact_vi.12), (exact_vi.13).  (ngvi.11)"""
+    expected first two a-derivatives of log p by quadrature (exact_vi.2), (exact_vi.12),
+    (exact_vi.13).  (ngvi.11)"""
     yy = y.reshape(-1)
     m = Xd @ mu
     if kind == "logistic":

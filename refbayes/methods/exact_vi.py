@@ -181,8 +181,8 @@ def _gh_expect(xp, m, v, fn):
         rows = xp.nonzero(rungs == n)[0]
         t, w = _gh_rule(n)
         t, w = xp.asarray(t, dtype=m.dtype), xp.asarray(w, dtype=m.dtype)
-        a = m[rows, None] + xp.sqrt(2 * v[rows])[:, None] * t[None, :]
-        vals = [f @ w for f in fn(a, rows)]
+        a = m[rows, None] + xp.sqrt(2 * v[rows])[:, None] * t[None, :]        # (exact_vi.12)
+        vals = [f @ w for f in fn(a, rows)]                                   # (exact_vi.12)
         if out is None:
             out = [xp.empty(m.shape, dtype=m.dtype) for _ in vals]
         for o, val in zip(out, vals):
@@ -228,8 +228,8 @@ def _logistic_expect(xp, m, v, y):
 def _gaussian_expect(xp, m, v, y, noise_precision):
     """(E0, E1, E2) of N(y | a, 1 / noise_precision) in closed form (exact_vi.10)."""
     r = y - m
-    E0 = 0.5 * (math.log(noise_precision) - _LOG_2PI) - 0.5 * noise_precision * (r * r + v)
-    return E0, noise_precision * r, xp.full_like(m, -noise_precision)
+    E0 = 0.5 * (math.log(noise_precision) - _LOG_2PI) - 0.5 * noise_precision * (r * r + v)  # (exact_vi.10)
+    return E0, noise_precision * r, xp.full_like(m, -noise_precision)  # (exact_vi.10)
 
 
 def logistic_expectations(m, v, y):
