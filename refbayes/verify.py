@@ -411,6 +411,22 @@ def _rtol_note(rtol: float, rule: list) -> str:
             f"condition, float type) in {len(rule)} float comparisons: {how}")
 
 
+# quantities renamed in the traces: method -> {former name: name}; a dump that still uses a
+# former name is compared under the new one, with a note (kept one release, as the API's names)
+FORMER_NAMES = {"noisy-adam": {"input.cfg.eta": "input.cfg.prior_precision"}}
+
+
+def _former_names(method, mine, ref):
+    """``mine`` with former names renamed where the trace has the new name and the dump lacks it,
+    and the (former, new) pairs that were renamed."""
+    renamed = [(old, new) for old, new in FORMER_NAMES.get(method, {}).items()
+               if old in mine and new in ref and new not in mine]
+    if not renamed:
+        return mine, []
+    swap = dict(renamed)
+    return {swap.get(name, name): value for name, value in mine.items()}, renamed
+
+
 def compare(trace, yours, *, layout: str = "refbayes", rtol: float | None = None) -> Report:
     """Compare a dump with a golden trace, quantity by quantity and step by step.
 
@@ -452,12 +468,14 @@ def compare(trace, yours, *, layout: str = "refbayes", rtol: float | None = None
                          f"rtol >= 1 a dump of zeros passes every float quantity (its error "
                          f"max|0 - b| / max|b| is 1), so the comparison would say nothing")
     ref_all = {**trace.inputs, **trace.outputs}
+    mine_all, renamed = _former_names(trace.method, mine_all, ref_all)
     known = [n for n in mine_all if n in ref_all]
     if not known:
         raise ValueError(f"yours: none of the {len(ref_all)} quantities of the {trace.method} "
                          f"trace is in the dump (it has {', '.join(sorted(mine_all)) or 'nothing'})"
                          f"; expected names such as {', '.join(list(trace.outputs)[:6])}")
-    notes = []
+    notes = [f"{old} is the former name of {new}, compared under the new name (the old name "
+             "goes in the next release; docs: Changes)" for old, new in renamed]
     made_by = trace.manifest.get("refbayes_version")
     if made_by != __version__:
         notes.append(f"the trace was made by refbayes {made_by}; this is refbayes {__version__}: "

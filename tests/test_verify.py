@@ -426,3 +426,21 @@ def test_computed_inputs_are_compared_in_the_method_order_like_outputs(mc_trace)
     # a wrong w comes first: probs computed from it are no news
     dump["w"][0, 0, 0] += 1.0
     assert verify.compare(mc_trace, dump).first_failure.name == "w"
+
+
+def test_a_dump_with_a_former_name_is_compared_under_the_new_one_with_a_note():
+    """NoisyAdamConfig.eta was renamed prior_precision (issue 38): a dump that still writes
+    input.cfg.eta is compared as input.cfg.prior_precision for one release, and says so; a wrong
+    value under the old name still fails."""
+    trace = tracing.load(GOLDEN / "noisy-adam.npz")
+    value = trace.inputs["input.cfg.prior_precision"]
+    report = verify.compare(trace, {"input.cfg.eta": value, "mu": trace.outputs["mu"]})
+    assert report.ok and report.ignored == []
+    assert any(r.name == "input.cfg.prior_precision" for r in report.rows)
+    assert any("input.cfg.eta is the former name of input.cfg.prior_precision" in n
+               for n in report.notes)
+    bad = verify.compare(trace, {"input.cfg.eta": value * 2, "mu": trace.outputs["mu"]})
+    assert not bad.ok and bad.first_failure.name == "input.cfg.prior_precision"
+    both = verify.compare(trace, {"input.cfg.eta": value * 2,
+                                  "input.cfg.prior_precision": value})
+    assert both.ok and both.ignored == ["input.cfg.eta"]  # the new name wins; the old is extra
