@@ -4,7 +4,8 @@ dropout objective, and the Monte Carlo predictive.
 
 Implements (mc_dropout.3)-(mc_dropout.8) of derivations/mc_dropout.md, on the masked network of
 refbayes.models.dropout ((mc_dropout.1)-(mc_dropout.2)) and Adam (adam.1)-(adam.4).
-Symbols: theta (D,) the weights M_k and biases b_k of an MLP (refbayes flat layout); p the
+Symbols: theta (D,) the weights M_k and biases b_k of an MLP or a CNN (refbayes flat layout;
+on a CNN the masks multiply the input of every Conv2d and Dense, refbayes.models.dropout); p the
 dropout (DROP) probability, 1 - p the keep probability; l the prior length-scale, prior
 N(0, l^{-2} I) on every weight and bias; tau = ``noise_precision``, Gal's "model precision"
 (the Gaussian likelihood's noise precision; 1 for classification); masks z_k (M, n_k) drawn
@@ -67,7 +68,7 @@ from refbayes.methods.adam import (
     check_adam_hyper,
     check_theta_state,
 )
-from refbayes.models import theta_layout
+from refbayes.models import CNN, theta_layout
 from refbayes.models.dropout import masked_forward, masked_output_and_grad
 from refbayes.models.likelihoods import Gaussian
 
@@ -212,8 +213,9 @@ def prior_precision(cfg: MCDropoutConfig, model, dtype=np.float64):
     ----------
     cfg : MCDropoutConfig
         Hyperparameters.
-    model : FlatModel
-        The network whose layout lam follows.
+    model : FlatModel or CNN
+        The network whose layout lam follows (a CNN: every conv kernel and dense weight is a
+        weight, every conv and dense bias a bias).
     dtype : numpy dtype, default numpy.float64
         Dtype of the result.
 
@@ -228,10 +230,17 @@ def prior_precision(cfg: MCDropoutConfig, model, dtype=np.float64):
         If cfg is invalid (see MCDropoutConfig), or model has no ``sizes`` and ``bias``.
     """
     _, p, ls, _, _ = _check_cfg(cfg)
-    if not hasattr(model, "sizes") or not hasattr(model, "bias"):
+    cnn = isinstance(model, CNN)
+    if not cnn and (not hasattr(model, "sizes") or not hasattr(model, "bias")):
         raise ValueError(f"model: expected a refbayes.models model, got {type(model).__name__}")
     lam_W = ls * ls / (1.0 - p) if cfg.inverted else ls * ls * (1.0 - p)   # (mc_dropout.4)
     lam_b = ls * ls if cfg.decay_biases else 0.0                            # (mc_dropout.4)
+    if cnn:  # the biases' positions in theta, read off the model's own unflatten
+        lam = np.full(model.D, lam_W, dtype=dtype)
+        for _, b in model.unflatten(np.arange(model.D, dtype=np.float64)):
+            if b is not None:
+                lam[b.astype(np.int64)] = lam_b
+        return lam
     lay = theta_layout(model.sizes, model.bias)
     lam = np.full(lay.D, lam_W, dtype=dtype)
     if model.bias:
@@ -304,13 +313,14 @@ def step(state: MCDropoutState, batch, masks, cfg: MCDropoutConfig,
     batch : Batch
         The minibatch rows Batch(X_B (M, n_in), y_B), 1 <= M <= N.
     masks : list of array
-        [z_0 (M, n_0), ..., z_{L-1} (M, n_{L-1})] in {0, 1}
-        (``refbayes.methods.driver.draw_masks``).
+        One mask in {0, 1} per layer with parameters, of shape (M,) + shape_k
+        (``refbayes.models.dropout.mask_shapes``; an MLP: [z_0 (M, n_0), ..., z_{L-1}
+        (M, n_{L-1})]), as ``refbayes.methods.driver.draw_masks`` draws them.
     cfg : MCDropoutConfig
         Hyperparameters.
-    model : FlatModel
-        An MLP (or any refbayes.models model) with D parameters whose likelihood precision
-        equals cfg.noise_precision.
+    model : FlatModel or CNN
+        An MLP, a CNN (or any refbayes.models model) with D parameters whose likelihood
+        precision equals cfg.noise_precision.
 
     Returns
     -------
@@ -330,7 +340,7 @@ def step(state: MCDropoutState, batch, masks, cfg: MCDropoutConfig,
     D = _check_state(state)
     dtype = state.theta.dtype
     N, _, _, tau, (alpha, beta1, beta2, eps_adam) = _check_cfg(cfg)
-    check_model(model, D)
+    check_model(model, D, cnn=True)
     _check_tau(model, tau)
     X, y, M = check_batch(batch, model, N, dtype)
     theta = state.theta
@@ -381,7 +391,7 @@ def predict_samples(state: MCDropoutState, X, masks_list, cfg: MCDropoutConfig, 
     """
     _check_state(state)
     _check_cfg(cfg)
-    check_model(model, state.theta.shape[0])
+    check_model(model, state.theta.shape[0], cnn=True)
     if not isinstance(masks_list, (list, tuple)) or len(masks_list) < 1:
         raise ValueError("masks_list: expected a non-empty list of mask lists (one per Monte "
                          f"Carlo pass), got {type(masks_list).__name__}")

@@ -41,21 +41,24 @@ from refbayes._checks import check_in_range, check_int
 from refbayes.methods import (adam, bbb, ktied, mc_dropout, ngvi, noisy_adam, slang, swag, vadam,
                               vogn)
 from refbayes.methods._protocol import Record, TraceStart
+from refbayes.models.dropout import mask_shapes
 
 __all__ = ["RECORDS", "get_record", "record_of"]  # draw_masks is public as driver.draw_masks
 
 
 def draw_masks(rng: np.random.Generator, model, M: int, p: float, dtype=np.float64) -> list:
-    """Draw MC dropout masks z_k ~ Bernoulli(1 - p), one per layer input.
+    """Draw MC dropout masks z_k ~ Bernoulli(1 - p), one per input of a layer with parameters.
 
-    Drawn layer by layer as rng.random((M, n_k)) >= p, NumPy arrays in ``dtype``.
+    Drawn layer by layer as rng.random((M,) + shape_k) >= p, NumPy arrays in ``dtype``, with
+    shape_k = ``refbayes.models.dropout.mask_shapes(model)[k]`` ((n_k,) for an MLP, the
+    (C, H, W) input of a CNN's Conv2d).
 
     Parameters
     ----------
     rng : numpy.random.Generator
         Generator owned by the caller.
-    model : FlatModel
-        The network; its ``sizes[:-1]`` are the n_k.
+    model : FlatModel or CNN
+        The network.
     M : int
         Number of rows, >= 1.
     p : float
@@ -66,7 +69,7 @@ def draw_masks(rng: np.random.Generator, model, M: int, p: float, dtype=np.float
     Returns
     -------
     list of numpy.ndarray
-        [z_0 (M, n_0), ..., z_{L-1} (M, n_{L-1})], entries 0 or 1.
+        [z_0 (M,) + shape_0, ..., z_{L-1} (M,) + shape_{L-1}], entries 0 or 1.
 
     Raises
     ------
@@ -78,7 +81,7 @@ def draw_masks(rng: np.random.Generator, model, M: int, p: float, dtype=np.float
         raise ValueError(f"rng: expected a numpy.random.Generator, got {type(rng).__name__}")
     check_int(M, "M", low=1)
     check_in_range(p, "p", 0.0, 1.0, high_open=True)
-    return [(rng.random((M, n)) >= p).astype(dtype) for n in model.sizes[:-1]]
+    return [(rng.random((M,) + shape) >= p).astype(dtype) for shape in mask_shapes(model)]
 
 
 # ----------------------------------------------------------------------------- draws of one step

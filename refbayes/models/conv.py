@@ -338,12 +338,20 @@ def _layer_forward(ns, layer, p, a):
     return a.shape, a.reshape(a.shape[0], -1)  # Flatten: (conv.15), row-major (c, h, w)
 
 
-def _forward(ns, layers, params, X):
-    """(per-layer caches, f): the network on a validated (M, C, H, W) batch."""
+def _forward(ns, layers, params, X, sz=None):
+    """(per-layer caches, f): the network on a validated (M, C, H, W) batch. With ``sz`` (MC
+    dropout, refbayes.models.dropout), the input of parameter layer j is multiplied by sz[j] =
+    s z_j first, and that layer's cache holds the masked input."""
     it = iter(params)
+    masks = iter(() if sz is None else sz)
     caches, a = [], X
     for layer in layers:
-        cache, a = _layer_forward(ns, layer, next(it) if isinstance(layer, _PARAM_TYPES) else None, a)
+        p = None
+        if isinstance(layer, _PARAM_TYPES):
+            p = next(it)
+            if sz is not None:
+                a = a * next(masks)  # a~_j = s z_j a_j  (mc_dropout.1)
+        cache, a = _layer_forward(ns, layer, p, a)
         caches.append(cache)
     return caches, a
 
@@ -366,10 +374,13 @@ def _layer_backward(xp, layer, p, cache, delta):
     return delta.reshape(cache)  # Flatten: (conv.15)
 
 
-def _backward_blocks(xp, layers, params, caches, r, mode: str):
+def _backward_blocks(xp, layers, params, caches, r, mode: str, sz=None):
     """The gradient blocks in theta order from r = dl/df: per-example rows (M, D_l) ("rows"), their
-    sums (D_l,) ("sum") or their sums of squares (D_l,) ("sum_sq")."""
+    sums (D_l,) ("sum") or their sums of squares (D_l,) ("sum_sq"). With the masks ``sz`` of
+    ``_forward``, the error below parameter layer j is multiplied by sz[j] (the caches already
+    hold the masked inputs, so the blocks need nothing else)."""
     it = reversed(params)
+    masks = reversed(() if sz is None else sz)
     blocks, delta = [], r  # (peg.2)
     for k in range(len(layers) - 1, -1, -1):
         layer = layers[k]
@@ -382,6 +393,8 @@ def _backward_blocks(xp, layers, params, caches, r, mode: str):
             blocks.append(_dense_grads(caches[k], delta, layer.bias, mode))  # (peg.4), (peg.6), (peg.11)
         if k > 0:  # the input's error is never needed
             delta = _layer_backward(xp, layer, p, caches[k], delta)
+            if sz is not None and p is not None:
+                delta = delta * next(masks)  # dl/da_j = s z_j dl/da~_j  (mc_dropout.2)
     return [b for layer_blocks in reversed(blocks) for b in layer_blocks]
 
 

@@ -20,6 +20,11 @@ theta and X are valid for it (theta a finite float (D,) array, X a finite (M, n_
 M >= 1 of theta's dtype, see FlatModel); y, where taken, fits the model's likelihood; masks is
 a list of L arrays, masks[k] of shape (M, sizes[k]) holding only 0 and 1; scale is a real
 number in [1, inf); and the arrays do not mix NumPy and CuPy.
+
+A CNN (refbayes.models.conv) is masked the same way, layer by layer: the input of each Conv2d
+(an (M, C, H, W) feature map, one mask entry per pixel and channel) and of each Dense is
+multiplied by s z_j, and backprop multiplies the error below that layer by s z_j; pooling,
+Flatten and activations pass the masks' effect through unchanged (conv.md, (conv.4)-(conv.15)).
 """
 from __future__ import annotations
 
@@ -28,29 +33,60 @@ import math
 from refbayes._checks import check_array, check_binary, check_in_range
 from refbayes.backend import xp_of
 from refbayes.models import _layers
+from refbayes.models import conv as _conv
 from refbayes.models.base import FlatModel
+from refbayes.models.conv import CNN
 
-__all__ = ["masked_forward", "masked_grad", "masked_output_and_grad", "masked_per_example_grads",
-           "masked_per_example_losses"]
+__all__ = ["mask_shapes", "masked_forward", "masked_grad", "masked_output_and_grad",
+           "masked_per_example_grads", "masked_per_example_losses"]
 
 
 def _check_model(model):
-    if not isinstance(model, FlatModel):
+    if not isinstance(model, (FlatModel, CNN)):
         raise ValueError(f"model: expected a refbayes.models model, got {type(model).__name__}")
     return model
 
 
+def mask_shapes(model) -> list:
+    """List the per-example shape of each dropout mask: the inputs of the layers with parameters.
+
+    In theta order. An MLP: [(n_0,), ..., (n_{L-1},)]. A CNN: the (C, H, W) image entering each
+    Conv2d (one mask entry per pixel and channel, as torch's ``nn.Dropout`` on a feature map)
+    and the (n_in,) vector entering each Dense.  (mc_dropout.1)
+
+    Parameters
+    ----------
+    model : FlatModel or CNN
+        The network.
+
+    Returns
+    -------
+    list of tuple of int
+        One shape per layer with parameters; a mask for M rows has shape (M,) + shape.
+
+    Raises
+    ------
+    ValueError
+        If model is not a refbayes.models model.
+    """
+    if isinstance(_check_model(model), CNN):
+        return [model.shapes[k] for k, layer in enumerate(model.layers)
+                if isinstance(layer, (_conv.Conv2d, _conv.Dense))]
+    return [(n,) for n in model.sizes[:-1]]
+
+
 def check_masks(masks, model, M: int):
-    """masks: a list of L = model.n_layers arrays, masks[k] of shape (M, sizes[k]) holding only
-    0 and 1 (bool, integer or float dtype). Returns them unchanged."""
-    L = model.n_layers
-    if not isinstance(masks, (list, tuple)) or len(masks) != L:
+    """masks: a list of one array per layer with parameters, masks[k] of shape (M,) +
+    mask_shapes(model)[k], holding only 0 and 1 (bool, integer or float dtype). Returns them
+    unchanged."""
+    shapes = [(M,) + s for s in mask_shapes(model)]
+    if not isinstance(masks, (list, tuple)) or len(masks) != len(shapes):
         got = f"{type(masks).__name__} of length {len(masks)}" if isinstance(
             masks, (list, tuple)) else type(masks).__name__
-        raise ValueError(f"masks: expected a list of {L} arrays (one per layer input, shapes "
-                         f"{[(M, n) for n in model.sizes[:-1]]}), got {got}")
-    for k, z in enumerate(masks):
-        check_array(z, f"masks[{k}]", shape=(M, model.sizes[k]))
+        raise ValueError(f"masks: expected a list of {len(shapes)} arrays (one per layer input, "
+                         f"shapes {shapes}), got {got}")
+    for k, (z, shape) in enumerate(zip(masks, shapes)):
+        check_array(z, f"masks[{k}]", shape=shape)
         check_binary(z, f"masks[{k}]")
     return masks
 
@@ -68,6 +104,20 @@ def _inputs(model, theta, X, y, masks, scale, need_y=True):
     xp_of(theta, *masks)  # one backend
     s = check_scale(scale)
     return xp, theta, X, y, [z.astype(theta.dtype) * s for z in masks]
+
+
+def _cnn_pass(xp, model, theta, X, sz):
+    """(params, caches, f) of a CNN with the masks sz on its parameter layers' inputs."""
+    params = _conv._split(theta, model._param_shapes)
+    caches, f = _conv._forward(xp, model.layers, params, X, sz)  # (mc_dropout.1)
+    return params, caches, f
+
+
+def _cnn_blocks(xp, model, theta, X, y, sz, mode):
+    """(f, the gradient blocks of ``mode``) of a masked CNN: one forward, one backward pass."""
+    params, caches, f = _cnn_pass(xp, model, theta, X, sz)
+    r = model.likelihood._grad_f(f, y)
+    return f, _conv._backward_blocks(xp, model.layers, params, caches, r, mode, sz)  # (mc_dropout.2)
 
 
 def _forward(xp, model, theta, X, sz):
@@ -101,15 +151,16 @@ def masked_forward(model, theta, X, masks, scale):
 
     Parameters
     ----------
-    model : FlatModel
-        The network (MLP, LogisticRegression, SoftmaxRegression).
+    model : FlatModel or CNN
+        The network (MLP, LogisticRegression, SoftmaxRegression, CNN).
     theta : array of shape (D,)
         Flat parameter vector (float64 or float32).
     X : array of shape (M, n_0)
-        Inputs, M >= 1, same dtype as theta.
+        Inputs, M >= 1, same dtype as theta (a CNN: (M, C, H, W) or its rows).
     masks : list of array
-        L = model.n_layers binary masks, masks[k] of shape (M, sizes[k]) on the input of layer
-        k (bool, integer or float dtype holding only 0 and 1).
+        One binary mask per layer with parameters, masks[k] of shape (M,) + mask_shapes(model)[k]
+        on that layer's input (an MLP: (M, sizes[k]); bool, integer or float dtype holding only
+        0 and 1).
     scale : float
         Scale s >= 1: 1 / (1 - p) for inverted dropout, 1 for Gal's non-inverted form.
 
@@ -124,6 +175,8 @@ def masked_forward(model, theta, X, masks, scale):
         If model, theta, X, masks or scale is invalid (see refbayes.models.dropout).
     """
     xp, theta, X, _, sz = _inputs(model, theta, X, None, masks, scale, need_y=False)
+    if isinstance(model, CNN):
+        return _cnn_pass(xp, model, theta, X, sz)[2]
     return _forward(xp, model, theta, X, sz)[3]
 
 
@@ -134,17 +187,18 @@ def masked_per_example_losses(model, theta, X, y, masks, scale):
 
     Parameters
     ----------
-    model : FlatModel
-        The network (MLP, LogisticRegression, SoftmaxRegression).
+    model : FlatModel or CNN
+        The network (MLP, LogisticRegression, SoftmaxRegression, CNN).
     theta : array of shape (D,)
         Flat parameter vector (float64 or float32).
     X : array of shape (M, n_0)
-        Inputs, M >= 1, same dtype as theta.
+        Inputs, M >= 1, same dtype as theta (a CNN: (M, C, H, W) or its rows).
     y : array of shape (M,) or (M, n_out)
         Targets, as the model's likelihood expects them.
     masks : list of array
-        L = model.n_layers binary masks, masks[k] of shape (M, sizes[k]) on the input of layer
-        k (bool, integer or float dtype holding only 0 and 1).
+        One binary mask per layer with parameters, masks[k] of shape (M,) + mask_shapes(model)[k]
+        on that layer's input (an MLP: (M, sizes[k]); bool, integer or float dtype holding only
+        0 and 1).
     scale : float
         Scale s >= 1: 1 / (1 - p) for inverted dropout, 1 for Gal's non-inverted form.
 
@@ -159,6 +213,8 @@ def masked_per_example_losses(model, theta, X, y, masks, scale):
         If model, theta, X, y, masks or scale is invalid (see refbayes.models.dropout).
     """
     xp, theta, X, y, sz = _inputs(model, theta, X, y, masks, scale)
+    if isinstance(model, CNN):
+        return model.likelihood._losses(xp, _cnn_pass(xp, model, theta, X, sz)[2], y)
     return model.likelihood._losses(xp, _forward(xp, model, theta, X, sz)[3], y)
 
 
@@ -176,17 +232,18 @@ def masked_output_and_grad(model, theta, X, y, masks, scale):
 
     Parameters
     ----------
-    model : FlatModel
-        The network (MLP, LogisticRegression, SoftmaxRegression).
+    model : FlatModel or CNN
+        The network (MLP, LogisticRegression, SoftmaxRegression, CNN).
     theta : array of shape (D,)
         Flat parameter vector (float64 or float32).
     X : array of shape (M, n_0)
-        Inputs, M >= 1, same dtype as theta.
+        Inputs, M >= 1, same dtype as theta (a CNN: (M, C, H, W) or its rows).
     y : array of shape (M,) or (M, n_out)
         Targets, as the model's likelihood expects them.
     masks : list of array
-        L = model.n_layers binary masks, masks[k] of shape (M, sizes[k]) on the input of layer
-        k (bool, integer or float dtype holding only 0 and 1).
+        One binary mask per layer with parameters, masks[k] of shape (M,) + mask_shapes(model)[k]
+        on that layer's input (an MLP: (M, sizes[k]); bool, integer or float dtype holding only
+        0 and 1).
     scale : float
         Scale s >= 1: 1 / (1 - p) for inverted dropout, 1 for Gal's non-inverted form.
 
@@ -203,6 +260,9 @@ def masked_output_and_grad(model, theta, X, y, masks, scale):
         If model, theta, X, y, masks or scale is invalid (see refbayes.models.dropout).
     """
     xp, theta, X, y, sz = _inputs(model, theta, X, y, masks, scale)
+    if isinstance(model, CNN):
+        f, blocks = _cnn_blocks(xp, model, theta, X, y, sz, "sum")
+        return f, xp.concatenate(blocks)
     inputs, deltas, f = _residual_pass(xp, model, theta, X, y, sz)
     return f, _layers.summed_blocks(xp, inputs, deltas, model.bias)  # (mc_dropout.2)
 
@@ -214,17 +274,18 @@ def masked_grad(model, theta, X, y, masks, scale):
 
     Parameters
     ----------
-    model : FlatModel
-        The network (MLP, LogisticRegression, SoftmaxRegression).
+    model : FlatModel or CNN
+        The network (MLP, LogisticRegression, SoftmaxRegression, CNN).
     theta : array of shape (D,)
         Flat parameter vector (float64 or float32).
     X : array of shape (M, n_0)
-        Inputs, M >= 1, same dtype as theta.
+        Inputs, M >= 1, same dtype as theta (a CNN: (M, C, H, W) or its rows).
     y : array of shape (M,) or (M, n_out)
         Targets, as the model's likelihood expects them.
     masks : list of array
-        L = model.n_layers binary masks, masks[k] of shape (M, sizes[k]) on the input of layer
-        k (bool, integer or float dtype holding only 0 and 1).
+        One binary mask per layer with parameters, masks[k] of shape (M,) + mask_shapes(model)[k]
+        on that layer's input (an MLP: (M, sizes[k]); bool, integer or float dtype holding only
+        0 and 1).
     scale : float
         Scale s >= 1: 1 / (1 - p) for inverted dropout, 1 for Gal's non-inverted form.
 
@@ -248,17 +309,18 @@ def masked_per_example_grads(model, theta, X, y, masks, scale):
 
     Parameters
     ----------
-    model : FlatModel
-        The network (MLP, LogisticRegression, SoftmaxRegression).
+    model : FlatModel or CNN
+        The network (MLP, LogisticRegression, SoftmaxRegression, CNN).
     theta : array of shape (D,)
         Flat parameter vector (float64 or float32).
     X : array of shape (M, n_0)
-        Inputs, M >= 1, same dtype as theta.
+        Inputs, M >= 1, same dtype as theta (a CNN: (M, C, H, W) or its rows).
     y : array of shape (M,) or (M, n_out)
         Targets, as the model's likelihood expects them.
     masks : list of array
-        L = model.n_layers binary masks, masks[k] of shape (M, sizes[k]) on the input of layer
-        k (bool, integer or float dtype holding only 0 and 1).
+        One binary mask per layer with parameters, masks[k] of shape (M,) + mask_shapes(model)[k]
+        on that layer's input (an MLP: (M, sizes[k]); bool, integer or float dtype holding only
+        0 and 1).
     scale : float
         Scale s >= 1: 1 / (1 - p) for inverted dropout, 1 for Gal's non-inverted form.
 
@@ -273,5 +335,7 @@ def masked_per_example_grads(model, theta, X, y, masks, scale):
         If model, theta, X, y, masks or scale is invalid (see refbayes.models.dropout).
     """
     xp, theta, X, y, sz = _inputs(model, theta, X, y, masks, scale)
+    if isinstance(model, CNN):
+        return xp.concatenate(_cnn_blocks(xp, model, theta, X, y, sz, "rows")[1], axis=1)
     inputs, deltas, _ = _residual_pass(xp, model, theta, X, y, sz)
     return _layers.per_example_blocks(xp, inputs, deltas, model.bias)  # (mc_dropout.2)

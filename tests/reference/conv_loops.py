@@ -141,11 +141,15 @@ def _act(name, z):
     return 1.0 / (1.0 + anp.exp(-z))
 
 
-def naive_output(spec, theta, x):
-    """f(x; theta) (K,) for one image x (C, H, W), layer by layer with the loops above."""
+def naive_output(spec, theta, x, sz=None):
+    """f(x; theta) (K,) for one image x (C, H, W), layer by layer with the loops above. With sz
+    (MC dropout), the input of the j-th layer with parameters is multiplied by sz[j] first."""
     it = iter(naive_params(spec, theta))
+    masks = iter(sz or ())
     h = x
     for kind, f in spec.layers:
+        if kind in ("Conv2d", "Dense") and sz is not None:
+            h = h * next(masks)
         if kind == "Conv2d":
             W, b = next(it)
             h = conv2d_loop(h, W, b, f["stride"], f["padding"])
@@ -174,6 +178,20 @@ def per_example_grads_loop(spec, theta, X, Y):
         return naive_nll(spec, naive_output(spec, th, x), y)
     g = autograd.grad(loss)
     return np.stack([g(theta, X[i], Y[i]) for i in range(len(X))])
+
+
+def masked_per_example_grads_loop(spec, theta, X, Y, sz):
+    """G (M, D) of the masked network: row i = autograd.grad of example i's loss with its masks
+    [sz[j][i] for each layer j with parameters] on the layers' inputs (float64)."""
+    theta = np.asarray(theta, np.float64)
+    X = np.asarray(X, np.float64).reshape((len(X),) + spec.input_shape)
+    Y = np.asarray(Y, np.float64) if spec.likelihood == "gaussian" else np.asarray(Y).astype(int)
+
+    def loss(th, x, y, z):
+        return naive_nll(spec, naive_output(spec, th, x, z), y)
+    g = autograd.grad(loss)
+    return np.stack([g(theta, X[i], Y[i], [np.asarray(s[i], np.float64) for s in sz])
+                     for i in range(len(X))])
 
 
 def ggn_loop(spec, theta, X, Y):
