@@ -17,6 +17,21 @@ are the orders in which those frameworks flatten the same dense network:
     then ``kernel`` (n_in, n_out) row-major, and the layers come in the lexicographic order of
     their names: with 11 or more layers ``Dense_10`` precedes ``Dense_2``.
 
+A CNN (refbayes.models.conv, NCHW, derivations/conv.md (conv.2)-(conv.3)) is flattened by those
+frameworks as follows, and the layouts take it too:
+
+``"torch"``
+    ``nn.Conv2d`` ``weight`` (C_out, C_in, k_h, k_w) row-major, then ``bias``: refbayes' own conv
+    block (conv.2), unchanged; ``nn.Linear`` as above; ``nn.Flatten`` of an NCHW map orders
+    (c, h, w) as refbayes (conv.15). Tensors named ``weight_j`` / ``bias_j``, j counting the
+    layers with parameters.
+``"flax"``
+    ``nn.Conv`` ``kernel`` (k_h, k_w, C_in, C_out) (= W.transpose(2, 3, 1, 0)) and ``bias``,
+    modules auto-named ``Conv_0``, ... and ``Dense_0``, ... and visited in sorted name order
+    (every ``Conv_*`` before every ``Dense_*``), bias before kernel. Flax images are NHWC, so a
+    flatten orders (h, w, c): the kernel of the Dense that follows a Flatten has its rows in
+    (h, w, c) order, refbayes' in (c, h, w); the conversion permutes them.
+
 ``permutation(model, layout)`` gives p with ``theta_refbayes = theta_layout[p]`` and, the other
 way, ``theta_layout = theta_refbayes[numpy.argsort(p)]``. ``to_refbayes`` / ``from_refbayes``
 apply it along chosen axes of any array (a (S, D) stack of gradients, a (D, S) matrix of draws, a
@@ -32,7 +47,7 @@ import numpy as np
 
 from refbayes._checks import check_array
 from refbayes.backend import xp_of
-from refbayes.models import theta_layout, unflatten_theta
+from refbayes.models import CNN, Conv2d, Dense, Flatten, unflatten_theta
 from refbayes.models.base import FlatModel
 
 __all__ = ["LAYOUTS", "from_layers", "from_refbayes", "permutation", "to_layers", "to_refbayes"]
@@ -43,9 +58,9 @@ LAYOUTS = ("refbayes", "torch", "flax")
 # ----------------------------------------------------------------------------- the layouts' tensors
 
 def _check_model(model):
-    if not isinstance(model, FlatModel):
+    if not isinstance(model, (FlatModel, CNN)):
         raise ValueError(f"model: expected a refbayes FlatModel (MLP, LogisticRegression, "
-                         f"SoftmaxRegression, ...), got {type(model).__name__}")
+                         f"SoftmaxRegression, ...) or CNN, got {type(model).__name__}")
 
 
 def _check_layout(layout):
@@ -53,12 +68,40 @@ def _check_layout(layout):
         raise ValueError(f"layout: expected one of {LAYOUTS}, got {layout!r}")
 
 
+# how a layout's tensor is made from refbayes' block: ("id",) as is; ("T",) W^T (a torch
+# Linear weight); ("conv_flax",) W.transpose(2, 3, 1, 0) (a flax Conv kernel); ("flat_flax", C, H,
+# W) the rows of a Dense kernel that follows a Flatten, reordered from (c, h, w) to (h, w, c)
+_ID, _T, _CONV_FLAX = ("id",), ("T",), ("conv_flax",)
+
+
+def _to_layout(t, how):
+    if how[0] == "T":
+        return t.T
+    if how[0] == "conv_flax":
+        return t.transpose(2, 3, 1, 0)
+    if how[0] == "flat_flax":
+        C, H, W = how[1:]
+        return t.reshape(C, H, W, -1).transpose(1, 2, 0, 3).reshape(C * H * W, -1)
+    return t
+
+
+def _from_layout(t, how):
+    if how[0] == "T":
+        return t.T
+    if how[0] == "conv_flax":
+        return t.transpose(3, 2, 0, 1)
+    if how[0] == "flat_flax":
+        C, H, W = how[1:]
+        return t.reshape(H, W, C, -1).transpose(2, 0, 1, 3).reshape(C * H * W, -1)
+    return t
+
+
 @functools.cache
 def _specs(sizes: tuple, bias: bool, layout: str) -> tuple:
-    """The layout's tensors in its flattening order: (name, shape, l, kind, transposed).
+    """The layout's tensors in its flattening order: (name, shape, l, kind, how).
 
-    kind is "W" or "b" (which refbayes block of layer l the tensor holds), transposed says the
-    tensor is W_l^T (torch's weight).
+    kind is "W" or "b" (which refbayes block of layer l the tensor holds), how says how the
+    tensor is made from that block (``_to_layout``): as is, or W_l^T (torch's weight).
     """
     L = len(sizes) - 1
     specs = []
@@ -67,39 +110,82 @@ def _specs(sizes: tuple, bias: bool, layout: str) -> tuple:
         for l in sorted(range(L), key=lambda l: f"Dense_{l}"):
             n_in, n_out = sizes[l], sizes[l + 1]
             if bias:
-                specs.append((f"Dense_{l}/bias", (n_out,), l, "b", False))
-            specs.append((f"Dense_{l}/kernel", (n_in, n_out), l, "W", False))
+                specs.append((f"Dense_{l}/bias", (n_out,), l, "b", _ID))
+            specs.append((f"Dense_{l}/kernel", (n_in, n_out), l, "W", _ID))
         return tuple(specs)
     for l in range(L):
         n_in, n_out = sizes[l], sizes[l + 1]
         if layout == "torch":
             # named by layer: nn.Sequential's own names ("0.weight", "2.weight", ...) depend on
             # where the (parameter-free) activations sit
-            specs.append((f"weight_{l + 1}", (n_out, n_in), l, "W", True))
+            specs.append((f"weight_{l + 1}", (n_out, n_in), l, "W", _T))
             if bias:
-                specs.append((f"bias_{l + 1}", (n_out,), l, "b", False))
+                specs.append((f"bias_{l + 1}", (n_out,), l, "b", _ID))
         else:
-            specs.append((f"W_{l + 1}", (n_in, n_out), l, "W", False))
+            specs.append((f"W_{l + 1}", (n_in, n_out), l, "W", _ID))
             if bias:
-                specs.append((f"b_{l + 1}", (n_out,), l, "b", False))
+                specs.append((f"b_{l + 1}", (n_out,), l, "b", _ID))
     return tuple(specs)
 
 
-def _tensors(theta, sizes, bias, layout):
-    """The layout's tensors of theta (unchecked, any backend), in its flattening order."""
-    params = unflatten_theta(theta, sizes, bias)
+@functools.cache
+def _cnn_specs(model, layout: str) -> tuple:
+    """``_specs`` of a CNN: its Conv2d and Dense layers (j = 0, 1, ... in spec order)."""
+    specs, j, n_conv, n_dense, flat = [], 0, 0, 0, None
+    for k, layer in enumerate(model.layers):
+        if isinstance(layer, Flatten):
+            flat = model.shapes[k]  # the (C, H, W) it flattens
+            continue
+        if not isinstance(layer, (Conv2d, Dense)):
+            continue
+        conv = isinstance(layer, Conv2d)
+        n_out = layer.c_out if conv else layer.n_out
+        w = (layer.c_out, layer.c_in) + layer.kernel if conv else (layer.n_in, layer.n_out)
+        if layout == "flax":
+            name = f"Conv_{n_conv}" if conv else f"Dense_{n_dense}"
+            how = _CONV_FLAX if conv else (_ID if flat is None else ("flat_flax",) + flat)
+            shape = (layer.kernel + (layer.c_in, layer.c_out)) if conv else w
+            specs += ([(f"{name}/bias", (n_out,), j, "b", _ID)] if layer.bias else []) + \
+                     [(f"{name}/kernel", shape, j, "W", how)]
+        else:
+            torch = layout == "torch"
+            how = _T if torch and not conv else _ID
+            shape = (layer.n_out, layer.n_in) if torch and not conv else w
+            specs += [(f"{'weight' if torch else 'W'}_{j + 1}", shape, j, "W", how)] + \
+                     ([(f"{'bias' if torch else 'b'}_{j + 1}", (n_out,), j, "b", _ID)]
+                      if layer.bias else [])
+        n_conv, n_dense, j = n_conv + conv, n_dense + (not conv), j + 1
+        if not conv:
+            flat = None
+    if layout == "flax":  # ravel_pytree: module names, then "bias" < "kernel", sorted as strings
+        specs.sort(key=lambda s: (s[0].split("/")[0], s[0]))
+    return tuple(specs)
+
+
+def _model_specs(model, layout):
+    if isinstance(model, CNN):
+        return _cnn_specs(model, layout)
+    return _specs(tuple(model.sizes), bool(model.bias), layout)
+
+
+def _tensors(theta, model, layout):
+    """The layout's tensors of theta (unchecked beyond the model's unflatten), in its order."""
+    params = (model.unflatten(theta) if isinstance(model, CNN)
+              else unflatten_theta(theta, model.sizes, model.bias))
     out = []
-    for _, _, l, kind, transposed in _specs(tuple(sizes), bool(bias), layout):
+    for _, _, l, kind, how in _model_specs(model, layout):
         W, b = params[l]
-        out.append((W.T if transposed else W) if kind == "W" else b)
+        out.append(_to_layout(W, how) if kind == "W" else b)
     return out
 
 
 @functools.cache
-def _perm(sizes: tuple, bias: bool, layout: str) -> np.ndarray:
-    D = theta_layout(sizes, bias).D
-    # q[j] = the refbayes position of entry j of the layout's vector (theta_layout = theta[q])
-    q = np.concatenate([t.reshape(-1) for t in _tensors(np.arange(D), sizes, bias, layout)])
+def _perm(model, layout: str) -> np.ndarray:
+    D = model.D
+    # q[j] = the refbayes position of entry j of the layout's vector (theta_layout = theta[q]);
+    # the positions travel as float64 (exact below 2**53) since a CNN's unflatten wants floats
+    q = np.concatenate([t.reshape(-1) for t in _tensors(np.arange(D, dtype=np.float64), model,
+                                                           layout)]).astype(np.intp)
     p = np.empty(D, dtype=np.intp)
     p[q] = np.arange(D, dtype=np.intp)  # p = q^{-1}: theta = theta_layout[p]
     p.setflags(write=False)
@@ -117,7 +203,7 @@ def permutation(model, layout):
 
     Parameters
     ----------
-    model : FlatModel
+    model : FlatModel or CNN
         The refbayes model (MLP, LogisticRegression, SoftmaxRegression, ...) whose sizes and
         bias fix the layouts.
     layout : {"refbayes", "torch", "flax"}
@@ -132,11 +218,11 @@ def permutation(model, layout):
     Raises
     ------
     ValueError
-        If model is not a FlatModel or layout is not one of LAYOUTS.
+        If model is not a FlatModel or CNN, or layout is not one of LAYOUTS.
     """
     _check_model(model)
     _check_layout(layout)
-    return _perm(model.sizes, model.bias, layout).copy()
+    return _perm(model, layout).copy()
 
 
 def _normalize_axes(a, axes, D):
@@ -169,7 +255,7 @@ def _permute(a, model, layout, axes, inverse):
     _check_layout(layout)
     axes = _normalize_axes(a, axes, model.D)
     xp = xp_of(a)
-    p = _perm(model.sizes, model.bias, layout)
+    p = _perm(model, layout)
     if inverse:
         p = np.argsort(p)
     p = xp.asarray(p)  # explicit host-to-device copy of the index vector for CuPy arrays
@@ -190,7 +276,7 @@ def to_refbayes(a, model, layout, axes=(-1,)):
     ----------
     a : array
         NumPy or CuPy array whose ``axes`` have length D and are ordered as in ``layout``.
-    model : FlatModel
+    model : FlatModel or CNN
         The refbayes model that fixes D and the layouts.
     layout : {"refbayes", "torch", "flax"}
         The order of the parameter axes of ``a``.
@@ -205,9 +291,9 @@ def to_refbayes(a, model, layout, axes=(-1,)):
     Raises
     ------
     ValueError
-        If model is not a FlatModel, layout is not one of LAYOUTS, a is not an array, axes is
-        empty, holds a non-integer, an axis out of range or the same axis twice, or an axis of
-        ``a`` in ``axes`` does not have length D.
+        If model is not a FlatModel or CNN, layout is not one of LAYOUTS, a is not an array,
+        axes is empty, holds a non-integer, an axis out of range or the same axis twice, or an
+        axis of ``a`` in ``axes`` does not have length D.
     """
     return _permute(a, model, layout, axes, inverse=False)
 
@@ -222,7 +308,7 @@ def from_refbayes(a, model, layout, axes=(-1,)):
     ----------
     a : array
         NumPy or CuPy array whose ``axes`` have length D and are in refbayes order.
-    model : FlatModel
+    model : FlatModel or CNN
         The refbayes model that fixes D and the layouts.
     layout : {"refbayes", "torch", "flax"}
         The order wanted for the parameter axes.
@@ -238,9 +324,9 @@ def from_refbayes(a, model, layout, axes=(-1,)):
     Raises
     ------
     ValueError
-        If model is not a FlatModel, layout is not one of LAYOUTS, a is not an array, axes is
-        empty, holds a non-integer, an axis out of range or the same axis twice, or an axis of
-        ``a`` in ``axes`` does not have length D.
+        If model is not a FlatModel or CNN, layout is not one of LAYOUTS, a is not an array,
+        axes is empty, holds a non-integer, an axis out of range or the same axis twice, or an
+        axis of ``a`` in ``axes`` does not have length D.
     """
     return _permute(a, model, layout, axes, inverse=True)
 
@@ -255,6 +341,10 @@ def to_layers(theta, model, layout="refbayes"):
       their names Dense_0, Dense_1, ... (Dense_10 before Dense_2), i.e. the order of
       ``jax.tree_util.tree_leaves(params)``.
 
+    A CNN: the same per layer with parameters (a Conv2d's weight (C_out, C_in, k_h, k_w) in
+    "refbayes" and "torch", its kernel (k_h, k_w, C_in, C_out) in "flax", modules Conv_0, ...
+    before Dense_0, ...; see the module docstring).
+
     Without biases (``model.bias`` False) the bias entries are left out.  Concatenating the
     raveled (row-major) tensors gives the layout's flat vector.
 
@@ -262,7 +352,7 @@ def to_layers(theta, model, layout="refbayes"):
     ----------
     theta : array of shape (D,)
         Flat parameter vector in refbayes order (float64 or float32, NumPy or CuPy).
-    model : FlatModel
+    model : FlatModel or CNN
         The refbayes model that fixes the layer sizes and whether layers have biases.
     layout : {"refbayes", "torch", "flax"}, default "refbayes"
         The framework whose tensors are wanted.
@@ -270,21 +360,22 @@ def to_layers(theta, model, layout="refbayes"):
     Returns
     -------
     list of array
-        The tensors, theta's dtype and backend; torch weights are transposed copies
-        (C-contiguous), the others are views into theta.
+        The tensors, theta's dtype and backend: in the "refbayes" layout views into theta; in
+        the others C-contiguous arrays (copies where the layout reorders a block: torch's Linear
+        weights, flax's Conv kernels and the Dense kernel after a Flatten).
 
     Raises
     ------
     ValueError
-        If model is not a FlatModel, layout is not one of LAYOUTS, or theta is not a finite
+        If model is not a FlatModel or CNN, layout is not one of LAYOUTS, or theta is not a finite
         float (D,) array.
     """
     _check_model(model)
     _check_layout(layout)
     xp = xp_of(theta)
     model.unflatten(theta)  # validates theta: finite float (D,)
-    out = _tensors(theta, model.sizes, model.bias, layout)
-    return [xp.ascontiguousarray(t) for t in out] if layout == "torch" else out
+    out = _tensors(theta, model, layout)
+    return [xp.ascontiguousarray(t) for t in out] if layout != "refbayes" else out
 
 
 def from_layers(params, model, layout="refbayes"):
@@ -298,7 +389,7 @@ def from_layers(params, model, layout="refbayes"):
     ----------
     params : list of array
         The layout's tensors, in its order: 2 L of them with biases, L without.
-    model : FlatModel
+    model : FlatModel or CNN
         The refbayes model that fixes the layer sizes and whether layers have biases.
     layout : {"refbayes", "torch", "flax"}, default "refbayes"
         The framework the tensors come from.
@@ -311,21 +402,21 @@ def from_layers(params, model, layout="refbayes"):
     Raises
     ------
     ValueError
-        If model is not a FlatModel, layout is not one of LAYOUTS, params is not a list of the
+        If model is not a FlatModel or CNN, layout is not one of LAYOUTS, params is not a list of the
         expected number of arrays, a tensor does not have its expected shape, or the tensors
         are not finite real arrays of one dtype on one backend.
     """
     _check_model(model)
     _check_layout(layout)
-    specs = _specs(model.sizes, model.bias, layout)
+    specs = _model_specs(model, layout)
     if not isinstance(params, (list, tuple)) or len(params) != len(specs):
         n = len(params) if isinstance(params, (list, tuple)) else "?"
         want = [f"{s[0]} {s[1]}" for s in specs]
         raise ValueError(f"params: expected a list of {len(specs)} arrays for the {layout!r} layout "
                          f"({', '.join(want)}), got {type(params).__name__} of length {n}")
-    pairs = [[None, None] for _ in range(model.n_layers)]
+    pairs = [[None, None] for _ in range(1 + max(s[2] for s in specs))]
     for k, (t, spec) in enumerate(zip(params, specs)):
-        name, shape, l, kind, transposed = spec
+        name, shape, l, kind, how = spec
         check_array(t, f"params[{k}] ({layout} {name})", shape=shape)
-        pairs[l][0 if kind == "W" else 1] = t.T if transposed else t
+        pairs[l][0 if kind == "W" else 1] = _from_layout(t, how) if kind == "W" else t
     return model.flatten([tuple(pair) for pair in pairs])

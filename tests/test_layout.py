@@ -409,3 +409,165 @@ def test_torch_network(name):
     G = model.per_example_grads(theta2, X, y)
     assert_close(to_refbayes(G_torch, model, "torch"), G, EXACT_F64, f"{name}: per-example gradients")
     assert_close(G_torch, from_refbayes(G, model, "torch"), EXACT_F64, f"{name}: per-example gradients back")
+
+
+# ----------------------------------------------------------------------------- CNNs (issue 34)
+
+def _cnn_models():
+    from refbayes.models import CNN, Activation, AvgPool2d, Conv2d, Dense, Flatten, tiny_cnn
+    two = CNN((2, 6, 5), [Conv2d(2, 3, (3, 2), stride=1, padding=1), Activation("tanh"),
+                          Conv2d(3, 2, (2, 2), stride=2, bias=False), Activation("relu"),
+                          AvgPool2d(1), Flatten(), Dense(2 * 3 * 3, 4), Activation("tanh"),
+                          Dense(4, 3)])
+    return {"tiny": tiny_cnn(), "two-conv": two}
+
+
+CNN_MODELS = _cnn_models()
+
+
+def _nhwc_forward(model, flax_params, x):
+    """One image through the CNN the flax way, written out: NHWC maps, kernels (k_h, k_w, C_in,
+    C_out), flatten in (h, w, c) order. flax_params: {"Conv_0": {"kernel", "bias"}, ...}."""
+    from refbayes.models import Activation, AvgPool2d, Conv2d, Dense, Flatten, MaxPool2d
+    a = x.transpose(1, 2, 0)  # (H, W, C)
+    n = {"Conv": 0, "Dense": 0}
+    for layer in model.layers:
+        if isinstance(layer, (Conv2d, Dense)):
+            kind = "Conv" if isinstance(layer, Conv2d) else "Dense"
+            p = flax_params[f"{kind}_{n[kind]}"]
+            n[kind] += 1
+            b = p.get("bias", 0.0)
+            if kind == "Dense":
+                a = a @ p["kernel"] + b
+                continue
+            (ph, pw), (sh, sw) = layer.padding, layer.stride
+            K = p["kernel"]
+            kh, kw = K.shape[:2]
+            xp_ = np.pad(a, ((ph, ph), (pw, pw), (0, 0)))
+            Ho, Wo = (xp_.shape[0] - kh) // sh + 1, (xp_.shape[1] - kw) // sw + 1
+            out = np.zeros((Ho, Wo, K.shape[3]))
+            for h in range(Ho):
+                for w in range(Wo):
+                    patch = xp_[sh * h:sh * h + kh, sw * w:sw * w + kw, :]
+                    out[h, w] = np.tensordot(patch, K, axes=3) + b
+            a = out
+        elif isinstance(layer, Activation):
+            a = {"tanh": np.tanh, "relu": lambda z: np.maximum(z, 0.0)}[layer.name](a)
+        elif isinstance(layer, (MaxPool2d, AvgPool2d)):
+            (kh, kw), (sh, sw) = layer.kernel, layer.stride
+            Ho, Wo = (a.shape[0] - kh) // sh + 1, (a.shape[1] - kw) // sw + 1
+            red = np.max if isinstance(layer, MaxPool2d) else np.mean
+            a = np.stack([np.stack([red(a[sh * h:sh * h + kh, sw * w:sw * w + kw], axis=(0, 1))
+                                    for w in range(Wo)]) for h in range(Ho)])
+        elif isinstance(layer, Flatten):
+            a = a.reshape(-1)  # (h, w, c): flax's x.reshape((x.shape[0], -1)) on NHWC
+    return a
+
+
+def _flax_cnn_tree(model, theta):
+    """The flax params of the CNN, built entry by entry: Conv kernels K[u, v, c, o] = W[o, c, u,
+    v]; the Dense after a Flatten of a (C, H, W) map takes its input row (h, w, c) from refbayes'
+    row (c, h, w); modules auto-named per class."""
+    from refbayes.models import Conv2d, Flatten
+    tree, n, flat, params = {}, {"Conv": 0, "Dense": 0}, None, iter(model.unflatten(theta))
+    for k, layer in enumerate(model.layers):
+        if isinstance(layer, Flatten):
+            flat = model.shapes[k]
+        if not hasattr(layer, "bias"):
+            continue
+        W, b = next(params)
+        kind = "Conv" if isinstance(layer, Conv2d) else "Dense"
+        if kind == "Conv":
+            K = np.empty(W.shape[2:] + W.shape[1::-1])
+            for o, c, u, v in np.ndindex(W.shape):
+                K[u, v, c, o] = W[o, c, u, v]
+        elif flat is not None:
+            C, H, W_ = flat
+            K = np.empty_like(W)
+            for c, h, w in np.ndindex(C, H, W_):
+                K[(h * W_ + w) * C + c] = W[(c * H + h) * W_ + w]
+            flat = None
+        else:
+            K = W
+        tree[f"{kind}_{n[kind]}"] = {"kernel": K} | ({"bias": b} if b is not None else {})
+        n[kind] += 1
+    return tree
+
+
+@pytest.mark.parametrize("name", sorted(CNN_MODELS))
+def test_flax_cnn_layout_is_a_network_that_computes_the_same_function(name):
+    """The flax params of a CNN built by hand (_flax_cnn_tree), run by an NHWC forward written
+    out here, give refbayes' outputs; their sorted-key ravel is from_refbayes(theta, "flax");
+    to_layers gives their leaves in that order and from_layers inverts it."""
+    model = CNN_MODELS[name]
+    theta = _theta(model, seed=7)
+    tree = _flax_cnn_tree(model, theta)
+    X = np.random.default_rng(8).standard_normal((3,) + model.input_shape)
+    f = np.stack([_nhwc_forward(model, tree, x) for x in X])
+    assert_close(f, model.forward(theta, X), EXACT_F64, f"{name}: NHWC forward")
+    np.testing.assert_array_equal(_ravel_sorted({"params": tree}),
+                                  from_refbayes(theta, model, "flax"))
+    leaves = [tree[m][leaf] for m in sorted(tree) for leaf in sorted(tree[m])]
+    tensors = to_layers(theta, model, "flax")
+    assert [t.shape for t in tensors] == [t.shape for t in leaves]
+    for a, b in zip(tensors, leaves):
+        np.testing.assert_array_equal(a, b)
+    np.testing.assert_array_equal(from_layers(tensors, model, "flax"), theta)
+    np.testing.assert_array_equal(to_refbayes(from_refbayes(theta, model, "flax"), model, "flax"),
+                                  theta)
+
+
+@pytest.mark.parametrize("name", sorted(CNN_MODELS))
+def test_torch_cnn_layout_is_conv_blocks_as_they_are_and_linear_weights_transposed(name):
+    model = CNN_MODELS[name]
+    theta = _theta(model, seed=9)
+    want = np.concatenate([part for W, b in model.unflatten(theta)
+                           for part in ((W if W.ndim == 4 else W.T).ravel(),)
+                           + ((b,) if b is not None else ())])
+    np.testing.assert_array_equal(from_refbayes(theta, model, "torch"), want)
+    np.testing.assert_array_equal(from_layers(to_layers(theta, model, "torch"), model, "torch"),
+                                  theta)
+    mine = to_layers(theta, model)
+    want = [t for W, b in model.unflatten(theta) for t in (W, b) if t is not None]
+    assert len(mine) == len(want)
+    for a, b in zip(mine, want):
+        np.testing.assert_array_equal(a, b)
+
+
+@pytest.mark.parametrize("name", sorted(CNN_MODELS))
+def test_torch_cnn_network(name):
+    """A real nn.Sequential of nn.Conv2d / nn.Linear: parameters_to_vector is
+    from_refbayes(theta, "torch") and the forward passes agree."""
+    torch = pytest.importorskip("torch")
+    from torch.nn.utils import parameters_to_vector
+    from refbayes.models import Activation, AvgPool2d, Conv2d, Dense, Flatten, MaxPool2d
+    nn = torch.nn
+    model = CNN_MODELS[name]
+    mods = []
+    for layer in model.layers:
+        if isinstance(layer, Conv2d):
+            mods.append(nn.Conv2d(layer.c_in, layer.c_out, layer.kernel, stride=layer.stride,
+                                  padding=layer.padding, bias=layer.bias, dtype=torch.float64))
+        elif isinstance(layer, Dense):
+            mods.append(nn.Linear(layer.n_in, layer.n_out, bias=layer.bias, dtype=torch.float64))
+        elif isinstance(layer, Activation):
+            mods.append({"tanh": nn.Tanh, "relu": nn.ReLU}[layer.name]())
+        elif isinstance(layer, MaxPool2d):
+            mods.append(nn.MaxPool2d(layer.kernel, layer.stride))
+        elif isinstance(layer, AvgPool2d):
+            mods.append(nn.AvgPool2d(layer.kernel, layer.stride))
+        elif isinstance(layer, Flatten):
+            mods.append(nn.Flatten())
+    net = nn.Sequential(*mods)
+    theta = _theta(model, seed=10)
+    with torch.no_grad():
+        for p, t in zip(net.parameters(), to_layers(theta, model, "torch")):
+            assert tuple(p.shape) == t.shape
+            p.copy_(torch.from_numpy(t))
+    vec = parameters_to_vector(net.parameters()).detach().numpy()
+    np.testing.assert_array_equal(vec, from_refbayes(theta, model, "torch"))
+    np.testing.assert_array_equal(to_refbayes(vec, model, "torch"), theta)
+    X = np.random.default_rng(11).standard_normal((4,) + model.input_shape)
+    with torch.no_grad():
+        f_torch = net(torch.from_numpy(X)).numpy()
+    assert_close(model.forward(theta, X), f_torch, EXACT_F64, f"{name}: forward")
