@@ -322,8 +322,8 @@ def step_full(state: FullState, batch, eps, cfg: NGVIConfig, model) -> tuple[Ful
         Standard-normal draws, one column per MC sample; None for curvature="exact".
     cfg : NGVIConfig
         Hyperparameters.
-    model : FlatModel
-        A refbayes.models model with D parameters.
+    model : FlatModel or CNN
+        A refbayes.models model with D parameters (an MLP, a linear model or a CNN).
 
     Returns
     -------
@@ -335,8 +335,8 @@ def step_full(state: FullState, batch, eps, cfg: NGVIConfig, model) -> tuple[Ful
     Raises
     ------
     ValueError
-        If state or cfg is invalid (see FullState, NGVIConfig); if model is not a FlatModel with D
-        parameters or batch does not fit it (see Batch); if eps is not None for "exact", or not a
+        If state or cfg is invalid (see FullState, NGVIConfig); if model is not a FlatModel or
+        CNN with D parameters or batch does not fit it (see Batch); if eps is not None for "exact", or not a
         finite (D, S >= 1) array of the state's dtype otherwise; if "exact" is used with a model
         that is not linear with one output and a Bernoulli or Gaussian likelihood; or if the arrays
         mix NumPy and CuPy. Also if the new precision is not positive definite (an indefinite
@@ -347,7 +347,7 @@ def step_full(state: FullState, batch, eps, cfg: NGVIConfig, model) -> tuple[Ful
     xp = xp_of(state.mu, state.Sigma_inv)
     dtype = state.mu.dtype
     N, alpha, beta, decay, b, curvature = _check_cfg(cfg, D, dtype)
-    check_model(model, D)
+    check_model(model, D, cnn=True)
     if curvature == "hess":
         check_hessian_backend(model, xp, 'ngvi.step_full: cfg.curvature "hess"', _HESS_ON_CUPY)
     X, y, M = check_batch(batch, model, N, dtype)
@@ -504,8 +504,8 @@ def step_meanfield(state: MeanFieldState, batch, eps, cfg: NGVIConfig,
         Standard-normal draws, one column per MC sample; None for curvature="exact".
     cfg : NGVIConfig
         Hyperparameters.
-    model : FlatModel
-        A refbayes.models model with D parameters.
+    model : FlatModel or CNN
+        A refbayes.models model with D parameters (an MLP, a linear model or a CNN).
 
     Returns
     -------
@@ -525,7 +525,7 @@ def step_meanfield(state: MeanFieldState, batch, eps, cfg: NGVIConfig,
     xp = xp_of(state.mu, state.prec_diag)
     dtype = state.mu.dtype
     N, alpha, beta, decay, b, curvature = _check_cfg(cfg, D, dtype)
-    check_model(model, D)
+    check_model(model, D, cnn=True)
     if curvature == "hess":
         check_hessian_backend(model, xp, 'ngvi.step_meanfield: cfg.curvature "hess"',
                               _HESS_ON_CUPY)

@@ -289,8 +289,8 @@ def step(state: SLANGState, batch, eps, cfg: SLANGConfig, model, *,
         Standard-normal draws for line 4, one column per MC sample.
     cfg : SLANGConfig
         Hyperparameters.
-    model : FlatModel
-        A refbayes.models model with D parameters.
+    model : FlatModel or CNN
+        A refbayes.models model with D parameters (an MLP, a linear model or a CNN).
     Omega : array of shape (L + M S, L + p), optional
         Test matrix of the randomized fast_eig; required with cfg.eig="randomized" and
         refused with cfg.eig="exact".
@@ -305,9 +305,9 @@ def step(state: SLANGState, batch, eps, cfg: SLANGConfig, model, *,
     Raises
     ------
     ValueError
-        If state or cfg is invalid (see SLANGState, SLANGConfig); if model is not a FlatModel with
-        D parameters or batch does not fit it (see Batch); if eps is None or not a (D, S >= 1)
-        array of the state's dtype; if Omega does not match cfg.eig or has the wrong shape; if the
+        If state or cfg is invalid (see SLANGState, SLANGConfig); if model is not a FlatModel or
+        CNN with D parameters or batch does not fit it (see Batch); if eps is None or not a
+        (D, S >= 1) array of the state's dtype; if Omega does not match cfg.eig or has the wrong shape; if the
         arrays mix NumPy and CuPy; or if the new d has an entry <= 0 (a randomized fast_eig that
         overshot diag(W W^T)).
     """
@@ -315,7 +315,7 @@ def step(state: SLANGState, batch, eps, cfg: SLANGConfig, model, *,
     xp = xp_of(state.mu, state.U, state.d)
     dtype = state.mu.dtype
     N, L, alpha, beta, decay, b = _check_cfg(cfg, D, L_state, dtype)
-    check_model(model, D)
+    check_model(model, D, cnn=True)
     X, y, M = check_batch(batch, model, N, dtype)
     S = check_eps(eps, D, dtype, "ef")  # SLANG's curvature is the EF: it needs draws
     if cfg.eig == "exact" and Omega is not None:

@@ -56,6 +56,7 @@ from refbayes._checks import (
 )
 from refbayes.backend import xp_of
 from refbayes.models import _conv_layers as cl
+from refbayes.models import _curvature
 from refbayes.models._layers import ACTIVATIONS, act_prime, activate
 from refbayes.models._kfac import check_moment_extras
 from refbayes.models.base import INIT_SCHEMES, KFACLayer
@@ -1190,6 +1191,10 @@ class CNN:
         params, caches, f = self._passes(xp, theta, X)
         C = self.likelihood._hess_factor(f, y)  # (M, K, R)
         return _diag_ggn_blocks(xp, self.layers, params, caches, C)  # (conv.18)
+
+    # sum_s of hessian(thetas[s]) (or of its diagonal): S autograd Hessians, as FlatModel's
+    # (ngvi's "hess" curvature, (ngvi.10))
+    _hessian_sum = _curvature._hessian_sum
 
     def hessian(self, theta, X, y):
         """Form the dense Hessian of sum_i l_i by autograd (NumPy only).
