@@ -1,12 +1,12 @@
 """The MNIST MLP experiment of the k-tied Normal paper (Swiatkowski et al. 2020, ICML,
 arXiv:2002.02655), on the 5000-image MNIST subset the data folder holds.
 
-Protocol (derivations/ktied.md gives every decision and why):
+Protocol (derivations/ktied_experiments.md gives every decision and why):
 
 - data: ``load_mnist_subset`` (pixels / 255), split per class by ``default_rng(SeedSequence(
   [seed, 0]))``: --n-train images (default 4000, 400 per digit) to train, the rest (1000) to test;
   or, with ``--mnist full``, full MNIST's official 60,000 / 10,000 (``load_mnist``, dataset
-  ``mnist``: the paper's data; derivations/ktied.md, "Full MNIST", has the measured run);
+  ``mnist``: the paper's data; derivations/ktied_experiments.md, "Full MNIST", has the measured run);
 - model: MLP 784-400-400-10 (--hidden), ReLU, categorical likelihood; prior N(0, I) (lam = 1);
 - runs: Gaussian mean-field VI (``methods.bbb``, the paper's GMFVI) and the k-tied Normal
   (``methods.ktied``) for k = 1, 2, 3 (--runs). All start from the same Glorot mean, the
@@ -35,7 +35,7 @@ data checksum and refbayes version match; otherwise the run stops naming the fil
 The table header and figure titles state the data, steps, M and S; a run below the paper's
 setting prints a caveat above the rows beside the paper's (``_report.caveat``); a run whose
 -ELBO / N still moved more than 1% over the last 10% of its steps is flagged "not converged"
-(``convergence`` in its JSON, the table, the figure legends; derivations/ktied.md).
+(``convergence`` in its JSON, the table, the figure legends; derivations/ktied_experiments.md).
 
 Parallel runs: the runs are independent jobs (``--jobs N`` local processes or
 ``--dask-scheduler ADDRESS``, ``refbayes.experiments._runner``): every draw comes from a
@@ -114,7 +114,7 @@ QUICK = dict(DEFAULTS, steps=600, eval_every=100, snr_steps=(200, 400), snr_draw
 # Seconds on the 2-core development VM (AMD EPYC), one BLAS thread per process, other jobs
 # keeping the load at 3-5: the default run is the sum of its four runs' recorded seconds
 # (mean field 2162, k = 1, 2, 3: 895, 506, 519; the mean-field run still with the BBB step before
-# its 1.6x speed-up, derivations/ktied.md, Performance) plus 60 s of post-hoc analysis, run as
+# its 1.6x speed-up, derivations/ktied_experiments.md, Performance) plus 60 s of post-hoc analysis, run as
 # two processes side by side; --quick is one process, wall clock. Remeasure when budgets change.
 MEASURED_SECONDS = {"default": 4140, "quick": 181}
 # Convergence (refbayes.experiments._report.plateau): the whole-training-set -ELBO / N of the

@@ -488,7 +488,7 @@ def write_predictions(plan, split: int, folder: Path) -> str:
     if pred["rmse"] == pred["saved_rmse"] and pred["ll"] == pred["saved_ll"]:
         verdict = "identical to the saved scores"
     else:  # rounding differs between machines, BLAS kernels and code versions; SLANG's
-        # UCI fits amplify it on some sets (derivations/uci.md, reproducibility)
+        # UCI fits amplify it on some sets (derivations/uci_experiments.md, reproducibility)
         verdict = (f"saved RMSE {pred['saved_rmse']:.6g}, LL {pred['saved_ll']:.6g}: RMSE differs "
                    f"by {abs(pred['rmse'] / pred['saved_rmse'] - 1):.1e} (relative), LL by "
                    f"{abs(pred['ll'] - pred['saved_ll']):.1e} nats")

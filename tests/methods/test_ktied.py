@@ -140,6 +140,30 @@ def test_k1_is_a_kronecker_product_of_diagonals():
         assert_close(sigma[lay.b_theta[l]:lay.b_theta[l] + n], sb, EXACT_F64, "bias scale")
 
 
+def test_paper_vs_note_k1_column_major_vec_is_diag_p_kron_diag_q():
+    """(ktied.9), Paper vs note: the supplement (App. A) writes the k = 1 variances of vec(W),
+    vec stacking COLUMNS, as P kron Q = diag(p) kron diag(q) = diag(vec(q p^T)) with q over the
+    rows and p over the columns of W; refbayes' theta is row-major, where the same variances are
+    diag(u^2) kron diag(v^2). Both from the package's sigma, float64, against dense Kronecker
+    products: the Kronecker factors swap with the order of vec."""
+    # checks (ktied.9)
+    model = _mlp()
+    state = _start(model, 1)
+    sigma = ktied.std(state, model)
+    lay = ktied.layout(model, 1)
+    for l, (U, V, _) in enumerate(ktied.scale_parameters(state, model)):
+        m, n = model.sizes[l], model.sizes[l + 1]
+        W_var = (sigma[lay.w_theta[l]:lay.w_theta[l] + m * n] ** 2).reshape(m, n)  # row-major
+        q, p = U[:, 0] ** 2, V[:, 0] ** 2                 # the paper's q (rows), p (columns)
+        col = W_var.reshape(-1, order="F")                # vec stacking columns (the paper's)
+        assert_close(np.diag(col), np.kron(np.diag(p), np.diag(q)), EXACT_F64, f"paper, layer {l}")
+        assert_close(col, np.outer(q, p).reshape(-1, order="F"), EXACT_F64, "diag(vec(q p^T))")
+        assert_close(np.diag(W_var.reshape(-1)), np.kron(np.diag(q), np.diag(p)), EXACT_F64,
+                     f"note, layer {l}")
+        if min(m, n) > 1:  # the two orders differ unless a factor is a scalar
+            assert not np.allclose(np.kron(np.diag(p), np.diag(q)), np.kron(np.diag(q), np.diag(p)))
+
+
 @settings(max_examples=40, deadline=None)
 @given(m=st.integers(1, 7), n=st.integers(1, 7), seed=st.integers(0, 2 ** 31),
        spread=st.floats(0.0, 8.0))

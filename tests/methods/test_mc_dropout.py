@@ -367,3 +367,38 @@ def test_predict_samples_draws_are_the_printed_map(inverted):
         assert pos == model.D
         assert_close(F[s], a, EXACT_F64, f"pass {s}")  # (mc_dropout.7)
     assert 0 < np.mean(np.concatenate([m.ravel() for m in masks_list[0]])) < 1
+
+
+def test_paper_vs_note_weight_orientation_and_keep_probability():
+    """Paper vs note, (mc_dropout.1): Gal and Ghahramani (2016), Sec. 3, give W_i the
+    dimensions K_i x K_{i-1} (outputs x inputs, acting on a column input) and keep a unit when
+    its binary variable is 1, with probability p_i; the note's W_k is (n_k, n_{k+1}) (rows =
+    inputs, a row input times W) and z ~ Bernoulli(1 - p), p the DROP probability. The package's
+    masked forward equals the paper's column form with W_i = W_k^T, and averaging it over every
+    mask with keep probability 1 - p gives the mean weight (1 - p) W, the paper's p_i M_i with
+    p_i = 1 - p (float64, all 2^3 masks enumerated)."""
+    # checks (mc_dropout.1)
+    rng = np.random.default_rng(11)
+    model = MLP([3, 4, 2], activation="relu", likelihood="gaussian")
+    theta = rng.standard_normal(model.D)
+    X = rng.standard_normal((5, 3))
+    masks = [rng.integers(0, 2, (5, n)).astype(float) for n in model.sizes[:-1]]
+    params = model.unflatten(theta)
+    for i in range(5):
+        a = X[i]
+        for k, (W, b) in enumerate(params):
+            h = W.T @ (masks[k][i] * a) + b          # the paper's K_i x K_{i-1} matrix W^T
+            a = np.maximum(h, 0.0) if k < len(params) - 1 else h
+        assert_close(dr.masked_forward(model, theta, X, masks, 1.0)[i], a, EXACT_F64,
+                     f"row {i}: column form")
+    p = 0.3
+    lin = MLP([3, 2], activation="relu", likelihood="gaussian")
+    th = rng.standard_normal(lin.D)
+    x = rng.standard_normal((1, 3))
+    mean = np.zeros((1, 2))
+    for bits in range(8):
+        z = np.array([[(bits >> j) & 1 for j in range(3)]], dtype=float)
+        weight = np.prod(np.where(z == 1.0, 1.0 - p, p))     # keep with probability 1 - p
+        mean += weight * dr.masked_forward(lin, th, x, [z], 1.0)
+    (W, b), = lin.unflatten(th)
+    assert_close(mean, x @ ((1.0 - p) * W) + b, EXACT_F64, "E[W] = p_i M_i with p_i = 1 - p")

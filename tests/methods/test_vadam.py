@@ -381,3 +381,44 @@ def test_sample_draws_are_the_printed_map():
     by_hand = state.mu[:, None] + eps / np.sqrt(N * state.s + LAM)[:, None]  # (vadam.3)
     assert_close(vadam.sample(state, eps, cfg), by_hand, EXACT_F64, "draws")
     assert np.max(np.abs(by_hand - state.mu[:, None])) > 1e-2  # the perturbation is not negligible
+
+
+# ----------------------------------------------------------------------------- paper vs note
+# Each "Paper vs note:" line of derivations/vadam.md names one of these: the library's step on a
+# D = 2 linear regression (the note's worked example, three rows) against the note's line written
+# out here in float64, and the issue's transcription of Fig. 1's line, which differs.
+
+def _paper_vs_note_step():
+    model = MLP([1, 1], likelihood="gaussian", noise_precision=1.0)   # theta = (w, b)
+    X, y = np.array([[1.0], [2.0], [4.0]]), np.array([1.0, 3.0, 2.0])
+    cfg = vadam.VadamConfig(5, 4.0, alpha=1.0, beta1=0.5, beta2=0.75)
+    state = vadam.init(np.array([0.5, -0.5]), np.array([0.1, 0.2]))._replace(m=np.array([0.2, -0.1]))
+    new, info = vadam.step(state, vadam.Batch(X, y), np.array([[1.0], [-1.0]]), cfg, model)
+    theta = info.theta[:, 0]
+    r = X[:, 0] * theta[0] + theta[1] - y                       # residuals f - y
+    G = r[:, None] * np.column_stack([X[:, 0], np.ones(3)])      # per-example gradients (3, 2)
+    return state, new, info, G
+
+
+def test_paper_vs_note_gradient_is_the_minibatch_mean():
+    """(vadam.4): g = (1/M) sum_i grad l_i (M = 3); read as the summed minibatch gradient, the
+    transcribed line is M times larger (E-vadam.2)."""
+    # checks (vadam.4)
+    _, _, info, G = _paper_vs_note_step()
+    assert_close(info.g_hat, G.mean(axis=0), EXACT_F64, "g_hat")   # (vadam.4)
+    assert_close(G.sum(axis=0) / info.g_hat, np.full(2, 3.0), EXACT_F64, "summed / mean")
+
+
+def test_paper_vs_note_denominator_is_sqrt_s_hat_plus_lam_over_n():
+    """(vadam.9): mu' = mu - alpha m_hat / (sqrt(s_hat) + lam / N) with N = 5; the transcribed
+    sqrt(s_hat) + eta / 3 gives another step (E-vadam.1)."""
+    # checks (vadam.9)
+    state, new, info, G = _paper_vs_note_step()
+    g = G.mean(axis=0)
+    m_hat = (0.5 * state.m + 0.5 * (g + 0.8 * state.mu)) / 0.5          # (vadam.6), (vadam.8)
+    s_hat = (0.75 * state.s + 0.25 * g * g) / 0.25                      # (vadam.7), (vadam.8)
+    note = state.mu - m_hat / (np.sqrt(s_hat) + 4.0 / 5)               # (vadam.9)
+    printed = state.mu - m_hat / (np.sqrt(s_hat) + 4.0 / 3)
+    assert_close(new.mu, note, EXACT_F64, "mu")
+    step_note, step_printed = note - state.mu, printed - state.mu
+    assert np.max(np.abs(step_printed - step_note)) > 1e-2 * np.max(np.abs(step_note))

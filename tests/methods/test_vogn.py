@@ -577,3 +577,78 @@ def test_sample_draws_are_the_printed_map():
     by_hand = state.mu[:, None] + sigma[:, None] * eps  # (vogn.4)
     assert_close(vogn.sample(state, eps, cfg), by_hand, EXACT_F64, "draws")
     assert np.max(np.abs(by_hand - state.mu[:, None])) > 1e-2  # the perturbation is not negligible
+
+
+# ----------------------------------------------------------------------------- paper vs note
+# Each "Paper vs note:" line of derivations/vogn.md names one of these: the library's step on a
+# D = 2 linear regression (the note's worked example) against the note's line written out here in
+# float64, and the issue's transcription of Algorithm 1's line, which differs.
+
+def _paper_vs_note_step(tau=2.0, rho=2.0, delta=2.0, gamma=0.5, beta1=0.5, beta2=0.5):
+    model = MLP([1, 1], likelihood="gaussian", noise_precision=1.0)   # theta = (w, b)
+    X, y = np.array([[1.0], [2.0], [4.0]]), np.array([1.0, 3.0, 2.0])
+    cfg = vogn.VOGNConfig(3, delta, alpha=1.0, beta1=beta1, beta2=beta2, gamma=gamma, tau=tau,
+                          rho=rho)
+    state = vogn.init(np.array([0.5, -0.5]), np.array([0.5, 0.25]))._replace(m=np.array([0.2, -0.1]))
+    eps = np.array([[1.0], [-1.0]])
+    new, info = vogn.step(state, vogn.Batch(X, y), eps, cfg, model)
+    theta = info.theta[:, 0]
+    r = X[:, 0] * theta[0] + theta[1] - y                       # residuals f - y
+    G = r[:, None] * np.column_stack([X[:, 0], np.ones(3)])      # per-example gradients (3, 2)
+    return state, cfg, new, info, G
+
+
+def test_paper_vs_note_sigma_carries_tau_and_n_eff():
+    """(vogn.4): sigma = (tau / (N_eff (s + delta~ + gamma)))^{1/2}, N_eff = rho N; the transcribed
+    Alg. 1 line (1 / (N (s + delta~ + gamma)))^{1/2}, N = rho N, is smaller by sqrt(tau) at tau = 2."""
+    # checks (vogn.4)
+    state, cfg, new, info, _ = _paper_vs_note_step()
+    N_eff = 2.0 * 3                                             # (vogn.2)
+    dt = 2.0 * 2.0 / N_eff                                      # (vogn.2)
+    note = np.sqrt(2.0 / (N_eff * (state.s + dt + 0.5)))        # (vogn.4)
+    printed = np.sqrt(1.0 / (N_eff * (state.s + dt + 0.5)))
+    assert_close(info.sigma, note, EXACT_F64, "sigma")
+    assert_close(info.sigma / printed, np.full(2, np.sqrt(2.0)), EXACT_F64, "ratio to printed")
+    assert_close(info.prec_diag, (N_eff / 2.0) * (new.s + dt + 0.5), EXACT_F64, "prec_diag")
+
+
+def test_paper_vs_note_allreduce_is_row_weighted():
+    """(vogn.6): workers with M_w = 1 and 2 rows; the reduction is the M-weighted mean (= the
+    one-worker estimate), not the transcribed plain mean of the workers' estimates."""
+    # checks (vogn.6)
+    state, cfg, _, info, G = _paper_vs_note_step()
+    model = MLP([1, 1], likelihood="gaussian", noise_precision=1.0)
+    X, y = np.array([[1.0], [2.0], [4.0]]), np.array([1.0, 3.0, 2.0])
+    eps = np.array([[1.0], [-1.0]])
+    parts = ([0], [1, 2])
+    ests = [vogn.local_estimates(state, vogn.Batch(X[p], y[p]), eps, cfg, model) for p in parts]
+    red = vogn.allreduce(ests)
+    assert_close(red.g_hat, G.mean(axis=0), EXACT_F64, "weighted ghat")
+    assert_close(red.h_hat, (G ** 2).mean(axis=0), EXACT_F64, "weighted hhat")
+    plain = 0.5 * (G[0] + G[1:].mean(axis=0))
+    assert _rel(plain, G.mean(axis=0)) > 1e-2
+
+
+def test_paper_vs_note_momentum_prior_is_delta_tilde():
+    """(vogn.7): m <- beta1 m + (ghat + delta~ mu), delta~ = tau delta / N_eff; the transcribed
+    line's delta mu differs by (delta - delta~) mu."""
+    # checks (vogn.7)
+    state, cfg, new, info, G = _paper_vs_note_step()
+    dt = 2.0 * 2.0 / 6.0                                        # (vogn.2)
+    note = 0.5 * state.m + (G.mean(axis=0) + dt * state.mu)     # (vogn.7)
+    printed = 0.5 * state.m + (G.mean(axis=0) + 2.0 * state.mu)
+    assert_close(new.m, note, EXACT_F64, "m")
+    assert_close(printed - new.m, (2.0 - dt) * state.mu, EXACT_F64, "printed - note")
+
+
+@pytest.mark.parametrize("tau", [1.0, 2.0])
+def test_paper_vs_note_curvature_average_has_no_tau(tau):
+    """(vogn.8): s <- (1 - beta2) s + beta2 hhat; the transcribed (1 - tau beta2) s + beta2 hhat
+    agrees at tau = 1 only."""
+    # checks (vogn.8)
+    state, cfg, new, info, G = _paper_vs_note_step(tau=tau, beta2=0.25)
+    hhat = (G ** 2).mean(axis=0)                                # (vogn.5)
+    note = 0.75 * state.s + 0.25 * hhat                         # (vogn.8)
+    printed = (1 - tau * 0.25) * state.s + 0.25 * hhat
+    assert_close(new.s, note, EXACT_F64, "s")
+    assert (_rel(printed, note) <= EXACT_F64) == (tau == 1.0)
