@@ -15,8 +15,8 @@ BLOCK = re.compile(r"^```python\n(.*?)^```", re.S | re.M)
 HEADING = re.compile(r"^## Worked example", re.M)
 
 # the methods' notes: each has its worked example of the method's central equation
-METHOD_NOTES = ("bbb", "exact_vi", "ktied", "laplace", "mc_dropout", "ngvi", "noisy_adam",
-                "noisy_kfac", "riemannian_laplace", "slang", "swag", "vadam", "vogn")
+METHOD_NOTES = ("bbb", "exact_vi", "ktied", "laplace", "mc_dropout", "ngvi", "noise_gamma",
+                "noisy_adam", "noisy_kfac", "riemannian_laplace", "slang", "swag", "vadam", "vogn")
 
 
 def blocks(path: Path) -> list[tuple[int, str]]:
