@@ -522,10 +522,7 @@ def _random_part(model, theta_map, X, cfg):
     the features phi(X) (peg.15), whose curvature is the exact last-layer block of the whole
     network's (laplace.23); for "all" the model itself.  cfg is validated later."""
     if isinstance(cfg, LaplaceConfig) and cfg.subset == "last_layer":
-        if isinstance(model, CNN):
-            raise ValueError("cfg.subset: 'last_layer' is not provided for a CNN (it has no "
-                             "last_layer split yet); use subset 'all'")
-        head, phi = model.last_layer(theta_map, X)  # (laplace.23)
+        head, phi = model.last_layer(theta_map, X)  # (laplace.23); a CNN's ends in a Dense
         n_fixed = model.D - head.D
         return head, theta_map[n_fixed:], phi, n_fixed
     return model, theta_map, X, 0

@@ -33,8 +33,8 @@ and ``kfac_block_errors`` with FlatModel's signatures plus ``approx`` ("expand",
 way. The factors (A_l, B_l) are those of the matrix W~_l of ``kfac_layout`` (for a conv layer
 [Wm^T; b^T], a permutation of theta's block; for a dense layer theta's block itself).
 
-Not provided yet (issue 34, later slices): ``last_layer`` and dropout; ``last_layer`` raises
-NotImplementedError. CNN is not a FlatModel
+``last_layer`` splits off a final Dense (peg.15); MC dropout's masked passes are
+refbayes.models.dropout's. CNN is not a FlatModel
 subclass: FlatModel's inherited methods read the MLP's ``sizes`` layout and would compute the
 wrong thing on a CNN rather than fail.
 """
@@ -59,14 +59,13 @@ from refbayes.models import _conv_layers as cl
 from refbayes.models import _curvature
 from refbayes.models._layers import ACTIVATIONS, act_prime, activate
 from refbayes.models._kfac import check_moment_extras
-from refbayes.models.base import INIT_SCHEMES, KFACLayer
+from refbayes.models.base import INIT_SCHEMES, FlatModel, KFACLayer
 from refbayes.models.likelihoods import LIKELIHOODS, make_likelihood
 
 __all__ = ["Conv2d", "MaxPool2d", "AvgPool2d", "Flatten", "Dense", "Activation", "CNN",
            "CNN_IMPLS", "KFAC_APPROX", "tiny_cnn", "lenet5"]
 
 CNN_IMPLS = ("vectorized", "autograd")  # per_example_grads' implementations (FlatModel's names)
-_ISSUE = "issue 34 (CNNs across the library): not provided for CNN yet"
 
 
 def _pair(value, name: str, low: int):
@@ -589,29 +588,6 @@ def _kfac_block_error(xp, U, E, A, B):
 
 
 # ---------------------------------------------------------------------------- the model
-
-def _not_provided(name: str):
-    """A CNN method that FlatModel has and CNN does not have yet: it raises NotImplementedError."""
-    def method(self, *args, **kwargs):
-        raise NotImplementedError(f"CNN.{name}: {_ISSUE} (FlatModel.{name} is the MLP's)")
-    method.__name__ = name
-    method.__qualname__ = f"CNN.{name}"
-    method.__doc__ = f"""Raise NotImplementedError: FlatModel.{name} has no CNN version yet (issue 34).
-
-        Parameters
-        ----------
-        *args : object
-            FlatModel.{name}'s arguments, ignored.
-        **kwargs : object
-            FlatModel.{name}'s keyword arguments, ignored.
-
-        Raises
-        ------
-        NotImplementedError
-            Always.
-        """
-    return method
-
 
 class CNN:
     """A sequential convolutional network x -> f(x; theta) with a likelihood p(y | f).
@@ -1763,9 +1739,45 @@ class CNN:
                 "kfac_norm": xp.stack(kfac).astype(dtype, copy=False),
                 "exact_norm": xp.stack(exact).astype(dtype, copy=False)}
 
-    # ---- FlatModel methods not provided yet (issue 34, later slices) --------------------------
+    # ---- the last layer ----------------------------------------------------------------------
 
-    last_layer = _not_provided("last_layer")
+    def last_layer(self, theta, X):
+        """Split the network into its features and its last layer: f(x) = head(phi(x)).
+
+        The last layer must be a Dense: phi(x) is its input (the output of every layer before
+        it), and the head is the one-layer model of its W, b with this CNN's likelihood; its
+        parameters are theta[D - head.D:], the last entries of the layout (conv.3), in the
+        head's own order (W (n_in, n_out) row-major, then b).  (peg.15)
+
+        Parameters
+        ----------
+        theta : array of shape (D,)
+            Flat parameter vector (float64 or float32).
+        X : array of shape (M, C, H, W) or (M, C H W)
+            Images NCHW, or their rows flattened row-major; M >= 1, theta's dtype.
+
+        Returns
+        -------
+        head : FlatModel
+            The last layer as a model, sizes [n_in, n_out], this CNN's likelihood and the
+            Dense's bias.
+        phi : array of shape (M, n_in)
+            The features at theta.
+
+        Raises
+        ------
+        ValueError
+            If the last layer is not a Dense, or theta or X is invalid (see
+            refbayes.models.conv).
+        """
+        last = self.layers[-1]
+        if not isinstance(last, Dense):
+            raise ValueError(f"last_layer: the CNN's last layer is {last!r}, not a Dense; the "
+                             "last-layer split needs the output to be a Dense of the features")
+        xp, theta, X, _ = self._inputs(theta, X, need_y=False)
+        caches = self._passes(xp, theta, X)[1]
+        head = FlatModel((last.n_in, last.n_out), "tanh", self.likelihood, last.bias)
+        return head, caches[-1]  # the Dense's cache is its input a: phi(x)  (peg.15)
 
 
 def _check_output(shape: tuple, likelihood: str):

@@ -2,7 +2,7 @@
 "diag" precisions against the model's dense GGN plus the prior, the "kron" precision against
 ``kfac_curvature``'s Kronecker blocks placed densely through ``kfac_layout`` (conv.24), its
 draws against the dense symmetric root, the evidence and the GLM / MC predictives against dense
-computations, and the refusal of "last_layer". derivations/conv.md (conv.33)."""
+computations, and the last-layer split of a CNN ending in a Dense. derivations/conv.md (conv.33)."""
 from __future__ import annotations
 
 import math
@@ -139,13 +139,10 @@ def test_predictives_are_the_dense_ones(structure):
     assert rel_err(glm.y_var - glm.f_var, np.broadcast_to(np.eye(3), (3, 3, 3))) < EXACT_F64
 
 
-def test_last_layer_is_refused_and_layerwise_prior_follows_the_tensors():
-    """subset "last_layer" raises a ValueError naming the CNN; expand_prior_precision repeats
-    one value per torch tensor (conv weight, conv bias, dense weight, dense bias)."""
+def test_layerwise_prior_follows_the_tensors():
+    """expand_prior_precision repeats one value per torch tensor (conv weight, conv bias, dense
+    weight, dense bias); a kron state with a foreign kron_perm is refused."""
     model, X, y, theta = _problem("tiny")
-    cfg = laplace.LaplaceConfig(DELTA, "kron", "ggn", "last_layer")
-    with pytest.raises(ValueError, match="CNN"):
-        laplace.fit(model, theta, X, y, cfg, check_stationary=False)
     delta = laplace.expand_prior_precision(model, np.array([1.0, 2.0, 3.0, 4.0]))
     assert np.array_equal(delta, np.repeat([1.0, 2.0, 3.0, 4.0], [18, 2, 24, 3]))
     bad = laplace.fit(model, theta, X, y, laplace.LaplaceConfig(DELTA, "kron"),
@@ -153,3 +150,56 @@ def test_last_layer_is_refused_and_layerwise_prior_follows_the_tensors():
     with pytest.raises(ValueError, match="kron_perm"):
         laplace.sample(bad._replace(kron_perm=np.arange(model.D)[::-1].copy()),
                        np.zeros((model.D, 1)))
+
+
+@pytest.mark.parametrize("curvature", ["ggn", "ef", "hessian"])
+@pytest.mark.parametrize("likelihood", ["categorical", "gaussian"])
+def test_last_layer_on_a_cnn_is_the_networks_block(likelihood, curvature):
+    """(laplace.23) on a CNN: the head's curvature on the features phi (the input of the final
+    Dense) is the exact last-layer block of the whole CNN's GGN / EF / Hessian; the sampler
+    moves only those entries, with covariance the block's inverse; the GLM predictive uses the
+    last Jacobian columns; kron is the head's K-FAC."""
+    # checks (peg.15)
+    model, X, y, theta = _problem("tiny", likelihood)
+    head, phi = model.last_layer(theta, X)
+    off = model.D - head.D
+    assert (head.sizes, off) == ((8, model.n_out), model.D - 9 * model.n_out)
+    G = model.per_example_grads(theta, X, y)
+    H = {"ggn": lambda: model.ggn(theta, X, y), "ef": lambda: G.T @ G,
+         "hessian": lambda: model.hessian(theta, X, y)}[curvature]()
+    delta = np.linspace(0.5, 1.5, head.D)
+    state = laplace.fit(model, theta, X, y,
+                        laplace.LaplaceConfig(delta, "full", curvature, "last_layer"),
+                        check_stationary=False)
+    assert state.n_fixed == off
+    _close(laplace.dense_precision(state), H[off:, off:] + np.diag(delta), "precision")
+    Th = laplace.sample(state, np.eye(head.D))
+    assert np.all(Th[:off] == theta[:off, None])
+    R = Th[off:] - theta[off:, None]
+    Sigma = np.linalg.inv(laplace.dense_precision(state))
+    _close(R @ R.T, Sigma, "R R^T")
+    X_star = np.random.default_rng(5).standard_normal((3, model.n_in))  # rows, as X
+    J = model.jacobian(theta, X_star)[:, :, off:]
+    pred = (laplace.glm_predictive if likelihood == "gaussian"
+            else laplace.glm_class_predictive)(model, state, X_star)
+    _close(pred.f_var, np.einsum("mkd,de,mle->mkl", J, Sigma, J), "f_var")
+    if curvature != "hessian":
+        kr = laplace.fit(model, theta, X, y,
+                         laplace.LaplaceConfig(2.0, "kron", curvature, "last_layer"),
+                         check_stationary=False)
+        (A, B), = head.kfac_curvature(theta[off:], phi, y, curvature)
+        _close(laplace.dense_precision(kr), np.kron(A, B) + 2.0 * np.eye(head.D), "kron")
+
+
+def _close(a, b, what):
+    err = rel_err(a, b)
+    assert err <= EXACT_F64, f"{what}: relative error {err:.3e}"
+
+
+def test_last_layer_needs_a_final_dense():
+    conv_last = CNN((1, 4, 4), [Conv2d(1, 2, (3, 3)), Activation("relu"), Flatten(),
+                                Dense(8, 3), Activation("tanh")], likelihood="gaussian")
+    rng = np.random.default_rng(0)
+    theta, X = conv_last.init_theta(rng), rng.standard_normal((2, 1, 4, 4))
+    with pytest.raises(ValueError, match="not a Dense"):
+        conv_last.last_layer(theta, X)

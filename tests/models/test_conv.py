@@ -337,13 +337,17 @@ def test_bad_inputs_name_the_argument():
         model.flatten([model.unflatten(theta)[0], (np.zeros((3, 8)), np.zeros(3))])
 
 
-def test_curvature_not_provided_names_the_issue():
+def test_last_layer_splits_off_the_final_dense():
+    """f(x) = head(phi(x)) with the head's parameters the last entries of theta (peg.15); its
+    gradients are the last block of the CNN's."""
+    # checks (peg.15)
     model = tiny_cnn()
     theta, X, y = _batch(model)
-    # the K-FAC methods are provided from the third slice (tests/models/test_conv_kfac.py)
-    for name in ("last_layer",):
-        with pytest.raises(NotImplementedError, match="issue 34"):
-            getattr(model, name)(theta, X, y)
+    head, phi = model.last_layer(theta, X)
+    off = model.D - head.D
+    assert head.sizes == (8, 3) and phi.shape == (X.shape[0], 8)
+    assert_close(head.forward(theta[off:], phi), model.forward(theta, X), EXACT_F64, "f")
+    assert_close(head.grad(theta[off:], phi, y), model.grad(theta, X, y)[off:], EXACT_F64, "g")
 
 
 @pytest.mark.parametrize("name", ["tiny-categorical", "mixed-gaussian", "conv-after-conv-padded"])
