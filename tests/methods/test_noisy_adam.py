@@ -217,7 +217,7 @@ def test_info_contract_and_sampling():
     for name in ("sigma", "g_hat", "h_hat", "v", "m", "f", "m_tilde", "m_hat", "mu"):
         assert getattr(info, name).shape == (D,), name
         assert getattr(info, name).dtype == np.float64, name
-    assert_close(info.gamma_in, 0.5 * ETA / N, EXACT_F64, "gamma_in = kl eta / N")
+    assert_close(info.gamma_in, 0.5 * ETA / N, EXACT_F64, "gamma_in = kl prior_precision / N = kl / (N eta)")
     assert_close(info.m_hat, info.m_tilde / (info.f + 0.5 * ETA / N + 0.2), EXACT_F64,
                  "gamma = gamma_in + gamma_ex in the mean update")
     assert_close(info.w, na.sample(state, eps, cfg), EXACT_F64, "draws")

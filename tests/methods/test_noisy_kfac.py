@@ -464,8 +464,9 @@ def test_factored_pi_divides_by_the_bias_augmented_dimension():
 
 def test_v_is_the_negated_ascent_form_averaged_over_the_draws():
     """(noisy_kfac.8) with S draws: V = (1 / S) sum_s V_s, V_s = (1/M) sum_i grad l_i(w_s)
-    + gamma_in w_s; Zhang et al.'s Algorithm 2 prints the ascent form V_l^paper = D_{W_l} log p
-    - gamma_in W_l (and M_l <- M_l + alpha ...), so V = -(1/S) sum_s V_s^paper and the mean
+    + gamma_in w_s; the official code (and the issue's transcription of Zhang et al.'s Algorithm
+    2; the paper itself was not read, derivations/noisy_kfac.md) uses the ascent form V_l^asc =
+    D_{W_l} log p - gamma_in W_l (and M_l <- M_l + alpha ...), so V = -(1/S) sum_s V_s^asc and the mean
     moves by +alpha times the preconditioned ascent direction. Written out from model.grad (the
     SUMMED negative log-likelihood) at the step's own draws info.w; the one-draw V_1 is not V."""
     # checks (noisy_kfac.8), (noisy_kfac.11)
@@ -531,3 +532,39 @@ def test_step_tau_is_the_former_name_of_noise_precisions_kept_one_release_with_a
     assert np.array_equal(got.mu, want.mu) and np.array_equal(got.m, want.m)
     with pytest.raises(ValueError, match="noise_precisions= only"):
         nk.step(state, (X, y), eps, cfg, model, noise_precisions=taus, tau=taus)
+
+
+@pytest.mark.parametrize("damping", nk.DAMPINGS)
+def test_the_mean_step_preconditions_with_the_factors_of_the_last_refresh(damping):
+    """C4 (derivations/noisy_kfac.md), the update order: step t's P is the damped solve
+    (noisy_kfac.9) of V with the A_ref, S_ref the step STARTS with, and only afterwards are
+    step t's statistics averaged in (noisy_kfac.4) and the factors refreshed (noisy_kfac.12),
+    as in the official code. The other order (refresh with step t's statistics before the
+    solve, which the issue's transcription attributes to Algorithm 2) gives another P. One
+    layer, T_stats = T_inv = 1, beta = 0.5, curvature "ef", one draw, float64."""
+    # checks (noisy_kfac.9), (noisy_kfac.12)
+    rng = np.random.default_rng(38)
+    model = MLP([2, 3], "tanh", "gaussian")
+    state = _state_with_factors(model, rng)
+    N, eta, lam, g_ex = 20, 0.5, 0.8, 0.1
+    cfg = nk.NoisyKFACConfig(N, eta=eta, kl_weight=lam, gamma_ex=g_ex, alpha=0.1, beta=0.5,
+                             momentum=0.0, curvature="ef", damping=damping)
+    gamma = lam / (N * eta) + g_ex
+    X, y = rng.standard_normal((7, 2)), rng.standard_normal((7, 3))
+    new, info = nk.step(state, Batch(X, y), rng.standard_normal((model.D, 1)), cfg, model)
+
+    def solve(A, S):
+        if damping == "exact":
+            K = np.kron(A, S) + gamma * np.eye(A.shape[0] * S.shape[0])
+        else:
+            pi = math.sqrt((np.trace(A) / A.shape[0]) / (np.trace(S) / S.shape[0]))
+            r = math.sqrt(gamma)
+            K = np.kron(A + pi * r * np.eye(A.shape[0]), S + r / pi * np.eye(S.shape[0]))
+        return np.linalg.solve(K, info.V)
+
+    A_new = 0.5 * state.A[0] + 0.5 * info.A_hat[0]
+    S_new = 0.5 * state.S[0] + 0.5 * info.S_hat[0]
+    assert rel_err(new.A_ref[0], A_new) < EXACT_F64 and rel_err(new.S_ref[0], S_new) < EXACT_F64
+    assert rel_err(info.P, solve(state.A_ref[0], state.S_ref[0])) < EXACT_F64
+    assert rel_err(info.P, solve(A_new, S_new)) > 1e-3
+    assert rel_err(new.mu, state.mu - cfg.alpha * info.P) < EXACT_F64

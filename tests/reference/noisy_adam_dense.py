@@ -9,7 +9,8 @@ import numpy as np
 
 def noisy_adam_step(mu, m, f, t, loss_grads, eps, N, eta, alpha, beta1, beta2, kl=1.0,
                     gamma_ex=0.0, squares="minibatch", prior_sign=-1.0, grad_scale=1.0):
-    """Algorithm 1's loop body with k = t + 1; eta is the prior PRECISION (paper: 1 / eta).
+    """Algorithm 1's loop body with k = t + 1; eta here is NoisyAdamConfig.prior_precision, the
+    prior PRECISION 1 / eta_paper (the paper's eta is the prior variance).
 
     loss_grads: theta -> (M, D) per-example LOSS gradients (the log-likelihood gradient is their
     negative). prior_sign = -1 is the derived v = grad log p - gamma_in w; +1 reproduces the
