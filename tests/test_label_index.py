@@ -183,3 +183,22 @@ def test_labels_out_of_reading_order_or_with_a_gap_are_named(tmp_path):
             assert named == []
         else:
             assert len(named) == 1 and named[0].startswith(bad) and "reading order" in named[0]
+
+
+def test_every_label_has_a_paper_line(index):
+    """Issue 38, item 4: each label says what its paper prints, or why nothing is quoted."""
+    missing = index.paper_problems()
+    assert not missing, "\n".join(missing)
+
+
+def test_a_paper_line_covers_the_labels_it_names_or_the_one_defined_above_it(tmp_path):
+    (tmp_path / "derivations").mkdir()
+    (tmp_path / "derivations" / "bar.md").write_text(
+        "(bar.1) one\n\nPaper: the same.\n\n(bar.2) two\n\n(bar.3) three\n\n"
+        "Paper vs note: (bar.2) differs in sign.\n\n(bar.4) four\n")
+    index = li.build(tmp_path)
+    assert {k: bool(v.paper) for k, v in index.labels.items()} == {
+        "bar.1": True, "bar.2": True, "bar.3": False, "bar.4": False}
+    named = index.paper_problems()
+    assert [p.split(" ")[0] for p in named] == ["(bar.3)", "(bar.4)"]
+    assert "no 'Paper:' or 'Paper vs note:' line" in named[0]

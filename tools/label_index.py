@@ -20,6 +20,9 @@ Rules (the page repeats them):
   listed with the function (or class) around it. A tag in a module docstring does not count as a
   code line (it says which file, not which line); the page shows it only for a label with none.
 - **Reading order**: each prefix's labels are defined as 1, 2, ..., n down its note, no gaps.
+- **Paper line**: every label is covered by a line of its note that starts ``Paper:`` or ``Paper
+  vs note:`` (what the paper prints there, or why there is nothing to quote); such a line covers
+  the labels it names, or, naming none, the label defined last above it.
 - **Deciding test**: a tag in a ``tests/**/test_*.py`` file, listed as the test around it
   (``file::test`` or ``file::Class::test``); a tag in that file's module docstring, or in a helper
   (a dense twin, a fixture) names the file. Tags in other files under tests/ (the dense oracles of
@@ -460,8 +463,9 @@ def main(argv=None) -> int:
     parser.add_argument("--papers", action="store_true",
                         help="print the labels no 'Paper:' line covers (and exit 1 if any)")
     parser.add_argument("--check", action="store_true",
-                        help="write nothing; exit 1 if a label lacks a code line or a deciding "
-                             "test, or a tag names no label")
+                        help="write nothing; exit 1 if a label lacks a code line, a deciding "
+                             "test or a Paper line, is out of reading order, or a tag names no "
+                             "label")
     args = parser.parse_args(argv)
     index = build()
     if args.papers:
@@ -469,7 +473,7 @@ def main(argv=None) -> int:
         print("\n".join(missing) or "every label has its Paper line")
         return int(bool(missing))
     text = render(index)
-    problems = index.problems()
+    problems = index.problems() + index.paper_problems()
     for line in problems:
         print(line, file=sys.stderr)
     if args.check:
