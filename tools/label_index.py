@@ -53,8 +53,6 @@ NOTE_OF = {"adam": "bbb", "peg": "per_example_gradients", "data": "datasets"}
 _DERIVED = "a step of the derivation; the lines it leads to carry their own labels"
 _PROPERTY = "a property the note proves and the tests check; no line of code computes it"
 _REDUCTION = "a reduction of one method to another, checked by running both; no line of its own"
-_UCI = ("the UCI protocol's use of (data.2) / (data.3), tagged only in the module docstring of "
-        "refbayes/experiments/uci.py; its test belongs in tests/experiments/ (not tagged yet)")
 EXCEPTIONS: dict[str, tuple[str, str]] = {
     # no code line: derivation steps and definitions
     "ngvi.1": ("code", "the objective; its maximiser is what the ngvi step's fixed point is tested to be"),
@@ -80,9 +78,6 @@ EXCEPTIONS: dict[str, tuple[str, str]] = {
     "vadam.11": ("code", _REDUCTION),
     "vogn.11": ("code", _REDUCTION),
     "vogn.12": ("code", _REDUCTION),
-    # neither, for now
-    "uci.5": ("both", _UCI),
-    "uci.6": ("both", _UCI),
     # tags that name no label on purpose
     "toy.1": ("tag", "the synthetic two-line method of tests/test_records.py, not a note's label"),
     "toy.2": ("tag", "the synthetic two-line method of tests/test_records.py, not a note's label"),

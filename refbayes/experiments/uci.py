@@ -219,14 +219,14 @@ def phase_data(tt, phase: str, val_frac: float = VAL_FRAC):
     rows); y_eval stays in the original units.
     """
     if phase == "validation":
-        X_fit, y_fit, X_eval, y_eval = validation_split(tt.X_train, tt.y_train, val_frac)
+        X_fit, y_fit, X_eval, y_eval = validation_split(tt.X_train, tt.y_train, val_frac)  # (uci.5)
     elif phase == "final":
-        X_fit, y_fit, X_eval, y_eval = tt
+        X_fit, y_fit, X_eval, y_eval = tt  # the split's own train / test rows (uci.5)
     else:
         raise ValueError(f"phase: expected one of {PHASES}, got {phase!r}")
-    stats = fit_standardizer(X_fit, y_fit)
+    stats = fit_standardizer(X_fit, y_fit)  # the fit rows' statistics only (uci.6)
     return (stats.transform_X(X_fit), stats.transform_y(y_fit), stats.transform_X(X_eval),
-            y_eval, stats)
+            y_eval, stats)  # (uci.6)
 
 
 # ----------------------------------------------------------------------------- metrics

@@ -455,6 +455,7 @@ def test_joint_ll_is_khan_et_al_s_metric_by_hand():
 
 
 def test_standardization_uses_training_rows_only():
+    # checks (uci.5), (uci.6)
     rng = np.random.default_rng(0)
     X, y = rng.normal(3.0, 2.0, size=(50, 4)), rng.normal(-1.0, 5.0, size=50)
     Xt, yt = rng.normal(size=(10, 4)), rng.normal(size=10)
