@@ -11,7 +11,8 @@ immersion theta -> [theta, L(theta)] (riemannian_laplace.1); c(t) (D,) a geodesi
 
 Where N, M, S, tau, rho enter: the geodesic functions (``exp_map``, ``sample``) take L only
 through the caller's ``grad_fn`` and ``hvp_fn``; S is the number of columns of V. ``loss_fns``
-builds that pair for a FlatModel: L(theta) = (N / M) sum_{i in B} l_i(theta)
+builds that pair for a FlatModel or a CNN (refbayes.models.conv; X as rows (N, C H W) or NCHW
+images; H[L] u from the CNN's own ``grad_hvp``): L(theta) = (N / M) sum_{i in B} l_i(theta)
 + (1/2) theta^T diag(delta) theta, the summed loss over the N rows of X (B = all rows, M = N) or
 over the M rows ``rows`` scaled by N / M (the prior is not scaled), optionally of the model
 linearized at theta_map, f_lin = f(theta_map) + J (theta - theta_map) (riemannian_laplace.14)-
@@ -72,7 +73,8 @@ from refbayes._checks import (
     value_checks,
 )
 from refbayes.backend import xp_of
-from refbayes.methods._estimates import check_model
+from refbayes.methods._estimates import check_model, model_widths
+from refbayes.models.conv import CNN
 
 __all__ = [
     "ExpMapInfo",
@@ -472,13 +474,20 @@ def sample(theta_map, V, grad_fn, hvp_fn, cfg: RiemannianLaplaceConfig):
 # ----------------------------------------------------------------------------- the loss L
 
 def _check_data(model, X, y):
-    """X a finite NumPy float64 (N, n_in) array, N >= 1; y the likelihood's targets for N rows."""
-    check_array(X, "X", ndim=2)
+    """X a finite NumPy float64 (N, n_in) array, N >= 1 (for a CNN also its NCHW images
+    (N, C, H, W)); y the likelihood's targets for N rows."""
+    n_in, K = model_widths(model)  # sizes[0], sizes[-1]; a CNN's C H W and n_out
+    cnn = isinstance(model, CNN)
+    check_array(X, "X", ndim=(2, 4) if cnn else 2)
     if xp_of(X) is not np:
         raise ValueError(f"X: expected a NumPy array (the ODE is solved by scipy on the host), "
                          f"got {type(X).__module__}.{type(X).__name__}")
-    if X.shape[1] != model.sizes[0] or X.shape[0] < 1:
-        raise ValueError(f"X: expected shape (N, {model.sizes[0]}) with N >= 1, got "
+    if cnn and (X.shape[1:] not in ((n_in,), model.input_shape) or X.shape[0] < 1):
+        C, H, W = model.input_shape
+        raise ValueError(f"X: expected rows (N, {n_in}) or NCHW images (N, {C}, {H}, {W}) with "
+                         f"N >= 1, got {tuple(X.shape)}")
+    if not cnn and (X.shape[1] != n_in or X.shape[0] < 1):
+        raise ValueError(f"X: expected shape (N, {n_in}) with N >= 1, got "
                          f"{tuple(X.shape)}")
     if X.dtype != np.float64:
         raise ValueError(f"X: expected dtype float64 (the ODE is solved in float64), "
@@ -486,7 +495,7 @@ def _check_data(model, X, y):
     check_array(y, "y", ndim=(1, 2))
     if xp_of(y) is not np:
         raise ValueError(f"y: expected a NumPy array, got {type(y).__module__}.{type(y).__name__}")
-    model.likelihood.check_targets(y, X.shape[0], model.sizes[-1], np.float64)
+    model.likelihood.check_targets(y, X.shape[0], K, np.float64)
     return X, y
 
 
@@ -516,7 +525,7 @@ def _check_rows(rows, N: int):
 
 
 def loss_fns(model, X, y, prior_precision, *, linearize_at=None, rows=None):
-    """Build the (grad_fn, hvp_fn) pair of the negative log posterior L of a FlatModel.
+    """Build the (grad_fn, hvp_fn) pair of the negative log posterior L of a FlatModel or a CNN.
 
     L(theta) = (N / M) sum_{i in B} l(y_i, f(x_i, theta)) + (1/2) theta^T diag(delta) theta
     (riemannian_laplace.14), with l_i = -log p(y_i | f_i) summed over the rows B of X (all N of
@@ -525,7 +534,8 @@ def loss_fns(model, X, y, prior_precision, *, linearize_at=None, rows=None):
     take: grad_fn(theta) = grad L(theta) and hvp_fn(theta, u) = H[L](theta) u.
 
     - ``linearize_at`` None: the network itself, grad L = (N / M) model.grad + delta theta,
-      H[L] u = (N / M) model.hvp + delta u, the exact Hessian (riemannian_laplace.15).
+      H[L] u = (N / M) model.hvp + delta u, the exact Hessian (riemannian_laplace.15) (for a
+      CNN its own exact product, ``CNN.grad_hvp``, derivations/conv.md).
     - ``linearize_at`` = theta_lin: the model linearized there,
       f_lin(x, theta) = f(x, theta_lin) + J(x) (theta - theta_lin) with J = model.jacobian at
       theta_lin, formed once for the rows B (riemannian_laplace.16); L_lin is L with f_lin for f
@@ -536,11 +546,12 @@ def loss_fns(model, X, y, prior_precision, *, linearize_at=None, rows=None):
 
     Parameters
     ----------
-    model : FlatModel
-        The network and likelihood (``MLP``, ``LogisticRegression``, ``SoftmaxRegression``).
-    X : numpy.ndarray of shape (N, n_in)
+    model : FlatModel or CNN
+        The network and likelihood (``MLP``, ``LogisticRegression``, ``SoftmaxRegression``, or a
+        ``refbayes.models.conv.CNN``).
+    X : numpy.ndarray of shape (N, n_in), or (N, C, H, W) for a CNN
         All N training inputs, float64, as the model takes them (no ones column: a linear
-        model's intercept is its bias).
+        model's intercept is its bias; a CNN's images NCHW, or as rows of C H W entries).
     y : numpy.ndarray of shape (N,) or (N, n_out)
         The targets, in the form the model's likelihood takes.
     prior_precision : float or numpy.ndarray of shape (D,)
@@ -565,14 +576,14 @@ def loss_fns(model, X, y, prior_precision, *, linearize_at=None, rows=None):
     Raises
     ------
     ValueError
-        If model is not a FlatModel; X is not a finite NumPy float64 (N, n_in) array with
-        N >= 1; y does not fit the likelihood for N rows; prior_precision is not a finite real
+        If model is not a FlatModel or a CNN; X is not a finite NumPy float64 (N, n_in) array
+        (for a CNN, or (N, C, H, W)) with N >= 1; y does not fit the likelihood for N rows; prior_precision is not a finite real
         >= 0 or a finite NumPy float64 (D,) array >= 0; linearize_at is not a finite NumPy
         float64 (D,) array; rows is not a NumPy integer (M,) array, M >= 1, of indices in
         [0, N).  The returned callables raise ValueError if theta or u is not a finite NumPy
         float64 (D,) array.
     """
-    check_model(model)
+    check_model(model, cnn=True)
     D = model.D
     X, y = _check_data(model, X, y)
     delta = _check_prior(prior_precision, D)
@@ -613,7 +624,7 @@ def loss_fns(model, X, y, prior_precision, *, linearize_at=None, rows=None):
 
     theta_lin = _check_vector(linearize_at, "linearize_at", D).copy()
     lik = model.likelihood
-    M, K = Xb.shape[0], model.sizes[-1]
+    M, K = Xb.shape[0], model_widths(model)[1]
     f0 = model.forward(theta_lin, Xb)  # f(x_i, theta_lin), (M, K)
     J = model.jacobian(theta_lin, Xb).reshape(M * K, D)  # J_i stacked (riemannian_laplace.16)
 
