@@ -4,7 +4,7 @@ Bayes-by-Backprop (reparameterisation, closed-form KL, Adam); and the paper's po
 of a trained mean-field posterior (explained-variance spectra, rank-k truncation, evaluation) and
 its gradient signal-to-noise ratio.
 
-Implements (ktied.1)-(ktied.15) of derivations/ktied.md.
+Implements (ktied.1)-(ktied.17) of derivations/ktied.md.
 Symbols: layer l has W_l (m_l, n_l) (m = n_in, n = n_out, theta's row-major layout) and bias
 b_l (n_l,); the standard deviations of W_l are A_l = U_l V_l^T with U_l = softplus(R^U_l)
 (m_l, k_l) and V_l = softplus(R^V_l) (n_l, k_l); a bias keeps its own scale softplus(r^b_l).
@@ -12,6 +12,17 @@ rho (P,) = concat_l (vec R^U_l, vec R^V_l, r^b_l) holds every unconstrained scal
 P = sum_l (k_l (m_l + n_l) + n_l). q(theta) = N(mu, diag(sigma^2)), sigma (D,) from (ktied.1);
 eps (D, S) standard-normal draws; a minibatch B of M rows out of N; lam the prior precision,
 p = N(0, diag(1 / lam)).
+
+CNNs (refbayes.models.conv.CNN, issue 34): every function that takes a model takes a CNN too;
+its layers l are the Conv2d and Dense layers in theta order (pooling, flatten and activations have
+no parameters). A Dense layer is tied as above. A Conv2d layer (C_out, C_in, k_h, k_w) is tied as
+its im2col matrix, the dense layer it is under unfolding: A_l (Q, C_out), Q = C_in k_h k_w, rows the
+patch entries (c, u, v) row-major, columns the output channels, so the standard deviation of kernel
+entry (o, c, u, v), at theta offset ((o C_in + c) k_h + u) k_w + v of the layer's block (conv.2),
+is A_l[q, o] = sum_j U_l[q, j] V_l[o, j], q = (c k_h + u) k_w + v (ktied.16): the block is
+vec_row(A_l^T);
+its bias keeps a mean-field scale. The paper's own rule for a convolution kernel was not found
+(derivations/ktied.md, "Convolutional layers").
 
 Objective (summed-loss convention, minimized), the BBB estimate (bbb.3)::
 
@@ -59,6 +70,7 @@ from refbayes.methods._estimates import Batch, check_batch, check_draws, check_m
 from refbayes.methods.adam import AdamState, _adam, adam_init, check_adam_state, check_lam
 from refbayes.methods.bbb import BBBConfig, _kl, _sigmoid, inv_softplus, log_softplus, softplus
 from refbayes.models import theta_layout
+from refbayes.models.conv import CNN, Conv2d, Dense
 
 __all__ = [
     "Batch",
@@ -96,7 +108,7 @@ class KTiedLayout(NamedTuple):
 
     Each field is documented by its trailing comment.
     """
-    sizes: tuple    # layer widths [n_in, hidden..., n_out] of the model
+    sizes: tuple    # layer widths [n_in, hidden..., n_out] of an MLP; None for a CNN
     k: tuple        # the rank k_l of each layer's tie
     u_off: tuple    # offsets of vec R^U_l (m_l k_l entries, row-major) in rho
     v_off: tuple    # offsets of vec R^V_l (n_l k_l entries, row-major) in rho
@@ -105,17 +117,20 @@ class KTiedLayout(NamedTuple):
     b_theta: tuple  # offsets of b_l in theta, -1 without biases
     P: int          # len(rho)
     D: int          # len(theta)
+    shapes: tuple   # (m_l, n_l) of each tied matrix A_l: (n_in, n_out), or (Q, C_out) for a conv
+    conv: tuple     # per layer, True where theta holds vec_row(A_l^T) (a conv kernel) (ktied.16)
 
 
 class KTiedState(NamedTuple):
     """The k-tied Normal state after t steps.
 
     Each field is documented by its trailing comment. Every function that takes a state (with its
-    model) checks it and raises ValueError unless: model is a FlatModel; k is a tuple of L integers
-    >= 1, one per layer (``layout``; no upper bound is checked); mu is a finite float (float64 or
-    float32) (D,) array and rho a finite (P,) array of mu's dtype, D and P those of ``layout(model,
-    k)``; t is an integer >= 0; and adam is an AdamState whose m, v are finite (D + P,) arrays of
-    mu's dtype with v >= 0 and whose t is an integer >= 0 (checked, though not read).
+    model) checks it and raises ValueError unless: model is a FlatModel or CNN; k is a tuple of L
+    integers >= 1, one per parameter layer (``layout``; no upper bound is checked); mu is a finite
+    float (float64 or float32) (D,) array and rho a finite (P,) array of mu's dtype, D and P those
+    of ``layout(model, k)``; t is an integer >= 0; and adam is an AdamState whose m, v are finite
+    (D + P,) arrays of mu's dtype with v >= 0 and whose t is an integer >= 0 (checked, though not
+    read).
     """
     mu: Array         # mu_t, (D,), (ktied.7)
     rho: Array        # unconstrained scales concat_l (vec R^U_l, vec R^V_l, r^b_l), (P,), (ktied.1)
@@ -174,25 +189,27 @@ def _check_k(k, L: int) -> tuple:
     return tuple(int(c) for c in k)
 
 
-def _rho_size(sizes, k, bias: bool) -> int:
-    """P = sum_l (n_in + n_out) k_l (+ n_out with biases), the length of rho (ktied.10)."""
-    pairs = zip(sizes[:-1], sizes[1:])
-    return sum((m + n) * c + (n if bias else 0) for (m, n), c in zip(pairs, k))
+def _rho_size(shapes, k, biases) -> int:
+    """P = sum_l (m_l + n_l) k_l (+ n_l with a bias), the length of rho (ktied.10)."""
+    return sum((m + n) * c + (n if b else 0) for (m, n), c, b in zip(shapes, k, biases))
 
 
-def _warn_if_redundant(sizes, k, bias: bool) -> None:
-    """UserWarning naming each layer whose k_l exceeds min(n_in, n_out): columns beyond that
-    rank add parameters to rho, not rank to U_l V_l^T."""
-    caps = tuple(min(m, n) for m, n in zip(sizes[:-1], sizes[1:]))
+def _warn_if_redundant(lay) -> None:
+    """UserWarning naming each layer whose k_l exceeds min(m_l, n_l) (min(n_in, n_out) of a
+    dense layer, min(Q, C_out) of a conv layer): columns beyond that rank add parameters to rho,
+    not rank to U_l V_l^T."""
+    shapes, k = lay.shapes, lay.k
+    biases = tuple(b >= 0 for b in lay.b_off)
+    caps = tuple(min(m, n) for m, n in shapes)
     over = [(i, c, cap) for i, (c, cap) in enumerate(zip(k, caps)) if c > cap]
     if not over:
         return
-    layers = "; ".join(f"layer {i} ({sizes[i]} x {sizes[i + 1]}): {c} > {cap}"
+    layers = "; ".join(f"layer {i} ({shapes[i][0]} x {shapes[i][1]}): {c} > {cap}"
                        for i, c, cap in over)
     kept = tuple(min(c, cap) for c, cap in zip(k, caps))
     warnings.warn(f"k: k_l exceeds min(n_in, n_out) on {layers}; U_l V_l^T has rank <= "
                   f"min(n_in, n_out) whatever k, so the extra columns are redundant parameters: P = "
-                  f"{_rho_size(sizes, k, bias)}, against {_rho_size(sizes, kept, bias)} with "
+                  f"{_rho_size(shapes, k, biases)}, against {_rho_size(shapes, kept, biases)} with "
                   f"k = {kept}", UserWarning, stacklevel=3)
 
 
@@ -201,8 +218,9 @@ def layout(model, k) -> KTiedLayout:
 
     Parameters
     ----------
-    model : FlatModel
-        A refbayes.models model (MLP, or a linear model: one layer).
+    model : FlatModel or CNN
+        A refbayes.models model (MLP, or a linear model: one layer), or a CNN: its Conv2d and
+        Dense layers in theta order, a conv layer tied as its (Q, C_out) matrix (ktied.16).
     k : int or sequence of int
         The rank of the tie, one for every layer or one per layer, each >= 1. A k_l above
         min(n_in, n_out) of its layer is kept as given, not clamped and not refused, with a
@@ -219,7 +237,7 @@ def layout(model, k) -> KTiedLayout:
     Raises
     ------
     ValueError
-        If model is not a FlatModel or k is not an integer >= 1 or a sequence of them, one
+        If model is not a FlatModel or CNN or k is not an integer >= 1 or a sequence of them, one
         per layer.
 
     Warns
@@ -229,26 +247,64 @@ def layout(model, k) -> KTiedLayout:
         same tie with each such k_l lowered to min(n_in, n_out).
     """
     lay = _layout(model, k)
-    _warn_if_redundant(lay.sizes, lay.k, model.bias)
+    _warn_if_redundant(lay)
     return lay
 
 
 def _layout(model, k) -> KTiedLayout:
     """``layout`` without its warning, for the functions of a tie already made (or warned
     about by their own caller-facing check)."""
-    check_model(model)
-    sizes = tuple(model.sizes)
-    k = _check_k(k, len(sizes) - 1)
-    theta_lay = theta_layout(sizes, model.bias)
+    check_model(model, cnn=True)
+    if isinstance(model, CNN):
+        sizes, tied = None, _cnn_tied_layers(model)
+        w_theta, b_theta, pos = [], [], 0
+        for m, n, bias, _ in tied:                 # theta's blocks (conv.2)-(conv.3)
+            w_theta.append(pos)
+            pos += m * n
+            b_theta.append(pos if bias else -1)
+            pos += n if bias else 0
+        if pos != model.D:  # the walk of (conv.2)-(conv.3) must tile theta
+            raise ValueError(f"model: expected the parameter layers to tile D = {model.D}, "
+                             f"got {pos}")
+        w_theta, b_theta, D = tuple(w_theta), tuple(b_theta), model.D
+    else:
+        sizes = tuple(model.sizes)
+        tied = tuple((m, n, model.bias, False) for m, n in zip(sizes[:-1], sizes[1:]))
+        theta_lay = theta_layout(sizes, model.bias)
+        w_theta, b_theta, D = theta_lay.w_off, theta_lay.b_off, theta_lay.D
+    k = _check_k(k, len(tied))
     u_off, v_off, b_off, pos = [], [], [], 0
-    for (m, n), c in zip(zip(sizes[:-1], sizes[1:]), k):
+    for (m, n, bias, _), c in zip(tied, k):
         u_off.append(pos)
         v_off.append(pos + m * c)
         pos += (m + n) * c
-        b_off.append(pos if model.bias else -1)
-        pos += n if model.bias else 0
-    return KTiedLayout(sizes, k, tuple(u_off), tuple(v_off), tuple(b_off), theta_lay.w_off,
-                       theta_lay.b_off, pos, theta_lay.D)
+        b_off.append(pos if bias else -1)
+        pos += n if bias else 0
+    return KTiedLayout(sizes, k, tuple(u_off), tuple(v_off), tuple(b_off), w_theta, b_theta, pos,
+                       D, tuple((m, n) for m, n, _, _ in tied), tuple(cv for *_, cv in tied))
+
+
+def _cnn_tied_layers(model) -> tuple:
+    """(m_l, n_l, has bias, conv) per parameter layer of a CNN, in theta order: a Conv2d ties
+    its im2col matrix A_l (Q, C_out), Q = C_in k_h k_w, a Dense its W (n_in, n_out).  (ktied.16)"""
+    out = []
+    for layer in model.layers:
+        if isinstance(layer, Conv2d):
+            Q = layer.c_in * layer.kernel[0] * layer.kernel[1]
+            out.append((Q, layer.c_out, layer.bias, True))                          # (ktied.16)
+        elif isinstance(layer, Dense):
+            out.append((layer.n_in, layer.n_out, layer.bias, False))
+    return tuple(out)
+
+
+def _weights(vec, lay, l):
+    """Layer l's tied matrix (m, n) read from a (D,) vector in theta's order: the row-major block
+    of a dense layer, the transpose of the (C_out, Q) block of a conv layer (a view).  (ktied.16)"""
+    m, n = lay.shapes[l]
+    w0 = lay.w_theta[l]
+    if lay.conv[l]:
+        return vec[w0:w0 + m * n].reshape(n, m).T                                   # (ktied.16)
+    return vec[w0:w0 + m * n].reshape(m, n)
 
 
 def n_variational_params(model, k=None) -> int:
@@ -259,7 +315,7 @@ def n_variational_params(model, k=None) -> int:
 
     Parameters
     ----------
-    model : FlatModel
+    model : FlatModel or CNN
         The model.
     k : int or sequence of int, optional
         The tie's rank; None for the mean-field family.
@@ -272,7 +328,7 @@ def n_variational_params(model, k=None) -> int:
     Raises
     ------
     ValueError
-        If model is not a FlatModel or k is neither None, an integer >= 1 nor a sequence of
+        If model is not a FlatModel or CNN or k is neither None, an integer >= 1 nor a sequence of
         them, one per layer.
 
     Warns
@@ -280,11 +336,11 @@ def n_variational_params(model, k=None) -> int:
     UserWarning
         If a k_l exceeds min(n_in, n_out) of its layer, as ``layout``.
     """
-    check_model(model)
+    check_model(model, cnn=True)
     if k is None:
         return 2 * model.D
     lay = _layout(model, k)
-    _warn_if_redundant(lay.sizes, lay.k, model.bias)
+    _warn_if_redundant(lay)
     return model.D + lay.P  # (ktied.10)
 
 
@@ -292,7 +348,7 @@ def n_variational_params(model, k=None) -> int:
 
 def _blocks(rho, lay, l):
     """(R^U_l (m, k), R^V_l (n, k), r^b_l (n,) or None): views into rho."""
-    m, n, c = lay.sizes[l], lay.sizes[l + 1], lay.k[l]
+    (m, n), c = lay.shapes[l], lay.k[l]
     RU = rho[lay.u_off[l]:lay.u_off[l] + m * c].reshape(m, c)
     RV = rho[lay.v_off[l]:lay.v_off[l] + n * c].reshape(n, c)
     rb = rho[lay.b_off[l]:lay.b_off[l] + n] if lay.b_off[l] >= 0 else None
@@ -306,7 +362,10 @@ def _sigma(xp, rho, lay):
         RU, RV, rb = _blocks(rho, lay, l)
         U, V = softplus(RU), softplus(RV)                                    # (ktied.1)
         factors.append((U, V))
-        parts.append((U @ V.T).reshape(-1))                                  # (ktied.1)
+        if lay.conv[l]:  # theta holds the conv kernel (C_out, Q): A_l^T = V U^T row-major
+            parts.append((V @ U.T).reshape(-1))                              # (ktied.16)
+        else:
+            parts.append((U @ V.T).reshape(-1))                              # (ktied.1)
         if rb is not None:
             parts.append(softplus(rb))                                       # (ktied.1)
     return xp.concatenate(parts), factors
@@ -328,9 +387,9 @@ def _chain(xp, G_sigma, rho, lay, factors):
     """dF/drho from dF/dsigma: dF/dU = G V, dF/dV = G^T U, times sigmoid.  (ktied.6)"""
     out = xp.empty_like(rho)
     for l, (U, V) in enumerate(factors):
-        m, n, c = lay.sizes[l], lay.sizes[l + 1], lay.k[l]
+        (m, n), c = lay.shapes[l], lay.k[l]
         RU, RV, rb = _blocks(rho, lay, l)
-        G = G_sigma[lay.w_theta[l]:lay.w_theta[l] + m * n].reshape(m, n)
+        G = _weights(G_sigma, lay, l)  # dF/dA_l (m, n); a conv block read transposed (ktied.17)
         # dF/dR^U = (G V) * sigmoid(R^U), dF/dR^V = (G^T U) * sigmoid(R^V)  (ktied.6)
         out[lay.u_off[l]:lay.u_off[l] + m * c] = ((G @ V) * _sigmoid(xp, RU)).reshape(-1)
         out[lay.v_off[l]:lay.v_off[l] + n * c] = ((G.T @ U) * _sigmoid(xp, RV)).reshape(-1)
@@ -345,7 +404,7 @@ def _chain(xp, G_sigma, rho, lay, factors):
 def _check_state(state, model) -> KTiedLayout:
     if not isinstance(state, KTiedState):
         raise ValueError(f"state: expected a KTiedState, got {type(state).__name__}")
-    check_model(model)
+    check_model(model, cnn=True)
     if not isinstance(state.k, tuple):
         raise ValueError(f"state.k: expected a tuple of integers >= 1, got {state.k!r}")
     lay = _layout(model, state.k)  # init warned about a redundant k
@@ -376,7 +435,7 @@ def init(mu, model, k, sigma0: float, xi, jitter: float = 0.1) -> KTiedState:
     ----------
     mu : array of shape (D,)
         Initial mean.
-    model : FlatModel
+    model : FlatModel or CNN
         The model (its layer widths fix the layout).
     k : int or sequence of int
         The tie's rank, for every layer or per layer, each >= 1.
@@ -406,9 +465,9 @@ def init(mu, model, k, sigma0: float, xi, jitter: float = 0.1) -> KTiedState:
         If a k_l exceeds min(n_in, n_out) of its layer, as ``layout``; the functions that take
         the state do not warn again.
     """
-    check_model(model)
+    check_model(model, cnn=True)
     lay = _layout(model, k)
-    _warn_if_redundant(lay.sizes, lay.k, model.bias)
+    _warn_if_redundant(lay)
     xp = xp_of(mu, xi)
     check_array(mu, "mu", shape=(lay.D,))
     check_float(mu, "mu")
@@ -421,7 +480,7 @@ def init(mu, model, k, sigma0: float, xi, jitter: float = 0.1) -> KTiedState:
     check_same_dtype({"mu": mu, "xi": xi})
     start = xp.empty(lay.P, dtype=mu.dtype)
     for l in range(len(lay.k)):
-        m, n, c = lay.sizes[l], lay.sizes[l + 1], lay.k[l]
+        (m, n), c = lay.shapes[l], lay.k[l]
         start[lay.u_off[l]:lay.u_off[l] + (m + n) * c] = math.sqrt(sigma0 / c)   # (ktied.8)
         if lay.b_off[l] >= 0:
             start[lay.b_off[l]:lay.b_off[l] + n] = sigma0                       # (ktied.8)
@@ -454,7 +513,7 @@ def from_mean_field(mu, sigma, model) -> KTiedState:
         Mean.
     sigma : array of shape (D,)
         Standard deviations > 0, mu's dtype.
-    model : FlatModel
+    model : FlatModel or CNN
         The model.
 
     Returns
@@ -465,10 +524,10 @@ def from_mean_field(mu, sigma, model) -> KTiedState:
     Raises
     ------
     ValueError
-        If model is not a FlatModel, mu is not a finite float (D,) array or sigma is not a
+        If model is not a FlatModel or CNN, mu is not a finite float (D,) array or sigma is not a
         finite (D,) array > 0 of mu's dtype.
     """
-    check_model(model)
+    check_model(model, cnn=True)
     xp = xp_of(mu, sigma)
     check_array(mu, "mu", shape=(model.D,))
     check_float(mu, "mu")
@@ -476,12 +535,12 @@ def from_mean_field(mu, sigma, model) -> KTiedState:
     check_same_dtype({"mu": mu, "sigma": sigma})
     if not bool(xp.all(sigma > 0)):
         raise ValueError("sigma: expected > 0 everywhere (standard deviations)")
-    sizes = model.sizes
-    lay = _layout(model, tuple(min(m, n) for m, n in zip(sizes[:-1], sizes[1:])))
+    lay = _layout(model, 1)
+    lay = _layout(model, tuple(min(m, n) for m, n in lay.shapes))
     pos = xp.empty(lay.P, dtype=mu.dtype)
     for l in range(len(lay.k)):
-        m, n, c = sizes[l], sizes[l + 1], lay.k[l]
-        A = sigma[lay.w_theta[l]:lay.w_theta[l] + m * n].reshape(m, n)
+        (m, n), c = lay.shapes[l], lay.k[l]
+        A = _weights(sigma, lay, l)                   # (m, n); a conv's (Q, C_out) (ktied.16)
         U, V = _exact_factors(xp, A)
         pos[lay.u_off[l]:lay.u_off[l] + m * c] = U.reshape(-1)
         pos[lay.v_off[l]:lay.v_off[l] + n * c] = V.reshape(-1)
@@ -499,7 +558,7 @@ def std(state: KTiedState, model):
     ----------
     state : KTiedState
         The state.
-    model : FlatModel
+    model : FlatModel or CNN
         The model the state belongs to.
 
     Returns
@@ -523,7 +582,7 @@ def scale_parameters(state: KTiedState, model) -> list:
     ----------
     state : KTiedState
         The state.
-    model : FlatModel
+    model : FlatModel or CNN
         The model the state belongs to.
 
     Returns
@@ -553,7 +612,7 @@ def sample(state: KTiedState, eps, model):
         The state.
     eps : array of shape (D, S)
         Standard-normal draws from the caller, one column per sample.
-    model : FlatModel
+    model : FlatModel or CNN
         The model the state belongs to.
 
     Returns
@@ -581,7 +640,7 @@ def dense_covariance(state: KTiedState, model):
     ----------
     state : KTiedState
         The state.
-    model : FlatModel
+    model : FlatModel or CNN
         The model the state belongs to.
 
     Returns
@@ -605,7 +664,7 @@ def kl_divergence(state: KTiedState, model, lam):
     ----------
     state : KTiedState
         The state.
-    model : FlatModel
+    model : FlatModel or CNN
         The model the state belongs to.
     lam : float or array of shape (D,)
         Prior precision > 0 (an array in the state's dtype).
@@ -634,7 +693,7 @@ def entropy(state: KTiedState, model):
     ----------
     state : KTiedState
         The state.
-    model : FlatModel
+    model : FlatModel or CNN
         The model the state belongs to.
 
     Returns
@@ -661,7 +720,7 @@ def log_density(state: KTiedState, model, x):
     ----------
     state : KTiedState
         The state.
-    model : FlatModel
+    model : FlatModel or CNN
         The model the state belongs to.
     x : array of shape (D,) or (D, S)
         Points, the state's dtype and backend.
@@ -714,7 +773,7 @@ def step(state: KTiedState, batch, eps, cfg: KTiedConfig, model) -> tuple[KTiedS
         Standard-normal draws, one column per MC sample, for the gradient AND the ELBO estimate.
     cfg : KTiedConfig
         Hyperparameters (``bbb.BBBConfig``).
-    model : FlatModel
+    model : FlatModel or CNN
         The model the state belongs to.
 
     Returns
@@ -837,7 +896,7 @@ def truncate_sigma(sigma, model, k: int):
     ----------
     sigma : array of shape (D,)
         Mean-field standard deviations, > 0.
-    model : FlatModel
+    model : FlatModel or CNN
         The model.
     k : int
         The rank, 1 <= k <= min(m_l, n_l) for every layer.
@@ -850,15 +909,22 @@ def truncate_sigma(sigma, model, k: int):
     Raises
     ------
     ValueError
-        If model is not a FlatModel, sigma is not a finite float (D,) array > 0, or k is not
+        If model is not a FlatModel or CNN, sigma is not a finite float (D,) array > 0, or k is not
         an integer in [1, min(m_l, n_l)] for every layer.
     """
-    check_model(model)
+    check_model(model, cnn=True)
     xp = xp_of(sigma)
     check_array(sigma, "sigma", shape=(model.D,))
     check_float(sigma, "sigma")
     if not bool(xp.all(sigma > 0)):
         raise ValueError("sigma: expected > 0 everywhere (standard deviations)")
+    if isinstance(model, CNN):
+        lay = _layout(model, 1)
+        out = sigma.copy()
+        for l in range(len(lay.k)):
+            # A_l (m, n), a conv's (Q, C_out); written back through the same view (ktied.16)
+            _weights(out, lay, l)[...] = xp.abs(truncate(_weights(sigma, lay, l), k))  # (ktied.13)
+        return out
     lay = theta_layout(tuple(model.sizes), model.bias)
     out = sigma.copy()
     for l, (m, n) in enumerate(zip(model.sizes[:-1], model.sizes[1:])):
@@ -881,7 +947,7 @@ def evaluate(mu, sigma, model, train, test, eps, lam) -> Evaluation:
         Mean.
     sigma : array of shape (D,)
         Standard deviations >= 0, mu's dtype (0 gives an infinite KL).
-    model : FlatModel
+    model : FlatModel or CNN
         A classifier (bernoulli or categorical likelihood).
     train : Batch
         The whole training set (X (N, n_in), y (N,)).
@@ -904,7 +970,7 @@ def evaluate(mu, sigma, model, train, test, eps, lam) -> Evaluation:
         eps not a finite (D, S >= 1) array, lam not a finite precision > 0, or train / test are
         not (X, y) pairs of the model's shapes in mu's dtype.
     """
-    check_model(model, getattr(mu, "shape", (None,))[0])
+    check_model(model, getattr(mu, "shape", (None,))[0], cnn=True)
     if model.likelihood.name not in ("bernoulli", "categorical"):
         raise ValueError(f"model: expected a classifier (bernoulli or categorical likelihood), "
                          f"got {model.likelihood.name!r}")
