@@ -1,6 +1,8 @@
 """LeNet-5 (refbayes.models.conv.lenet5, D = 62006) on 3x32x32 inputs, M = 128 (issue 34 section 6):
-the per-example gradients (float32 and float64), the summed gradient, and one Adam step beside one
-VOGN step (S = 1, "ef") of the same net and batch, on NumPy and CuPy.
+the per-example gradients (float32 and float64), the summed gradient, one Adam step beside one
+VOGN step (S = 1, "ef") of the same net and batch, and the Hessian-vector product (closed form
+(conv.34)-(conv.36), NumPy and CuPy, beside autograd's reverse over reverse on NumPy), on NumPy
+and CuPy.
 
 Issue target: a VOGN step costs at most 3x an Adam step on the same network and batch. The ratio
 is read from one process, interleaved (tools/cnn_timing.py prints it, with torch.func and
@@ -109,4 +111,28 @@ class LeNetStep:
 
     def time_step(self, name, method):
         self.run()
+        sync(self.xp)
+
+
+class LeNetHVP:
+    """H v on LeNet-5, float64, M = 32 and 128: the closed-form R-operator ("closed",
+    (conv.34)-(conv.36), what riemannian_laplace's geodesic steps call through grad_hvp) and
+    autograd's reverse-over-reverse product ("autograd", NumPy only, the oracle). v standard
+    normal from default_rng(2)."""
+    params = (BACKENDS, ["closed", "autograd"], [32, 128])
+    param_names = ["backend", "impl", "M"]
+
+    def setup(self, name, impl, M):
+        if impl == "autograd" and name != "numpy":
+            raise NotImplementedError("autograd is NumPy only")
+        self.xp = backend(name)
+        self.net = model()
+        self.theta, self.X, self.y = inputs(self.xp, "float64", M)
+        self.v = self.xp.asarray(np.random.default_rng(2).standard_normal(self.net.D))
+        self.fn = self.net.hvp if impl == "closed" else self.net._hvp_autograd
+        self.fn(self.theta, self.v, self.X, self.y)
+        sync(self.xp)
+
+    def time_hvp(self, name, impl, M):
+        self.fn(self.theta, self.v, self.X, self.y)
         sync(self.xp)

@@ -1,6 +1,7 @@
 """Convolution and pooling kernels on NCHW arrays: unfold, fold, the products, their backward passes.
 
-Implements (conv.1) and (conv.4)-(conv.9), (conv.11)-(conv.14) of derivations/conv.md. Symbols: x (M, C, H, W) a
+Implements (conv.1) and (conv.4)-(conv.9), (conv.11)-(conv.14) and the R-operator's conv blocks
+(conv.36) of derivations/conv.md. Symbols: x (M, C, H, W) a
 layer input; Wc (C_out, C_in, k_h, k_w) the conv weight, Wm = Wc.reshape(C_out, Q) with
 Q = C_in k_h k_w; U (M, Q, P) the unfolded padded input, P = H_o W_o; Z (M, C_out, H_o, W_o);
 Delta (M, C_out, P) the error at a conv output; windows (M, C, k_h k_w, H_o, W_o) the pooling
@@ -14,7 +15,7 @@ from __future__ import annotations
 
 __all__ = ["out_size", "pad", "windows", "unfold", "fold", "conv_forward", "conv_grads",
            "conv_backward_input", "max_pool", "max_pool_backward", "avg_pool",
-           "avg_pool_backward"]
+           "avg_pool_backward", "conv_r_grads"]
 
 
 def out_size(n: int, k: int, s: int, p: int) -> int:
@@ -141,3 +142,17 @@ def avg_pool_backward(xp, dy, x_shape, kernel, stride):
     KK = kernel[0] * kernel[1]
     V = xp.broadcast_to((dy / KK)[:, :, None], dy.shape[:2] + (KK,) + dy.shape[2:])  # (conv.14)
     return fold(xp, V, x_shape, kernel[0], kernel[1], stride[0], stride[1])  # (conv.14)
+
+
+def conv_r_grads(xp, U, rU, Delta, rDelta, bias: bool):
+    """The conv layer's blocks of H v: sum_i (R{Delta_i} U_i^T + Delta_i R{U_i}^T) and sum_i R{Delta_i} 1. (conv.36)
+
+    U, rU (M, Q, P) the unfolded input and its R-forward value (rU None where R{x} = 0); Delta,
+    rDelta (M, C_out, P) the error at the layer output and its R-backward value. The weight block
+    comes back row-major, theta's order (conv.2), as ``conv_grads``'s "sum" mode.
+    """
+    W = rDelta @ xp.swapaxes(U, 1, 2)  # (conv.36): R{Delta_i} U_i^T, (M, C_out, Q)
+    if rU is not None:
+        W = W + Delta @ xp.swapaxes(rU, 1, 2)  # (conv.36): Delta_i R{U_i}^T
+    blocks = [W.sum(axis=0).reshape(-1)]  # (conv.36)
+    return blocks + [rDelta.sum(axis=(0, 2))] if bias else blocks  # (conv.36)

@@ -1,6 +1,7 @@
 """Convolutional networks on a flat theta: Conv2d, MaxPool2d, AvgPool2d, Flatten, Dense, Activation.
 
-Implements derivations/conv.md (conv.1)-(conv.32) (issue 34, first to third slices): a
+Implements derivations/conv.md (conv.1)-(conv.32) (issue 34, first to third slices) and
+(conv.34)-(conv.36) (issue 37, the closed-form Hessian-vector product): a
 sequential network built from layer records, with the forward pass, per-example losses, the summed gradient, the
 per-example gradients and the diagonal empirical Fisher of the FlatModel contract
 (refbayes.models.base). Dense layers and activations are (peg.1)-(peg.5) and (peg.11) of
@@ -22,10 +23,14 @@ the spec chains from ``input_shape`` to a (K,) output (conv.1).
 
 Second slice (conv.16)-(conv.23): ``jacobian``, ``ggn``, ``diag_ggn`` (exact, by the columns
 of the output Hessian's factor), ``jvp`` and ``ggn_vp`` (the R-operator's forward pass through
-conv and pooling layers) in closed form; ``hessian``, ``hvp`` and ``grad_hvp``'s H v by autograd of
-the same forward pass (NumPy only; a closed-form R-operator backward pass for conv layers is a
-later slice); ``forward_batched``, ``sample_losses_and_grads``, ``per_example_grads_batched`` and
+conv and pooling layers) in closed form; ``hessian`` by autograd of the same forward pass (NumPy
+only); ``forward_batched``, ``sample_losses_and_grads``, ``per_example_grads_batched`` and
 ``sample_moments`` as a loop over the S parameter vectors of the single-theta passes.
+
+Issue 37 (conv.34)-(conv.36): ``hvp`` and ``grad_hvp`` in closed form on NumPy or CuPy, the
+R-operator's backward pass (R{delta} through conv, dense, activations with their act'' terms,
+pooling with the max-pool winners fixed, flatten) beside the gradient's; autograd's product
+stays as ``_hvp_autograd``, their test oracle.
 
 Third slice (conv.24)-(conv.32): K-FAC. ``kfac_factors``, ``kfac_curvature``, ``kfac_moments``
 and ``kfac_block_errors`` with FlatModel's signatures plus ``approx`` ("expand", the default, or
@@ -57,7 +62,7 @@ from refbayes._checks import (
 from refbayes.backend import xp_of
 from refbayes.models import _conv_layers as cl
 from refbayes.models import _curvature
-from refbayes.models._layers import ACTIVATIONS, act_prime, activate
+from refbayes.models._layers import ACTIVATIONS, act_prime, act_second, activate
 from refbayes.models._kfac import check_moment_extras
 from refbayes.models.base import INIT_SCHEMES, FlatModel, KFACLayer
 from refbayes.models.likelihoods import LIKELIHOODS, make_likelihood
@@ -481,6 +486,97 @@ def _r_forward(xp, layers, params, dparams, caches, f):
     return xp.zeros_like(f) if ra is None else ra
 
 
+# ---------------------------------------------------------------------------- H v: the R-operator backward pass (conv.34)-(conv.36)
+
+def _r_forward_record(xp, layers, params, dparams, caches):
+    """(R{input} per layer (None: zero), R{U} per layer (conv layers reached by a nonzero R{x},
+    else None), R{f} (None if zero)): the R-forward pass (conv.20)-(conv.21), (peg.22) with the
+    values the backward pass (conv.34)-(conv.36) reads."""
+    it_p, it_d = iter(params), iter(dparams)
+    ras, rUs, ra = [], [], None  # R{x} = 0
+    for layer, cache in zip(layers, caches):
+        p, dp = (next(it_p), next(it_d)) if isinstance(layer, _PARAM_TYPES) else (None, None)
+        ras.append(ra)
+        if isinstance(layer, Conv2d) and ra is not None:
+            rU, rz = cl.conv_forward(xp, ra, p[0], None, layer.stride, layer.padding)  # (conv.20): R{U_i}
+            ra = _r_layer_forward(xp, layer, p, dp, cache, None) + rz  # (conv.20)
+            rUs.append(rU)
+        else:
+            rUs.append(None)
+            ra = _r_layer_forward(xp, layer, p, dp, cache, ra)  # (conv.20)-(conv.21), (peg.22)
+    return ras, rUs, ra
+
+
+def _r_layer_backward(xp, layer, p, dp, cache, ra, delta, r_delta):
+    """R{dl/d(input)} of one layer from dl/d(output) = delta, its R{.} = r_delta, R{input} = ra
+    (None: zero) and the direction's block dp = (V, c).  (conv.34)-(conv.35)"""
+    if isinstance(layer, Conv2d):
+        x_shape = cache[0]
+        M, C = delta.shape[0], delta.shape[1]
+        D, RD = delta.reshape(M, C, -1), r_delta.reshape(M, C, -1)
+        out = cl.conv_backward_input(xp, p[0], RD, x_shape, layer.stride, layer.padding)  # (conv.34): W with R{Delta}
+        return out + cl.conv_backward_input(xp, dp[0], D, x_shape, layer.stride, layer.padding)  # (conv.34): V with Delta
+    if isinstance(layer, Dense):
+        return r_delta @ p[0].T + delta @ dp[0].T  # (conv.34), (peg.24)
+    if isinstance(layer, Activation):
+        out = r_delta * act_prime(cache, layer.name)  # (conv.35), (peg.24)
+        second = act_second(cache, layer.name)
+        if second is None or ra is None:  # relu: act'' = 0; R{z} = 0 above every parameter
+            return out
+        return out + delta * second * ra  # (conv.35), (peg.24), (peg.26)
+    if isinstance(layer, MaxPool2d):
+        x_shape, onehot = cache
+        return cl.max_pool_backward(xp, onehot, r_delta, x_shape, layer.kernel, layer.stride)  # (conv.35): q* fixed
+    if isinstance(layer, AvgPool2d):
+        return cl.avg_pool_backward(xp, r_delta, cache, layer.kernel, layer.stride)  # (conv.35)
+    return r_delta.reshape(cache)  # (conv.35): Flatten
+
+
+def _dense_r_grads(a, ra, delta, r_delta, bias: bool):
+    """A dense layer's blocks of H v: R{a}^T Delta + A^T R{Delta} and 1^T R{Delta}.  (conv.36), (peg.25)"""
+    w = a.T @ r_delta  # (peg.25)
+    if ra is not None:  # R{a} = 0 above every parameter
+        w = w + ra.T @ delta  # (peg.25)
+    blocks = [w.reshape(-1)]
+    return blocks + [r_delta.sum(axis=0)] if bias else blocks  # (peg.25)
+
+
+def _grad_hvp_closed(model, xp, theta, v, X, y, with_grad: bool):
+    """(g or None, H v) of validated inputs: the forward and R-forward passes, then the backward
+    pass beside its R{.}, seeded with dl/df and H_i R{f_i}.  (conv.34)-(conv.36), (peg.23)"""
+    layers = model.layers
+    params, caches, f = model._passes(xp, theta, X)
+    dparams = _split(v, model._param_shapes)
+    ras, rUs, r_f = _r_forward_record(xp, layers, params, dparams, caches)
+    if r_f is None:
+        r_f = xp.zeros_like(f)
+    delta = model.likelihood._grad_f(f, y)  # (peg.2)
+    r_delta = xp.einsum("mkl,ml->mk", model.likelihood._hess_f(f, y), r_f)  # (peg.23)
+    it_p, it_d = reversed(params), reversed(dparams)
+    g_blocks, h_blocks = [], []
+    for k in range(len(layers) - 1, -1, -1):
+        layer = layers[k]
+        p, dp = (next(it_p), next(it_d)) if isinstance(layer, _PARAM_TYPES) else (None, None)
+        if isinstance(layer, Conv2d):
+            U = caches[k][1]
+            D = delta.reshape(delta.shape[0], delta.shape[1], -1)
+            RD = r_delta.reshape(D.shape)
+            if with_grad:
+                g_blocks.append(cl.conv_grads(xp, U, D, layer.bias, "sum"))  # (conv.8), as grad's
+            h_blocks.append(cl.conv_r_grads(xp, U, rUs[k], D, RD, layer.bias))  # (conv.36)
+        elif isinstance(layer, Dense):
+            if with_grad:
+                g_blocks.append(_dense_grads(caches[k], delta, layer.bias, "sum"))  # (peg.6), as grad's
+            h_blocks.append(_dense_r_grads(caches[k], ras[k], delta, r_delta, layer.bias))  # (conv.36)
+        if k > 0:  # the input's errors are never needed
+            r_delta = _r_layer_backward(xp, layer, p, dp, caches[k], ras[k], delta, r_delta)  # (conv.34)-(conv.35)
+            delta = _layer_backward(xp, layer, p, caches[k], delta)  # (conv.9), (conv.12), (conv.14), (peg.3)
+    Hv = xp.concatenate([b for blocks in reversed(h_blocks) for b in blocks])  # (conv.36)
+    if not with_grad:
+        return None, Hv
+    return xp.concatenate([b for blocks in reversed(g_blocks) for b in blocks]), Hv
+
+
 # ---------------------------------------------------------------------------- K-FAC (conv.24)-(conv.32)
 
 KFAC_APPROX = ("expand", "reduce")
@@ -636,7 +732,8 @@ class CNN:
     """
 
     __slots__ = ("input_shape", "layers", "likelihood", "shapes", "D", "_param_shapes")
-    # hessian, hvp and grad_hvp are autograd's (NumPy only) at this slice (conv.19)
+    # hessian is autograd's (NumPy only) (conv.19); hvp and grad_hvp are closed form on either
+    # backend (conv.34)-(conv.36)
     hessian_on_cupy = False
 
     def __init__(self, input_shape, layers, likelihood="categorical", noise_precision=1.0):
@@ -1206,11 +1303,14 @@ class CNN:
         return np.asarray(H, dtype=theta.dtype)
 
     def hvp(self, theta, v, X, y):
-        """Compute the Hessian-vector product H v of sum_i l_i by autograd (NumPy only).
+        """Compute the Hessian-vector product H v of sum_i l_i in closed form (NumPy or CuPy).
 
-        At this slice autograd's reverse-over-reverse product of the same vectorized forward
-        pass (conv.19), without the D x D matrix; a closed-form R-operator backward pass for
-        conv layers is a later slice.
+        H is the Hessian of ``hessian`` (conv.19); H v = R{g} is Pearlmutter's R-operator: the
+        forward pass of R{.} (conv.20)-(conv.21), the seed H_i R{f_i} (peg.23), then one backward
+        pass of R{delta} beside the gradient's: conv and dense layers (conv.34), activations
+        (act'' terms), pooling (max-pool winners held fixed) and flatten (conv.35), and the
+        blocks R{sum_i Delta_i U_i^T} (conv.36). The D x D matrix is never formed. The same
+        product by autograd (reverse over reverse, NumPy only) is ``_hvp_autograd``, its oracle.
 
         Parameters
         ----------
@@ -1226,15 +1326,21 @@ class CNN:
 
         Returns
         -------
-        numpy.ndarray of shape (D,)
-            The product H v, in theta's dtype.
+        array of shape (D,)
+            The product H v, in theta's dtype on theta's backend.
 
         Raises
         ------
         ValueError
-            If theta, X or y is invalid (see refbayes.models.conv), v is not a finite (D,)
-            array of theta's dtype on theta's backend, or the arrays are CuPy arrays.
+            If theta, X or y is invalid (see refbayes.models.conv), or v is not a finite (D,)
+            array of theta's dtype on theta's backend.
         """
+        xp, theta, X, y = self._inputs(theta, X, y)
+        v = self._check_v(theta, v)
+        return _grad_hvp_closed(self, xp, theta, v, X, y, with_grad=False)[1]  # (conv.34)-(conv.36)
+
+    def _hvp_autograd(self, theta, v, X, y):
+        """H v by autograd's reverse-over-reverse product (NumPy only): the oracle of ``hvp``. (conv.19)"""
         xp, theta, X, y = self._inputs(theta, X, y)
         v = self._check_v(theta, v)
         if xp is not np:
@@ -1244,10 +1350,11 @@ class CNN:
         return np.asarray(Hv, dtype=theta.dtype)
 
     def grad_hvp(self, theta, v, X, y):
-        """Compute the gradient g = sum_i dl_i/dtheta and H v.
+        """Compute the gradient g = sum_i dl_i/dtheta and H v from one forward and one backward pass.
 
-        (``grad``, ``hvp``): the gradient by the closed-form backward pass (conv.8), H v by
-        autograd (conv.19), NumPy only; each equals its method bit for bit.
+        The R-operator's passes (conv.34)-(conv.36) run beside the gradient's (conv.8), so both
+        cost about as much as ``hvp`` alone: what a geodesic's right-hand side needs at one point
+        (``riemannian_laplace.loss_fns``). Each equals ``grad`` and ``hvp`` bit for bit.
 
         Parameters
         ----------
@@ -1265,7 +1372,7 @@ class CNN:
         -------
         g : array of shape (D,)
             The gradient, as ``grad``.
-        Hv : numpy.ndarray of shape (D,)
+        Hv : array of shape (D,)
             The product H v, as ``hvp``.
 
         Raises
@@ -1273,8 +1380,9 @@ class CNN:
         ValueError
             As ``hvp``.
         """
-        Hv = self.hvp(theta, v, X, y)  # (conv.19)
-        return self.grad(theta, X, y), Hv
+        xp, theta, X, y = self._inputs(theta, X, y)
+        v = self._check_v(theta, v)
+        return _grad_hvp_closed(self, xp, theta, v, X, y, with_grad=True)  # (conv.8), (conv.34)-(conv.36)
 
     def jvp(self, theta, v, X):
         """Compute the output Jacobian-vector products J_i v = R{f_i} in one forward pass.
