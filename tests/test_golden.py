@@ -13,9 +13,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from refbayes import __version__, tracing, verify
+from refbayes import __version__, layout, tracing, verify
 from refbayes.cli import main as cli_main
 from refbayes.methods import vogn
+from refbayes.models import tiny_cnn
 from refbayes.tracing.files import MANIFEST_KEY
 from refbayes.tracing.steps import make_inputs, step
 from refbayes.tracing.tags import LABEL
@@ -238,3 +239,98 @@ def test_the_manifest_records_the_version_and_parameter_axes():
     assert tracing.model_from_spec(t.model).D == 34
     with pytest.raises(ValueError, match="model: cannot rebuild"):
         tracing.model_from_spec({"class": "Nope", "repr": "Nope()"})
+
+
+# ----------------------------------------------------------------- the tiny-CNN traces (issue 34)
+CNN_FILES = sorted(GOLDEN.glob("*-cnn.npz"))
+# BBB's [mu; rho] quantities: two D-blocks on their last axis (refbayes.verify reads each block
+# in the dump's layout)
+MU_RHO = ("delta", "state.adam.m", "state.adam.v", "input.state.adam.m", "input.state.adam.v")
+
+
+def test_every_method_traced_on_the_tiny_cnn_has_a_committed_cnn_trace():
+    on_cnn = {name for name, t in tracing.TRACERS.items() if "tiny-cnn" in t.models}
+    assert {"adam", "vogn", "bbb", "swag", "noisy-kfac"} <= on_cnn
+    committed = {tracing.load(p).method for p in CNN_FILES}
+    assert committed == on_cnn
+    for path in CNN_FILES:
+        trace = tracing.load(path)
+        assert path.name == f"{trace.method}-cnn.npz" and trace.options["model"] == "tiny-cnn"
+        assert "--model tiny-cnn" in trace.manifest["command"]
+
+
+@pytest.mark.parametrize("path", CNN_FILES, ids=[p.stem for p in CNN_FILES])
+def test_a_cnn_trace_rebuilds_the_tiny_cnn_from_its_spec(path):
+    trace = tracing.load(path)
+    model = tracing.model_from_spec(trace.model)
+    assert model == tiny_cnn() and model.D == trace.model["D"] == 47
+    assert trace.model["class"] == "CNN" and trace.model["input_shape"] == [1, 6, 6]
+    assert [layer["type"] for layer in trace.model["layers"]] == \
+        ["Conv2d", "Activation", "MaxPool2d", "Flatten", "Dense"]
+    assert trace.inputs["input.batch.X"].shape[-1] == 36  # rows: 1x6x6 images flattened
+    assert trace.param_axes["input.state." + ("theta" if "input.state.theta" in trace.inputs
+                                               else "mu")] == (0,)
+
+
+def _layout_dump(trace, model, order):
+    """Every input and output of the trace with its parameter axes in a framework's order."""
+    D = model.D
+    dump = {}
+    for name, a in {**trace.inputs, **trace.outputs}.items():
+        axes = trace.param_axes.get(name, ())
+        if axes:
+            a = layout.from_refbayes(a, model, order, axes=axes)
+        elif name in MU_RHO and a.ndim and a.shape[-1] == 2 * D:
+            a = np.concatenate([layout.from_refbayes(a[..., :D], model, order),
+                                layout.from_refbayes(a[..., D:], model, order)], axis=-1)
+        dump[name] = a
+    return dump
+
+
+@pytest.mark.parametrize("path", CNN_FILES, ids=[p.stem for p in CNN_FILES])
+def test_verify_accepts_a_dump_of_a_cnn_trace_in_every_layout(path, tmp_path, capsys):
+    trace = tracing.load(path)
+    model = tracing.model_from_spec(trace.model)
+    mine = tmp_path / "mine.npz"
+    np.savez(mine, **trace.inputs, **trace.outputs)
+    assert cli_main(["verify", str(path), str(mine)]) == 0
+    theta = "input.state.theta" if "input.state.theta" in trace.inputs else "input.state.mu"
+    for order in ("torch", "flax"):
+        dump = _layout_dump(trace, model, order)
+        # torch: the dense weight transposed; flax: the conv kernel and the flatten order too
+        assert not np.array_equal(dump[theta], trace.inputs[theta])
+        np.savez(tmp_path / f"{order}.npz", **dump)
+        assert cli_main(["verify", str(path), str(tmp_path / f"{order}.npz"), "--layout",
+                         order]) == 0
+        capsys.readouterr()
+        report = verify.compare(trace, dump, layout=order)
+        assert report.ok and report.not_dumped == [], str(report)
+        # read in refbayes order, the dump diverges at a layout mistake that names the layout
+        bad = verify.compare(trace, dump).first_failure
+        assert bad is not None and order in bad.detail
+
+
+def test_a_torch_cnn_reproduces_the_adam_cnn_trace_in_torch_layout(tmp_path):
+    """An independent torch nn.Sequential of the tiny CNN, its parameters the trace's start read
+    in the torch layout, computes g_data = (N / M) sum_B grad l_i (adam.5) of step 1, and
+    ``refbayes verify --layout torch`` accepts it: the CNN trace's torch layout is torch's own
+    ``parameters()`` order."""
+    torch = pytest.importorskip("torch")
+    trace = tracing.load(GOLDEN / "adam-cnn.npz")
+    model = tracing.model_from_spec(trace.model)
+    net = torch.nn.Sequential(torch.nn.Conv2d(1, 2, 3), torch.nn.ReLU(), torch.nn.MaxPool2d(2),
+                              torch.nn.Flatten(), torch.nn.Linear(8, 3)).double()
+    theta = layout.from_refbayes(trace.inputs["input.state.theta"], model, "torch")
+    torch.nn.utils.vector_to_parameters(torch.from_numpy(theta.copy()), net.parameters())
+    X = torch.from_numpy(trace.inputs["input.batch.X"][0].reshape(-1, 1, 6, 6))
+    y = torch.from_numpy(trace.inputs["input.batch.y"][0])
+    loss = torch.nn.functional.cross_entropy(net(X), y, reduction="sum")
+    grads = torch.autograd.grad(loss, list(net.parameters()))
+    N, M = int(trace.inputs["input.cfg.N"]), X.shape[0]
+    g_data = (N / M) * torch.cat([g.reshape(-1) for g in grads]).numpy()
+    np.savez(tmp_path / "torch.npz", **{"input.state.theta": theta, "g_data": g_data})
+    report = verify.compare(trace, tmp_path / "torch.npz", layout="torch")
+    assert report.ok, str(report)
+    assert not verify.compare(trace, tmp_path / "torch.npz").ok  # the dense weight transposed
+    assert cli_main(["verify", str(GOLDEN / "adam-cnn.npz"), str(tmp_path / "torch.npz"),
+                     "--layout", "torch"]) == 0

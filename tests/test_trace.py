@@ -34,10 +34,11 @@ from refbayes.methods import (
     riemannian_laplace,
     slang,
     swag,
+    vogn,
 )
 from refbayes.methods._estimates import Batch
 from refbayes.methods.adam import AdamState
-from refbayes.models import MLP, LogisticRegression
+from refbayes.models import MLP, LogisticRegression, lenet5, tiny_cnn
 from refbayes.tracing import (
     FORMAT_VERSION,
     NOTE_OF,
@@ -47,6 +48,8 @@ from refbayes.tracing import (
     field_tags,
     format_trace,
     load,
+    model_from_spec,
+    model_spec,
     to_json,
 )
 from refbayes.tracing.kfac import NoisyKFACTraceInfo, make_noisy_kfac_inputs
@@ -60,6 +63,7 @@ from refbayes.tracing.printing import SHOW_ALL, SHOW_FIRST
 from refbayes.tracing.problems import (
     MAP_GTOL,
     MEAN_SCALE,
+    cnn_problem,
     find_map,
     ktied_problem,
     regression_problem,
@@ -1758,3 +1762,167 @@ def test_the_committed_golden_traces_follow_the_current_format():
         assert t.manifest["condition_rule"] and all(
             "scale" in m for g in ("inputs", "outputs") for m in t.manifest[g].values())
         assert not {"input.X", "input.y", "input.idx"} & set(t.inputs), path.name
+
+
+# ------------------------------------------------------------ the tiny-CNN traces (issue 34)
+
+@pytest.mark.parametrize("model", [tiny_cnn(), tiny_cnn("gaussian", 2, 4.0),
+                                   tiny_cnn("bernoulli", 1), lenet5()],
+                         ids=["tiny", "tiny-gaussian", "tiny-bernoulli", "lenet5"])
+def test_model_spec_of_a_cnn_rebuilds_an_equal_model_through_json(model):
+    spec = json.loads(json.dumps(model_spec(model)))  # plain data: as a manifest holds it
+    rebuilt = model_from_spec(spec)
+    assert rebuilt == model and rebuilt.D == model.D == spec["D"]
+    assert repr(rebuilt) == spec["repr"] and rebuilt.shapes == model.shapes
+    assert getattr(rebuilt.likelihood, "noise_precision", 1.0) == spec["noise_precision"]
+    assert set(spec) == {"class", "repr", "D", "input_shape", "layers", "likelihood",
+                         "noise_precision"}
+
+
+def test_model_spec_writes_each_layer_as_its_type_and_fields():
+    spec = model_spec(tiny_cnn())
+    assert spec["class"] == "CNN" and spec["input_shape"] == [1, 6, 6] and spec["D"] == 47
+    assert spec["layers"] == [
+        {"type": "Conv2d", "c_in": 1, "c_out": 2, "kernel": [3, 3], "stride": [1, 1],
+         "padding": [0, 0], "bias": True},
+        {"type": "Activation", "name": "relu"},
+        {"type": "MaxPool2d", "kernel": [2, 2], "stride": [2, 2]},
+        {"type": "Flatten"},
+        {"type": "Dense", "n_in": 8, "n_out": 3, "bias": True}]
+    assert spec["likelihood"] == "categorical" and spec["noise_precision"] == 1.0
+
+
+def _cnn_spec(**changes):
+    spec = json.loads(json.dumps(model_spec(tiny_cnn())))
+    spec.update(changes)
+    return spec
+
+
+def _layers(k, **fields):
+    layers = _cnn_spec()["layers"]
+    layers[k] = {**layers[k], **fields}
+    return layers
+
+
+@pytest.mark.parametrize("spec, message", [
+    ("CNN", "model: expected a model spec dict, got 'CNN'"),
+    ({k: v for k, v in _cnn_spec().items() if k != "layers"}, "model: the CNN spec lacks layers"),
+    ({k: v for k, v in _cnn_spec().items() if k not in ("input_shape", "likelihood")},
+     "model: the CNN spec lacks input_shape, likelihood"),
+    (_cnn_spec(layers=[]), "model: layers: expected a non-empty list of layer dicts"),
+    (_cnn_spec(layers=_layers(0, type="Conv3d")),
+     "model: layers[0]: type: expected one of Conv2d, MaxPool2d, AvgPool2d, Flatten, Dense, "
+     "Activation, got 'Conv3d'"),
+    (_cnn_spec(layers=_layers(4, width=8)),
+     "model: layers[4]: Dense has the fields n_in, n_out, bias, got width"),
+    (_cnn_spec(layers=_layers(0, c_out=0)), r"model: layers\[0\] \(Conv2d\): c_out"),
+    (_cnn_spec(layers=_layers(1, name="gelu")), r"model: layers\[1\] \(Activation\): name"),
+    (_cnn_spec(layers=[*_cnn_spec()["layers"][:4], "Dense"]),
+     "model: layers[4]: expected a dict with a 'type' and the layer's fields"),
+    (_cnn_spec(layers=_layers(4, n_in=9)), "model: the CNN spec does not build: "),
+    (_cnn_spec(input_shape=[1, 6]), "model: the CNN spec does not build: input_shape"),
+    (_cnn_spec(likelihood="poisson"), "model: the CNN spec does not build: likelihood"),
+    (_cnn_spec(D=48), "model: rebuilt CNN.* has D = 47, the trace says 48"),
+    (_cnn_spec(**{"class": "ResNet"}), r"model: cannot rebuild .*\(class 'ResNet'; known: MLP, "
+                                       r"LogisticRegression, SoftmaxRegression, CNN\)"),
+])
+def test_model_from_spec_names_what_is_wrong_in_a_cnn_spec(spec, message):
+    escaped = message if "\\" in message or ".*" in message else re.escape(message)
+    with pytest.raises(ValueError, match=escaped):
+        model_from_spec(spec)
+
+
+def test_the_cnn_problem_is_its_documented_recipe():
+    model, X, y = cnn_problem()
+    prng = np.random.default_rng(0)
+    X_ref = prng.standard_normal((50, 36))
+    W = prng.standard_normal((36, 3))
+    y_ref = np.argmax(X_ref @ W + prng.standard_normal((50, 3)), axis=1)
+    np.testing.assert_array_equal(X, X_ref)
+    np.testing.assert_array_equal(y, y_ref)
+    assert y.dtype == np.int64 and np.bincount(y).tolist() == [16, 19, 15]
+    assert model == tiny_cnn() and model.D == 47
+    # a row is a 1x6x6 image flattened row-major: the network reads it as NCHW
+    theta = model.init_theta(np.random.default_rng(1))
+    assert_close(model.forward(theta, X[:4]), model.forward(theta, X[:4].reshape(4, 1, 6, 6)),
+                 EXACT_F64, "rows vs images")
+
+
+def test_a_cnn_driver_trace_equals_direct_calls_of_the_step():
+    """vogn on the tiny CNN: the trace's outputs are vogn.step on its own inputs, step by step,
+    with the model rebuilt from the manifest."""
+    t = build("vogn", steps=2, model="tiny-cnn")
+    model = model_from_spec(t.model)
+    assert model == tiny_cnn() and t.inputs["input.state.mu"].shape == (47,)
+    state = vogn.VOGNState(*(t.inputs[f"input.state.{f}"] for f in vogn.VOGNState._fields))
+    state = state._replace(t=int(state.t))
+    cfg = vogn.VOGNConfig(**t.config)
+    _, X, y = cnn_problem()
+    for k in range(2):
+        idx = t.inputs["input.batch.idx"][k]
+        np.testing.assert_array_equal(t.inputs["input.batch.X"][k], X[idx])
+        np.testing.assert_array_equal(t.inputs["input.batch.y"][k], y[idx])
+        state, info = vogn.step(state, Batch(X[idx], y[idx]), t.inputs["input.eps"][k], cfg, model)
+        for field in info._fields:
+            assert_close(np.asarray(getattr(info, field)), t.outputs[field][k], EXACT_F64,
+                         f"step {k + 1} {field}")
+
+
+def test_the_model_option_is_recorded_only_when_given():
+    plain = build("adam")
+    assert "model" not in plain.options and "--model" not in plain.manifest["command"]
+    assert plain.model["class"] == "MLP"
+    cnn = build("adam", model="tiny-cnn")
+    assert list(cnn.options)[:4] == ["seed", "steps", "dtype", "model"]
+    assert "--dtype float64 --model tiny-cnn --M 8" in cnn.manifest["command"]
+    assert cnn.model["class"] == "CNN" and cnn.model["D"] == 47
+
+
+@pytest.mark.parametrize("method, model, message", [
+    ("laplace", "tiny-cnn", "model: laplace is traced on its shipped model only, got 'tiny-cnn'"),
+    ("ktied", "tiny-cnn", "model: ktied is traced on its shipped model only, got 'tiny-cnn'"),
+    ("vogn", "lenet5", "model: expected one of tiny-cnn for vogn (or none: its shipped model), "
+                       "got 'lenet5'"),
+])
+def test_build_refuses_a_model_the_method_is_not_traced_on(method, model, message):
+    with pytest.raises(ValueError, match=re.escape(message)):
+        build(method, model=model)
+
+
+def test_the_cli_traces_on_the_tiny_cnn_and_refuses_it_where_not_traced(capsys, tmp_path):
+    path = tmp_path / "bbb-cnn.npz"
+    assert main(["trace", "bbb", "--model", "tiny-cnn", "--save", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert "--model tiny-cnn" in out and "D = 47" in out
+    assert load(path).options["model"] == "tiny-cnn"
+    assert main(["trace", "ktied", "--model", "tiny-cnn"]) == 2
+    assert "--model: ktied is traced on its shipped model only" in capsys.readouterr().err
+    assert main(["trace", "vogn", "--model", "lenet5"]) == 2  # argparse: not a choice
+    assert "--model: invalid choice: 'lenet5'" in capsys.readouterr().err
+
+
+def test_a_float32_cnn_trace_keeps_its_labels_integer():
+    t = build("swag", model="tiny-cnn", dtype="float32")
+    assert t.inputs["input.batch.y"].dtype == np.int64
+    assert t.inputs["input.batch.X"].dtype == np.float32 and t.outputs["theta"].shape == (1, 6, 47)
+    assert all(a.dtype == np.float32 for a in t.outputs.values() if a.dtype.kind == "f")
+
+
+def test_noisy_kfac_on_the_tiny_cnn_draws_its_factors_per_layer_and_its_mc_labels():
+    t = build("noisy-kfac", model="tiny-cnn", curvature="mc")
+    shapes = {n: t.inputs[n].shape for n in ("input.state.A.0", "input.state.S.0",
+                                             "input.state.A.1", "input.state.S.1")}
+    assert shapes == {"input.state.A.0": (10, 10), "input.state.S.0": (2, 2),
+                      "input.state.A.1": (9, 9), "input.state.S.1": (3, 3)}
+    y_tilde = t.inputs["input.y_tilde"]
+    assert y_tilde.shape == (2, 2, 8) and y_tilde.min() >= 0 and y_tilde.max() <= 2
+
+
+def test_a_methods_help_says_whether_it_is_traced_on_the_tiny_cnn(capsys):
+    for method, tracer in TRACERS.items():
+        assert main(["trace", method, "--help"]) == 0
+        out = "".join(capsys.readouterr().out.split())  # argparse may wrap at a hyphen
+        assert ("alsotracedontiny-cnn(--modeltiny-cnn" in out) == bool(tracer.models), method
+    assert main(["trace", "--help"]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert "--model {tiny-cnn}" in out and "for swag, noisy-kfac, kfac" in out

@@ -1,8 +1,8 @@
 """Golden traces: every method's inputs, draws and named intermediates over K steps, under their
 equation tags, in one portable file that another implementation is verified against.
 
-- ``build(method, seed=, steps=, dtype=, **options)`` runs a registered method on its shipped
-  problem and returns a ``Trace``; ``save`` / ``load`` write and read it (npz with a JSON
+- ``build(method, seed=, steps=, dtype=, model=, **options)`` runs a registered method on its
+  shipped problem (or, ``model="tiny-cnn"``, on the tiny CNN) and returns a ``Trace``; ``save`` / ``load`` write and read it (npz with a JSON
   manifest); ``format_trace`` / ``to_json`` are its one printed and one JSON form.
 - ``TRACERS`` is filled by the recipe modules imported below, one per method family: ``steps``
   (slang, ngvi), ``laplace``, ``swag``, ``kfac``, ``ktied`` and ``drivers`` (every method record

@@ -3,32 +3,121 @@ chained steps by the draw rule of ``derivations/tracing.md`` ("Draws of chained 
 """
 from __future__ import annotations
 
+import dataclasses
 from typing import Any, Callable, NamedTuple
 
 import numpy as np
 
 from refbayes.methods import Batch
 from refbayes.methods.driver import epoch_batches
-from refbayes.models import MLP, LogisticRegression, SoftmaxRegression
+from refbayes.models import (CNN, MLP, Activation, AvgPool2d, Conv2d, Dense, Flatten,
+                             LogisticRegression, MaxPool2d, SoftmaxRegression)
 from refbayes.tracing.tags import field_tags
 
-__all__ = ["Chain", "arrays_of", "cfg_arrays", "drawn_chain", "fit_arrays", "model_from_spec",
-           "model_spec", "run_chain", "scalars_of"]
+__all__ = ["CNN_LAYERS", "Chain", "arrays_of", "cfg_arrays", "drawn_chain", "fit_arrays",
+           "layer_from_spec", "layer_spec", "model_from_spec", "model_spec", "run_chain",
+           "scalars_of"]
 
 
-def model_spec(model) -> dict:
-    """Describe a model for a manifest: class, repr, D, sizes, bias and its constructor args.
+# The layer records a CNN spec may name, by their "type" (refbayes.models.conv).
+CNN_LAYERS = {t.__name__: t for t in (Conv2d, MaxPool2d, AvgPool2d, Flatten, Dense, Activation)}
+CNN_SPEC_KEYS = ("input_shape", "layers", "likelihood", "noise_precision")
+
+
+def _plain(value):
+    """A layer field as JSON data: tuples as lists."""
+    return [_plain(v) for v in value] if isinstance(value, (tuple, list)) else value
+
+
+def layer_spec(layer) -> dict:
+    """Describe one CNN layer record as plain data: its type name and every field.
 
     Parameters
     ----------
-    model : FlatModel
-        An MLP, LogisticRegression or SoftmaxRegression (others get no ``args``).
+    layer : Conv2d, MaxPool2d, AvgPool2d, Flatten, Dense or Activation
+        A layer record of refbayes.models.conv (a dataclass).
+
+    Returns
+    -------
+    dict
+        ``{"type": <class name>, <field>: <value>, ...}``, pairs as lists, e.g.
+        ``{"type": "Conv2d", "c_in": 1, "c_out": 2, "kernel": [3, 3], "stride": [1, 1],
+        "padding": [0, 0], "bias": True}``; ``layer_from_spec`` rebuilds the record.
+
+    Raises
+    ------
+    ValueError
+        If layer is not one of those records.
+    """
+    if type(layer).__name__ not in CNN_LAYERS or not dataclasses.is_dataclass(layer):
+        raise ValueError(f"layer: expected one of {', '.join(CNN_LAYERS)}, got {layer!r:.80}")
+    return {"type": type(layer).__name__,
+            **{f.name: _plain(getattr(layer, f.name)) for f in dataclasses.fields(layer)}}
+
+
+def layer_from_spec(spec, where: str = "layer"):
+    """Rebuild one CNN layer record from ``layer_spec``'s plain data.
+
+    Parameters
+    ----------
+    spec : dict
+        ``{"type": ..., <field>: <value>, ...}``; a field left out takes the record's default.
+    where : str, default "layer"
+        How the messages name the layer (``model_from_spec``: "model: layers[k]").
+
+    Returns
+    -------
+    Conv2d, MaxPool2d, AvgPool2d, Flatten, Dense or Activation
+        The record.
+
+    Raises
+    ------
+    ValueError
+        If spec is not a dict, names no known type, holds a field the type does not have, or a
+        value the record refuses (the record's own message, prefixed with ``where``).
+    """
+    if not isinstance(spec, dict):
+        raise ValueError(f"{where}: expected a dict with a 'type' and the layer's fields, got "
+                         f"{spec!r:.80}")
+    kind = spec.get("type")
+    if kind not in CNN_LAYERS:
+        raise ValueError(f"{where}: type: expected one of {', '.join(CNN_LAYERS)}, got {kind!r}")
+    cls = CNN_LAYERS[kind]
+    names = [f.name for f in dataclasses.fields(cls)]
+    args = {k: v for k, v in spec.items() if k != "type"}
+    unknown = sorted(set(args) - set(names))
+    if unknown:
+        raise ValueError(f"{where}: {kind} has the fields {', '.join(names) or 'none'}, got "
+                         f"{', '.join(unknown)}")
+    try:
+        return cls(**args)
+    except (ValueError, TypeError) as err:
+        raise ValueError(f"{where} ({kind}): {err}") from None
+
+
+def model_spec(model) -> dict:
+    """Describe a model for a manifest: class, repr, D, and what rebuilds it.
+
+    An MLP, LogisticRegression or SoftmaxRegression: its sizes, bias and constructor ``args``;
+    a CNN: its ``input_shape``, its ``layers`` as plain data (``layer_spec``), ``likelihood`` and
+    ``noise_precision`` (no sizes, no bias: its layers say them).
+
+    Parameters
+    ----------
+    model : FlatModel or CNN
+        An MLP, LogisticRegression, SoftmaxRegression or CNN (other FlatModels get no ``args``).
 
     Returns
     -------
     dict
         The spec; ``model_from_spec`` rebuilds the model from it.
     """
+    if isinstance(model, CNN):
+        return {"class": "CNN", "repr": repr(model), "D": int(model.D),
+                "input_shape": [int(n) for n in model.input_shape],
+                "layers": [layer_spec(layer) for layer in model.layers],
+                "likelihood": model.likelihood.name,
+                "noise_precision": float(getattr(model.likelihood, "noise_precision", 1.0))}
     spec = {"class": type(model).__name__, "repr": repr(model), "D": int(model.D),
             "sizes": [int(n) for n in model.sizes], "bias": bool(model.bias)}
     if isinstance(model, MLP):
@@ -44,6 +133,22 @@ def model_spec(model) -> dict:
     return spec
 
 
+def _cnn_from_spec(spec: dict):
+    missing = [k for k in CNN_SPEC_KEYS if k not in spec]
+    if missing:
+        raise ValueError(f"model: the CNN spec lacks {', '.join(missing)} (expected "
+                         f"{', '.join(CNN_SPEC_KEYS)})")
+    layers = spec["layers"]
+    if not isinstance(layers, list) or not layers:
+        raise ValueError(f"model: layers: expected a non-empty list of layer dicts, got "
+                         f"{layers!r:.80}")
+    records = [layer_from_spec(layer, f"model: layers[{k}]") for k, layer in enumerate(layers)]
+    try:
+        return CNN(spec["input_shape"], records, spec["likelihood"], spec["noise_precision"])
+    except ValueError as err:
+        raise ValueError(f"model: the CNN spec does not build: {err}") from None
+
+
 def model_from_spec(spec: dict):
     """Rebuild a trace's model from its manifest spec.
 
@@ -54,22 +159,31 @@ def model_from_spec(spec: dict):
 
     Returns
     -------
-    FlatModel
+    FlatModel or CNN
         The model, equal to the traced one.
 
     Raises
     ------
     ValueError
-        If the spec names a model class that cannot be rebuilt, or the rebuilt model's D differs.
+        If the spec is not a dict, names a model class that cannot be rebuilt, a CNN spec lacks a
+        key or holds a bad layer (unknown type or field, a value out of range, layers that do
+        not chain), or the rebuilt model's D differs.
     """
+    if not isinstance(spec, dict):
+        raise ValueError(f"model: expected a model spec dict, got {spec!r:.80}")
     classes = {"MLP": MLP, "LogisticRegression": LogisticRegression,
                "SoftmaxRegression": SoftmaxRegression}
-    if spec.get("class") not in classes or "args" not in spec:
-        raise ValueError(f"model: cannot rebuild {spec.get('repr', spec)!r} (known: "
-                         f"{', '.join(classes)})")
-    model = classes[spec["class"]](**spec["args"])
-    if model.D != spec["D"]:
-        raise ValueError(f"model: rebuilt {model!r} has D = {model.D}, the trace says {spec['D']}")
+    if spec.get("class") == "CNN":
+        model = _cnn_from_spec(spec)
+    elif spec.get("class") not in classes or "args" not in spec:
+        why = "no args" if spec.get("class") in classes else f"class {spec.get('class')!r}"
+        raise ValueError(f"model: cannot rebuild {spec.get('repr', spec)!r} ({why}; known: "
+                         f"{', '.join([*classes, 'CNN'])})")
+    else:
+        model = classes[spec["class"]](**spec["args"])
+    if model.D != spec.get("D"):
+        raise ValueError(f"model: rebuilt {model!r} has D = {model.D}, the trace says "
+                         f"{spec.get('D')!r}")
     return model
 
 

@@ -15,6 +15,7 @@ from refbayes._checks import check_int
 from refbayes._files import atomic_write_text, cannot_write
 from refbayes.tracing.files import save
 from refbayes.tracing.printing import format_trace, to_json
+from refbayes.tracing.problems import MODELS
 from refbayes.tracing.tracer import DTYPES, TRACERS, Tracer, build, get_tracer
 
 __all__ = ["add_arguments", "method_parser", "options_table", "run"]
@@ -126,6 +127,12 @@ def _add_common(parser, tracer: Tracer | None = None) -> None:
     parser.add_argument("--steps", type=int, default=None, help=steps)
     parser.add_argument("--dtype", default=None, help=dtype,
                         choices=DTYPES if tracer is None or tracer.float32 else DTYPES[:1])
+    if tracer is None:  # a method's own help names --model in its description (method_parser)
+        on_cnn = ", ".join(t.name for t in TRACERS.values() if t.models)
+        parser.add_argument("--model", default=None, choices=MODELS,
+                            help="trace on this model instead of the method's shipped one: "
+                                 "tiny-cnn, a 1x6x6 3-class CNN on synthetic images "
+                                 f"(derivations/tracing.md); for {on_cnn}")
 
 
 def add_arguments(parser) -> None:
@@ -178,7 +185,10 @@ def method_parser(method: str, prog: str = "refbayes trace") -> argparse.Argumen
         prog=f"{prog} {method}",
         description=f"Build the golden trace of {method} on its small shipped problem and print "
                     f"it. Its equations: {tracer.derivation}; the problem, the start and the "
-                    "draws: derivations/tracing.md.")
+                    "draws: derivations/tracing.md." + (
+                        f" It is also traced on {', '.join(tracer.models)} (--model "
+                        f"{tracer.models[0]}: a 1x6x6 3-class CNN on synthetic images, in place "
+                        "of the shipped model)." if tracer.models else ""))
     _add_common(parser, tracer)
     group = parser.add_argument_group(
         f"{method} options", "Its own options, with its defaults." if tracer.options else
@@ -264,7 +274,8 @@ def run(args) -> int:
     ------
     ValueError
         For an unknown method, an option outside its range or given to a method it does not
-        apply to, --steps > 1 for a one-fit trace, float32 for a float64-only trace, or a
+        apply to, --steps > 1 for a one-fit trace, float32 for a float64-only trace, a --model
+        the method is not traced on, or a
         --json / --save path whose folder cannot be made or written to (the message names the
         flag and the path, never a temporary file).
     """
@@ -280,8 +291,14 @@ def run(args) -> int:
     if not tracer.chained and args.steps not in (None, 1):
         raise ValueError(f"--steps: {tracer.name} is traced as one fit; expected 1, got "
                          f"{args.steps}")
+    model = getattr(args, "model", None)
+    if model is not None and model not in tracer.models:
+        raise ValueError(f"--model: {tracer.name} is traced on its shipped model only, got "
+                         f"{model!r}" if not tracer.models else
+                         f"--model: expected one of {', '.join(tracer.models)} for "
+                         f"{tracer.name}, got {model!r}")
     trace = build(tracer.name, seed=args.seed, steps=args.steps, dtype=args.dtype or "float64",
-                  **options)
+                  model=model, **options)
     print(format_trace(trace, precision), end="")
     if args.json is not None:
         try:

@@ -1,5 +1,6 @@
 """Traces of the driven methods (vogn, ogn, vadam, vprop, noisy-adam, bbb, mc-dropout, adam,
-slang-mlp), read off their method records: K chained driver steps on the shipped MLP problem.
+slang-mlp), read off their method records: K chained driver steps on the shipped MLP problem,
+or on the tiny CNN (``model="tiny-cnn"``, ``refbayes trace METHOD --model tiny-cnn``).
 
 Each ``TraceStart`` of ``refbayes.methods.records`` is one trace: the mean ``mu`` is drawn
 first, then the record's start draws the rest of the state, then every step draws its minibatch
@@ -13,7 +14,7 @@ import numpy as np
 from refbayes._checks import check_int
 from refbayes.methods.records import RECORDS
 from refbayes.tracing.chain import Chain, run_chain
-from refbayes.tracing.problems import MEAN_SCALE, N_ROWS, mlp_problem
+from refbayes.tracing.problems import MEAN_SCALE, MODELS, N_ROWS, mlp_problem, problem_of
 from refbayes.tracing.tracer import Tracer, register
 
 __all__ = ["check_driven_options", "driver_chain", "register_record_traces"]
@@ -21,7 +22,7 @@ __all__ = ["check_driven_options", "driver_chain", "register_record_traces"]
 OVERSAMPLE = 10  # the driver's default oversampling of SLANG's randomized fast_eig
 
 
-def driver_chain(record, start, seed: int, **options) -> Chain:
+def driver_chain(record, start, seed: int, model: str | None = None, **options) -> Chain:
     """Build the chain of one trace start: its state and config, the record's step and draws.
 
     Parameters
@@ -32,6 +33,9 @@ def driver_chain(record, start, seed: int, **options) -> Chain:
         One of ``record.traces``.
     seed : int
         Seed of ``numpy.random.default_rng``, the only source of the draws.
+    model : str or None, default None
+        None: the shipped MLP problem (``problems.mlp_problem``); "tiny-cnn": the tiny-CNN
+        problem (``problems.cnn_problem``), the draws the same recipe with its D = 47.
     **options
         The trace's options: M, S where it is one (else ``start.S``), and the start's own.
 
@@ -43,18 +47,19 @@ def driver_chain(record, start, seed: int, **options) -> Chain:
     Raises
     ------
     ValueError
-        If M or S is outside its range (``check_driven_options``), or a start option is.
+        If M or S is outside its range (``check_driven_options``), a start option is, or model
+        is not one of ``problems.MODELS``.
     """
     M, S = check_driven_options(record, start, options.pop("M"), options.pop("S", start.S))
-    model, X, y = mlp_problem()
+    net, X, y = problem_of(model, mlp_problem)
     rng = np.random.default_rng(seed)
-    mu = MEAN_SCALE * rng.standard_normal(model.D)
-    state, cfg = start.start(mu, rng, N_ROWS, **options)
+    mu = MEAN_SCALE * rng.standard_normal(net.D)
+    state, cfg = start.start(mu, rng, X.shape[0], **options)
 
     def draws(rng, M):
-        return record.draws(rng, cfg, model, M, S, OVERSAMPLE, np.float64, np)
+        return record.draws(rng, cfg, net, M, S, OVERSAMPLE, np.float64, np)
 
-    return Chain(state, cfg, model, X, y, M, record.step, draws, rng)
+    return Chain(state, cfg, net, X, y, M, record.step, draws, rng)
 
 
 def check_driven_options(record, start, M, S) -> tuple:
@@ -118,7 +123,7 @@ def register_record_traces(records=RECORDS) -> None:
     for record in records.values():
         for start in record.traces:
             register(Tracer(start.name, record.note, _run(record, start), dict(start.options),
-                            sign_free=start.sign_free))
+                            sign_free=start.sign_free, models=MODELS))
 
 
 register_record_traces()

@@ -20,7 +20,7 @@ from refbayes.linalg import kron
 from refbayes.methods import Batch, noisy_kfac
 from refbayes.methods.driver import epoch_batches
 from refbayes.tracing.chain import Chain, run_chain
-from refbayes.tracing.problems import MEAN_SCALE, N_ROWS, mlp_problem
+from refbayes.tracing.problems import MEAN_SCALE, MODELS, mlp_problem, problem_of
 from refbayes.tracing.tracer import Tracer, one_of, register
 
 __all__ = ["KFAC_METHODS", "NoisyKFACTraceInfo", "NoisyKFACTraceInputs", "make_noisy_kfac_inputs",
@@ -62,9 +62,9 @@ class NoisyKFACTraceInputs(NamedTuple):
     """
     method: str       # "noisy-kfac" | "kfac"
     seed: int         # of numpy.random.default_rng, the only source of the draws
-    model: Any        # MLP([5, 4, 2], "tanh", "categorical"), D = 34
-    X: np.ndarray     # (N, 5) the shipped training set
-    y: np.ndarray     # (N,) class labels in {0, 1}
+    model: Any        # MLP([5, 4, 2], "tanh", "categorical"), D = 34 (or the tiny CNN, D = 47)
+    X: np.ndarray     # (N, 5) the shipped training set (the tiny CNN's: (N, 36) images)
+    y: np.ndarray     # (N,) class labels in {0, 1} (the tiny CNN's: {0, 1, 2})
     idx: np.ndarray   # (M,) minibatch rows, rng.permutation(N)[:M]
     eps: Any          # (D, S) standard-normal draws, or None for kfac
     u: Any            # (S, M) uniforms of the sampled labels, or None
@@ -104,7 +104,8 @@ def _labels(rng, state, eps, cfg, model, X_B) -> dict:
 
 def make_noisy_kfac_inputs(method: str, *, seed: int = 0, M: int = 8, S: int | None = None,
                            curvature: str = "ggn", damping: str = "factored",
-                           kl_clip: float | None = None) -> NoisyKFACTraceInputs:
+                           kl_clip: float | None = None,
+                           model: str | None = None) -> NoisyKFACTraceInputs:
     """Build the problem, the starting state and the draws of one traced Noisy K-FAC step.
 
     The draws are made in the order of ``derivations/tracing.md``; kfac draws no eps and takes
@@ -126,6 +127,9 @@ def make_noisy_kfac_inputs(method: str, *, seed: int = 0, M: int = 8, S: int | N
         The damping of the sampler and the solve.
     kl_clip : float or None, default None
         The KL-clipping bound kappa > 0 (noisy_kfac.10), or None for no clipping.
+    model : str or None, default None
+        None: the shipped MLP problem; "tiny-cnn": the tiny-CNN problem
+        (``problems.cnn_problem``; a conv layer's A_l is (C_in k_h k_w + 1) square).
 
     Returns
     -------
@@ -140,7 +144,8 @@ def make_noisy_kfac_inputs(method: str, *, seed: int = 0, M: int = 8, S: int | N
     if method not in KFAC_METHODS:
         raise ValueError(f"method: expected one of {', '.join(KFAC_METHODS)}, got {method!r}")
     seed = check_int(seed, "seed", low=0)
-    N = N_ROWS
+    net, X, y = problem_of(model, mlp_problem)
+    N = X.shape[0]
     M = check_int(M, "M", low=1, high=N)
     if method == "kfac":
         if S not in (None, 1):
@@ -153,7 +158,7 @@ def make_noisy_kfac_inputs(method: str, *, seed: int = 0, M: int = 8, S: int | N
     if kl_clip is not None:
         kl_clip = check_in_range(kl_clip, "kl_clip", 0.0, math.inf, low_open=True,
                                  high_open=True)
-    model, X, y = mlp_problem()
+    model = net
     cfg = noisy_kfac.NoisyKFACConfig(N, damping=damping, curvature=curvature, kl_clip=kl_clip,
                                      **NK_CONFIG)
     blocks = noisy_kfac.layer_slices(model)
@@ -260,6 +265,6 @@ ORDER_NOTE = ("each step samples w and preconditions V (P, m, mu) with the facto
               "updated before the mean step), so step k's own A_hat, S_hat reach P only at "
               "step k + 1; pi is the split of the step's sampler and of its mean step alike")
 register(Tracer("noisy-kfac", "derivations/noisy_kfac.md", _run("noisy-kfac"),
-                {"S": 2, **_OPTIONS}, default_steps=2, note=ORDER_NOTE))
+                {"S": 2, **_OPTIONS}, default_steps=2, note=ORDER_NOTE, models=MODELS))
 register(Tracer("kfac", "derivations/noisy_kfac.md", _run("kfac"), dict(_OPTIONS),
-                default_steps=2, note=ORDER_NOTE))
+                default_steps=2, note=ORDER_NOTE, models=MODELS))

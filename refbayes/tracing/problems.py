@@ -13,10 +13,10 @@ import numpy as np
 from scipy.optimize import minimize
 
 from refbayes.datasets import make_logistic_regression
-from refbayes.models import MLP, LogisticRegression
+from refbayes.models import MLP, LogisticRegression, tiny_cnn
 
-__all__ = ["MAPResult", "find_map", "ktied_problem", "logistic_problem", "mlp_problem",
-           "regression_problem", "shipped_map"]
+__all__ = ["MODELS", "MAPResult", "cnn_problem", "find_map", "ktied_problem", "logistic_problem",
+           "mlp_problem", "problem_of", "regression_problem", "shipped_map"]
 
 # The logistic-regression data of the step methods, SWAG, the drivers and Noisy K-FAC.
 N_ROWS = 50
@@ -48,6 +48,17 @@ MAP_GTOL = 1e-10
 KT_ROWS = 30
 KT_SIZES = (4, 5, 3)
 KT_PROBLEM_SEED = 0
+
+# The tiny-CNN problem (``--model tiny-cnn``): N images 1x6x6, three classes of a noisy linear
+# teacher on the pixels, all from numpy.random.default_rng(CNN_PROBLEM_SEED); N = N_ROWS, so
+# the traces' M and their minibatch draws keep their ranges.
+CNN_ROWS = N_ROWS
+CNN_INPUT = (1, 6, 6)
+CNN_CLASSES = 3
+CNN_PROBLEM_SEED = 0
+
+# The models a trace may run on instead of its shipped one (``refbayes trace METHOD --model``).
+MODELS = ("tiny-cnn",)
 
 
 def logistic_problem():
@@ -203,3 +214,53 @@ def ktied_problem():
     y = np.argmax(X @ W + prng.standard_normal((KT_ROWS, n_out)), axis=1).astype(np.int64)
     model = MLP(list(KT_SIZES), activation="tanh", likelihood="categorical")
     return model, X, y
+
+
+def cnn_problem():
+    """Build the tiny-CNN problem by its recipe (``derivations/tracing.md``, "The tiny CNN").
+
+    ``prng = numpy.random.default_rng(CNN_PROBLEM_SEED)``, ``X = prng.standard_normal((50,
+    36))`` (each row a 1x6x6 image flattened row-major in (c, h, w), the 2-D form the methods
+    pass), ``W = prng.standard_normal((36, 3))``, ``y = argmax(X @ W + prng.standard_normal((50,
+    3)), axis=1)``.
+
+    Returns
+    -------
+    tuple
+        (model, X, y): ``tiny_cnn()`` (Conv2d(1, 2, 3), relu, MaxPool2d(2), Flatten, Dense(8, 3),
+        categorical, D = 47), X (50, 36) and int64 labels y (50,) in {0, 1, 2}.
+    """
+    prng = np.random.default_rng(CNN_PROBLEM_SEED)
+    n_in = math.prod(CNN_INPUT)
+    X = prng.standard_normal((CNN_ROWS, n_in))
+    W = prng.standard_normal((n_in, CNN_CLASSES))
+    y = np.argmax(X @ W + prng.standard_normal((CNN_ROWS, CNN_CLASSES)), axis=1).astype(np.int64)
+    return tiny_cnn("categorical", CNN_CLASSES), X, y
+
+
+def problem_of(model, default):
+    """The problem a trace runs on: its shipped one, or the one ``--model`` names.
+
+    Parameters
+    ----------
+    model : str or None
+        None for the trace's shipped problem, else one of ``MODELS``.
+    default : callable
+        The trace's shipped problem, ``default() -> (model, X, y)``.
+
+    Returns
+    -------
+    tuple
+        (model, X, y).
+
+    Raises
+    ------
+    ValueError
+        If model is neither None nor one of ``MODELS``.
+    """
+    if model is None:
+        return default()
+    if model not in MODELS:
+        raise ValueError(f"model: expected one of {', '.join(MODELS)} (or none: the trace's "
+                         f"shipped model), got {model!r}")
+    return cnn_problem()

@@ -14,7 +14,7 @@ from refbayes._checks import check_in_range, check_int
 from refbayes.methods import Batch, swag
 from refbayes.methods.driver import epoch_batches
 from refbayes.tracing.chain import fit_arrays
-from refbayes.tracing.problems import MEAN_SCALE, N_FEATURES, N_ROWS, logistic_problem
+from refbayes.tracing.problems import MEAN_SCALE, MODELS, logistic_problem, problem_of
 from refbayes.tracing.tracer import Tracer, register
 
 __all__ = ["SWAGTraceInfo", "SWAGTraceInputs", "make_swag_inputs", "trace_swag"]
@@ -51,9 +51,9 @@ class SWAGTraceInputs(NamedTuple):
     """
     method: str          # "swag"
     seed: int            # of numpy.random.default_rng, the only source of the draws
-    model: Any           # LogisticRegression(N_FEATURES), D = N_FEATURES + 1
-    X: np.ndarray        # (N, N_FEATURES) the shipped training set
-    y: np.ndarray        # (N,) labels in {0, 1}
+    model: Any           # LogisticRegression(5), D = 6 (or the tiny CNN, D = 47)
+    X: np.ndarray        # (N, 5) the shipped training set (the tiny CNN's: (N, 36) images)
+    y: np.ndarray        # (N,) labels in {0, 1} (the tiny CNN's: int64 in {0, 1, 2})
     theta0: np.ndarray   # (D,) the start
     idx: np.ndarray      # (T, M) minibatch rows, row t for step t + 1
     z1: np.ndarray       # (D, S)
@@ -81,7 +81,7 @@ def _check_at_least_two(n, name: str) -> int:
 
 def make_swag_inputs(*, seed: int = 0, steps: int = 6, M: int = 8, S: int = 2, K: int = 4,
                      scale: float = 0.5, alpha: float = 2e-3,
-                     momentum: float = 0.9) -> SWAGTraceInputs:
+                     momentum: float = 0.9, model: str | None = None) -> SWAGTraceInputs:
     """Build the problem, the configs and the draws of the SWAG trace.
 
     The draws are made in the order of ``derivations/tracing.md``.
@@ -104,6 +104,9 @@ def make_swag_inputs(*, seed: int = 0, steps: int = 6, M: int = 8, S: int = 2, K
         SGD step size on the summed objective, > 0 (torch lr = N alpha).
     momentum : float, default 0.9
         Heavy-ball momentum, in [0, 1).
+    model : str or None, default None
+        None: the shipped logistic regression (D = 6); "tiny-cnn": the tiny-CNN problem
+        (``problems.cnn_problem``, D = 47).
 
     Returns
     -------
@@ -116,7 +119,8 @@ def make_swag_inputs(*, seed: int = 0, steps: int = 6, M: int = 8, S: int = 2, K
         If an option is outside its range.
     """
     seed = check_int(seed, "seed", low=0)
-    N, D = N_ROWS, N_FEATURES + 1
+    net, X, y = problem_of(model, logistic_problem)
+    N, D = X.shape[0], net.D
     steps = _check_at_least_two(steps, "steps")
     M = check_int(M, "M", low=1, high=N)
     S = check_int(S, "S", low=1)
@@ -124,7 +128,6 @@ def make_swag_inputs(*, seed: int = 0, steps: int = 6, M: int = 8, S: int = 2, K
     scale = check_in_range(scale, "scale", 0.0, math.inf, low_open=True, high_open=True)
     alpha = check_in_range(alpha, "alpha", 0.0, math.inf, low_open=True, high_open=True)
     momentum = check_in_range(momentum, "momentum", 0.0, 1.0, high_open=True)
-    model, X, y = logistic_problem()
     sgd = swag.SGDConfig(N=N, lam=SWAG_LAM, alpha=alpha, momentum=momentum)
     cfg = swag.SWAGConfig(K=K, scale=scale)
 
@@ -133,7 +136,7 @@ def make_swag_inputs(*, seed: int = 0, steps: int = 6, M: int = 8, S: int = 2, K
     idx = np.stack([epoch_batches(rng, N, M)[0] for _ in range(steps)])
     z1 = rng.standard_normal((D, S))
     z2 = rng.standard_normal((min(steps, K), S))
-    return SWAGTraceInputs("swag", seed, model, X, y, theta0, idx, z1, z2, sgd, cfg)
+    return SWAGTraceInputs("swag", seed, net, X, y, theta0, idx, z1, z2, sgd, cfg)
 
 
 def trace_swag(inputs: SWAGTraceInputs) -> SWAGTraceInfo:
@@ -180,7 +183,8 @@ def _run(seed, steps, dtype, **options):
     inputs = make_swag_inputs(seed=seed, steps=steps, **options)
     if dtype == "float32":  # the data, the start and the draws rounded (made in float64)
         inputs = inputs._replace(**{f: getattr(inputs, f).astype(np.float32)
-                                    for f in ("X", "y", "theta0", "z1", "z2")})
+                                    for f in ("X", "y", "theta0", "z1", "z2")
+                                    if getattr(inputs, f).dtype.kind == "f"})
     return fit_arrays(inputs, trace_swag(inputs), configs=("cfg", "sgd"),
                       names={"theta0": "input.state.theta", "z1": "input.eps.z1",
                              "z2": "input.eps.z2"})
@@ -188,4 +192,4 @@ def _run(seed, steps, dtype, **options):
 
 register(Tracer("swag", "derivations/swag.md", _run,
                 {"S": 2, "M": 8, "momentum": 0.9, "K": 4, "scale": 0.5, "alpha": 2e-3},
-                default_steps=6))
+                default_steps=6, models=MODELS))

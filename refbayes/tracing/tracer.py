@@ -59,6 +59,10 @@ class Tracer(NamedTuple):
     note : str
         What the printed trace and the manifest must say of the traced order (noisy-kfac: which
         factors precondition the step), '' for none.
+    models : tuple of str
+        The models it can be traced on besides its shipped one (``build``'s ``model``, ``refbayes
+        trace METHOD --model``; ``problems.MODELS``), () for none; ``run`` then takes
+        ``model=``.
     """
     name: str
     derivation: str
@@ -71,6 +75,7 @@ class Tracer(NamedTuple):
     absolute: tuple = ()
     rounded: Callable | None = None
     note: str = ""
+    models: tuple = ()
 
 
 # How each trace's condition numbers were measured (the manifest's "condition_rule"); the float
@@ -196,7 +201,7 @@ def command_line(method: str, options: dict) -> str:
 
 
 def build(method: str, *, seed: int = 0, steps: int | None = None, dtype: str = "float64",
-          **options) -> Trace:
+          model: str | None = None, **options) -> Trace:
     """Trace a method: run it, and measure each float output's condition number.
 
     By a float32 run of the same inputs where the method runs in float32, else by a float64 run
@@ -214,6 +219,9 @@ def build(method: str, *, seed: int = 0, steps: int | None = None, dtype: str = 
         the methods traced as one fit.
     dtype : {"float64", "float32"}, default "float64"
         Precision of the traced run.
+    model : str or None, default None
+        None: the method's shipped model; else one of ``TRACERS[method].models`` ("tiny-cnn":
+        ``problems.cnn_problem``), recorded in the manifest's options (after dtype) and command.
     **options
         The method's options (``TRACERS[method].options``); unset ones take their defaults.
 
@@ -225,10 +233,16 @@ def build(method: str, *, seed: int = 0, steps: int | None = None, dtype: str = 
     Raises
     ------
     ValueError
-        For an unknown method or option, an option out of range, steps > 1 for a fit, or
-        float32 for a method traced in float64 only.
+        For an unknown method or option, an option out of range, steps > 1 for a fit, float32
+        for a method traced in float64 only, or a model the method is not traced on.
     """
     tracer = get_tracer(method)
+    if model is not None and model not in tracer.models:
+        if not tracer.models:
+            raise ValueError(f"model: {method} is traced on its shipped model only, got "
+                             f"{model!r}")
+        raise ValueError(f"model: expected one of {', '.join(tracer.models)} for {method} (or "
+                         f"none: its shipped model), got {model!r}")
     seed = check_int(seed, "seed", low=0)
     steps = check_int(tracer.default_steps if steps is None else steps, "steps", low=1)
     if dtype not in DTYPES:
@@ -242,15 +256,18 @@ def build(method: str, *, seed: int = 0, steps: int | None = None, dtype: str = 
     if dtype == "float32" and not tracer.float32:
         raise ValueError(f"dtype: {method} is traced in float64 only, got 'float32'")
     opts = {**tracer.options, **{k: v for k, v in options.items() if v is not None}}
-    inputs, outputs, tags, config, model, per_step = tracer.run(seed, steps, dtype, **opts)
+    chosen = {} if model is None else {"model": model}
+    inputs, outputs, tags, config, spec, per_step = tracer.run(seed, steps, dtype, **chosen,
+                                                               **opts)
     condition = dict.fromkeys(outputs)
     rule = None
     if tracer.float32:
-        other = tracer.run(seed, steps, "float32" if dtype == "float64" else "float64", **opts)[1]
+        other = tracer.run(seed, steps, "float32" if dtype == "float64" else "float64", **chosen,
+                           **opts)[1]
         f64, f32 = (outputs, other) if dtype == "float64" else (other, outputs)
         rule = "float32"
     elif tracer.rounded is not None:
-        f64, f32 = outputs, tracer.rounded(seed, steps, **opts)
+        f64, f32 = outputs, tracer.rounded(seed, steps, **chosen, **opts)
         rule = "rounded"
     if rule is not None:
         for name in outputs:
@@ -258,16 +275,16 @@ def build(method: str, *, seed: int = 0, steps: int | None = None, dtype: str = 
                 with np.errstate(invalid="ignore", over="ignore"):
                     err = rel_err(f32[name], f64[name])
                 condition[name] = max(1.0, err / U32) if np.isfinite(err) else float("inf")
-    D = model["D"]
+    D = spec["D"]
     # the data rows are never a parameter axis (swag's (T, M, ...) batches with T = D = 6)
     param_axes = {n: () if n.startswith("input.batch.") else
                   _param_axes(a, D, per_step=n in per_step or n in outputs)
                   for n, a in {**inputs, **outputs}.items()}
-    full = {"seed": seed, "steps": steps, "dtype": dtype, **opts}
+    full = {"seed": seed, "steps": steps, "dtype": dtype, **chosen, **opts}
     manifest = {
         "format": FORMAT, "format_version": FORMAT_VERSION, "refbayes_version": __version__,
         "method": method, "command": command_line(method, full), "options": full,
-        "derivation": tracer.derivation, "model": model, "config": config,
+        "derivation": tracer.derivation, "model": spec, "config": config,
         "order": list(outputs), "sign_free": list(tracer.sign_free),
         "absolute": dict(tracer.absolute),
         "condition_rule": CONDITION_RULES[rule] if rule else None,
@@ -281,7 +298,7 @@ def build(method: str, *, seed: int = 0, steps: int | None = None, dtype: str = 
                         "condition": condition[n]}
                     for n, a in outputs.items()},
     }
-    return Trace(method, full, inputs, outputs, tags, param_axes, condition, config, model,
+    return Trace(method, full, inputs, outputs, tags, param_axes, condition, config, spec,
                  sorted(per_step), manifest)
 
 
