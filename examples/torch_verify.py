@@ -1,9 +1,10 @@
-"""Verify a PyTorch implementation of VOGN and SLANG against refbayes' golden traces.
+"""Verify a PyTorch implementation of VOGN, SLANG and Adam against refbayes' golden traces.
 
 This is a worked example of ``refbayes verify``: an independent PyTorch (float64) implementation
 of one VOGN step and one SLANG step, written from the equations of ``derivations/vogn.md`` and
-``derivations/slang.md`` (not by calling refbayes' steps). refbayes is used only to read the
-golden trace (``refbayes.tracing.load``) and to put its parameter axes into torch's order
+``derivations/slang.md`` (not by calling refbayes' steps), and a MAP / Adam training loop with
+``torch.optim.Adam`` ((adam.1)-(adam.6) of ``derivations/bbb.md``). refbayes is used only to read
+the golden trace (``refbayes.tracing.load``) and to put its parameter axes into torch's order
 (``refbayes.layout.from_refbayes``). The script feeds the trace's inputs to the torch code (the
 starting state, then each step's minibatch and Gaussian draws ``eps``), chains the K steps, and
 writes every quantity the trace holds, in torch's parameter order, with ``numpy.savez``.
@@ -57,15 +58,35 @@ The planted mistakes:
 - slang: the prior gradient left out of line 11, g_tilde = (N / (M S)) sum g_{s,i} instead of
   (N / (M S)) sum g_{s,i} + lam * mu; it breaks (slang.5), first seen in g_tilde (everything
   before it, including the new U and d, still agrees).
+- adam: the minibatch loss summed without its N / M factor, g_data = sum_i grad l_i instead of
+  (N / M) sum_i grad l_i; it breaks (adam.5), first seen in g_data (the step's first quantity).
+
+A CNN. The model is read from the trace, so the same code runs on the tiny-CNN traces
+(``refbayes trace METHOD --model tiny-cnn``, committed as ``tests/golden/<method>-cnn.npz``;
+derivations/tracing.md "The tiny CNN"): ``make_net`` builds the plain ``nn.Sequential(
+nn.Conv2d(1, 2, 3), nn.ReLU(), nn.MaxPool2d(2), nn.Flatten(), nn.Linear(8, 3))``, and each row
+of the trace's X (a 1x6x6 image flattened in (c, h, w) order) is reshaped to NCHW before the net
+reads it. VOGN's per-example gradients (``torch.func.vmap`` of ``torch.func.grad``) and their
+squares (the "ef" curvature of the trace, (vogn.5)) need nothing CNN-specific::
+
+    refbayes trace vogn --steps 2 --model tiny-cnn --save vogn-cnn.npz
+    python examples/torch_verify.py vogn vogn-cnn.npz mine.npz      # or adam, slang (slang-mlp)
+    refbayes verify vogn-cnn.npz mine.npz --layout torch             # 28 comparisons, exit 0
+
+and ``--bug`` is caught where it is on the MLP (h_k (vogn.5), 17 of 28 comparisons fail; for
+adam g_data (adam.5), 12 of 16). A dump whose ``nn.Linear`` weight is flattened transposed,
+(n_in, n_out), is refbayes' order of the tiny CNN: ``refbayes verify --layout torch`` reports it
+at sigma (vogn.4) as a layout mistake.
 
 Parameter order. refbayes' flat theta holds per layer W_l (n_in, n_out) row-major, then b_l;
 ``torch.nn.utils.parameters_to_vector(net.parameters())`` holds weight (n_out, n_in) row-major,
-then bias. Every array below that runs over the D parameters is in torch's order; ``--layout
-torch`` tells ``refbayes verify`` so.
+then bias. A Conv2d weight (C_out, C_in, k_h, k_w) is in the same order in both (conv.2). Every
+array below that runs over the D parameters is in torch's order; ``--layout torch`` tells
+``refbayes verify`` so.
 
 Requires torch (CPU is enough). Usage::
 
-    python examples/torch_verify.py {vogn,slang} TRACE.npz OUT.npz [--bug]
+    python examples/torch_verify.py {adam,slang,vogn} TRACE.npz OUT.npz [--bug]
 """
 from __future__ import annotations
 
@@ -80,7 +101,8 @@ from torch.func import functional_call, grad, vmap
 
 from refbayes import layout, tracing
 
-__all__ = ["METHODS", "main", "make_net", "per_example_grads", "slang_steps", "vogn_steps"]
+__all__ = ["METHODS", "adam_steps", "main", "make_net", "per_example_grads", "slang_steps",
+           "vogn_steps"]
 
 DTYPE = torch.float64
 
@@ -88,40 +110,72 @@ DTYPE = torch.float64
 # ----------------------------------------------------------------------------- the model in torch
 
 def make_net(spec: dict) -> nn.Sequential:
-    """The trace's model as a torch network: nn.Linear layers with Tanh between them.
+    """The trace's model as a plain torch network: an MLP, or the layers of a CNN.
 
     Parameters
     ----------
     spec : dict
-        The trace's model spec (``Trace.model``): an MLP with tanh activations, or a
-        LogisticRegression with an intercept (one nn.Linear(n_features, 1)).
+        The trace's model spec (``Trace.model``): an MLP with tanh activations, a
+        LogisticRegression with an intercept (one nn.Linear(n_features, 1)), or a CNN (class
+        "CNN", e.g. ``--model tiny-cnn``) of Conv2d, relu / tanh, MaxPool2d, Flatten and Dense
+        layers, built as nn.Conv2d, nn.ReLU / nn.Tanh, nn.MaxPool2d, nn.Flatten, nn.Linear.
 
     Returns
     -------
     torch.nn.Sequential
         The network, float64.
+
+    Raises
+    ------
+    ValueError
+        If the spec is another model, a layer of a kind this example does not build, or the
+        network's parameter count is not the trace's D.
     """
-    if spec["class"] == "MLP" and spec["args"]["activation"] != "tanh":
-        raise ValueError(f"model: this example builds tanh MLPs, got {spec['repr']}")
-    if spec["class"] not in ("MLP", "LogisticRegression") or not spec["bias"]:
-        raise ValueError(f"model: expected an MLP or LogisticRegression with biases, got "
-                         f"{spec['repr']}")
-    sizes = spec["sizes"]
-    layers = []
-    for l in range(len(sizes) - 1):
-        if l > 0:
-            layers.append(nn.Tanh())
-        layers.append(nn.Linear(sizes[l], sizes[l + 1], bias=True))
-    net = nn.Sequential(*layers).to(DTYPE)
+    if spec["class"] == "CNN":
+        net = nn.Sequential(*[_cnn_layer(layer) for layer in spec["layers"]]).to(DTYPE)
+    else:
+        if spec["class"] == "MLP" and spec["args"]["activation"] != "tanh":
+            raise ValueError(f"model: this example builds tanh MLPs, got {spec['repr']}")
+        if spec["class"] not in ("MLP", "LogisticRegression") or not spec["bias"]:
+            raise ValueError(f"model: expected an MLP or LogisticRegression with biases, or a "
+                             f"CNN, got {spec['repr']}")
+        sizes = spec["sizes"]
+        layers = []
+        for l in range(len(sizes) - 1):
+            if l > 0:
+                layers.append(nn.Tanh())
+            layers.append(nn.Linear(sizes[l], sizes[l + 1], bias=True))
+        net = nn.Sequential(*layers).to(DTYPE)
     D = sum(p.numel() for p in net.parameters())
     if D != spec["D"]:
         raise ValueError(f"model: the torch network has {D} parameters, the trace says {spec['D']}")
     return net
 
 
+def _cnn_layer(layer: dict) -> nn.Module:
+    """One layer of a CNN spec as the torch module a user would write (NCHW, as refbayes)."""
+    kind = layer["type"]
+    if kind == "Conv2d":
+        return nn.Conv2d(layer["c_in"], layer["c_out"], tuple(layer["kernel"]),
+                         stride=tuple(layer["stride"]), padding=tuple(layer["padding"]),
+                         bias=layer["bias"])
+    if kind == "Activation" and layer["name"] in ("relu", "tanh"):
+        return nn.ReLU() if layer["name"] == "relu" else nn.Tanh()
+    if kind == "MaxPool2d":
+        return nn.MaxPool2d(tuple(layer["kernel"]), stride=tuple(layer["stride"]))
+    if kind == "Flatten":
+        return nn.Flatten()  # (C, H, W) row-major, as refbayes' Flatten (conv.15)
+    if kind == "Dense":
+        return nn.Linear(layer["n_in"], layer["n_out"], bias=layer["bias"])
+    raise ValueError(f"model: this example builds Conv2d, relu / tanh, MaxPool2d, Flatten and "
+                     f"Dense layers, got {layer}")
+
+
 def _likelihood(spec: dict) -> str:
     if spec["class"] == "LogisticRegression":
         return "bernoulli"
+    if spec["class"] == "CNN":
+        return spec["likelihood"]
     return spec["args"]["likelihood"]
 
 
@@ -129,19 +183,23 @@ def per_example_grads(net: nn.Sequential, spec: dict):
     """A function G(theta, X, y) -> (M, D): the gradients of l_i = -log p(y_i | x_i, theta).
 
     theta is torch's flat vector (``parameters_to_vector`` order); the gradients come from
-    ``torch.func.vmap(torch.func.grad(...))`` over the rows, in the same order.
+    ``torch.func.vmap(torch.func.grad(...))`` over the rows, in the same order. A CNN's rows
+    are flattened images, as the trace's X holds them; each is reshaped to the spec's
+    ``input_shape`` (C, H, W) before the network reads it.
     """
     names = [n for n, _ in net.named_parameters()]
     shapes = [p.shape for _, p in net.named_parameters()]
     sizes = [p.numel() for _, p in net.named_parameters()]
     kind = _likelihood(spec)
+    in_shape = tuple(spec["input_shape"]) if spec["class"] == "CNN" else None
     if kind not in ("categorical", "bernoulli"):
         raise ValueError(f"model: this example handles categorical and bernoulli likelihoods, "
                          f"got {kind!r}")
 
     def loss_i(theta, x, y):
         params = {n: t.reshape(s) for n, t, s in zip(names, torch.split(theta, sizes), shapes)}
-        f = functional_call(net, params, (x[None],))  # (1, n_out) logits
+        x = x[None] if in_shape is None else x.reshape((1,) + in_shape)  # a batch of one
+        f = functional_call(net, params, (x,))  # (1, n_out) logits
         if kind == "categorical":  # l_i = logsumexp(f_i) - f_{i, y_i}
             return nn.functional.cross_entropy(f, y.long()[None], reduction="sum")
         return nn.functional.binary_cross_entropy_with_logits(f[:, 0], y[None], reduction="sum")
@@ -152,7 +210,9 @@ def per_example_grads(net: nn.Sequential, spec: dict):
 # The parameter axes of each input, in refbayes order in the trace (leading step axis counted).
 _PARAM_AXES = {"input.state.mu": (0,), "input.state.s": (0,), "input.state.m": (0,),
                "input.state.U": (0,), "input.state.d": (0,), "input.state.g_bar": (0,),
-               "input.cfg.lam": (0,), "input.cfg.delta": (0,), "input.eps": (1,)}
+               "input.cfg.lam": (0,), "input.cfg.delta": (0,), "input.eps": (1,),
+               "input.state.theta": (0,), "input.state.adam.m": (0,),
+               "input.state.adam.v": (0,)}
 
 
 def _inputs(trace):
@@ -184,7 +244,7 @@ def vogn_steps(trace, bug: bool = False) -> dict:
     Parameters
     ----------
     trace : refbayes.tracing.Trace
-        A ``vogn`` golden trace (an MLP, curvature "ef").
+        A ``vogn`` golden trace (an MLP or a CNN, curvature "ef").
     bug : bool, default False
         Plant the Gauss-Newton mistake: h_k from the square of the minibatch-mean gradient.
 
@@ -321,7 +381,85 @@ def slang_steps(trace, bug: bool = False) -> dict:
     return _stack(rows)
 
 
-METHODS = {"vogn": vogn_steps, "slang": slang_steps}
+# ----------------------------------------------------------------------------- MAP / Adam
+
+def adam_steps(trace, bug: bool = False) -> dict:
+    """K chained MAP / Adam steps (derivations/bbb.md, (adam.1)-(adam.6)) with torch.optim.Adam.
+
+    The training loop a PyTorch user writes: the trace's theta loaded into the network's own
+    parameters, the summed minibatch loss scaled by N / M and ``backward()`` (the data gradient
+    of (adam.5)), and ``torch.optim.Adam(weight_decay=lam)``, whose coupled L2 term adds
+    lam * theta to the gradient (the prior part of (adam.5)) before (adam.1)-(adam.4); the
+    optimizer's moments and step count start from the trace's state.
+
+    Parameters
+    ----------
+    trace : refbayes.tracing.Trace
+        An ``adam`` golden trace (a scalar prior precision lam).
+    bug : bool, default False
+        Plant the missing-scale mistake: the minibatch loss summed without its N / M factor.
+
+    Returns
+    -------
+    dict of str to numpy.ndarray
+        Every output of the trace by name, leading step axis K, parameter axes in torch order.
+
+    Raises
+    ------
+    ValueError
+        If the trace is not an adam trace with a scalar lam.
+    """
+    c = trace.config
+    if trace.method != "adam" or not np.isscalar(c.get("lam")):
+        raise ValueError(f"trace: expected an adam trace with a scalar lam, got {trace.method} "
+                         f"lam {c.get('lam')!r}")
+    inp = _inputs(trace)
+    net = make_net(trace.model)
+    params = list(net.parameters())
+    kind = _likelihood(trace.model)
+    in_shape = tuple(trace.model["input_shape"]) if trace.model["class"] == "CNN" else None
+    N, lam = c["N"], float(c["lam"])
+    t = int(inp["input.state.t"])
+    with torch.no_grad():
+        nn.utils.vector_to_parameters(inp["input.state.theta"].clone(), params)
+    opt = torch.optim.Adam(params, lr=c["adam.alpha"], betas=(c["adam.beta1"], c["adam.beta2"]),
+                           eps=c["adam.eps_adam"], weight_decay=lam, foreach=False)
+    # the trace's moments as the optimizer's state; (adam.3) counts from the MAP state's t
+    sizes = [q.numel() for q in params]
+    for q, m_q, v_q in zip(params, torch.split(inp["input.state.adam.m"], sizes),
+                           torch.split(inp["input.state.adam.v"], sizes)):
+        opt.state[q] = {"step": torch.tensor(float(t)), "exp_avg": m_q.reshape(q.shape).clone(),
+                        "exp_avg_sq": v_q.reshape(q.shape).clone()}
+    K = inp["input.batch.X"].shape[0]
+    rows = []
+    for k in range(K):
+        X, y = inp["input.batch.X"][k], inp["input.batch.y"][k]
+        M = X.shape[0]
+        theta = nn.utils.parameters_to_vector(params).detach().clone()
+        f = net(X if in_shape is None else X.reshape((M,) + in_shape))
+        if kind == "categorical":
+            loss = nn.functional.cross_entropy(f, y.long(), reduction="sum")
+        else:
+            loss = nn.functional.binary_cross_entropy_with_logits(f[:, 0], y, reduction="sum")
+        if not bug:
+            loss = (N / M) * loss                                          # (adam.5)
+        opt.zero_grad()
+        loss.backward()
+        g_data = nn.utils.parameters_to_vector([q.grad for q in params]).detach().clone()
+        g = g_data + lam * theta                                           # (adam.5)
+        opt.step()                               # weight_decay adds lam theta: (adam.1)-(adam.4)
+        theta_new = nn.utils.parameters_to_vector(params).detach().clone()  # (adam.6)
+        delta = theta_new - theta                                          # (adam.4)
+        t += 1
+        m = torch.cat([opt.state[q]["exp_avg"].reshape(-1) for q in params])
+        v = torch.cat([opt.state[q]["exp_avg_sq"].reshape(-1) for q in params])
+        rows.append({"g_data": _np(g_data), "g": _np(g), "delta": _np(delta),
+                     "theta": _np(theta_new), "state.adam.m": _np(m), "state.adam.v": _np(v),
+                     "state.adam.t": np.int64(t), "state.t": np.int64(t)})
+    return _stack(rows)
+
+
+METHODS = {"adam": adam_steps, "vogn": vogn_steps, "slang": slang_steps}
 
 
 def main(argv=None) -> int:

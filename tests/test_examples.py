@@ -17,7 +17,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from refbayes import cli, tracing, verify  # noqa: E402
+from refbayes import cli, layout, tracing, verify  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "examples" / "torch_verify.py"
@@ -109,3 +109,117 @@ def test_script_entry_point(tmp_path):
     report = verify.compare(GOLDEN / "vogn.npz", out, layout="torch")
     assert (report.first_failure.name, report.first_failure.tag) == ("h_k", "(vogn.5)")
     assert report.not_dumped == []
+
+
+# ----------------------------------------------------------------------------- the tiny CNN
+# The same script on the tiny-CNN traces (`refbayes trace METHOD --model tiny-cnn`,
+# derivations/tracing.md "The tiny CNN"): a plain nn.Sequential Conv2d / ReLU / MaxPool2d /
+# Flatten / Linear network, its parameters in torch's order (conv weight as is, Linear weight
+# transposed). The trace's adam (MAP / Adam, torch.optim.Adam) on the MLP rides along.
+CNN_CASES = {
+    "vogn-cnn": ("vogn-cnn.npz", "vogn_steps", "h_k", "(vogn.5)", "derivations/vogn.md"),
+    "adam-cnn": ("adam-cnn.npz", "adam_steps", "g_data", "(adam.5)", "derivations/bbb.md"),
+    "slang-mlp-cnn": ("slang-mlp-cnn.npz", "slang_steps", "g_tilde", "(slang.5)",
+                      "derivations/slang.md"),
+    "adam": ("adam.npz", "adam_steps", "g_data", "(adam.5)", "derivations/bbb.md"),
+}
+
+
+@functools.cache
+def _cnn_trace(case):
+    return tracing.load(GOLDEN / CNN_CASES[case][0])
+
+
+@functools.cache
+def _cnn_dump(case, bug):
+    return getattr(_example(), CNN_CASES[case][1])(_cnn_trace(case), bug=bug)
+
+
+def test_cnn_net_is_plain_torch_and_computes_refbayes_forward():
+    trace = _cnn_trace("vogn-cnn")
+    net = _example().make_net(trace.model)
+    assert [type(m) for m in net] == [torch.nn.Conv2d, torch.nn.ReLU, torch.nn.MaxPool2d,
+                                      torch.nn.Flatten, torch.nn.Linear]
+    assert [tuple(p.shape) for p in net.parameters()] == [(2, 1, 3, 3), (2,), (3, 8), (3,)]
+    model = tracing.model_from_spec(trace.model)
+    theta = np.asarray(trace.inputs["input.state.mu"])
+    with torch.no_grad():
+        torch.nn.utils.vector_to_parameters(
+            torch.from_numpy(layout.from_refbayes(theta, model, "torch").copy()),
+            net.parameters())
+        X = np.asarray(trace.inputs["input.batch.X"][0])
+        f = net(torch.from_numpy(X).reshape(-1, 1, 6, 6)).numpy()
+    np.testing.assert_allclose(f, model.forward(theta, X), rtol=0, atol=1e-12)
+
+
+@pytest.mark.parametrize("case", sorted(CNN_CASES))
+def test_cnn_torch_implementation_matches_every_quantity(case):
+    trace = _cnn_trace(case)
+    assert trace.options["steps"] == 2
+    assert trace.model["class"] == ("MLP" if case == "adam" else "CNN")
+    report = verify.compare(trace, _cnn_dump(case, False), layout="torch")
+    assert report.ok, str(report)
+    assert report.not_dumped == [] and report.ignored == []
+    assert len(report.rows) == trace.options["steps"] * len(trace.outputs)
+
+
+@pytest.mark.parametrize("case", sorted(CNN_CASES))
+def test_cnn_planted_bug_is_caught_at_its_equation(case):
+    _, _, name, tag, note = CNN_CASES[case]
+    report = verify.compare(_cnn_trace(case), _cnn_dump(case, True), layout="torch")
+    assert not report.ok
+    bad = report.first_failure
+    assert (bad.name, bad.step, bad.tag, bad.derivation, bad.status) == \
+        (name, 1, tag, note, "diverges")
+    assert bad.max_rel > 1e-3
+    # adam's g_data is the step's first quantity: nothing before it (the others have some)
+    assert all(r.ok for r in report.rows[:report.rows.index(bad)])
+
+
+def test_cnn_transposed_linear_weight_is_a_layout_mistake():
+    # a dump whose nn.Linear weight is flattened (n_in, n_out), refbayes' way, instead of
+    # torch's (n_out, n_in): on the tiny CNN that is the whole refbayes order (the conv block is
+    # the same in both), and verify says so at the first parameter-axis quantity
+    trace = _cnn_trace("vogn-cnn")
+    axes = {n: spec["param_axes"] for n, spec in trace.manifest["outputs"].items()}
+
+    def transpose_linear(a, ax):
+        a = np.moveaxis(np.array(a), ax, -1)
+        w = a[..., 20:44].reshape(a.shape[:-1] + (3, 8))
+        a[..., 20:44] = np.swapaxes(w, -1, -2).reshape(a.shape[:-1] + (24,))
+        return np.moveaxis(a, -1, ax)
+
+    dump = {n: transpose_linear(a, axes[n][0]) if axes[n] else a
+            for n, a in _cnn_dump("vogn-cnn", False).items()}
+    report = verify.compare(trace, dump, layout="torch")
+    bad = report.first_failure
+    assert (bad.name, bad.step, bad.tag) == ("sigma", 1, "(vogn.4)")
+    assert "layout mistake" in bad.detail
+    assert verify.compare(trace, dump).ok  # it is exactly refbayes' order
+
+
+def test_cnn_script_and_cli(tmp_path, capsys):
+    good, bad = tmp_path / "mine.npz", tmp_path / "bug.npz"
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    for out, extra in ((good, []), (bad, ["--bug"])):
+        run = subprocess.run([sys.executable, str(SCRIPT), "adam", str(GOLDEN / "adam-cnn.npz"),
+                              str(out)] + extra, capture_output=True, text=True, env=env,
+                             timeout=120, check=False)
+        assert run.returncode == 0, run.stderr
+    capsys.readouterr()
+    trace = str(GOLDEN / "adam-cnn.npz")
+    assert cli.main(["verify", trace, str(good), "--layout", "torch"]) == 0
+    assert "OK: every compared quantity agrees (16 comparisons)" in capsys.readouterr().out
+    assert cli.main(["verify", trace, str(bad), "--layout", "torch"]) == 1
+    out = capsys.readouterr().out
+    assert "FIRST DIVERGENCE: step 1, g_data (adam.5), derived in derivations/bbb.md" in out
+
+
+def test_cnn_bad_model_and_trace_are_value_errors():
+    ex = _example()
+    spec = dict(_cnn_trace("vogn-cnn").model)
+    spec["layers"] = spec["layers"][:1] + [{"type": "AvgPool2d", "kernel": [2, 2]}]
+    with pytest.raises(ValueError, match="model: this example builds Conv2d"):
+        ex.make_net(spec)
+    with pytest.raises(ValueError, match="trace: expected an adam trace"):
+        ex.adam_steps(_cnn_trace("vogn-cnn"))
