@@ -278,8 +278,8 @@ def build_parser(load_experiments: bool = True, load_trace: bool = True) -> argp
     _add_tool(sub, "conformance", load_trace,
               "run a public library against refbayes on identical inputs (needs the "
               "`conformance` extra: torch)",
-              "Run a public implementation (laplace-torch, ivon-opt) and refbayes on identical "
-              "inputs and draws; print quantity, max relative error and verdict. "
+              "Run a public implementation (laplace-torch, ivon-opt, BackPACK, curvlinops) and "
+              "refbayes on identical inputs and draws; print quantity, max relative error and verdict. "
               + CONFORMANCE_EXIT_STATUS)
     _add_derivation(sub)
     return parser

@@ -1,4 +1,5 @@
-"""`refbayes conformance`: laplace-torch and ivon-opt against refbayes on identical inputs.
+"""`refbayes conformance`: laplace-torch, ivon-opt, BackPACK and curvlinops against refbayes on
+identical inputs.
 
 The reports need torch and the library (the `conformance` extra) and skip without them; the CLI
 tests (--list, the missing-torch error) run everywhere.
@@ -379,3 +380,149 @@ def test_json_output(tmp_path, capsys):
     data = json.loads(path.read_text())
     assert data["name"] == "ivon" and len(data["rows"]) == 19
     assert {r["verdict"] for r in data["rows"]} == {"agree", "convention"}
+
+
+# ----------------------------------------------------------------------------- BackPACK, curvlinops
+
+@pytest.fixture(scope="module")
+def backpack_report():
+    pytest.importorskip("torch")
+    pytest.importorskip("backpack")
+    return conformance.get_report("backpack").report()
+
+
+@pytest.fixture(scope="module")
+def curvlinops_report():
+    pytest.importorskip("torch")
+    pytest.importorskip("curvlinops")
+    return conformance.get_report("curvlinops").report()
+
+
+def test_cnn_reports_import_without_torch_and_are_listed(capsys):
+    code = ("import sys, refbayes.conformance.backpack, refbayes.conformance.curvlinops; "
+            "print('torch' in sys.modules, 'backpack' in sys.modules, "
+            "'curvlinops' in sys.modules)")
+    import subprocess
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ["False", "False", "False"]
+    assert cli.main(["conformance", "--list"]) == 0
+    out = capsys.readouterr().out
+    assert "backpack" in out and "curvlinops" in out
+
+
+def _conv_kfac_dense(model, factors, separate):
+    """blockdiag(A kron B) on each layer's W~ (conv.24), densely; separate: cross blocks dropped."""
+    from refbayes.models import Conv2d, Dense
+    K = np.zeros((model.D, model.D))
+    layers = [la for la in model.layers if isinstance(la, (Conv2d, Dense))]
+    for (A, B), idx, layer in zip(factors, model.kfac_layout(), layers):
+        block = np.kron(A, B)
+        if separate and layer.bias:
+            n_w = (A.shape[0] - 1) * B.shape[0]
+            block[:n_w, n_w:] = 0.0
+            block[n_w:, :n_w] = 0.0
+        K[np.ix_(idx.ravel(), idx.ravel())] = block
+    return K
+
+
+@pytest.mark.parametrize("separate", [False, True])
+@pytest.mark.parametrize("approx", ["expand", "reduce"])
+def test_kfac_matmat_is_the_dense_kronecker_matrix(approx, separate):
+    # checks (conv.24): the block products of the curvlinops report against numpy.kron
+    from refbayes.conformance.curvlinops import kfac_matmat
+    from refbayes.models import tiny_cnn
+    model = tiny_cnn()
+    rng = np.random.default_rng(0)
+    theta = model.init_theta(rng)
+    X = rng.standard_normal((4,) + tuple(model.input_shape))
+    y = rng.integers(0, model.n_out, size=4)
+    factors = model.kfac_curvature(theta, X, y, "ggn", approx)
+    V = rng.standard_normal((model.D, 5))
+    K = _conv_kfac_dense(model, factors, separate)
+    assert conformance.rel_err(kfac_matmat(model, factors, V, separate=separate), K @ V) \
+        <= EXACT_F64
+    with pytest.raises(ValueError, match="V: expected"):
+        kfac_matmat(model, factors, V[:-1])
+    with pytest.raises(ValueError, match="factors: expected"):
+        kfac_matmat(model, factors[:1], V)
+
+
+def test_cnn_problem_refuses_bad_input():
+    from refbayes.conformance.backpack import cnn_problem
+    with pytest.raises(ValueError, match="name: expected one of tiny_cnn, lenet5"):
+        cnn_problem("resnet")
+    with pytest.raises(ValueError, match="M: expected an integer >= 1"):
+        cnn_problem("tiny_cnn", 0)
+
+
+def _check_cnn_report(report, n_rows, conventions):
+    assert len(report.rows) == n_rows
+    for row in report.rows:
+        assert row.error <= EXACT_F64, row
+        want = "convention" if any(c in row.quantity for c in conventions) else "agree"
+        assert row.verdict == want, row
+        if want == "convention":
+            assert row.raw_error > 1e-3 and row.note, row
+    assert not report.defects
+
+
+def test_backpack_rows_agree(backpack_report):
+    # BatchGrad, SumGradSquared, BatchL2Grad, DiagGGNExact at EXACT_F64; KFLR / KFAC a
+    # convention on both nets (each has a conv layer): BackPACK's hybrid [B_reduce, P A_expand]
+    _check_cnn_report(backpack_report, 12, ("KFLR", "KFAC"))
+    names = _by_name(backpack_report)
+    for net in ("tiny_cnn", "lenet5"):
+        assert any(q.startswith(f"{net}: BatchGrad") for q in names)
+        assert any(q.startswith(f"{net}: DiagGGNExact") for q in names)
+        kflr = next(r for q, r in names.items() if q.startswith(f"{net}: KFLR"))
+        assert "P A_expand" in kflr.note and "B_reduce" in kflr.note
+
+
+def test_curvlinops_rows_agree(curvlinops_report):
+    # K-FAC expand / reduce with factor 1; separate bias and mean reduction as conventions;
+    # GGN and Hessian products, all at EXACT_F64 (no iterative operator is compared)
+    _check_cnn_report(curvlinops_report, 12,
+                      ("separate_weight_and_bias=True", "reduction=mean"))
+    names = _by_name(curvlinops_report)
+    for net in ("tiny_cnn", "lenet5"):
+        for what in ("KFACLinearOperator expand", "KFACLinearOperator reduce",
+                     "GGNLinearOperator", "HessianLinearOperator"):
+            assert any(q.startswith(f"{net}: {what}") for q in names), (net, what)
+    mean = [r for q, r in names.items() if "reduction=mean" in q]
+    assert all("B / M" in r.note for r in mean)
+
+
+@pytest.mark.parametrize("name, module", [("backpack", "backpack"), ("curvlinops", "curvlinops")])
+def test_cnn_reports_exit_zero(name, module, tmp_path, capsys):
+    pytest.importorskip("torch")
+    pytest.importorskip(module)
+    out = tmp_path / "rows.json"
+    assert cli.main(["conformance", name, "--json", str(out)]) == 0
+    payload = json.loads(out.read_text())
+    assert payload["name"] == name and len(payload["rows"]) == 12
+    assert "0 defect" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("name", ["backpack", "curvlinops"])
+def test_cnn_reports_exit_one_with_a_defect(name, monkeypatch, capsys):
+    report = conformance.Report(name, "t", [conformance.classify("q", 0.0),
+                                            conformance.classify("r", 1e-3)])
+
+    class Module:
+        @staticmethod
+        def report():
+            return report
+    monkeypatch.setattr(conformance, "get_report", lambda n: Module)
+    assert cli.main(["conformance", name]) == 1
+    assert "defect" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("name", ["backpack", "curvlinops"])
+def test_cnn_reports_missing_library_exit_two(name, monkeypatch, capsys):
+    import importlib.util
+    missing = name if importlib.util.find_spec("torch") is not None else "torch"
+    monkeypatch.setitem(sys.modules, name, None)  # makes `import NAME` raise ImportError
+    assert cli.main(["conformance", name]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("refbayes: error:") and 'pip install "refbayes[conformance]"' in err
+    assert f"'{missing}'" in err

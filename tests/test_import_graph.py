@@ -62,6 +62,8 @@ OPTIONAL_EXTRAS = {
     "torch": "extra 'conformance': refbayes.conformance runs the public PyTorch libraries",
     "laplace": "extra 'conformance' (laplace-torch), compared by refbayes.conformance",
     "ivon": "extra 'conformance' (ivon-opt), compared by refbayes.conformance",
+    "backpack": "extra 'conformance' (backpack-for-pytorch), compared by refbayes.conformance",
+    "curvlinops": "extra 'conformance' (curvlinops-for-pytorch), compared by refbayes.conformance",
     "mpi4py": "extra 'mpi': only refbayes.methods.vogn_mpi's multi-process all-reduce needs it",
     "distributed": "extra 'dask': the Dask runner of refbayes.experiments",
     "dask": "extra 'dask': the Dask runner of refbayes.experiments",

@@ -114,6 +114,15 @@ REPORTS = {
         "refbayes.conformance.ivon", ("torch", "ivon"),
         "ivon-opt's IVON optimizer vs the NumPy IVON reference step, and its reduction to "
         "refbayes.methods.vogn, same minibatches and draws"),
+    "backpack": ReportSpec(
+        "refbayes.conformance.backpack", ("torch", "backpack"),
+        "BackPACK's BatchGrad, SumGradSquared, BatchL2Grad, DiagGGNExact, KFLR and KFAC "
+        "(1 MC label) vs refbayes' CNN on tiny_cnn and LeNet-5, float64"),
+    "curvlinops": ReportSpec(
+        "refbayes.conformance.curvlinops", ("torch", "curvlinops"),
+        "curvlinops' KFACLinearOperator (expand, reduce; sum and mean reduction; joint and "
+        "separate bias), GGNLinearOperator and HessianLinearOperator vs refbayes' CNN on "
+        "tiny_cnn and LeNet-5, float64"),
 }
 
 
