@@ -1880,7 +1880,7 @@ def test_the_model_option_is_recorded_only_when_given():
 
 @pytest.mark.parametrize("method, model, message", [
     ("laplace", "tiny-cnn", "model: laplace is traced on its shipped model only, got 'tiny-cnn'"),
-    ("ktied", "tiny-cnn", "model: ktied is traced on its shipped model only, got 'tiny-cnn'"),
+    ("ngvi-full", "tiny-cnn", "model: ngvi-full is traced on its shipped model only, got 'tiny-cnn'"),
     ("vogn", "lenet5", "model: expected one of tiny-cnn for vogn (or none: its shipped model), "
                        "got 'lenet5'"),
 ])
@@ -1895,8 +1895,8 @@ def test_the_cli_traces_on_the_tiny_cnn_and_refuses_it_where_not_traced(capsys, 
     out = capsys.readouterr().out
     assert "--model tiny-cnn" in out and "D = 47" in out
     assert load(path).options["model"] == "tiny-cnn"
-    assert main(["trace", "ktied", "--model", "tiny-cnn"]) == 2
-    assert "--model: ktied is traced on its shipped model only" in capsys.readouterr().err
+    assert main(["trace", "ngvi-full", "--model", "tiny-cnn"]) == 2
+    assert "--model: ngvi-full is traced on its shipped model only" in capsys.readouterr().err
     assert main(["trace", "vogn", "--model", "lenet5"]) == 2  # argparse: not a choice
     assert "--model: invalid choice: 'lenet5'" in capsys.readouterr().err
 

@@ -14,7 +14,7 @@ from refbayes._checks import check_int
 from refbayes.methods import Batch, ktied
 from refbayes.methods.driver import epoch_batches
 from refbayes.tracing.chain import drawn_chain, run_chain
-from refbayes.tracing.problems import KT_ROWS, MEAN_SCALE, ktied_problem
+from refbayes.tracing.problems import KT_ROWS, MEAN_SCALE, MODELS, ktied_problem, problem_of
 from refbayes.tracing.tracer import Tracer, register
 
 __all__ = ["KTiedTraceInputs", "make_ktied_inputs"]
@@ -31,7 +31,7 @@ class KTiedTraceInputs(NamedTuple):
     """
     method: str       # "ktied"
     seed: int         # of numpy.random.default_rng, the only source of the draws
-    model: Any        # MLP([4, 5, 3], "tanh", "categorical"), D = 43
+    model: Any        # MLP([4, 5, 3], "tanh", "categorical"), D = 43 (or the tiny CNN, D = 47)
     X: np.ndarray     # (N, 4) the recipe's inputs
     y: np.ndarray     # (N,) class labels in {0, 1, 2}
     xi: np.ndarray    # (P,) the start's jitter draws (ktied.8)
@@ -51,7 +51,7 @@ class KTiedTraceInputs(NamedTuple):
 
 
 def make_ktied_inputs(method: str = "ktied", *, seed: int = 0, M: int = 8, S: int = 1,
-                      k: int = 2) -> KTiedTraceInputs:
+                      k: int = 2, model: str | None = None) -> KTiedTraceInputs:
     """Build the problem, the starting state and the draws of one traced k-tied step.
 
     The draws are made in the order of ``derivations/tracing.md``: mu, xi (the start), idx,
@@ -69,6 +69,9 @@ def make_ktied_inputs(method: str = "ktied", *, seed: int = 0, M: int = 8, S: in
         Monte Carlo draws, >= 1.
     k : int, default 2
         The rank of every layer's tie, >= 1.
+    model : str or None, default None
+        None for the shipped MLP problem, or "tiny-cnn" (``problems.MODELS``): the tiny CNN on
+        its synthetic images, each conv kernel tied as its im2col matrix (ktied.16).
 
     Returns
     -------
@@ -78,26 +81,27 @@ def make_ktied_inputs(method: str = "ktied", *, seed: int = 0, M: int = 8, S: in
     Raises
     ------
     ValueError
-        If method is not ktied or an option is outside its range.
+        If method is not ktied, an option is outside its range, or model is not one of
+        ``problems.MODELS``.
     """
     if method != "ktied":
         raise ValueError(f"method: expected 'ktied', got {method!r}")
     seed = check_int(seed, "seed", low=0)
-    N = KT_ROWS
+    net, X, y = problem_of(model, ktied_problem)
+    N = KT_ROWS if model is None else X.shape[0]
     M = check_int(M, "M", low=1, high=N)
     S = check_int(S, "S", low=1)
     k = check_int(k, "k", low=1)
-    model, X, y = ktied_problem()
-    lay = ktied.layout(model, k)
+    lay = ktied.layout(net, k)
     cfg = ktied.KTiedConfig(N=N, lam=KT_LAM)
 
     rng = np.random.default_rng(seed)
     mu = MEAN_SCALE * rng.standard_normal(lay.D)
     xi = rng.standard_normal(lay.P)
-    state = ktied.init(mu, model, k, sigma0=KT_SIGMA0, xi=xi, jitter=KT_JITTER)  # (ktied.8)
+    state = ktied.init(mu, net, k, sigma0=KT_SIGMA0, xi=xi, jitter=KT_JITTER)  # (ktied.8)
     idx = epoch_batches(rng, N, M)[0]
     eps = rng.standard_normal((lay.D, S))
-    return KTiedTraceInputs(method, seed, model, X, y, xi, idx, eps, state, cfg)
+    return KTiedTraceInputs(method, seed, net, X, y, xi, idx, eps, state, cfg)
 
 
 def _run(seed, steps, dtype, **options):
@@ -105,4 +109,4 @@ def _run(seed, steps, dtype, **options):
                      steps, dtype)
 
 
-register(Tracer("ktied", "derivations/ktied.md", _run, {"S": 1, "M": 8, "k": 2}))
+register(Tracer("ktied", "derivations/ktied.md", _run, {"S": 1, "M": 8, "k": 2}, models=MODELS))
