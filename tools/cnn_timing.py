@@ -18,6 +18,12 @@ float32. X standard normal, y labels, theta Glorot (seeds 0, as asv_benchmarks' 
 Before timing, each torch result is flattened to theta order and compared with refbayes' G:
 max |diff| / max |G| must be <= 1e-10 (float64) or 1e-4 (float32), else the script stops.
 
+K-FAC factors of every layer: refbayes ``kfac_curvature`` ("expand"; "ggn", and "ef" at the
+labels, the form BackPACK's one-sample KFAC takes with sampled labels) against BackPACK's KFLR
+(exact GGN) and KFAC (one Monte Carlo label per example), forward + backward to the factors.
+Their agreement (after the conventions of derivations/conv.md) is checked by ``refbayes
+conformance backpack``, not here.
+
 Then one refbayes Adam step (``adam.step``, summed gradient) and one VOGN step (``vogn.step``,
 S = 1, "ef") on the same net and batch, N = 50000; the VOGN / Adam ratio is the issue's figure
 (goal <= 3x).
@@ -89,7 +95,7 @@ def rel_diff(a, b):
 def cases_for(dtype):
     """{label: zero-argument callable} for one dtype, after the agreement checks."""
     from backpack import backpack, extend
-    from backpack.extensions import BatchGrad
+    from backpack.extensions import KFAC, KFLR, BatchGrad
 
     net = lenet5()
     rng = np.random.default_rng(0)
@@ -127,6 +133,18 @@ def cases_for(dtype):
             loss.backward()
         return {n: p.grad_batch for n, p in bp_model.named_parameters()}
 
+    kf_model = extend(torch_lenet5().to(tdtype))
+    load_theta(net, kf_model, theta)
+
+    def backpack_factors(extension):
+        def run():
+            kf_model.zero_grad()
+            loss = bp_loss(kf_model(Xt), yt)
+            with backpack(extension()):
+                loss.backward()
+            return [getattr(p, extension.__name__.lower()) for p in kf_model.parameters()]
+        return run
+
     tol = TOL[dtype]
     for label, fn, mod in (("torch.func", run_func, module), ("BackPACK", run_backpack, bp_model)):
         err = rel_diff(flatten_torch(mod, {k: v.detach() for k, v in fn().items()}), G_ref)
@@ -145,6 +163,10 @@ def cases_for(dtype):
         "refbayes per_example_grads": lambda: net.per_example_grads(theta, X, y, impl="vectorized"),
         "torch.func vmap(grad)": run_func,
         "BackPACK BatchGrad": run_backpack,
+        "refbayes kfac_curvature ggn": lambda: net.kfac_curvature(theta, X, y, "ggn", "expand"),
+        "refbayes kfac_curvature ef": lambda: net.kfac_curvature(theta, X, y, "ef", "expand"),
+        "BackPACK KFLR": backpack_factors(KFLR),
+        "BackPACK KFAC (1 sample)": backpack_factors(KFAC),
         "refbayes grad": lambda: net.grad(theta, X, y),
         "refbayes Adam step": lambda: adam.step(st_a, batch, cfg_a, net, N, LAM),
         "refbayes VOGN step (S=1, ef)": lambda: vogn.step(st_v, batch, eps, cfg_v, net),
@@ -194,6 +216,11 @@ def main():
         for label in ("refbayes per_example_grads", "torch.func vmap(grad)", "BackPACK BatchGrad"):
             t = med[dtype, label]
             print(f"{label:<30} {dtype:<8} {1e3 * t:9.2f} {t / ref_pe:8.2f}  refbayes per_example_grads")
+        ref_kf = med[dtype, "refbayes kfac_curvature ggn"]
+        for label in ("refbayes kfac_curvature ggn", "refbayes kfac_curvature ef", "BackPACK KFLR",
+                      "BackPACK KFAC (1 sample)"):
+            t = med[dtype, label]
+            print(f"{label:<30} {dtype:<8} {1e3 * t:9.2f} {t / ref_kf:8.2f}  refbayes kfac_curvature ggn")
         for label in ("refbayes grad", "refbayes Adam step", "refbayes VOGN step (S=1, ef)"):
             t = med[dtype, label]
             print(f"{label:<30} {dtype:<8} {1e3 * t:9.2f} {t / ref_adam:8.2f}  refbayes Adam step")
