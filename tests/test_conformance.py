@@ -12,6 +12,7 @@ import pytest
 
 from refbayes import cli, conformance
 from refbayes._tolerances import EXACT_F64
+from tests.reference.conv_loops import kfac_dense
 
 
 def _by_name(report):
@@ -410,21 +411,6 @@ def test_cnn_reports_import_without_torch_and_are_listed(capsys):
     assert "backpack" in out and "curvlinops" in out
 
 
-def _conv_kfac_dense(model, factors, separate):
-    """blockdiag(A kron B) on each layer's W~ (conv.24), densely; separate: cross blocks dropped."""
-    from refbayes.models import Conv2d, Dense
-    K = np.zeros((model.D, model.D))
-    layers = [la for la in model.layers if isinstance(la, (Conv2d, Dense))]
-    for (A, B), idx, layer in zip(factors, model.kfac_layout(), layers):
-        block = np.kron(A, B)
-        if separate and layer.bias:
-            n_w = (A.shape[0] - 1) * B.shape[0]
-            block[:n_w, n_w:] = 0.0
-            block[n_w:, :n_w] = 0.0
-        K[np.ix_(idx.ravel(), idx.ravel())] = block
-    return K
-
-
 @pytest.mark.parametrize("separate", [False, True])
 @pytest.mark.parametrize("approx", ["expand", "reduce"])
 def test_kfac_matmat_is_the_dense_kronecker_matrix(approx, separate):
@@ -438,7 +424,7 @@ def test_kfac_matmat_is_the_dense_kronecker_matrix(approx, separate):
     y = rng.integers(0, model.n_out, size=4)
     factors = model.kfac_curvature(theta, X, y, "ggn", approx)
     V = rng.standard_normal((model.D, 5))
-    K = _conv_kfac_dense(model, factors, separate)
+    K = kfac_dense(model, factors, separate)
     assert conformance.rel_err(kfac_matmat(model, factors, V, separate=separate), K @ V) \
         <= EXACT_F64
     with pytest.raises(ValueError, match="V: expected"):

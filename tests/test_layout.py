@@ -540,25 +540,10 @@ def test_torch_cnn_network(name):
     from_refbayes(theta, "torch") and the forward passes agree."""
     torch = pytest.importorskip("torch")
     from torch.nn.utils import parameters_to_vector
-    from refbayes.models import Activation, AvgPool2d, Conv2d, Dense, Flatten, MaxPool2d
-    nn = torch.nn
+
+    from refbayes.conformance.backpack import torch_cnn
     model = CNN_MODELS[name]
-    mods = []
-    for layer in model.layers:
-        if isinstance(layer, Conv2d):
-            mods.append(nn.Conv2d(layer.c_in, layer.c_out, layer.kernel, stride=layer.stride,
-                                  padding=layer.padding, bias=layer.bias, dtype=torch.float64))
-        elif isinstance(layer, Dense):
-            mods.append(nn.Linear(layer.n_in, layer.n_out, bias=layer.bias, dtype=torch.float64))
-        elif isinstance(layer, Activation):
-            mods.append({"tanh": nn.Tanh, "relu": nn.ReLU}[layer.name]())
-        elif isinstance(layer, MaxPool2d):
-            mods.append(nn.MaxPool2d(layer.kernel, layer.stride))
-        elif isinstance(layer, AvgPool2d):
-            mods.append(nn.AvgPool2d(layer.kernel, layer.stride))
-        elif isinstance(layer, Flatten):
-            mods.append(nn.Flatten())
-    net = nn.Sequential(*mods)
+    net = torch_cnn(model)  # nn.Conv2d / nn.Linear / pooling / nn.Flatten, float64
     theta = _theta(model, seed=10)
     with torch.no_grad():
         for p, t in zip(net.parameters(), to_layers(theta, model, "torch")):

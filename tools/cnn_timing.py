@@ -42,6 +42,7 @@ import torch
 from torch import nn
 from torch.func import functional_call, grad, vmap
 
+from refbayes.conformance.backpack import torch_cnn
 from refbayes.methods import adam, vogn
 from refbayes.methods._estimates import Batch
 from refbayes.models.conv import Conv2d, Dense, lenet5
@@ -57,11 +58,8 @@ TOL = {"float64": 1e-10, "float32": 1e-4}
 
 
 def torch_lenet5():
-    """The same architecture as refbayes' lenet5() as an nn.Sequential."""
-    return nn.Sequential(
-        nn.Conv2d(3, 6, 5), nn.ReLU(), nn.MaxPool2d(2),
-        nn.Conv2d(6, 16, 5), nn.ReLU(), nn.MaxPool2d(2), nn.Flatten(),
-        nn.Linear(400, 120), nn.ReLU(), nn.Linear(120, 84), nn.ReLU(), nn.Linear(84, 10))
+    """refbayes' lenet5() as an nn.Sequential (the conformance reports' builder), float64."""
+    return torch_cnn(lenet5())
 
 
 def load_theta(net, module, theta):

@@ -66,7 +66,8 @@ import numpy as np
 from refbayes._checks import check_array, check_float, check_int, check_same_dtype
 from refbayes.backend import to_numpy, xp_of
 from refbayes.methods import bbb
-from refbayes.methods._estimates import Batch, check_batch, check_draws, check_model, check_t
+from refbayes.methods._estimates import (Batch, check_batch, check_draws, check_model, check_t,
+                                         kfac_blocks)
 from refbayes.methods.adam import AdamState, _adam, adam_init, check_adam_state, check_lam
 from refbayes.methods.bbb import BBBConfig, _kl, _sigmoid, inv_softplus, log_softplus, softplus
 from refbayes.models import theta_layout
@@ -256,17 +257,11 @@ def _layout(model, k) -> KTiedLayout:
     about by their own caller-facing check)."""
     check_model(model, cnn=True)
     if isinstance(model, CNN):
-        sizes, tied = None, _cnn_tied_layers(model)
-        w_theta, b_theta, pos = [], [], 0
-        for m, n, bias, _ in tied:                 # theta's blocks (conv.2)-(conv.3)
-            w_theta.append(pos)
-            pos += m * n
-            b_theta.append(pos if bias else -1)
-            pos += n if bias else 0
-        if pos != model.D:  # the walk of (conv.2)-(conv.3) must tile theta
-            raise ValueError(f"model: expected the parameter layers to tile D = {model.D}, "
-                             f"got {pos}")
-        w_theta, b_theta, D = tuple(w_theta), tuple(b_theta), model.D
+        layers = _cnn_tied_layers(model)
+        sizes, tied = None, tuple(layer[:4] for layer in layers)
+        w_theta = tuple(w0 for *_, w0 in layers)
+        b_theta = tuple(w0 + m * n if bias else -1 for m, n, bias, _, w0 in layers)
+        D = model.D
     else:
         sizes = tuple(model.sizes)
         tied = tuple((m, n, model.bias, False) for m, n in zip(sizes[:-1], sizes[1:]))
@@ -285,16 +280,14 @@ def _layout(model, k) -> KTiedLayout:
 
 
 def _cnn_tied_layers(model) -> tuple:
-    """(m_l, n_l, has bias, conv) per parameter layer of a CNN, in theta order: a Conv2d ties
-    its im2col matrix A_l (Q, C_out), Q = C_in k_h k_w, a Dense its W (n_in, n_out).  (ktied.16)"""
-    out = []
-    for layer in model.layers:
-        if isinstance(layer, Conv2d):
-            Q = layer.c_in * layer.kernel[0] * layer.kernel[1]
-            out.append((Q, layer.c_out, layer.bias, True))                          # (ktied.16)
-        elif isinstance(layer, Dense):
-            out.append((layer.n_in, layer.n_out, layer.bias, False))
-    return tuple(out)
+    """(m_l, n_l, has bias, conv, offset of the weights in theta) per parameter layer of a CNN,
+    read off the K-FAC block map (``kfac_blocks``, (conv.24), (conv.33)): layer l ties its W~
+    without the bias row, the im2col matrix A_l (Q, C_out), Q = C_in k_h k_w, of a Conv2d, the
+    W (n_in, n_out) of a Dense; its weights start the layer's slice, its bias follows them.
+    (ktied.16)"""
+    layers = [layer for layer in model.layers if isinstance(layer, (Conv2d, Dense))]
+    return tuple((blk.n_a - layer.bias, blk.n_b, layer.bias, isinstance(layer, Conv2d),
+                  blk.start) for layer, blk in zip(layers, kfac_blocks(model)))  # (ktied.16)
 
 
 def _weights(vec, lay, l):

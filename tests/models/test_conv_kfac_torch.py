@@ -14,6 +14,7 @@ torch = pytest.importorskip("torch")
 curvlinops = pytest.importorskip("curvlinops")
 from torch import nn
 
+from refbayes.conformance.backpack import torch_cnn
 from refbayes.models.conv import (
     CNN,
     KFAC_APPROX,
@@ -25,30 +26,10 @@ from refbayes.models.conv import (
     MaxPool2d,
     tiny_cnn,
 )
+from tests.reference.conv_loops import kfac_dense
 from tests.tolerances import EXACT_F64, assert_close
 
-_ACT = {"relu": nn.ReLU, "tanh": nn.Tanh, "sigmoid": nn.Sigmoid}
 _FISHER = {"ggn": "type-2", "ef": "empirical"}
-
-
-def _torch_of(model):
-    """The torch network of a refbayes CNN spec, module by module (float64, torch's init)."""
-    mods = []
-    for layer in model.layers:
-        if isinstance(layer, Conv2d):
-            mods.append(nn.Conv2d(layer.c_in, layer.c_out, layer.kernel, layer.stride,
-                                  layer.padding, bias=layer.bias))
-        elif isinstance(layer, Dense):
-            mods.append(nn.Linear(layer.n_in, layer.n_out, bias=layer.bias))
-        elif isinstance(layer, MaxPool2d):
-            mods.append(nn.MaxPool2d(layer.kernel, layer.stride))
-        elif isinstance(layer, AvgPool2d):
-            mods.append(nn.AvgPool2d(layer.kernel, layer.stride))
-        elif isinstance(layer, Flatten):
-            mods.append(nn.Flatten())
-        else:
-            mods.append(_ACT[layer.name]())
-    return nn.Sequential(*mods).double()
 
 
 def _theta_and_positions(net):
@@ -73,21 +54,6 @@ def _theta_and_positions(net):
     return np.concatenate(pieces), np.concatenate(pos)
 
 
-def _kfac_dense(model, factors, separate):
-    """refbayes' K-FAC as a D x D matrix in theta order: A kron B on each layer's W~ (conv.24);
-    with ``separate`` the weight-bias cross terms dropped and the bias block B A[-1, -1]."""
-    K = np.zeros((model.D, model.D))
-    layers = [l for l in model.layers if isinstance(l, (Conv2d, Dense))]
-    for (A, B), idx, layer in zip(factors, model.kfac_layout(), layers):
-        block = np.kron(A, B)
-        if separate and layer.bias:
-            n_w = (A.shape[0] - 1) * B.shape[0]
-            block[:n_w, n_w:] = 0.0
-            block[n_w:, :n_w] = 0.0
-        K[np.ix_(idx.ravel(), idx.ravel())] = block
-    return K
-
-
 def _mixed():
     return CNN((2, 7, 8), [
         Conv2d(2, 3, (3, 2), stride=(2, 1), padding=(1, 2)), Activation("tanh"),
@@ -109,7 +75,7 @@ def test_factors_match_curvlinops(name, approx, curvature, separate):
     # scalar factor 1 under reduction="sum"
     torch.manual_seed(0)
     model = CASES[name]()
-    net = _torch_of(model)
+    net = torch_cnn(model)
     M = 4
     rng = np.random.default_rng(0)
     X = rng.normal(size=(M,) + model.input_shape)
@@ -123,7 +89,7 @@ def test_factors_match_curvlinops(name, approx, curvature, separate):
     K_torch = (op @ torch.eye(model.D, dtype=torch.float64)).numpy()
     K_theta = np.zeros_like(K_torch)
     K_theta[np.ix_(pos, pos)] = K_torch
-    K = _kfac_dense(model, model.kfac_curvature(theta, X, y, curvature, approx), separate)
+    K = kfac_dense(model, model.kfac_curvature(theta, X, y, curvature, approx), separate)
     assert_close(K, K_theta, EXACT_F64, f"{name} {approx} {curvature} separate={separate}")
 
 
@@ -132,7 +98,7 @@ def test_mean_reduction_scales_b_by_one_over_m():
     # is B / M, its input covariance A, so its K-FAC is refbayes' divided by M
     torch.manual_seed(1)
     model = tiny_cnn()
-    net = _torch_of(model)
+    net = torch_cnn(model)
     M = 5
     rng = np.random.default_rng(1)
     X = rng.normal(size=(M,) + model.input_shape)
@@ -145,7 +111,7 @@ def test_mean_reduction_scales_b_by_one_over_m():
     K_torch = (op @ torch.eye(model.D, dtype=torch.float64)).numpy()
     K_theta = np.zeros_like(K_torch)
     K_theta[np.ix_(pos, pos)] = K_torch
-    K = _kfac_dense(model, model.kfac_curvature(theta, X, y, "ggn", "expand"), False)
+    K = kfac_dense(model, model.kfac_curvature(theta, X, y, "ggn", "expand"), False)
     assert_close(K / M, K_theta, EXACT_F64, "mean reduction")
 
 
@@ -157,7 +123,7 @@ def test_backpack_kflr_is_the_hybrid_of_the_table():
     from backpack.extensions import KFLR
     torch.manual_seed(2)
     model = tiny_cnn()
-    net = backpack.extend(_torch_of(model))
+    net = backpack.extend(torch_cnn(model))
     loss_fn = backpack.extend(nn.CrossEntropyLoss(reduction="sum"))
     M = 4
     rng = np.random.default_rng(2)

@@ -12,32 +12,12 @@ torch = pytest.importorskip("torch")
 from torch import nn  # noqa: E402
 from torch.func import functional_call, grad, vmap  # noqa: E402
 
+from refbayes.conformance.backpack import torch_cnn  # noqa: E402
 from refbayes.models import _conv_layers as cl  # noqa: E402
 from refbayes.models.conv import (CNN, Activation, AvgPool2d, Conv2d, Dense, Flatten,  # noqa: E402
                                   MaxPool2d, lenet5, tiny_cnn)
 from tests.tolerances import EXACT_F64, assert_close  # noqa: E402
 
-_ACT = {"relu": nn.ReLU, "tanh": nn.Tanh, "sigmoid": nn.Sigmoid}
-
-
-def _torch_of(model):
-    """The torch network of a refbayes CNN spec, module by module."""
-    mods = []
-    for layer in model.layers:
-        if isinstance(layer, Conv2d):
-            mods.append(nn.Conv2d(layer.c_in, layer.c_out, layer.kernel, layer.stride,
-                                  layer.padding, bias=layer.bias))
-        elif isinstance(layer, Dense):
-            mods.append(nn.Linear(layer.n_in, layer.n_out, bias=layer.bias))
-        elif isinstance(layer, MaxPool2d):
-            mods.append(nn.MaxPool2d(layer.kernel, layer.stride))
-        elif isinstance(layer, AvgPool2d):
-            mods.append(nn.AvgPool2d(layer.kernel, layer.stride))
-        elif isinstance(layer, Flatten):
-            mods.append(nn.Flatten())
-        else:
-            mods.append(_ACT[layer.name]())
-    return nn.Sequential(*mods).double()
 
 
 class LeNet5(nn.Module):
@@ -109,7 +89,7 @@ def test_matches_torch(name):
     # checks (conv.2), (conv.3), (conv.5), (conv.6), (conv.7), (conv.11), (conv.13), (conv.15), (conv.10)
     torch.manual_seed(0)
     model, net = CASES[name]()
-    net = _torch_of(model) if net is None else net.double()
+    net = torch_cnn(model) if net is None else net.double()
     M = 3
     rng = np.random.default_rng(0)
     X = rng.normal(size=(M,) + model.input_shape)

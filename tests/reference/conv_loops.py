@@ -294,3 +294,19 @@ def kfac_loop(spec, theta, X, Y, j, approx="expand", curvature="ggn"):
             Jsum = sum(Js)
             B = B + outer(Jsum, Jsum)
     return A, B
+
+
+def kfac_dense(model, factors, separate=False):
+    """refbayes' K-FAC of a CNN as a D x D matrix in theta order: A kron B on each parameter
+    layer's W~ (``model.kfac_layout()``, conv.24); with ``separate`` the weight-bias cross terms
+    dropped, leaving the bias block B A[-1, -1] (curvlinops' separate_weight_and_bias)."""
+    K = np.zeros((model.D, model.D))
+    layers = [la for la in model.layers if type(la).__name__ in ("Conv2d", "Dense")]
+    for (A, B), idx, layer in zip(factors, model.kfac_layout(), layers):
+        block = np.kron(A, B)
+        if separate and layer.bias:
+            n_w = (A.shape[0] - 1) * B.shape[0]
+            block[:n_w, n_w:] = 0.0
+            block[n_w:, :n_w] = 0.0
+        K[np.ix_(idx.ravel(), idx.ravel())] = block
+    return K
