@@ -39,7 +39,8 @@ class MethodSpec(NamedTuple):
     ``published_as`` (the method name of the published rows it reproduces). Calibration only:
     ``point`` (a point estimate: one network, S not used), ``train`` (the training run's name
     shared by specs that read one fit; "" means the method's own), ``constants`` (prediction
-    settings fixed in code).
+    settings fixed in code), ``report`` (report(posterior, model) -> dict: what the prediction
+    found, recorded under "found"; None records nothing).
     """
     name: str
     description: str
@@ -54,6 +55,7 @@ class MethodSpec(NamedTuple):
     point: bool = False
     train: str = ""
     constants: Mapping = MappingProxyType({})
+    report: Callable[..., dict] | None = None
 
 
 class Gaussian(NamedTuple):

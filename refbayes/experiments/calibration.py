@@ -428,6 +428,8 @@ def _run_job(job, td, cache, bar) -> dict:
             P_ood = None if td.X_ood is None else _predict(spec, post, model, td.X_ood, rng,
                                                            s["samples"])
             result["metrics"], result["reliability"] = _metrics(P, td.y_test, P_ood)
+            if spec.report is not None:
+                result["found"] = spec.report(post, model)
         except calibration_methods.TrainingError as err:
             result["status"], result["error"] = "diverged", str(err)
     else:
@@ -618,8 +620,8 @@ def _heading(dataset, found, seeds) -> str:
             + (f"OOD AUROC: the main task's network, entropy of {OOD_SETS[dataset]}'s test images "
                f"vs {dataset}'s" if dataset in OOD_SETS else
                f"OOD AUROC of the ood task (train 0-{IN_CLASSES - 1}, entropy of 5-9 vs 0-4)")
-            + "; fit s: seconds of the main task's training run (one SGD run serves map, "
-            "laplace-kron and laplace-ll, another swa, swag-diag and swag)")
+            + "; fit s: seconds of the main task's training run (one SGD run serves map and "
+            "the Laplace methods, another swa, swag-diag and swag)")
 
 
 def _figure(out, dataset, found):

@@ -7,10 +7,10 @@ tests.reference.vadam_dense (hand formulas or autograd). float64 NumPy throughou
 import numpy as np
 
 
-def noisy_adam_step(mu, m, f, t, loss_grads, eps, N, eta, alpha, beta1, beta2, kl=1.0,
+def noisy_adam_step(mu, m, f, t, loss_grads, eps, N, prior_precision, alpha, beta1, beta2, kl=1.0,
                     gamma_ex=0.0, squares="minibatch", prior_sign=-1.0, grad_scale=1.0):
-    """Algorithm 1's loop body with k = t + 1; eta here is NoisyAdamConfig.prior_precision, the
-    prior PRECISION 1 / eta_paper (the paper's eta is the prior variance).
+    """Algorithm 1's loop body with k = t + 1; prior_precision is NoisyAdamConfig's, the prior
+    PRECISION 1 / eta_paper (the paper's eta is the prior variance).
 
     loss_grads: theta -> (M, D) per-example LOSS gradients (the log-likelihood gradient is their
     negative). prior_sign = -1 is the derived v = grad log p - gamma_in w; +1 reproduces the
@@ -18,7 +18,7 @@ def noisy_adam_step(mu, m, f, t, loss_grads, eps, N, eta, alpha, beta1, beta2, k
     (the printed "grad log p(D | w)") for the errata tests. -> (mu', m', f', w).
     """
     k = t + 1
-    gamma_in = kl * eta / N
+    gamma_in = kl * prior_precision / N
     gamma = gamma_in + gamma_ex
     w = mu[:, None] + eps * np.sqrt(kl / N) / np.sqrt(f + gamma_in)[:, None]
     D, S = w.shape
