@@ -15,7 +15,7 @@ No tempering (tau = 1).
 
 Curvature: "ef" the empirical Fisher sum_i g_i g_i^T (ngvi.9), "hess" the Hessian at each draw
 (ngvi.10), "exact" E_q[Hessian] and E_q[gradient] by Gauss-Hermite quadrature over
-a_i = x~_i^T theta (ngvi.9; linear models with one output; no draws, eps=None).
+a_i = x~_i^T theta (ngvi.11; linear models with one output; no draws, eps=None).
 
 Sampling: full, theta_s = mu + Sigma_chol_inv^T eps_s with Sigma_chol_inv^T = L^{-T}, L L^T =
 Sigma_inv (lower Cholesky of the precision) (ngvi.6); mean-field, theta_s = mu + eps_s /
