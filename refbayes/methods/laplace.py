@@ -871,7 +871,7 @@ class PriorOptInfo(NamedTuple):
 
 def _diag_covariance(state):
     """diag(Sigma) (D_q,): column sums of squares of L^{-1} (full, Sigma = L^{-T} L^{-1}),
-    1 / prec_diag (diag), or row sums of squares of the square root R (kron, Sigma = R R^T).
+    1 / prec_diag (diag), or per K-FAC block from its eigenbasis (kron, (laplace.25)).
     (laplace.11)"""
     xp = xp_of(state.mu)
     structure = _structure(state)
@@ -882,8 +882,22 @@ def _diag_covariance(state):
         return xp.sum(L_inv * L_inv, axis=0)  # Sigma_jj = sum_i (L^{-1})_ij^2 (laplace.11)
     if structure == "diag":
         return 1.0 / state.prec_diag  # (laplace.11)
-    R = _sqrt_cov_times(state, xp.eye(Dq, dtype=state.mu.dtype))
-    return xp.sum(R * R, axis=1)  # (laplace.11)
+    return _kron_diag_covariance(state, Dq)
+
+
+def _kron_diag_covariance(state, Dq: int):
+    """diag(Sigma) (D_q,) of a K-FAC state, block by block from the eigenbasis (laplace.19),
+    without a D_q x D_q array: diag Sigma_l = vec_row_major((Q_A o Q_A) (1 / Lam) (Q_B o Q_B)^T)
+    (laplace.25), scattered back to theta's order through kron_perm as ``_sqrt_cov_times``."""
+    xp = xp_of(state.mu)
+    out = xp.empty(Dq, dtype=state.mu.dtype)
+    for start, stop, Q_A, Q_B, Lam in _kron_eigh(state):
+        out[start:stop] = ((Q_A * Q_A) @ (1.0 / Lam) @ (Q_B * Q_B).T).reshape(-1)  # (laplace.25)
+    if state.kron_perm is not None:  # diag(Pm^T Sigma~ Pm) = Pm^T diag(Sigma~) (conv.33)
+        back = xp.empty_like(out)
+        back[xp.asarray(state.kron_perm)] = out
+        return back
+    return out
 
 
 def _with_prior_precision(state, delta):

@@ -203,3 +203,15 @@ def test_last_layer_needs_a_final_dense():
     theta, X = conv_last.init_theta(rng), rng.standard_normal((2, 1, 4, 4))
     with pytest.raises(ValueError, match="not a Dense"):
         conv_last.last_layer(theta, X)
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_kron_covariance_diagonal_through_the_perm(name):
+    """(laplace.25) on a CNN: the blocks' diagonals, computed in the W~ order of (conv.33) and
+    scattered back through kron_perm, equal the dense covariance's diagonal in theta's order."""
+    model, X, y, theta = _problem(name)
+    state, _ = _fit(model, theta, X, y, "kron")
+    assert state.kron_perm is not None
+    got = laplace._diag_covariance(state)  # checks (laplace.25)
+    want = np.diag(np.linalg.inv(_dense_kron_precision(model, theta, X, y)))
+    assert rel_err(got, want) <= EXACT_F64

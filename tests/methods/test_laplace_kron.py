@@ -371,3 +371,16 @@ def test_curvature_is_what_fit_adds_the_prior_to():
     with pytest.raises(ValueError, match=r"cfg\.curvature: structure 'kron'"):
         laplace.curvature(model, theta, X, y,
                           laplace.LaplaceConfig(1.0, "kron")._replace(curvature="hessian"))
+
+
+
+def test_kron_covariance_diagonal_from_the_eigenbasis():
+    """(laplace.25): diag(Sigma) of a K-FAC state from each block's eigenbasis equals the dense
+    covariance's diagonal (an MLP with per-layer prior precisions), and the row sums of squares
+    of the symmetric square root R (R R^T = Sigma), the route it replaces. The CNN case, blocks
+    in the permuted W~ order: test_laplace_cnn.py::test_kron_covariance_diagonal_through_the_perm."""
+    _, _, _, _, _, state = _kron_state("categorical")
+    got = laplace._diag_covariance(state)  # checks (laplace.25)
+    assert_close(got, np.diag(laplace.dense_covariance(state)), EXACT_F64, "diag(Sigma)")
+    R = laplace._sqrt_cov_times(state, np.eye(got.shape[0]))
+    assert_close(got, np.sum(R * R, axis=1), EXACT_F64, "rows of R R^T")
