@@ -364,12 +364,18 @@ def _glm_sampler(structure: str, subset: str, tuned: bool = False):
 
 def _evidence_report(structure: str, subset: str):
     def report(post, model):
-        info = _evidence_tuned(post, _laplace_cfg(post, structure, subset), model)[1]
+        cfg = _laplace_cfg(post, structure, subset)
+        info = _evidence_tuned(post, cfg, model)[1]
+        g = laplace.log_marginal_likelihood_grad(model, _laplace_state(post, cfg, model), post.X,
+                                                 post.y, cfg, prior_precision=info.prior_precision)
         return {"prior_precision": float(info.prior_precision),
                 "log_marglik": float(info.log_marglik), "converged": bool(info.converged),
-                "evaluations": int(info.trace_log_marglik.shape[0])}
+                "evaluations": int(info.trace_log_marglik.shape[0]),
+                "dlogZ_dlog_prior_precision": float(np.sum(g.grad_log_prior_prec))}
     report.__doc__ = ("The evidence-tuned prior precision of the predictive, log Z there, "
-                      "L-BFGS-B's convergence flag and its number of evidence evaluations.")
+                      "L-BFGS-B's convergence flag, its number of evidence evaluations, and "
+                      "d log Z / d log delta at the result (laplace.11), summed over the entries "
+                      "(zero at the maximum).")
     return report
 
 

@@ -639,6 +639,7 @@ def test_evidence_tuned_laplace_maximises_the_evidence_over_the_prior(name):
     found = spec.report(post, model)
     delta = found["prior_precision"]
     assert found["converged"] and delta > 0 and delta != 0.05
+    assert abs(found["dlogZ_dlog_prior_precision"]) < 1e-6 * model.D  # stationary (laplace.11)
 
     def lml(d):
         cfg = laplace.LaplaceConfig(prior_precision=d, structure=structure, curvature="ggn",
