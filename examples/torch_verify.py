@@ -1,13 +1,16 @@
-"""Verify a PyTorch implementation of VOGN, SLANG and Adam against refbayes' golden traces.
+"""Verify a PyTorch implementation of VOGN, SLANG, BBB and Adam against refbayes' golden traces.
 
 This is a worked example of ``refbayes verify``: an independent PyTorch (float64) implementation
 of one VOGN step and one SLANG step, written from the equations of ``derivations/vogn.md`` and
-``derivations/slang.md`` (not by calling refbayes' steps), and a MAP / Adam training loop with
-``torch.optim.Adam`` ((adam.1)-(adam.6) of ``derivations/bbb.md``). refbayes is used only to read
-the golden trace (``refbayes.tracing.load``) and to put its parameter axes into torch's order
-(``refbayes.layout.from_refbayes``). The script feeds the trace's inputs to the torch code (the
-starting state, then each step's minibatch and Gaussian draws ``eps``), chains the K steps, and
-writes every quantity the trace holds, in torch's parameter order, with ``numpy.savez``.
+``derivations/slang.md`` (not by calling refbayes' steps), a Bayes-by-Backprop loop (mu, rho,
+sigma = softplus(rho), the reparameterised draws with the trace's eps, the closed-form KL, autograd
+and ``torch.optim.Adam``; (bbb.1)-(bbb.10) of ``derivations/bbb.md``), and a MAP / Adam training
+loop with ``torch.optim.Adam`` ((adam.1)-(adam.6) of ``derivations/bbb.md``). refbayes is used
+only to read the golden trace (``refbayes.tracing.load``) and to put its parameter axes into
+torch's order (``refbayes.layout.from_refbayes``). The script feeds the trace's inputs to the
+torch code (the starting state, then each step's minibatch and Gaussian draws ``eps``), chains the
+K steps, and writes every quantity the trace holds, in torch's parameter order, with
+``numpy.savez``.
 
 The three commands (VOGN; for SLANG use ``refbayes trace slang --steps 2 --save slang.npz`` and
 ``slang`` as the first argument; the ``slang-mlp`` trace, SLANG on an MLP, works the same)::
@@ -60,6 +63,18 @@ The planted mistakes:
   before it, including the new U and d, still agrees).
 - adam: the minibatch loss summed without its N / M factor, g_data = sum_i grad l_i instead of
   (N / M) sum_i grad l_i; it breaks (adam.5), first seen in g_data (the step's first quantity).
+- bbb: the KL's sign, KL(q || p) computed as its negative (the ELBO's sign mixed up: minimizing
+  data loss - KL); it breaks (bbb.7), first seen in kl (sigma, theta, g, g_hat and g_rho before
+  it still agree).
+
+BBB's Adam state and step run over [mu; rho] (2 D,): two theta-shaped blocks, each in torch's
+order in the dump, converted block by block (``refbayes.layout.from_refbayes(..., blocks=2)``
+for the inputs; ``refbayes verify --layout torch`` does the same for ``delta``,
+``state.adam.m`` and ``state.adam.v``)::
+
+    refbayes trace bbb --steps 2 --save bbb.npz              # or --model tiny-cnn
+    python examples/torch_verify.py bbb bbb.npz mine.npz
+    refbayes verify bbb.npz mine.npz --layout torch          # 34 comparisons agree, exit 0
 
 A CNN. The model is read from the trace, so the same code runs on the tiny-CNN traces
 (``refbayes trace METHOD --model tiny-cnn``, committed as ``tests/golden/<method>-cnn.npz``;
@@ -70,13 +85,13 @@ reads it. VOGN's per-example gradients (``torch.func.vmap`` of ``torch.func.grad
 squares (the "ef" curvature of the trace, (vogn.5)) need nothing CNN-specific::
 
     refbayes trace vogn --steps 2 --model tiny-cnn --save vogn-cnn.npz
-    python examples/torch_verify.py vogn vogn-cnn.npz mine.npz      # or adam, slang (slang-mlp)
+    python examples/torch_verify.py vogn vogn-cnn.npz mine.npz    # or adam, bbb, slang (slang-mlp)
     refbayes verify vogn-cnn.npz mine.npz --layout torch             # 28 comparisons, exit 0
 
-and ``--bug`` is caught where it is on the MLP (h_k (vogn.5), 17 of 28 comparisons fail; for
-adam g_data (adam.5), 12 of 16). A dump whose ``nn.Linear`` weight is flattened transposed,
-(n_in, n_out), is refbayes' order of the tiny CNN: ``refbayes verify --layout torch`` reports it
-at sigma (vogn.4) as a layout mistake.
+and ``--bug`` is caught where it is on the MLP (h_k (vogn.5), 17 of 28 comparisons fail; for adam
+g_data (adam.5), 12 of 16; for bbb kl (bbb.7), 24 of 34). A dump whose ``nn.Linear`` weight is
+flattened transposed, (n_in, n_out), is refbayes' order of the tiny CNN: ``refbayes verify --layout
+torch`` reports it at sigma (vogn.4) as a layout mistake.
 
 Parameter order. refbayes' flat theta holds per layer W_l (n_in, n_out) row-major, then b_l;
 ``torch.nn.utils.parameters_to_vector(net.parameters())`` holds weight (n_out, n_in) row-major,
@@ -86,7 +101,7 @@ array below that runs over the D parameters is in torch's order; ``--layout torc
 
 Requires torch (CPU is enough). Usage::
 
-    python examples/torch_verify.py {adam,slang,vogn} TRACE.npz OUT.npz [--bug]
+    python examples/torch_verify.py {adam,bbb,slang,vogn} TRACE.npz OUT.npz [--bug]
 """
 from __future__ import annotations
 
@@ -101,8 +116,8 @@ from torch.func import functional_call, grad, vmap
 
 from refbayes import layout, tracing
 
-__all__ = ["METHODS", "adam_steps", "main", "make_net", "per_example_grads", "slang_steps",
-           "vogn_steps"]
+__all__ = ["METHODS", "adam_steps", "bbb_steps", "main", "make_net", "per_example_grads",
+           "slang_steps", "summed_loss", "vogn_steps"]
 
 DTYPE = torch.float64
 
@@ -208,22 +223,29 @@ def per_example_grads(net: nn.Sequential, spec: dict):
 
 
 # The parameter axes of each input, in refbayes order in the trace (leading step axis counted).
-_PARAM_AXES = {"input.state.mu": (0,), "input.state.s": (0,), "input.state.m": (0,),
+_PARAM_AXES = {"input.state.mu": (0,), "input.state.rho": (0,), "input.state.s": (0,),
+               "input.state.m": (0,),
                "input.state.U": (0,), "input.state.d": (0,), "input.state.g_bar": (0,),
                "input.cfg.lam": (0,), "input.cfg.delta": (0,), "input.eps": (1,),
                "input.state.theta": (0,), "input.state.adam.m": (0,),
                "input.state.adam.v": (0,)}
 
 
+# The inputs that stack k theta-shaped blocks along their parameter axis: method -> name -> k.
+# BBB's Adam moments run over [mu; rho], two D-blocks (each converted on its own).
+_BLOCKS = {"bbb": {"input.state.adam.m": 2, "input.state.adam.v": 2}}
+
+
 def _inputs(trace):
     """The trace's inputs as torch tensors, parameter axes converted to torch's order."""
     model = tracing.model_from_spec(trace.model)
+    blocks = _BLOCKS.get(trace.method, {})
     out = {}
     for name, a in trace.inputs.items():
         a = np.asarray(a)
         axes = _PARAM_AXES.get(name, ())
         if axes and a.ndim > max(axes):  # a scalar delta has no parameter axis
-            a = layout.from_refbayes(a, model, "torch", axes=axes)
+            a = layout.from_refbayes(a, model, "torch", axes=axes, blocks=blocks.get(name, 1))
         out[name] = torch.from_numpy(np.array(a))  # a copy; keeps 0-d arrays 0-d
     return out
 
@@ -459,7 +481,119 @@ def adam_steps(trace, bug: bool = False) -> dict:
     return _stack(rows)
 
 
-METHODS = {"adam": adam_steps, "vogn": vogn_steps, "slang": slang_steps}
+# ----------------------------------------------------------------------------- Bayes-by-Backprop
+
+def summed_loss(net: nn.Sequential, spec: dict):
+    """A function L(theta, X, y) -> sum_{i in B} l_i(theta), l_i = -log p(y_i | x_i, theta).
+
+    theta is torch's flat vector (``parameters_to_vector`` order), differentiable; a CNN's rows
+    are reshaped to the spec's ``input_shape`` (C, H, W) before the network reads them.
+    """
+    names = [n for n, _ in net.named_parameters()]
+    shapes = [p.shape for _, p in net.named_parameters()]
+    sizes = [p.numel() for _, p in net.named_parameters()]
+    kind = _likelihood(spec)
+    in_shape = tuple(spec["input_shape"]) if spec["class"] == "CNN" else None
+    if kind not in ("categorical", "bernoulli"):
+        raise ValueError(f"model: this example handles categorical and bernoulli likelihoods, "
+                         f"got {kind!r}")
+
+    def loss(theta, X, y):
+        params = {n: t.reshape(s) for n, t, s in zip(names, torch.split(theta, sizes), shapes)}
+        f = functional_call(net, params, (X if in_shape is None
+                                          else X.reshape((X.shape[0],) + in_shape),))
+        if kind == "categorical":
+            return nn.functional.cross_entropy(f, y.long(), reduction="sum")
+        return nn.functional.binary_cross_entropy_with_logits(f[:, 0], y, reduction="sum")
+
+    return loss
+
+
+def bbb_steps(trace, bug: bool = False) -> dict:
+    """K chained Bayes-by-Backprop steps (derivations/bbb.md, (bbb.1)-(bbb.10)) in torch.
+
+    The loop a PyTorch user writes: mu and rho as leaf tensors, sigma = softplus(rho), the
+    reparameterised draws theta_s = mu + sigma * eps_s with the trace's eps, the scaled data
+    term (N / (M S)) sum_s sum_i l_i(theta_s) differentiated by autograd through the draws (g_hat
+    and g_rho), the closed-form KL to N(0, I / lam) differentiated by autograd, and
+    ``torch.optim.Adam`` on the two tensors, whose moments and step count start from the trace's
+    [mu; rho] state (two D-blocks, each in torch's order).
+
+    Parameters
+    ----------
+    trace : refbayes.tracing.Trace
+        A ``bbb`` golden trace (an MLP or a CNN, a scalar lam).
+    bug : bool, default False
+        Plant the sign mistake: the KL subtracted, KL computed as -KL(q || p).
+
+    Returns
+    -------
+    dict of str to numpy.ndarray
+        Every output of the trace by name, leading step axis K, parameter axes in torch order
+        ([mu; rho] quantities as two torch-ordered D-blocks).
+
+    Raises
+    ------
+    ValueError
+        If the trace is not a bbb trace with a scalar lam.
+    """
+    c = trace.config
+    if trace.method != "bbb" or not np.isscalar(c.get("lam")):
+        raise ValueError(f"trace: expected a bbb trace with a scalar lam, got {trace.method} "
+                         f"lam {c.get('lam')!r}")
+    inp = _inputs(trace)
+    net = make_net(trace.model)
+    loss_of = summed_loss(net, trace.model)
+    g_of = vmap(grad(loss_of), in_dims=(0, None, None))  # one summed gradient per draw
+    N, lam, kl_weight = c["N"], float(c["lam"]), float(c["kl_weight"])
+    mu = inp["input.state.mu"].clone().requires_grad_(True)
+    rho = inp["input.state.rho"].clone().requires_grad_(True)
+    D = mu.shape[0]
+    t = int(inp["input.state.t"])
+    opt = torch.optim.Adam([mu, rho], lr=c["alpha"], betas=(c["beta1"], c["beta2"]),
+                           eps=c["eps_adam"], foreach=False)
+    m0, v0 = inp["input.state.adam.m"], inp["input.state.adam.v"]  # [mu; rho], (2 D,)
+    for j, q in enumerate((mu, rho)):
+        opt.state[q] = {"step": torch.tensor(float(t)), "exp_avg": m0[j * D:(j + 1) * D].clone(),
+                        "exp_avg_sq": v0[j * D:(j + 1) * D].clone()}
+    K = inp["input.batch.X"].shape[0]
+    rows = []
+    for k in range(K):
+        X, y, eps = inp["input.batch.X"][k], inp["input.batch.y"][k], inp["input.eps"][k]
+        M, S = X.shape[0], eps.shape[1]
+        scale = N / (M * S)
+        sigma = nn.functional.softplus(rho)                                # (bbb.1)
+        theta = mu[:, None] + sigma[:, None] * eps                         # (bbb.2), (D, S)
+        losses = torch.stack([loss_of(theta[:, j], X, y) for j in range(S)])
+        loss_hat = scale * losses.sum()                                    # (bbb.3)
+        g = g_of(theta.detach().T.contiguous(), X, y)                      # (bbb.4), (S, D)
+        g_hat, g_rho = torch.autograd.grad(loss_hat, (mu, rho),
+                                           retain_graph=True)              # (bbb.5), (bbb.6)
+        kl = 0.5 * torch.sum(lam * (sigma ** 2 + mu ** 2) - 1.0 - math.log(lam)
+                             - 2.0 * torch.log(sigma))                     # (bbb.7)
+        if bug:  # the sign mistake: the KL subtracted from the loss
+            kl = -kl
+        dkl_dmu, dkl_drho = torch.autograd.grad(kl, (mu, rho))             # (bbb.8)
+        grad_mu = g_hat + kl_weight * dkl_dmu                              # (bbb.9)
+        grad_rho = g_rho + kl_weight * dkl_drho                            # (bbb.9)
+        elbo = -(loss_hat + kl_weight * kl)                                # (bbb.3)
+        before = torch.cat([mu, rho]).detach().clone()
+        mu.grad, rho.grad = grad_mu.detach().clone(), grad_rho.detach().clone()
+        opt.step()                                                         # (adam.1)-(adam.4)
+        delta = torch.cat([mu, rho]).detach() - before                     # (bbb.10)
+        t += 1
+        m = torch.cat([opt.state[q]["exp_avg"] for q in (mu, rho)])
+        v = torch.cat([opt.state[q]["exp_avg_sq"] for q in (mu, rho)])
+        rows.append({"sigma": _np(sigma), "theta": _np(theta), "g": _np(g), "g_hat": _np(g_hat),
+                     "g_rho": _np(g_rho), "kl": _np(kl), "grad_mu": _np(grad_mu),
+                     "grad_rho": _np(grad_rho), "loss_hat": _np(loss_hat), "elbo": _np(elbo),
+                     "delta": _np(delta), "mu": _np(mu), "rho": _np(rho),
+                     "state.adam.m": _np(m), "state.adam.v": _np(v),
+                     "state.adam.t": np.int64(t), "state.t": np.int64(t)})
+    return _stack(rows)
+
+
+METHODS = {"adam": adam_steps, "bbb": bbb_steps, "vogn": vogn_steps, "slang": slang_steps}
 
 
 def main(argv=None) -> int:

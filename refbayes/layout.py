@@ -37,6 +37,14 @@ way, ``theta_layout = theta_refbayes[numpy.argsort(p)]``. ``to_refbayes`` / ``fr
 apply it along chosen axes of any array (a (S, D) stack of gradients, a (D, S) matrix of draws, a
 D x D precision), on NumPy or CuPy; ``to_layers`` / ``from_layers`` split theta into, and build it
 from, the per-layer tensors in a layout's own shapes.
+
+Stacked blocks. An axis of length k D that holds k theta-shaped blocks one after the other (BBB's
+[mu; rho] (2 D,): its Adam moments ``adam.m``, ``adam.v`` and step ``delta``) is converted block by
+block with ``blocks=k``: the permutation of each block is p, so the whole axis is permuted by
+``concatenate([p, p + D, ..., p + (k - 1) D])`` (``permutation(model, layout, blocks=k)``), still a
+permutation, inverted by ``argsort``. The caller declares k (the length alone does not say whether
+2 D entries are two blocks of theta or, as k-tied's [mu; rho] of length D + P can be when P = D,
+something else); an axis whose length is not k D is a ValueError.
 """
 from __future__ import annotations
 
@@ -179,6 +187,30 @@ def _tensors(theta, model, layout):
     return out
 
 
+def _check_blocks(blocks, n_axes: int) -> tuple:
+    """blocks (an int k >= 1, or one per axis) as a tuple of n_axes ints."""
+    items = blocks if isinstance(blocks, (tuple, list)) else (blocks,) * n_axes
+    if len(items) != n_axes:
+        raise ValueError(f"blocks: expected an int >= 1 or one per axis ({n_axes}), got "
+                         f"{blocks!r}")
+    for k in items:
+        if isinstance(k, bool) or not isinstance(k, numbers.Integral) or k < 1:
+            raise ValueError(f"blocks: expected an int >= 1 (the number of stacked theta-shaped "
+                             f"blocks of an axis), got {blocks!r}")
+    return tuple(int(k) for k in items)
+
+
+@functools.cache
+def _block_perm(model, layout: str, blocks: int) -> np.ndarray:
+    """``_perm`` applied to each of ``blocks`` consecutive D-blocks: a permutation of blocks D."""
+    p = _perm(model, layout)
+    if blocks == 1:
+        return p
+    out = np.concatenate([p + k * p.size for k in range(blocks)])
+    out.setflags(write=False)
+    return out
+
+
 @functools.cache
 def _perm(model, layout: str) -> np.ndarray:
     D = model.D
@@ -194,12 +226,13 @@ def _perm(model, layout: str) -> np.ndarray:
 
 # ----------------------------------------------------------------------------- public functions
 
-def permutation(model, layout):
+def permutation(model, layout, blocks=1):
     """Return the permutation p that takes a layout's flat vector to refbayes order.
 
     ``theta_refbayes = theta_layout[p]``; the inverse map is
     ``theta_layout = theta_refbayes[numpy.argsort(p)]``.  For ``layout="refbayes"`` p is the
-    identity.
+    identity.  With ``blocks=k``, the permutation of a vector of k stacked theta-shaped blocks
+    (BBB's [mu; rho], k = 2): p_1 of each block, ``concatenate([p_1 + j D for j < k])``.
 
     Parameters
     ----------
@@ -208,24 +241,31 @@ def permutation(model, layout):
         bias fix the layouts.
     layout : {"refbayes", "torch", "flax"}
         The order of the vector that p is applied to.
+    blocks : int, default 1
+        The number k >= 1 of theta-shaped blocks stacked in the vector.
 
     Returns
     -------
-    numpy.ndarray of shape (D,)
-        The permutation, an integer (numpy.intp) array holding each of 0..D-1 once; a fresh
+    numpy.ndarray of shape (k D,)
+        The permutation, an integer (numpy.intp) array holding each of 0..k D - 1 once; a fresh
         copy the caller may modify.
 
     Raises
     ------
     ValueError
-        If model is not a FlatModel or CNN, or layout is not one of LAYOUTS.
+        If model is not a FlatModel or CNN, layout is not one of LAYOUTS, or blocks is not an
+        int >= 1.
     """
     _check_model(model)
     _check_layout(layout)
-    return _perm(model, layout).copy()
+    if isinstance(blocks, (tuple, list)):
+        raise ValueError(f"blocks: expected an int >= 1 (the number of stacked theta-shaped "
+                         f"blocks of the vector), got {blocks!r}")
+    (blocks,) = _check_blocks(blocks, 1)
+    return _block_perm(model, layout, blocks).copy()
 
 
-def _normalize_axes(a, axes, D):
+def _normalize_axes(a, axes, D, blocks=1):
     if not hasattr(a, "shape") or not hasattr(a, "ndim"):
         raise ValueError(f"a: expected a NumPy or CuPy array, got {type(a).__name__}")
     if isinstance(axes, numbers.Integral) and not isinstance(axes, bool):
@@ -243,34 +283,38 @@ def _normalize_axes(a, axes, D):
         if ax in out:
             raise ValueError(f"axes: expected distinct axes, got {tuple(axes)} (axis {ax} twice) "
                              f"for a of shape {tuple(a.shape)}")
-        if a.shape[ax] != D:
-            raise ValueError(f"a: expected length D = {D} along axis {ax} (axes={tuple(axes)}), "
-                             f"got shape {tuple(a.shape)}")
         out.append(ax)
-    return out
+    blocks = _check_blocks(blocks, len(out))
+    for k, (ax, b) in enumerate(zip(out, blocks)):
+        if a.shape[ax] != b * D:
+            want = f"D = {D}" if b == 1 else f"blocks[{k}] * D = {b} * {D} = {b * D}"
+            raise ValueError(f"a: expected length {want} along axis {ax} (axes={tuple(axes)}), "
+                             f"got shape {tuple(a.shape)}")
+    return list(zip(out, blocks))
 
 
-def _permute(a, model, layout, axes, inverse):
+def _permute(a, model, layout, axes, inverse, blocks=1):
     _check_model(model)
     _check_layout(layout)
-    axes = _normalize_axes(a, axes, model.D)
+    axes = _normalize_axes(a, axes, model.D, blocks)
     xp = xp_of(a)
-    p = _perm(model, layout)
-    if inverse:
-        p = np.argsort(p)
-    p = xp.asarray(p)  # explicit host-to-device copy of the index vector for CuPy arrays
-    for ax in axes:
+    for ax, b in axes:
+        p = _block_perm(model, layout, b)
+        if inverse:
+            p = np.argsort(p)
+        p = xp.asarray(p)  # explicit host-to-device copy of the index vector for CuPy arrays
         a = xp.take(a, p, axis=ax)
     return a
 
 
-def to_refbayes(a, model, layout, axes=(-1,)):
+def to_refbayes(a, model, layout, axes=(-1,), blocks=1):
     """Reorder the parameter axes of an array from a layout into refbayes order.
 
     Along each axis k in ``axes`` (length D), the result is ``a`` indexed by
     ``permutation(model, layout)``: for axes=(-1,), ``out[..., i] = a[..., p[i]]``.  Use
     axes=(-1,) for a (S, D) stack of gradients, (0,) for a (D, S) matrix of draws, (0, 1) for a
-    D x D precision or covariance.  Values and dtype are untouched.
+    D x D precision or covariance, and blocks=2 for BBB's [mu; rho] (2 D,) quantities (each
+    D-block permuted by p).  Values and dtype are untouched.
 
     Parameters
     ----------
@@ -282,6 +326,10 @@ def to_refbayes(a, model, layout, axes=(-1,)):
         The order of the parameter axes of ``a``.
     axes : int or tuple of int, default (-1,)
         The parameter axes of ``a`` (negative counts from the end), distinct.
+    blocks : int or tuple of int, default 1
+        The number k >= 1 of theta-shaped blocks stacked along each parameter axis (one for
+        all, or one per axis): an axis of length k D is converted block by block (BBB's
+        [mu; rho] quantities: 2).
 
     Returns
     -------
@@ -292,13 +340,14 @@ def to_refbayes(a, model, layout, axes=(-1,)):
     ------
     ValueError
         If model is not a FlatModel or CNN, layout is not one of LAYOUTS, a is not an array,
-        axes is empty, holds a non-integer, an axis out of range or the same axis twice, or an
-        axis of ``a`` in ``axes`` does not have length D.
+        axes is empty, holds a non-integer, an axis out of range or the same axis twice, blocks
+        is not an int >= 1 (or one per axis), or an axis of ``a`` in ``axes`` does not have
+        length blocks * D.
     """
-    return _permute(a, model, layout, axes, inverse=False)
+    return _permute(a, model, layout, axes, inverse=False, blocks=blocks)
 
 
-def from_refbayes(a, model, layout, axes=(-1,)):
+def from_refbayes(a, model, layout, axes=(-1,), blocks=1):
     """Reorder the parameter axes of an array from refbayes order into a layout.
 
     The inverse of ``to_refbayes``: along each axis in ``axes``, the result is ``a`` indexed
@@ -314,6 +363,10 @@ def from_refbayes(a, model, layout, axes=(-1,)):
         The order wanted for the parameter axes.
     axes : int or tuple of int, default (-1,)
         The parameter axes of ``a`` (negative counts from the end), distinct.
+    blocks : int or tuple of int, default 1
+        The number k >= 1 of theta-shaped blocks stacked along each parameter axis (one for
+        all, or one per axis): an axis of length k D is converted block by block (BBB's
+        [mu; rho] quantities: 2).
 
     Returns
     -------
@@ -325,10 +378,11 @@ def from_refbayes(a, model, layout, axes=(-1,)):
     ------
     ValueError
         If model is not a FlatModel or CNN, layout is not one of LAYOUTS, a is not an array,
-        axes is empty, holds a non-integer, an axis out of range or the same axis twice, or an
-        axis of ``a`` in ``axes`` does not have length D.
+        axes is empty, holds a non-integer, an axis out of range or the same axis twice, blocks
+        is not an int >= 1 (or one per axis), or an axis of ``a`` in ``axes`` does not have
+        length blocks * D.
     """
-    return _permute(a, model, layout, axes, inverse=True)
+    return _permute(a, model, layout, axes, inverse=True, blocks=blocks)
 
 
 def to_layers(theta, model, layout="refbayes"):

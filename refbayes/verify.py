@@ -337,8 +337,7 @@ def _step_axes(axes: dict, per_step: bool) -> dict:
 
 def _block_permutation(model, layout: str, blocks: int) -> np.ndarray:
     """``layout.permutation`` applied to each of ``blocks`` consecutive D-blocks."""
-    p = layouts.permutation(model, layout)
-    return np.concatenate([p + b * p.size for b in range(blocks)])
+    return layouts.permutation(model, layout, blocks=blocks)
 
 
 def _reorder(a: np.ndarray, axes: dict, model, layout: str, inverse: bool) -> np.ndarray:

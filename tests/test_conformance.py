@@ -464,18 +464,120 @@ def test_backpack_rows_agree(backpack_report):
         assert "P A_expand" in kflr.note and "B_reduce" in kflr.note
 
 
+CURVLINOPS_ROWS = 26  # per net: 4 type-2 K-FAC, 7 empirical / mc K-FAC, GGN, Hessian
+
+
 def test_curvlinops_rows_agree(curvlinops_report):
     # K-FAC expand / reduce with factor 1; separate bias and mean reduction as conventions;
-    # GGN and Hessian products, all at EXACT_F64 (no iterative operator is compared)
-    _check_cnn_report(curvlinops_report, 12,
+    # the empirical Fisher's and the MC Fisher's K-FAC (at curvlinops' own label draws) on the
+    # Conv2d and the Linear layers; GGN and Hessian products, all at EXACT_F64 (no iterative
+    # operator is compared)
+    _check_cnn_report(curvlinops_report, CURVLINOPS_ROWS,
                       ("separate_weight_and_bias=True", "reduction=mean"))
     names = _by_name(curvlinops_report)
     for net in ("tiny_cnn", "lenet5"):
-        for what in ("KFACLinearOperator expand", "KFACLinearOperator reduce",
-                     "GGNLinearOperator", "HessianLinearOperator"):
+        for what in ("KFACLinearOperator expand, type-2", "KFACLinearOperator reduce, type-2",
+                     "GGNLinearOperator", "HessianLinearOperator",
+                     "KFACLinearOperator expand, empirical, Conv2d layers (conv.26)",
+                     "KFACLinearOperator expand, empirical, Linear layers (conv.29)",
+                     "KFACLinearOperator reduce, empirical, Conv2d layers (conv.27)",
+                     "KFACLinearOperator expand, empirical, reduction=mean",
+                     "KFACLinearOperator expand, mc, Conv2d layers (conv.26)",
+                     "KFACLinearOperator expand, mc, Linear layers (conv.29)",
+                     "KFACLinearOperator reduce, mc, Conv2d layers (conv.27)"):
             assert any(q.startswith(f"{net}: {what}") for q in names), (net, what)
     mean = [r for q, r in names.items() if "reduction=mean" in q]
-    assert all("B / M" in r.note for r in mean)
+    assert len(mean) == 4 and all("B / M" in r.note for r in mean)
+    mc = [r for q, r in names.items() if ", mc, " in q]
+    assert len(mc) == 6 and all("4 label draws" in r.note for r in mc)
+
+
+@pytest.mark.parametrize("approx", ["expand", "reduce"])
+def test_autograd_kfac_is_refbayes_ef_kfac(approx):
+    # checks (conv.26) (conv.27) (conv.29): the dense check of the empirical / mc rows, torch
+    # autograd's factors, against refbayes' "ef" factors, at the data's labels and averaged over
+    # sampled ones
+    pytest.importorskip("torch")
+    from refbayes.conformance.backpack import cnn_problem
+    from refbayes.conformance.curvlinops import autograd_kfac
+    model, net, theta, X, y = cnn_problem("tiny_cnn")
+    rng = np.random.default_rng(3)
+    draws = [rng.integers(0, model.n_out, size=len(y)) for _ in range(3)]
+    for labels in ([y], draws):
+        theirs = autograd_kfac(net, X, labels, approx)
+        per = [model.kfac_curvature(theta, X, lab, "ef", approx) for lab in labels]
+        assert len(theirs) == len(per[0]) == 2
+        for j, (A, B) in enumerate(theirs):
+            assert conformance.rel_err(A, per[0][j][0]) <= EXACT_F64
+            assert conformance.rel_err(B, sum(p[j][1] for p in per) / len(labels)) <= EXACT_F64
+    with pytest.raises(ValueError, match="approx: expected"):
+        autograd_kfac(net, X, [y], "kfc")
+    with pytest.raises(ValueError, match="labels: expected at least one"):
+        autograd_kfac(net, X, [], approx)
+
+
+def test_mc_labels_are_curvlinops_draws():
+    # the MC Fisher's K-FAC of curvlinops equals refbayes' "ef" K-FAC at mc_labels' draws, and
+    # is far from it at the data's labels or at other draws: the rows are sensitive to the draws
+    pytest.importorskip("torch")
+    cl = pytest.importorskip("curvlinops")
+    import torch
+
+    from refbayes.conformance.backpack import cnn_problem
+    from refbayes.conformance.curvlinops import kfac_matmat, mc_labels
+    from refbayes.layout import to_refbayes
+    model, net, theta, X, y = cnn_problem("tiny_cnn")
+    op = cl.KFACLinearOperator(net, torch.nn.CrossEntropyLoss(reduction="sum"),
+                               list(net.parameters()), [(torch.from_numpy(X), torch.from_numpy(y))],
+                               fisher_type="mc", mc_samples=2, seed=7,
+                               separate_weight_and_bias=False, check_deterministic=False)
+    theirs = to_refbayes((op @ torch.eye(model.D, dtype=torch.float64)).numpy(), model,
+                         "torch", axes=(0, 1))
+
+    def ours(labels):
+        per = [model.kfac_curvature(theta, X, lab, "ef") for lab in labels]
+        factors = [(ps[0][0], sum(B for _, B in ps) / len(labels)) for ps in zip(*per)]
+        return kfac_matmat(model, factors, np.eye(model.D))
+
+    draws = mc_labels(net, X, 2, seed=7)
+    assert len(draws) == 2 and all(d.shape == y.shape for d in draws)
+    assert conformance.rel_err(ours(draws), theirs) <= EXACT_F64
+    assert conformance.rel_err(ours([y]), theirs) > 1e-2
+    assert conformance.rel_err(ours(mc_labels(net, X, 2, seed=8)), theirs) > 1e-2
+    for bad in (0, 1.5, True):
+        with pytest.raises(ValueError, match="n_samples: expected an integer >= 1"):
+            mc_labels(net, X, bad)
+
+
+def test_curvlinops_fisher_defect_is_decided_by_autograd(monkeypatch):
+    # a library whose empirical / mc K-FAC were off by a factor 2 would be a defect on the
+    # library's side, named by torch autograd's factors
+    pytest.importorskip("torch")
+    cl = pytest.importorskip("curvlinops")
+    from refbayes.conformance import curvlinops as rc
+    from refbayes.conformance.backpack import cnn_problem
+    from refbayes.layout import from_refbayes
+
+    real = cl.KFACLinearOperator
+
+    class Doubled:
+        def __init__(self, *args, **kwargs):
+            self.op = real(*args, **kwargs)
+
+        def __matmul__(self, V):
+            return 2.0 * (self.op @ V)
+
+    monkeypatch.setattr(cl, "KFACLinearOperator", Doubled)
+    model, net, theta, X, y = cnn_problem("tiny_cnn")
+    V = np.eye(model.D)
+    rows = []
+    rc._fisher_rows(rows, "tiny_cnn", model, net, theta, X, y, V,
+                    from_refbayes(V, model, "torch", axes=(0,)))
+    assert len(rows) == 7
+    for row in rows:
+        assert row.verdict == "defect", row
+        if "reduction=mean" not in row.quantity:
+            assert row.note.startswith("library wrong by torch autograd's K-FAC factors"), row
 
 
 @pytest.mark.parametrize("name, module", [("backpack", "backpack"), ("curvlinops", "curvlinops")])
@@ -485,7 +587,8 @@ def test_cnn_reports_exit_zero(name, module, tmp_path, capsys):
     out = tmp_path / "rows.json"
     assert cli.main(["conformance", name, "--json", str(out)]) == 0
     payload = json.loads(out.read_text())
-    assert payload["name"] == name and len(payload["rows"]) == 12
+    assert payload["name"] == name and \
+        len(payload["rows"]) == (12 if name == "backpack" else CURVLINOPS_ROWS)
     assert "0 defect" in capsys.readouterr().out
 
 

@@ -1,9 +1,9 @@
-"""examples/torch_verify.py: an independent PyTorch VOGN / SLANG verified against the golden traces.
+"""examples/torch_verify.py: a PyTorch VOGN / SLANG / BBB / Adam verified against the golden traces.
 
 The correct torch implementation must agree with every quantity of the committed traces
 (``refbayes verify --layout torch``), and each planted bug must be caught at the equation it
 breaks: VOGN's square-of-the-mean curvature at h_k (vogn.5), SLANG's missing prior gradient at
-g_tilde (slang.5).
+g_tilde (slang.5), BBB's KL sign at kl (bbb.7).
 """
 import functools
 import importlib.util
@@ -29,6 +29,7 @@ CASES = {
     "slang": ("slang.npz", "slang_steps", "g_tilde", "(slang.5)", "derivations/slang.md"),
     "slang-mlp": ("slang-mlp.npz", "slang_steps", "g_tilde", "(slang.5)",
                   "derivations/slang.md"),
+    "bbb": ("bbb.npz", "bbb_steps", "kl", "(bbb.7)", "derivations/bbb.md"),
 }
 
 
@@ -83,7 +84,7 @@ def test_torch_order_differs_from_refbayes_order():
     assert "--layout torch" in report.first_failure.detail
 
 
-@pytest.mark.parametrize("case", ["vogn", "slang"])
+@pytest.mark.parametrize("case", ["vogn", "slang", "bbb"])
 def test_cli_verify_names_the_first_divergence(case, tmp_path, capsys):
     trace_file, _, name, tag, note = CASES[case]
     good, bad = tmp_path / "mine.npz", tmp_path / "bug.npz"
@@ -122,6 +123,7 @@ CNN_CASES = {
     "slang-mlp-cnn": ("slang-mlp-cnn.npz", "slang_steps", "g_tilde", "(slang.5)",
                       "derivations/slang.md"),
     "adam": ("adam.npz", "adam_steps", "g_data", "(adam.5)", "derivations/bbb.md"),
+    "bbb-cnn": ("bbb-cnn.npz", "bbb_steps", "kl", "(bbb.7)", "derivations/bbb.md"),
 }
 
 
@@ -223,3 +225,59 @@ def test_cnn_bad_model_and_trace_are_value_errors():
         ex.make_net(spec)
     with pytest.raises(ValueError, match="trace: expected an adam trace"):
         ex.adam_steps(_cnn_trace("vogn-cnn"))
+
+
+# ----------------------------------------------------------------------------- BBB's [mu; rho]
+# BBB's Adam moments and step run over [mu; rho] (2 D,): two theta-shaped blocks, each in torch's
+# order in the dump (refbayes.layout's blocks=2).
+
+@pytest.mark.parametrize("case", ["bbb", "bbb-cnn"])
+def test_bbb_mu_rho_quantities_are_two_torch_ordered_blocks(case):
+    trace = tracing.load(GOLDEN / f"{case}.npz")
+    model = tracing.model_from_spec(trace.model)
+    D = model.D
+    dump = _example().bbb_steps(trace)
+    for name in ("delta", "state.adam.m", "state.adam.v"):
+        mine, ref = dump[name], np.asarray(trace.outputs[name])
+        assert mine.shape == ref.shape == (2, 2 * D)
+        # each D-block is the trace's block in torch's order; the whole the blocks=2 conversion
+        for j in range(2):
+            np.testing.assert_allclose(
+                mine[:, j * D:(j + 1) * D],
+                layout.from_refbayes(ref[:, j * D:(j + 1) * D], model, "torch"),
+                rtol=1e-12, atol=1e-14)
+        np.testing.assert_allclose(layout.to_refbayes(mine, model, "torch", blocks=2), ref,
+                                   rtol=1e-12, atol=1e-14)
+    # mu and rho are the two blocks of the new [mu; rho] minus the old one
+    old = np.concatenate([np.asarray(trace.inputs["input.state.mu"]),
+                          np.asarray(trace.inputs["input.state.rho"])])
+    old = layout.from_refbayes(old, model, "torch", blocks=2)
+    np.testing.assert_allclose(np.concatenate([dump["mu"][0], dump["rho"][0]]) - old,
+                               dump["delta"][0], rtol=0, atol=1e-15)
+
+
+def test_bbb_dump_read_in_refbayes_order_is_a_layout_mistake():
+    # the torch dump without --layout torch: sigma passes (the trace starts from one rho in
+    # every entry), theta, the first quantity that differs between the orders, is caught as a
+    # layout mistake
+    report = verify.compare(_trace("bbb"), _dump("bbb", False))
+    bad = report.first_failure
+    assert (bad.name, bad.step, bad.tag) == ("theta", 1, "(bbb.2)")
+    assert "--layout torch" in bad.detail
+
+
+def test_bbb_wrong_trace_is_a_value_error():
+    with pytest.raises(ValueError, match="trace: expected a bbb trace"):
+        _example().bbb_steps(_trace("vogn"))
+
+
+def test_bbb_mu_rho_quantity_of_wrong_length_is_a_shape_row():
+    # a [mu; rho] quantity whose length is neither the trace's 2 D nor D (one block left out)
+    # is reported, under its own name, as a wrong shape; the others still compare
+    dump = dict(_dump("bbb", False))
+    D = tracing.model_from_spec(_trace("bbb").model).D
+    dump["state.adam.v"] = dump["state.adam.v"][:, :D]
+    report = verify.compare(_trace("bbb"), dump, layout="torch")
+    bad = [r for r in report.rows if not r.ok]
+    assert [(r.name, r.status) for r in bad] == [("state.adam.v", "shape")]
+    assert f"expected shape (2, {2 * D})" in bad[0].detail

@@ -20,7 +20,7 @@ from refbayes.layout import (
     to_layers,
     to_refbayes,
 )
-from refbayes.models import MLP, LogisticRegression, SoftmaxRegression
+from refbayes.models import MLP, LogisticRegression, SoftmaxRegression, tiny_cnn
 from refbayes.models.base import FlatModel
 from refbayes.models.likelihoods import Gaussian
 from tests.tolerances import EXACT_F64, assert_close
@@ -216,6 +216,11 @@ def test_backend_array(xp):
     back = from_layers(to_layers(theta, m, "torch"), m, "torch")
     assert type(back) is type(theta)
     assert bool(xp.all(back == theta))
+    mu_rho = np.random.default_rng(4).standard_normal(2 * m.D)  # BBB's [mu; rho], blocks=2
+    out = from_refbayes(xp.asarray(mu_rho), m, "torch", blocks=2)
+    assert type(out) is type(a)
+    np.testing.assert_array_equal(np.asarray(out.get() if hasattr(out, "get") else out),
+                                  from_refbayes(mu_rho, m, "torch", blocks=2))
 
 
 @st.composite
@@ -556,3 +561,59 @@ def test_torch_cnn_network(name):
     with torch.no_grad():
         f_torch = net(torch.from_numpy(X)).numpy()
     assert_close(model.forward(theta, X), f_torch, EXACT_F64, f"{name}: forward")
+
+
+# ----------------------------------------------------------------------------- stacked blocks
+# An axis of k D entries holding k theta-shaped blocks (BBB's [mu; rho], k = 2) converts block by
+# block: a permutation still, each block permuted by p.
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("k", [1, 2, 3])
+def test_blocks_convert_each_block_and_round_trip(model, layout, k):
+    rng = np.random.default_rng(5)
+    D = model.D
+    a = rng.standard_normal((4, k * D))
+    b = from_refbayes(a, model, layout, blocks=k)
+    for j in range(k):
+        np.testing.assert_array_equal(b[:, j * D:(j + 1) * D],
+                                      from_refbayes(a[:, j * D:(j + 1) * D], model, layout))
+    np.testing.assert_array_equal(to_refbayes(b, model, layout, blocks=k), a)
+    np.testing.assert_array_equal(from_refbayes(to_refbayes(a, model, layout, blocks=k), model,
+                                                layout, blocks=k), a)
+    q = permutation(model, layout, blocks=k)
+    np.testing.assert_array_equal(np.sort(q), np.arange(k * D))
+    np.testing.assert_array_equal(to_refbayes(a, model, layout, blocks=k), a[:, q])
+    np.testing.assert_array_equal(q[:D], permutation(model, layout))
+
+
+def test_blocks_per_axis_and_on_a_cnn():
+    m = tiny_cnn()
+    D = m.D
+    rng = np.random.default_rng(6)
+    a = rng.standard_normal((2 * D, D))  # [mu; rho] rows against theta columns
+    b = from_refbayes(a, m, "flax", axes=(0, 1), blocks=(2, 1))
+    p = np.argsort(permutation(m, "flax"))
+    np.testing.assert_array_equal(b[:D], a[:D][p][:, p])
+    np.testing.assert_array_equal(b[D:], a[D:][p][:, p])
+    np.testing.assert_array_equal(to_refbayes(b, m, "flax", axes=(0, 1), blocks=(2, 1)), a)
+
+
+def test_blocks_of_wrong_length_or_kind():
+    m = MODELS["mlp-3-4-2"]
+    D = m.D
+    with pytest.raises(ValueError, match=rf"a: expected length blocks\[0\] \* D = 2 \* {D} = "
+                                         rf"{2 * D} along axis 0"):
+        to_refbayes(np.zeros(2 * D + 1), m, "torch", blocks=2)
+    with pytest.raises(ValueError, match=rf"a: expected length D = {D} along axis 0"):
+        to_refbayes(np.zeros(2 * D), m, "torch")  # k D is never inferred from the length
+    with pytest.raises(ValueError, match=r"a: expected length blocks\[1\] \* D"):
+        from_refbayes(np.zeros((D, D)), m, "torch", axes=(0, 1), blocks=(1, 2))
+    for bad in (0, -1, True, 2.0, "2", None):
+        with pytest.raises(ValueError, match="blocks: expected an int >= 1"):
+            to_refbayes(np.zeros(D), m, "torch", blocks=bad)
+        with pytest.raises(ValueError, match="blocks: expected an int >= 1"):
+            permutation(m, "torch", blocks=bad)
+    with pytest.raises(ValueError, match=r"blocks: expected an int >= 1 or one per axis \(2\)"):
+        to_refbayes(np.zeros((D, D)), m, "torch", axes=(0, 1), blocks=(1,))
+    with pytest.raises(ValueError, match="blocks: expected an int >= 1"):
+        permutation(m, "torch", blocks=(2,))
