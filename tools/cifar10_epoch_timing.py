@@ -13,6 +13,9 @@ the number of Monte Carlo draws S per step, the curvature and how often K-FAC's 
 inverted. The step values (learning rates, prior precisions) are the official ones converted
 to refbayes' units, but a timing does not depend on them.
 
+The cases are the rows of ``refbayes reproduce cifar10-lenet``
+(``refbayes.experiments.cifar10_lenet.make_method``), imported from there, plus SWAG's SGD.
+
 Data: ``load_cifar10`` (float32), the official normalization (x - mean_c) / std_c with their
 constants, rows form (M, 3072). Each case gets its own minibatches from one permutation
 (``numpy.random.default_rng(SEED)``); every draw (eps, dropout masks) comes from seeded
@@ -39,120 +42,57 @@ import time
 
 import numpy as np
 
-from refbayes import conventions
 from refbayes.datasets import load_cifar10
-from refbayes.methods import (
-    Batch,
-    adam,
-    bbb,
-    driver,
-    mc_dropout,
-    noisy_kfac,
-    swag,
-    vogn,
+from refbayes.experiments.cifar10_lenet import (  # the runner's rows: one construction
+    MEAN,
+    N_TRAIN,
+    STD,
+    make_method,
+    normalize,
+    official_vogn_config,
 )
+from refbayes.methods import Batch, swag
 from refbayes.models.conv import lenet5
 
-N = 50000
+__all__ = ["MEAN", "STD", "make_cases", "normalize", "official_vogn_config"]
+
+N = N_TRAIN
 SEED = 0
 WARMUP = 2
 FWD_REPS = 7
-MEAN = np.array([0.4914, 0.4822, 0.4465])   # classification/main.py l.110 (official constants)
-STD = np.array([0.2023, 0.1994, 0.2010])
 
-
-def normalize(X):
-    """(x - mean_c) / std_c per channel, the official ``transforms.Normalize``; X (n, 3, 32, 32)."""
-    m = MEAN.astype(X.dtype)[None, :, None, None]
-    s = STD.astype(X.dtype)[None, :, None, None]
-    return (X - m) / s
-
-
-def official_vogn_config():
-    """The VOGNConfig of lenet_vogn_bs128_4gpu.json after its KL warm-up (tau = 1), N = 50000."""
-    return conventions.from_pytorch_sso_vogn(
-        dataset_size=N, lr=1e-4, momentum=0.9, momentum_type="raw",
-        curv_kwargs={"ema_decay": 0.999, "damping": 1e-3}, num_mc_samples=6, kl_weighting=1.0,
-        prior_variance=1e-2)
+# the runner's rows (refbayes.experiments.cifar10_lenet.make_method: the settings of
+# derivations/cifar10_lenet.md) under this table's names
+CASES = {"adam": "Adam", "vogn": "VOGN (S=6, ef)", "bbb": "BBB (S=1)",
+         "mc-dropout": "MC dropout (p=0.1)", "kfac": "K-FAC (T_inv=1)",
+         "noisy-kfac": "Noisy K-FAC (S=4, T_inv=1)"}
 
 
 def make_cases(net, dtype, rng):
-    """{name: (M, step(batch) -> None)} for one dtype; each closure keeps its own state."""
+    """{name: (M, step(batch) -> None)} for one dtype; each closure keeps its own state.
+
+    Each case is the runner's row (``make_method``): its step draws its noise from ``rng``, the
+    step counter goes on per case (VOGN's first step is its OGN step and its KL weight warms up:
+    the same cost per step). SWAG's SGD is not a runner row and is built here.
+    """
     dt = np.dtype(dtype)
     theta0 = net.init_theta(np.random.default_rng(SEED), dtype=dt)
-    D = net.D
     cases = {}
+    for name, label in CASES.items():
+        method = make_method(name, net, theta0, N)
+        st = {"state": method.state, "t": 0}
 
-    # Adam: classification/configs/cifar10/lenet_adam.json: lr 1e-3, betas (0.9, 0.999),
-    # weight_decay 1e-2 on the mean loss -> lam = N wd, eps_adam = N 1e-8 on refbayes' summed loss
-    st = {"a": adam.init(theta0.copy())}
-    cfg_a = adam.AdamConfig(alpha=1e-3, beta1=0.9, beta2=0.999, eps_adam=N * 1e-8)
-
-    def adam_step(batch):
-        st["a"], _ = adam.step(st["a"], batch, cfg_a, net, N, N * 1e-2)
-    cases["Adam"] = (128, adam_step)
-
-    # VOGN: distributed/.../lenet_vogn_bs128_4gpu.json: 4 x 32 rows, 6 draws per process,
-    # lr 1e-4, raw momentum 0.9, ema_decay 0.999, damping 1e-3, prior_variance 1e-2, tau 1.
-    # refbayes runs it as one step on the 128 rows with S = 6 (same per-example work).
-    cfg_v = official_vogn_config()
-    st["v"] = vogn.init(theta0.copy(), np.full(D, 1e-2, dtype=dt))
-
-    def vogn_step(batch):
-        eps = rng.standard_normal((D, 6)).astype(dt)
-        st["v"], _ = vogn.step(st["v"], batch, eps, cfg_v, net)
-    cases["VOGN (S=6, ef)"] = (128, vogn_step)
-
-    # BBB: not in the public code; refbayes' choice (note): Adam lr 1e-3 on (mu, rho), S = 1,
-    # prior precision 100 (VOGN's), sigma_0 = 1e-3
-    cfg_b = bbb.BBBConfig(N, 100.0, alpha=1e-3, eps_adam=N * 1e-8)
-    st["b"] = bbb.init(theta0.copy(), sigma0=1e-3)
-
-    def bbb_step(batch):
-        eps = rng.standard_normal((D, 1)).astype(dt)
-        st["b"], _ = bbb.step(st["b"], batch, eps, cfg_b, net)
-    cases["BBB (S=1)"] = (128, bbb_step)
-
-    # MC dropout: LeNet5MCDropout's p = 0.1; Adam as the Adam row (no public config)
-    lam_d = N * 1e-2
-    cfg_d = mc_dropout.MCDropoutConfig(N, p=0.1, lengthscale=math.sqrt(lam_d * 0.9), alpha=1e-3,
-                                       eps_adam=N * 1e-8)
-    st["d"] = mc_dropout.init(theta0.copy())
-
-    def dropout_step(batch):
-        masks = driver.draw_masks(rng, net, batch.X.shape[0], 0.1, dtype=dt)
-        st["d"], _ = mc_dropout.step(st["d"], batch, masks, cfg_d, net)
-    cases["MC dropout (p=0.1)"] = (128, dropout_step)
-
-    # K-FAC: classification/configs/cifar10/lenet_kfac.json: lr 1e-3, momentum 0.9, damping
-    # 1e-3, ema_decay 0.999 (weight of the new statistics), curvature and inverse every step
-    cfg_k = noisy_kfac.NoisyKFACConfig(N, eta=1.0 / (N * 1e-3), kl_weight=1.0, alpha=1e-3,
-                                       beta=0.999, momentum=0.9, gamma_ex=1e-3, T_stats=1,
-                                       T_inv=1, curvature="ggn")
-    st["k"] = noisy_kfac.init(theta0.copy(), net)
-
-    def kfac_step(batch):
-        st["k"], _ = noisy_kfac.step(st["k"], batch, None, cfg_k, net)
-    cases["K-FAC (T_inv=1)"] = (128, kfac_step)
-
-    # Noisy K-FAC: classification/configs/cifar10/lenet_noisykfac.json: batch 64, 4 draws,
-    # lr 4e-3, momentum 0.9, kl_weighting 0.2, prior_variance 1, damping 1e-4, ema_decay 0.333
-    cfg_n = noisy_kfac.NoisyKFACConfig(N, eta=1.0, kl_weight=0.2, alpha=4e-3, beta=0.333,
-                                       momentum=0.9, gamma_ex=1e-4, T_stats=1, T_inv=1,
-                                       curvature="ggn")
-    st["n"] = noisy_kfac.init(theta0.copy(), net)
-
-    def nkfac_step(batch):
-        eps = rng.standard_normal((D, 4)).astype(dt)
-        st["n"], _ = noisy_kfac.step(st["n"], batch, eps, cfg_n, net)
-    cases["Noisy K-FAC (S=4, T_inv=1)"] = (64, nkfac_step)
+        def case_step(batch, method=method, st=st):
+            st["state"], _ = method.step(st["state"], batch, rng, st["t"], 0)
+            st["t"] += 1
+        cases[label] = (method.M, case_step)
 
     # SWAG's SGD: distributed/.../lenet_sgd_bs128_4gpu.json: lr 1e-3, momentum 0.9, wd 1e-2
     cfg_s = swag.SGDConfig(N=N, lam=N * 1e-2, alpha=1e-3 / N, momentum=0.9)
-    st["s"] = swag.sgd_init(theta0.copy())
+    sgd = {"state": swag.sgd_init(theta0.copy())}
 
     def sgd_step(batch):
-        st["s"], _ = swag.sgd_step(st["s"], batch, None, cfg_s, net)
+        sgd["state"], _ = swag.sgd_step(sgd["state"], batch, None, cfg_s, net)
     cases["SGD (SWAG's base)"] = (128, sgd_step)
     return cases, theta0
 

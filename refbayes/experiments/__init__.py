@@ -31,6 +31,7 @@ EXPERIMENTS: dict[str, str] = {
     "calibration": "refbayes.experiments.calibration",
     "ktied": "refbayes.experiments.ktied",
     "uci": "refbayes.experiments.uci",
+    "cifar10-lenet": "refbayes.experiments.cifar10_lenet",
 }
 
 

@@ -1,0 +1,805 @@
+"""Osawa et al. (2019), "Practical Deep Learning with Bayesian Principles", Table 1: CIFAR-10,
+LeNet-5, no data augmentation (issue 36 part 1).
+
+Protocol (derivations/cifar10_lenet.md gives every setting with its source in the official code,
+team-approx-bayes/dl-with-bayes, and what is refbayes' own choice):
+
+- data: ``load_cifar10`` (pixels / 255), 50,000 train / 10,000 test (the paper's "validation"),
+  the official normalization (x - m_c) / s_c (:data:`MEAN`, :data:`STD`; Noisy K-FAC's config
+  does not normalize), no augmentation; minibatches: a fresh permutation per epoch, the last
+  batch shorter (``driver.epoch_batches``);
+- model: ``lenet5()`` (D = 62006), torch's default initialization (``init_theta(...,
+  scheme="pytorch")``), one start per seed shared by every row;
+- rows (:data:`ROWS`): Table 1's ``adam`` (210 epochs), ``vogn`` (210, S = 6, KL warm-up over the
+  first 30 epochs, an OGN first step), ``bbb`` (800, S = 1) and ``mc-dropout`` (210, p = 0.1),
+  and our ``kfac`` (50 epochs, ExponentialLR 0.9) and ``noisy-kfac`` (15 epochs, M = 64, S = 4,
+  ExponentialLR 0.9), with the settings of the note (:func:`make_method` builds each);
+- measured: every --eval-every epochs and after the last, the test accuracy, NLL, ECE (top label,
+  equal-width bins: 10, 15 and 20) and the misclassification AUROC (correct = positive; scores -H
+  and max_k P) of the predictive (the BMA of --test-draws draws, or the point for adam and
+  kfac); in those epochs also the running train accuracy / NLL of the predictions made during
+  training at each step's draws, before its update (as the official code reports it);
+- at the end: the table beside Table 1 (mean +- standard error over seeds), a reliability
+  diagram per row (15 bins, pooled over seeds), the CPU seconds of each job.
+
+Explicit randomness: each (seed, row) job draws from ``job_rng(seed, row id, purpose, ...)`` only:
+the permutation of epoch e from (.., 1, e), the training noise (eps, dropout masks) from one
+stream (.., 0) whose state the checkpoints carry, the evaluation draws after epoch e from
+(.., 2, e). So a job's numbers depend on its coordinates only (serial = ``--jobs`` = Dask), and
+a resumed job repeats an uninterrupted one bit for bit.
+
+Output (--out, default results/cifar10-lenet): ``<row>/seed_<s>.json`` per job as it finishes
+(settings, provenance, per-epoch curve, final scores, reliability bins, seconds) and
+``<row>/seed_<s>.curve.csv``; while a job runs ``checkpoints/<row>_seed_<s>.ckpt.npz`` (every
+--checkpoint-steps steps and every epoch, written atomically: the state, the epoch and step, the
+noise generator's state, the record so far) and the curve CSV; at the end
+``predictions/<row>_seed_<s>.npz`` (the final test probabilities), ``summary.csv`` (or
+``summary.partial.csv``), ``summary.json``, ``table.md`` and ``reliability.png``. Checkpoints and
+predictions are for resuming and re-analysis, not for committing (``.gitignore`` there).
+
+Cost: :data:`SECONDS_PER_EPOCH` (measured by tools/cifar10_epoch_timing.py, the note's table)
+gives the plan line's estimate; a float32 seed of the four Table 1 rows is about 26 CPU-hours.
+``--backend cupy`` keeps the data, the states and the steps on the GPU (the draws still come
+from the host generators and are copied over; the scores are computed on the host from the
+predictive probabilities): the numbers differ from NumPy's in the last bits, so it is a setting
+of the result (recorded as ``backend`` only when it is not numpy).
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import math
+import sys
+import time
+from collections.abc import Callable
+from functools import lru_cache
+from pathlib import Path
+from typing import Any, NamedTuple
+
+import numpy as np
+from scipy.special import softmax
+
+from refbayes import conventions, metrics
+from refbayes._files import (
+    atomic_write_npz,
+    atomic_write_text,
+    format_table,
+    write_json,
+)
+from refbayes.backend import get_xp, is_cupy_array, to_numpy
+from refbayes.datasets import data_identity, load_cifar10
+from refbayes.experiments import _runner
+from refbayes.experiments._runner import (
+    job_rng,
+    positive_int,
+    provenance,
+    reusable,
+    write_csv,
+)
+from refbayes.methods import Batch, adam, bbb, driver, mc_dropout, noisy_kfac, vogn
+from refbayes.models.conv import lenet5
+
+__all__ = ["DESCRIPTION", "MEAN", "PAPER", "ROWS", "SECONDS_PER_EPOCH", "STD", "add_arguments",
+           "make_method", "normalize", "official_vogn_config", "run"]
+
+DESCRIPTION = ("Osawa et al. (2019) Table 1: Adam, VOGN, BBB, MC dropout (and K-FAC, Noisy "
+               "K-FAC) on CIFAR-10 with LeNet-5, no augmentation")
+CITATION = ("Osawa et al. (2019), Practical Deep Learning with Bayesian Principles, NeurIPS "
+            "2019, arXiv:1906.02506, Table 1")
+
+N_TRAIN, N_TEST, N_CLASSES = 50000, 10000, 10
+MEAN = np.array([0.4914, 0.4822, 0.4465])   # distributed/classification/main.py l.193-195
+STD = np.array([0.2023, 0.1994, 0.2010])    # (the official constants, not CIFAR-10's stds)
+WEIGHT_DECAY = 1e-2     # lenet_adam.json l.16: torch weight_decay on the mean loss
+ADAM_EPS = 1e-8         # torch's default, on the mean loss
+WARMUP_EPOCHS = 30      # lenet_vogn_bs128_4gpu.json l.27-28: tau 0.1 -> 1 over 30 epochs
+
+
+class Row(NamedTuple):
+    """One row: its id (seeds the job's generators: append, never reorder), the paper's epochs,
+    minibatch M, training draws S, whether the predictive draws (else the point), whether the
+    inputs are normalized, and the LR decay per epoch (ExponentialLR gamma; 1: constant)."""
+    rid: int
+    epochs: int
+    M: int
+    S: int
+    bayes: bool
+    normalized: bool = True
+    decay: float = 1.0
+
+
+ROWS = {"adam": Row(0, 210, 128, 0, False),
+        "vogn": Row(1, 210, 128, 6, True),
+        "bbb": Row(2, 800, 128, 1, True),
+        "mc-dropout": Row(3, 210, 128, 1, True),
+        "kfac": Row(4, 50, 128, 0, False, decay=0.9),
+        "noisy-kfac": Row(5, 15, 64, 4, True, normalized=False, decay=0.9)}
+TABLE1 = ("adam", "bbb", "mc-dropout", "vogn")
+
+# Table 1 as the issue transcribes it: train acc %, val acc %, val NLL, epochs, ECE, AUROC.
+PAPER = {"adam": (71.98, 67.67, 0.937, 210, 0.021, 0.794),
+         "bbb": (66.84, 64.61, 1.018, 800, 0.045, 0.784),
+         "mc-dropout": (68.41, 67.65, 0.99, 210, 0.087, 0.797),
+         "vogn": (70.79, 67.32, 0.938, 210, 0.046, 0.8)}
+
+# s / epoch, one BLAS thread, the 2-core VM under load 5-6 (derivations/cifar10_lenet.md,
+# "Seconds per epoch"; +-50 % there); the plan line's estimate.
+SECONDS_PER_EPOCH = {"float32": {"adam": 28.4, "vogn": 250.2, "bbb": 35.0, "mc-dropout": 29.4,
+                                 "kfac": 179.3, "noisy-kfac": 660.4},
+                     "float64": {"adam": 55.5, "vogn": 555.3, "bbb": 56.8, "mc-dropout": 53.9,
+                                 "kfac": 508.2, "noisy-kfac": 1107.7}}
+EVAL_SECONDS_PER_DRAW = {"float32": 3.1, "float64": 6.5}  # one pass over the 10,000 test images
+
+DEFAULTS = {"eval_every": 10, "test_draws": 10, "checkpoint_steps": 100, "n_train": N_TRAIN,
+            "n_test": N_TEST}
+QUICK = {**DEFAULTS, "epochs": 1, "eval_every": 1, "test_draws": 2, "checkpoint_steps": 1,
+         "n_train": 256, "n_test": 200}
+ECE_BINS = (10, 15, 20)
+RELIABILITY_BINS = 15
+EVAL_ROWS = 500  # test rows per forward pass (bounds the im2col buffers)
+
+
+# ----------------------------------------------------------------------------- the rows
+
+def normalize(X):
+    """Return (x - mean_c) / std_c per channel, the official ``transforms.Normalize``.
+
+    Parameters
+    ----------
+    X : array of shape (n, 3, 32, 32)
+        Pixels / 255, NCHW.
+
+    Returns
+    -------
+    array of shape (n, 3, 32, 32)
+        The normalized images, in X's dtype.
+    """
+    m = MEAN.astype(X.dtype)[None, :, None, None]
+    s = STD.astype(X.dtype)[None, :, None, None]
+    return (X - m) / s
+
+
+def official_vogn_config(N: int = N_TRAIN, tau: float = 1.0):
+    """Return the VOGNConfig of lenet_vogn_bs128_4gpu.json at KL weight ``tau``.
+
+    Parameters
+    ----------
+    N : int, default 50000
+        Training-set size.
+    tau : float, default 1.0
+        The KL weight (the warm-up's value at the step; 1 after it).
+
+    Returns
+    -------
+    VOGNConfig
+        lr 1e-4, raw momentum 0.9, ema_decay 0.999, damping 1e-3, prior variance 1e-2.
+    """
+    return conventions.from_pytorch_sso_vogn(
+        dataset_size=N, lr=1e-4, momentum=0.9, momentum_type="raw",
+        curv_kwargs={"ema_decay": 0.999, "damping": 1e-3}, num_mc_samples=6, kl_weighting=1.0,
+        prior_variance=1e-2)._replace(tau=tau)
+
+
+class Method(NamedTuple):
+    """A row's pieces: ``state`` the initial state; ``step(state, batch, rng, t, epoch) ->
+    (state, info)`` one training step drawing its noise from ``rng``; ``train_probs(state,
+    info, X)`` the class probabilities of that step's predictions (at its draws, before the
+    update); ``predict(state, X, rng, S)`` the test predictive; ``M`` the minibatch size."""
+    name: str
+    state: Any
+    step: Callable
+    train_probs: Callable
+    predict: Callable
+    M: int
+
+
+def _bma(net, thetas, X):
+    """(1/S) sum_s softmax(f(X; theta_s)), thetas (D, S), in EVAL_ROWS chunks; float64 (n, C) on
+    the host (the logits of each chunk are copied there, explicitly, for CuPy arrays)."""
+    xp = get_xp("cupy") if is_cupy_array(X) else np
+    P = np.zeros((X.shape[0], N_CLASSES))
+    for s in range(thetas.shape[1]):
+        th = xp.ascontiguousarray(thetas[:, s])
+        for i in range(0, X.shape[0], EVAL_ROWS):
+            F = to_numpy(net.forward(th, X[i:i + EVAL_ROWS])).astype(np.float64)
+            P[i:i + EVAL_ROWS] += softmax(F, axis=1)
+    return P / thetas.shape[1]
+
+
+def make_method(name: str, net, theta0, N: int, backend: str = "numpy") -> Method:
+    """Build one row's initial state, step and predictive with the note's settings.
+
+    Parameters
+    ----------
+    name : str
+        A key of :data:`ROWS`.
+    net : CNN
+        ``lenet5()``.
+    theta0 : array of shape (D,)
+        The start (the mean of the Gaussian rows), float32 or float64.
+    N : int
+        Training-set size.
+    backend : {"numpy", "cupy"}, default "numpy"
+        Where the state and the steps' draws live: the draws come from the host generator and
+        are copied to the device (``cupy.asarray``) for "cupy"; theta0 is copied there too.
+
+    Returns
+    -------
+    Method
+        The row's pieces.
+
+    Raises
+    ------
+    ValueError
+        If name is not a row, or backend is not numpy / cupy (or CuPy is missing).
+    """
+    if name not in ROWS:
+        raise ValueError(f"method: expected one of {sorted(ROWS)}, got {name!r}")
+    row = ROWS[name]
+    xp = get_xp(backend)
+    dt = theta0.dtype
+    D = net.D
+    theta0 = xp.asarray(theta0)
+
+    def normal(rng, shape):  # host draws, copied to the backend
+        return xp.asarray(rng.standard_normal(shape).astype(dt))
+
+    def masks_of(rng, n):
+        return [xp.asarray(z) for z in driver.draw_masks(rng, net, n, p, dtype=dt)]
+    lam = N * WEIGHT_DECAY  # lenet_adam.json's weight decay in summed units
+
+    def point_probs(state, info, X):
+        return _bma(net, state[0][:, None], X)
+
+    if name == "adam":  # lenet_adam.json: lr 1e-3, betas (0.9, 0.999), weight_decay 1e-2
+        cfg = adam.AdamConfig(alpha=1e-3, beta1=0.9, beta2=0.999, eps_adam=N * ADAM_EPS)
+
+        def step(state, batch, rng, t, epoch):
+            return adam.step(state, batch, cfg, net, N, lam)
+        return Method(name, adam.init(theta0.copy()), step, point_probs,
+                      lambda s, X, rng, S: _bma(net, s.theta[:, None], X), row.M)
+
+    if name == "vogn":  # lenet_vogn_bs128_4gpu.json; one step on 128 rows with S = 6
+        warm = math.ceil(WARMUP_EPOCHS * N / row.M)
+
+        def step(state, batch, rng, t, epoch):
+            cfg = official_vogn_config(N, 0.1 + 0.9 * min(t / warm, 1.0))
+            if t == 0:  # no init_precision: an OGN step at the mean, the curvature replaced
+                return vogn.step(state, batch, None, cfg._replace(beta2=1.0), net)
+            return vogn.step(state, batch, normal(rng, (D, row.S)), cfg, net)
+
+        def predict(state, X, rng, S):
+            return _bma(net, vogn.sample(state, normal(rng, (D, S)), official_vogn_config(N)), X)
+        return Method(name, vogn.init(theta0.copy(), xp.zeros(D, dtype=dt)), step,
+                      lambda s, info, X: _bma(net, info.theta, X), predict, row.M)
+
+    if name == "bbb":  # refbayes' choice (note): Adam 1e-3 on (mu, rho), VOGN's prior, S = 1
+        cfg = bbb.BBBConfig(N, 100.0, alpha=1e-3, eps_adam=N * ADAM_EPS)
+
+        def step(state, batch, rng, t, epoch):
+            return bbb.step(state, batch, normal(rng, (D, row.S)), cfg, net)
+
+        def predict(state, X, rng, S):
+            return _bma(net, bbb.sample(state, normal(rng, (D, S))), X)
+        return Method(name, bbb.init(theta0.copy(), sigma0=1e-3), step,
+                      lambda s, info, X: _bma(net, info.theta, X), predict, row.M)
+
+    p = 0.1  # LeNet5MCDropout's dropout_ratio
+    if name == "mc-dropout":  # p = 0.1, the Adam row's optimizer and lam
+        cfg = mc_dropout.MCDropoutConfig(N, p=p, lengthscale=math.sqrt(lam * (1 - p)),
+                                         alpha=1e-3, eps_adam=N * ADAM_EPS)
+
+        def step(state, batch, rng, t, epoch):
+            return mc_dropout.step(state, batch, masks_of(rng, batch.X.shape[0]), cfg, net)
+
+        def predict(state, X, rng, S):
+            P = np.zeros((X.shape[0], N_CLASSES))
+            for _ in range(S):  # per pass, per chunk: masks drawn in that order
+                for i in range(0, X.shape[0], EVAL_ROWS):
+                    Xi = X[i:i + EVAL_ROWS]
+                    F = mc_dropout.predict_samples(state, Xi, [masks_of(rng, Xi.shape[0])], cfg,
+                                                   net)[0]
+                    P[i:i + EVAL_ROWS] += softmax(to_numpy(F).astype(np.float64), axis=1)
+            return P / S
+        return Method(name, mc_dropout.init(theta0.copy()), step,
+                      lambda s, info, X: softmax(to_numpy(info.f).astype(np.float64), axis=1),
+                      predict, row.M)
+
+    if name == "kfac":  # lenet_kfac.json: lr 1e-3, momentum 0.9, l2 1e-3, damping 1e-3
+        cfg0 = noisy_kfac.NoisyKFACConfig(N, eta=1.0 / (N * 1e-3), kl_weight=1.0, alpha=1e-3,
+                                          beta=0.999, momentum=0.9, gamma_ex=1e-3, T_stats=1,
+                                          T_inv=1, curvature="ggn")
+
+        def step(state, batch, rng, t, epoch):
+            cfg = cfg0._replace(alpha=cfg0.alpha * row.decay ** epoch)
+            return noisy_kfac.step(state, batch, None, cfg, net)
+        return Method(name, noisy_kfac.init(theta0.copy(), net), step, point_probs,
+                      lambda s, X, rng, S: _bma(net, s.mu[:, None], X), row.M)
+
+    # noisy-kfac: lenet_noisykfac.json: batch 64, 4 draws, lr 4e-3, momentum 0.9, kl 0.2,
+    # prior variance 1, damping 1e-4, ema_decay 0.333
+    cfg0 = noisy_kfac.NoisyKFACConfig(N, eta=1.0, kl_weight=0.2, alpha=4e-3, beta=0.333,
+                                      momentum=0.9, gamma_ex=1e-4, T_stats=1, T_inv=1,
+                                      curvature="ggn")
+
+    def step(state, batch, rng, t, epoch):
+        cfg = cfg0._replace(alpha=cfg0.alpha * row.decay ** epoch)
+        return noisy_kfac.step(state, batch, normal(rng, (D, row.S)), cfg, net)
+
+    def predict(state, X, rng, S):
+        return _bma(net, noisy_kfac.sample(state, normal(rng, (D, S)), cfg0, net), X)
+    return Method(name, noisy_kfac.init(theta0.copy(), net), step,
+                  lambda s, info, X: _bma(net, info.w, X), predict, row.M)
+
+
+# ----------------------------------------------------------------------------- arguments
+
+def _methods(text: str) -> tuple:
+    if text == "all":
+        return tuple(ROWS)
+    if text == "table1":
+        return TABLE1
+    out = [p.strip().replace("_", "-") for p in text.split(",")]
+    bad = [p for p in out if p not in ROWS]
+    if bad or not out:
+        raise argparse.ArgumentTypeError(
+            f"expected rows of {', '.join(ROWS)} (comma-separated), table1 or all; got {text!r}")
+    if len(set(out)) != len(out):
+        raise argparse.ArgumentTypeError(f"expected each row once, got {text!r}")
+    return tuple(out)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    d = DEFAULTS
+    parser.add_argument("--methods", type=_methods, default=TABLE1,
+                        help=f"rows, comma-separated, of {', '.join(ROWS)}; table1 (default: "
+                             f"{','.join(TABLE1)}) or all")
+    parser.add_argument("--seeds", type=positive_int, default=1,
+                        help="seeds 0..K-1 (default 1): the start, minibatches and draws")
+    parser.add_argument("--epochs", type=positive_int, default=None,
+                        help="epochs of every row (default: each row's paper budget, "
+                             + ", ".join(f"{k} {r.epochs}" for k, r in ROWS.items()) + ")")
+    parser.add_argument("--dtype", choices=("float32", "float64"), default="float32",
+                        help="float dtype of data and parameters (default float32, the note's plan)")
+    parser.add_argument("--eval-every", type=positive_int, default=None,
+                        help=f"validate every K epochs, and after the last (default {d['eval_every']})")
+    parser.add_argument("--test-draws", type=positive_int, default=None,
+                        help=f"posterior draws of the predictive (default {d['test_draws']}, "
+                             "the official val_num_mc_samples)")
+    parser.add_argument("--checkpoint-steps", type=positive_int, default=None,
+                        help=f"steps between checkpoints, besides one per epoch (default "
+                             f"{d['checkpoint_steps']})")
+    parser.add_argument("--backend", choices=("numpy", "cupy"), default="numpy",
+                        help="numpy (default) or cupy: the data, states and steps on the GPU; "
+                             "draws from the same host generators, copied to the device")
+    parser.add_argument("--quick", action="store_true",
+                        help=f"smoke test: {QUICK['n_train']} train / {QUICK['n_test']} test "
+                             f"images, 1 epoch, {QUICK['test_draws']} draws (seconds)")
+    _runner.add_output_arguments(parser, "cifar10-lenet", "job")
+    _runner.add_arguments(parser)
+    _runner.add_data_dir(parser)
+    parser.add_argument("--no-progress", action="store_true", help="no progress output")
+
+
+def _budget(args) -> dict:
+    b = _runner.overridden(QUICK if args.quick else DEFAULTS, args,
+                           ("epochs", "eval_every", "test_draws", "checkpoint_steps"))
+    if b.get("epochs") is not None and b["epochs"] < 1:
+        raise ValueError(f"--epochs: expected an integer >= 1, got {b['epochs']}")
+    b["dtype"] = args.dtype
+    b["backend"] = args.backend
+    if args.backend == "cupy":
+        get_xp("cupy")  # ValueError naming the gpu extra when CuPy is missing
+    return b
+
+
+def _epochs_of(name, budget) -> int:
+    return budget.get("epochs") or ROWS[name].epochs
+
+
+def _settings(name, seed, budget) -> dict:
+    row = ROWS[name]
+    s = {"method": name, "seed": seed, "epochs": _epochs_of(name, budget),
+         "paper_epochs": row.epochs, "M": row.M, "S_train": row.S,
+         "test_draws": budget["test_draws"] if row.bayes else 1, "normalized": row.normalized,
+         "lr_decay": row.decay, "eval_every": budget["eval_every"], "dtype": budget["dtype"],
+         "n_train": budget["n_train"], "n_test": budget["n_test"], "init": "pytorch",
+         "checkpoint_steps": budget["checkpoint_steps"]}
+    if budget["backend"] != "numpy":  # recorded only then: NumPy results keep their settings
+        s["backend"] = budget["backend"]
+    return _runner.as_saved(s)
+
+
+# ----------------------------------------------------------------------------- data
+
+class _Data(NamedTuple):
+    X: np.ndarray       # (n_train, 3072)
+    y: np.ndarray
+    X_test: np.ndarray  # (n_test, 3072)
+    y_test: np.ndarray
+
+
+@lru_cache(maxsize=2)
+def _load(data_dir, dtype: str, normalized: bool, n_train: int, n_test: int) -> _Data:
+    """The first n_train / n_test images (normalized or not) as (n, 3072) rows of dtype; cached
+    for the jobs of one process."""
+    tt = load_cifar10(data_dir, dtype=np.float32)
+    prep = normalize if normalized else (lambda X: X)
+    X = prep(tt.X_train[:n_train]).reshape(n_train, -1).astype(dtype)
+    Xt = prep(tt.X_test[:n_test]).reshape(n_test, -1).astype(dtype)
+    return _Data(np.ascontiguousarray(X), tt.y_train[:n_train].copy(),
+                 np.ascontiguousarray(Xt), tt.y_test[:n_test].copy())
+
+
+def _identity(data_dir) -> dict:
+    return data_identity("cifar10", data_dir)
+
+
+# ----------------------------------------------------------------------------- checkpoints
+
+def _pack(obj, prefix, arrays) -> None:
+    """Flatten a state (NamedTuples, tuples, arrays, ints, None) into ``arrays``."""
+    if obj is None:
+        return
+    if isinstance(obj, tuple) and hasattr(obj, "_fields"):
+        if isinstance(obj, noisy_kfac.NoisyKFACInverses):  # a cache the step recomputes
+            return
+        for f in obj._fields:
+            _pack(getattr(obj, f), f"{prefix}{f}.", arrays)
+    elif isinstance(obj, (tuple, list)):
+        for i, x in enumerate(obj):
+            _pack(x, f"{prefix}{i}.", arrays)
+    else:
+        arrays[prefix.rstrip(".")] = to_numpy(obj)  # a device array copied to the host
+
+
+def _unpack(template, prefix, arrays):
+    """The state of ``template``'s structure with the arrays of ``_pack`` (on the template's
+    backend)."""
+    if template is None:
+        return None
+    if isinstance(template, tuple) and hasattr(template, "_fields"):
+        if isinstance(template, noisy_kfac.NoisyKFACInverses):
+            return None
+        return type(template)(*(_unpack(getattr(template, f), f"{prefix}{f}.", arrays)
+                                for f in template._fields))
+    if isinstance(template, (tuple, list)):
+        return type(template)(_unpack(x, f"{prefix}{i}.", arrays) for i, x in enumerate(template))
+    a = arrays[prefix.rstrip(".")]
+    if isinstance(template, (bool, np.bool_)):
+        return bool(a)
+    if isinstance(template, (int, np.integer)):
+        return int(a)
+    if isinstance(template, float):
+        return float(a)
+    return get_xp("cupy").asarray(a) if is_cupy_array(template) else a
+
+
+def _ckpt_path(out, name, seed) -> Path:
+    return Path(out) / "checkpoints" / f"{name}_seed_{seed}.ckpt.npz"
+
+
+def _save_checkpoint(path, state, meta) -> None:
+    """The state's arrays and ``meta`` (JSON: record, epoch, step, generator state), atomically."""
+    arrays = {}
+    _pack(state, "state.", arrays)
+    atomic_write_npz(path, meta=np.array(json.dumps(meta)), **arrays)
+
+
+def _read_checkpoint(path, settings, prov, fresh):
+    """(meta, arrays) of a matching checkpoint, or None (none; or, with fresh, not matching)."""
+    path = Path(path)
+    if not path.exists():
+        return None
+    try:
+        with np.load(path, allow_pickle=False) as z:
+            meta = json.loads(str(z["meta"]))
+            arrays = {k: z[k] for k in z.files if k != "meta"}
+    except (OSError, ValueError, KeyError) as err:
+        if fresh:
+            return None
+        raise ValueError(f"--out: {path} is not a readable checkpoint ({err}); use --fresh to "
+                         "start the job again") from err
+    if not reusable(path, meta["record"], settings, prov, fresh):
+        return None
+    return meta, arrays
+
+
+# ----------------------------------------------------------------------------- one job
+
+def _scores(P, y) -> dict:
+    """Accuracy, NLL, ECE at ECE_BINS, misclassification AUROC (-H and max-probability)."""
+    out = {"acc": metrics.accuracy(P, y), "nll": metrics.nll(P, y)}
+    for b in ECE_BINS:
+        out[f"ece{b}"] = metrics.ece(P, y, b)
+    correct = (np.argmax(P, axis=1) == y).astype(int)
+    out["auroc_entropy"] = metrics.misclassification_auroc(P, y)
+    out["auroc_maxprob"] = metrics.auroc(P.max(axis=1), correct)
+    return {k: float(v) for k, v in out.items()}
+
+
+CURVE_COLUMNS = ("epoch", "step", "seconds", "train_acc", "train_nll", "val_acc", "val_nll",
+                 *(f"val_ece{b}" for b in ECE_BINS), "val_auroc_entropy", "val_auroc_maxprob")
+
+
+def _write_curve(path, curve) -> None:
+    write_csv(path, [{k: r.get(k) for k in CURVE_COLUMNS} for r in curve], list(CURVE_COLUMNS))
+
+
+def _fit(name, seed, budget, settings, prov, data, progress, ckpt_dir, fresh):
+    """(record, final test probabilities) of one (row, seed) job; it resumes from and writes
+    checkpoints (and its curve CSV) under ``ckpt_dir`` (None: neither)."""
+    row = ROWS[name]
+    net = lenet5()
+    N = data.X.shape[0]
+    theta0 = net.init_theta(job_rng(seed, 0), dtype=np.dtype(budget["dtype"]), scheme="pytorch")
+    backend = settings.get("backend", "numpy")
+    xp = get_xp(backend)
+    m = make_method(name, net, theta0, N, backend)
+    X, y, X_test = xp.asarray(data.X), xp.asarray(data.y), xp.asarray(data.X_test)
+    E = settings["epochs"]
+    K = math.ceil(N / m.M)
+    rng = job_rng(seed, row.rid, 0)
+    ckpt = None if ckpt_dir is None else _ckpt_path(ckpt_dir, name, seed)
+    curve_csv = None if ckpt_dir is None else Path(ckpt_dir) / name / f"seed_{seed}.curve.csv"
+    read = None if ckpt is None else _read_checkpoint(ckpt, settings, prov, fresh)
+    if read is None:
+        state, epoch0, j0, run = m.state, 0, 0, [0, 0.0, 0]
+        record = {"settings": settings, "provenance": prov, "curve": [], "seconds": 0.0}
+    else:
+        meta, arrays = read
+        state = _unpack(m.state, "state.", arrays)
+        record, epoch0, j0, run = meta["record"], meta["epoch"], meta["step"], meta["running"]
+        rng.bit_generator.state = meta["rng"]
+    t0 = time.perf_counter() - record["seconds"]
+
+    def save(epoch, j):
+        record["seconds"] = time.perf_counter() - t0
+        _save_checkpoint(ckpt, state, {"record": record, "epoch": epoch, "step": j,
+                                       "running": run, "rng": rng.bit_generator.state})
+
+    with progress.run_bar(E * K, f"{name} seed {seed}") as bar:
+        bar.update(epoch0 * K + j0)
+        for epoch in range(epoch0, E):
+            batches = driver.epoch_batches(job_rng(seed, row.rid, 1, epoch), N, m.M)
+            measured = (epoch + 1) % settings["eval_every"] == 0 or epoch + 1 == E
+            for j in range(j0 if epoch == epoch0 else 0, K):
+                rows = batches[j]
+                dev_rows = xp.asarray(rows)
+                batch = Batch(X[dev_rows], y[dev_rows])
+                before = state
+                state, info = m.step(state, batch, rng, epoch * K + j, epoch)
+                if measured:  # the running train scores, at the step's draws before its update
+                    P = m.train_probs(before, info, batch.X)
+                    yb = data.y[rows]
+                    run[0] += int(np.sum(np.argmax(P, axis=1) == yb))
+                    run[1] += float(-np.sum(np.log(P[np.arange(len(rows)), yb])))
+                    run[2] += len(rows)
+                bar.update(1)
+                if ckpt is not None and (j + 1) % settings["checkpoint_steps"] == 0 and j + 1 < K:
+                    save(epoch, j + 1)
+            entry = {"epoch": epoch + 1, "step": (epoch + 1) * K}
+            if measured:
+                entry.update(train_acc=run[0] / run[2], train_nll=run[1] / run[2])
+                if epoch + 1 < E:  # the last epoch's scores come from the final evaluation
+                    P = m.predict(state, X_test, job_rng(seed, row.rid, 2, epoch),
+                                  settings["test_draws"])
+                    entry.update({f"val_{k}": v for k, v in _scores(P, data.y_test).items()})
+                run = [0, 0.0, 0]
+            entry["seconds"] = time.perf_counter() - t0
+            record["curve"].append(entry)
+            if ckpt is not None:
+                save(epoch + 1, 0)
+                _write_curve(curve_csv, record["curve"])
+            if progress.enabled and not progress.tty and "val_acc" in entry:
+                progress.echo(f"cifar10-lenet: {name} seed {seed} epoch {epoch + 1}/{E}: val acc "
+                              f"{entry['val_acc']:.4f}, NLL {entry['val_nll']:.4f}, "
+                              f"{entry['seconds']:.0f} s", file=progress.file)
+    # the final evaluation (repeated identically after a resume from the last checkpoint)
+    P = m.predict(state, X_test, job_rng(seed, row.rid, 2, E - 1), settings["test_draws"])
+    final = _scores(P, data.y_test)
+    last = record["curve"][-1]
+    last.update({f"val_{k}": v for k, v in final.items()})
+    final.update(train_acc=last.get("train_acc"), train_nll=last.get("train_nll"))
+    rel = metrics.reliability_curve(P, data.y_test, RELIABILITY_BINS)
+    record["final"] = final
+    record["reliability"] = {"count": rel["count"].tolist(),
+                             "correct": np.nan_to_num(rel["accuracy"] * rel["count"]).tolist(),
+                             "confidence_sum": np.nan_to_num(rel["confidence"] * rel["count"]).tolist()}
+    record["seconds"] = time.perf_counter() - t0
+    record["citation"] = CITATION
+    return record, P
+
+
+def _run_job(name, seed, budget, settings, prov, data_dir, ckpt_dir, fresh,
+             progress=_runner.QUIET):
+    """One (row, seed) job of ``_runner.execute``: (record, probabilities). It (re)loads the
+    data, checks it is what the main process read, and resumes from / writes checkpoints under
+    ``ckpt_dir`` (None: neither)."""
+    _runner.check_worker_data(f"cifar10-lenet job {name} seed {seed}", _identity(data_dir), prov)
+    data = _load(data_dir, budget["dtype"], ROWS[name].normalized, budget["n_train"],
+                 budget["n_test"])
+    return _fit(name, seed, budget, settings, prov, data, progress, ckpt_dir, fresh)
+
+
+# ----------------------------------------------------------------------------- summaries
+
+SCHEMA = {"settings": dict, "provenance": dict, "curve": list, "final": dict, "reliability": dict,
+          "seconds": float}
+SUMMARY_KEYS = ("train_acc", "acc", "nll", *(f"ece{b}" for b in ECE_BINS), "auroc_entropy",
+                "auroc_maxprob")
+
+
+def _path(out, name, seed) -> Path:
+    return Path(out) / name / f"seed_{seed}.json"
+
+
+def _pm(v, se, scale=1.0, digits=3) -> str:
+    if v is None:
+        return "-"
+    return f"{scale * v:.{digits}f}" + ("" if se is None else f" +- {scale * se:.{digits}f}")
+
+
+def _summary(saved, methods) -> list:
+    rows = []
+    for name in methods:
+        recs = [r for (n, _), r in sorted(saved.items()) if n == name]
+        if not recs:
+            continue
+        s = recs[0]["settings"]
+        row = {"method": name, "seeds": len(recs), "epochs": s["epochs"],
+               "paper_epochs": s["paper_epochs"], "test_draws": s["test_draws"],
+               "dtype": s["dtype"], "n_train": s["n_train"], "n_test": s["n_test"],
+               "cpu_hours": sum(r["seconds"] for r in recs) / 3600}
+        for k in SUMMARY_KEYS:
+            row[k], row[f"{k}_se"] = _runner.mean_se([r["final"].get(k) for r in recs])
+        rows.append(row)
+    return rows
+
+
+def _table(rows, complete) -> str:
+    head = ["method", "seeds", "epochs", "train acc %", "val acc %", "val NLL", "ECE (10 bins)",
+            "ECE (15 / 20)", "AUROC -H", "AUROC max p", "CPU h",
+            "paper: train / val % | NLL | epochs | ECE | AUROC"]
+    body, reduced = [], []
+    for r in rows:
+        p = PAPER.get(r["method"])
+        body.append([r["method"], r["seeds"], r["epochs"], _pm(r["train_acc"], r["train_acc_se"], 100, 2),
+                     _pm(r["acc"], r["acc_se"], 100, 2), _pm(r["nll"], r["nll_se"]),
+                     _pm(r["ece10"], r["ece10_se"]),
+                     f"{_pm(r['ece15'], None)} / {_pm(r['ece20'], None)}",
+                     _pm(r["auroc_entropy"], r["auroc_entropy_se"]),
+                     _pm(r["auroc_maxprob"], r["auroc_maxprob_se"]), f"{r['cpu_hours']:.2f}",
+                     "-" if p is None else f"{p[0]} / {p[1]} | {p[2]} | {p[3]} | {p[4]} | {p[5]}"])
+        if r["epochs"] < r["paper_epochs"] or r["n_train"] < N_TRAIN or r["n_test"] < N_TEST:
+            reduced.append(f"{r['method']}: {r['epochs']} of {r['paper_epochs']} epochs, "
+                           f"{r['n_train']} / {r['n_test']} images")
+    lines = [(f"CIFAR-10, LeNet-5, no augmentation, {rows[0]['dtype'] if rows else ''}: mean "
+              "+- standard error over seeds; ECE top-label, equal-width bins; AUROC of "
+              "misclassification detection (correct = positive)")]
+    if reduced:
+        lines.append("CAVEAT - a reduced budget, not comparable to Table 1: " + "; ".join(reduced))
+    if not complete:
+        lines.append("PARTIAL - some jobs are not done yet")
+    lines += [format_table(head, body), f"paper: {CITATION} (as transcribed in issue 36)", ""]
+    return "\n".join(lines)
+
+
+def _figure(out, saved, methods):
+    plt = _runner.pyplot()
+    names = [n for n in methods if any(k[0] == n for k in saved)]
+    if plt is None or not names:
+        return None
+    fig, axes = plt.subplots(1, len(names), figsize=(3.2 * len(names), 3.4), squeeze=False)
+    edges = np.linspace(0, 1, RELIABILITY_BINS + 1)
+    mids = (edges[:-1] + edges[1:]) / 2
+    for ax, name in zip(axes[0], names):
+        recs = [r for (n, _), r in saved.items() if n == name]
+        cnt = np.sum([r["reliability"]["count"] for r in recs], axis=0)
+        cor = np.sum([r["reliability"]["correct"] for r in recs], axis=0)
+        full = cnt > 0
+        ax.bar(mids[full], cor[full] / cnt[full], width=1 / RELIABILITY_BINS, edgecolor="k",
+               alpha=0.7)
+        ax.plot([0, 1], [0, 1], "k--", lw=1)
+        ece = np.mean([r["final"]["ece15"] for r in recs])
+        ax.set_title(f"{name} ({len(recs)} seed(s))\nECE15 {ece:.3f}, "
+                     f"{recs[0]['settings']['epochs']} epochs", fontsize=8)
+        ax.set_xlabel("confidence")
+    axes[0, 0].set_ylabel("accuracy")
+    fig.suptitle("CIFAR-10 LeNet-5 reliability (15 bins, pooled over seeds)", fontsize=9)
+    fig.tight_layout()
+    return _runner.save_figure(fig, Path(out) / "reliability.png", dpi=90)
+
+
+# ----------------------------------------------------------------------------- the command
+
+def _plan_line(todo, budget) -> str:
+    spe = SECONDS_PER_EPOCH[budget["dtype"]]
+    frac = budget["n_train"] / N_TRAIN
+    hours = 0.0
+    for u in todo:
+        s = u.settings
+        evals = math.ceil(s["epochs"] / s["eval_every"]) + 1
+        hours += (s["epochs"] * spe[s["method"]] * frac
+                  + evals * s["test_draws"] * EVAL_SECONDS_PER_DRAW[s["dtype"]]
+                  * budget["n_test"] / N_TEST) / 3600
+    return (f"{len(todo)} job(s) to compute, about {hours:.2f} CPU-hours from the measured "
+            f"s/epoch ({budget['dtype']}, one BLAS thread, a loaded 2-core VM: +-50 %)")
+
+
+def run(args: argparse.Namespace) -> int:
+    """The ``refbayes reproduce cifar10-lenet`` handler.
+
+    Every saved job and checkpoint under --out is checked first; each missing (row, seed) job
+    is trained (resuming from its checkpoint), saved as it finishes, and the table, CSV, JSON
+    and reliability figure written at the end (a ``.partial`` summary while jobs are missing).
+    """
+    budget = _budget(args)
+    out = Path(args.out)
+    data_dir = _runner.worker_path(args.data_dir)
+    prov = provenance(_identity(data_dir))
+    units = [_runner.Unit((name, seed), _path(out, name, seed), SCHEMA,
+                          _settings(name, seed, budget), prov)
+             for name in args.methods for seed in range(args.seeds)]
+    saved, todo = _runner.plan(units, args.fresh)
+    resuming = {}
+    for u in todo:
+        read = _read_checkpoint(_ckpt_path(out, *u.key), u.settings, prov, args.fresh)
+        if read is not None and args.dask_scheduler is None:
+            K = math.ceil(u.settings["n_train"] / u.settings["M"])
+            resuming[f"{u.key[0]} seed {u.key[1]}"] = read[0]["epoch"] * K + read[0]["step"]
+
+    def checkpointed():
+        found = []
+        for u in todo:
+            with contextlib.suppress(OSError, ValueError, KeyError), \
+                    np.load(_ckpt_path(out, *u.key), allow_pickle=False) as z:
+                meta = json.loads(str(z["meta"]))
+                found.append(f"{u.key[0]} seed {u.key[1]} checkpointed at epoch {meta['epoch']} "
+                             f"step {meta['step']}")
+        return found
+
+    if todo and not args.no_progress:
+        print(f"cifar10-lenet: plan: {_plan_line(todo, budget)}", file=sys.stderr, flush=True)
+    write, progress = _runner.start(out, bool(todo), len(units), len(saved), "cifar10-lenet",
+                                    enabled=not args.no_progress, resuming=resuming,
+                                    partial=checkpointed)
+    if write and todo:
+        atomic_write_text(out / ".gitignore", "checkpoints/\npredictions/\n")
+    ckpt_dir = out.resolve() if args.dask_scheduler is None else None
+    jobs = [_runner.Job(f"cifar10-lenet/{u.key[0]}/{u.key[1]}", _run_job,
+                        (u.key[0], u.key[1], budget, u.settings, prov, data_dir, ckpt_dir,
+                         args.fresh, _runner.PROGRESS),
+                        cost=u.settings["epochs"] * SECONDS_PER_EPOCH["float32"][u.key[0]])
+            for u in todo]
+
+    def done(key, result):
+        _, name, seed = key.split("/")
+        seed = int(seed)
+        record, P = result
+        atomic_write_npz(out / "predictions" / f"{name}_seed_{seed}.npz",
+                         probs=P.astype(np.float32))
+        saved[name, seed] = record
+        write_json(_path(out, name, seed), record)
+        _write_curve(out / name / f"seed_{seed}.curve.csv", record["curve"])
+        _ckpt_path(out, name, seed).unlink(missing_ok=True)
+        progress.advance(f"{name} seed {seed}")
+
+    with progress:
+        _runner.execute([_runner.Section(jobs)], done, progress, **_runner.job_options(args))
+        complete = len(saved) == len(units)
+        rows = _summary(saved, args.methods)
+        table = _table(rows, complete)
+        progress.echo(table)
+        lines = [f"results: {out}/"]
+        if write and rows:
+            lines.append(f"table: {_runner.write_summary_csv(out / 'summary.csv', rows, complete=complete)}")
+            write_json(out / "summary.json", {"complete": complete, "rows": rows,
+                                              "paper": PAPER, "citation": CITATION})
+            atomic_write_text(out / "table.md", table)
+            fig = _figure(out, saved, args.methods)
+            if fig is not None:
+                lines.append(f"figure: {fig}")
+        progress.echo("\n".join(lines))
+    return 0

@@ -1,0 +1,155 @@
+"""`refbayes reproduce cifar10-lenet` on --quick (256 train / 200 test CIFAR-10 images, LeNet-5):
+every row runs one tiny epoch and writes its files; a run interrupted at a checkpoint resumes
+to the uninterrupted run's numbers bit for bit; bad arguments; the scores on a hand example.
+
+Skips without the staged cifar10 data (CI has it). About 40 s on the loaded 2-core VM."""
+import contextlib
+import io
+import json
+
+import numpy as np
+import pytest
+
+from refbayes.backend import cupy_available
+from refbayes.cli import main
+from refbayes.experiments import cifar10_lenet as exp
+from refbayes.models.conv import lenet5
+
+QUICK = ["--quick", "--no-progress"]
+
+
+def _run(argv):
+    o, e = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(o), contextlib.redirect_stderr(e):
+        status = main(["reproduce", "cifar10-lenet", *argv])
+    return status, o.getvalue(), e.getvalue()
+
+
+@pytest.fixture(scope="module")
+def cifar_dir(data_dir):
+    if not (data_dir / "cifar10").is_dir():
+        pytest.skip(f"no cifar10 under {data_dir}")
+    return data_dir
+
+
+@pytest.fixture(scope="module")
+def quick_all(tmp_path_factory, cifar_dir):
+    out = tmp_path_factory.mktemp("c10") / "out"
+    return (out, cifar_dir,
+            *_run([*QUICK, "--methods", "all", "--data-dir", str(cifar_dir), "--out", str(out)]))
+
+
+@pytest.mark.slow
+def test_every_row_runs_one_tiny_epoch_and_writes_its_files(quick_all):
+    out, data, status, stdout, stderr = quick_all
+    assert status == 0, stderr
+    for name in exp.ROWS:
+        rec = json.loads((out / name / "seed_0.json").read_text())
+        assert rec["settings"]["epochs"] == 1 and rec["settings"]["n_train"] == 256
+        assert [c["epoch"] for c in rec["curve"]] == [1]
+        f = rec["final"]
+        assert 0 <= f["acc"] <= 1 and f["nll"] > 0 and 0 <= f["ece15"] <= 1
+        assert 0 <= f["auroc_entropy"] <= 1 and 0 <= f["train_acc"] <= 1
+        assert sum(rec["reliability"]["count"]) == 200
+        assert (out / name / "seed_0.curve.csv").exists()
+        assert np.load(out / "predictions" / f"{name}_seed_0.npz")["probs"].shape == (200, 10)
+        assert not (out / "checkpoints" / f"{name}_seed_0.ckpt.npz").exists()
+        assert name in stdout
+    assert "CAVEAT" in stdout and "71.98" in stdout
+    assert (out / "summary.csv").exists() and not (out / "summary.partial.csv").exists()
+    assert json.loads((out / "summary.json").read_text())["complete"] is True
+    assert (out / "table.md").exists()
+    # a second call reuses every saved job: nothing is computed
+    status, stdout2, stderr2 = _run([*QUICK, "--methods", "adam", "--out", str(out),
+                                     "--data-dir", str(data)])
+    assert status == 0, stderr2
+    assert stdout2.count("adam") >= 1 and "vogn" not in stdout2
+
+
+class _Stop(Exception):
+    pass
+
+
+@pytest.mark.slow
+def test_an_interrupted_run_resumes_to_the_same_numbers(tmp_path, cifar_dir, monkeypatch):
+    argv = [*QUICK, "--methods", "vogn,mc-dropout,noisy-kfac", "--epochs", "2",
+            "--eval-every", "1", "--data-dir", str(cifar_dir)]
+    status, _, err = _run([*argv, "--out", str(tmp_path / "a")])
+    assert status == 0, err
+    save = exp._save_checkpoint
+    calls = []
+
+    def stopping(path, state, meta):  # save, then stop the run after the third checkpoint
+        save(path, state, meta)
+        calls.append(path)
+        if len(calls) == 3:
+            raise _Stop
+
+    monkeypatch.setattr(exp, "_save_checkpoint", stopping)
+    with pytest.raises(_Stop):
+        _run([*argv, "--out", str(tmp_path / "b")])
+    monkeypatch.setattr(exp, "_save_checkpoint", save)
+    meta = json.loads(str(np.load(calls[-1])["meta"]))
+    assert (meta["epoch"], meta["step"]) == (1, 1)  # vogn mid-epoch 2 (2 steps, ckpt every 1)
+    status, _, err = _run([*argv, "--out", str(tmp_path / "b")])
+    assert status == 0, err
+    for name in ("vogn", "mc-dropout", "noisy-kfac"):
+        a, b = (json.loads((tmp_path / d / name / "seed_0.json").read_text()) for d in "ab")
+        strip = lambda c: [{k: v for k, v in r.items() if k != "seconds"} for r in c]
+        assert strip(a["curve"]) == strip(b["curve"])
+        assert a["final"] == b["final"]
+        pa, pb = (np.load(tmp_path / d / "predictions" / f"{name}_seed_0.npz")["probs"]
+                  for d in "ab")
+        np.testing.assert_array_equal(pa, pb)
+
+
+@pytest.mark.parametrize("argv, words", [
+    (["--methods", "sgd"], "expected rows of"),
+    (["--methods", "adam,adam"], "each row once"),
+    (["--epochs", "0"], "expected an integer >= 1"),
+    (["--eval-every", "-1"], "expected an integer >= 1"),
+])
+def test_bad_arguments_name_what_was_expected(argv, words, capsys):
+    assert main(["reproduce", "cifar10-lenet", *argv]) == 2
+    assert words in capsys.readouterr().err
+
+
+def test_make_method_refuses_an_unknown_row():
+    with pytest.raises(ValueError, match="method: expected one of"):
+        exp.make_method("sgd", lenet5(), np.zeros(lenet5().D), 10)
+
+
+def test_scores_on_a_hand_example():
+    # 4 test points: confidences 0.9 (right), 0.6 (wrong), 0.8 (right), 0.55 (wrong)
+    P = np.array([[0.9, 0.1], [0.6, 0.4], [0.2, 0.8], [0.45, 0.55]])
+    y = np.array([0, 1, 1, 0])
+    s = exp._scores(P, y)
+    assert s["acc"] == 0.5
+    assert s["nll"] == pytest.approx(-np.mean(np.log([0.9, 0.4, 0.8, 0.45])), abs=1e-15)
+    # 10 bins: 0.9 -> bin 9, 0.6 -> 6, 0.8 -> 8, 0.55 -> 5, one point each: |acc - conf| / 4
+    assert s["ece10"] == pytest.approx((0.1 + 0.6 + 0.2 + 0.55) / 4, abs=1e-15)
+    # max-probability AUROC: correct scores {0.9, 0.8} above both wrong {0.6, 0.55}: 1
+    assert s["auroc_maxprob"] == 1.0
+    H = [-(p * np.log(p) + (1 - p) * np.log(1 - p)) for p in (0.9, 0.6, 0.8, 0.55)]
+    assert min(-H[0], -H[2]) > max(-H[1], -H[3]) and s["auroc_entropy"] == 1.0
+
+
+@pytest.mark.gpu
+@pytest.mark.slow
+def test_the_cupy_backend_runs_every_row_and_matches_numpy(tmp_path, cifar_dir):
+    """--backend cupy (the stand-in in CI, a GPU in tools/device_check.py): every row end to end,
+    the same draws as NumPy, so the same predictions up to float32 rounding."""
+    if not cupy_available():
+        pytest.skip("CuPy with a CUDA device is not available")
+    outs = {}
+    for backend in ("numpy", "cupy"):
+        outs[backend] = tmp_path / backend
+        status, _, err = _run([*QUICK, "--methods", "all", "--backend", backend, "--data-dir",
+                               str(cifar_dir), "--out", str(outs[backend])])
+        assert status == 0, err
+    for name in exp.ROWS:
+        rec = json.loads((outs["cupy"] / name / "seed_0.json").read_text())
+        assert rec["settings"]["backend"] == "cupy"
+        pn, pc = (np.load(outs[b] / "predictions" / f"{name}_seed_0.npz")["probs"]
+                  for b in ("numpy", "cupy"))
+        np.testing.assert_allclose(pc, pn, rtol=0, atol=2e-3)
