@@ -11,6 +11,12 @@ M = 10), 0.58 (M = 32), 0.87 (M = 128), 0.89 ([8, 200, 1], M = 32), 1.04 (M = 12
 ms in one that had run the other shapes first, 91-94 % of it kernel (system) time, not
 arithmetic; why that process's page faults hit the numba path and not the vectorized one was not
 found.
+
+Issue 37 (item 5), ``PerExampleGradsMnist``: [784, 100, 10], M = 128, float64 (an 81 MB G) against
+the output-write floor, a fresh (M, D) array with every entry written once (``np.empty`` +
+``fill``), and with ``out=`` (rows of a reused buffer, as SLANG's W^T) against the same write into a
+reused buffer. The numba kernel's row loop writes through 1-d row views since issue 37 (3x faster
+at this shape, the same products); figures in derivations/per_example_gradients_experiments.md.
 """
 import numpy as np
 
@@ -79,3 +85,26 @@ class PerExampleGradsDraws:
                 self.model.per_example_grads(t, self.X, self.y)
         else:
             self.model.per_example_grads_batched(self.thetas, self.X, self.y)
+
+
+class PerExampleGradsMnist:
+    """[784, 100, 10], M = 128, float64: each impl into a fresh G ("fresh") or a reused buffer
+    ("out"), beside the output-write floor of each ("floor": np.empty + fill, or fill alone)."""
+    params = (["numba", "vectorized", "floor"], ["fresh", "out"])
+    param_names = ["impl", "output"]
+
+    def setup(self, impl, output):
+        rng = np.random.default_rng(0)
+        self.model = MLP([784, 100, 10], activation="relu", likelihood="categorical")
+        self.theta = self.model.init_theta(rng)
+        self.X, self.y = rng.standard_normal((128, 784)), rng.integers(0, 10, 128)
+        self.buf = np.empty((128, self.model.D))
+        self.time_grads(impl, output)  # numba compile / cache load; the buffer's pages touched
+
+    def time_grads(self, impl, output):
+        if impl == "floor":
+            G = np.empty((128, self.model.D)) if output == "fresh" else self.buf
+            G.fill(1.0)
+            return
+        out = None if output == "fresh" else self.buf
+        self.model.per_example_grads(self.theta, self.X, self.y, impl=impl, out=out)

@@ -8,7 +8,12 @@ BLAS to one thread (benchmarks/__init__.py; REFBAYES_BENCH_THREADS to change it)
 The driven step (``SLANGStepUnchecked``: inside ``refbayes.unchecked()``, as the drivers take
 every step after their first) is compared with its floor, ``SLANGStepPlain``: the same arithmetic
 written plainly in NumPy for logistic regression, with no checks, no Info and no sign fixing
-(its setup checks that it equals slang.step to 1e-10).
+(its setup checks that it equals slang.step to 1e-10). ``SLANGStepParts`` times the three pieces of
+the step that differ from the floor (fast_sample, fast_eig with its sign fix, the Woodbury solve:
+refbayes.linalg.lowrank against the floor's plain lines) and the copy of G into W^T.
+``SLANGMnistStep`` (issue 37): the driven step on the MNIST MLP [784, 100, 10], M = 128, beside
+Adam, its floor ``plain_step_model`` (per-example gradients written into W^T with ``out=``) and
+the floor's parts. Figures: derivations/slang_experiments.md.
 
 ``python -m benchmarks.bench_slang`` (from asv_benchmarks/) prints the median step time and the
 page faults per step of every case with timeit, on the same inputs, each in a fresh process.
@@ -30,9 +35,9 @@ import numpy as np
 import refbayes
 from refbayes.datasets import make_logistic_regression
 from refbayes.linalg import lowrank
-from refbayes.methods import exact_vi, ngvi, slang
+from refbayes.methods import adam, exact_vi, ngvi, slang
 from refbayes.methods._estimates import Batch
-from refbayes.models import LogisticRegression, add_intercept
+from refbayes.models import MLP, LogisticRegression, add_intercept
 
 from .common import BACKENDS, DENSE_MAX_D, backend, sync
 
@@ -159,6 +164,159 @@ class SLANGStepPlain:
                           self.beta_t)
 
     def time_step(self, D, L):
+        self.run()
+
+
+def _sign_fix(V):
+    """The arithmetic of lowrank's sign fix on NumPy without ties: each column's largest-|entry|
+    made >= 0 from two column reductions of the C-ordered (D, L) V, in place."""
+    top, bottom = V.max(axis=0), V.min(axis=0)
+    V *= np.where(top >= -bottom, 1.0, -1.0)
+    return V
+
+
+class SLANGStepParts:
+    """The pieces of ``slang.step`` that differ from ``plain_step`` (D = 1e4): refbayes.linalg.lowrank's
+    sample, top_eig (with ``_fix_signs``) and solve beside the floor's lines for each, the sign fix
+    alone, and the copy of the scaled G into W^T (slang.2) that writing G there directly would save."""
+    params = ([10000], LS, ["sample", "plain-sample", "top_eig", "plain-eig", "fix_signs", "solve",
+                            "plain-solve", "G-to-W_T"])
+    param_names = ["D", "L", "part"]
+
+    def setup(self, D, L, part):
+        model, batch, mu, U, d, eps, lam = step_inputs(np, D, L)
+        state = slang.init(mu, U, d)._replace(t=T)
+        new, info = slang.step(state, batch, eps, slang.SLANGConfig(N=N, lam=lam, L=L), model)
+        W_T, Un, dn, g = np.ascontiguousarray(info.W.T), new.U, new.d, info.g_tilde
+        G = info.G.reshape(-1, D)
+
+        def plain_sample():
+            s = np.sqrt(d)
+            V = U / s[:, None]
+            lam_v, Q = np.linalg.eigh(V.T @ V)
+            F = (Q * (1.0 / (lam_v + 1.0 + np.sqrt(lam_v + 1.0)))) @ Q.T  # (lowrank.8)
+            return mu[:, None] + (eps - V @ (F @ (V.T @ eps))) / s[:, None]
+
+        def plain_eig():
+            _, R = np.linalg.eigh(W_T @ W_T.T)
+            return W_T.T @ R[:, ::-1][:, :L]
+
+        def plain_solve():
+            Vn = Un / dn[:, None]
+            return g / dn - Vn @ np.linalg.solve(np.eye(L) + Un.T @ Vn, Vn.T @ g)
+
+        self.run = {"sample": lambda: lowrank.sample(mu, U, d, eps), "plain-sample": plain_sample,
+                    "top_eig": lambda: lowrank.top_eig(info.W, L), "plain-eig": plain_eig,
+                    "fix_signs": lambda: _sign_fix(Un.copy()),
+                    "solve": lambda: lowrank.solve(Un, dn, g), "plain-solve": plain_solve,
+                    "G-to-W_T": lambda: np.multiply(G, 0.5, out=W_T[L:])}[part]
+
+    def time_part(self, D, L, part):
+        self.run()
+
+
+def plain_step_model(state, model, X, y, eps, lam, N, alpha_t, beta_t):
+    """``plain_step`` for any FlatModel (the MLP): its floor, with the model's per-example
+    gradients written straight into the rows of W^T (``out=``) and scaled there in place.
+
+    The same arithmetic as ``plain_step`` otherwise (momentum 0, exact fast_eig, no checks, no
+    Info, no sign fixing). Returns (mu, U, d) of the new state."""
+    mu, U, d = state.mu, state.U, state.d
+    M, S, L, D = X.shape[0], eps.shape[1], U.shape[1], mu.shape[0]
+    s = np.sqrt(d)
+    V = U / s[:, None]
+    lam_v, Q = np.linalg.eigh(V.T @ V)
+    F = (Q * (1.0 / (lam_v + 1.0 + np.sqrt(lam_v + 1.0)))) @ Q.T  # (lowrank.8)
+    theta = mu[:, None] + (eps - V @ (F @ (V.T @ eps))) / s[:, None]
+    c = N / (M * S)
+    W_T = np.empty((L + M * S, D))
+    np.multiply(U.T, np.sqrt(1.0 - beta_t), out=W_T[:L])
+    G = W_T[L:].reshape(S, M, D)
+    if S == 1:
+        model.per_example_grads(np.ascontiguousarray(theta[:, 0]), X, y, out=G[0])
+    else:
+        model.per_example_grads_batched(np.ascontiguousarray(theta.T), X, y, out=G)
+    g = c * G.sum(axis=(0, 1)) + lam * mu
+    G *= np.sqrt(beta_t * c)
+    _, R = np.linalg.eigh(W_T @ W_T.T)
+    U_new = W_T.T @ R[:, ::-1][:, :L]
+    d_new = (1.0 - beta_t) * d + np.einsum("kd,kd->d", W_T, W_T) \
+        - np.einsum("dl,dl->d", U_new, U_new) + beta_t * lam
+    Vn = U_new / d_new[:, None]
+    cap = np.eye(L) + U_new.T @ Vn
+    Delta = g / d_new - Vn @ np.linalg.solve(cap, Vn.T @ g)       # Woodbury (lowrank.2)
+    return mu - alpha_t * Delta, U_new, d_new
+
+
+MNIST_SIZES = [784, 100, 10]
+MNIST_N = 60000
+
+
+@functools.lru_cache(maxsize=None)
+def _mnist_host(M, L, S, seed=0):
+    """(X (M, 784), y (M,) labels, mu (D,) Glorot, U (D, L), d (D,), eps (D, S)), float64."""
+    model = MLP(MNIST_SIZES, "relu", "categorical")
+    rng = np.random.default_rng(seed)
+    X, y = rng.standard_normal((M, MNIST_SIZES[0])), rng.integers(0, MNIST_SIZES[-1], M)
+    mu = model.init_theta(np.random.default_rng(seed))
+    U = rng.standard_normal((model.D, L))
+    d = rng.uniform(0.5, 2.0, model.D) * 1e4
+    return X, y, mu, U, d, rng.standard_normal((model.D, S))
+
+
+def mnist_case(method, L=1, S=1, M=128):
+    """A zero-argument callable: one step of ``method`` on the MNIST MLP [784, 100, 10]
+    (D = 79510), M = 128, N = 60000, float64, NumPy. "adam": adam.step (checked); "slang":
+    slang.step inside refbayes.unchecked() (driven); "plain": ``plain_step_model``, its floor;
+    the parts of that floor: "peg" (per-example gradients into a fresh array), "peg-out" (into
+    rows of a reused W^T), "gram" (W^T W, (L + M S)^2 D), "eigh" (of that Gram matrix),
+    "U_new" (W R_L), "Delta_d" (the einsum of line 8), "sum" (sum_i g_i)."""
+    model = MLP(MNIST_SIZES, "relu", "categorical")
+    X, y, mu, U, d, eps = _mnist_host(M, L, S)
+    lam = np.ones(model.D)
+    if method == "adam":
+        st, cfg = adam.init(mu)._replace(t=T), adam.AdamConfig()
+        return lambda: adam.step(st, Batch(X, y), cfg, model, MNIST_N, 1.0)
+    state = slang.init(mu, U, d)._replace(t=T)
+    cfg = slang.SLANGConfig(N=MNIST_N, lam=lam, L=L)
+    info = slang.step(state, Batch(X, y), eps, cfg, model)[1]
+    if method == "slang":
+        def run():
+            with refbayes.unchecked():
+                return slang.step(state, Batch(X, y), eps, cfg, model)
+        return run
+    if method == "plain":
+        def plain():
+            return plain_step_model(state, model, X, y, eps, lam, MNIST_N, info.alpha_t,
+                                    info.beta_t)
+        err = float(np.max(np.abs(plain()[0] - info.mu)) / np.max(np.abs(info.mu)))
+        if not err <= 1e-10:  # the floor must be the same arithmetic
+            raise ValueError(f"plain_step_model differs from slang.step: mu rel err {err:.2e}")
+        return plain
+    W_T = np.ascontiguousarray(info.W.T)
+    theta = np.ascontiguousarray(info.theta[:, 0])
+    R = np.linalg.eigh(W_T @ W_T.T)[1][:, ::-1][:, :L]
+    parts = {"peg": lambda: model.per_example_grads(theta, X, y),
+             "peg-out": lambda: model.per_example_grads(theta, X, y, out=W_T[L:]),
+             "gram": lambda: W_T @ W_T.T,
+             "eigh": lambda G=W_T @ W_T.T: np.linalg.eigh(G),
+             "U_new": lambda: W_T.T @ R,
+             "Delta_d": lambda: np.einsum("kd,kd->d", W_T, W_T),
+             "sum": lambda: W_T[L:].sum(axis=0)}
+    return parts[method]
+
+
+class SLANGMnistStep:
+    """SLANG (driven, L = 1, S = 1) on the MNIST MLP [784, 100, 10], M = 128, beside an Adam
+    step, the plain-NumPy floor (``plain_step_model``) and the floor's parts (``mnist_case``)."""
+    params = (["adam", "slang", "plain", "peg", "peg-out", "gram", "eigh", "U_new", "Delta_d",
+               "sum"],)
+    param_names = ["case"]
+
+    def setup(self, case):
+        self.run = mnist_case(case)
+
+    def time_step(self, case):
         self.run()
 
 

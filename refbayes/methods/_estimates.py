@@ -273,17 +273,26 @@ def momentum_direction(g_bar, g_hat, lam, mu, b, t):
 
 # ----------------------------------------------------------------------------- Monte Carlo estimates
 
-def per_example_grads(model, theta, X, y):
+def per_example_grads(model, theta, X, y, out=None):
     """G (S, M, D): G[s, i] = grad l_i(theta_s) for theta (D, S), one column per draw.  (ngvi.7)
 
     S = 1: the model's per_example_grads (a view, no copy); S > 1: one batched pass over the S
     draws (``per_example_grads_batched``, equal to S calls to rounding and 1.3-5.8x faster on
     the UCI, logistic-regression and MNIST-MLP shapes: asv bench_per_example.PerExampleGradsDraws).
+    ``out`` (S, M, D), C-contiguous, of theta's backend and dtype (the models check it and raise
+    ValueError naming ``out``): the rows are written there, bit for bit as without it, and
+    ``out`` is returned (e.g. ``W_T[L:].reshape(S, M, D)``, rows of SLANG's W^T).
     """
     xp = xp_of(theta)
     if theta.shape[1] == 1:
-        return model.per_example_grads(xp.ascontiguousarray(theta[:, 0]), X, y)[None]
-    return model.per_example_grads_batched(xp.ascontiguousarray(theta.T), X, y)  # (ngvi.7)
+        shape = tuple(getattr(out, "shape", ()))
+        if out is not None and (len(shape) != 3 or shape[0] != 1):
+            raise ValueError(f"out: expected an array of shape (1, M, D) for one draw, got "
+                             f"{type(out).__name__} of shape {shape}")
+        G = model.per_example_grads(xp.ascontiguousarray(theta[:, 0]), X, y,
+                                    out=None if out is None else out[0])
+        return G[None] if out is None else out
+    return model.per_example_grads_batched(xp.ascontiguousarray(theta.T), X, y, out=out)  # (ngvi.7)
 
 
 def grad_estimate(G, N: int):
@@ -309,7 +318,7 @@ def hess_estimate(model, theta, X, y, N: int):
     """H_hat = (N / M) (1 / S) sum_s sum_i grad^2 l_i(theta_s) (D, D).  (ngvi.10)
 
     The sum over the S draws is the model's (``_hessian_sum``): S Hessian calls in general, one
-    batched pass for linear models, whose Hessian is the GGN (``ggn_sum``, peg.16).
+    batched pass for linear models, whose Hessian is the GGN (``ggn_sum``, peg.20).
     """
     M, S = X.shape[0], theta.shape[1]
     thetas = xp_of(theta).ascontiguousarray(theta.T)

@@ -332,7 +332,9 @@ def step(state: SLANGState, batch, eps, cfg: SLANGConfig, model, *,
     G = per_example_grads(model, w, X, y)                                     # line 6 (slang.8)
     c = N / (M * S)
     # W is built as its transpose (L + M S, D): each block is then a contiguous row copy, and
-    # W^T W in top_eig is a single BLAS product of C-ordered rows.
+    # W^T W in top_eig is a single BLAS product of C-ordered rows. G keeps its own array (not
+    # per_example_grads(..., out=W_T[L:])): Info returns both the raw G and the scaled W, so two
+    # (M S, D) arrays exist either way (derivations/slang_experiments.md, "Info.G and W^T").
     W_T = xp.empty((L + M * S, D), dtype=dtype)
     # NOTE: printed line 7 scales the columns by delta and beta; W W^T needs their roots (slang.2)
     xp.multiply(U.T, math.sqrt(delta), out=W_T[:L])                           # line 7 (slang.2)

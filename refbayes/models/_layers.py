@@ -15,7 +15,7 @@ import functools
 from typing import NamedTuple
 
 __all__ = ["ACTIVATIONS", "Layout", "layout", "unflatten", "activate", "act_prime",
-           "forward", "backward", "per_example_blocks", "summed_blocks", "sum_sq_blocks",
+           "forward", "backward", "check_out", "per_example_blocks", "summed_blocks", "sum_sq_blocks",
            "unflatten_batched", "forward_batched", "backward_batched", "summed_blocks_batched",
            "sum_sq_blocks_batched", "act_second", "r_forward", "r_backward", "r_blocks"]
 
@@ -198,17 +198,39 @@ def r_blocks(xp, acts, deltas, r_as, r_deltas, bias):
     return xp.concatenate(blocks)
 
 
-def per_example_blocks(xp, acts, deltas, bias):
+def check_out(out, xp, dtype, shape):
+    """Check a caller's output buffer for per-example gradients; ValueError naming ``out``.
+
+    ``out`` must be an array of backend ``xp`` (NumPy or CuPy), of ``dtype``, of exactly
+    ``shape`` and C-contiguous (a row slice of a C-contiguous 2-d array qualifies): the results
+    are written into it, so no silent copy or broadcast is possible. Returns ``out``.
+    """
+    expected = (f"a C-contiguous {'NumPy' if xp.__name__ == 'numpy' else 'CuPy'} array of "
+                f"dtype {xp.dtype(dtype).name} and shape {tuple(shape)}")
+    if not isinstance(out, xp.ndarray):
+        raise ValueError(f"out: expected {expected}, got {type(out).__module__}."
+                         f"{type(out).__name__}")
+    if out.dtype != dtype or tuple(out.shape) != tuple(shape) or not out.flags.c_contiguous:
+        layout = "C-contiguous" if out.flags.c_contiguous else "not C-contiguous"
+        raise ValueError(f"out: expected {expected}, got dtype {out.dtype.name}, shape "
+                         f"{tuple(out.shape)}, {layout}")
+    if not getattr(out.flags, "writeable", True):  # NumPy's read-only arrays (CuPy has none)
+        raise ValueError(f"out: expected {expected}, writeable; got a read-only array")
+    return out
+
+
+def per_example_blocks(xp, acts, deltas, bias, out=None):
     """Per-example (per-seed) gradients (M, [R,] D): rows vec(a_{l-1,i} delta_{l,i}^T), delta_{l,i}. (peg.4)
 
     Each outer product is a broadcast product written into its slice of one preallocated output,
     so the only large allocation is the result itself (freshly mapped temporaries of a few MB
     cost more than the arithmetic here), and no einsum with an ellipsis, which takes NumPy's
-    slow generic path.
+    slow generic path. ``out`` (C-contiguous, of the result's shape and dtype, checked by the
+    caller) receives the rows instead of a fresh array: the same products, bit for bit.
     """
     lead = deltas[0].shape[:-1]  # (M,) or (M, R) with seeds
     D = sum((a.shape[-1] + bias) * d.shape[-1] for a, d in zip(acts, deltas))
-    G = xp.empty(lead + (D,), dtype=deltas[-1].dtype)
+    G = xp.empty(lead + (D,), dtype=deltas[-1].dtype) if out is None else out
     off = 0
     for a, d in zip(acts, deltas):
         n_in, n_out = a.shape[-1], d.shape[-1]

@@ -84,17 +84,21 @@ def backward_kernel(theta, A, R, sizes, w_off, b_off, a_off, act_code, G, E):
             for p in range(n_in):
                 E[i, a_off[l] - n0 + p] = back[i, p] * _act_prime(A[i, a_off[l] + p], act_code)  # (peg.3)
     for i in range(M):
+        # 1-d views of the rows: unit-stride inner loops that LLVM vectorizes (2-d indexing
+        # G[i, row + q] did not: 3x slower at [784, 100, 10], M = 128; the same products)
+        g, e, a = G[i], E[i], A[i]
         for l in range(L):
             n_in, n_out = sizes[l], sizes[l + 1]
             src, w0, b0, e0 = a_off[l], w_off[l], b_off[l], a_off[l + 1] - n0
+            el = e[e0:e0 + n_out]
             for p in range(n_in):
-                ap = A[i, src + p]
-                row = w0 + p * n_out
+                ap = a[src + p]
+                gr = g[w0 + p * n_out:w0 + (p + 1) * n_out]
                 for q in range(n_out):
-                    G[i, row + q] = ap * E[i, e0 + q]  # (peg.4)
+                    gr[q] = ap * el[q]  # (peg.4)
             if b0 >= 0:
                 for q in range(n_out):
-                    G[i, b0 + q] = E[i, e0 + q]  # (peg.4)
+                    g[b0 + q] = el[q]  # (peg.4)
 
 
 @functools.lru_cache(maxsize=None)
@@ -108,11 +112,12 @@ def _tables(sizes: tuple, bias: bool):
     return tables + (lay.D,)
 
 
-def per_example_grads_numba(theta, X, sizes, bias, activation, r_of_f):
+def per_example_grads_numba(theta, X, sizes, bias, activation, r_of_f, out=None):
     """(M, D) per-example gradients; ``r_of_f(f)`` maps the outputs (M, K) to dl/df (M, K).
 
     Unchecked: the caller has validated theta (D,), X (M, n_in) as C-contiguous NumPy arrays of
-    one float dtype.
+    one float dtype, and ``out`` (if given) as a C-contiguous (M, D) array of that dtype, which
+    receives the rows (and is returned) instead of a fresh array.
     """
     sizes_a, w_off, b_off, a_off, D = _tables(tuple(sizes), bool(bias))
     theta = np.ascontiguousarray(theta)
@@ -123,7 +128,7 @@ def per_example_grads_numba(theta, X, sizes, bias, activation, r_of_f):
     A = np.empty((M, int(a_off[-1])), dtype=dtype)
     forward_kernel(theta, X, sizes_a, w_off, b_off, a_off, code, A)
     R = np.ascontiguousarray(r_of_f(A[:, int(a_off[-2]):]), dtype=dtype)
-    G = np.empty((M, D), dtype=dtype)
+    G = np.empty((M, D), dtype=dtype) if out is None else out
     E = np.empty((M, int(a_off[-1]) - sizes[0]), dtype=dtype)
     backward_kernel(theta, A, R, sizes_a, w_off, b_off, a_off, code, G, E)
     return G

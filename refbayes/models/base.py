@@ -439,10 +439,12 @@ class FlatModel:
         acts, deltas = self._residual_pass(xp, theta, X, y)
         return _layers.summed_blocks(xp, acts, deltas, self.bias)
 
-    def per_example_grads(self, theta, X, y, impl=None):
+    def per_example_grads(self, theta, X, y, impl=None, out=None):
         """Compute the per-example gradients G[i] = dl_i/dtheta, so G.sum(0) == grad.
 
-        (peg.4)  All implementations agree to rounding.
+        (peg.4)  All implementations agree to rounding. With ``out`` the rows are written into
+        the caller's array (e.g. rows of a larger buffer such as SLANG's W^T), bit for bit the
+        values that ``out=None`` returns, and ``out`` itself is returned.
 
         Parameters
         ----------
@@ -458,17 +460,22 @@ class FlatModel:
             linear models, where "vectorized" is faster), "vectorized" (batched outer products
             via einsum; NumPy or CuPy; the default on CuPy), "autograd" (a loop of
             autograd.grad over examples, the oracle; NumPy only).
+        out : array of shape (M, D), optional
+            Where to write G: an array of theta's backend (NumPy / CuPy) and dtype, shape
+            exactly (M, D), C-contiguous and writeable (a row slice of a C-contiguous 2-d array
+            qualifies). Default: a fresh array.
 
         Returns
         -------
         array of shape (M, D)
-            The per-example gradients G.
+            The per-example gradients G (``out`` itself when given).
 
         Raises
         ------
         ValueError
             If theta, X or y is invalid (see FlatModel), or impl is not one of IMPLS, or
-            is "numba" or "autograd" with CuPy arrays.
+            is "numba" or "autograd" with CuPy arrays, or out is not such an array (no silent
+            copy, no broadcast).
         """
         xp = xp_of(theta, X, y)
         impl = (self._numpy_impl if xp is np else "vectorized") if impl is None else impl
@@ -478,22 +485,24 @@ class FlatModel:
             raise ValueError(f"impl: {impl!r} runs on NumPy arrays only, got CuPy arrays; "
                              "use impl='vectorized' on the GPU")
         xp, theta, X, y = self._inputs(theta, X, y)
+        if out is not None:
+            _layers.check_out(out, xp, theta.dtype, (X.shape[0], self.D))
         if impl == "numba":
             return per_example_grads_numba(theta, X, self.sizes, self.bias, self.activation,
-                                           lambda f: self.likelihood._grad_f(f, y))
+                                           lambda f: self.likelihood._grad_f(f, y), out)
         if impl == "autograd":
-            return self._per_example_grads_autograd(theta, X, y)
+            return self._per_example_grads_autograd(theta, X, y, out)
         acts, deltas = self._residual_pass(xp, theta, X, y)
-        return _layers.per_example_blocks(xp, acts, deltas, self.bias)
+        return _layers.per_example_blocks(xp, acts, deltas, self.bias, out=out)
 
     def _autograd_loss(self, theta, X, y):
         params = _layers.unflatten(theta, self.sizes, self.bias)
         f = _layers.forward(anp, params, X, self.activation)[1]
         return anp.sum(self.likelihood._losses(anp, f, y))
 
-    def _per_example_grads_autograd(self, theta, X, y):
+    def _per_example_grads_autograd(self, theta, X, y, out=None):
         grad_fn = autograd.grad(self._autograd_loss)
-        G = np.empty((X.shape[0], self.D), dtype=theta.dtype)
+        G = np.empty((X.shape[0], self.D), dtype=theta.dtype) if out is None else out
         for i in range(X.shape[0]):
             G[i] = grad_fn(theta, X[i:i + 1], y[i:i + 1])
         return G
@@ -534,12 +543,13 @@ class FlatModel:
         loss = self.likelihood._losses(xp, f, yy).reshape(S, -1).sum(axis=1)  # (peg.17)-(peg.19)
         return loss, g
 
-    def per_example_grads_batched(self, thetas, X, y):
+    def per_example_grads_batched(self, thetas, X, y, out=None):
         """Compute the per-example gradients at S parameter vectors in one batched pass.
 
         G[s] = ``per_example_grads(thetas[s], X, y)`` (peg.4), to rounding: one forward and one
         backward matmul per layer for all S vectors (Monte Carlo samples) instead of a Python
-        loop of S calls.
+        loop of S calls. With ``out`` the rows are written into the caller's array, bit for bit
+        the values that ``out=None`` returns, and ``out`` itself is returned.
 
         Parameters
         ----------
@@ -550,26 +560,33 @@ class FlatModel:
         y : array of shape (M,) or (M, n_out)
             Targets: labels (M,) for classification; reals (M,) or (M, n_out) for the gaussian
             likelihood.
+        out : array of shape (S, M, D), optional
+            Where to write G: an array of thetas' backend (NumPy / CuPy) and dtype, shape
+            exactly (S, M, D), C-contiguous and writeable. Default: a fresh array.
 
         Returns
         -------
         array of shape (S, M, D)
-            The per-example gradients G.
+            The per-example gradients G (``out`` itself when given).
 
         Raises
         ------
         ValueError
-            If thetas, X or y is invalid (see FlatModel).
+            If thetas, X or y is invalid (see FlatModel), or out is not such an array (no
+            silent copy, no broadcast).
         """
         xp, X, y, S = self._inputs_batched(thetas, X, y)
-        _, acts, _, _, deltas = self._batched_residual_pass(xp, thetas, X, y, S)
         M = X.shape[0]
+        if out is not None:
+            _layers.check_out(out, xp, thetas.dtype, (S, M, self.D))
+        _, acts, _, _, deltas = self._batched_residual_pass(xp, thetas, X, y, S)
         # rows (s, i) flattened to S M rows: acts[0] = X is shared by the S vectors
         rows = [xp.broadcast_to(a, (S,) + a.shape) if a.ndim == 2 else a for a in acts]
         G = _layers.per_example_blocks(xp, [a.reshape(S * M, a.shape[-1]) for a in rows],
                                        [d.reshape(S * M, d.shape[-1]) for d in deltas],
-                                       self.bias)  # (peg.4)
-        return G.reshape(S, M, self.D)
+                                       self.bias,
+                                       out=None if out is None else out.reshape(S * M, self.D))  # (peg.4)
+        return G.reshape(S, M, self.D) if out is None else out
 
     def _batched_residual_pass(self, xp, thetas, X, y, S):
         """One forward and one backward pass at the S vectors (validated inputs): (params, the
