@@ -28,13 +28,19 @@ Then one refbayes Adam step (``adam.step``, summed gradient) and one VOGN step (
 S = 1, "ef") on the same net and batch, N = 50000; the VOGN / Adam ratio is the issue's figure
 (goal <= 3x).
 
+With ``--before DIR`` (DIR holding copies of an older ``refbayes/models/conv.py`` and
+``_conv_layers.py``), that code's ``per_example_grads`` is loaded under a private module name and
+timed in the same rounds ("refbayes before"), the "before" figure of a change.
+
 Every case is timed interleaved with the others, round by round (median of ROUNDS), so the
 machine's drifts fall on all alike; the load average is printed at start and end: on a loaded
 machine the absolute times are noisy, the ratios less so.
 """
+import importlib.util
 import os
 import sys
 import timeit
+import types
 import warnings
 
 import numpy as np
@@ -55,6 +61,27 @@ T = 10
 ROUNDS = 9
 MIN_TIME = 0.2
 TOL = {"float64": 1e-10, "float32": 1e-4}
+
+
+def load_before(folder):
+    """An older conv.py (with its _conv_layers.py) from ``folder``, as a private module."""
+    spec = importlib.util.spec_from_file_location("_cnn_before_layers",
+                                                  os.path.join(folder, "_conv_layers.py"))
+    layers = importlib.util.module_from_spec(spec)
+    sys.modules["_cnn_before_layers"] = layers
+    spec.loader.exec_module(layers)
+    path = os.path.join(folder, "conv.py")
+    with open(path) as fh:
+        src = fh.read().replace("from refbayes.models import _conv_layers as cl",
+                                "import _cnn_before_layers as cl")
+    mod = types.ModuleType("_cnn_before")
+    mod.__file__ = path
+    sys.modules["_cnn_before"] = mod
+    exec(compile(src, path, "exec"), mod.__dict__)
+    return mod
+
+
+BEFORE = None
 
 
 def torch_lenet5():
@@ -157,8 +184,10 @@ def cases_for(dtype):
     cfg_v = vogn.VOGNConfig(N, LAM, curvature="ef")
     eps = np.random.default_rng(1).standard_normal((net.D, 1)).astype(dtype)
 
-    return {
+    out = np.empty((M, net.D), dtype=dtype)
+    cases = {
         "refbayes per_example_grads": lambda: net.per_example_grads(theta, X, y, impl="vectorized"),
+        "refbayes per_example_grads out=": lambda: net.per_example_grads(theta, X, y, out=out),
         "torch.func vmap(grad)": run_func,
         "BackPACK BatchGrad": run_backpack,
         "refbayes kfac_curvature ggn": lambda: net.kfac_curvature(theta, X, y, "ggn", "expand"),
@@ -169,6 +198,12 @@ def cases_for(dtype):
         "refbayes Adam step": lambda: adam.step(st_a, batch, cfg_a, net, N, LAM),
         "refbayes VOGN step (S=1, ef)": lambda: vogn.step(st_v, batch, eps, cfg_v, net),
     }
+    if BEFORE is not None:
+        net_b = BEFORE.lenet5()
+        err = rel_diff(net_b.per_example_grads(theta, X, y), G_ref)
+        print(f"  check {dtype} refbayes before vs now: max|diff|/max|G| = {err:.2e}")
+        cases["refbayes before"] = lambda: net_b.per_example_grads(theta, X, y)
+    return cases
 
 
 def interleaved_medians(cases, rounds, min_time):
@@ -185,6 +220,9 @@ def interleaved_medians(cases, rounds, min_time):
 
 
 def main():
+    global BEFORE
+    if len(sys.argv) == 3 and sys.argv[1] == "--before":
+        BEFORE = load_before(sys.argv[2])
     torch.set_num_threads(1)
     # BackPACK's module hooks fire on outputs (the inputs need no gradient): benign, said once here
     warnings.filterwarnings("ignore", message="Full backward hook is firing")
@@ -211,7 +249,9 @@ def main():
     for dtype in ("float64", "float32"):
         ref_pe = med[dtype, "refbayes per_example_grads"]
         ref_adam = med[dtype, "refbayes Adam step"]
-        for label in ("refbayes per_example_grads", "torch.func vmap(grad)", "BackPACK BatchGrad"):
+        labels = ("refbayes per_example_grads", "refbayes per_example_grads out=",
+                  "torch.func vmap(grad)", "BackPACK BatchGrad")
+        for label in labels + (("refbayes before",) if BEFORE is not None else ()):
             t = med[dtype, label]
             print(f"{label:<30} {dtype:<8} {1e3 * t:9.2f} {t / ref_pe:8.2f}  refbayes per_example_grads")
         ref_kf = med[dtype, "refbayes kfac_curvature ggn"]
@@ -222,6 +262,11 @@ def main():
         for label in ("refbayes grad", "refbayes Adam step", "refbayes VOGN step (S=1, ef)"):
             t = med[dtype, label]
             print(f"{label:<30} {dtype:<8} {1e3 * t:9.2f} {t / ref_adam:8.2f}  refbayes Adam step")
+    for dtype in ("float64", "float32"):
+        ref = med[dtype, "refbayes per_example_grads"]
+        rf, rb = ref / med[dtype, "torch.func vmap(grad)"], ref / med[dtype, "BackPACK BatchGrad"]
+        print(f"per-example ({dtype}): refbayes / torch.func {rf:.2f}, refbayes / BackPACK {rb:.2f}: "
+              f"faster than both: {'yes' if max(rf, rb) < 1 else 'NO'}")
     for dtype in ("float64", "float32"):
         r = med[dtype, "refbayes VOGN step (S=1, ef)"] / med[dtype, "refbayes Adam step"]
         print(f"VOGN / Adam ({dtype}): {r:.2f}x (goal <= 3x): {'met' if r <= 3 else 'NOT met'}")

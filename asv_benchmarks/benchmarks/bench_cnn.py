@@ -64,7 +64,9 @@ def step_case(xp, method, dtype="float64", M=M):
 
 
 class LeNetPerExampleGrads:
-    """G (M, D) by the vectorized closed form (conv.6)-(conv.7), float64 and float32."""
+    """G (M, D) by the vectorized closed form (conv.6)-(conv.7), float64 and float32: into a fresh
+    array, and into a preallocated ``out`` (no (M, D) allocation; issue 34 section 6 compares
+    both with torch.func and BackPACK in tools/cnn_timing.py)."""
     params = (BACKENDS, DTYPES)
     param_names = ["backend", "dtype"]
 
@@ -72,11 +74,17 @@ class LeNetPerExampleGrads:
         self.xp = backend(name)
         self.net = model()
         self.theta, self.X, self.y = inputs(self.xp, dtype)
+        self.out = self.xp.empty((M, self.net.D), dtype=dtype)
         self.net.per_example_grads(self.theta, self.X, self.y, impl="vectorized")
+        self.net.per_example_grads(self.theta, self.X, self.y, out=self.out)
         sync(self.xp)
 
     def time_per_example_grads(self, name, dtype):
         self.net.per_example_grads(self.theta, self.X, self.y, impl="vectorized")
+        sync(self.xp)
+
+    def time_per_example_grads_out(self, name, dtype):
+        self.net.per_example_grads(self.theta, self.X, self.y, out=self.out)
         sync(self.xp)
 
 

@@ -7,15 +7,77 @@ Q = C_in k_h k_w; U (M, Q, P) the unfolded padded input, P = H_o W_o; Z (M, C_ou
 Delta (M, C_out, P) the error at a conv output; windows (M, C, k_h k_w, H_o, W_o) the pooling
 patches, window entry q = u k_w + v (row-major).
 
+On NumPy arrays, ``fold``, ``max_pool``'s window argmax and ``max_pool_backward`` run as numba
+loops (about 2x faster than the strided slice adds and the window copy + argmax they replace at
+LeNet-5's sizes), and ``unfold`` is one copy of a sliding-window view (a numba loop was slower,
+measured): the same values, to the bit, with fold's additions in the same order
+(derivations/conv_experiments.md); max_pool's y is the winner itself, which the slice code's
+sum of P times the one-hot equals for finite inputs (an inf elsewhere in the window makes that
+sum NaN, and the sign of a zero winner may differ).
+
 Everything here is unchecked. The forward functions take ``ns`` (numpy, cupy or autograd.numpy:
 strided slices, stack, pad, matmul and argmax only); the backward functions take ``xp`` (numpy or
-cupy) and write into fresh arrays.
+cupy) and write into fresh arrays, except ``conv_rows_into``, which writes into the caller's.
 """
 from __future__ import annotations
 
-__all__ = ["out_size", "pad", "windows", "unfold", "fold", "conv_forward", "conv_grads",
+import numba
+import numpy as np
+
+__all__ = ["out_size", "pad", "windows", "unfold", "fold", "conv_forward", "conv_grads", "conv_rows_into",
            "conv_backward_input", "max_pool", "max_pool_backward", "avg_pool",
            "avg_pool_backward", "conv_r_grads"]
+
+
+@numba.njit(cache=True)
+def _fold_kernel(V, kh, kw, sh, sw, out):
+    """out[i, c, sh h_o + u, sw w_o + v] += V[i, c, u kw + v, h_o, w_o], offsets (u, v) in
+    ``fold``'s order, so every entry sums its terms in the same order. (conv.9)"""
+    M, C, _, Ho, Wo = V.shape
+    for i in range(M):
+        for c in range(C):
+            for u in range(kh):
+                for v in range(kw):
+                    q = u * kw + v
+                    for h in range(Ho):
+                        for w in range(Wo):
+                            out[i, c, sh * h + u, sw * w + v] += V[i, c, q, h, w]
+
+
+@numba.njit(cache=True)
+def _pool_route_kernel(onehot, dy, kh, kw, sh, sw, out):
+    """``_fold_kernel`` of V = onehot * dy[:, :, None] without forming V: the same products,
+    added in the same order. (conv.12)"""
+    M, C, _, Ho, Wo = onehot.shape
+    for i in range(M):
+        for c in range(C):
+            for u in range(kh):
+                for v in range(kw):
+                    q = u * kw + v
+                    for h in range(Ho):
+                        for w in range(Wo):
+                            out[i, c, sh * h + u, sw * w + v] += onehot[i, c, q, h, w] * dy[i, c, h, w]
+
+
+@numba.njit(cache=True)
+def _window_argmax_kernel(x, kh, kw, sh, sw, q_star, y):
+    """q_star: the first maximum of each window in row-major order (NaN first, as np.argmax), y
+    its value. (conv.11)"""
+    M, C, Ho, Wo = y.shape
+    for i in range(M):
+        for c in range(C):
+            for h in range(Ho):
+                for w in range(Wo):
+                    best = x[i, c, sh * h, sw * w]
+                    bq = 0
+                    for u in range(kh):
+                        for v in range(kw):
+                            val = x[i, c, sh * h + u, sw * w + v]
+                            if best == best and (val > best or val != val):
+                                best = val
+                                bq = u * kw + v
+                    q_star[i, c, h, w] = bq
+                    y[i, c, h, w] = best
 
 
 def out_size(n: int, k: int, s: int, p: int) -> int:
@@ -47,6 +109,11 @@ def unfold(ns, xp_pad, kh: int, kw: int, sh: int, sw: int):
 
     Rows (c, u, v) in row-major order, Wm's column order; torch's ``nn.functional.unfold``.
     """
+    if ns is np:  # the same entries, one strided copy (not kh kw slice copies and a stack)
+        M, C, H, W = xp_pad.shape
+        Ho, Wo = out_size(H, kh, sh, 0), out_size(W, kw, sw, 0)
+        V = np.lib.stride_tricks.sliding_window_view(xp_pad, (kh, kw), axis=(2, 3))[:, :, ::sh, ::sw]
+        return np.ascontiguousarray(V.transpose(0, 1, 4, 5, 2, 3).reshape(M, C * kh * kw, Ho * Wo))  # (conv.4)
     P = windows(ns, xp_pad, kh, kw, sh, sw)
     M, C, KK, Ho, Wo = P.shape
     return P.reshape(M, C * KK, Ho * Wo)  # (conv.4)
@@ -59,6 +126,9 @@ def fold(xp, V, shape, kh: int, kw: int, sh: int, sw: int):
     window offset (u, v), so overlapping windows (stride < kernel) sum, no scatter needed.
     """
     out = xp.zeros(shape, dtype=V.dtype)
+    if xp is np:  # the same adds in the same order, as a numba loop
+        _fold_kernel(V, kh, kw, sh, sw, out)  # (conv.9)
+        return out
     Ho, Wo = V.shape[3], V.shape[4]
     for u in range(kh):
         for v in range(kw):
@@ -74,7 +144,9 @@ def conv_forward(ns, x, Wc, b, stride, padding):
     U = unfold(ns, xp_pad, kh, kw, sh, sw)
     Ho, Wo = out_size(x.shape[2], kh, sh, ph), out_size(x.shape[3], kw, sw, pw)
     Z = Wc.reshape(Cout, -1) @ U  # (conv.5): (C_out, Q) @ (M, Q, P) -> (M, C_out, P)
-    if b is not None:
+    if b is not None and ns is np:
+        Z += b[:, None]  # (conv.5): in place (Z is fresh; autograd's arrays take the line below)
+    elif b is not None:
         Z = Z + b[:, None]  # (conv.5)
     return U, Z.reshape(M, Cout, Ho, Wo)
 
@@ -102,6 +174,18 @@ def conv_grads(xp, U, Delta, bias: bool, mode: str):
     return blocks if db is None else blocks + [(db * db).sum(axis=0)]  # (conv.10)
 
 
+def conv_rows_into(xp, U, Delta, out_w, out_b):
+    """``conv_grads``' "rows" written in place: out_w (M, C_out, Q) <- Delta_i U_i^T, out_b (M, C_out) <- Delta_i 1. (conv.6)-(conv.7)
+
+    out_w and out_b are views of the caller's (M, D) rows (row stride D, unit last stride, so each
+    of the M products is one BLAS GEMM straight into its columns); out_b None for no bias. The
+    values are ``conv_grads``' to the bit: the same products and sums, no copy after.
+    """
+    xp.matmul(Delta, xp.swapaxes(U, 1, 2), out=out_w)  # (conv.6)
+    if out_b is not None:
+        xp.sum(Delta, axis=2, out=out_b)  # (conv.7)
+
+
 def conv_backward_input(xp, Wc, Delta, x_shape, stride, padding):
     """dl_i/dx_i (M, C, H, W): fold(Wm^T Delta_i) with the padding cropped off. (conv.9)"""
     M, C, H, W = x_shape
@@ -119,7 +203,14 @@ def max_pool(ns, x, kernel, stride):
     y = sum_q 1[q = q*] P[:, :, q]: q* from argmax (NumPy's and CuPy's argmax return the first
     maximum, torch's tie rule), a constant to autograd, so autograd's gradient is (conv.12).
     """
-    P = windows(ns, x, kernel[0], kernel[1], stride[0], stride[1])
+    (kh, kw), (sh, sw) = kernel, stride
+    if ns is np:  # argmax and its value in one numba loop (no window copy)
+        M, C, H, W = x.shape
+        q_star = np.empty((M, C, out_size(H, kh, sh, 0), out_size(W, kw, sw, 0)), np.intp)
+        y = np.empty(q_star.shape, x.dtype)
+        _window_argmax_kernel(x, kh, kw, sh, sw, q_star, y)  # (conv.11)
+        return q_star[:, :, None] == np.arange(kh * kw)[:, None, None], y
+    P = windows(ns, x, kh, kw, sh, sw)
     q_star = ns.argmax(P, axis=2)  # (conv.11): the first maximum in row-major window order
     onehot = q_star[:, :, None] == ns.arange(P.shape[2])[:, None, None]
     return onehot, ns.sum(P * onehot, axis=2)  # (conv.11)
@@ -127,6 +218,10 @@ def max_pool(ns, x, kernel, stride):
 
 def max_pool_backward(xp, onehot, dy, x_shape, kernel, stride):
     """dl/dx (M, C, H, W): each output error routed to its window's winner, then folded. (conv.12)"""
+    if xp is np:  # fold of onehot * dy in one numba loop, no (M, C, kh kw, H_o, W_o) product
+        out = np.zeros(x_shape, dtype=dy.dtype)
+        _pool_route_kernel(onehot, dy, kernel[0], kernel[1], stride[0], stride[1], out)  # (conv.12)
+        return out
     V = onehot * dy[:, :, None]  # (conv.12)
     return fold(xp, V, x_shape, kernel[0], kernel[1], stride[0], stride[1])  # (conv.12)
 

@@ -42,6 +42,11 @@ way. The factors (A_l, B_l) are those of the matrix W~_l of ``kfac_layout`` (for
 refbayes.models.dropout's. CNN is not a FlatModel
 subclass: FlatModel's inherited methods read the MLP's ``sizes`` layout and would compute the
 wrong thing on a CNN rather than fail.
+
+``per_example_grads`` and ``per_example_grads_batched`` take ``out`` (FlatModel's contract: an
+array of theta's module and dtype, shape (M, D) / (S, M, D), C-contiguous, filled and returned);
+their rows path writes every layer's rows straight into its columns, and on NumPy runs over
+chunks of examples that fit in cache (``_ROWS_CHUNK_BYTES``; derivations/conv_experiments.md).
 """
 from __future__ import annotations
 
@@ -62,7 +67,7 @@ from refbayes._checks import (
 from refbayes.backend import xp_of
 from refbayes.models import _conv_layers as cl
 from refbayes.models import _curvature
-from refbayes.models._layers import ACTIVATIONS, act_prime, act_second, activate
+from refbayes.models._layers import ACTIVATIONS, act_prime, act_second, activate, check_out
 from refbayes.models._kfac import check_moment_extras
 from refbayes.models.base import INIT_SCHEMES, FlatModel, KFACLayer
 from refbayes.models.likelihoods import LIKELIHOODS, make_likelihood
@@ -70,6 +75,7 @@ from refbayes.models.likelihoods import LIKELIHOODS, make_likelihood
 __all__ = ["Conv2d", "MaxPool2d", "AvgPool2d", "Flatten", "Dense", "Activation", "CNN",
            "CNN_IMPLS", "KFAC_APPROX", "tiny_cnn", "lenet5"]
 
+_ROWS_CHUNK_BYTES = 8 * 2 ** 20  # the rows path's working set per chunk on NumPy (CNN._rows_chunk)
 CNN_IMPLS = ("vectorized", "autograd")  # per_example_grads' implementations (FlatModel's names)
 
 
@@ -401,6 +407,46 @@ def _backward_blocks(xp, layers, params, caches, r, mode: str, sz=None):
             if sz is not None and p is not None:
                 delta = delta * next(masks)  # dl/da_j = s z_j dl/da~_j  (mc_dropout.2)
     return [b for layer_blocks in reversed(blocks) for b in layer_blocks]
+
+
+def _rows_into(xp, layers, params, caches, r, out):
+    """The per-example rows of ``_backward_blocks``' "rows" mode, written straight into their
+    columns of ``out`` (M, D) (C-contiguous rows): no per-layer blocks and no concatenation, the
+    values to the bit. (conv.6)-(conv.7), (peg.4)"""
+    M, pos, spans = out.shape[0], out.shape[1], []
+    for w_shape, b_shape in reversed(_param_shapes(layers)):  # column spans, last layer first
+        nb = 0 if b_shape is None else b_shape[0]
+        pos -= nb
+        b_cols = None if b_shape is None else out[:, pos:pos + nb]
+        nw = math.prod(w_shape)
+        pos -= nw
+        spans.append((out[:, pos:pos + nw], b_cols))
+    spans = iter(spans)
+    it = reversed(params)
+    delta = r  # (peg.2)
+    for k in range(len(layers) - 1, -1, -1):
+        layer = layers[k]
+        p = next(it) if isinstance(layer, _PARAM_TYPES) else None
+        if isinstance(layer, Conv2d):
+            w_cols, b_cols = next(spans)
+            U = caches[k][1]
+            D = delta.reshape(M, delta.shape[1], -1)
+            cl.conv_rows_into(xp, U, D, w_cols.reshape(M, D.shape[1], U.shape[1]), b_cols)  # (conv.6)-(conv.7)
+        elif isinstance(layer, Dense):
+            w_cols, b_cols = next(spans)
+            a = caches[k]
+            xp.multiply(a[:, :, None], delta[:, None, :],
+                        out=w_cols.reshape(M, a.shape[1], delta.shape[1]))  # (peg.4)
+            if b_cols is not None:
+                b_cols[...] = delta  # (peg.4)
+        if k > 0:  # the input's error is never needed
+            delta = _layer_backward(xp, layer, p, caches[k], delta)
+
+
+def _check_out(xp, out, shape, dtype):
+    """A fresh xp array of ``shape`` and ``dtype`` when out is None, else out checked by the
+    MLP's rule (``_layers.check_out``: xp, dtype, exact shape, C-contiguous, writable)."""
+    return xp.empty(shape, dtype=dtype) if out is None else check_out(out, xp, dtype, shape)
 
 
 def _dense_grads(a, d, bias: bool, mode: str):
@@ -1074,12 +1120,15 @@ class CNN:
         xp, theta, X, y = self._inputs(theta, X, y)
         return xp.concatenate(self._gradient_blocks(xp, theta, X, y, "sum"))  # (conv.8)
 
-    def per_example_grads(self, theta, X, y, impl=None):
+    def per_example_grads(self, theta, X, y, impl=None, out=None):
         """Compute the per-example gradients G[i] = dl_i/dtheta, so G.sum(0) == grad.
 
-        "vectorized": one backward pass; conv blocks Delta_i U_i^T and Delta_i 1 as one batched
-        product over the M examples (conv.6)-(conv.7), BackPACK's BatchGrad; dense blocks
-        (peg.4). "autograd": a loop of autograd.grad over examples (the oracle).
+        "vectorized": a forward and a backward pass; conv blocks Delta_i U_i^T and Delta_i 1 as
+        one batched product over the examples (conv.6)-(conv.7), BackPACK's BatchGrad; dense
+        blocks (peg.4). Every layer's rows are written straight into their columns of G; on
+        NumPy the passes run over chunks of examples whose activations fit in cache (the
+        values do not depend on the chunking). "autograd": a loop of autograd.grad over
+        examples (the oracle).
 
         Parameters
         ----------
@@ -1093,17 +1142,20 @@ class CNN:
         impl : {"vectorized", "autograd"}, optional
             Default "vectorized" (NumPy or CuPy); "autograd" runs on NumPy only. FlatModel's
             "numba" has no CNN version.
+        out : array of shape (M, D), optional
+            Where to write G: theta's array module and dtype, C-contiguous (a row slice of a
+            C-contiguous 2-D array qualifies). The values are those of out=None, to the bit.
 
         Returns
         -------
         array of shape (M, D)
-            The per-example gradients G.
+            The per-example gradients G (``out`` itself when given).
 
         Raises
         ------
         ValueError
             If theta, X or y is invalid (see refbayes.models.conv), or impl is not one of
-            CNN_IMPLS, or is "autograd" with CuPy arrays.
+            CNN_IMPLS, or is "autograd" with CuPy arrays, or out is not as described.
         """
         xp = xp_of(theta, X, y)
         impl = "vectorized" if impl is None else impl
@@ -1113,9 +1165,36 @@ class CNN:
             raise ValueError("impl: 'autograd' runs on NumPy arrays only, got CuPy arrays; "
                              "use impl='vectorized' on the GPU")
         xp, theta, X, y = self._inputs(theta, X, y)
+        out = _check_out(xp, out, (X.shape[0], self.D), theta.dtype)
         if impl == "autograd":
-            return self._per_example_grads_autograd(theta, X, y)
-        return xp.concatenate(self._gradient_blocks(xp, theta, X, y, "rows"), axis=1)  # (conv.6)-(conv.7)
+            out[...] = self._per_example_grads_autograd(theta, X, y)
+            return out
+        return self._rows(xp, theta, X, y, out)  # (conv.6)-(conv.7)
+
+    def _rows_chunk(self, xp, itemsize: int) -> int | None:
+        """Examples per pass of ``_rows`` on NumPy: every layer's per-example activations and
+        unfolded inputs (conv.4) within _ROWS_CHUNK_BYTES, so they stay in cache and under the
+        allocator's mmap threshold (measured, derivations/conv_experiments.md); all M on CuPy."""
+        if xp is not np:
+            return None
+        per = sum(math.prod(s) for s in self.shapes)
+        for layer, shape in zip(self.layers, self.shapes):
+            if isinstance(layer, Conv2d):
+                Ho, Wo = _out_shape(layer, shape, "")[1:]
+                per += layer.c_in * layer.kernel[0] * layer.kernel[1] * Ho * Wo  # U (conv.4)
+        return max(1, _ROWS_CHUNK_BYTES // (per * itemsize))
+
+    def _rows(self, xp, theta, X, y, out):
+        """``out`` (M, D) <- the per-example gradients, a forward and a backward pass per chunk of
+        examples (``_rows_chunk``), each layer's rows written into its columns. (conv.6)-(conv.7)"""
+        params = _split(theta, self._param_shapes)
+        M = X.shape[0]
+        step = self._rows_chunk(xp, theta.dtype.itemsize) or M
+        for i in range(0, M, step):
+            caches, f = _forward(xp, self.layers, params, X[i:i + step])
+            r = self.likelihood._grad_f(f, y[i:i + step])  # (peg.2)
+            _rows_into(xp, self.layers, params, caches, r, out[i:i + step])  # (conv.6)-(conv.7)
+        return out
 
     def diag_ef(self, theta, X, y):
         """Compute the diagonal empirical Fisher sum_i g_i^2, g_i = dl_i/dtheta.
@@ -1528,10 +1607,11 @@ class CNN:
             grads.append(_seeded(xp, self.layers, params, caches, self.likelihood._grad_f(f, y), "sum"))
         return xp.stack(losses), xp.stack(grads)
 
-    def per_example_grads_batched(self, thetas, X, y):
+    def per_example_grads_batched(self, thetas, X, y, out=None):
         """Compute the per-example gradients at S parameter vectors.
 
-        G[s] = ``per_example_grads(thetas[s], X, y)`` (vectorized): a loop over s (conv.23).
+        G[s] = ``per_example_grads(thetas[s], X, y)`` (vectorized): a loop over s (conv.23),
+        each written into its slice of G.
 
         Parameters
         ----------
@@ -1542,20 +1622,25 @@ class CNN:
         y : array of shape (M,) or (M, K)
             Targets: labels (M,) for classification; reals (M,) or (M, K) for the gaussian
             likelihood.
+        out : array of shape (S, M, D), optional
+            Where to write G: thetas' array module and dtype, C-contiguous. The values are
+            those of out=None, to the bit.
 
         Returns
         -------
         array of shape (S, M, D)
-            The per-example gradients G.
+            The per-example gradients G (``out`` itself when given).
 
         Raises
         ------
         ValueError
-            If thetas, X or y is invalid (see refbayes.models.conv).
+            If thetas, X or y is invalid (see refbayes.models.conv), or out is not as described.
         """
-        xp, X, y, _ = self._inputs_batched(thetas, X, y)
-        return xp.stack([xp.concatenate(self._gradient_blocks(xp, th, X, y, "rows"), axis=1)
-                         for th in thetas])  # (conv.23)
+        xp, X, y, S = self._inputs_batched(thetas, X, y)
+        out = _check_out(xp, out, (S, X.shape[0], self.D), thetas.dtype)
+        for s, th in enumerate(thetas):
+            self._rows(xp, th, X, y, out[s])  # (conv.23)
+        return out
 
     def sample_moments(self, thetas, X, y, curvature=None):
         """Compute gradients and curvature diagonals at S parameter vectors.
