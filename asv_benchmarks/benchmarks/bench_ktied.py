@@ -13,7 +13,10 @@ draw, in the same process.
   ``ktied.init(mu, model, k, sigma0=softplus(-3), xi, jitter=0.1)`` with xi (P,) standard
   normal (seed 1), the start of derivations/ktied.md (ktied.8); eps (D, 1) standard normal
   (seed 2). Every timed call steps from the same state (t = 0), as bench_bnn does.
-  ``time_step`` and ``peakmem_step`` are one step; ``track_n_variational_params`` is
+  ``time_step`` and ``peakmem_step`` are one step; ``time_adam_update`` is Adam's update alone
+  (``adam.adam_update``, checked) on a gradient of the step's size, 2 D for mean field and D + P
+  for k-tied (the part of the step issue 37 item 5 measured against it; 956,820 at width 400);
+  ``track_n_variational_params`` is
   ``ktied.n_variational_params`` (2 D for mean field, D + P for k-tied (ktied.10));
   ``track_ratio`` times this method's step and the mean-field step interleaved in one process
   (median of repeats) and returns the ratio (1 for "meanfield" itself); its mean-field case is
@@ -27,14 +30,14 @@ One-core figures:
 ``python -m benchmarks.bench_ktied`` (from asv_benchmarks/) prints the median ms per step of
 every method at both widths, interleaved in one process, and its ratio to the mean-field step;
 ``python -m benchmarks.bench_ktied profile`` adds a cProfile of each step at width 400 grouped by
-stage (gradient pass, ELBO loss, softplus / log_softplus / sigmoid, the (ktied.6) chain, Adam,
-input checks).
+stage (the one gradient pass, which also gives loss_hat; softplus / log_softplus / sigmoid, the
+(ktied.6) chain, Adam, input checks).
 """
 import functools
 
 import numpy as np
 
-from refbayes.methods import bbb, ktied
+from refbayes.methods import adam, bbb, ktied
 from refbayes.methods._estimates import Batch
 from refbayes.models import MLP
 
@@ -114,6 +117,9 @@ class KTiedStep:
         self.net = model(width)
         self.width = width
         self.step = step_case(self.xp, method, width)
+        n = ktied.n_variational_params(self.net, rank(method))
+        g = self.xp.asarray(np.random.default_rng(4).standard_normal(n))
+        self.adam_args = (g, adam.adam_init(g), adam.AdamConfig())
         self.baseline = None  # the mean-field case of track_ratio, built there: not in peakmem
         self.run()  # warm-up: CuPy kernels, BLAS buffers
 
@@ -132,6 +138,11 @@ class KTiedStep:
 
     def time_step(self, name, method, width):
         self.run()
+
+    def time_adam_update(self, name, method, width):
+        """Adam's update alone at the step's size (2 D or D + P), (adam.1)-(adam.4)."""
+        adam.adam_update(*self.adam_args)
+        sync(self.xp)
 
     def peakmem_step(self, name, method, width):
         self.run()
@@ -167,8 +178,8 @@ class KTiedStep:
 
 # Profile stages: label -> predicate on (module basename, function name) of a profiled function.
 STAGES = [
-    ("gradient pass (model.sample_moments)", lambda mod, fn: fn == "sample_moments"),
-    ("ELBO loss (model.loss, S calls)", lambda mod, fn: mod == "base" and fn == "loss"),
+    ("pass + loss_hat (sample_losses_and_grads)",
+     lambda mod, fn: fn == "sample_losses_and_grads"),
     ("softplus/log_softplus/sigmoid (all calls)",
      lambda mod, fn: mod == "bbb" and fn in ("softplus", "log_softplus", "_sigmoid",
                                              "_log_sigmoid")),

@@ -49,10 +49,12 @@ import numpy as np
 from refbayes._checks import (
     check_at_construction,
     check_array,
+    check_finite,
     check_float,
     check_in_range,
     check_int,
     check_positive,
+    value_checks,
 )
 from refbayes.backend import xp_of
 from refbayes.methods._estimates import (
@@ -175,13 +177,26 @@ def check_adam_state(state, D: int, dtype, name: str = "state") -> int:
     if not isinstance(state, AdamState):
         raise ValueError(f"{name}: expected an AdamState, got {type(state).__name__}")
     check_array(state.m, f"{name}.m", shape=(D,))
-    check_array(state.v, f"{name}.v", shape=(D,))
+    check_array(state.v, f"{name}.v", shape=(D,), finite=False)
+    # v finite and >= 0 from two reductions (min, max: NaN propagates, inf shows in max) instead
+    # of four scans (isfinite, isnan, min, max); where they fail, the usual checks give the error
+    v_ok = not value_checks() or _finite_nonneg(state.v)
+    if not v_ok:
+        check_finite(state.v, f"{name}.v")
     for field in ("m", "v"):
         a = getattr(state, field)
         if a.dtype != dtype:
             raise ValueError(f"{name}.{field}: expected dtype {dtype}, got {a.dtype}")
-    check_positive(state.v, f"{name}.v", strict=False)  # a second moment
+    if not v_ok:
+        check_positive(state.v, f"{name}.v", strict=False)  # a second moment
     return check_t(state.t)
+
+
+def _finite_nonneg(a) -> bool:
+    """Every entry of a finite and >= 0 (False for NaN); True for an empty or integer array."""
+    if a.size == 0 or a.dtype.kind != "f":
+        return a.size == 0
+    return float(a.min()) >= 0.0 and float(a.max()) < math.inf
 
 
 def check_lam(lam, D: int, dtype, *, strict: bool, name: str = "lam"):
@@ -305,12 +320,28 @@ def adam_update(grad, state: AdamState, cfg: AdamConfig) -> tuple[Array, AdamSta
 
 
 def _adam(xp, g, state, alpha, beta1, beta2, eps, t):
-    """The unchecked update (adam.1)-(adam.4); shared with bbb and mc_dropout."""
-    m = beta1 * state.m + (1 - beta1) * g                  # (adam.1)
-    v = beta2 * state.v + (1 - beta2) * (g * g)            # (adam.2)
-    m_hat = m / (1 - beta1 ** (t + 1))                     # (adam.3)
-    v_hat = v / (1 - beta2 ** (t + 1))                     # (adam.3)
-    delta = -alpha * m_hat / (xp.sqrt(v_hat) + eps)        # (adam.4)
+    """The unchecked update (adam.1)-(adam.4); shared with adam.step, bbb, ktied and mc_dropout.
+
+    Equal bit for bit to the printed expressions
+    ``m = beta1 m + (1 - beta1) g``, ``v = beta2 v + (1 - beta2) (g g)``,
+    ``delta = -alpha (m / c1) / (sqrt(v / c2) + eps)``: each line's operations in the printed
+    order (IEEE products commute exactly), written in place into four fresh arrays (tmp, m, v,
+    delta) instead of eleven temporaries. The caller's g, state.m and state.v are only read: the
+    arrays written are the step's own (the rule of vogn._update).
+    """
+    tmp = xp.multiply(1 - beta1, g)
+    m = xp.multiply(beta1, state.m)
+    m += tmp                                               # (adam.1)
+    xp.multiply(g, g, out=tmp)
+    tmp *= 1 - beta2
+    v = xp.multiply(beta2, state.v)
+    v += tmp                                               # (adam.2)
+    delta = xp.divide(m, 1 - beta1 ** (t + 1))             # m_hat (adam.3)
+    xp.divide(v, 1 - beta2 ** (t + 1), out=tmp)            # v_hat (adam.3)
+    xp.sqrt(tmp, out=tmp)
+    tmp += eps
+    delta *= -alpha
+    delta /= tmp                                           # (adam.4)
     return delta, AdamState(m, v, t + 1)
 
 

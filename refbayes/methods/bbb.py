@@ -262,8 +262,15 @@ def _kl_grads(xp, mu, rho, sigma, log_sigma, s, lam):
 
 
 def _scales(xp, rho):
-    """sigma = softplus(rho), log sigma and sigmoid(rho), each computed once.  (bbb.1)"""
-    return softplus(rho), log_softplus(rho), _sigmoid(xp, rho)
+    """sigma = softplus(rho), log sigma and sigmoid(rho), each computed once.  (bbb.1)
+
+    log sigma is ``log_softplus(rho)`` bit for bit without its second logaddexp: where
+    rho >= -36 that takes log(logaddexp(0, max(rho, -36))) = log(sigma), the same operations on
+    the same value; below -36 it is rho (the log of a placeholder 1 there keeps log(0) away)."""
+    sigma = softplus(rho)                                                        # (bbb.1)
+    low = rho < -36.0
+    log_sigma = xp.where(low, rho, xp.log(xp.where(low, 1.0, sigma)))            # (bbb.1)
+    return sigma, log_sigma, _sigmoid(xp, rho)
 
 
 def _check_mu_rho(mu, rho, prefix=""):
@@ -546,12 +553,18 @@ def step(state: BBBState, batch, eps, cfg: BBBConfig, model) -> tuple[BBBState, 
     g_rho = c * (g * eps.T).sum(axis=0) * s                                         # (bbb.6)
     kl = _kl(xp, mu, sigma, log_sigma, lam)                                         # (bbb.7)
     dkl_dmu, dkl_drho = _kl_grads(xp, mu, rho, sigma, log_sigma, s, lam)            # (bbb.8)
-    grad_mu = g_hat + kl_weight * dkl_dmu                                           # (bbb.9)
-    grad_rho = g_rho + kl_weight * dkl_drho                                         # (bbb.9)
+    # [dF/dmu; dF/drho] written into one fresh (2D,) array, Adam's input without a
+    # concatenation; info.grad_mu, info.grad_rho are its halves (the printed sums bit for bit)
+    grad = xp.empty(2 * D, dtype=dtype)
+    grad_mu, grad_rho = grad[:D], grad[D:]
+    xp.multiply(kl_weight, dkl_dmu, out=grad_mu)
+    grad_mu += g_hat                                                                # (bbb.9)
+    xp.multiply(kl_weight, dkl_drho, out=grad_rho)
+    grad_rho += g_rho                                                               # (bbb.9)
     loss_hat = c * losses.sum()                                                     # (bbb.3)
     elbo = -(loss_hat + kl_weight * kl)                                             # (bbb.3)
-    delta, adam = _adam(xp, xp.concatenate([grad_mu, grad_rho]), state.adam,
-                        alpha, beta1, beta2, eps_adam, state.t)                     # (adam.1)-(adam.4)
+    delta, adam = _adam(xp, grad, state.adam, alpha, beta1, beta2, eps_adam,
+                        state.t)                                                    # (adam.1)-(adam.4)
     mu_new = mu + delta[:D]                                                         # (bbb.10)
     rho_new = rho + delta[D:]                                                       # (bbb.10)
     info = BBBInfo(sigma, theta, g, g_hat, g_rho, kl, grad_mu, grad_rho, loss_hat, elbo, delta,

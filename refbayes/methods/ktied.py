@@ -376,9 +376,10 @@ def _log_sigma(xp, rho, lay, sigma):
     return out
 
 
-def _chain(xp, G_sigma, rho, lay, factors):
-    """dF/drho from dF/dsigma: dF/dU = G V, dF/dV = G^T U, times sigmoid.  (ktied.6)"""
-    out = xp.empty_like(rho)
+def _chain(xp, G_sigma, rho, lay, factors, out=None):
+    """dF/drho from dF/dsigma: dF/dU = G V, dF/dV = G^T U, times sigmoid, written into ``out``
+    (P,) (a fresh array when None).  (ktied.6)"""
+    out = xp.empty_like(rho) if out is None else out
     for l, (U, V) in enumerate(factors):
         (m, n), c = lay.shapes[l], lay.k[l]
         RU, RV, rb = _blocks(rho, lay, l)
@@ -798,13 +799,19 @@ def step(state: KTiedState, batch, eps, cfg: KTiedConfig, model) -> tuple[KTiedS
     g_sigma = c * (g * eps.T).sum(axis=0)                                           # (ktied.5)
     log_sigma = _log_sigma(xp, rho, lay, sigma)
     kl = _kl(xp, mu, sigma, log_sigma, lam)                                         # (ktied.4)
-    grad_mu = g_hat + kl_weight * (lam * mu)                                        # (bbb.9)
+    # [dF/dmu; dF/drho] written into one fresh (D + P,) array, Adam's input without a
+    # concatenation; info.grad_mu, info.grad_rho are its parts (the printed sums bit for bit)
+    grad = xp.empty(D + lay.P, dtype=dtype)
+    grad_mu = grad[:D]
+    xp.multiply(lam, mu, out=grad_mu)
+    grad_mu *= kl_weight
+    grad_mu += g_hat                                                                # (bbb.9)
     grad_sigma = g_sigma + kl_weight * (lam * sigma - xp.exp(-log_sigma))           # (ktied.5)
-    grad_rho = _chain(xp, grad_sigma, rho, lay, factors)                            # (ktied.6)
+    grad_rho = _chain(xp, grad_sigma, rho, lay, factors, out=grad[D:])              # (ktied.6)
     loss_hat = c * losses.sum()                                                     # (ktied.3)
     elbo = -(loss_hat + kl_weight * kl)                                             # (ktied.3)
-    delta, adam = _adam(xp, xp.concatenate([grad_mu, grad_rho]), state.adam,
-                        alpha, beta1, beta2, eps_adam, state.t)                     # (ktied.7)
+    delta, adam = _adam(xp, grad, state.adam, alpha, beta1, beta2, eps_adam,
+                        state.t)                                                    # (ktied.7)
     mu_new = mu + delta[:D]                                                         # (ktied.7)
     rho_new = rho + delta[D:]                                                       # (ktied.7)
     info = KTiedInfo(sigma, theta, g, g_hat, g_sigma, kl, grad_mu, grad_sigma, grad_rho,
