@@ -14,7 +14,9 @@ ring buffer is full and every collect overwrites a row (the steady state of a ru
   Floor: read D_hat (K D, SWAG only), theta_bar, theta2_bar, z1 (S D) and write the draws (S D):
   (K + S + 2) D + S D floats (6.6e8 bytes at D = 1e6, K = 20, S = 30). ``time_floor`` copies S D floats and sums (K + 2) D more (the reads that
   have no write). The arithmetic is one (D, K) x (K, S) product (2 D K S flops, 1.2 GFLOP at the
-  sizes above) and O(D S) elementwise work.
+  sizes above) and O(D S) elementwise work. On NumPy ``sample`` runs over row panels (the product
+  into a cached buffer, then one fused elementwise pass); the before / after table and the panel
+  size's measurement are in derivations/swag_experiments.md, "sample".
 
 asv times whatever BLAS threading the process starts with; for one-core figures:
 
@@ -32,7 +34,7 @@ from .common import BACKENDS, backend, sync
 
 K = 20
 S = 30
-DS = [10_000, 1_000_000]
+DS = [10_000, 100_000, 1_000_000]
 
 
 @functools.lru_cache(maxsize=None)

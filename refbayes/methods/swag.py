@@ -65,6 +65,9 @@ from __future__ import annotations
 import math
 from typing import Any, NamedTuple
 
+import numba
+import numpy as np
+
 from refbayes._checks import (
     check_at_construction,
     check_array,
@@ -615,11 +618,78 @@ def _check_z(z, name, rows, S, dtype, finite=True) -> int:
     return z.shape[1]
 
 
+# Bytes of one row panel of ``sample`` on NumPy: its rows of D_hat^T (K), z1, the product and
+# the draws (S each) then stay in a core's L2 cache between the product and the elementwise
+# pass. Machine-specific: measured on the 2-core AMD EPYC dev VM (1 MiB L2 per core, one BLAS
+# thread) at D = 1e6, K = 20, S = 30, where panels of 256 / 512 / 1024 / 2048 / 4096 / 8192
+# rows (~0.2-7 MiB) were timed; see derivations/swag_experiments.md, "sample".
+SAMPLE_PANEL_BYTES = 1 << 20
+
+
+@numba.njit(cache=True)
+def _draw_panel(z1, prod, theta_bar, theta2_bar, root_scale, var_clamp, out):
+    """out = root_scale sqrt(max(theta2_bar - theta_bar^2, var_clamp)) z1 + prod + theta_bar,
+    row by row, each entry the same IEEE operations in the same order as the whole-array NumPy
+    form of (swag.7) (no contraction into FMAs: numba's default), so bit for bit equal to it.
+    prod is the panel's D_hat z2 term, or a (0, S) array for SWAG-Diagonal. Returns the number
+    of non-finite draws."""
+    rows, S = out.shape
+    low_rank = prod.shape[0] > 0
+    bad = 0
+    for i in range(rows):
+        tb = theta_bar[i]
+        v = theta2_bar[i] - tb * tb
+        if v < var_clamp:  # np.maximum: a NaN stays NaN
+            v = var_clamp
+        c = root_scale * np.sqrt(v)                                             # (swag.4)
+        if low_rank:
+            for j in range(S):
+                x = c * z1[i, j]
+                x = x + prod[i, j]
+                x = x + tb                                                      # (swag.7)
+                out[i, j] = x
+                bad += x - x != 0  # inf - inf and NaN - NaN are NaN
+        else:
+            for j in range(S):
+                x = c * z1[i, j]
+                x = x + tb                                                      # (swag.7)
+                out[i, j] = x
+                bad += x - x != 0
+    return bad
+
+
+def _sample_panels(state, z1, w, scale, var_clamp):
+    """(swag.7) on NumPy over row panels: per panel the (rows, K) x (K, S) product D_hat^T w
+    into a cached buffer, then one fused elementwise pass (``_draw_panel``). A row split of the
+    product leaves each entry's K-sum, and so its rounding, as in the unblocked product.
+    Returns (draws, all finite)."""
+    D, S = z1.shape
+    dtype = state.theta_bar.dtype
+    K = 0 if w is None else w.shape[0]
+    rows = max(64, SAMPLE_PANEL_BYTES // (dtype.itemsize * (K + 3 * S)))
+    out = np.empty((D, S), dtype=dtype)
+    prod = np.empty((min(rows, D) if K else 0, S), dtype=dtype)
+    # scalars in the state's dtype, as NumPy casts Python floats against float32 arrays
+    root_scale, clamp = dtype.type(math.sqrt(scale)), dtype.type(var_clamp)
+    D_hat_T = state.D_hat.T
+    bad = 0
+    for start in range(0, D, rows):
+        stop = min(start + rows, D)
+        p = prod[:stop - start] if K else prod
+        if K:
+            np.matmul(D_hat_T[start:stop], w, out=p)                            # (swag.7)
+        bad += _draw_panel(z1[start:stop], p, state.theta_bar[start:stop],
+                           state.theta2_bar[start:stop], root_scale, clamp, out[start:stop])
+    return out, bad == 0
+
+
 def sample(state: SWAGState, z1, z2, cfg: SWAGConfig):
     """Draw theta = theta_bar + sqrt(scale) (Sigma_diag^{1/2} z1 + D_hat z2 / sqrt(K' - 1)).
 
     (swag.7)  With z2 = None, SWAG-Diagonal: theta_bar + sqrt(scale) Sigma_diag^{1/2} z1.
-    ``scale`` = 0 is not allowed (use theta_bar, which is SWA).
+    ``scale`` = 0 is not allowed (use theta_bar, which is SWA). On NumPy the draws are formed
+    over row panels of ``SAMPLE_PANEL_BYTES`` (the D_hat z2 product and the elementwise work
+    of each panel in cache), bit for bit equal to the whole-array form CuPy runs.
 
     Parameters
     ----------
@@ -652,17 +722,24 @@ def sample(state: SWAGState, z1, z2, cfg: SWAGConfig):
     if z2 is not None:
         _check_z(z2, "z2", Kp, S, state.theta_bar.dtype)
     xp = xp_of(state.theta_bar, z1, *(() if z2 is None else (z2,)))
-    # the scalars go on the small factors; one (D, S) output, updated in place
-    out = (math.sqrt(scale) * xp.sqrt(_var(state, var_clamp)))[:, None] * z1   # (swag.7)
+    w = None
     if z2 is not None:
         # D_hat z2 from the ring rows in place: D_hat^T is (D, K); the z2 row of ring row r
         # goes to r, the rows not yet filled get zero weight
         w = xp.zeros((K, S), dtype=z2.dtype)
         # the low-rank divisor K' - 1 of (swag.5), the columns actually stored  (swag.7)
         w[xp.asarray(order)] = z2 * math.sqrt(scale / (Kp - 1))
-        out += state.D_hat.T @ w                                                # (swag.7)
-    out += state.theta_bar[:, None]                                             # (swag.7)
-    if not bool(xp.all(xp.isfinite(out))):
+    if xp is np:
+        out, finite = _sample_panels(state, z1, w, scale, var_clamp)
+    else:
+        # CuPy: whole arrays (a panel loop would only add kernel launches); the scalars go on
+        # the small factors; one (D, S) output, updated in place
+        out = (math.sqrt(scale) * xp.sqrt(_var(state, var_clamp)))[:, None] * z1   # (swag.7)
+        if w is not None:
+            out += state.D_hat.T @ w                                                # (swag.7)
+        out += state.theta_bar[:, None]                                             # (swag.7)
+        finite = bool(xp.all(xp.isfinite(out)))
+    if not finite:
         # the large inputs (D_hat, z1) are checked through the result; name the culprit
         check_array(z1, "z1")
         check_array(state.D_hat, "state.D_hat")
