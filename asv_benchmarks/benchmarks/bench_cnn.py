@@ -48,8 +48,8 @@ def inputs(xp, dtype="float64", M=M):
     return tuple(xp.asarray(a) for a in _host(dtype, M))
 
 
-def step_case(xp, method, dtype="float64", M=M):
-    """A zero-argument callable running one "adam" or "vogn-ef" / "vogn-ggn" step (S = 1) on
+def step_case(xp, method, dtype="float64", M=M, S=1):
+    """A zero-argument callable running one "adam" or "vogn-ef" / "vogn-ggn" step (S draws) on
     LeNet-5, the inputs built once; X passed as rows (M, 3072), the methods' 2-D form."""
     net = model()
     theta, X, y = inputs(xp, dtype, M)
@@ -59,7 +59,7 @@ def step_case(xp, method, dtype="float64", M=M):
         return lambda: adam.step(st, batch, cfg, net, N, LAM)
     st = vogn.init(theta, xp.full(net.D, S0, dtype=theta.dtype))._replace(t=T)
     cfg = vogn.VOGNConfig(N, LAM, curvature=method[5:])
-    eps = xp.asarray(np.random.default_rng(1).standard_normal((net.D, 1)).astype(dtype))
+    eps = xp.asarray(np.random.default_rng(1).standard_normal((net.D, S)).astype(dtype))
     return lambda: vogn.step(st, batch, eps, cfg, net)
 
 
@@ -118,6 +118,24 @@ class LeNetStep:
         sync(self.xp)
 
     def time_step(self, name, method):
+        self.run()
+        sync(self.xp)
+
+
+class LeNetVOGNDraws:
+    """VOGN steps ("ef") with S = 1, 3, 10 draws, float64 and float32 (issue 37 item 3 on
+    LeNet-5): the goal is S draws at most S times the S = 1 step; the S passes share the first
+    conv's unfolded input (conv._first_unfold)."""
+    params = (BACKENDS, [1, 3, 10], DTYPES)
+    param_names = ["backend", "S", "dtype"]
+
+    def setup(self, name, S, dtype):
+        self.xp = backend(name)
+        self.run = step_case(self.xp, "vogn-ef", dtype, S=S)
+        self.run()
+        sync(self.xp)
+
+    def time_step(self, name, S, dtype):
         self.run()
         sync(self.xp)
 

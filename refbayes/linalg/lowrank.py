@@ -33,7 +33,7 @@ from refbayes._checks import (
     value_checks,
 )
 from refbayes.backend import cho_solve, cholesky, linalg_of, solve_triangular, xp_of
-from refbayes.linalg._kernels import scale_rows
+from refbayes.linalg._kernels import column_extremes, scale_rows
 
 # LAPACK's Cholesky solve by dtype (``_chol_solve``); other dtypes, L = 0 and CuPy take
 # ``backend.cho_solve``
@@ -233,8 +233,9 @@ def _well_conditioned_chol(A):
 def _fix_signs(V):
     """Flip each column so that its largest-``|entry|`` (first one on ties) is >= 0.
 
-    The column maxima and minima decide it (two reductions along the rows, ~10x faster than an
-    argmax of ``|V|`` down the columns of a C-ordered (D, L) array); only a column whose largest
+    The column maxima and minima decide it (on a C-ordered NumPy V one numba pass over the rows,
+    ``_kernels.column_extremes``, 5-10x faster than NumPy's reductions down its columns; else two
+    reductions, ~10x faster than an argmax of ``|V|``); only a column whose largest
     positive and negative entries tie in magnitude takes the argmax, for the first-one rule
     (on NumPy only when there is such a column; on CuPy always, since asking would read a flag
     back from the device). V is flipped in place and returned.
@@ -242,7 +243,11 @@ def _fix_signs(V):
     xp = xp_of(V)
     if V.shape[1] == 0 or V.shape[0] == 0:
         return V
-    top, bottom = V.max(axis=0), V.min(axis=0)
+    if xp is np and V.flags.c_contiguous and V.shape[1] > 1:  # (D, 1): NumPy's own is faster
+        top, bottom = np.empty(V.shape[1], V.dtype), np.empty(V.shape[1], V.dtype)
+        column_extremes(V, top, bottom)  # one pass over the rows
+    else:
+        top, bottom = V.max(axis=0), V.min(axis=0)
     s = xp.where(top >= -bottom, 1.0, -1.0).astype(V.dtype)
     tie = (top == -bottom) & (top != 0)
     if xp is not np or bool(xp.any(tie)):

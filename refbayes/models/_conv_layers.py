@@ -24,7 +24,7 @@ from __future__ import annotations
 import numba
 import numpy as np
 
-__all__ = ["out_size", "pad", "windows", "unfold", "fold", "conv_forward", "conv_grads", "conv_rows_into",
+__all__ = ["out_size", "pad", "windows", "unfold", "fold", "conv_forward", "conv_unfold", "conv_grads", "conv_rows_into",
            "conv_backward_input", "max_pool", "max_pool_backward", "avg_pool",
            "avg_pool_backward", "conv_r_grads"]
 
@@ -136,12 +136,15 @@ def fold(xp, V, shape, kh: int, kw: int, sh: int, sw: int):
     return out
 
 
-def conv_forward(ns, x, Wc, b, stride, padding):
-    """(U (M, Q, P), Z (M, C_out, H_o, W_o)): Z_i = Wm U_i + b 1^T, a cross-correlation. (conv.5)"""
+def conv_forward(ns, x, Wc, b, stride, padding, U=None):
+    """(U (M, Q, P), Z (M, C_out, H_o, W_o)): Z_i = Wm U_i + b 1^T, a cross-correlation. (conv.5)
+
+    ``U``, if given, is x's unfolded input (``conv_unfold(ns, x, Wc.shape[2:], stride,
+    padding)``, e.g. formed once for S parameter vectors on the same batch) and is used as is."""
     (kh, kw), (sh, sw), (ph, pw) = Wc.shape[2:], stride, padding
     M, Cout = x.shape[0], Wc.shape[0]
-    xp_pad = pad(ns, x, ph, pw)
-    U = unfold(ns, xp_pad, kh, kw, sh, sw)
+    if U is None:
+        U = conv_unfold(ns, x, (kh, kw), stride, padding)
     Ho, Wo = out_size(x.shape[2], kh, sh, ph), out_size(x.shape[3], kw, sw, pw)
     Z = Wc.reshape(Cout, -1) @ U  # (conv.5): (C_out, Q) @ (M, Q, P) -> (M, C_out, P)
     if b is not None and ns is np:
@@ -149,6 +152,12 @@ def conv_forward(ns, x, Wc, b, stride, padding):
     elif b is not None:
         Z = Z + b[:, None]  # (conv.5)
     return U, Z.reshape(M, Cout, Ho, Wo)
+
+
+def conv_unfold(ns, x, kernel, stride, padding):
+    """U (M, Q, P): the padded input x unfolded for a kernel (k_h, k_w) (conv.4)."""
+    (kh, kw), (sh, sw), (ph, pw) = kernel, stride, padding
+    return unfold(ns, pad(ns, x, ph, pw), kh, kw, sh, sw)  # (conv.4)
 
 
 def conv_grads(xp, U, Delta, bias: bool, mode: str):

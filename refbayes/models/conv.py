@@ -330,10 +330,11 @@ def _fans(w_shape):
 
 # ---------------------------------------------------------------------------- forward and backward
 
-def _layer_forward(ns, layer, p, a):
-    """(cache for the backward pass, output) of one layer on the batch a."""
+def _layer_forward(ns, layer, p, a, U=None):
+    """(cache for the backward pass, output) of one layer on the batch a (a Conv2d's unfolded
+    input U given, or formed here)."""
     if isinstance(layer, Conv2d):
-        U, z = cl.conv_forward(ns, a, p[0], p[1], layer.stride, layer.padding)  # (conv.5)
+        U, z = cl.conv_forward(ns, a, p[0], p[1], layer.stride, layer.padding, U)  # (conv.5)
         return (a.shape, U), z
     if isinstance(layer, Dense):
         z = a @ p[0]  # (peg.1)
@@ -349,22 +350,33 @@ def _layer_forward(ns, layer, p, a):
     return a.shape, a.reshape(a.shape[0], -1)  # Flatten: (conv.15), row-major (c, h, w)
 
 
-def _forward(ns, layers, params, X, sz=None):
+def _forward(ns, layers, params, X, sz=None, U0=None):
     """(per-layer caches, f): the network on a validated (M, C, H, W) batch. With ``sz`` (MC
     dropout, refbayes.models.dropout), the input of parameter layer j is multiplied by sz[j] =
-    s z_j first, and that layer's cache holds the masked input."""
+    s z_j first, and that layer's cache holds the masked input. ``U0``: X unfolded for a first
+    layer that is a Conv2d (``_first_unfold``), shared by the passes of S parameter vectors."""
     it = iter(params)
     masks = iter(() if sz is None else sz)
     caches, a = [], X
-    for layer in layers:
+    for k, layer in enumerate(layers):
         p = None
         if isinstance(layer, _PARAM_TYPES):
             p = next(it)
             if sz is not None:
                 a = a * next(masks)  # a~_j = s z_j a_j  (mc_dropout.1)
-        cache, a = _layer_forward(ns, layer, p, a)
+        cache, a = _layer_forward(ns, layer, p, a, U0 if k == 0 else None)
         caches.append(cache)
     return caches, a
+
+
+def _first_unfold(ns, layers, X, S: int):
+    """X unfolded for the first layer when it is a Conv2d and S > 1 parameter vectors will pass
+    over the same batch: the unfold (a copy 25x LeNet-5's input) does not depend on theta, so
+    the S passes share it (the same values, so the same results bit for bit); else None."""
+    first = layers[0]
+    if S > 1 and isinstance(first, Conv2d):
+        return cl.conv_unfold(ns, X, first.kernel, first.stride, first.padding)  # (conv.4)
+    return None
 
 
 def _layer_backward(xp, layer, p, cache, delta):
@@ -1246,10 +1258,10 @@ class CNN:
         check_same_dtype({"theta": theta, "v": v})
         return check_float(v, "v")
 
-    def _passes(self, xp, theta, X):
-        """(params, caches, f) of one forward pass on validated inputs."""
+    def _passes(self, xp, theta, X, U0=None):
+        """(params, caches, f) of one forward pass on validated inputs (``U0``: ``_forward``'s)."""
         params = _split(theta, self._param_shapes)
-        caches, f = _forward(xp, self.layers, params, X)
+        caches, f = _forward(xp, self.layers, params, X, U0=U0)
         return params, caches, f
 
     def jacobian(self, theta, X):
@@ -1569,7 +1581,8 @@ class CNN:
             If thetas or X is invalid (see refbayes.models.conv).
         """
         xp, X, _, _ = self._inputs_batched(thetas, X, need_y=False)
-        return xp.stack([self._passes(xp, th, X)[2] for th in thetas])  # (conv.23)
+        U0 = _first_unfold(xp, self.layers, X, thetas.shape[0])
+        return xp.stack([self._passes(xp, th, X, U0)[2] for th in thetas])  # (conv.23)
 
     def sample_losses_and_grads(self, thetas, X, y):
         """Compute the summed losses and gradients at S parameter vectors.
@@ -1601,8 +1614,9 @@ class CNN:
         """
         xp, X, y, S = self._inputs_batched(thetas, X, y)
         losses, grads = [], []
+        U0 = _first_unfold(xp, self.layers, X, S)
         for th in thetas:  # (conv.23)
-            params, caches, f = self._passes(xp, th, X)
+            params, caches, f = self._passes(xp, th, X, U0)
             losses.append(self.likelihood._losses(xp, f, y).sum())
             grads.append(_seeded(xp, self.layers, params, caches, self.likelihood._grad_f(f, y), "sum"))
         return xp.stack(losses), xp.stack(grads)
@@ -1676,10 +1690,11 @@ class CNN:
         """
         if curvature not in (None, "ef", "ggn"):
             raise ValueError(f"curvature: expected None, 'ef' or 'ggn', got {curvature!r}")
-        xp, X, y, _ = self._inputs_batched(thetas, X, y)
+        xp, X, y, S = self._inputs_batched(thetas, X, y)
         gs, hs = [], []
+        U0 = _first_unfold(xp, self.layers, X, S)
         for th in thetas:  # (conv.23)
-            params, caches, f = self._passes(xp, th, X)
+            params, caches, f = self._passes(xp, th, X, U0)
             r = self.likelihood._grad_f(f, y)
             gs.append(_seeded(xp, self.layers, params, caches, r, "sum"))  # (conv.8)
             if curvature == "ef":
@@ -1862,9 +1877,10 @@ class CNN:
         if y_curv is not None:
             y_curv = y_curv.reshape((S, M) + y_curv.shape[1:])
         gs, sums = [], None
+        U0 = _first_unfold(xp, self.layers, X, S)
         for s, th in enumerate(thetas):  # (conv.23)
             c = 1.0 if scale is None else scale[s]
-            params, caches, f = self._passes(xp, th, X)
+            params, caches, f = self._passes(xp, th, X, U0)
             gs.append(_seeded(xp, self.layers, params, caches, self.likelihood._grad_f(f, y),
                               "sum") * c)  # (conv.8), (noise_gamma.2)
             if curvature is None:

@@ -752,3 +752,22 @@ def test_sample_draws_are_the_printed_maps():
     by_hand = mu[:, None] + (eps - V @ K @ V.T @ eps) / np.sqrt(d)[:, None]  # (lowrank.12)
     assert_close(lowrank.sample_alg3(mu, U, d, eps), by_hand, EXACT_F64, "sample_alg3")
     assert np.max(np.abs(by_hand - mu[:, None])) > 1e-1  # the perturbation is not negligible
+
+
+def test_column_extremes_kernel_is_numpys_max_and_min():
+    """_kernels.column_extremes (the C-ordered path of _fix_signs) equals V.max(axis=0) and
+    V.min(axis=0): random columns, a NaN column (NaN in both), +-inf, a one-row V; and _fix_signs
+    flips the same columns on C- and F-ordered copies of V."""
+    from refbayes.linalg._kernels import column_extremes
+    from refbayes.linalg.lowrank import _fix_signs
+    rng = np.random.default_rng(3)
+    V = rng.standard_normal((200, 6))
+    V[5, 1], V[9, 2], V[0, 3] = np.nan, np.inf, -np.inf
+    V[:, 4] = -np.abs(V[:, 4])
+    for A in (V, V[:1], V.astype(np.float32)):
+        top, bottom = np.empty(A.shape[1], A.dtype), np.empty(A.shape[1], A.dtype)
+        column_extremes(np.ascontiguousarray(A), top, bottom)
+        np.testing.assert_array_equal(top, A.max(axis=0))
+        np.testing.assert_array_equal(bottom, A.min(axis=0))
+    W = rng.standard_normal((300, 5))
+    np.testing.assert_array_equal(_fix_signs(W.copy()), _fix_signs(np.asfortranarray(W)))
