@@ -109,6 +109,22 @@ class SLANGStepUnchecked(SLANGStep):
             return slang.step(self.state, self.batch, self.eps, self.cfg, self.model)
 
 
+def _plain_update(W_T, G, mu, d, lam, c, L, alpha_t, beta_t):
+    """The floor steps' shared tail, once the per-example gradients G are in W^T's rows: the
+    gradient, the scaling of G, the exact fast_eig, the new diagonal and the Woodbury solve.
+    Returns (mu, U, d) of the new state."""
+    g = c * G.sum(axis=(0, 1)) + lam * mu
+    G *= np.sqrt(beta_t * c)
+    _, R = np.linalg.eigh(W_T @ W_T.T)
+    U_new = W_T.T @ R[:, ::-1][:, :L]
+    d_new = (1.0 - beta_t) * d + np.einsum("kd,kd->d", W_T, W_T) \
+        - np.einsum("dl,dl->d", U_new, U_new) + beta_t * lam
+    Vn = U_new / d_new[:, None]
+    cap = np.eye(L) + U_new.T @ Vn
+    Delta = g / d_new - Vn @ np.linalg.solve(cap, Vn.T @ g)       # Woodbury (lowrank.2)
+    return mu - alpha_t * Delta, U_new, d_new
+
+
 def plain_step(state, X, y, eps, lam, N, alpha_t, beta_t):
     """SLANG's step on logistic regression in plain NumPy: the floor of ``slang.step``.
 
@@ -130,16 +146,7 @@ def plain_step(state, X, y, eps, lam, N, alpha_t, beta_t):
     G = W_T[L:].reshape(S, M, D)                                   # per-example gradients
     np.multiply(r.T[:, :, None], X[None], out=G[:, :, :p])
     G[:, :, p] = r.T
-    g = c * G.sum(axis=(0, 1)) + lam * mu
-    G *= np.sqrt(beta_t * c)
-    _, R = np.linalg.eigh(W_T @ W_T.T)
-    U_new = W_T.T @ R[:, ::-1][:, :L]
-    d_new = (1.0 - beta_t) * d + np.einsum("kd,kd->d", W_T, W_T) \
-        - np.einsum("dl,dl->d", U_new, U_new) + beta_t * lam
-    Vn = U_new / d_new[:, None]
-    cap = np.eye(L) + U_new.T @ Vn
-    Delta = g / d_new - Vn @ np.linalg.solve(cap, Vn.T @ g)       # Woodbury (lowrank.2)
-    return mu - alpha_t * Delta, U_new, d_new
+    return _plain_update(W_T, G, mu, d, lam, c, L, alpha_t, beta_t)
 
 
 class SLANGStepPlain:
@@ -236,16 +243,7 @@ def plain_step_model(state, model, X, y, eps, lam, N, alpha_t, beta_t):
         model.per_example_grads(np.ascontiguousarray(theta[:, 0]), X, y, out=G[0])
     else:
         model.per_example_grads_batched(np.ascontiguousarray(theta.T), X, y, out=G)
-    g = c * G.sum(axis=(0, 1)) + lam * mu
-    G *= np.sqrt(beta_t * c)
-    _, R = np.linalg.eigh(W_T @ W_T.T)
-    U_new = W_T.T @ R[:, ::-1][:, :L]
-    d_new = (1.0 - beta_t) * d + np.einsum("kd,kd->d", W_T, W_T) \
-        - np.einsum("dl,dl->d", U_new, U_new) + beta_t * lam
-    Vn = U_new / d_new[:, None]
-    cap = np.eye(L) + U_new.T @ Vn
-    Delta = g / d_new - Vn @ np.linalg.solve(cap, Vn.T @ g)       # Woodbury (lowrank.2)
-    return mu - alpha_t * Delta, U_new, d_new
+    return _plain_update(W_T, G, mu, d, lam, c, L, alpha_t, beta_t)
 
 
 MNIST_SIZES = [784, 100, 10]
