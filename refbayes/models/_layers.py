@@ -14,6 +14,8 @@ from __future__ import annotations
 import functools
 from typing import NamedTuple
 
+import numpy as np
+
 __all__ = ["ACTIVATIONS", "Layout", "layout", "unflatten", "activate", "act_prime",
            "forward", "backward", "check_out", "per_example_blocks", "summed_blocks", "sum_sq_blocks",
            "unflatten_batched", "forward_batched", "backward_batched", "summed_blocks_batched",
@@ -205,7 +207,7 @@ def check_out(out, xp, dtype, shape):
     ``shape`` and C-contiguous (a row slice of a C-contiguous 2-d array qualifies): the results
     are written into it, so no silent copy or broadcast is possible. Returns ``out``.
     """
-    expected = (f"a C-contiguous {'NumPy' if xp.__name__ == 'numpy' else 'CuPy'} array of "
+    expected = (f"a C-contiguous {'NumPy' if xp is np else 'CuPy'} array of "
                 f"dtype {xp.dtype(dtype).name} and shape {tuple(shape)}")
     if not isinstance(out, xp.ndarray):
         raise ValueError(f"out: expected {expected}, got {type(out).__module__}."
