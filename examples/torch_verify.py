@@ -194,14 +194,12 @@ def _likelihood(spec: dict) -> str:
     return spec["args"]["likelihood"]
 
 
-def per_example_grads(net: nn.Sequential, spec: dict):
-    """A function G(theta, X, y) -> (M, D): the gradients of l_i = -log p(y_i | x_i, theta).
 
-    theta is torch's flat vector (``parameters_to_vector`` order); the gradients come from
-    ``torch.func.vmap(torch.func.grad(...))`` over the rows, in the same order. A CNN's rows
-    are flattened images, as the trace's X holds them; each is reshaped to the spec's
-    ``input_shape`` (C, H, W) before the network reads it.
-    """
+def _functional(net, spec):
+    """(unflatten, likelihood, input shape) for a functional call of ``net``: unflatten(theta)
+    splits torch's flat vector (``parameters_to_vector`` order) into the named parameters; the
+    input shape (C, H, W) of a CNN spec, else None. Refuses likelihoods this example does not
+    handle."""
     names = [n for n, _ in net.named_parameters()]
     shapes = [p.shape for _, p in net.named_parameters()]
     sizes = [p.numel() for _, p in net.named_parameters()]
@@ -211,8 +209,22 @@ def per_example_grads(net: nn.Sequential, spec: dict):
         raise ValueError(f"model: this example handles categorical and bernoulli likelihoods, "
                          f"got {kind!r}")
 
+    def unflatten(theta):
+        return {n: t.reshape(s) for n, t, s in zip(names, torch.split(theta, sizes), shapes)}
+    return unflatten, kind, in_shape
+
+def per_example_grads(net: nn.Sequential, spec: dict):
+    """A function G(theta, X, y) -> (M, D): the gradients of l_i = -log p(y_i | x_i, theta).
+
+    theta is torch's flat vector (``parameters_to_vector`` order); the gradients come from
+    ``torch.func.vmap(torch.func.grad(...))`` over the rows, in the same order. A CNN's rows
+    are flattened images, as the trace's X holds them; each is reshaped to the spec's
+    ``input_shape`` (C, H, W) before the network reads it.
+    """
+    unflatten, kind, in_shape = _functional(net, spec)
+
     def loss_i(theta, x, y):
-        params = {n: t.reshape(s) for n, t, s in zip(names, torch.split(theta, sizes), shapes)}
+        params = unflatten(theta)
         x = x[None] if in_shape is None else x.reshape((1,) + in_shape)  # a batch of one
         f = functional_call(net, params, (x,))  # (1, n_out) logits
         if kind == "categorical":  # l_i = logsumexp(f_i) - f_{i, y_i}
@@ -489,17 +501,10 @@ def summed_loss(net: nn.Sequential, spec: dict):
     theta is torch's flat vector (``parameters_to_vector`` order), differentiable; a CNN's rows
     are reshaped to the spec's ``input_shape`` (C, H, W) before the network reads them.
     """
-    names = [n for n, _ in net.named_parameters()]
-    shapes = [p.shape for _, p in net.named_parameters()]
-    sizes = [p.numel() for _, p in net.named_parameters()]
-    kind = _likelihood(spec)
-    in_shape = tuple(spec["input_shape"]) if spec["class"] == "CNN" else None
-    if kind not in ("categorical", "bernoulli"):
-        raise ValueError(f"model: this example handles categorical and bernoulli likelihoods, "
-                         f"got {kind!r}")
+    unflatten, kind, in_shape = _functional(net, spec)
 
     def loss(theta, X, y):
-        params = {n: t.reshape(s) for n, t, s in zip(names, torch.split(theta, sizes), shapes)}
+        params = unflatten(theta)
         f = functional_call(net, params, (X if in_shape is None
                                           else X.reshape((X.shape[0],) + in_shape),))
         if kind == "categorical":
