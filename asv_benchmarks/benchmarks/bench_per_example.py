@@ -10,7 +10,10 @@ M = 10), 0.58 (M = 32), 0.87 (M = 128), 0.89 ([8, 200, 1], M = 32), 1.04 (M = 12
 [784, 100, 10], M = 128 (an 81 MB G) both took 24-26 ms in a process of its own, but numba 141-192
 ms in one that had run the other shapes first, 91-94 % of it kernel (system) time, not
 arithmetic; why that process's page faults hit the numba path and not the vectorized one was not
-found.
+found then. Issue 37 found two parts of it (per_example_gradients_experiments.md): a fresh 81 MB G
+is above glibc's 32 MB retained-memory threshold, so its pages are faulted in on every call, and
+the numba row loop's 2-d indexed stores were not vectorized (now 1-d row views); the 141-192 ms
+case itself was not re-measured.
 
 Issue 37 (item 5), ``PerExampleGradsMnist``: [784, 100, 10], M = 128, float64 (an 81 MB G) against
 the output-write floor, a fresh (M, D) array with every entry written once (``np.empty`` +

@@ -208,8 +208,9 @@ def _warn_if_redundant(lay) -> None:
     layers = "; ".join(f"layer {i} ({shapes[i][0]} x {shapes[i][1]}): {c} > {cap}"
                        for i, c, cap in over)
     kept = tuple(min(c, cap) for c, cap in zip(k, caps))
-    warnings.warn(f"k: k_l exceeds min(n_in, n_out) on {layers}; U_l V_l^T has rank <= "
-                  f"min(n_in, n_out) whatever k, so the extra columns are redundant parameters: P = "
+    warnings.warn(f"k: k_l exceeds min(m_l, n_l) of the tied matrix (n_in x n_out for a dense "
+                  f"layer, Q x C_out for a conv layer) on {layers}; U_l V_l^T has rank <= "
+                  f"min(m_l, n_l) whatever k, so the extra columns are redundant parameters: P = "
                   f"{_rho_size(shapes, k, biases)}, against {_rho_size(shapes, kept, biases)} with "
                   f"k = {kept}", UserWarning, stacklevel=3)
 
