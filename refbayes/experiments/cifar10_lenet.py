@@ -13,7 +13,15 @@ team-approx-bayes/dl-with-bayes, and what is refbayes' own choice):
 - rows (:data:`ROWS`): Table 1's ``adam`` (210 epochs), ``vogn`` (210, S = 6, KL warm-up over the
   first 30 epochs, an OGN first step), ``bbb`` (800, S = 1) and ``mc-dropout`` (210, p = 0.1),
   and our ``kfac`` (50 epochs, ExponentialLR 0.9) and ``noisy-kfac`` (15 epochs, M = 64, S = 4,
-  ExponentialLR 0.9), with the settings of the note (:func:`make_method` builds each);
+  ExponentialLR 0.9), with the settings of the note (:func:`make_method` builds each); issue
+  36's second list: ``ktied`` (k = 2 on every layer, trained as bbb, 800 epochs), ``swag`` (ONE
+  job, one momentum-SGD run under the SWAG paper's CIFAR schedule (swag.12) scaled to 210 epochs,
+  a snapshot per epoch after swa_start = 210 x 161 / 300; three table rows from its moments:
+  ``swa`` at theta_SWA, ``swag-diag`` scale 1, ``swag`` scale 1/2 with the low-rank term) and
+  the post-hoc ``laplace-kron`` / ``laplace-ll`` (no training: the GGN Laplace approximation,
+  K-FAC on all layers / full on the last layer, at the ``adam`` job's final theta of the seed,
+  prior precision lam = N x 1e-2, in float64; the GLM predictive by Monte Carlo; the
+  evidence-tuned prior precision recorded under "found");
 - measured: every --eval-every epochs and after the last, the test accuracy, NLL, ECE (top label,
   equal-width bins: 10, 15 and 20) and the misclassification AUROC (correct = positive; scores -H
   and max_k P) of the predictive (the BMA of --test-draws draws, or the point for adam and
@@ -25,7 +33,8 @@ team-approx-bayes/dl-with-bayes, and what is refbayes' own choice):
 Explicit randomness: each (seed, row) job draws from ``job_rng(seed, row id, purpose, ...)`` only:
 the permutation of epoch e from (.., 1, e), the training noise (eps, dropout masks) from one
 stream (.., 0) whose state the checkpoints carry, the evaluation draws after epoch e from
-(.., 2, e). So a job's numbers depend on its coordinates only (serial = ``--jobs`` = Dask), and
+(.., 2, e) (swag's further rows: (.., 2, E - 1, k), k = 1 swa, 2 swag-diag; the Laplace rows:
+(.., 2, 0)), ktied's start jitter from (.., 3). So a job's numbers depend on its coordinates only (serial = ``--jobs`` = Dask), and
 a resumed job repeats an uninterrupted one bit for bit.
 
 Output (--out, default results/cifar10-lenet): ``<row>/seed_<s>.json`` per job as it finishes
@@ -33,12 +42,17 @@ Output (--out, default results/cifar10-lenet): ``<row>/seed_<s>.json`` per job a
 ``<row>/seed_<s>.curve.csv``; while a job runs ``checkpoints/<row>_seed_<s>.ckpt.npz`` (every
 --checkpoint-steps steps and every epoch, written atomically: the state, the epoch and step, the
 noise generator's state, the record so far) and the curve CSV; at the end
-``predictions/<row>_seed_<s>.npz`` (the final test probabilities), ``summary.csv`` (or
+``predictions/<row>_seed_<s>.npz`` (the final test probabilities), ``states/<row>_seed_<s>.npz``
+(a trained job's final state, ``_pack``'s arrays and its settings, written atomically: the
+Laplace rows read ``states/adam_seed_<s>.npz``; they run after the trained jobs in a serial run
+and refuse, naming the adam job, when that state is missing), ``summary.csv`` (or
 ``summary.partial.csv``), ``summary.json``, ``table.md`` and ``reliability.png``. Checkpoints and
-predictions are for resuming and re-analysis, not for committing (``.gitignore`` there).
+predictions and states are for resuming and re-analysis, not for committing (``.gitignore``
+there).
 
 Cost: :data:`SECONDS_PER_EPOCH` (measured by tools/cifar10_epoch_timing.py, the note's table)
-gives the plan line's estimate; a float32 seed of the four Table 1 rows is about 26 CPU-hours.
+(and :data:`POSTHOC_SECONDS` for the Laplace rows) gives the plan line's estimate; a float32
+seed of the four Table 1 rows is about 26 CPU-hours.
 ``--backend cupy`` keeps the data, the states and the steps on the GPU (the draws still come
 from the host generators and are copied over; the scores are computed on the host from the
 predictive probabilities): the numbers differ from NumPy's in the last bits, so it is a setting
@@ -77,11 +91,23 @@ from refbayes.experiments._runner import (
     reusable,
     write_csv,
 )
-from refbayes.methods import Batch, adam, bbb, driver, mc_dropout, noisy_kfac, vogn
+from refbayes.experiments.calibration_methods import laplace_state, linearized_bma
+from refbayes.methods import (
+    Batch,
+    adam,
+    bbb,
+    driver,
+    ktied,
+    laplace,
+    mc_dropout,
+    noisy_kfac,
+    swag,
+    vogn,
+)
 from refbayes.models.conv import lenet5
 
 __all__ = ["DESCRIPTION", "MEAN", "PAPER", "ROWS", "SECONDS_PER_EPOCH", "STD", "add_arguments",
-           "make_method", "normalize", "official_vogn_config", "run"]
+           "evidence_tuned", "make_method", "normalize", "official_vogn_config", "run"]
 
 DESCRIPTION = ("Osawa et al. (2019) Table 1: Adam, VOGN, BBB, MC dropout (and K-FAC, Noisy "
                "K-FAC) on CIFAR-10 with LeNet-5, no augmentation")
@@ -114,7 +140,21 @@ ROWS = {"adam": Row(0, 210, 128, 0, False),
         "bbb": Row(2, 800, 128, 1, True),
         "mc-dropout": Row(3, 210, 128, 1, True),
         "kfac": Row(4, 50, 128, 0, False, decay=0.9),
-        "noisy-kfac": Row(5, 15, 64, 4, True, normalized=False, decay=0.9)}
+        "noisy-kfac": Row(5, 15, 64, 4, True, normalized=False, decay=0.9),
+        "ktied": Row(6, 800, 128, 1, True),
+        "laplace-kron": Row(7, 0, 128, 0, True),
+        "laplace-ll": Row(8, 0, 128, 0, True),
+        "swag": Row(9, 210, 128, 0, True)}
+# post-hoc rows: no training, a Laplace approximation at the adam job's final theta of the seed
+# (structure, subset of laplace.LaplaceConfig); they read states/adam_seed_<s>.npz
+POSTHOC = {"laplace-kron": ("kron", "all"), "laplace-ll": ("full", "last_layer")}
+KTIED_K, KTIED_JITTER = 2, 0.1  # k on every layer; the start's jitter of the calibration row
+# the swag job: one SGD run, three table rows (its own, and these from the same moments)
+SWAG_EXTRA = ("swa", "swag-diag")
+# wjmaddox/swa_gaussian experiments/train/README.md l.79 (VGG16, CIFAR): 300 epochs,
+# lr_init 0.05, swa_lr 0.01, swa_start 161; run_swag.py: max_num_models 20 (K)
+SWAG_LR_INIT, SWAG_LR, SWAG_K, SWAG_MOMENTUM = 0.05, 0.01, 20, 0.9
+SWAG_START_FRACTION = 161 / 300  # swa_start = epochs x 161 / 300 (112.7 of 210)
 TABLE1 = ("adam", "bbb", "mc-dropout", "vogn")
 
 # Table 1 as the issue transcribes it: train acc %, val acc %, val NLL, epochs, ECE, AUROC.
@@ -124,12 +164,20 @@ PAPER = {"adam": (71.98, 67.67, 0.937, 210, 0.021, 0.794),
          "vogn": (70.79, 67.32, 0.938, 210, 0.046, 0.8)}
 
 # s / epoch, one BLAS thread, the 2-core VM under load 5-6 (derivations/cifar10_lenet.md,
-# "Seconds per epoch"; +-50 % there); the plan line's estimate.
+# "Seconds per epoch"; +-50 % there); the plan line's estimate. ktied: bbb's (side by side
+# within 6 %), swag: the SGD line's (its step is swag.sgd_step), both in the note.
 SECONDS_PER_EPOCH = {"float32": {"adam": 28.4, "vogn": 250.2, "bbb": 35.0, "mc-dropout": 29.4,
-                                 "kfac": 179.3, "noisy-kfac": 660.4},
+                                 "kfac": 179.3, "noisy-kfac": 660.4, "ktied": 35.0,
+                                 "swag": 32.9},
                      "float64": {"adam": 55.5, "vogn": 555.3, "bbb": 56.8, "mc-dropout": 53.9,
-                                 "kfac": 508.2, "noisy-kfac": 1107.7}}
+                                 "kfac": 508.2, "noisy-kfac": 1107.7, "ktied": 56.8,
+                                 "swag": 52.8}}
 EVAL_SECONDS_PER_DRAW = {"float32": 3.1, "float64": 6.5}  # one pass over the 10,000 test images
+# the post-hoc Laplace rows (float64 whatever --dtype): the fit on the 50,000 rows plus the
+# evidence tuning, and one GLM predictive draw over the 10,000 test images (the fit timed on
+# 2,000 rows and extrapolated: tools/cifar10_epoch_timing.py, the note's "Seconds per epoch")
+POSTHOC_SECONDS = {"laplace-kron": 470.0, "laplace-ll": 100.0}
+POSTHOC_SECONDS_PER_DRAW = 18.0
 
 DEFAULTS = {"eval_every": 10, "test_draws": 10, "checkpoint_steps": 100, "n_train": N_TRAIN,
             "n_test": N_TEST}
@@ -192,6 +240,7 @@ class Method(NamedTuple):
     train_probs: Callable
     predict: Callable
     M: int
+    extra: dict | None = None  # further table rows of the same job: {row: predict}
 
 
 def _bma(net, thetas, X):
@@ -207,7 +256,8 @@ def _bma(net, thetas, X):
     return P / thetas.shape[1]
 
 
-def make_method(name: str, net, theta0, N: int, backend: str = "numpy") -> Method:
+def make_method(name: str, net, theta0, N: int, backend: str = "numpy",
+                init_rng=None, epochs: int | None = None) -> Method:
     """Build one row's initial state, step and predictive with the note's settings.
 
     Parameters
@@ -223,6 +273,11 @@ def make_method(name: str, net, theta0, N: int, backend: str = "numpy") -> Metho
     backend : {"numpy", "cupy"}, default "numpy"
         Where the state and the steps' draws live: the draws come from the host generator and
         are copied to the device (``cupy.asarray``) for "cupy"; theta0 is copied there too.
+    init_rng : numpy.random.Generator, optional
+        The start's own draws (required for "ktied": xi (P,) of the jitter, ktied.init); the
+        runner passes ``job_rng(seed, row id, 3)``.
+    epochs : int, optional
+        The job's epochs (default the row's): "swag" scales its schedule to them.
 
     Returns
     -------
@@ -232,8 +287,12 @@ def make_method(name: str, net, theta0, N: int, backend: str = "numpy") -> Metho
     Raises
     ------
     ValueError
-        If name is not a row, or backend is not numpy / cupy (or CuPy is missing).
+        If name is not a trained row (the post-hoc Laplace rows have no step), backend is not
+        numpy / cupy (or CuPy is missing), or init_rng is missing for "ktied".
     """
+    if name in POSTHOC:
+        raise ValueError(f"method: {name!r} is post-hoc (a Laplace fit at the adam row's theta), "
+                         "not a trained row")
     if name not in ROWS:
         raise ValueError(f"method: expected one of {sorted(ROWS)}, got {name!r}")
     row = ROWS[name]
@@ -284,6 +343,53 @@ def make_method(name: str, net, theta0, N: int, backend: str = "numpy") -> Metho
             return _bma(net, bbb.sample(state, normal(rng, (D, S))), X)
         return Method(name, bbb.init(theta0.copy(), sigma0=1e-3), step,
                       lambda s, info, X: _bma(net, info.theta, X), predict, row.M)
+
+    if name == "ktied":  # refbayes' choice: bbb's settings, k = 2 on every layer (conv: ktied.16)
+        if init_rng is None:
+            raise ValueError("init_rng: expected a numpy Generator for 'ktied' (the start's jitter)")
+        cfg = ktied.KTiedConfig(N, 100.0, alpha=1e-3, eps_adam=N * ADAM_EPS)
+        xi = xp.asarray(init_rng.standard_normal(ktied.layout(net, KTIED_K).P).astype(dt))
+        state0 = ktied.init(theta0.copy(), net, KTIED_K, 1e-3, xi, KTIED_JITTER)
+
+        def step(state, batch, rng, t, epoch):
+            return ktied.step(state, batch, normal(rng, (D, row.S)), cfg, net)
+
+        def predict(state, X, rng, S):
+            return _bma(net, ktied.sample(state, normal(rng, (D, S)), net), X)
+        return Method(name, state0, step, lambda s, info, X: _bma(net, info.theta, X), predict,
+                      row.M)
+
+    if name == "swag":  # SGD + the SWA schedule (swag.12) scaled to the epochs; lam = adam's
+        E = row.epochs if epochs is None else epochs
+        a0, a_swa, swa_start = SWAG_LR_INIT / N, SWAG_LR / N, E * SWAG_START_FRACTION
+        cfg = swag.SGDConfig(N=N, lam=lam, alpha=a0, momentum=SWAG_MOMENTUM)
+        scfg = swag.SWAGConfig(K=SWAG_K)
+        K_steps = math.ceil(N / row.M)
+
+        def step(state, batch, rng, t, epoch):
+            a = swag.swa_learning_rate(epoch, alpha_init=a0, alpha_swa=a_swa, swa_start=swa_start)
+            sgd, moments = state
+            sgd, info = swag.sgd_step(sgd, batch, None, cfg._replace(alpha=a), net)
+            if (t + 1) % K_steps == 0 and epoch + 1 > swa_start:  # an epoch's end (collect_model)
+                moments, _ = swag.collect(moments, sgd.theta, scfg)
+            return (sgd, moments), info
+
+        def swag_predict(which):
+            def predict(state, X, rng, S):
+                sgd, moments = state
+                if moments.n == 0:  # before swa_start: the SGD iterate
+                    return _bma(net, sgd.theta[:, None], X)
+                if which == "swa":  # theta_SWA, nothing drawn
+                    return _bma(net, moments.theta_bar[:, None], X)
+                low = which == "swag" and swag.rank(moments) >= 2  # (swag.5) needs K' >= 2
+                z1 = normal(rng, (D, S))
+                z2 = normal(rng, (swag.rank(moments), S)) if low else None
+                c = swag.SWAGConfig(K=SWAG_K, scale=0.5 if which == "swag" else 1.0)
+                return _bma(net, swag.sample(moments, z1, z2, c), X)  # (swag.7)
+            return predict
+        return Method(name, (swag.sgd_init(theta0.copy()), swag.init(theta0, scfg)), step,
+                      lambda s, info, X: _bma(net, s[0].theta[:, None], X), swag_predict("swag"),
+                      row.M, {k: swag_predict(k) for k in SWAG_EXTRA})
 
     p = 0.1  # LeNet5MCDropout's dropout_ratio
     if name == "mc-dropout":  # p = 0.1, the Adam row's optimizer and lam
@@ -343,8 +449,11 @@ def _methods(text: str) -> tuple:
     out = [p.strip().replace("_", "-") for p in text.split(",")]
     bad = [p for p in out if p not in ROWS]
     if bad or not out:
+        hint = ("; swa and swag-diag are rows of the swag job" if set(bad) & set(SWAG_EXTRA)
+                else "")
         raise argparse.ArgumentTypeError(
-            f"expected rows of {', '.join(ROWS)} (comma-separated), table1 or all; got {text!r}")
+            f"expected rows of {', '.join(ROWS)} (comma-separated), table1 or all; got "
+            f"{text!r}{hint}")
     if len(set(out)) != len(out):
         raise argparse.ArgumentTypeError(f"expected each row once, got {text!r}")
     return tuple(out)
@@ -395,7 +504,13 @@ def _budget(args) -> dict:
 
 
 def _epochs_of(name, budget) -> int:
+    if name in POSTHOC:  # nothing trained: --epochs is the adam job's
+        return 0
     return budget.get("epochs") or ROWS[name].epochs
+
+
+# the adam job's settings a post-hoc row's state must have been trained with
+MAP_KEYS = ("method", "seed", "epochs", "M", "dtype", "n_train", "normalized", "init")
 
 
 def _settings(name, seed, budget) -> dict:
@@ -408,6 +523,22 @@ def _settings(name, seed, budget) -> dict:
          "checkpoint_steps": budget["checkpoint_steps"]}
     if budget["backend"] != "numpy":  # recorded only then: NumPy results keep their settings
         s["backend"] = budget["backend"]
+    if name == "swag":
+        s.update(lr_init=SWAG_LR_INIT, swa_lr=SWAG_LR, K=SWAG_K, momentum=SWAG_MOMENTUM,
+                 swa_start=s["epochs"] * SWAG_START_FRACTION,
+                 prior_precision=budget["n_train"] * WEIGHT_DECAY, rows=["swa", "swag-diag",
+                                                                         "swag"])
+    if name in POSTHOC:
+        structure, subset = POSTHOC[name]
+        adam_s = _settings("adam", seed, budget)
+        s.pop("backend", None)  # the fit and predictive run on the host
+        s.update(S_train=0, checkpoint_steps=None,
+                 map={k: adam_s[k] for k in MAP_KEYS if k in adam_s},
+                 prior_precision=budget["n_train"] * WEIGHT_DECAY, structure=structure,
+                 subset=subset, curvature="ggn", predictive="glm, Monte Carlo over theta",
+                 laplace_dtype="float64", prior_tuning="evidence, scalar, L-BFGS-B (found only)")
+        if adam_s.get("backend"):
+            s["map"]["backend"] = adam_s["backend"]
     return _runner.as_saved(s)
 
 
@@ -536,7 +667,8 @@ def _fit(name, seed, budget, settings, prov, data, progress, ckpt_dir, fresh):
     theta0 = net.init_theta(job_rng(seed, 0), dtype=np.dtype(budget["dtype"]), scheme="pytorch")
     backend = settings.get("backend", "numpy")
     xp = get_xp(backend)
-    m = make_method(name, net, theta0, N, backend)
+    m = make_method(name, net, theta0, N, backend, init_rng=job_rng(seed, row.rid, 3),
+                    epochs=settings["epochs"])
     X, y, X_test = xp.asarray(data.X), xp.asarray(data.y), xp.asarray(data.X_test)
     E = settings["epochs"]
     K = math.ceil(N / m.M)
@@ -602,24 +734,159 @@ def _fit(name, seed, budget, settings, prov, data, progress, ckpt_dir, fresh):
     last = record["curve"][-1]
     last.update({f"val_{k}": v for k, v in final.items()})
     final.update(train_acc=last.get("train_acc"), train_nll=last.get("train_nll"))
-    rel = metrics.reliability_curve(P, data.y_test, RELIABILITY_BINS)
     record["final"] = final
-    record["reliability"] = {"count": rel["count"].tolist(),
-                             "correct": np.nan_to_num(rel["accuracy"] * rel["count"]).tolist(),
-                             "confidence_sum": np.nan_to_num(rel["confidence"] * rel["count"]).tolist()}
+    record["reliability"] = _reliability(P, data.y_test)
+    extras = {}
+    for k, (sub, predict) in enumerate((m.extra or {}).items()):  # the same state's other rows
+        extras[sub] = predict(state, X_test, job_rng(seed, row.rid, 2, E - 1, k + 1),
+                              settings["test_draws"])
+        sub_final = _scores(extras[sub], data.y_test)
+        sub_final.update(train_acc=final["train_acc"], train_nll=final["train_nll"])
+        record.setdefault("rows", {})[sub] = {"final": sub_final,
+                                              "reliability": _reliability(extras[sub],
+                                                                          data.y_test)}
+    if name == "swag":  # how many snapshots the moments hold; the low-rank term needs K' >= 2
+        moments = state[1]
+        record["found"] = {"snapshots": int(moments.n), "rank": int(swag.rank(moments)),
+                           "low_rank": bool(swag.rank(moments) >= 2)}
     record["seconds"] = time.perf_counter() - t0
     record["citation"] = CITATION
-    return record, P
+    arrays = {}
+    _pack(state, "state.", arrays)  # the final state, saved as states/<row>_seed_<s>.npz
+    return record, P, arrays, extras
+
+
+def _reliability(P, y) -> dict:
+    rel = metrics.reliability_curve(P, y, RELIABILITY_BINS)
+    return {"count": rel["count"].tolist(),
+            "correct": np.nan_to_num(rel["accuracy"] * rel["count"]).tolist(),
+            "confidence_sum": np.nan_to_num(rel["confidence"] * rel["count"]).tolist()}
+
+
+def _state_path(out, name, seed) -> Path:
+    return Path(out) / "states" / f"{name}_seed_{seed}.npz"
+
+
+def _read_map(states_dir, name, seed, settings):
+    """The adam job's final theta (host, as saved) for post-hoc row ``name``; ValueError naming
+    the adam job when its state is missing or was trained with other settings."""
+    path = _state_path(states_dir, "adam", seed)
+    run_first = (f"run the adam job first (`--methods adam` with the same --out, --seeds, "
+                 f"--dtype and --epochs; or `--methods adam,{name}` without --jobs)")
+    if not path.exists():
+        raise ValueError(f"{name} seed {seed}: no final state of the adam job of seed {seed} "
+                         f"({path}): {run_first}")
+    with np.load(path, allow_pickle=False) as z:
+        meta = json.loads(str(z["meta"]))
+        theta = z["state.theta"]
+    got = {k: meta["settings"].get(k) for k in settings["map"]}
+    if got != settings["map"]:
+        raise ValueError(f"{name} seed {seed}: the adam state {path} was trained with {got}, "
+                         f"expected {settings['map']}: {run_first}")
+    return theta
+
+
+def _chunked(fn, X):
+    """fn(X chunk) over EVAL_ROWS-row chunks of X, stacked (bounds the im2col buffers)."""
+    return np.concatenate([fn(X[i:i + EVAL_ROWS]) for i in range(0, X.shape[0], EVAL_ROWS)])
+
+
+def evidence_tuned(net, state, X, y, cfg):
+    """Tune one scalar prior precision of a classification Laplace state by its evidence.
+
+    ``laplace.optimize_prior_precision`` (L-BFGS-B from cfg.prior_precision, mu and the
+    curvature held fixed; (laplace.6), (laplace.17)) on ONE training row: for a categorical
+    likelihood the rows enter the evidence only through log p(D | mu), a constant in the prior
+    precision, so the optimum is the same, and the log evidence is corrected by the summed loss
+    of all rows taken in EVAL_ROWS chunks (the optimizer's own pass over 50,000 rows would
+    need 23 GB of im2col buffers per evaluation in float64).
+
+    Parameters
+    ----------
+    net : CNN
+        The network of the state.
+    state : laplace.LaplaceState
+        The Laplace state at mu (``calibration_methods.laplace_state``).
+    X : array of shape (N, 3072)
+        The training rows of the fit, in mu's dtype.
+    y : array of shape (N,)
+        Their labels.
+    cfg : laplace.LaplaceConfig
+        The fit's config (its prior_precision is the start).
+
+    Returns
+    -------
+    state : laplace.LaplaceState
+        The state at the tuned prior precision.
+    found : dict
+        prior_precision, log_marglik (of all N rows), converged, evaluations.
+
+    Raises
+    ------
+    ValueError
+        As ``laplace.optimize_prior_precision``.
+    """
+    tuned, info = laplace.optimize_prior_precision(net, state, X[:1], y[:1], cfg, method="lbfgs",
+                                                   prior_structure="scalar",
+                                                   init_prior_prec=cfg.prior_precision)
+    loss = sum(float(net.loss(state.mu, X[i:i + EVAL_ROWS], y[i:i + EVAL_ROWS]))
+               for i in range(0, X.shape[0], EVAL_ROWS))
+    log_marglik = float(info.log_marglik) + float(net.loss(state.mu, X[:1], y[:1])) - loss
+    return tuned, {"prior_precision": float(info.prior_precision), "log_marglik": log_marglik,
+                   "converged": bool(info.converged),
+                   "evaluations": int(info.trace_log_marglik.shape[0])}
+
+
+def _fit_laplace(name, seed, budget, settings, prov, data, states_dir):
+    """(record, final test probabilities, None) of a post-hoc Laplace job: the GGN Laplace
+    approximation (``calibration_methods.laplace_state``; structure and subset of
+    :data:`POSTHOC`) at the adam job's final theta on the n_train training rows, prior precision
+    lam = n_train x WEIGHT_DECAY (the MAP objective's own), in float64; the GLM predictive by
+    Monte Carlo (``linearized_bma``, (laplace.7)) over test_draws draws theta_s =
+    laplace.sample(state, eps), eps from job_rng(seed, row id, 2, 0). The evidence-tuned scalar
+    prior precision (``laplace.optimize_prior_precision``, L-BFGS-B from lam) and the scores of
+    the GLM predictive at it (the same eps) go to record["found"] (:func:`evidence_tuned`); the
+    row's scores use lam."""
+    t0 = time.perf_counter()
+    row = ROWS[name]
+    net = lenet5()
+    theta = np.asarray(_read_map(states_dir, name, seed, settings), dtype=np.float64)
+    X, y = data.X.astype(np.float64), data.y
+    X_test = data.X_test.astype(np.float64)
+    lam = float(settings["prior_precision"])
+    cfg = laplace.LaplaceConfig(prior_precision=lam, structure=settings["structure"],
+                                curvature="ggn", subset=settings["subset"])
+    state = laplace_state(net, theta, X, y, cfg)
+    t_fit = time.perf_counter() - t0
+    tuned, found = evidence_tuned(net, state, X, y, cfg)
+    eps = job_rng(seed, row.rid, 2, 0).standard_normal((net.D - state.n_fixed,
+                                                        settings["test_draws"]))
+    P = _chunked(lambda Xc: linearized_bma(net, theta, laplace.sample(state, eps), Xc), X_test)
+    P_ev = _chunked(lambda Xc: linearized_bma(net, theta, laplace.sample(tuned, eps), Xc),
+                    X_test)
+    final = _scores(P, data.y_test)
+    final.update(train_acc=None, train_nll=None)
+    record = {"settings": settings, "provenance": prov, "curve": [], "final": final,
+              "reliability": _reliability(P, data.y_test),
+              "found": {**found, "scores": _scores(P_ev, data.y_test)},
+              "fit_seconds": t_fit, "seconds": time.perf_counter() - t0, "citation": CITATION}
+    return record, P, None, {}
 
 
 def _run_job(name, seed, budget, settings, prov, data_dir, ckpt_dir, fresh,
-             progress=_runner.QUIET):
-    """One (row, seed) job of ``_runner.execute``: (record, probabilities). It (re)loads the
-    data, checks it is what the main process read, and resumes from / writes checkpoints under
-    ``ckpt_dir`` (None: neither)."""
+             progress=_runner.QUIET, states_dir=None):
+    """One (row, seed) job of ``_runner.execute``: (record, probabilities, final state arrays
+    or None, {further row: its probabilities}). It (re)loads the data, checks it is what the main process read, and resumes from
+    / writes checkpoints under ``ckpt_dir`` (None: neither); a post-hoc row reads the adam
+    state under ``states_dir``."""
     _runner.check_worker_data(f"cifar10-lenet job {name} seed {seed}", _identity(data_dir), prov)
     data = _load(data_dir, budget["dtype"], ROWS[name].normalized, budget["n_train"],
                  budget["n_test"])
+    if name in POSTHOC:
+        with progress.run_bar(1, f"{name} seed {seed}") as bar:
+            result = _fit_laplace(name, seed, budget, settings, prov, data, states_dir)
+            bar.update(1)
+        return result
     return _fit(name, seed, budget, settings, prov, data, progress, ckpt_dir, fresh)
 
 
@@ -633,6 +900,30 @@ SUMMARY_KEYS = ("train_acc", "acc", "nll", *(f"ece{b}" for b in ECE_BINS), "auro
 
 def _path(out, name, seed) -> Path:
     return Path(out) / name / f"seed_{seed}.json"
+
+
+def _sub_record(record, sub) -> dict:
+    """The record of row ``sub`` of a job with several rows (swag: swa, swag-diag): the job's
+    settings (method = sub), provenance and seconds, the row's final scores and reliability;
+    the curve is the job's own row's (swag), so it is left out."""
+    return {**{k: v for k, v in record.items() if k != "rows"}, **record["rows"][sub],
+            "settings": {**record["settings"], "method": sub, "job": record["settings"]["method"]},
+            "curve": []}
+
+
+def _expanded(saved) -> dict:
+    """saved with the further rows of each several-row job added under their own names."""
+    out = dict(saved)
+    for (name, seed), r in saved.items():
+        for sub in r.get("rows", {}):
+            out[sub, seed] = _sub_record(r, sub)
+    return out
+
+
+def _shown(methods) -> tuple:
+    """The table rows of the jobs ``methods``: swag's job gives swa, swag-diag and swag."""
+    return tuple(m for name in methods
+                 for m in ((*SWAG_EXTRA, name) if name == "swag" else (name,)))
 
 
 def _pm(v, se, scale=1.0, digits=3) -> str:
@@ -672,7 +963,11 @@ def _table(rows, complete) -> str:
                      _pm(r["auroc_entropy"], r["auroc_entropy_se"]),
                      _pm(r["auroc_maxprob"], r["auroc_maxprob_se"]), f"{r['cpu_hours']:.2f}",
                      "-" if p is None else f"{p[0]} / {p[1]} | {p[2]} | {p[3]} | {p[4]} | {p[5]}"])
-        if r["epochs"] < r["paper_epochs"] or r["n_train"] < N_TRAIN or r["n_test"] < N_TEST:
+        if r["method"] in POSTHOC:
+            if r["n_train"] < N_TRAIN or r["n_test"] < N_TEST:
+                reduced.append(f"{r['method']}: at adam's theta, {r['n_train']} / "
+                               f"{r['n_test']} images")
+        elif r["epochs"] < r["paper_epochs"] or r["n_train"] < N_TRAIN or r["n_test"] < N_TEST:
             reduced.append(f"{r['method']}: {r['epochs']} of {r['paper_epochs']} epochs, "
                            f"{r['n_train']} / {r['n_test']} images")
     lines = [(f"CIFAR-10, LeNet-5, no augmentation, {rows[0]['dtype'] if rows else ''}: mean "
@@ -714,16 +1009,21 @@ def _figure(out, saved, methods):
 
 # ----------------------------------------------------------------------------- the command
 
-def _plan_line(todo, budget) -> str:
-    spe = SECONDS_PER_EPOCH[budget["dtype"]]
+def _job_seconds(s, budget) -> float:
+    """The measured estimate of one job's CPU seconds (:data:`SECONDS_PER_EPOCH`,
+    :data:`EVAL_SECONDS_PER_DRAW`, :data:`POSTHOC_SECONDS`)."""
     frac = budget["n_train"] / N_TRAIN
-    hours = 0.0
-    for u in todo:
-        s = u.settings
-        evals = math.ceil(s["epochs"] / s["eval_every"]) + 1
-        hours += (s["epochs"] * spe[s["method"]] * frac
-                  + evals * s["test_draws"] * EVAL_SECONDS_PER_DRAW[s["dtype"]]
-                  * budget["n_test"] / N_TEST) / 3600
+    test = budget["n_test"] / N_TEST
+    if s["method"] in POSTHOC:  # float64 whatever --dtype: the fit, the evidence, 2 predictives
+        return (POSTHOC_SECONDS[s["method"]] * frac
+                + 2 * s["test_draws"] * POSTHOC_SECONDS_PER_DRAW * test)
+    evals = math.ceil(s["epochs"] / s["eval_every"]) + 1
+    return (s["epochs"] * SECONDS_PER_EPOCH[budget["dtype"]][s["method"]] * frac
+            + evals * s["test_draws"] * EVAL_SECONDS_PER_DRAW[s["dtype"]] * test)
+
+
+def _plan_line(todo, budget) -> str:
+    hours = sum(_job_seconds(u.settings, budget) for u in todo) / 3600
     return (f"{len(todo)} job(s) to compute, about {hours:.2f} CPU-hours from the measured "
             f"s/epoch ({budget['dtype']}, one BLAS thread, a loaded 2-core VM: +-50 %)")
 
@@ -743,6 +1043,17 @@ def run(args: argparse.Namespace) -> int:
                           _settings(name, seed, budget), prov)
              for name in args.methods for seed in range(args.seeds)]
     saved, todo = _runner.plan(units, args.fresh)
+    serial = args.jobs == 1 and args.dask_scheduler is None
+    keys = {u.key for u in todo}
+    for name, seed in sorted(keys):  # a post-hoc row needs the adam job's final state first
+        if name in POSTHOC and not (("adam", seed) in keys and serial) and not \
+                _state_path(out, "adam", seed).exists():
+            raise ValueError(
+                f"--methods: {name} seed {seed} reads the final state of the adam job of seed "
+                f"{seed} ({_state_path(out, 'adam', seed)}), which is not there: run "
+                f"`--methods adam` first with the same --out, --seeds, --dtype and --epochs"
+                + (" (it is scheduled in this run, but --jobs / --dask-scheduler run the jobs at "
+                   "once)" if ("adam", seed) in keys else ""))
     resuming = {}
     for u in todo:
         read = _read_checkpoint(_ckpt_path(out, *u.key), u.settings, prov, args.fresh)
@@ -766,18 +1077,27 @@ def run(args: argparse.Namespace) -> int:
                                     enabled=not args.no_progress, resuming=resuming,
                                     partial=checkpointed)
     if write and todo:
-        atomic_write_text(out / ".gitignore", "checkpoints/\npredictions/\n")
+        atomic_write_text(out / ".gitignore", "checkpoints/\npredictions/\nstates/\n")
     ckpt_dir = out.resolve() if args.dask_scheduler is None else None
+    states_dir = out.resolve()
     jobs = [_runner.Job(f"cifar10-lenet/{u.key[0]}/{u.key[1]}", _run_job,
                         (u.key[0], u.key[1], budget, u.settings, prov, data_dir, ckpt_dir,
-                         args.fresh, _runner.PROGRESS),
-                        cost=u.settings["epochs"] * SECONDS_PER_EPOCH["float32"][u.key[0]])
+                         args.fresh, _runner.PROGRESS, states_dir),
+                        cost=_job_seconds(u.settings, budget | {"dtype": "float32"}))
             for u in todo]
 
     def done(key, result):
         _, name, seed = key.split("/")
         seed = int(seed)
-        record, P = result
+        record, P, arrays, extras = result
+        for sub, P_sub in extras.items():  # the job's further rows, as their own files
+            atomic_write_npz(out / "predictions" / f"{sub}_seed_{seed}.npz",
+                             probs=P_sub.astype(np.float32))
+            write_json(_path(out, sub, seed), _sub_record(record, sub))
+        if arrays is not None:  # the final state (post-hoc rows read the adam row's)
+            atomic_write_npz(_state_path(out, name, seed),
+                             meta=np.array(json.dumps({"settings": record["settings"]})),
+                             **arrays)
         atomic_write_npz(out / "predictions" / f"{name}_seed_{seed}.npz",
                          probs=P.astype(np.float32))
         saved[name, seed] = record
@@ -787,9 +1107,12 @@ def run(args: argparse.Namespace) -> int:
         progress.advance(f"{name} seed {seed}")
 
     with progress:
-        _runner.execute([_runner.Section(jobs)], done, progress, **_runner.job_options(args))
+        sections = [_runner.Section([j for j in jobs if j.key.split("/")[1] not in POSTHOC]),
+                    _runner.Section([j for j in jobs if j.key.split("/")[1] in POSTHOC])]
+        _runner.execute(sections, done, progress, **_runner.job_options(args))
         complete = len(saved) == len(units)
-        rows = _summary(saved, args.methods)
+        shown = _shown(args.methods)
+        rows = _summary(_expanded(saved), shown)
         table = _table(rows, complete)
         progress.echo(table)
         lines = [f"results: {out}/"]
@@ -798,7 +1121,7 @@ def run(args: argparse.Namespace) -> int:
             write_json(out / "summary.json", {"complete": complete, "rows": rows,
                                               "paper": PAPER, "citation": CITATION})
             atomic_write_text(out / "table.md", table)
-            fig = _figure(out, saved, args.methods)
+            fig = _figure(out, _expanded(saved), shown)
             if fig is not None:
                 lines.append(f"figure: {fig}")
         progress.echo("\n".join(lines))
