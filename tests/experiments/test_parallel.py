@@ -40,11 +40,11 @@ def fail(x):
     raise ValueError(f"job {x} failed")
 
 
-def note_start(log, key):
-    """Append ``key`` to the file ``log`` as the job starts, then hold the worker a while."""
+def note_start(log, key, hold):
+    """Append ``key`` to the file ``log`` as the job starts, then hold the worker ``hold`` s."""
     with open(log, "a") as f:
         f.write(key + "\n")
-    time.sleep(0.5)
+    time.sleep(hold)
     return key
 
 
@@ -145,7 +145,10 @@ def test_launch_order_is_longest_first_and_keeps_ties_in_order():
 def test_parallel_runs_start_the_costliest_jobs_first(cluster, tmp_path, where):
     kwargs = {"n_jobs": 2} if where == "processes" else {"scheduler": cluster.scheduler_address}
     log = tmp_path / "starts"
-    jobs = [_runner.Job(k, note_start, (str(log), k), c)
+    # the costly jobs hold their worker 3 s: a worker may take its first job seconds after the
+    # other (each unpickles this module, importing refbayes, on a loaded machine), and a 0.5 s
+    # hold once let the first worker finish d and log b before the second logged c
+    jobs = [_runner.Job(k, note_start, (str(log), k, 3.0 if c > 2.0 else 0.0), c)
             for k, c in [("a", 1.0), ("b", 2.0), ("c", 5.0), ("d", 9.0)]]
     out = {}
     _runner.run_jobs(jobs, out.__setitem__, **kwargs)
