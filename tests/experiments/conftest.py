@@ -23,3 +23,11 @@ def cluster():
             os.environ.pop("PYTHONPATH", None)
         else:
             os.environ["PYTHONPATH"] = old
+
+
+@pytest.fixture(scope="module")
+def cifar_dir(data_dir):
+    """The data folder, skipping the test when it holds no cifar10/."""
+    if not (data_dir / "cifar10").is_dir():
+        pytest.skip(f"no cifar10 under {data_dir}")
+    return data_dir

@@ -27,11 +27,6 @@ def _run(argv):
     return status, o.getvalue(), e.getvalue()
 
 
-@pytest.fixture(scope="module")
-def cifar_dir(data_dir):
-    if not (data_dir / "cifar10").is_dir():
-        pytest.skip(f"no cifar10 under {data_dir}")
-    return data_dir
 
 
 @pytest.fixture(scope="module")

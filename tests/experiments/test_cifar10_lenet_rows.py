@@ -4,35 +4,17 @@ read the adam job's final state and refuse clearly without it (or with one train
 ktied and swag resume after an interruption to the uninterrupted numbers bit for bit.
 
 Skips without the staged cifar10 data (CI has it)."""
-import contextlib
-import io
 import json
 
 import numpy as np
 import pytest
 from scipy.special import softmax
 
-from refbayes.cli import main
 from refbayes.experiments import cifar10_lenet as exp
 from refbayes.experiments.calibration_methods import laplace_state
 from refbayes.methods import laplace, swag
 from refbayes.models.conv import lenet5
-
-QUICK = ["--quick", "--no-progress"]
-
-
-def _run(argv):
-    o, e = io.StringIO(), io.StringIO()
-    with contextlib.redirect_stdout(o), contextlib.redirect_stderr(e):
-        status = main(["reproduce", "cifar10-lenet", *argv])
-    return status, o.getvalue(), e.getvalue()
-
-
-@pytest.fixture(scope="module")
-def cifar_dir(data_dir):
-    if not (data_dir / "cifar10").is_dir():
-        pytest.skip(f"no cifar10 under {data_dir}")
-    return data_dir
+from tests.experiments.test_cifar10_lenet import QUICK, _run
 
 
 def _state(path):
