@@ -18,6 +18,8 @@ team-approx-bayes/dl-with-bayes, and what is refbayes' own choice):
   job, one momentum-SGD run under the SWAG paper's CIFAR schedule (swag.12) scaled to 210 epochs,
   a snapshot per epoch after swa_start = 210 x 161 / 300; three table rows from its moments:
   ``swa`` at theta_SWA, ``swag-diag`` scale 1, ``swag`` scale 1/2 with the low-rank term) and
+  ``mc-dropout-official`` (the mc-dropout row with the masks where the official
+  LeNet5MCDropout puts them, :data:`DROPOUT_SITES`, compared with the same Table 1 row) and
   the post-hoc ``laplace-kron`` / ``laplace-ll`` (no training: the GGN Laplace approximation,
   K-FAC on all layers / full on the last layer, at the ``adam`` job's final theta of the seed,
   prior precision lam = N x 1e-2, in float64; the GLM predictive by Monte Carlo; the
@@ -144,7 +146,8 @@ ROWS = {"adam": Row(0, 210, 128, 0, False),
         "ktied": Row(6, 800, 128, 1, True),
         "laplace-kron": Row(7, 0, 128, 0, True),
         "laplace-ll": Row(8, 0, 128, 0, True),
-        "swag": Row(9, 210, 128, 0, True)}
+        "swag": Row(9, 210, 128, 0, True),
+        "mc-dropout-official": Row(10, 210, 128, 1, True)}
 # post-hoc rows: no training, a Laplace approximation at the adam job's final theta of the seed
 # (structure, subset of laplace.LaplaceConfig); they read states/adam_seed_<s>.npz
 POSTHOC = {"laplace-kron": ("kron", "all"), "laplace-ll": ("full", "last_layer")}
@@ -156,11 +159,16 @@ SWAG_EXTRA = ("swa", "swag-diag")
 SWAG_LR_INIT, SWAG_LR, SWAG_K, SWAG_MOMENTUM = 0.05, 0.01, 20, 0.9
 SWAG_START_FRACTION = 161 / 300  # swa_start = epochs x 161 / 300 (112.7 of 210)
 TABLE1 = ("adam", "bbb", "mc-dropout", "vogn")
+# MC dropout rows whose masks sit elsewhere than on the parameter layers' inputs: the official
+# LeNet5MCDropout's dropout(layer(x)) after conv1, conv2, fc1, fc2 and fc3 (mc_dropout.10), i.e.
+# refbayes.models.dropout.output_sites(lenet5()) (a test checks the two agree)
+DROPOUT_SITES = {"mc-dropout-official": [1, 4, 8, 10, 12]}
 
 # Table 1 as the issue transcribes it: train acc %, val acc %, val NLL, epochs, ECE, AUROC.
 PAPER = {"adam": (71.98, 67.67, 0.937, 210, 0.021, 0.794),
          "bbb": (66.84, 64.61, 1.018, 800, 0.045, 0.784),
          "mc-dropout": (68.41, 67.65, 0.99, 210, 0.087, 0.797),
+         "mc-dropout-official": (68.41, 67.65, 0.99, 210, 0.087, 0.797),  # the same Table 1 row
          "vogn": (70.79, 67.32, 0.938, 210, 0.046, 0.8)}
 
 # s / epoch, one BLAS thread, the 2-core VM under load 5-6 (derivations/cifar10_lenet.md,
@@ -168,10 +176,10 @@ PAPER = {"adam": (71.98, 67.67, 0.937, 210, 0.021, 0.794),
 # within 6 %), swag: the SGD line's (its step is swag.sgd_step), both in the note.
 SECONDS_PER_EPOCH = {"float32": {"adam": 28.4, "vogn": 250.2, "bbb": 35.0, "mc-dropout": 29.4,
                                  "kfac": 179.3, "noisy-kfac": 660.4, "ktied": 35.0,
-                                 "swag": 32.9},
+                                 "swag": 32.9, "mc-dropout-official": 29.4},
                      "float64": {"adam": 55.5, "vogn": 555.3, "bbb": 56.8, "mc-dropout": 53.9,
                                  "kfac": 508.2, "noisy-kfac": 1107.7, "ktied": 56.8,
-                                 "swag": 52.8}}
+                                 "swag": 52.8, "mc-dropout-official": 53.9}}
 EVAL_SECONDS_PER_DRAW = {"float32": 3.1, "float64": 6.5}  # one pass over the 10,000 test images
 # the post-hoc Laplace rows (float64 whatever --dtype): the fit on the 50,000 rows plus the
 # evidence tuning, and one GLM predictive draw over the 10,000 test images (the fit timed on
@@ -304,8 +312,8 @@ def make_method(name: str, net, theta0, N: int, backend: str = "numpy",
     def normal(rng, shape):  # host draws, copied to the backend
         return xp.asarray(rng.standard_normal(shape).astype(dt))
 
-    def masks_of(rng, n):
-        return [xp.asarray(z) for z in driver.draw_masks(rng, net, n, p, dtype=dt)]
+    def masks_of(rng, n, sites=None):
+        return [xp.asarray(z) for z in driver.draw_masks(rng, net, n, p, dtype=dt, sites=sites)]
     lam = N * WEIGHT_DECAY  # lenet_adam.json's weight decay in summed units
 
     def point_probs(state, info, X):
@@ -392,20 +400,23 @@ def make_method(name: str, net, theta0, N: int, backend: str = "numpy",
                       row.M, {k: swag_predict(k) for k in SWAG_EXTRA})
 
     p = 0.1  # LeNet5MCDropout's dropout_ratio
-    if name == "mc-dropout":  # p = 0.1, the Adam row's optimizer and lam
+    if name in ("mc-dropout", "mc-dropout-official"):  # p = 0.1, the Adam row's optimizer, lam
+        sites = DROPOUT_SITES.get(name)  # None: every parameter layer's input (mc_dropout.1)
         cfg = mc_dropout.MCDropoutConfig(N, p=p, lengthscale=math.sqrt(lam * (1 - p)),
-                                         alpha=1e-3, eps_adam=N * ADAM_EPS)
+                                         alpha=1e-3, eps_adam=N * ADAM_EPS,
+                                         sites=None if sites is None else tuple(sites))
 
         def step(state, batch, rng, t, epoch):
-            return mc_dropout.step(state, batch, masks_of(rng, batch.X.shape[0]), cfg, net)
+            return mc_dropout.step(state, batch, masks_of(rng, batch.X.shape[0], cfg.sites), cfg,
+                                   net)
 
         def predict(state, X, rng, S):
             P = np.zeros((X.shape[0], N_CLASSES))
             for _ in range(S):  # per pass, per chunk: masks drawn in that order
                 for i in range(0, X.shape[0], EVAL_ROWS):
                     Xi = X[i:i + EVAL_ROWS]
-                    F = mc_dropout.predict_samples(state, Xi, [masks_of(rng, Xi.shape[0])], cfg,
-                                                   net)[0]
+                    F = mc_dropout.predict_samples(state, Xi, [masks_of(rng, Xi.shape[0],
+                                                                        cfg.sites)], cfg, net)[0]
                     P[i:i + EVAL_ROWS] += softmax(to_numpy(F).astype(np.float64), axis=1)
             return P / S
         return Method(name, mc_dropout.init(theta0.copy()), step,
@@ -523,6 +534,8 @@ def _settings(name, seed, budget) -> dict:
          "checkpoint_steps": budget["checkpoint_steps"]}
     if budget["backend"] != "numpy":  # recorded only then: NumPy results keep their settings
         s["backend"] = budget["backend"]
+    if name in DROPOUT_SITES:
+        s["dropout_sites"] = DROPOUT_SITES[name]
     if name == "swag":
         s.update(lr_init=SWAG_LR_INIT, swa_lr=SWAG_LR, K=SWAG_K, momentum=SWAG_MOMENTUM,
                  swa_start=s["epochs"] * SWAG_START_FRACTION,
@@ -1022,10 +1035,18 @@ def _job_seconds(s, budget) -> float:
             + evals * s["test_draws"] * EVAL_SECONDS_PER_DRAW[s["dtype"]] * test)
 
 
-def _plan_line(todo, budget) -> str:
-    hours = sum(_job_seconds(u.settings, budget) for u in todo) / 3600
-    return (f"{len(todo)} job(s) to compute, about {hours:.2f} CPU-hours from the measured "
-            f"s/epoch ({budget['dtype']}, one BLAS thread, a loaded 2-core VM: +-50 %)")
+def _plan_line(todo, budget, resuming) -> str:
+    """The plan: jobs and CPU-hours left; a resumed job counts its remaining steps only."""
+    seconds = 0.0
+    for u in todo:
+        s = u.settings
+        done = resuming.get(f"{u.key[0]} seed {u.key[1]}", 0)
+        total = s["epochs"] * math.ceil(s["n_train"] / s["M"]) if s["epochs"] else 0
+        seconds += _job_seconds(s, budget) * (1.0 - done / total if total else 1.0)
+    return (f"{len(todo)} job(s) to compute, about {seconds / 3600:.2f} CPU-hours from the "
+            f"measured s/epoch ({budget['dtype']}, one BLAS thread, a loaded 2-core VM: +-50 %"
+            + (f"; {len(resuming)} resumed, their remaining steps only" if resuming else "")
+            + ")")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -1072,7 +1093,7 @@ def run(args: argparse.Namespace) -> int:
         return found
 
     if todo and not args.no_progress:
-        print(f"cifar10-lenet: plan: {_plan_line(todo, budget)}", file=sys.stderr, flush=True)
+        print(f"cifar10-lenet: plan: {_plan_line(todo, budget, resuming)}", file=sys.stderr, flush=True)
     write, progress = _runner.start(out, bool(todo), len(units), len(saved), "cifar10-lenet",
                                     enabled=not args.no_progress, resuming=resuming,
                                     partial=checkpointed)

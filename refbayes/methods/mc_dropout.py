@@ -5,7 +5,8 @@ dropout objective, and the Monte Carlo predictive.
 Implements (mc_dropout.3)-(mc_dropout.8) of derivations/mc_dropout.md, on the masked network of
 refbayes.models.dropout ((mc_dropout.1)-(mc_dropout.2)) and Adam (adam.1)-(adam.4).
 Symbols: theta (D,) the weights M_k and biases b_k of an MLP or a CNN (refbayes flat layout;
-on a CNN the masks multiply the input of every Conv2d and Dense, refbayes.models.dropout); p the
+on a CNN the masks multiply the input of every Conv2d and Dense, or sit at ``cfg.sites``,
+refbayes.models.dropout); p the
 dropout (DROP) probability, 1 - p the keep probability; l the prior length-scale, prior
 N(0, l^{-2} I) on every weight and bias; tau = ``noise_precision``, Gal's "model precision"
 (the Gaussian likelihood's noise precision; 1 for classification); masks z_k (M, n_k) drawn
@@ -49,6 +50,7 @@ minibatch and the dropout masks (a step draws nothing), then predicts with 10 ma
 from __future__ import annotations
 
 import math
+import numbers
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -98,8 +100,14 @@ class MCDropoutConfig(NamedTuple):
     Each field is documented by its trailing comment. The functions that take a cfg check it
     and raise ValueError unless: N is an integer >= 1; p is in [0, 1); lengthscale,
     noise_precision, alpha and eps_adam are finite reals > 0; beta1 and beta2 are in [0, 1);
-    and inverted and decay_biases are bools. ``step`` also requires noise_precision to be the
-    model's Gaussian noise precision (1 for classification).
+    inverted and decay_biases are bools; and sites is None or a non-empty tuple of ints.
+    ``step`` also requires noise_precision to be the model's Gaussian noise precision (1 for
+    classification), and sites to be valid for the model (a CNN's distinct increasing layer
+    indices, refbayes.models.dropout.mask_shapes).
+
+    ``sites`` moves a CNN's masks (mc_dropout.10)-(mc_dropout.11); ``prior_precision`` does not
+    change with it: lam_W on every weight and lam_b on every bias is then a choice, since Gal's
+    KL argument (mc_dropout.4) is for row masks on the weights' inputs.
 
     Construction (``MCDropoutConfig(...)``, and unpickling) checks these rules too; ``_replace``
     and ``_make`` do not, so the functions check every cfg again.
@@ -114,6 +122,7 @@ class MCDropoutConfig(NamedTuple):
     eps_adam: float = 1e-8       # Adam constant > 0 added to sqrt(v_hat) (adam.4)
     inverted: bool = True        # scale kept units by 1 / (1 - p) (Keras, PyTorch) (mc_dropout.1)
     decay_biases: bool = True    # biases get prior precision l^2 (derivation); False = Gal's code (mc_dropout.4)
+    sites: tuple | None = None   # a CNN's mask sites (layer inputs; len(layers): f); None: every parameter layer's input (mc_dropout.10)
 
 
 class MCDropoutState(NamedTuple):
@@ -157,6 +166,11 @@ def _check_cfg(cfg):
     for name in ("inverted", "decay_biases"):
         if not isinstance(getattr(cfg, name), bool):
             raise ValueError(f"{name}: expected True or False, got {getattr(cfg, name)!r}")
+    sites = cfg.sites
+    if sites is not None and (not isinstance(sites, tuple) or len(sites) < 1 or any(
+            isinstance(k, bool) or not isinstance(k, numbers.Integral) for k in sites)):
+        raise ValueError(f"cfg.sites: expected None or a non-empty tuple of layer indices, got "
+                         f"{sites!r}")
     return N, p, ls, tau, hyper
 
 
@@ -313,9 +327,10 @@ def step(state: MCDropoutState, batch, masks, cfg: MCDropoutConfig,
     batch : Batch
         The minibatch rows Batch(X_B (M, n_in), y_B), 1 <= M <= N.
     masks : list of array
-        One mask in {0, 1} per layer with parameters, of shape (M,) + shape_k
-        (``refbayes.models.dropout.mask_shapes``; an MLP: [z_0 (M, n_0), ..., z_{L-1}
-        (M, n_{L-1})]), as ``refbayes.methods.driver.draw_masks`` draws them.
+        One mask in {0, 1} per site (cfg.sites; None: per layer with parameters), of shape
+        (M,) + shape_k (``refbayes.models.dropout.mask_shapes(model, cfg.sites)``; an MLP:
+        [z_0 (M, n_0), ..., z_{L-1} (M, n_{L-1})]), as ``refbayes.methods.driver.draw_masks``
+        draws them.
     cfg : MCDropoutConfig
         Hyperparameters.
     model : FlatModel or CNN
@@ -334,8 +349,9 @@ def step(state: MCDropoutState, batch, masks, cfg: MCDropoutConfig,
     ValueError
         If state or cfg is invalid (see MCDropoutState, MCDropoutConfig); if model is not a
         FlatModel with D parameters, or cfg.noise_precision is not its Gaussian noise precision (1
-        for classification); if batch does not fit it (see Batch); if masks is not a list of L
-        binary (M, n_k) arrays; or if the arrays mix NumPy and CuPy.
+        for classification); if batch does not fit it (see Batch); if cfg.sites is invalid for
+        it; if masks is not a list of binary arrays of those shapes; or if the arrays mix NumPy
+        and CuPy.
     """
     D = _check_state(state)
     dtype = state.theta.dtype
@@ -345,7 +361,8 @@ def step(state: MCDropoutState, batch, masks, cfg: MCDropoutConfig,
     X, y, M = check_batch(batch, model, N, dtype)
     theta = state.theta
     xp = xp_of(theta, X)
-    f, g_sum = masked_output_and_grad(model, theta, X, y, masks, scale(cfg))      # (mc_dropout.1)-(mc_dropout.2)
+    f, g_sum = masked_output_and_grad(model, theta, X, y, masks, scale(cfg),
+                                      cfg.sites)                                  # (mc_dropout.1)-(mc_dropout.2), (mc_dropout.10)-(mc_dropout.11)
     lam = xp.asarray(prior_precision(cfg, model, dtype))                          # (mc_dropout.4)
     g_data = (N / M) * g_sum                                                      # (mc_dropout.5)
     g = g_data + lam * theta                                                      # (mc_dropout.5)
@@ -385,8 +402,8 @@ def predict_samples(state: MCDropoutState, X, masks_list, cfg: MCDropoutConfig, 
     ------
     ValueError
         If state or cfg is invalid (see MCDropoutState, MCDropoutConfig); if model is not a
-        FlatModel with D parameters; if masks_list is not a non-empty list; if a mask list is not L
-        binary (n, n_k) arrays; if X is not a finite float (n, n_in) array of theta's dtype; or if
+        FlatModel with D parameters; if masks_list is not a non-empty list; if a mask list is not
+        one binary array per site (see ``step``); if X is not a finite float (n, n_in) array of theta's dtype; or if
         the arrays mix NumPy and CuPy.
     """
     _check_state(state)
@@ -398,7 +415,8 @@ def predict_samples(state: MCDropoutState, X, masks_list, cfg: MCDropoutConfig, 
     out = []
     for k, masks in enumerate(masks_list):
         try:
-            out.append(masked_forward(model, state.theta, X, masks, scale(cfg)))         # (mc_dropout.7)
+            out.append(masked_forward(model, state.theta, X, masks, scale(cfg),
+                                      cfg.sites))                                        # (mc_dropout.7)
         except ValueError as err:
             if str(err).startswith("masks"):
                 raise ValueError(f"masks_list[{k}]: {err}") from None

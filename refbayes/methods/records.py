@@ -46,11 +46,12 @@ from refbayes.models.dropout import mask_shapes
 __all__ = ["RECORDS", "get_record", "record_of"]  # draw_masks is public as driver.draw_masks
 
 
-def draw_masks(rng: np.random.Generator, model, M: int, p: float, dtype=np.float64) -> list:
-    """Draw MC dropout masks z_k ~ Bernoulli(1 - p), one per input of a layer with parameters.
+def draw_masks(rng: np.random.Generator, model, M: int, p: float, dtype=np.float64,
+               sites=None) -> list:
+    """Draw MC dropout masks z_k ~ Bernoulli(1 - p), one per mask site.
 
-    Drawn layer by layer as rng.random((M,) + shape_k) >= p, NumPy arrays in ``dtype``, with
-    shape_k = ``refbayes.models.dropout.mask_shapes(model)[k]`` ((n_k,) for an MLP, the
+    The sites default to the inputs of the layers with parameters. Drawn site by site as rng.random((M,) + shape_k) >= p, NumPy arrays in ``dtype``, with
+    shape_k = ``refbayes.models.dropout.mask_shapes(model, sites)[k]`` ((n_k,) for an MLP, the
     (C, H, W) input of a CNN's Conv2d).
 
     Parameters
@@ -65,23 +66,26 @@ def draw_masks(rng: np.random.Generator, model, M: int, p: float, dtype=np.float
         Drop probability in [0, 1).
     dtype : numpy dtype, default numpy.float64
         Dtype of the masks.
+    sites : tuple of int, optional
+        A CNN's mask sites (``refbayes.models.dropout.output_sites``: torch's placement); None:
+        the inputs of the layers with parameters.
 
     Returns
     -------
     list of numpy.ndarray
-        [z_0 (M,) + shape_0, ..., z_{L-1} (M,) + shape_{L-1}], entries 0 or 1.
+        [z_0 (M,) + shape_0, ..., z_{J-1} (M,) + shape_{J-1}], entries 0 or 1.
 
     Raises
     ------
     ValueError
-        If rng is not a numpy.random.Generator, M is not an integer >= 1, or p is not a real
-        number in [0, 1).
+        If rng is not a numpy.random.Generator, M is not an integer >= 1, p is not a real
+        number in [0, 1), or sites is invalid for model.
     """
     if not isinstance(rng, np.random.Generator):
         raise ValueError(f"rng: expected a numpy.random.Generator, got {type(rng).__name__}")
     check_int(M, "M", low=1)
     check_in_range(p, "p", 0.0, 1.0, high_open=True)
-    return [(rng.random((M,) + shape) >= p).astype(dtype) for shape in mask_shapes(model)]
+    return [(rng.random((M,) + shape) >= p).astype(dtype) for shape in mask_shapes(model, sites)]
 
 
 # ----------------------------------------------------------------------------- draws of one step
@@ -111,7 +115,7 @@ def vogn_draws(rng, cfg, model, M, S, oversample, dtype, xp):
 
 
 def mask_draws(rng, cfg, model, M, S, oversample, dtype, xp):
-    return [xp.asarray(z) for z in draw_masks(rng, model, M, cfg.p, dtype)], {}
+    return [xp.asarray(z) for z in draw_masks(rng, model, M, cfg.p, dtype, cfg.sites)], {}
 
 
 def no_draws(rng, cfg, model, M, S, oversample, dtype, xp):

@@ -350,22 +350,36 @@ def _layer_forward(ns, layer, p, a, U=None):
     return a.shape, a.reshape(a.shape[0], -1)  # Flatten: (conv.15), row-major (c, h, w)
 
 
-def _forward(ns, layers, params, X, sz=None, U0=None):
+def _param_sites(layers) -> tuple:
+    """The indices k of the parameter layers (Conv2d, Dense): MC dropout's default mask sites
+    (a mask at site k multiplies the input of layer k)."""
+    return tuple(k for k, layer in enumerate(layers) if isinstance(layer, _PARAM_TYPES))
+
+
+def _site_masks(layers, sz, sites) -> dict:
+    """{site k: mask}: sz[j] at sites[j] (default sites: the parameter layers'); {} without sz."""
+    if sz is None:
+        return {}
+    return dict(zip(_param_sites(layers) if sites is None else sites, sz))
+
+
+def _forward(ns, layers, params, X, sz=None, U0=None, sites=None):
     """(per-layer caches, f): the network on a validated (M, C, H, W) batch. With ``sz`` (MC
-    dropout, refbayes.models.dropout), the input of parameter layer j is multiplied by sz[j] =
-    s z_j first, and that layer's cache holds the masked input. ``U0``: X unfolded for a first
-    layer that is a Conv2d (``_first_unfold``), shared by the passes of S parameter vectors."""
+    dropout, refbayes.models.dropout), the input of layer k = sites[j] is multiplied by sz[j] =
+    s z_j first (k = len(layers): the output f), and that layer's cache holds the masked input;
+    sites None: the parameter layers' inputs. ``U0``: X unfolded for a first layer that is a
+    Conv2d (``_first_unfold``), shared by the passes of S parameter vectors."""
     it = iter(params)
-    masks = iter(() if sz is None else sz)
+    masks = _site_masks(layers, sz, sites)
     caches, a = [], X
     for k, layer in enumerate(layers):
-        p = None
-        if isinstance(layer, _PARAM_TYPES):
-            p = next(it)
-            if sz is not None:
-                a = a * next(masks)  # a~_j = s z_j a_j  (mc_dropout.1)
+        p = next(it) if isinstance(layer, _PARAM_TYPES) else None
+        if k in masks:
+            a = a * masks[k]  # a~ = s z a  (mc_dropout.1), (mc_dropout.10)
         cache, a = _layer_forward(ns, layer, p, a, U0 if k == 0 else None)
         caches.append(cache)
+    if len(layers) in masks:
+        a = a * masks[len(layers)]  # f~ = s z f  (mc_dropout.10)
     return caches, a
 
 
@@ -397,14 +411,17 @@ def _layer_backward(xp, layer, p, cache, delta):
     return delta.reshape(cache)  # Flatten: (conv.15)
 
 
-def _backward_blocks(xp, layers, params, caches, r, mode: str, sz=None):
+def _backward_blocks(xp, layers, params, caches, r, mode: str, sz=None, sites=None):
     """The gradient blocks in theta order from r = dl/df: per-example rows (M, D_l) ("rows"), their
-    sums (D_l,) ("sum") or their sums of squares (D_l,) ("sum_sq"). With the masks ``sz`` of
-    ``_forward``, the error below parameter layer j is multiplied by sz[j] (the caches already
-    hold the masked inputs, so the blocks need nothing else)."""
+    sums (D_l,) ("sum") or their sums of squares (D_l,) ("sum_sq"). With the masks ``sz`` and
+    ``sites`` of ``_forward``, the error of layer k's input is multiplied by the mask at site k
+    (r by the output site's; the caches already hold the masked inputs, so the blocks need
+    nothing else)."""
     it = reversed(params)
-    masks = reversed(() if sz is None else sz)
+    masks = _site_masks(layers, sz, sites)
     blocks, delta = [], r  # (peg.2)
+    if len(layers) in masks:
+        delta = delta * masks[len(layers)]  # dl/df = s z dl/df~  (mc_dropout.11)
     for k in range(len(layers) - 1, -1, -1):
         layer = layers[k]
         p = next(it) if isinstance(layer, _PARAM_TYPES) else None
@@ -416,8 +433,8 @@ def _backward_blocks(xp, layers, params, caches, r, mode: str, sz=None):
             blocks.append(_dense_grads(caches[k], delta, layer.bias, mode))  # (peg.4), (peg.6), (peg.11)
         if k > 0:  # the input's error is never needed
             delta = _layer_backward(xp, layer, p, caches[k], delta)
-            if sz is not None and p is not None:
-                delta = delta * next(masks)  # dl/da_j = s z_j dl/da~_j  (mc_dropout.2)
+            if k in masks:
+                delta = delta * masks[k]  # dl/da = s z dl/da~  (mc_dropout.2), (mc_dropout.11)
     return [b for layer_blocks in reversed(blocks) for b in layer_blocks]
 
 

@@ -25,19 +25,24 @@ A CNN (refbayes.models.conv) is masked the same way, layer by layer: the input o
 (an (M, C, H, W) feature map, one mask entry per pixel and channel) and of each Dense is
 multiplied by s z_j, and backprop multiplies the error below that layer by s z_j; pooling,
 Flatten and activations pass the masks' effect through unchanged (conv.md, (conv.4)-(conv.15)).
+A CNN's masks can sit elsewhere: ``sites`` (k_0 < k_1 < ... in 0..len(layers)) puts mask j on
+the input of layer k_j (k = len(layers): the output f), and backprop multiplies the error of
+that input (of f: r = dl/df) by it, (mc_dropout.10)-(mc_dropout.11). ``output_sites(model)`` is
+PyTorch's ``dropout(layer(x))`` placement of Osawa et al.'s LeNet5MCDropout: after every
+parameter layer, before its ReLU and pooling, and on the logits.
 """
 from __future__ import annotations
 
 import math
 
-from refbayes._checks import check_array, check_binary, check_in_range
+from refbayes._checks import check_array, check_binary, check_in_range, check_int
 from refbayes.backend import xp_of
 from refbayes.models import _layers
 from refbayes.models import conv as _conv
 from refbayes.models.base import FlatModel
 from refbayes.models.conv import CNN
 
-__all__ = ["mask_shapes", "masked_forward", "masked_grad", "masked_output_and_grad",
+__all__ = ["mask_shapes", "output_sites", "masked_forward", "masked_grad", "masked_output_and_grad",
            "masked_per_example_grads", "masked_per_example_losses"]
 
 
@@ -47,43 +52,95 @@ def _check_model(model):
     return model
 
 
-def mask_shapes(model) -> list:
-    """List the per-example shape of each dropout mask: the inputs of the layers with parameters.
+def check_sites(model, sites):
+    """sites: None, or for a CNN a tuple/list of distinct increasing layer indices in
+    0..len(model.layers). Returns None or a tuple of ints."""
+    if sites is None:
+        return None
+    if not isinstance(model, CNN):
+        raise ValueError(f"sites: mask sites are for a CNN (refbayes.models.conv); a "
+                         f"{type(model).__name__} takes sites=None (a mask on every layer input)")
+    L = len(model.layers)
+    if not isinstance(sites, (tuple, list)) or len(sites) < 1:
+        raise ValueError(f"sites: expected a non-empty tuple of layer indices in 0..{L}, got "
+                         f"{sites!r}")
+    sites = tuple(check_int(k, "sites", low=0, high=L) for k in sites)
+    if any(a >= b for a, b in zip(sites, sites[1:])):
+        raise ValueError(f"sites: expected distinct increasing layer indices, got {sites}")
+    return sites
 
-    In theta order. An MLP: [(n_0,), ..., (n_{L-1},)]. A CNN: the (C, H, W) image entering each
+
+def output_sites(model) -> tuple:
+    """Return the sites right after each parameter layer: PyTorch's ``dropout(layer(x))``.
+
+    Site k + 1 for every Conv2d / Dense k: the mask multiplies that layer's output, before any
+    activation or pooling that follows (the last layer's: the network's output f). lenet5():
+    (1, 4, 8, 10, 12), the placement of Osawa et al.'s LeNet5MCDropout.  (mc_dropout.10)
+
+    Parameters
+    ----------
+    model : CNN
+        The network.
+
+    Returns
+    -------
+    tuple of int
+        The sites, increasing.
+
+    Raises
+    ------
+    ValueError
+        If model is not a CNN.
+    """
+    if not isinstance(model, CNN):
+        raise ValueError(f"model: expected a CNN (refbayes.models.conv), got "
+                         f"{type(model).__name__}")
+    return tuple(k + 1 for k in _conv._param_sites(model.layers))
+
+
+def mask_shapes(model, sites=None) -> list:
+    """List the per-example shape of each dropout mask, one per mask site.
+
+    By default the sites are the inputs of the layers with parameters, in theta order. An MLP: [(n_0,), ..., (n_{L-1},)]. A CNN: the (C, H, W) image entering each
     Conv2d (one mask entry per pixel and channel, as torch's ``nn.Dropout`` on a feature map)
-    and the (n_in,) vector entering each Dense.  (mc_dropout.1)
+    and the (n_in,) vector entering each Dense; with ``sites``, the input of layer k for each
+    site k ((n_out,) at k = len(layers)).  (mc_dropout.1), (mc_dropout.10)
 
     Parameters
     ----------
     model : FlatModel or CNN
         The network.
+    sites : tuple of int, optional
+        A CNN's mask sites, distinct and increasing in 0..len(model.layers); None: the
+        parameter layers' inputs.
 
     Returns
     -------
     list of tuple of int
-        One shape per layer with parameters; a mask for M rows has shape (M,) + shape.
+        One shape per site; a mask for M rows has shape (M,) + shape.
 
     Raises
     ------
     ValueError
-        If model is not a refbayes.models model.
+        If model is not a refbayes.models model, or sites is invalid for it.
     """
-    if isinstance(_check_model(model), CNN):
-        return [model.shapes[k] for k, layer in enumerate(model.layers)
-                if isinstance(layer, (_conv.Conv2d, _conv.Dense))]
+    sites = check_sites(_check_model(model), sites)
+    if isinstance(model, CNN):  # model.shapes[k]: the input of layer k (the output at k = L)
+        return [model.shapes[k] for k in (_conv._param_sites(model.layers) if sites is None
+                                          else sites)]
     return [(n,) for n in model.sizes[:-1]]
 
 
-def check_masks(masks, model, M: int):
-    """masks: a list of one array per layer with parameters, masks[k] of shape (M,) +
-    mask_shapes(model)[k], holding only 0 and 1 (bool, integer or float dtype). Returns them
-    unchanged."""
-    shapes = [(M,) + s for s in mask_shapes(model)]
+def check_masks(masks, model, M: int, sites=None):
+    """masks: a list of one array per site (default: per layer with parameters), masks[k] of
+    shape (M,) + mask_shapes(model, sites)[k], holding only 0 and 1 (bool, integer or float
+    dtype). Returns them unchanged."""
+    shapes = [(M,) + s for s in mask_shapes(model, sites)]
     if not isinstance(masks, (list, tuple)) or len(masks) != len(shapes):
         got = f"{type(masks).__name__} of length {len(masks)}" if isinstance(
             masks, (list, tuple)) else type(masks).__name__
-        raise ValueError(f"masks: expected a list of {len(shapes)} arrays (one per layer input, "
+        where = "per layer input" if sites is None else f"per site of {tuple(sites)}"
+        raise ValueError(f"masks: expected a list of {len(shapes)} arrays (one {where}, "
                          f"shapes {shapes}), got {got}")
     for k, (z, shape) in enumerate(zip(masks, shapes)):
         check_array(z, f"masks[{k}]", shape=shape)
@@ -96,28 +153,32 @@ def check_scale(scale) -> float:
     return check_in_range(scale, "scale", 1.0, math.inf, high_open=True)
 
 
-def _inputs(model, theta, X, y, masks, scale, need_y=True):
-    """xp, validated theta, X, y (canonical form), and the scaled masks s * z_k in theta's dtype."""
+def _inputs(model, theta, X, y, masks, scale, sites, need_y=True):
+    """xp, validated theta, X, y (canonical form), the scaled masks s * z_k in theta's dtype and
+    the sites (None or a tuple)."""
     _check_model(model)
+    sites = check_sites(model, sites)
     xp, theta, X, y = model._inputs(theta, X, y, need_y=need_y)
-    check_masks(masks, model, X.shape[0])
+    check_masks(masks, model, X.shape[0], sites)
     xp_of(theta, *masks)  # one backend
     s = check_scale(scale)
-    return xp, theta, X, y, [z.astype(theta.dtype) * s for z in masks]
+    return xp, theta, X, y, [z.astype(theta.dtype) * s for z in masks], sites
 
 
-def _cnn_pass(xp, model, theta, X, sz):
-    """(params, caches, f) of a CNN with the masks sz on its parameter layers' inputs."""
+def _cnn_pass(xp, model, theta, X, sz, sites):
+    """(params, caches, f) of a CNN with the masks sz at their sites (None: the parameter
+    layers' inputs)."""
     params = _conv._split(theta, model._param_shapes)
-    caches, f = _conv._forward(xp, model.layers, params, X, sz)  # (mc_dropout.1)
+    caches, f = _conv._forward(xp, model.layers, params, X, sz, sites=sites)  # (mc_dropout.1), (mc_dropout.10)
     return params, caches, f
 
 
-def _cnn_blocks(xp, model, theta, X, y, sz, mode):
+def _cnn_blocks(xp, model, theta, X, y, sz, sites, mode):
     """(f, the gradient blocks of ``mode``) of a masked CNN: one forward, one backward pass."""
-    params, caches, f = _cnn_pass(xp, model, theta, X, sz)
+    params, caches, f = _cnn_pass(xp, model, theta, X, sz, sites)
     r = model.likelihood._grad_f(f, y)
-    return f, _conv._backward_blocks(xp, model.layers, params, caches, r, mode, sz)  # (mc_dropout.2)
+    return f, _conv._backward_blocks(xp, model.layers, params, caches, r, mode, sz,
+                                     sites)  # (mc_dropout.2), (mc_dropout.11)
 
 
 def _forward(xp, model, theta, X, sz):
@@ -144,7 +205,7 @@ def _backward(params, hidden, sz, r, activation):
     return deltas[::-1]
 
 
-def masked_forward(model, theta, X, masks, scale):
+def masked_forward(model, theta, X, masks, scale, sites=None):
     """Compute the network output with masks[k] on the input of layer k.
 
     a~_k = s z_k a_k, h_k = a~_k W_k + b_k.  (mc_dropout.1)
@@ -158,11 +219,14 @@ def masked_forward(model, theta, X, masks, scale):
     X : array of shape (M, n_0)
         Inputs, M >= 1, same dtype as theta (a CNN: (M, C, H, W) or its rows).
     masks : list of array
-        One binary mask per layer with parameters, masks[k] of shape (M,) + mask_shapes(model)[k]
-        on that layer's input (an MLP: (M, sizes[k]); bool, integer or float dtype holding only
-        0 and 1).
+        One binary mask per site (default: per layer with parameters, on its input), masks[k]
+        of shape (M,) + mask_shapes(model, sites)[k] (an MLP: (M, sizes[k]); bool, integer or
+        float dtype holding only 0 and 1).
     scale : float
         Scale s >= 1: 1 / (1 - p) for inverted dropout, 1 for Gal's non-inverted form.
+    sites : tuple of int, optional
+        A CNN's mask sites (``mask_shapes``; ``output_sites`` for torch's placement); None:
+        the input of every layer with parameters.
 
     Returns
     -------
@@ -172,15 +236,16 @@ def masked_forward(model, theta, X, masks, scale):
     Raises
     ------
     ValueError
-        If model, theta, X, masks or scale is invalid (see refbayes.models.dropout).
+        If model, theta, X, masks, scale or sites is invalid (see refbayes.models.dropout).
     """
-    xp, theta, X, _, sz = _inputs(model, theta, X, None, masks, scale, need_y=False)
+    xp, theta, X, _, sz, sites = _inputs(model, theta, X, None, masks, scale, sites,
+                                         need_y=False)
     if isinstance(model, CNN):
-        return _cnn_pass(xp, model, theta, X, sz)[2]
+        return _cnn_pass(xp, model, theta, X, sz, sites)[2]
     return _forward(xp, model, theta, X, sz)[3]
 
 
-def masked_per_example_losses(model, theta, X, y, masks, scale):
+def masked_per_example_losses(model, theta, X, y, masks, scale, sites=None):
     """Compute the per-example losses l_i = -log p(y_i | f_i) at the masked outputs.
 
     (mc_dropout.1)
@@ -196,11 +261,14 @@ def masked_per_example_losses(model, theta, X, y, masks, scale):
     y : array of shape (M,) or (M, n_out)
         Targets, as the model's likelihood expects them.
     masks : list of array
-        One binary mask per layer with parameters, masks[k] of shape (M,) + mask_shapes(model)[k]
-        on that layer's input (an MLP: (M, sizes[k]); bool, integer or float dtype holding only
-        0 and 1).
+        One binary mask per site (default: per layer with parameters, on its input), masks[k]
+        of shape (M,) + mask_shapes(model, sites)[k] (an MLP: (M, sizes[k]); bool, integer or
+        float dtype holding only 0 and 1).
     scale : float
         Scale s >= 1: 1 / (1 - p) for inverted dropout, 1 for Gal's non-inverted form.
+    sites : tuple of int, optional
+        A CNN's mask sites (``mask_shapes``; ``output_sites`` for torch's placement); None:
+        the input of every layer with parameters.
 
     Returns
     -------
@@ -210,11 +278,11 @@ def masked_per_example_losses(model, theta, X, y, masks, scale):
     Raises
     ------
     ValueError
-        If model, theta, X, y, masks or scale is invalid (see refbayes.models.dropout).
+        If model, theta, X, y, masks, scale or sites is invalid (see refbayes.models.dropout).
     """
-    xp, theta, X, y, sz = _inputs(model, theta, X, y, masks, scale)
+    xp, theta, X, y, sz, sites = _inputs(model, theta, X, y, masks, scale, sites)
     if isinstance(model, CNN):
-        return model.likelihood._losses(xp, _cnn_pass(xp, model, theta, X, sz)[2], y)
+        return model.likelihood._losses(xp, _cnn_pass(xp, model, theta, X, sz, sites)[2], y)
     return model.likelihood._losses(xp, _forward(xp, model, theta, X, sz)[3], y)
 
 
@@ -225,7 +293,7 @@ def _residual_pass(xp, model, theta, X, y, sz):
     return inputs, _backward(params, hidden, sz, r, model.activation), f
 
 
-def masked_output_and_grad(model, theta, X, y, masks, scale):
+def masked_output_and_grad(model, theta, X, y, masks, scale, sites=None):
     """Compute the masked network's output and summed gradient in one forward-backward pass.
 
     (mc_dropout.1)-(mc_dropout.2)
@@ -241,11 +309,14 @@ def masked_output_and_grad(model, theta, X, y, masks, scale):
     y : array of shape (M,) or (M, n_out)
         Targets, as the model's likelihood expects them.
     masks : list of array
-        One binary mask per layer with parameters, masks[k] of shape (M,) + mask_shapes(model)[k]
-        on that layer's input (an MLP: (M, sizes[k]); bool, integer or float dtype holding only
-        0 and 1).
+        One binary mask per site (default: per layer with parameters, on its input), masks[k]
+        of shape (M,) + mask_shapes(model, sites)[k] (an MLP: (M, sizes[k]); bool, integer or
+        float dtype holding only 0 and 1).
     scale : float
         Scale s >= 1: 1 / (1 - p) for inverted dropout, 1 for Gal's non-inverted form.
+    sites : tuple of int, optional
+        A CNN's mask sites (``mask_shapes``; ``output_sites`` for torch's placement); None:
+        the input of every layer with parameters.
 
     Returns
     -------
@@ -257,17 +328,17 @@ def masked_output_and_grad(model, theta, X, y, masks, scale):
     Raises
     ------
     ValueError
-        If model, theta, X, y, masks or scale is invalid (see refbayes.models.dropout).
+        If model, theta, X, y, masks, scale or sites is invalid (see refbayes.models.dropout).
     """
-    xp, theta, X, y, sz = _inputs(model, theta, X, y, masks, scale)
+    xp, theta, X, y, sz, sites = _inputs(model, theta, X, y, masks, scale, sites)
     if isinstance(model, CNN):
-        f, blocks = _cnn_blocks(xp, model, theta, X, y, sz, "sum")
+        f, blocks = _cnn_blocks(xp, model, theta, X, y, sz, sites, "sum")
         return f, xp.concatenate(blocks)
     inputs, deltas, f = _residual_pass(xp, model, theta, X, y, sz)
     return f, _layers.summed_blocks(xp, inputs, deltas, model.bias)  # (mc_dropout.2)
 
 
-def masked_grad(model, theta, X, y, masks, scale):
+def masked_grad(model, theta, X, y, masks, scale, sites=None):
     """Compute the summed gradient sum_i dl_i/dtheta of the masked network.
 
     One backprop pass.  (mc_dropout.2)
@@ -283,11 +354,14 @@ def masked_grad(model, theta, X, y, masks, scale):
     y : array of shape (M,) or (M, n_out)
         Targets, as the model's likelihood expects them.
     masks : list of array
-        One binary mask per layer with parameters, masks[k] of shape (M,) + mask_shapes(model)[k]
-        on that layer's input (an MLP: (M, sizes[k]); bool, integer or float dtype holding only
-        0 and 1).
+        One binary mask per site (default: per layer with parameters, on its input), masks[k]
+        of shape (M,) + mask_shapes(model, sites)[k] (an MLP: (M, sizes[k]); bool, integer or
+        float dtype holding only 0 and 1).
     scale : float
         Scale s >= 1: 1 / (1 - p) for inverted dropout, 1 for Gal's non-inverted form.
+    sites : tuple of int, optional
+        A CNN's mask sites (``mask_shapes``; ``output_sites`` for torch's placement); None:
+        the input of every layer with parameters.
 
     Returns
     -------
@@ -297,12 +371,12 @@ def masked_grad(model, theta, X, y, masks, scale):
     Raises
     ------
     ValueError
-        If model, theta, X, y, masks or scale is invalid (see refbayes.models.dropout).
+        If model, theta, X, y, masks, scale or sites is invalid (see refbayes.models.dropout).
     """
-    return masked_output_and_grad(model, theta, X, y, masks, scale)[1]
+    return masked_output_and_grad(model, theta, X, y, masks, scale, sites)[1]
 
 
-def masked_per_example_grads(model, theta, X, y, masks, scale):
+def masked_per_example_grads(model, theta, X, y, masks, scale, sites=None):
     """Compute the per-example gradients G[i] = dl_i/dtheta of the masked network.
 
     G.sum(0) == masked_grad.  (mc_dropout.2)
@@ -318,11 +392,14 @@ def masked_per_example_grads(model, theta, X, y, masks, scale):
     y : array of shape (M,) or (M, n_out)
         Targets, as the model's likelihood expects them.
     masks : list of array
-        One binary mask per layer with parameters, masks[k] of shape (M,) + mask_shapes(model)[k]
-        on that layer's input (an MLP: (M, sizes[k]); bool, integer or float dtype holding only
-        0 and 1).
+        One binary mask per site (default: per layer with parameters, on its input), masks[k]
+        of shape (M,) + mask_shapes(model, sites)[k] (an MLP: (M, sizes[k]); bool, integer or
+        float dtype holding only 0 and 1).
     scale : float
         Scale s >= 1: 1 / (1 - p) for inverted dropout, 1 for Gal's non-inverted form.
+    sites : tuple of int, optional
+        A CNN's mask sites (``mask_shapes``; ``output_sites`` for torch's placement); None:
+        the input of every layer with parameters.
 
     Returns
     -------
@@ -332,10 +409,10 @@ def masked_per_example_grads(model, theta, X, y, masks, scale):
     Raises
     ------
     ValueError
-        If model, theta, X, y, masks or scale is invalid (see refbayes.models.dropout).
+        If model, theta, X, y, masks, scale or sites is invalid (see refbayes.models.dropout).
     """
-    xp, theta, X, y, sz = _inputs(model, theta, X, y, masks, scale)
+    xp, theta, X, y, sz, sites = _inputs(model, theta, X, y, masks, scale, sites)
     if isinstance(model, CNN):
-        return xp.concatenate(_cnn_blocks(xp, model, theta, X, y, sz, "rows")[1], axis=1)
+        return xp.concatenate(_cnn_blocks(xp, model, theta, X, y, sz, sites, "rows")[1], axis=1)
     inputs, deltas, _ = _residual_pass(xp, model, theta, X, y, sz)
     return _layers.per_example_blocks(xp, inputs, deltas, model.bias)  # (mc_dropout.2)

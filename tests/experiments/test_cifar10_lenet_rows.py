@@ -12,7 +12,9 @@ from scipy.special import softmax
 
 from refbayes.experiments import cifar10_lenet as exp
 from refbayes.experiments.calibration_methods import laplace_state
-from refbayes.methods import laplace, swag
+from refbayes.methods import laplace, mc_dropout, swag
+from refbayes.methods.driver import draw_masks
+from refbayes.models import dropout
 from refbayes.models.conv import lenet5
 from tests.experiments.test_cifar10_lenet import QUICK, _run
 
@@ -155,3 +157,27 @@ def test_ktied_and_swag_resume_to_the_same_numbers(tmp_path, cifar_dir, monkeypa
         for k in sa:
             if k != "meta":
                 np.testing.assert_array_equal(sa[k], sb[k])
+
+
+def test_the_official_mc_dropout_row_masks_the_official_sites():
+    # checks (mc_dropout.10): the row's masks are LeNet5MCDropout's dropout(layer(x)) sites, and
+    # its step is mc_dropout.step with draw_masks at those sites from the step's generator
+    net = lenet5()
+    assert exp.DROPOUT_SITES["mc-dropout-official"] == list(dropout.output_sites(net))
+    rng = np.random.default_rng(0)
+    theta0 = net.init_theta(rng, scheme="pytorch")
+    X, y = rng.standard_normal((4, 3 * 32 * 32)), rng.integers(0, 10, 4)
+    batch = mc_dropout.Batch(X, y)
+    m = exp.make_method("mc-dropout-official", net, theta0, 100)
+    state, info = m.step(m.state, batch, np.random.default_rng(7), 0, 0)
+    sites = dropout.output_sites(net)
+    masks = draw_masks(np.random.default_rng(7), net, 4, 0.1, sites=sites)
+    assert [z.shape[1:] for z in masks] == dropout.mask_shapes(net, sites)
+    cfg = mc_dropout.MCDropoutConfig(100, p=0.1, lengthscale=np.sqrt(100 * exp.WEIGHT_DECAY * 0.9),
+                                     alpha=1e-3, eps_adam=100 * exp.ADAM_EPS, sites=sites)
+    want, _ = mc_dropout.step(mc_dropout.init(theta0), batch, masks, cfg, net)
+    assert np.array_equal(state.theta, want.theta)
+    # the default row differs only in where the masks sit
+    m0 = exp.make_method("mc-dropout", net, theta0, 100)
+    assert not np.array_equal(m0.step(m0.state, batch, np.random.default_rng(7), 0, 0)[0].theta,
+                              state.theta)

@@ -141,15 +141,18 @@ def _act(name, z):
     return 1.0 / (1.0 + anp.exp(-z))
 
 
-def naive_output(spec, theta, x, sz=None):
+def naive_output(spec, theta, x, sz=None, sites=None):
     """f(x; theta) (K,) for one image x (C, H, W), layer by layer with the loops above. With sz
-    (MC dropout), the input of the j-th layer with parameters is multiplied by sz[j] first."""
+    (MC dropout), the input of the j-th layer with parameters is multiplied by sz[j] first; with
+    sites too, the input of layer sites[j] (the output when sites[j] == len(layers))."""
     it = iter(naive_params(spec, theta))
-    masks = iter(sz or ())
+    if sz is not None and sites is None:
+        sites = [k for k, (kind, _) in enumerate(spec.layers) if kind in ("Conv2d", "Dense")]
+    mask_at = {} if sz is None else dict(zip(sites, sz))
     h = x
-    for kind, f in spec.layers:
-        if kind in ("Conv2d", "Dense") and sz is not None:
-            h = h * next(masks)
+    for k, (kind, f) in enumerate(spec.layers):
+        if k in mask_at:
+            h = h * mask_at[k]
         if kind == "Conv2d":
             W, b = next(it)
             h = conv2d_loop(h, W, b, f["stride"], f["padding"])
@@ -165,6 +168,8 @@ def naive_output(spec, theta, x, sz=None):
         else:  # Flatten: entry c H W + h W + w, one by one
             C, H, W_ = h.shape
             h = anp.stack([h[c, r, s] for c in range(C) for r in range(H) for s in range(W_)])
+    if len(spec.layers) in mask_at:
+        h = h * mask_at[len(spec.layers)]
     return h
 
 
@@ -180,15 +185,15 @@ def per_example_grads_loop(spec, theta, X, Y):
     return np.stack([g(theta, X[i], Y[i]) for i in range(len(X))])
 
 
-def masked_per_example_grads_loop(spec, theta, X, Y, sz):
+def masked_per_example_grads_loop(spec, theta, X, Y, sz, sites=None):
     """G (M, D) of the masked network: row i = autograd.grad of example i's loss with its masks
-    [sz[j][i] for each layer j with parameters] on the layers' inputs (float64)."""
+    [sz[j][i] for each site j] (default: on the inputs of the layers with parameters) (float64)."""
     theta = np.asarray(theta, np.float64)
     X = np.asarray(X, np.float64).reshape((len(X),) + spec.input_shape)
     Y = np.asarray(Y, np.float64) if spec.likelihood == "gaussian" else np.asarray(Y).astype(int)
 
     def loss(th, x, y, z):
-        return naive_nll(spec, naive_output(spec, th, x, z), y)
+        return naive_nll(spec, naive_output(spec, th, x, z, sites), y)
     g = autograd.grad(loss)
     return np.stack([g(theta, X[i], Y[i], [np.asarray(s[i], np.float64) for s in sz])
                      for i in range(len(X))])
