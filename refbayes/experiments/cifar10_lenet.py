@@ -811,8 +811,8 @@ def evidence_tuned(net, state, X, y, cfg):
     curvature held fixed; (laplace.6), (laplace.17)) on ONE training row: for a categorical
     likelihood the rows enter the evidence only through log p(D | mu), a constant in the prior
     precision, so the optimum is the same, and the log evidence is corrected by the summed loss
-    of all rows taken in EVAL_ROWS chunks (the optimizer's own pass over 50,000 rows would
-    need 23 GB of im2col buffers per evaluation in float64).
+    of all rows taken in EVAL_ROWS chunks (laplace.26) (the optimizer's own pass over 50,000
+    rows would need 23 GB of im2col buffers per evaluation in float64).
 
     Parameters
     ----------
@@ -844,7 +844,7 @@ def evidence_tuned(net, state, X, y, cfg):
                                                    init_prior_prec=cfg.prior_precision)
     loss = sum(float(net.loss(state.mu, X[i:i + EVAL_ROWS], y[i:i + EVAL_ROWS]))
                for i in range(0, X.shape[0], EVAL_ROWS))
-    log_marglik = float(info.log_marglik) + float(net.loss(state.mu, X[:1], y[:1])) - loss
+    log_marglik = float(info.log_marglik) + float(net.loss(state.mu, X[:1], y[:1])) - loss  # (laplace.26)
     return tuned, {"prior_precision": float(info.prior_precision), "log_marglik": log_marglik,
                    "converged": bool(info.converged),
                    "evaluations": int(info.trace_log_marglik.shape[0])}

@@ -98,8 +98,8 @@ def test_make_method_refuses_posthoc_rows_and_ktied_without_its_generator():
 
 @pytest.mark.parametrize("structure, subset", [("kron", "all"), ("full", "last_layer")])
 def test_evidence_tuned_on_one_row_finds_the_full_data_optimum(structure, subset):
-    # the rows enter the categorical evidence through log p(D | mu) only: the same optimum, the
-    # same log evidence once the loss of all rows is put back
+    # checks (laplace.26): the rows enter the categorical evidence through log p(D | mu) only:
+    # the same optimum, the same log evidence once the loss of all rows is put back
     net = lenet5()
     rng = np.random.default_rng(3)
     theta = net.init_theta(rng, dtype=np.float64, scheme="pytorch")
@@ -107,6 +107,12 @@ def test_evidence_tuned_on_one_row_finds_the_full_data_optimum(structure, subset
     cfg = laplace.LaplaceConfig(prior_precision=3.0, structure=structure, curvature="ggn",
                                 subset=subset)
     state = laplace_state(net, theta, X, y, cfg)
+    shift = float(net.loss(theta, X[:1], y[:1])) - float(net.loss(theta, X, y))
+    for delta in (3.0, 40.0):  # the identity itself, at the fit's and at another precision
+        z_all = laplace.log_marginal_likelihood_grad(net, state, X, y, cfg, delta).log_marglik
+        z_one = laplace.log_marginal_likelihood_grad(net, state, X[:1], y[:1], cfg,
+                                                     delta).log_marglik
+        assert float(z_one) + shift == pytest.approx(float(z_all), rel=1e-12)
     _, info = laplace.optimize_prior_precision(net, state, X, y, cfg, method="lbfgs",
                                                prior_structure="scalar", init_prior_prec=3.0)
     tuned, found = exp.evidence_tuned(net, state, X, y, cfg)
