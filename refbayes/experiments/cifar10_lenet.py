@@ -36,19 +36,21 @@ Explicit randomness: each (seed, row) job draws from ``job_rng(seed, row id, pur
 the permutation of epoch e from (.., 1, e), the training noise (eps, dropout masks) from one
 stream (.., 0) whose state the checkpoints carry, the evaluation draws after epoch e from
 (.., 2, e) (swag's further rows: (.., 2, E - 1, k), k = 1 swa, 2 swag-diag; the Laplace rows:
-(.., 2, 0)), ktied's start jitter from (.., 3). So a job's numbers depend on its coordinates only (serial = ``--jobs`` = Dask), and
-a resumed job repeats an uninterrupted one bit for bit.
+(.., 2, 0)), ktied's start jitter from (.., 3). So a job's numbers depend on its coordinates
+only (serial = ``--jobs`` = Dask), and a resumed job repeats an uninterrupted one bit for bit.
 
 Output (--out, default results/cifar10-lenet): ``<row>/seed_<s>.json`` per job as it finishes
-(settings, provenance, per-epoch curve, final scores, reliability bins, seconds) and
+(settings, provenance, per-epoch curve, final scores, reliability bins, seconds, the final
+theta's sha256; a post-hoc row: the sha256 of the adam theta it read) and
 ``<row>/seed_<s>.curve.csv``; while a job runs ``checkpoints/<row>_seed_<s>.ckpt.npz`` (every
 --checkpoint-steps steps and every epoch, written atomically: the state, the epoch and step, the
 noise generator's state, the record so far) and the curve CSV; at the end
 ``predictions/<row>_seed_<s>.npz`` (the final test probabilities), ``states/<row>_seed_<s>.npz``
 (a trained job's final state, ``_pack``'s arrays and its settings, written atomically: the
 Laplace rows read ``states/adam_seed_<s>.npz``; they run after the trained jobs in a serial run
-and refuse, naming the adam job, when that state is missing), ``summary.csv`` (or
-``summary.partial.csv``), ``summary.json``, ``table.md`` and ``reliability.png``. Checkpoints and
+and refuse, naming the adam job, when that state is missing or is not the final theta of the
+saved adam result), ``summary.csv`` (or ``summary.partial.csv``), ``summary.json``,
+``table.md`` and ``reliability.png``. Checkpoints and
 predictions and states are for resuming and re-analysis, not for committing (``.gitignore``
 there).
 
@@ -64,6 +66,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import hashlib
 import json
 import math
 import sys
@@ -766,6 +769,7 @@ def _fit(name, seed, budget, settings, prov, data, progress, ckpt_dir, fresh):
     record["citation"] = CITATION
     arrays = {}
     _pack(state, "state.", arrays)  # the final state, saved as states/<row>_seed_<s>.npz
+    record["final_theta_sha256"] = _theta_digest(arrays["state.theta"])
     return record, P, arrays, extras
 
 
@@ -780,9 +784,15 @@ def _state_path(out, name, seed) -> Path:
     return Path(out) / "states" / f"{name}_seed_{seed}.npz"
 
 
+def _theta_digest(theta) -> str:
+    """sha256 of a final theta's bytes (host, as saved): links a post-hoc row to its adam job."""
+    return hashlib.sha256(np.ascontiguousarray(to_numpy(theta)).tobytes()).hexdigest()
+
+
 def _read_map(states_dir, name, seed, settings):
-    """The adam job's final theta (host, as saved) for post-hoc row ``name``; ValueError naming
-    the adam job when its state is missing or was trained with other settings."""
+    """(theta, its sha256): the adam job's final theta (host, as saved) for post-hoc row
+    ``name``; ValueError naming the adam job when its state is missing, was trained with other
+    settings, or is not the theta of the adam result saved beside it."""
     path = _state_path(states_dir, "adam", seed)
     run_first = (f"run the adam job first (`--methods adam` with the same --out, --seeds, "
                  f"--dtype and --epochs; or `--methods adam,{name}` without --jobs)")
@@ -796,7 +806,15 @@ def _read_map(states_dir, name, seed, settings):
     if got != settings["map"]:
         raise ValueError(f"{name} seed {seed}: the adam state {path} was trained with {got}, "
                          f"expected {settings['map']}: {run_first}")
-    return theta
+    digest = _theta_digest(theta)
+    result = _path(states_dir, "adam", seed)
+    if result.exists():  # a state left by an older adam run than the saved result is refused
+        want = json.loads(result.read_text()).get("final_theta_sha256")
+        if want is not None and want != digest:
+            raise ValueError(f"{name} seed {seed}: the adam state {path} (theta sha256 "
+                             f"{digest[:12]}...) is not the final theta of the saved adam result "
+                             f"{result} ({want[:12]}...): {run_first}")
+    return theta, digest
 
 
 def _chunked(fn, X):
@@ -863,7 +881,8 @@ def _fit_laplace(name, seed, budget, settings, prov, data, states_dir):
     t0 = time.perf_counter()
     row = ROWS[name]
     net = lenet5()
-    theta = np.asarray(_read_map(states_dir, name, seed, settings), dtype=np.float64)
+    theta32, digest = _read_map(states_dir, name, seed, settings)
+    theta = np.asarray(theta32, dtype=np.float64)
     X, y = data.X.astype(np.float64), data.y
     X_test = data.X_test.astype(np.float64)
     lam = float(settings["prior_precision"])
@@ -882,7 +901,8 @@ def _fit_laplace(name, seed, budget, settings, prov, data, states_dir):
     record = {"settings": settings, "provenance": prov, "curve": [], "final": final,
               "reliability": _reliability(P, data.y_test),
               "found": {**found, "scores": _scores(P_ev, data.y_test)},
-              "fit_seconds": t_fit, "seconds": time.perf_counter() - t0, "citation": CITATION}
+              "fit_seconds": t_fit, "seconds": time.perf_counter() - t0, "citation": CITATION,
+              "map_theta_sha256": digest}
     return record, P, None, {}
 
 
