@@ -157,3 +157,14 @@ def test_the_cupy_backend_runs_every_row_and_matches_numpy(tmp_path, cifar_dir):
         pn, pc = (np.load(outs[b] / "predictions" / f"{name}_seed_0.npz")["probs"]
                   for b in ("numpy", "cupy"))
         np.testing.assert_allclose(pc, pn, rtol=0, atol=2e-3)
+
+
+def test_the_plan_counts_a_resumed_jobs_remaining_steps_only():
+    budget = {"dtype": "float32", "n_train": 50000, "n_test": 10000, "test_draws": 10,
+              "eval_every": 10, "backend": "numpy", "checkpoint_steps": 100, "epochs": None}
+    unit = exp._runner.Unit(("vogn", 0), None, exp.SCHEMA, exp._settings("vogn", 0, budget), {})
+    full = exp._job_seconds(unit.settings, budget) / 3600
+    assert f"about {full:.2f} CPU-hours" in exp._plan_line([unit], budget, {})
+    K = 391  # ceil(50,000 / 128) steps per epoch
+    line = exp._plan_line([unit], budget, {"vogn seed 0": 105 * K})  # half of 210 epochs done
+    assert f"about {full / 2:.2f} CPU-hours" in line and "1 resumed" in line
