@@ -4,14 +4,13 @@ dropout objective, and the Monte Carlo predictive.
 
 Implements (mc_dropout.3)-(mc_dropout.8) of derivations/mc_dropout.md, on the masked network of
 refbayes.models.dropout ((mc_dropout.1)-(mc_dropout.2)) and Adam (adam.1)-(adam.4).
-Symbols: theta (D,) the weights M_k and biases b_k of an MLP or a CNN (refbayes flat layout;
-on a CNN the masks multiply the input of every Conv2d and Dense, or sit at ``cfg.sites``,
-refbayes.models.dropout); p the
-dropout (DROP) probability, 1 - p the keep probability; l the prior length-scale, prior
-N(0, l^{-2} I) on every weight and bias; tau = ``noise_precision``, Gal's "model precision"
-(the Gaussian likelihood's noise precision; 1 for classification); masks z_k (M, n_k) drawn
-Bernoulli(1 - p) by the caller, one per example and layer input; s = 1 / (1 - p) with inverted
-dropout, 1 without.
+Symbols: theta (D,) the weights M_k and biases b_k of an MLP or a CNN (refbayes flat layout; on
+a CNN the masks multiply the input of every Conv2d and Dense, or sit at ``cfg.sites``,
+refbayes.models.dropout); p the dropout (DROP) probability, 1 - p the keep probability; l the
+prior length-scale, prior N(0, l^{-2} I) on every weight and bias; tau = ``noise_precision``,
+Gal's "model precision" (the Gaussian likelihood's noise precision; 1 for classification); masks
+z_k (M, n_k) drawn Bernoulli(1 - p) by the caller, one per example and layer input;
+s = 1 / (1 - p) with inverted dropout, 1 without.
 
 Objective (summed-loss convention, minimized; derivations/mc_dropout.md)::
 
@@ -403,8 +402,8 @@ def predict_samples(state: MCDropoutState, X, masks_list, cfg: MCDropoutConfig, 
     ValueError
         If state or cfg is invalid (see MCDropoutState, MCDropoutConfig); if model is not a
         FlatModel with D parameters; if masks_list is not a non-empty list; if a mask list is not
-        one binary array per site (see ``step``); if X is not a finite float (n, n_in) array of theta's dtype; or if
-        the arrays mix NumPy and CuPy.
+        one binary array per site (see ``step``); if X is not a finite float (n, n_in) array of
+        theta's dtype; or if the arrays mix NumPy and CuPy.
     """
     _check_state(state)
     _check_cfg(cfg)

@@ -50,9 +50,10 @@ def draw_masks(rng: np.random.Generator, model, M: int, p: float, dtype=np.float
                sites=None) -> list:
     """Draw MC dropout masks z_k ~ Bernoulli(1 - p), one per mask site.
 
-    The sites default to the inputs of the layers with parameters. Drawn site by site as rng.random((M,) + shape_k) >= p, NumPy arrays in ``dtype``, with
-    shape_k = ``refbayes.models.dropout.mask_shapes(model, sites)[k]`` ((n_k,) for an MLP, the
-    (C, H, W) input of a CNN's Conv2d).
+    The sites default to the inputs of the layers with parameters. Drawn site by site as
+    rng.random((M,) + shape_k) >= p, NumPy arrays in ``dtype``, with shape_k =
+    ``refbayes.models.dropout.mask_shapes(model, sites)[k]`` ((n_k,) for an MLP, the (C, H, W)
+    input of a CNN's Conv2d).
 
     Parameters
     ----------

@@ -42,8 +42,8 @@ from refbayes.models import conv as _conv
 from refbayes.models.base import FlatModel
 from refbayes.models.conv import CNN
 
-__all__ = ["mask_shapes", "output_sites", "masked_forward", "masked_grad", "masked_output_and_grad",
-           "masked_per_example_grads", "masked_per_example_losses"]
+__all__ = ["mask_shapes", "masked_forward", "masked_grad", "masked_output_and_grad",
+           "masked_per_example_grads", "masked_per_example_losses", "output_sites"]
 
 
 def _check_model(model):
@@ -101,10 +101,11 @@ def output_sites(model) -> tuple:
 def mask_shapes(model, sites=None) -> list:
     """List the per-example shape of each dropout mask, one per mask site.
 
-    By default the sites are the inputs of the layers with parameters, in theta order. An MLP: [(n_0,), ..., (n_{L-1},)]. A CNN: the (C, H, W) image entering each
-    Conv2d (one mask entry per pixel and channel, as torch's ``nn.Dropout`` on a feature map)
-    and the (n_in,) vector entering each Dense; with ``sites``, the input of layer k for each
-    site k ((n_out,) at k = len(layers)).  (mc_dropout.1), (mc_dropout.10)
+    By default the sites are the inputs of the layers with parameters, in theta order. An MLP:
+    [(n_0,), ..., (n_{L-1},)]. A CNN: the (C, H, W) image entering each Conv2d (one mask entry
+    per pixel and channel, as torch's ``nn.Dropout`` on a feature map) and the (n_in,) vector
+    entering each Dense; with ``sites``, the input of layer k for each site k ((n_out,) at
+    k = len(layers)).  (mc_dropout.1), (mc_dropout.10)
 
     Parameters
     ----------
