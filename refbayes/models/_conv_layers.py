@@ -165,22 +165,27 @@ def conv_grads(xp, U, Delta, bias: bool, mode: str):
 
     mode "rows": dl_i/dWm = Delta_i U_i^T (M, C_out Q) and dl_i/db = Delta_i 1 (M, C_out)
     (conv.6)-(conv.7); "sum": their sums over i (C_out Q,), (C_out,) (conv.8); "sum_sq": the sums
-    of their squares (conv.10). Delta is (M, C_out, P); the weight block comes back row-major,
-    theta's order (conv.2).
+    of their squares (conv.10); "sum+sum_sq": the pair (sum blocks, sum_sq blocks) from one set
+    of products, each to the bit what its own mode gives. Delta is (M, C_out, P); the weight
+    block comes back row-major, theta's order (conv.2).
     """
     M = U.shape[0]
-    if mode == "sum":
-        # the M products (C_out, P) @ (P, Q), then summed: tensordot over (i, position) transposes
-        # U into a copy first, ~50x slower here (M = 128, LeNet-5's first layer)
-        blocks = [(Delta @ xp.swapaxes(U, 1, 2)).sum(axis=0).reshape(-1)]  # (conv.8)
-        return blocks + [Delta.sum(axis=(0, 2))] if bias else blocks  # (conv.8)
-    dW = (Delta @ xp.swapaxes(U, 1, 2)).reshape(M, -1)  # (conv.6)
+    # the M products (C_out, P) @ (P, Q): tensordot over (i, position) for the sum transposes U
+    # into a copy first, ~50x slower here (M = 128, LeNet-5's first layer)
+    P = Delta @ xp.swapaxes(U, 1, 2)  # (conv.6)
+    if mode in ("sum", "sum+sum_sq"):
+        sums = [P.sum(axis=0).reshape(-1)]  # (conv.8)
+        sums = sums + [Delta.sum(axis=(0, 2))] if bias else sums  # (conv.8)
+        if mode == "sum":
+            return sums
+    dW = P.reshape(M, -1)  # (conv.6)
     db = Delta.sum(axis=2) if bias else None  # (conv.7)
     if mode == "rows":
         return [dW] if db is None else [dW, db]
     # the square of a sum over positions: (conv.10) needs the rows of this layer (not of all D)
-    blocks = [(dW * dW).sum(axis=0)]  # (conv.10)
-    return blocks if db is None else blocks + [(db * db).sum(axis=0)]  # (conv.10)
+    sq = [(dW * dW).sum(axis=0)]  # (conv.10)
+    sq = sq if db is None else sq + [(db * db).sum(axis=0)]  # (conv.10)
+    return (sums, sq) if mode == "sum+sum_sq" else sq
 
 
 def conv_rows_into(xp, U, Delta, out_w, out_b):

@@ -413,7 +413,8 @@ def _layer_backward(xp, layer, p, cache, delta):
 
 def _backward_blocks(xp, layers, params, caches, r, mode: str, sz=None, sites=None):
     """The gradient blocks in theta order from r = dl/df: per-example rows (M, D_l) ("rows"), their
-    sums (D_l,) ("sum") or their sums of squares (D_l,) ("sum_sq"). With the masks ``sz`` and
+    sums (D_l,) ("sum"), their sums of squares (D_l,) ("sum_sq") or both lists from the one pass
+    ("sum+sum_sq": (sums, sums of squares), each to the bit its own mode's). With the masks ``sz`` and
     ``sites`` of ``_forward``, the error of layer k's input is multiplied by the mask at site k
     (r by the output site's; the caches already hold the masked inputs, so the blocks need
     nothing else)."""
@@ -435,7 +436,10 @@ def _backward_blocks(xp, layers, params, caches, r, mode: str, sz=None, sites=No
             delta = _layer_backward(xp, layer, p, caches[k], delta)
             if k in masks:
                 delta = delta * masks[k]  # dl/da = s z dl/da~  (mc_dropout.2), (mc_dropout.11)
-    return [b for layer_blocks in reversed(blocks) for b in layer_blocks]
+    blocks.reverse()  # theta order
+    if mode == "sum+sum_sq":  # one backward pass, both sets of blocks
+        return ([b for pair in blocks for b in pair[0]], [b for pair in blocks for b in pair[1]])
+    return [b for layer_blocks in blocks for b in layer_blocks]
 
 
 def _rows_into(xp, layers, params, caches, r, out):
@@ -479,11 +483,14 @@ def _check_out(xp, out, shape, dtype):
 
 
 def _dense_grads(a, d, bias: bool, mode: str):
-    """Rows a_i^T d_i and d_i (peg.4); sums A^T Delta, 1^T Delta (peg.6); or the sums of their
-    squares (a^2)^T (d^2), 1^T d^2, as the squares of an outer product separate (peg.11)."""
+    """Rows a_i^T d_i and d_i (peg.4); sums A^T Delta, 1^T Delta (peg.6); the sums of their
+    squares (a^2)^T (d^2), 1^T d^2, as the squares of an outer product separate (peg.11); or
+    ("sum+sum_sq") the pair of the last two."""
     if mode == "rows":
         blocks = [(a[:, :, None] * d[:, None, :]).reshape(a.shape[0], -1)]  # (peg.4)
         return blocks + [d] if bias else blocks
+    if mode == "sum+sum_sq":
+        return _dense_grads(a, d, bias, "sum"), _dense_grads(a, d, bias, "sum_sq")
     if mode == "sum_sq":
         a, d = a * a, d * d  # (peg.11)
     blocks = [(a.T @ d).reshape(-1)]  # (peg.6) / (peg.11)
@@ -492,9 +499,12 @@ def _dense_grads(a, d, bias: bool, mode: str):
 
 def _seeded(xp, layers, params, caches, seed, mode: str):
     """The backward pass seeded with r = seed (M, K) instead of dl/df, its blocks concatenated:
-    rows J_i^T seed_i (M, D) ("rows"), their sum ("sum") or sum of squares ("sum_sq")."""
-    return xp.concatenate(_backward_blocks(xp, layers, params, caches, seed, mode),
-                          axis=1 if mode == "rows" else 0)
+    rows J_i^T seed_i (M, D) ("rows"), their sum ("sum") or sum of squares ("sum_sq"); with
+    "sum+sum_sq" the pair (sum, sum of squares) of one pass."""
+    blocks = _backward_blocks(xp, layers, params, caches, seed, mode)
+    if mode == "sum+sum_sq":
+        return xp.concatenate(blocks[0]), xp.concatenate(blocks[1])
+    return xp.concatenate(blocks, axis=1 if mode == "rows" else 0)
 
 
 def _jacobian(xp, layers, params, caches, f):
@@ -1678,7 +1688,7 @@ class CNN:
 
         g[s] = ``grad(thetas[s], X, y)``; with curvature="ef" h[s] = ``diag_ef`` (conv.10),
         with curvature="ggn" h[s] = ``diag_ggn`` (conv.18); one forward pass per s shared by
-        both (conv.23), and no (M, D) rows.
+        both (conv.23), with "ef" one backward pass too, and no (M, D) rows.
 
         Parameters
         ----------
@@ -1713,10 +1723,13 @@ class CNN:
         for th in thetas:  # (conv.23)
             params, caches, f = self._passes(xp, th, X, U0)
             r = self.likelihood._grad_f(f, y)
+            if curvature == "ef":  # one backward pass gives both (conv.8), (conv.10)
+                g, h = _seeded(xp, self.layers, params, caches, r, "sum+sum_sq")
+                gs.append(g)
+                hs.append(h)
+                continue
             gs.append(_seeded(xp, self.layers, params, caches, r, "sum"))  # (conv.8)
-            if curvature == "ef":
-                hs.append(_seeded(xp, self.layers, params, caches, r, "sum_sq"))  # (conv.10)
-            elif curvature == "ggn":
+            if curvature == "ggn":
                 C = self.likelihood._hess_factor(f, y)
                 hs.append(_diag_ggn_blocks(xp, self.layers, params, caches, C))  # (conv.18)
         return xp.stack(gs), (xp.stack(hs) if hs else None)

@@ -53,3 +53,15 @@ def test_s_draw_passes_equal_separate_calls_bit_for_bit(name, dtype):
     gs = [model.kfac_moments(th[None], X, y, "ef") for th in thetas]
     for s in range(3):
         np.testing.assert_array_equal(g[s], gs[s][0][0])
+
+
+@pytest.mark.parametrize("name", MODELS)
+@pytest.mark.parametrize("dtype", ["float64", "float32"])
+def test_ef_moments_of_one_backward_pass_are_grad_and_diag_ef_bit_for_bit(name, dtype):
+    # sample_moments' "ef" takes the sums and the sums of squares from ONE backward pass
+    # ("sum+sum_sq"); each equals its own pass (grad: "sum", diag_ef: "sum_sq") to the bit
+    model = MODELS[name]()
+    thetas, X, y = _batch(model, dtype, S=1)
+    g, h = model.sample_moments(thetas, X, y, "ef")
+    np.testing.assert_array_equal(g[0], model.grad(thetas[0], X, y))
+    np.testing.assert_array_equal(h[0], model.diag_ef(thetas[0], X, y))
