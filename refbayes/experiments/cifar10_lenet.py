@@ -176,11 +176,14 @@ PAPER = {"adam": (71.98, 67.67, 0.937, 210, 0.021, 0.794),
 
 # s / epoch, one BLAS thread, the 2-core VM under load 5-6 (derivations/cifar10_lenet.md,
 # "Seconds per epoch"; +-50 % there); the plan line's estimate. ktied: bbb's (side by side
-# within 6 %), swag: the SGD line's (its step is swag.sgd_step), both in the note.
-SECONDS_PER_EPOCH = {"float32": {"adam": 28.4, "vogn": 250.2, "bbb": 35.0, "mc-dropout": 29.4,
+# within 6 %), swag: the SGD line's (its step is swag.sgd_step), both in the note;
+# mc-dropout-official: mc-dropout's. vogn: the measured 250.2 / 555.3 x 0.65, the step's time
+# after its gradient and squared-gradient sums came from one backward pass (derivations/conv.md,
+# (conv.23): asv LeNetVOGNDraws side by side, 0.65x).
+SECONDS_PER_EPOCH = {"float32": {"adam": 28.4, "vogn": 162.6, "bbb": 35.0, "mc-dropout": 29.4,
                                  "kfac": 179.3, "noisy-kfac": 660.4, "ktied": 35.0,
                                  "swag": 32.9, "mc-dropout-official": 29.4},
-                     "float64": {"adam": 55.5, "vogn": 555.3, "bbb": 56.8, "mc-dropout": 53.9,
+                     "float64": {"adam": 55.5, "vogn": 361.0, "bbb": 56.8, "mc-dropout": 53.9,
                                  "kfac": 508.2, "noisy-kfac": 1107.7, "ktied": 56.8,
                                  "swag": 52.8, "mc-dropout-official": 53.9}}
 EVAL_SECONDS_PER_DRAW = {"float32": 3.1, "float64": 6.5}  # one pass over the 10,000 test images
