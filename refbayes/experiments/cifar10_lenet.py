@@ -41,14 +41,14 @@ only (serial = ``--jobs`` = Dask), and a resumed job repeats an uninterrupted on
 
 Output (--out, default results/cifar10-lenet): ``<row>/seed_<s>.json`` per job as it finishes
 (settings, provenance, per-epoch curve, final scores, reliability bins, seconds, the final
-theta's sha256; a post-hoc row: the sha256 of the adam theta it read) and
+state's sha256; a post-hoc row: the sha256 of the adam state it read) and
 ``<row>/seed_<s>.curve.csv``; while a job runs ``checkpoints/<row>_seed_<s>.ckpt.npz`` (every
 --checkpoint-steps steps and every epoch, written atomically: the state, the epoch and step, the
 noise generator's state, the record so far) and the curve CSV; at the end
 ``predictions/<row>_seed_<s>.npz`` (the final test probabilities), ``states/<row>_seed_<s>.npz``
 (a trained job's final state, ``_pack``'s arrays and its settings, written atomically: the
 Laplace rows read ``states/adam_seed_<s>.npz``; they run after the trained jobs in a serial run
-and refuse, naming the adam job, when that state is missing or is not the final theta of the
+and refuse, naming the adam job, when that state is missing or is not the final state of the
 saved adam result), ``summary.csv`` (or ``summary.partial.csv``), ``summary.json``,
 ``table.md`` and ``reliability.png``. Checkpoints and
 predictions and states are for resuming and re-analysis, not for committing (``.gitignore``
@@ -772,7 +772,7 @@ def _fit(name, seed, budget, settings, prov, data, progress, ckpt_dir, fresh):
     record["citation"] = CITATION
     arrays = {}
     _pack(state, "state.", arrays)  # the final state, saved as states/<row>_seed_<s>.npz
-    record["final_theta_sha256"] = _theta_digest(arrays["state.theta"])
+    record["final_state_sha256"] = _state_digest(arrays)
     return record, P, arrays, extras
 
 
@@ -787,15 +787,21 @@ def _state_path(out, name, seed) -> Path:
     return Path(out) / "states" / f"{name}_seed_{seed}.npz"
 
 
-def _theta_digest(theta) -> str:
-    """sha256 of a final theta's bytes (host, as saved): links a post-hoc row to its adam job."""
-    return hashlib.sha256(np.ascontiguousarray(to_numpy(theta)).tobytes()).hexdigest()
+def _state_digest(arrays) -> str:
+    """sha256 of a final state's arrays as saved (name, dtype, shape and bytes of each, in name
+    order): links a post-hoc row to the adam job whose state it read."""
+    h = hashlib.sha256()
+    for name in sorted(arrays):
+        a = np.ascontiguousarray(to_numpy(arrays[name]))
+        h.update(f"{name}:{a.dtype.str}:{a.shape};".encode())
+        h.update(a.tobytes())
+    return h.hexdigest()
 
 
 def _read_map(states_dir, name, seed, settings):
-    """(theta, its sha256): the adam job's final theta (host, as saved) for post-hoc row
+    """(theta, the state's sha256): the adam job's final theta (host, as saved) for post-hoc row
     ``name``; ValueError naming the adam job when its state is missing, was trained with other
-    settings, or is not the theta of the adam result saved beside it."""
+    settings, or is not the final state of the adam result saved beside it."""
     path = _state_path(states_dir, "adam", seed)
     run_first = (f"run the adam job first (`--methods adam` with the same --out, --seeds, "
                  f"--dtype and --epochs; or `--methods adam,{name}` without --jobs)")
@@ -804,18 +810,19 @@ def _read_map(states_dir, name, seed, settings):
                          f"({path}): {run_first}")
     with np.load(path, allow_pickle=False) as z:
         meta = json.loads(str(z["meta"]))
-        theta = z["state.theta"]
+        arrays = {k: z[k] for k in z.files if k != "meta"}
+    theta = arrays["state.theta"]
     got = {k: meta["settings"].get(k) for k in settings["map"]}
     if got != settings["map"]:
         raise ValueError(f"{name} seed {seed}: the adam state {path} was trained with {got}, "
                          f"expected {settings['map']}: {run_first}")
-    digest = _theta_digest(theta)
+    digest = _state_digest(arrays)
     result = _path(states_dir, "adam", seed)
     if result.exists():  # a state left by an older adam run than the saved result is refused
-        want = json.loads(result.read_text()).get("final_theta_sha256")
+        want = json.loads(result.read_text()).get("final_state_sha256")
         if want is not None and want != digest:
-            raise ValueError(f"{name} seed {seed}: the adam state {path} (theta sha256 "
-                             f"{digest[:12]}...) is not the final theta of the saved adam result "
+            raise ValueError(f"{name} seed {seed}: the adam state {path} (sha256 "
+                             f"{digest[:12]}...) is not the final state of the saved adam result "
                              f"{result} ({want[:12]}...): {run_first}")
     return theta, digest
 
@@ -905,7 +912,7 @@ def _fit_laplace(name, seed, budget, settings, prov, data, states_dir):
               "reliability": _reliability(P, data.y_test),
               "found": {**found, "scores": _scores(P_ev, data.y_test)},
               "fit_seconds": t_fit, "seconds": time.perf_counter() - t0, "citation": CITATION,
-              "map_theta_sha256": digest}
+              "map_state_sha256": digest}
     return record, P, None, {}
 
 
@@ -1034,8 +1041,9 @@ def _figure(out, saved, methods):
                alpha=0.7)
         ax.plot([0, 1], [0, 1], "k--", lw=1)
         ece = np.mean([r["final"]["ece15"] for r in recs])
-        ax.set_title(f"{name} ({len(recs)} seed(s))\nECE15 {ece:.3f}, "
-                     f"{recs[0]['settings']['epochs']} epochs", fontsize=8)
+        budget = ("post-hoc at adam's theta" if name in POSTHOC
+                  else f"{recs[0]['settings']['epochs']} epochs")
+        ax.set_title(f"{name} ({len(recs)} seed(s))\nECE15 {ece:.3f}, {budget}", fontsize=8)
         ax.set_xlabel("confidence")
     axes[0, 0].set_ylabel("accuracy")
     fig.suptitle("CIFAR-10 LeNet-5 reliability (15 bins, pooled over seeds)", fontsize=9)

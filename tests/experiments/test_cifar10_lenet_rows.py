@@ -78,14 +78,14 @@ def test_laplace_rows_read_the_adam_state_and_refuse_without_it(tmp_path, cifar_
         assert np.load(tmp_path / "predictions" / f"{name}_seed_0.npz")["probs"].shape == (200, 10)
         assert name in stdout
         adam_rec = json.loads((tmp_path / "adam" / "seed_0.json").read_text())
-        assert rec["map_theta_sha256"] == adam_rec["final_theta_sha256"]
-    # a state that is not the saved adam result's final theta (a stale file) is refused
+        assert rec["map_state_sha256"] == adam_rec["final_state_sha256"]
+    # a state that is not the saved adam result's final state (a stale file) is refused
     state = _state(tmp_path / "states" / "adam_seed_0.npz")
     state["state.theta"] = state["state.theta"] + np.float32(1e-3)
     np.savez(tmp_path / "states" / "adam_seed_0.npz", **state)
     (tmp_path / "laplace-ll" / "seed_0.json").unlink()  # else the saved row is reused
     status, _, err = _run([*argv, "--methods", "laplace-ll"])
-    assert status == 2 and "is not the final theta of the saved adam result" in err, err
+    assert status == 2 and "is not the final state of the saved adam result" in err, err
     # an adam state trained with other settings (1 epoch, these rows now expect 2) is refused
     status, _, err = _run([*argv, "--methods", "laplace-ll", "--epochs", "2", "--fresh"])
     assert status == 2 and "was trained with" in err
