@@ -872,7 +872,8 @@ def evidence_tuned(net, state, X, y, cfg):
                                                    init_prior_prec=cfg.prior_precision)
     loss = sum(float(net.loss(state.mu, X[i:i + EVAL_ROWS], y[i:i + EVAL_ROWS]))
                for i in range(0, X.shape[0], EVAL_ROWS))
-    log_marglik = float(info.log_marglik) + float(net.loss(state.mu, X[:1], y[:1])) - loss  # (laplace.26)
+    # (laplace.26): log Z = log Z_B + l_B(mu) - sum_i l_i(mu), B the one row
+    log_marglik = float(info.log_marglik) + float(net.loss(state.mu, X[:1], y[:1])) - loss
     return tuned, {"prior_precision": float(info.prior_precision), "log_marglik": log_marglik,
                    "converged": bool(info.converged),
                    "evaluations": int(info.trace_log_marglik.shape[0])}
@@ -1125,7 +1126,8 @@ def run(args: argparse.Namespace) -> int:
         return found
 
     if todo and not args.no_progress:
-        print(f"cifar10-lenet: plan: {_plan_line(todo, budget, resuming)}", file=sys.stderr, flush=True)
+        print(f"cifar10-lenet: plan: {_plan_line(todo, budget, resuming)}", file=sys.stderr,
+              flush=True)
     write, progress = _runner.start(out, bool(todo), len(units), len(saved), "cifar10-lenet",
                                     enabled=not args.no_progress, resuming=resuming,
                                     partial=checkpointed)
