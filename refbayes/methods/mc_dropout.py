@@ -70,7 +70,7 @@ from refbayes.methods.adam import (
     check_theta_state,
 )
 from refbayes.models import CNN, theta_layout
-from refbayes.models.dropout import masked_forward, masked_output_and_grad
+from refbayes.models.dropout import check_sites, masked_forward, masked_output_and_grad
 from refbayes.models.likelihoods import Gaussian
 
 __all__ = [
@@ -184,6 +184,15 @@ def _check_tau(model, tau):
         where = ("the model's Gaussian noise_precision" if isinstance(lik, Gaussian)
                  else f"1 for the {lik.name} likelihood (no model precision)")
         raise ValueError(f"cfg.noise_precision: expected {want} ({where}), got {tau}")
+
+
+def _check_sites(model, cfg):
+    """cfg.sites must be valid for the model (refbayes.models.dropout.check_sites); the message
+    names cfg.sites."""
+    try:
+        check_sites(model, cfg.sites)
+    except ValueError as err:
+        raise ValueError(f"cfg.{err}") from None
 
 
 def _check_state(state) -> int:
@@ -356,6 +365,7 @@ def step(state: MCDropoutState, batch, masks, cfg: MCDropoutConfig,
     dtype = state.theta.dtype
     N, _, _, tau, (alpha, beta1, beta2, eps_adam) = _check_cfg(cfg)
     check_model(model, D, cnn=True)
+    _check_sites(model, cfg)
     _check_tau(model, tau)
     X, y, M = check_batch(batch, model, N, dtype)
     theta = state.theta
@@ -408,6 +418,7 @@ def predict_samples(state: MCDropoutState, X, masks_list, cfg: MCDropoutConfig, 
     _check_state(state)
     _check_cfg(cfg)
     check_model(model, state.theta.shape[0], cnn=True)
+    _check_sites(model, cfg)
     if not isinstance(masks_list, (list, tuple)) or len(masks_list) < 1:
         raise ValueError("masks_list: expected a non-empty list of mask lists (one per Monte "
                          f"Carlo pass), got {type(masks_list).__name__}")

@@ -210,3 +210,20 @@ def test_sites_on_an_mlp_and_masks_of_the_wrong_shape_are_refused():
 def test_cfg_sites_must_be_a_tuple_of_ints(sites):
     with pytest.raises(ValueError, match=r"cfg.sites: expected None or a non-empty tuple"):
         mc_dropout.MCDropoutConfig(N, sites=sites)
+
+
+def test_step_and_predictive_name_cfg_sites_when_they_do_not_fit_the_model():
+    model = _conv_pool_net()
+    rng, X, y, theta = _data(model)
+    state = mc_dropout.init(theta)
+    masks = draw_masks(rng, model, M, P_DROP)
+    cfg = mc_dropout.MCDropoutConfig(N, p=P_DROP, sites=(1, 11))  # the net has 10 layers
+    with pytest.raises(ValueError, match=r"^cfg\.sites: expected an integer in \[0, 10\], got 11"):
+        mc_dropout.step(state, mc_dropout.Batch(X.reshape(M, -1), y), masks, cfg, model)
+    with pytest.raises(ValueError, match=r"^cfg\.sites: expected an integer in \[0, 10\]"):
+        mc_dropout.predict_samples(state, X, [masks], cfg, model)
+    mlp = MLP([3, 4, 2], "relu", "categorical")
+    with pytest.raises(ValueError, match=r"^cfg\.sites: mask sites are for a CNN"):
+        mc_dropout.predict_samples(mc_dropout.init(np.zeros(mlp.D)), np.zeros((2, 3)),
+                                   [draw_masks(rng, mlp, 2, P_DROP)],
+                                   mc_dropout.MCDropoutConfig(N, sites=(1,)), mlp)
