@@ -218,7 +218,8 @@ def test_step_and_predictive_name_cfg_sites_when_they_do_not_fit_the_model():
     state = mc_dropout.init(theta)
     masks = draw_masks(rng, model, M, P_DROP)
     cfg = mc_dropout.MCDropoutConfig(N, p=P_DROP, sites=(1, 11))  # the net has 10 layers
-    with pytest.raises(ValueError, match=r"^cfg\.sites: expected an integer in \[0, 10\], got 11"):
+    with pytest.raises(ValueError,
+                       match=r"^cfg\.sites: expected an integer in \[0, 10\], got 11"):
         mc_dropout.step(state, mc_dropout.Batch(X.reshape(M, -1), y), masks, cfg, model)
     with pytest.raises(ValueError, match=r"^cfg\.sites: expected an integer in \[0, 10\]"):
         mc_dropout.predict_samples(state, X, [masks], cfg, model)
