@@ -170,7 +170,8 @@ def _cnn_pass(xp, model, theta, X, sz, sites):
     """(params, caches, f) of a CNN with the masks sz at their sites (None: the parameter
     layers' inputs)."""
     params = _conv._split(theta, model._param_shapes)
-    caches, f = _conv._forward(xp, model.layers, params, X, sz, sites=sites)  # (mc_dropout.1), (mc_dropout.10)
+    # (mc_dropout.1); at sites, (mc_dropout.10)
+    caches, f = _conv._forward(xp, model.layers, params, X, sz, sites=sites)
     return params, caches, f
 
 

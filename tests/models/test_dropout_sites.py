@@ -69,7 +69,8 @@ def test_output_sites_are_after_each_parameter_layer():
     assert dr.output_sites(net) == (1, 4, 8, 10, 12)
     assert dr.mask_shapes(net, dr.output_sites(net)) == [(6, 28, 28), (16, 10, 10), (120,),
                                                          (84,), (10,)]
-    assert dr.mask_shapes(_conv_pool_net(), (0, 2, 6, 10)) == [(2, 8, 8), (3, 8, 8), (2, 2, 2), (3,)]
+    assert dr.mask_shapes(_conv_pool_net(), (0, 2, 6, 10)) == [(2, 8, 8), (3, 8, 8), (2, 2, 2),
+                                                               (3,)]
     rng = np.random.default_rng(0)
     masks = draw_masks(rng, net, 2, 0.1, sites=dr.output_sites(net))
     assert [z.shape for z in masks] == [(2, 6, 28, 28), (2, 16, 10, 10), (2, 120), (2, 84),
