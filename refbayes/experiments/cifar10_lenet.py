@@ -110,6 +110,7 @@ from refbayes.methods import (
     vogn,
 )
 from refbayes.models.conv import lenet5
+from refbayes.models.dropout import output_sites
 
 __all__ = ["DESCRIPTION", "MEAN", "PAPER", "ROWS", "SECONDS_PER_EPOCH", "STD", "add_arguments",
            "evidence_tuned", "make_method", "normalize", "official_vogn_config", "run"]
@@ -163,9 +164,9 @@ SWAG_LR_INIT, SWAG_LR, SWAG_K, SWAG_MOMENTUM = 0.05, 0.01, 20, 0.9
 SWAG_START_FRACTION = 161 / 300  # swa_start = epochs x 161 / 300 (112.7 of 210)
 TABLE1 = ("adam", "bbb", "mc-dropout", "vogn")
 # MC dropout rows whose masks sit elsewhere than on the parameter layers' inputs: the official
-# LeNet5MCDropout's dropout(layer(x)) after conv1, conv2, fc1, fc2 and fc3 (mc_dropout.10), i.e.
-# refbayes.models.dropout.output_sites(lenet5()) (a test checks the two agree)
-DROPOUT_SITES = {"mc-dropout-official": [1, 4, 8, 10, 12]}
+# LeNet5MCDropout's dropout(layer(x)) after conv1, conv2, fc1, fc2 and fc3 (mc_dropout.10):
+# output_sites(lenet5()) = [1, 4, 8, 10, 12] (a list: it is recorded in the settings)
+DROPOUT_SITES = {"mc-dropout-official": list(output_sites(lenet5()))}
 
 # Table 1 as the issue transcribes it: train acc %, val acc %, val NLL, epochs, ECE, AUROC.
 PAPER = {"adam": (71.98, 67.67, 0.937, 210, 0.021, 0.794),
