@@ -200,6 +200,7 @@ QUICK = {**DEFAULTS, "epochs": 1, "eval_every": 1, "test_draws": 2, "checkpoint_
          "n_train": 256, "n_test": 200}
 ECE_BINS = (10, 15, 20)
 RELIABILITY_BINS = 15
+FIGURE_COLUMNS = 5  # reliability.png: panels per row
 EVAL_ROWS = 500  # test rows per forward pass (bounds the im2col buffers)
 
 
@@ -1031,10 +1032,14 @@ def _figure(out, saved, methods):
     names = [n for n in methods if any(k[0] == n for k in saved)]
     if plt is None or not names:
         return None
-    fig, axes = plt.subplots(1, len(names), figsize=(3.2 * len(names), 3.4), squeeze=False)
+    cols = min(len(names), FIGURE_COLUMNS)
+    rows = math.ceil(len(names) / cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(3.2 * cols, 3.2 * rows + 0.4), squeeze=False)
+    for ax in axes.flat[len(names):]:  # the last row's empty panels
+        ax.set_visible(False)
     edges = np.linspace(0, 1, RELIABILITY_BINS + 1)
     mids = (edges[:-1] + edges[1:]) / 2
-    for ax, name in zip(axes[0], names):
+    for ax, name in zip(axes.flat, names):
         recs = [r for (n, _), r in saved.items() if n == name]
         cnt = np.sum([r["reliability"]["count"] for r in recs], axis=0)
         cor = np.sum([r["reliability"]["correct"] for r in recs], axis=0)
@@ -1047,7 +1052,8 @@ def _figure(out, saved, methods):
                   else f"{recs[0]['settings']['epochs']} epochs")
         ax.set_title(f"{name} ({len(recs)} seed(s))\nECE15 {ece:.3f}, {budget}", fontsize=8)
         ax.set_xlabel("confidence")
-    axes[0, 0].set_ylabel("accuracy")
+    for ax in axes[:, 0]:
+        ax.set_ylabel("accuracy")
     fig.suptitle("CIFAR-10 LeNet-5 reliability (15 bins, pooled over seeds)", fontsize=9)
     fig.tight_layout()
     return _runner.save_figure(fig, Path(out) / "reliability.png", dpi=90)
