@@ -3,29 +3,14 @@ normalization, the VOGN config converted from the official LeNet-5 config, and o
 timed case on a small random batch (the tool's API stays in step with the methods')."""
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
-
 import numpy as np
 import pytest
 
 from refbayes.methods import Batch
 from refbayes.models.conv import lenet5
+from tests.tools import load_tool
 
-ROOT = Path(__file__).resolve().parents[1]
-TOOL = ROOT / "tools" / "cifar10_epoch_timing.py"
-
-
-def _load():
-    spec = importlib.util.spec_from_file_location("cifar10_epoch_timing", TOOL)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["cifar10_epoch_timing"] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-tool = _load()
+tool = load_tool("cifar10_epoch_timing.py", "cifar10_epoch_timing")
 
 
 def test_normalize_is_the_official_per_channel_transform():

@@ -4,28 +4,15 @@ few rows (the tool's API stays in step with the runner's)."""
 from __future__ import annotations
 
 import contextlib
-import importlib.util
 import io
-import sys
-from pathlib import Path
 
 import numpy as np
 
 from refbayes.methods import Batch
 from refbayes.models.conv import lenet5
+from tests.tools import load_tool
 
-TOOL = Path(__file__).resolve().parents[1] / "tools" / "cifar10_epoch_timing.py"
-
-
-def _load():
-    spec = importlib.util.spec_from_file_location("cifar10_epoch_timing_rows", TOOL)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["cifar10_epoch_timing_rows"] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-tool = _load()
+tool = load_tool("cifar10_epoch_timing.py", "cifar10_epoch_timing_rows")
 
 
 def test_the_new_cases_take_steps_on_a_small_batch():

@@ -7,7 +7,6 @@ the junit parsing are checked on cases whose answer is known.
 """
 import functools
 import importlib
-import importlib.util
 import inspect
 import json
 import os
@@ -21,6 +20,7 @@ import numpy as np
 import pytest
 
 from tests.tolerances import EXACT_F64, assert_close
+from tests.tools import load_tool
 
 REPO = Path(__file__).resolve().parents[1]
 TOOL = REPO / "tools" / "device_check.py"
@@ -28,14 +28,7 @@ STEPS = {"install", "versions", "gpu_tests", "smoke", "benchmarks", "torch", "re
 STATUSES = {"passed", "failed", "error", "timeout", "skipped", "missing", "not_run"}
 
 
-def _load_tool():
-    spec = importlib.util.spec_from_file_location("device_check", TOOL)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-dc = _load_tool()
+dc = load_tool("device_check.py", "device_check")
 
 
 def _modules_with_cupy_param() -> set[str]:

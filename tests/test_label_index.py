@@ -3,25 +3,16 @@ a tagged code line and a deciding test (or a reason in the script's EXCEPTIONS),
 label, and the generated page is current. The script's rules are checked on a small tree too."""
 from __future__ import annotations
 
-import importlib.util
-import sys
 from pathlib import Path
 
 import pytest
 
+from tests.tools import load_tool
+
 ROOT = Path(__file__).resolve().parents[1]
-TOOL = ROOT / "tools" / "label_index.py"
 
 
-def _load():
-    spec = importlib.util.spec_from_file_location("label_index", TOOL)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["label_index"] = module  # dataclasses look their module up here
-    spec.loader.exec_module(module)
-    return module
-
-
-li = _load()
+li = load_tool("label_index.py", "label_index")
 
 
 @pytest.fixture(scope="module")

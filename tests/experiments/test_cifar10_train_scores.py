@@ -5,11 +5,8 @@ stream), and its running column is the saved result's. Skips without the staged 
 from __future__ import annotations
 
 import contextlib
-import importlib.util
 import io
 import json
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -21,20 +18,12 @@ from refbayes.experiments import cifar10_lenet as c10
 from refbayes.methods import driver
 from refbayes.models.conv import lenet5
 from refbayes.models.dropout import masked_forward
+from tests.tools import load_tool
 
-TOOL = Path(__file__).resolve().parents[2] / "tools" / "cifar10_train_scores.py"
 ROWS = ("adam", "mc-dropout-official", "vogn")
 
 
-def _load():
-    spec = importlib.util.spec_from_file_location("cifar10_train_scores", TOOL)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["cifar10_train_scores"] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-tool = _load()
+tool = load_tool("cifar10_train_scores.py", "cifar10_train_scores")
 
 
 @pytest.fixture(scope="module")
