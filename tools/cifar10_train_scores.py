@@ -13,7 +13,8 @@ training set after training. This tool computes, from ``<out>/states/<row>_seed_
 - ``predictive``: the row's own predictive on the training set (``make_method``'s predict, the
   one behind the validation columns: VOGN's BMA over --draws draws of q, MC dropout's over
   --draws mask sets), accuracy and NLL;
-- ``point``: one pass at the mean (VOGN's mu, MC dropout's theta without masks, Adam's theta).
+- ``point``: one pass at the mean (VOGN's and BBB's mu, MC dropout's theta without masks, Adam's
+  theta).
 
 Draws come from ``default_rng(SeedSequence([seed, row id, 7]))``, a stream the runner never
 uses. One BLAS thread is pinned before NumPy loads. A few minutes per Bayesian row on one core.
@@ -38,11 +39,9 @@ from refbayes.experiments import cifar10_lenet as c10  # noqa: E402
 from refbayes.models.conv import lenet5  # noqa: E402
 
 STREAM = 7  # job_rng(seed, row id, 7): not one of the runner's streams (0-3)
-
-
-def _point_theta(name, state):
-    """The row's mean parameters: theta (adam, MC dropout) or mu (vogn)."""
-    return state.mu if name == "vogn" else state.theta
+# Table 1's rows (and the official-sites MC dropout): the state field holding the mean
+MEAN_FIELD = {"adam": "theta", "vogn": "mu", "bbb": "mu", "mc-dropout": "theta",
+              "mc-dropout-official": "theta"}
 
 
 def _scores(P, y) -> tuple:
@@ -52,6 +51,8 @@ def _scores(P, y) -> tuple:
 
 def score_row(out: Path, name: str, seed: int, draws: int, data_dir) -> dict:
     """The running (saved), predictive and point train scores of one saved job."""
+    if name not in MEAN_FIELD:
+        raise ValueError(f"--rows: expected rows of {sorted(MEAN_FIELD)} (Table 1's), got {name!r}")
     state_path = c10._state_path(out, name, seed)
     if not state_path.exists():
         raise FileNotFoundError(f"--out: no final state {state_path}; run the {name} job first")
@@ -62,7 +63,7 @@ def score_row(out: Path, name: str, seed: int, draws: int, data_dir) -> dict:
     data = c10._load(data_dir, settings["dtype"], c10.ROWS[name].normalized, settings["n_train"],
                      settings["n_test"])
     net = lenet5()
-    theta0 = arrays["state.mu" if name == "vogn" else "state.theta"]  # only the template's
+    theta0 = arrays[f"state.{MEAN_FIELD[name]}"]  # only the template's
     m = c10.make_method(name, net, theta0, data.X.shape[0])
     state = c10._unpack(m.state, "state.", arrays)
     rng = _runner.job_rng(seed, c10.ROWS[name].rid, STREAM)
@@ -73,7 +74,7 @@ def score_row(out: Path, name: str, seed: int, draws: int, data_dir) -> dict:
            "paper_train_acc": c10.PAPER.get(name, (None,))[0]}
     row["predictive_acc"], row["predictive_nll"] = _scores(m.predict(state, data.X, rng, S),
                                                            data.y)
-    point = c10._bma(net, _point_theta(name, state)[:, None], data.X)
+    point = c10._bma(net, getattr(state, MEAN_FIELD[name])[:, None], data.X)
     row["point_acc"], row["point_nll"] = _scores(point, data.y)
     row["draws"] = S
     return row
@@ -93,9 +94,8 @@ def main(argv=None) -> int:
     print("row | running train acc / NLL | predictive on train | point on train | val acc | "
           "paper train acc")
     for name in args.rows.split(","):
-        if name not in c10.ROWS or name in c10.POSTHOC:
-            p.error(f"--rows: expected trained rows of {sorted(set(c10.ROWS) - set(c10.POSTHOC))},"
-                    f" got {name!r}")
+        if name not in MEAN_FIELD:
+            p.error(f"--rows: expected rows of {sorted(MEAN_FIELD)} (Table 1's), got {name!r}")
         r = score_row(args.out, name, args.seed, args.draws, data_dir)
         print(f"{name} | {100 * r['running_acc']:.2f} / {r['running_nll']:.3f} | "
               f"{100 * r['predictive_acc']:.2f} / {r['predictive_nll']:.3f} ({r['draws']} draws) | "

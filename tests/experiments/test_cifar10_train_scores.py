@@ -82,3 +82,8 @@ def test_scores_equal_the_forward_passes_of_the_saved_states(quick_out):
 def test_a_missing_state_names_the_job(tmp_path):
     with pytest.raises(FileNotFoundError, match="run the vogn job first"):
         tool.score_row(tmp_path, "vogn", 0, 2, None)
+
+
+def test_a_row_without_a_paper_train_column_is_refused(tmp_path):
+    with pytest.raises(ValueError, match="--rows: expected rows of .*got 'kfac'"):
+        tool.score_row(tmp_path, "kfac", 0, 2, None)
