@@ -132,6 +132,7 @@ __all__ = [
     "mean_se",
     "output_writable",
     "overridden",
+    "panel_grid",
     "partial_path",
     "plan",
     "positive_int",
@@ -534,6 +535,18 @@ def pyplot():
               file=sys.stderr)
         return None
     return plt
+
+
+def panel_grid(plt, n: int, max_cols: int, panel=(3.2, 3.3)):
+    """(fig, axes (rows, cols)) of n panels, at most max_cols per row, each ``panel`` inches;
+    the last row's unused panels hidden. Fill ``axes.flat`` in order."""
+    cols = min(max_cols, n)
+    rows = math.ceil(n / cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(panel[0] * cols, panel[1] * rows),
+                             squeeze=False)
+    for ax in axes.flat[n:]:
+        ax.set_visible(False)
+    return fig, axes
 
 
 def save_figure(fig, path: Path, dpi: int = 110, **kwargs) -> Path:

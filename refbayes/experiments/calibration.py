@@ -70,7 +70,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import sys
 import time
 import zlib
@@ -637,11 +636,7 @@ def _figure(out, dataset, found):
             panels.append((name, runs))
     if not panels:
         return None
-    cols = min(4, len(panels))
-    rows = math.ceil(len(panels) / cols)
-    fig, axes = plt.subplots(rows, cols, figsize=(3.2 * cols, 3.3 * rows), squeeze=False)
-    for ax in axes.ravel()[len(panels):]:
-        ax.axis("off")
+    fig, axes = _runner.panel_grid(plt, len(panels), 4)
     for ax, (name, runs) in zip(axes.ravel(), panels):
         ok = [f for f in runs if f["status"] == "ok"]
         ax.plot([0, 1], [0, 1], "k--", lw=0.8)

@@ -1032,11 +1032,7 @@ def _figure(out, saved, methods):
     names = [n for n in methods if any(k[0] == n for k in saved)]
     if plt is None or not names:
         return None
-    cols = min(len(names), FIGURE_COLUMNS)
-    rows = math.ceil(len(names) / cols)
-    fig, axes = plt.subplots(rows, cols, figsize=(3.2 * cols, 3.2 * rows + 0.4), squeeze=False)
-    for ax in axes.flat[len(names):]:  # the last row's empty panels
-        ax.set_visible(False)
+    fig, axes = _runner.panel_grid(plt, len(names), FIGURE_COLUMNS)
     edges = np.linspace(0, 1, RELIABILITY_BINS + 1)
     mids = (edges[:-1] + edges[1:]) / 2
     for ax, name in zip(axes.flat, names):
