@@ -22,7 +22,10 @@ from hypothesis import strategies as st
 
 from refbayes import conventions as cv
 from refbayes.datasets import make_logistic_regression
+from refbayes.linalg import kron
 from refbayes.methods import bbb, laplace, swag, vadam, vogn
+from refbayes.methods import noisy_kfac as nk
+from refbayes.methods._estimates import Batch
 from refbayes.models import MLP, LogisticRegression
 from tests.reference.per_example import (
     example_loss,
@@ -108,6 +111,90 @@ def test_pytorch_sso_vogn_takes_the_same_steps(form):
     assert_close(state.mu, mean, EXACT_F64, "mean after 3 steps")
     # the precision: torchsso (N / kl)(ema + l2_ema + damping)
     assert_close(vogn.prec_diag(state, cfg), (N / 0.7) * prec_sum, EXACT_F64, "precision")
+
+
+# ----------------------------------------------------------------------------- torchsso Noisy K-FAC
+
+def _torchsso_kron_steps(kw, mean0, X, y, model, plan):
+    """torchsso VIOptimizer.step with Kron 'Cov' curvature (derivations/noisy_kfac.md,
+    "Conventions of torchsso"), written out in refbayes' layer layout W~ (n_in + 1, n_out):
+    the first step at the mean, later ones at the plan's draws; per draw the minibatch-MEAN
+    gradient and the factors a~ a~^T / M, g g^T / M, averaged over the draws; l2_reg mean added
+    to the raw gradient; ema <- the first statistics, then e data + (1 - e) ema; damping +
+    l2_reg split by pi; the solve with this step's factors; weight_decay mean added to the
+    preconditioned gradient; buf <- momentum buf + that; mean <- mean - lr buf."""
+    Nd, lr, kl = kw["dataset_size"], kw["lr"], kw["kl_weighting"]
+    e, damp = kw["curv_kwargs"]["ema_decay"], kw["curv_kwargs"]["damping"]
+    l2_reg = kl / Nd / kw["prior_variance"]
+    blocks = nk.layer_slices(model)
+    mean, buf, ema = mean0.copy(), np.zeros_like(mean0), None
+    for idx, Z in plan:
+        W = mean[:, None] + (0.0 if Z is None else Z)
+        grad = np.mean([_mean_grads(model, W[:, s], X[idx], y[idx]).mean(axis=0)
+                        for s in range(W.shape[1])], axis=0) + l2_reg * mean
+        data = []
+        for l in range(len(blocks)):
+            Ah = Gh = 0.0
+            for s in range(W.shape[1]):
+                layer = model.kfac_factors(W[:, s], X[idx], y[idx])[l]
+                a = np.hstack([layer.a, np.ones((len(idx), 1))])
+                Ah = Ah + a.T @ a / len(idx) / W.shape[1]
+                Gh = Gh + layer.g.T @ layer.g / len(idx) / W.shape[1]
+            data.append((Ah, Gh))
+        ema = data if ema is None else [(e * Ah + (1 - e) * A, e * Gh + (1 - e) * G)
+                                        for (Ah, Gh), (A, G) in zip(data, ema)]
+        r = np.sqrt(damp + l2_reg)
+        P = np.empty_like(mean)
+        for (a0, b0, n_a, n_b), (A, G) in zip(blocks, ema):
+            pi = np.sqrt((np.trace(A) / n_a) / (np.trace(G) / n_b))
+            A_inv = np.linalg.inv(A + r * pi * np.eye(n_a))
+            G_inv = np.linalg.inv(G + r / pi * np.eye(n_b))
+            P[a0:b0] = (A_inv @ grad[a0:b0].reshape(n_a, n_b) @ G_inv).ravel()
+        buf = kw["momentum"] * buf + (P + kw["weight_decay"] * mean)
+        mean = mean - lr * buf
+    return mean, buf, ema
+
+
+def test_pytorch_sso_noisy_kfac_takes_the_same_steps():
+    """torchsso's Noisy K-FAC written out (above) against noisy_kfac.step with the mapped config:
+    the first step as eps=None with beta = 1 (torchsso's has no draws and no start factors),
+    then antithetic draw pairs (torchsso's prior term is at the mean, refbayes' at the draws:
+    they agree when the draws average to the mean), handed to refbayes through the inverse of
+    the sampling map (noisy_kfac.7). The real torchsso: tools/torchsso_noisy_kfac_check.py."""
+    model = MLP([3, 4, 3], "tanh", "categorical")
+    rng = np.random.default_rng(3)
+    X, y = rng.standard_normal((N, 3)), rng.integers(0, 3, N)
+    kw = {"dataset_size": N, "curv_type": "Cov", "curv_shapes": {"Linear": "Kron"},
+          "curv_kwargs": {"ema_decay": 0.3, "damping": 0.05}, "lr": 0.1, "momentum": 0.9,
+          "kl_weighting": 0.7, "prior_variance": 0.5, "weight_decay": 0.2}
+    cfg = cv.from_pytorch_sso_noisy_kfac(**kw)
+    plan = [(rng.permutation(N)[:M], None)]
+    for _ in range(3):
+        z = 0.05 * rng.standard_normal((model.D, 1))
+        plan.append((rng.permutation(N)[:M], np.hstack([z, -z])))
+    mu0 = model.init_theta(rng)
+    mean, buf, ema = _torchsso_kron_steps(kw, mu0, X, y, model, plan)
+    state = nk.init(mu0, model)
+    g_s = nk.gamma_in(cfg) + cfg.gamma_ex  # the "full" sampler's damping
+    for t, (idx, Z) in enumerate(plan):
+        if Z is None:
+            state, _ = nk.step(state, Batch(X[idx], y[idx]), None, cfg._replace(beta=1.0),
+                               model)
+            continue
+        eps = np.empty_like(Z)
+        for (a0, b0, n_a, n_b), A, G in zip(nk.layer_slices(model), state.A_ref, state.S_ref):
+            L_A, L_S = kron.factored_chol(A, G, g_s)   # eps = L_A^T Z L_S / sqrt(lam / N)
+            for s in range(Z.shape[1]):
+                eps[a0:b0, s] = (L_A.T @ Z[a0:b0, s].reshape(n_a, n_b) @ L_S).ravel()
+        eps /= np.sqrt(cfg.kl_weight / cfg.N)
+        before = state.mu
+        state, info = nk.step(state, Batch(X[idx], y[idx]), eps, cfg, model)
+        assert_close(info.w, before[:, None] + Z, EXACT_F64, f"step {t + 1}'s draws")
+    assert_close(state.mu, mean, EXACT_F64, "mean after 4 steps")
+    assert_close(state.m, buf, EXACT_F64, "momentum buffer")
+    for l, (A, G) in enumerate(ema):
+        assert_close(state.A[l], A, EXACT_F64, f"A[{l}]")
+        assert_close(state.S[l], G, EXACT_F64, f"G[{l}]")
 
 
 # ----------------------------------------------------------------------------- emtiyaz/vadam
@@ -341,6 +428,13 @@ PUBLIC = {
                              curv_kwargs={"ema_decay": 0.001, "damping": 1e-3},
                              kl_weighting=1.0, warmup_kl_weighting_steps=None,
                              prior_variance=0.02),
+    "pytorch_sso_noisy_kfac": dict(dataset_size=50000, curv_type="Fisher",
+                                   curv_shapes={"Linear": "Kron", "Conv2d": "Kron"},
+                                   curv_kwargs={"ema_decay": 0.333, "damping": 1e-4,
+                                                "pi_type": "tracenorm"},
+                                   lr=4e-3, momentum=0.9, momentum_type="preconditioned",
+                                   kl_weighting=0.2, warmup_kl_weighting_steps=None,
+                                   prior_variance=1.0, weight_decay=0.1),
     "emtiyaz_vogn": dict(train_set_size=100, lr=1e-3, beta=0.999, prior_prec=1.0),
     "emtiyaz_vadam": dict(train_set_size=100, lr=0.01, betas=(0.9, 0.99), prior_prec=3.0),
     "emtiyaz_vprop": dict(train_set_size=100, lr=0.01, beta=0.99, prior_prec=3.0),

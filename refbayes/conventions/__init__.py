@@ -14,6 +14,10 @@ Mapped (public -> refbayes):
   (cybertronai/pytorch-sso, used by team-approx-bayes/dl-with-bayes) -> ``vogn.VOGNConfig``;
   initial state: ``s0_from_pytorch_sso_init_precision`` / ``pytorch_sso_init_precision_from_s0``.
   derivations/vogn.md, "Conventions of public implementations".
+- ``from_pytorch_sso_noisy_kfac`` / ``to_pytorch_sso_noisy_kfac``: torchsso ``VIOptimizer`` with
+  Kronecker curvature (dl-with-bayes' Noisy K-FAC) -> ``noisy_kfac.NoisyKFACConfig`` (its
+  weight decay, sampler damping and refresh order; the same step when the draws average to the
+  mean). derivations/noisy_kfac.md, "Conventions of torchsso".
 - ``from_emtiyaz_vogn`` / ``to_emtiyaz_vogn``: emtiyaz/vadam ``VOGN`` -> ``vogn.VOGNConfig``.
   derivations/vogn.md, same section.
 - ``from_emtiyaz_vadam`` / ``to_emtiyaz_vadam``: emtiyaz/vadam ``Vadam`` ->
@@ -33,9 +37,9 @@ Mapped (public -> refbayes):
 
 Not mapped (the notes give no exact step-for-step conversion; see each note): the official
 SLANG code (its PyTorch keyword names are not in slang.md, its randomized fast_eig drops columns
-and clips Delta_d), Noisy Adam (the official ``adam_optimizer.py`` does not run), Noisy K-FAC
-(statistics at a fresh draw, identity inverses until ``TInv``, another sampling map and
-momentum form: noisy_kfac.md C1-C3), MC dropout (Keras Adam's epsilon makes the map
+and clips Delta_d), Noisy Adam (the official ``adam_optimizer.py`` does not run), gd-zhang's
+Noisy K-FAC (statistics at a fresh draw, identity inverses until ``TInv``, another sampling map
+and momentum form: noisy_kfac.md C1-C3), MC dropout (Keras Adam's epsilon makes the map
 step-dependent, and the training-target precision is a free choice), PyTorch-BayesianCNN and
 Blundell et al. (no constructor keyword names in bbb.md), K-tied (no public implementation).
 
@@ -46,7 +50,8 @@ value that makes it a no-op; a refbayes field that the public code cannot repres
 for emtiyaz/vadam, the "ggn" curvature for torchsso, ...) is refused by ``to_*`` likewise.
 
 One module per public implementation, each re-exported here (``refbayes.conventions.X`` and
-``from refbayes.conventions import X`` are the public spelling): ``pytorch_sso`` (torchsso VOGN),
+``from refbayes.conventions import X`` are the public spelling): ``pytorch_sso`` (torchsso VOGN
+and Noisy K-FAC),
 ``emtiyaz_vadam`` (emtiyaz/vadam VOGN, Vadam, Vprop), ``swa_gaussian`` (torch SGD and SWAG),
 ``laplace_torch`` (aleximmer/Laplace), ``slang_bbb`` (the SLANG repository's BBB baseline); the
 shared argument checks are in ``_common``. This module keeps the registry ``CONVENTIONS``.
@@ -67,9 +72,11 @@ from refbayes.conventions.emtiyaz_vadam import (
 )
 from refbayes.conventions.laplace_torch import from_laplace_torch, to_laplace_torch
 from refbayes.conventions.pytorch_sso import (
+    from_pytorch_sso_noisy_kfac,
     from_pytorch_sso_vogn,
     pytorch_sso_init_precision_from_s0,
     s0_from_pytorch_sso_init_precision,
+    to_pytorch_sso_noisy_kfac,
     to_pytorch_sso_vogn,
 )
 from refbayes.conventions.slang_bbb import from_slang_bbb, to_slang_bbb
@@ -89,6 +96,7 @@ __all__ = [
     "from_emtiyaz_vogn",
     "from_emtiyaz_vprop",
     "from_laplace_torch",
+    "from_pytorch_sso_noisy_kfac",
     "from_pytorch_sso_vogn",
     "from_slang_bbb",
     "from_swa_gaussian",
@@ -101,6 +109,7 @@ __all__ = [
     "to_emtiyaz_vogn",
     "to_emtiyaz_vprop",
     "to_laplace_torch",
+    "to_pytorch_sso_noisy_kfac",
     "to_pytorch_sso_vogn",
     "to_slang_bbb",
     "to_swa_gaussian",
@@ -150,6 +159,12 @@ CONVENTIONS: dict[str, Convention] = dict([
           "derivations/vogn.md#conventions-of-public-implementations",
           "N = dataset_size, tau = kl_weighting, delta = 1/prior_variance, gamma = damping, "
           "beta2 = ema_decay, raw momentum or grad_ema_decay d -> beta1 = 1-d, alpha = lr d"),
+    _conv("pytorch_sso_noisy_kfac",
+          "cybertronai/pytorch-sso torchsso.optim.VIOptimizer with Kron curvature", "noisy_kfac",
+          "derivations/noisy_kfac.md#conventions-of-torchsso-dl-with-bayes-noisy-k-fac",
+          "N = dataset_size, eta = prior_variance, kl_weight = kl_weighting, alpha = lr, "
+          "beta = ema_decay, gamma_ex = damping, same weight_decay; sampler_damping 'full', "
+          "refresh_order 'before'"),
     _conv("emtiyaz_vogn", "emtiyaz/vadam pytorch/vadam/optimizers.py VOGN", "vogn",
           "derivations/vogn.md#conventions-of-public-implementations",
           "delta = prior_prec, alpha = lr, beta2 = 1 - beta, beta1 = gamma = 0, tau = rho = 1"),

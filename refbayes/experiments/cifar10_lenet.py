@@ -13,7 +13,7 @@ team-approx-bayes/dl-with-bayes, and what is refbayes' own choice):
 - rows (:data:`ROWS`): Table 1's ``adam`` (210 epochs), ``vogn`` (210, S = 6, KL warm-up over the
   first 30 epochs, an OGN first step), ``bbb`` (800, S = 1) and ``mc-dropout`` (210, p = 0.1),
   and our ``kfac`` (50 epochs, ExponentialLR 0.9) and ``noisy-kfac`` (15 epochs, M = 64, S = 4,
-  ExponentialLR 0.9), with the settings of the note (:func:`make_method` builds each); issue
+  ExponentialLR 0.9, torchsso's step: :data:`NOISY_KFAC_TORCHSSO`), with the settings of the note (:func:`make_method` builds each); issue
   36's second list: ``ktied`` (k = 2 on every layer, trained as bbb, 800 epochs), ``swag`` (ONE
   job, one momentum-SGD run under the SWAG paper's CIFAR schedule (swag.12) scaled to 210 epochs,
   a snapshot per epoch after swa_start = 210 x 161 / 300; three table rows from its moments:
@@ -155,6 +155,11 @@ ROWS = {"adam": Row(0, 210, 128, 0, False),
 # post-hoc rows: no training, a Laplace approximation at the adam job's final theta of the seed
 # (structure, subset of laplace.LaplaceConfig); they read states/adam_seed_<s>.npz
 POSTHOC = {"laplace-kron": ("kron", "all"), "laplace-ll": ("full", "last_layer")}
+# lenet_noisykfac.json ran on torchsso's VIOptimizer, whose step differs from gd-zhang's in three
+# ways (derivations/noisy_kfac.md, "torchsso"): its weight_decay 0.1 added after the solve, the
+# sampler damped like the solve, and a refresh before the solve. Without the last the row
+# diverges in its first epoch (derivations/cifar10_lenet.md).
+NOISY_KFAC_TORCHSSO = {"weight_decay": 0.1, "sampler_damping": "full", "refresh_order": "before"}
 KTIED_K, KTIED_JITTER = 2, 0.1  # k on every layer; the start's jitter of the calibration row
 # the swag job: one SGD run, three table rows (its own, and these from the same moments)
 SWAG_EXTRA = ("swa", "swag-diag")
@@ -273,7 +278,8 @@ def _bma(net, thetas, X):
 
 
 def make_method(name: str, net, theta0, N: int, backend: str = "numpy",
-                init_rng=None, epochs: int | None = None) -> Method:
+                init_rng=None, epochs: int | None = None,
+                noisy_kfac_options: dict | None = None) -> Method:
     """Build one row's initial state, step and predictive with the note's settings.
 
     Parameters
@@ -294,6 +300,10 @@ def make_method(name: str, net, theta0, N: int, backend: str = "numpy",
         runner passes ``job_rng(seed, row id, 3)``.
     epochs : int, optional
         The job's epochs (default the row's): "swag" scales its schedule to them.
+    noisy_kfac_options : dict, optional
+        "noisy-kfac" only: weight_decay, sampler_damping and refresh_order of the step in
+        place of :data:`NOISY_KFAC_TORCHSSO`'s (the runner never passes it; for
+        tools/noisy_kfac_epoch1_ablation.py).
 
     Returns
     -------
@@ -304,7 +314,8 @@ def make_method(name: str, net, theta0, N: int, backend: str = "numpy",
     ------
     ValueError
         If name is not a trained row (the post-hoc Laplace rows have no step), backend is not
-        numpy / cupy (or CuPy is missing), or init_rng is missing for "ktied".
+        numpy / cupy (or CuPy is missing), init_rng is missing for "ktied", or
+        noisy_kfac_options is given for another row or holds other keys.
     """
     if name in POSTHOC:
         raise ValueError(f"method: {name!r} is post-hoc (a Laplace fit at the adam row's theta), "
@@ -312,6 +323,10 @@ def make_method(name: str, net, theta0, N: int, backend: str = "numpy",
     if name not in ROWS:
         raise ValueError(f"method: expected one of {sorted(ROWS)}, got {name!r}")
     row = ROWS[name]
+    if noisy_kfac_options is not None and (name != "noisy-kfac" or
+                                           set(noisy_kfac_options) - set(NOISY_KFAC_TORCHSSO)):
+        raise ValueError(f"noisy_kfac_options: expected keys among {sorted(NOISY_KFAC_TORCHSSO)} "
+                         f"for 'noisy-kfac', got {sorted(noisy_kfac_options)} for {name!r}")
     xp = get_xp(backend)
     dt = theta0.dtype
     D = net.D
@@ -443,10 +458,11 @@ def make_method(name: str, net, theta0, N: int, backend: str = "numpy",
                       lambda s, X, rng, S: _bma(net, s.mu[:, None], X), row.M)
 
     # noisy-kfac: lenet_noisykfac.json: batch 64, 4 draws, lr 4e-3, momentum 0.9, kl 0.2,
-    # prior variance 1, damping 1e-4, ema_decay 0.333
+    # prior variance 1, damping 1e-4, ema_decay 0.333, and torchsso's step (NOISY_KFAC_TORCHSSO)
     cfg0 = noisy_kfac.NoisyKFACConfig(N, eta=1.0, kl_weight=0.2, alpha=4e-3, beta=0.333,
                                       momentum=0.9, gamma_ex=1e-4, T_stats=1, T_inv=1,
-                                      curvature="ggn")
+                                      curvature="ggn",
+                                      **{**NOISY_KFAC_TORCHSSO, **(noisy_kfac_options or {})})
 
     def step(state, batch, rng, t, epoch):
         cfg = cfg0._replace(alpha=cfg0.alpha * row.decay ** epoch)
@@ -544,6 +560,8 @@ def _settings(name, seed, budget) -> dict:
         s["backend"] = budget["backend"]
     if name in DROPOUT_SITES:
         s["dropout_sites"] = DROPOUT_SITES[name]
+    if name == "noisy-kfac":
+        s.update(NOISY_KFAC_TORCHSSO)
     if name == "swag":
         s.update(lr_init=SWAG_LR_INIT, swa_lr=SWAG_LR, K=SWAG_K, momentum=SWAG_MOMENTUM,
                  swa_start=s["epochs"] * SWAG_START_FRACTION,

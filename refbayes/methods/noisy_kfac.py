@@ -7,7 +7,9 @@ Symbols: mu (D,) the mean; m (D,) the momentum buffer; per layer l, with a~ the 
 a 1 appended (bias) and s its pre-activation, A_l (n_in + 1, n_in + 1) and S_l (n_out, n_out) the
 running Kronecker factors, A_ref, S_ref the factors as of the last refresh (every T_inv steps);
 eta the prior VARIANCE, lambda = kl_weight, gamma_in = lambda / (N eta) the intrinsic damping,
-gamma = gamma_in + gamma_ex the damping of the mean's preconditioner; eps (D, S) the caller's
+gamma = gamma_in + gamma_ex the damping of the mean's preconditioner, gamma_s the sampler's
+(gamma_in, the paper's, or gamma, torchsso's: cfg.sampler_damping), delta the decoupled weight
+decay (cfg.weight_decay, torchsso's; 0 in the paper); eps (D, S) the caller's
 standard-normal draws in the flat layout (eps = None: K-FAC, the gradient at mu).
 
 Scaling: V = (1/(M S)) sum_s sum_{i in B} grad l_i(w_s) + gamma_in mean_s w_s is per-example
@@ -18,13 +20,18 @@ the step: derivations/noisy_kfac.md, C1).
 
 One step (t -> t + 1)::
 
-    w_s  = mu + Sigma^{1/2} eps_s from A_ref, S_ref                       (noisy_kfac.6)-(noisy_kfac.7)
+    w_s  = mu + Sigma^{1/2} eps_s from A_ref, S_ref, damped by gamma_s     (noisy_kfac.6)-(noisy_kfac.7)
     V    = mean gradient at the draws + gamma_in w                         (noisy_kfac.8)
     P_l  = damped K-FAC solve of V_l with A_ref, S_ref and gamma           (noisy_kfac.9)
     P    <- nu P, nu = min(1, sqrt(kl_clip / (alpha^2 <V, P>))) if kl_clip   (noisy_kfac.10)
-    m    <- momentum m + P;  mu <- mu - alpha m                            (noisy_kfac.11)
+    m    <- momentum m + P + delta mu;  mu <- mu - alpha m                 (noisy_kfac.11)
     every T_stats steps: A, S <- (1 - beta) (A, S) + beta (A_hat, S_hat)   (noisy_kfac.3)-(noisy_kfac.4)
     every T_inv steps:   A_ref, S_ref <- A, S, and their operators inv      (noisy_kfac.12)
+
+That is cfg.refresh_order = "after" (gd-zhang's order). With "before" (torchsso's), the
+statistics at the step's draws are accumulated, and a refresh due at this step made, BEFORE the
+solve: P is the solve with factors that hold this step's statistics (the draws still use the
+last refresh).
 
 The sampler and the solve use the operators of A_ref, S_ref (Cholesky factors of the damped
 factors, or eigenbases), computed once per refresh and kept in ``state.inv``: a step between
@@ -89,11 +96,14 @@ from refbayes.methods._estimates import (
 
 __all__ = ["CURVATURES", "DAMPINGS", "Batch", "ExactInverse", "FactoredInverse",
            "NoisyKFACConfig", "NoisyKFACInfo", "NoisyKFACInverses", "NoisyKFACState",
-           "dense_covariance", "gamma_in", "init", "layer_slices", "refresh", "sample", "step"]
+           "REFRESH_ORDERS", "SAMPLER_DAMPINGS", "dense_covariance", "gamma_in", "init",
+           "layer_slices", "refresh", "sample", "step"]
 
 Array = Any
 CURVATURES = ("ggn", "ef", "mc")
 DAMPINGS = ("factored", "exact")
+SAMPLER_DAMPINGS = ("intrinsic", "full")
+REFRESH_ORDERS = ("after", "before")
 
 
 class NoisyKFACConfig(NamedTuple):
@@ -102,8 +112,9 @@ class NoisyKFACConfig(NamedTuple):
     Each field is documented by its trailing comment. The functions that take a cfg check it
     and raise ValueError unless: N, T_stats and T_inv are integers >= 1; eta, kl_weight and
     alpha are finite reals > 0; beta is in (0, 1]; momentum is in [0, 1); gamma_ex is a finite
-    real >= 0; damping is in DAMPINGS; curvature is in CURVATURES; and kl_clip is None or a
-    finite real > 0.
+    real >= 0; damping is in DAMPINGS; curvature is in CURVATURES; kl_clip is None or a
+    finite real > 0; weight_decay is a finite real >= 0; sampler_damping is in
+    SAMPLER_DAMPINGS; and refresh_order is in REFRESH_ORDERS.
 
     Construction (``NoisyKFACConfig(...)``, and unpickling) checks these rules too; ``_replace``
     and ``_make`` do not, so the functions check every cfg again.
@@ -120,6 +131,9 @@ class NoisyKFACConfig(NamedTuple):
     damping: str = "factored"  # "factored" (K-FAC's, official) | "exact" A kron S + gamma I (noisy_kfac.5)
     curvature: str = "ggn"     # output factor from the "ggn" | "ef" | "mc" (the caller's sampled labels) (noisy_kfac.3)
     kl_clip: Any = None        # KL clipping bound kappa > 0 (official kl_clip), or None for none (noisy_kfac.10)
+    weight_decay: float = 0.0  # decoupled decay delta >= 0 of the mean: P + delta mu enters the momentum (torchsso's weight_decay; 0 in the paper) (noisy_kfac.11)
+    sampler_damping: str = "intrinsic"  # the sampler's damping gamma_s: "intrinsic" gamma_in (the paper's, gd-zhang's) | "full" gamma (torchsso's) (noisy_kfac.6)
+    refresh_order: str = "after"  # a refresh due at step t: "after" the mean step (gd-zhang's) | "before" the solve, with step t's statistics (torchsso's) (noisy_kfac.12)
 
 
 class NoisyKFACState(NamedTuple):
@@ -147,7 +161,7 @@ class NoisyKFACState(NamedTuple):
 class FactoredInverse(NamedTuple):
     """One layer's operators under factored damping, from A_ref, S_ref.
 
-    With pi = ``kron.factored_damping_pi(A_ref, S_ref)``, d = sqrt(gamma_in), r = sqrt(gamma),
+    With pi = ``kron.factored_damping_pi(A_ref, S_ref)``, d = sqrt(gamma_s), r = sqrt(gamma),
     and lower Cholesky factors: the sampler is Z = L_A_in^{-T} E L_S_in^{-1} (noisy_kfac.6),
     the solve L_A^{-T} L_A^{-1} V L_S^{-T} L_S^{-1} (noisy_kfac.9), both by triangular solves
     (``kron.sample_chol``, ``kron.solve_chol``).  (noisy_kfac.12)
@@ -157,9 +171,9 @@ class FactoredInverse(NamedTuple):
     L_A: Array     # chol(A_ref + pi sqrt(gamma) I) (noisy_kfac.9), (noisy_kfac.12)
     #                the solve's; (n_in + 1, n_in + 1) with a bias
     L_S: Array     # chol(S_ref + sqrt(gamma) / pi I) (noisy_kfac.9), (noisy_kfac.12)
-    L_A_in: Any    # chol(A_ref + pi sqrt(gamma_in) I) or None (noisy_kfac.6), (noisy_kfac.12)
-    #                the sampler's (L_A itself when gamma_ex = 0); None when no draw needed it (K-FAC)
-    L_S_in: Any    # chol(S_ref + sqrt(gamma_in) / pi I) or None (noisy_kfac.6), (noisy_kfac.12)
+    L_A_in: Any    # chol(A_ref + pi sqrt(gamma_s) I) or None (noisy_kfac.6), (noisy_kfac.12)
+    #                the sampler's (L_A itself when gamma_s = gamma); None when no draw needed it (K-FAC)
+    L_S_in: Any    # chol(S_ref + sqrt(gamma_s) / pi I) or None (noisy_kfac.6), (noisy_kfac.12)
     A_inv: Any = None  # (A_ref + pi sqrt(gamma) I)^{-1} or None (noisy_kfac.12)
     #                    = L_A^{-T} L_A^{-1}, formed when the refresh is used more than once
     #                    (T_inv > 1): the solve is then A_inv V S_inv, two products instead of
@@ -183,7 +197,7 @@ class ExactInverse(NamedTuple):
     Q_A: Array     # eigenvectors of A_ref (noisy_kfac.12)
     Q_S: Array     # eigenvectors of S_ref (noisy_kfac.12)
     inv: Array     # (Lam + gamma)^{-1}, (n_in + 1, n_out) (noisy_kfac.12)
-    root: Any      # (Lam + gamma_in)^{-1/2}, (n_in + 1, n_out), or None when no draw needed it (noisy_kfac.12)
+    root: Any      # (Lam + gamma_s)^{-1/2}, (n_in + 1, n_out), or None when no draw needed it (noisy_kfac.12)
 
 
 class NoisyKFACInverses(NamedTuple):
@@ -195,7 +209,7 @@ class NoisyKFACInverses(NamedTuple):
     """
     A_ref: tuple   # the A_ref tuple they were computed from (compared by identity)
     S_ref: tuple   # the S_ref tuple they were computed from (compared by identity)
-    key: tuple     # (damping, gamma_in, gamma) they were computed for
+    key: tuple     # (damping, gamma_s, gamma) they were computed for
     layers: tuple  # one FactoredInverse or ExactInverse per layer
 
 
@@ -281,9 +295,18 @@ def _check_config(cfg) -> dict:
         raise ValueError(f"cfg.curvature: expected one of {CURVATURES}, got {cfg.curvature!r}")
     kl_clip = None if cfg.kl_clip is None else check_in_range(
         cfg.kl_clip, "cfg.kl_clip", 0.0, math.inf, low_open=True, high_open=True)
+    delta = check_in_range(cfg.weight_decay, "cfg.weight_decay", 0.0, math.inf, high_open=True)
+    if cfg.refresh_order not in REFRESH_ORDERS:
+        raise ValueError(f"cfg.refresh_order: expected one of {REFRESH_ORDERS}, got "
+                         f"{cfg.refresh_order!r}")
+    if cfg.sampler_damping not in SAMPLER_DAMPINGS:
+        raise ValueError(f"cfg.sampler_damping: expected one of {SAMPLER_DAMPINGS}, got "
+                         f"{cfg.sampler_damping!r}")
     g_in = lam / (N * eta)                                                   # (noisy_kfac.2)
+    gamma = g_in + gamma_ex                                                  # (noisy_kfac.9)
     return {"kl_clip": kl_clip, "N": N, "lam": lam, "alpha": alpha, "beta": beta,
-            "momentum": momentum, "gamma_in": g_in, "gamma": g_in + gamma_ex,
+            "momentum": momentum, "gamma_in": g_in, "gamma": gamma, "delta": float(delta),
+            "gamma_s": g_in if cfg.sampler_damping == "intrinsic" else gamma,  # (noisy_kfac.6)
             "T_stats": T_stats, "T_inv": T_inv}
 
 
@@ -365,17 +388,18 @@ def _chol_inverse(L, L_inv=None):
     return R @ R.T
 
 
-def _layer_inverse(A, Sf, damping, g_in, gamma, sampler, explicit):
-    """One layer's operators of (A_ref, S_ref) = (A, Sf): the solve's, and the sampler's when
-    ``sampler`` (K-FAC never draws, and its factors need only be definite at gamma); under
+def _layer_inverse(A, Sf, damping, g_s, gamma, sampler, explicit):
+    """One layer's operators of (A_ref, S_ref) = (A, Sf): the solve's (damped by gamma), and the
+    sampler's (by g_s = gamma_s) when ``sampler`` (K-FAC never draws, and its factors need only be
+    definite at gamma); under
     factored damping the solve's inverses formed when ``explicit``.  (noisy_kfac.12)"""
     xp = xp_of(A, Sf)
     if damping == "exact":
         if not sampler:
             Q_A, Q_S, Lam_g = kron.damped_eigh(A, Sf, gamma)                   # (noisy_kfac.5)
             return ExactInverse(Q_A, Q_S, 1.0 / Lam_g, None)                    # (noisy_kfac.12)
-        Q_A, Q_S, Lam_in = kron.damped_eigh(A, Sf, g_in)                       # (noisy_kfac.5)
-        return ExactInverse(Q_A, Q_S, 1.0 / (Lam_in + (gamma - g_in)),          # (noisy_kfac.12)
+        Q_A, Q_S, Lam_in = kron.damped_eigh(A, Sf, g_s)                        # (noisy_kfac.5)
+        return ExactInverse(Q_A, Q_S, 1.0 / (Lam_in + (gamma - g_s)),           # (noisy_kfac.12)
                             1.0 / xp.sqrt(Lam_in))                              # (noisy_kfac.12)
     L_A, L_S = kron.factored_chol(A, Sf, gamma)                                 # (noisy_kfac.9)
     R_A = R_S = R_A_in = R_S_in = None
@@ -384,10 +408,10 @@ def _layer_inverse(A, Sf, damping, g_in, gamma, sampler, explicit):
     inverses = (_chol_inverse(L_A, R_A), _chol_inverse(L_S, R_S)) if explicit else (None, None)
     if not sampler:
         L_A_in = L_S_in = None
-    elif gamma == g_in:  # gamma_ex = 0: the sampler's damped factors are the solve's
+    elif gamma == g_s:  # gamma_ex = 0 or "full": the sampler's damped factors are the solve's
         L_A_in, L_S_in, R_A_in, R_S_in = L_A, L_S, R_A, R_S
     else:
-        L_A_in, L_S_in = kron.factored_chol(A, Sf, g_in)                        # (noisy_kfac.5)
+        L_A_in, L_S_in = kron.factored_chol(A, Sf, g_s)                         # (noisy_kfac.5)
         if explicit:
             R_A_in, R_S_in = _tri_inverse(L_A_in), _tri_inverse(L_S_in)
     if xp is not np:  # the trmm sampler is NumPy's (scipy.linalg.blas)
@@ -404,7 +428,7 @@ def _has_sampler(inv) -> bool:
 def _inverses(state, c, damping, sampler) -> NoisyKFACInverses:
     """state.inv when it was computed from state.A_ref, state.S_ref for this damping (with
     the sampler's operators when ``sampler``), else the operators computed now."""
-    key = (damping, c["gamma_in"], c["gamma"])
+    key = (damping, c["gamma_s"], c["gamma"])
     inv = state.inv
     if (inv is not None and inv.A_ref is state.A_ref and inv.S_ref is state.S_ref
             and inv.key == key and (not sampler or _has_sampler(inv))):
@@ -415,11 +439,12 @@ def _inverses(state, c, damping, sampler) -> NoisyKFACInverses:
     layers = []
     for l, (A, Sf) in enumerate(zip(state.A_ref, state.S_ref)):
         try:
-            layers.append(_layer_inverse(A, Sf, damping, c["gamma_in"], c["gamma"], sampler,
+            layers.append(_layer_inverse(A, Sf, damping, c["gamma_s"], c["gamma"], sampler,
                                          explicit))
         except ValueError as err:
-            raise ValueError(f"state.A_ref[{l}], state.S_ref[{l}] ({damping} damping, gamma_in = "
-                             f"{c['gamma_in']:.3g}, gamma = {c['gamma']:.3g}): {err}") from err
+            raise ValueError(f"state.A_ref[{l}], state.S_ref[{l}] ({damping} damping, sampler's "
+                             f"gamma_s = {c['gamma_s']:.3g}, gamma = {c['gamma']:.3g}): "
+                             f"{err}") from err
     return NoisyKFACInverses(state.A_ref, state.S_ref, key, tuple(layers))
 
 
@@ -436,7 +461,7 @@ def refresh(state: NoisyKFACState, cfg: NoisyKFACConfig, model,
     state : NoisyKFACState
         The state.
     cfg : NoisyKFACConfig
-        The hyperparameters (damping, gamma_in, gamma_ex).
+        The hyperparameters (damping, gamma_in, gamma_ex, sampler_damping).
     model : FlatModel or CNN
         The network.
     sampler : bool, default True
@@ -513,8 +538,9 @@ def _sample_columns(state, eps, blocks, c, inv):
 def sample(state: NoisyKFACState, eps, cfg: NoisyKFACConfig, model):
     """Draw w = mu + Sigma^{1/2} eps from the layerwise matrix-variate normal.
 
-    Sigma_l = (lambda / N) (A + pi sqrt(gamma_in) I)^{-1} kron (S + sqrt(gamma_in) / pi I)^{-1}
-    ("factored") or (lambda / N) (A kron S + gamma_in I)^{-1} ("exact"), from A_ref, S_ref.
+    Sigma_l = (lambda / N) (A + pi sqrt(gamma_s) I)^{-1} kron (S + sqrt(gamma_s) / pi I)^{-1}
+    ("factored") or (lambda / N) (A kron S + gamma_s I)^{-1} ("exact"), from A_ref, S_ref, with
+    gamma_s = gamma_in (sampler_damping "intrinsic") or gamma (``"full"``).
     (noisy_kfac.6)-(noisy_kfac.7)
 
     Parameters
@@ -685,15 +711,6 @@ def step(state: NoisyKFACState, batch, eps, cfg: NoisyKFACConfig, model,
                                     y_tilde if cfg.curvature == "mc" and curv else None,
                                     tau)  # per-draw precisions, (noise_gamma.2)
     V = G.sum(axis=0) / (M * S) + c["gamma_in"] * W.mean(axis=1)              # (noisy_kfac.8)
-    P = _precondition(V, blocks, inv)                                         # (noisy_kfac.9)
-    nu = 1.0
-    if c["kl_clip"] is not None:
-        vPv = float(xp.sum(V * P))  # V^T F~^{-1} V >= 0: the damped K-FAC solve is SPD
-        if vPv > 0:
-            nu = min(1.0, math.sqrt(c["kl_clip"] / (c["alpha"] ** 2 * vPv)))  # (noisy_kfac.10)
-        P = nu * P                                                            # (noisy_kfac.10)
-    m = c["momentum"] * state.m + P                                           # (noisy_kfac.11)
-    mu = state.mu - c["alpha"] * m                                            # (noisy_kfac.11)
     A, Sf, A_hat, S_hat = state.A, state.S, None, None
     if factors is not None:
         A_hat = tuple(A_l for A_l, _ in factors)                              # (noisy_kfac.3)
@@ -701,8 +718,23 @@ def step(state: NoisyKFACState, batch, eps, cfg: NoisyKFACConfig, model,
         b = c["beta"]
         A = tuple(_ema(F, H, b) for F, H in zip(A, A_hat))                    # (noisy_kfac.4)
         Sf = tuple(_ema(F, H, b) for F, H in zip(Sf, S_hat))                  # (noisy_kfac.4)
+    due = t % c["T_inv"] == 0
+    if due and cfg.refresh_order == "before":  # torchsso: the solve sees step t's statistics
+        ref = NoisyKFACState(state.mu, state.m, A, Sf, A, Sf, t)
+        inv = _inverses(ref, c, cfg.damping, eps is not None)                 # (noisy_kfac.12)
+    P = _precondition(V, blocks, inv)                                         # (noisy_kfac.9)
+    nu = 1.0
+    if c["kl_clip"] is not None:
+        vPv = float(xp.sum(V * P))  # V^T F~^{-1} V >= 0: the damped K-FAC solve is SPD
+        if vPv > 0:
+            nu = min(1.0, math.sqrt(c["kl_clip"] / (c["alpha"] ** 2 * vPv)))  # (noisy_kfac.10)
+        P = nu * P                                                            # (noisy_kfac.10)
+    if c["delta"]:  # torchsso's weight_decay: added after the solve, before the momentum
+        P = P + c["delta"] * state.mu                                         # (noisy_kfac.11)
+    m = c["momentum"] * state.m + P                                           # (noisy_kfac.11)
+    mu = state.mu - c["alpha"] * m                                            # (noisy_kfac.11)
     new = NoisyKFACState(mu, m, A, Sf, state.A_ref, state.S_ref, t, inv)
-    if t % c["T_inv"] == 0:  # the refresh, with its operators (kept if A, S did not change)
+    if due:  # the refresh, with its operators (kept if A, S did not change, or made above)
         new = new._replace(A_ref=A, S_ref=Sf)
         new = new._replace(inv=_inverses(new, c, cfg.damping, eps is not None))  # (noisy_kfac.12)
     return new, NoisyKFACInfo(W, V, P, m, mu, A_hat, S_hat, nu)

@@ -67,23 +67,27 @@ def _dense_block_cov(A, S, c_lam_N, gamma_in, damping):
                              np.linalg.inv(S + d / pi * np.eye(S.shape[0])))
 
 
+@pytest.mark.parametrize("sampler_damping", nk.SAMPLER_DAMPINGS)
 @pytest.mark.parametrize("damping", nk.DAMPINGS)
-def test_sample_is_the_dense_kronecker_covariance(damping):
+def test_sample_is_the_dense_kronecker_covariance(damping, sampler_damping):
     """(noisy_kfac.6)-(noisy_kfac.7): the sampling map (identity draws) has, per layer, the
     covariance (lambda / N)(A + pi d I)^{-1} kron (S + d / pi I)^{-1} ("factored") or
-    (lambda / N)(A kron S + gamma_in I)^{-1} ("exact"), formed densely with np.kron; and no
-    cross-layer covariance."""
+    (lambda / N)(A kron S + gamma_s I)^{-1} ("exact"), d = sqrt(gamma_s), formed densely with
+    np.kron; and no cross-layer covariance. gamma_s is gamma_in ("intrinsic") or
+    gamma_in + gamma_ex ("full", torchsso's)."""
     rng = np.random.default_rng(1)
     model = MLP([3, 4, 2], "tanh", "categorical")
     state = _state_with_factors(model, rng)
-    cfg = nk.NoisyKFACConfig(25, eta=0.5, kl_weight=0.7, damping=damping)
+    cfg = nk.NoisyKFACConfig(25, eta=0.5, kl_weight=0.7, damping=damping, gamma_ex=0.3,
+                             sampler_damping=sampler_damping)
     W = nk.sample(state, np.eye(model.D), cfg, model) - state.mu[:, None]
     Sigma = W @ W.T
     g_in = nk.gamma_in(cfg)
     assert g_in == pytest.approx(0.7 / (25 * 0.5), rel=1e-15)
+    g_s = g_in if sampler_damping == "intrinsic" else g_in + 0.3
     ref = np.zeros_like(Sigma)
     for (start, stop, _, _), A, S in zip(nk.layer_slices(model), state.A_ref, state.S_ref):
-        ref[start:stop, start:stop] = _dense_block_cov(A, S, 0.7 / 25, g_in, damping)
+        ref[start:stop, start:stop] = _dense_block_cov(A, S, 0.7 / 25, g_s, damping)
     assert rel_err(Sigma, ref) < EXACT_F64
     assert rel_err(nk.dense_covariance(state, cfg, model), ref) < EXACT_F64
 
@@ -111,6 +115,27 @@ def _sym_root_inv(K):
     return Q @ np.diag(lam ** -0.5) @ Q.T
 
 
+def _dense_statistics(model, X, y, W, y_t, t, A, S, A_ref, S_ref, cfg):
+    """Step t's factor EMA (every T_stats) and refresh (every T_inv), from the per-example
+    inputs and pre-activation gradients at the draws W (sampled labels y_t for "mc")."""
+    M = X.shape[0]
+    A, S = list(A), list(S)
+    if t % cfg.T_stats == 0:
+        for l in range(len(A)):
+            Ah = Sh = 0.0
+            for s in range(W.shape[1]):
+                targets = y_t[s] if cfg.curvature == "mc" else y
+                layer = model.kfac_factors(W[:, s], X, targets)[l]
+                a = np.hstack([layer.a, np.ones((M, 1))])
+                Ah = Ah + a.T @ a / M / W.shape[1]
+                Sh = Sh + layer.g.T @ layer.g / M / W.shape[1]
+            A[l] = (1 - cfg.beta) * A[l] + cfg.beta * Ah
+            S[l] = (1 - cfg.beta) * S[l] + cfg.beta * Sh
+    if t % cfg.T_inv == 0:
+        A_ref, S_ref = [a.copy() for a in A], [s.copy() for s in S]
+    return A, S, A_ref, S_ref
+
+
 def _dense_steps(model, state, batches, eps_list, cfg, y_tilde_list):
     """A dense re-implementation: explicit Kronecker matrices and solves, the statistics from
     model.kfac_factors (per-example inputs and pre-activation gradients), the draws through the
@@ -119,6 +144,7 @@ def _dense_steps(model, state, batches, eps_list, cfg, y_tilde_list):
     N, lam, eta = cfg.N, cfg.kl_weight, cfg.eta
     g_in = lam / (N * eta)
     gamma = g_in + cfg.gamma_ex
+    g_s = g_in if cfg.sampler_damping == "intrinsic" else gamma  # the sampler's damping
     blocks = nk.layer_slices(model)
     mu, m = state.mu.copy(), state.m.copy()
     A, S = [a.copy() for a in state.A], [s.copy() for s in state.S]
@@ -128,10 +154,10 @@ def _dense_steps(model, state, batches, eps_list, cfg, y_tilde_list):
         W = np.empty((model.D, eps.shape[1]))
         for (start, stop, n_in, n_out), Af, Sf in zip(blocks, A_ref, S_ref):
             if cfg.damping == "exact":
-                T = _sym_root_inv(np.kron(Af, Sf) + g_in * np.eye(n_in * n_out))
+                T = _sym_root_inv(np.kron(Af, Sf) + g_s * np.eye(n_in * n_out))
             else:
                 pi = math.sqrt((np.trace(Af) / n_in) / (np.trace(Sf) / n_out))
-                d = math.sqrt(g_in)
+                d = math.sqrt(g_s)
                 LA = np.linalg.cholesky(Af + pi * d * np.eye(n_in))
                 LS = np.linalg.cholesky(Sf + d / pi * np.eye(n_out))
                 # vec_row(L_A^{-T} E L_S^{-1}) = (L_A^{-T} kron L_S^{-T}) vec_row(E)
@@ -139,6 +165,8 @@ def _dense_steps(model, state, batches, eps_list, cfg, y_tilde_list):
             W[start:stop] = mu[start:stop, None] + math.sqrt(lam / N) * (T @ eps[start:stop])
         grads = [model.grad(W[:, s], X, y) for s in range(W.shape[1])]
         V = np.mean(grads, axis=0) / M + g_in * W.mean(axis=1)
+        if cfg.refresh_order == "before":  # torchsso's: statistics and refresh, then the solve
+            A, S, A_ref, S_ref = _dense_statistics(model, X, y, W, y_t, t, A, S, A_ref, S_ref, cfg)
         P = np.empty(model.D)
         for (start, stop, n_in, n_out), Af, Sf in zip(blocks, A_ref, S_ref):
             if cfg.damping == "exact":
@@ -148,40 +176,44 @@ def _dense_steps(model, state, batches, eps_list, cfg, y_tilde_list):
                 r = math.sqrt(gamma)
                 K = np.kron(Af + pi * r * np.eye(n_in), Sf + r / pi * np.eye(n_out))
             P[start:stop] = np.linalg.solve(K, V[start:stop])
-        m = cfg.momentum * m + P
+        m = cfg.momentum * m + P + cfg.weight_decay * mu
         mu = mu - cfg.alpha * m
-        if t % cfg.T_stats == 0:
-            for l in range(len(blocks)):
-                Ah = Sh = 0.0
-                for s in range(W.shape[1]):
-                    targets = y_t[s] if cfg.curvature == "mc" else y
-                    layer = model.kfac_factors(W[:, s], X, targets)[l]
-                    a = np.hstack([layer.a, np.ones((M, 1))])
-                    Ah = Ah + a.T @ a / M / W.shape[1]
-                    Sh = Sh + layer.g.T @ layer.g / M / W.shape[1]
-                A[l] = (1 - cfg.beta) * A[l] + cfg.beta * Ah
-                S[l] = (1 - cfg.beta) * S[l] + cfg.beta * Sh
-        if t % cfg.T_inv == 0:
-            A_ref, S_ref = [a.copy() for a in A], [s.copy() for s in S]
+        if cfg.refresh_order == "after":
+            A, S, A_ref, S_ref = _dense_statistics(model, X, y, W, y_t, t, A, S, A_ref, S_ref, cfg)
     return mu, m, A, S
 
 
-@pytest.mark.parametrize("T_stats, T_inv, curvature, damping",
-                         [(1, 1, "ef", "factored"), (2, 3, "ef", "factored"),
-                          (1, 2, "mc", "factored"), (1, 1, "ef", "exact"),
-                          (2, 3, "mc", "exact")])
-def test_steps_match_a_dense_reimplementation(T_stats, T_inv, curvature, damping):
+@pytest.mark.parametrize("T_stats, T_inv, curvature, damping, weight_decay, sampler_damping, "
+                         "refresh",
+                         [(1, 1, "ef", "factored", 0.0, "intrinsic", "after"),
+                          (2, 3, "ef", "factored", 0.0, "intrinsic", "after"),
+                          (1, 2, "mc", "factored", 0.0, "intrinsic", "after"),
+                          (1, 1, "ef", "exact", 0.0, "intrinsic", "after"),
+                          (2, 3, "mc", "exact", 0.0, "intrinsic", "after"),
+                          (1, 1, "ef", "factored", 0.3, "full", "after"),
+                          (2, 3, "mc", "factored", 0.3, "intrinsic", "after"),
+                          (1, 2, "ef", "exact", 0.3, "full", "after"),
+                          (1, 1, "ef", "factored", 0.3, "full", "before"),
+                          (2, 3, "mc", "factored", 0.0, "intrinsic", "before"),
+                          (1, 2, "ef", "exact", 0.3, "full", "before")])
+def test_steps_match_a_dense_reimplementation(T_stats, T_inv, curvature, damping, weight_decay,
+                                              sampler_damping, refresh):
     """Five consecutive steps on an MLP with two hidden layers, S = 2 draws, minibatches of
     different sizes, gamma_ex > 0: mean, momentum and factors equal the dense
     re-implementation, under both dampings; T_stats, T_inv > 1 included (so the cached
-    operators are reused between refreshes); "mc" with the caller's sampled labels."""
-    # checks (noisy_kfac.3), (noisy_kfac.4), (noisy_kfac.8), (noisy_kfac.9), (noisy_kfac.11)
+    operators are reused between refreshes); "mc" with the caller's sampled labels; torchsso's
+    decoupled weight decay delta, its sampler damped by gamma ("full") and its order (a due
+    refresh before the solve) included."""
+    # checks (noisy_kfac.3), (noisy_kfac.4), (noisy_kfac.6), (noisy_kfac.8), (noisy_kfac.9),
+    # (noisy_kfac.11), (noisy_kfac.12)
     rng = np.random.default_rng(4)
     model = MLP([3, 4, 3, 3], "tanh", "categorical")
     N = 30
     Xall, yall = rng.standard_normal((N, 3)), rng.integers(0, 3, N)
     cfg = nk.NoisyKFACConfig(N, eta=0.5, alpha=0.05, beta=0.3, momentum=0.5, gamma_ex=1e-2,
-                             T_stats=T_stats, T_inv=T_inv, curvature=curvature, damping=damping)
+                             T_stats=T_stats, T_inv=T_inv, curvature=curvature, damping=damping,
+                             weight_decay=weight_decay, sampler_damping=sampler_damping,
+                             refresh_order=refresh)
     state = nk.init(model.init_theta(rng), model)
     sizes = [8, 5, 8, 7, 8]
     batches, eps_list, y_t = [], [], []
@@ -260,6 +292,13 @@ def test_bad_input_is_rejected_with_the_argument_named():
         (lambda: nk.step(state, Batch(X, y), np.ones((model.D + 1, 1)), cfg, model), "eps"),
         (lambda: nk.step(state, Batch(X, y), None, cfg._replace(T_inv=0), model), "cfg.T_inv"),
         (lambda: nk.step(state, Batch(X, y), None, cfg._replace(beta=0.0), model), "cfg.beta"),
+        (lambda: nk.step(state, Batch(X, y), None, cfg._replace(weight_decay=-0.1), model),
+         "cfg.weight_decay"),
+        (lambda: nk.step(state, Batch(X, y), None, cfg._replace(sampler_damping="gamma"), model),
+         "cfg.sampler_damping"),
+        (lambda: nk.NoisyKFACConfig(4, weight_decay=float("nan")), "cfg.weight_decay"),
+        (lambda: nk.step(state, Batch(X, y), None, cfg._replace(refresh_order="first"), model),
+         "cfg.refresh_order"),
         (lambda: nk.step(state._replace(A=state.A[:1]), Batch(X, y), None, cfg, model),
          "state.A"),
         (lambda: nk.init(np.zeros(model.D + 1), model), "model"),
@@ -540,8 +579,10 @@ def test_the_mean_step_preconditions_with_the_factors_of_the_last_refresh(dampin
     (noisy_kfac.9) of V with the A_ref, S_ref the step STARTS with, and only afterwards are
     step t's statistics averaged in (noisy_kfac.4) and the factors refreshed (noisy_kfac.12),
     as in the official code. The other order (refresh with step t's statistics before the
-    solve, which the issue's transcription attributes to Algorithm 2) gives another P. One
-    layer, T_stats = T_inv = 1, beta = 0.5, curvature "ef", one draw, float64."""
+    solve, which the issue's transcription attributes to Algorithm 2) gives another P: it is
+    torchsso's, ``refresh_order="before"``, whose P is the solve with the refreshed factors (the
+    draws and V the same). One layer, T_stats = T_inv = 1, beta = 0.5, curvature "ef", one
+    draw, float64."""
     # checks (noisy_kfac.9), (noisy_kfac.12)
     rng = np.random.default_rng(38)
     model = MLP([2, 3], "tanh", "gaussian")
@@ -568,3 +609,14 @@ def test_the_mean_step_preconditions_with_the_factors_of_the_last_refresh(dampin
     assert rel_err(info.P, solve(state.A_ref[0], state.S_ref[0])) < EXACT_F64
     assert rel_err(info.P, solve(A_new, S_new)) > 1e-3
     assert rel_err(new.mu, state.mu - cfg.alpha * info.P) < EXACT_F64
+    # refresh_order="before" (torchsso's): the same draws and V, then the solve with A_new, S_new
+    eps = rng.standard_normal((model.D, 1))
+    a, ia = nk.step(state, Batch(X, y), eps, cfg, model)
+    b, ib = nk.step(state, Batch(X, y), eps, cfg._replace(refresh_order="before"), model)
+    assert rel_err(ib.w, ia.w) < EXACT_F64 and rel_err(ib.V, ia.V) < EXACT_F64
+    A_new = 0.5 * state.A[0] + 0.5 * ib.A_hat[0]
+    S_new = 0.5 * state.S[0] + 0.5 * ib.S_hat[0]
+    info = ib  # solve() reads info.V
+    assert rel_err(ib.P, solve(A_new, S_new)) < EXACT_F64
+    assert rel_err(ib.P, ia.P) > 1e-3
+    assert rel_err(b.A_ref[0], a.A_ref[0]) < EXACT_F64 and b.inv.A_ref is b.A_ref
