@@ -30,7 +30,8 @@ team-approx-bayes/dl-with-bayes, and what is refbayes' own choice):
   kfac); in those epochs also the running train accuracy / NLL of the predictions made during
   training at each step's draws, before its update (as the official code reports it);
 - at the end: the table beside Table 1 (mean +- standard error over seeds), a reliability
-  diagram per row (15 bins, pooled over seeds), the CPU seconds of each job.
+  diagram per row (15 bins, pooled over seeds), the wall seconds of each job and its process's
+  CPU seconds (``time.process_time``; not recorded by runs before 2026-11-28).
 
 Explicit randomness: each (seed, row) job draws from ``job_rng(seed, row id, purpose, ...)`` only:
 the permutation of epoch e from (.., 1, e), the training noise (eps, dropout masks) from one
@@ -40,7 +41,8 @@ stream (.., 0) whose state the checkpoints carry, the evaluation draws after epo
 only (serial = ``--jobs`` = Dask), and a resumed job repeats an uninterrupted one bit for bit.
 
 Output (--out, default results/cifar10-lenet): ``<row>/seed_<s>.json`` per job as it finishes
-(settings, provenance, per-epoch curve, final scores, reliability bins, seconds, the final
+(settings, provenance, per-epoch curve, final scores, reliability bins, seconds and
+cpu_seconds, the final
 state's sha256; a post-hoc row: the sha256 of the adam state it read) and
 ``<row>/seed_<s>.curve.csv``; while a job runs ``checkpoints/<row>_seed_<s>.ckpt.npz`` (every
 --checkpoint-steps steps and every epoch, written atomically: the state, the epoch and step, the
@@ -717,16 +719,26 @@ def _fit(name, seed, budget, settings, prov, data, progress, ckpt_dir, fresh):
     read = None if ckpt is None else _read_checkpoint(ckpt, settings, prov, fresh)
     if read is None:
         state, epoch0, j0, run = m.state, 0, 0, [0, 0.0, 0]
-        record = {"settings": settings, "provenance": prov, "curve": [], "seconds": 0.0}
+        record = {"settings": settings, "provenance": prov, "curve": [], "seconds": 0.0,
+                  "cpu_seconds": 0.0}
     else:
         meta, arrays = read
         state = _unpack(m.state, "state.", arrays)
         record, epoch0, j0, run = meta["record"], meta["epoch"], meta["step"], meta["running"]
         rng.bit_generator.state = meta["rng"]
+    # wall seconds, and this process's CPU seconds (all its threads; not the time it waited
+    # for a core), both carried across resumes; a job resumed from a checkpoint written
+    # without cpu_seconds records none
     t0 = time.perf_counter() - record["seconds"]
+    c0 = time.process_time() - record["cpu_seconds"] if "cpu_seconds" in record else None
+
+    def clocks():
+        record["seconds"] = time.perf_counter() - t0
+        if c0 is not None:
+            record["cpu_seconds"] = time.process_time() - c0
 
     def save(epoch, j):
-        record["seconds"] = time.perf_counter() - t0
+        clocks()
         _save_checkpoint(ckpt, state, {"record": record, "epoch": epoch, "step": j,
                                        "running": run, "rng": rng.bit_generator.state})
 
@@ -788,7 +800,7 @@ def _fit(name, seed, budget, settings, prov, data, progress, ckpt_dir, fresh):
         moments = state[1]
         record["found"] = {"snapshots": int(moments.n), "rank": int(swag.rank(moments)),
                            "low_rank": bool(swag.rank(moments) >= 2)}
-    record["seconds"] = time.perf_counter() - t0
+    clocks()
     record["citation"] = CITATION
     arrays = {}
     _pack(state, "state.", arrays)  # the final state, saved as states/<row>_seed_<s>.npz
@@ -909,7 +921,7 @@ def _fit_laplace(name, seed, budget, settings, prov, data, states_dir):
     prior precision (``laplace.optimize_prior_precision``, L-BFGS-B from lam) and the scores of
     the GLM predictive at it (the same eps) go to record["found"] (:func:`evidence_tuned`); the
     row's scores use lam."""
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     row = ROWS[name]
     net = lenet5()
     theta32, digest = _read_map(states_dir, name, seed, settings)
@@ -932,7 +944,8 @@ def _fit_laplace(name, seed, budget, settings, prov, data, states_dir):
     record = {"settings": settings, "provenance": prov, "curve": [], "final": final,
               "reliability": _reliability(P, data.y_test),
               "found": {**found, "scores": _scores(P_ev, data.y_test)},
-              "fit_seconds": t_fit, "seconds": time.perf_counter() - t0, "citation": CITATION,
+              "fit_seconds": t_fit, "seconds": time.perf_counter() - t0,
+              "cpu_seconds": time.process_time() - c0, "citation": CITATION,
               "map_state_sha256": digest}
     return record, P, None, {}
 
@@ -1006,7 +1019,10 @@ def _summary(saved, methods) -> list:
         row = {"method": name, "seeds": len(recs), "epochs": s["epochs"],
                "paper_epochs": s["paper_epochs"], "test_draws": s["test_draws"],
                "dtype": s["dtype"], "n_train": s["n_train"], "n_test": s["n_test"],
-               "cpu_hours": sum(r["seconds"] for r in recs) / 3600}
+               "wall_hours": sum(r["seconds"] for r in recs) / 3600,
+               # None unless every seed's job recorded its CPU seconds (earlier runs did not)
+               "cpu_hours": (sum(r["cpu_seconds"] for r in recs) / 3600
+                             if all("cpu_seconds" in r for r in recs) else None)}
         for k in SUMMARY_KEYS:
             row[k], row[f"{k}_se"] = _runner.mean_se([r["final"].get(k) for r in recs])
         rows.append(row)
@@ -1015,7 +1031,7 @@ def _summary(saved, methods) -> list:
 
 def _table(rows, complete) -> str:
     head = ["method", "seeds", "epochs", "train acc %", "val acc %", "val NLL", "ECE (10 bins)",
-            "ECE (15 / 20)", "AUROC -H", "AUROC max p", "CPU h",
+            "ECE (15 / 20)", "AUROC -H", "AUROC max p", "wall h", "CPU h",
             "paper: train / val % | NLL | epochs | ECE | AUROC"]
     body, reduced = [], []
     for r in rows:
@@ -1025,7 +1041,8 @@ def _table(rows, complete) -> str:
                      _pm(r["ece10"], r["ece10_se"]),
                      f"{_pm(r['ece15'], None)} / {_pm(r['ece20'], None)}",
                      _pm(r["auroc_entropy"], r["auroc_entropy_se"]),
-                     _pm(r["auroc_maxprob"], r["auroc_maxprob_se"]), f"{r['cpu_hours']:.2f}",
+                     _pm(r["auroc_maxprob"], r["auroc_maxprob_se"]), f"{r['wall_hours']:.2f}",
+                     "-" if r["cpu_hours"] is None else f"{r['cpu_hours']:.2f}",
                      "-" if p is None else f"{p[0]} / {p[1]} | {p[2]} | {p[3]} | {p[4]} | {p[5]}"])
         if r["method"] in POSTHOC:
             if r["n_train"] < N_TRAIN or r["n_test"] < N_TEST:

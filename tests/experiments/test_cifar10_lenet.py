@@ -59,8 +59,11 @@ def test_every_row_runs_one_tiny_epoch_and_writes_its_files(quick_all):
         assert name in stdout
     assert "CAVEAT" in stdout and "71.98" in stdout
     assert (out / "summary.csv").exists() and not (out / "summary.partial.csv").exists()
-    assert json.loads((out / "summary.json").read_text())["complete"] is True
-    assert (out / "table.md").exists()
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["complete"] is True
+    for r in summary["rows"]:  # every job of this run recorded both clocks
+        assert r["wall_hours"] > 0 and r["cpu_hours"] > 0, r["method"]
+    assert "  wall h  CPU h  " in (out / "table.md").read_text()
     # a second call reuses every saved job: nothing is computed
     status, stdout2, stderr2 = _run([*QUICK, "--methods", "adam", "--out", str(out),
                                      "--data-dir", str(data)])
@@ -100,6 +103,9 @@ def test_an_interrupted_run_resumes_to_the_same_numbers(tmp_path, cifar_dir, mon
         strip = lambda c: [{k: v for k, v in r.items() if k != "seconds"} for r in c]
         assert strip(a["curve"]) == strip(b["curve"])
         assert a["final"] == b["final"]
+        # both clocks are recorded, by the resumed run too (carried across the resume)
+        for r in (a, b):
+            assert r["cpu_seconds"] > 0 and r["seconds"] > 0
         pa, pb = (np.load(tmp_path / d / "predictions" / f"{name}_seed_0.npz")["probs"]
                   for d in "ab")
         np.testing.assert_array_equal(pa, pb)
