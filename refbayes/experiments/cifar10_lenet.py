@@ -11,19 +11,19 @@ team-approx-bayes/dl-with-bayes, and what is refbayes' own choice):
 - model: ``lenet5()`` (D = 62006), torch's default initialization (``init_theta(...,
   scheme="pytorch")``), one start per seed shared by every row;
 - rows (:data:`ROWS`): Table 1's ``adam`` (210 epochs), ``vogn`` (210, S = 6, KL warm-up over the
-  first 30 epochs, an OGN first step), ``bbb`` (800, S = 1) and ``mc-dropout`` (210, p = 0.1),
-  and our ``kfac`` (50 epochs, ExponentialLR 0.9) and ``noisy-kfac`` (15 epochs, M = 64, S = 4,
-  ExponentialLR 0.9, torchsso's step: :data:`NOISY_KFAC_TORCHSSO`), with the settings of the note (:func:`make_method` builds each); issue
-  36's second list: ``ktied`` (k = 2 on every layer, trained as bbb, 800 epochs), ``swag`` (ONE
-  job, one momentum-SGD run under the SWAG paper's CIFAR schedule (swag.12) scaled to 210 epochs,
-  a snapshot per epoch after swa_start = 210 x 161 / 300; three table rows from its moments:
-  ``swa`` at theta_SWA, ``swag-diag`` scale 1, ``swag`` scale 1/2 with the low-rank term) and
-  ``mc-dropout-official`` (the mc-dropout row with the masks where the official
-  LeNet5MCDropout puts them, :data:`DROPOUT_SITES`, compared with the same Table 1 row) and
-  the post-hoc ``laplace-kron`` / ``laplace-ll`` (no training: the GGN Laplace approximation,
-  K-FAC on all layers / full on the last layer, at the ``adam`` job's final theta of the seed,
-  prior precision lam = N x 1e-2, in float64; the GLM predictive by Monte Carlo; the
-  evidence-tuned prior precision recorded under "found");
+  first 30 epochs, an OGN first step), ``bbb`` (800, S = 1) and ``mc-dropout`` (210, p = 0.1), and
+  our ``kfac`` (50 epochs, ExponentialLR 0.9) and ``noisy-kfac`` (15 epochs, M = 64, S = 4,
+  ExponentialLR 0.9, torchsso's step: :data:`NOISY_KFAC_TORCHSSO`), with the settings of the note
+  (:func:`make_method` builds each); issue 36's second list: ``ktied`` (k = 2 on every layer,
+  trained as bbb, 800 epochs), ``swag`` (ONE job, one momentum-SGD run under the SWAG paper's CIFAR
+  schedule (swag.12) scaled to 210 epochs, a snapshot per epoch after swa_start = 210 x 161 / 300;
+  three table rows from its moments: ``swa`` at theta_SWA, ``swag-diag`` scale 1, ``swag`` scale 1/2
+  with the low-rank term) and ``mc-dropout-official`` (the mc-dropout row with the masks where the
+  official LeNet5MCDropout puts them, :data:`DROPOUT_SITES`, compared with the same Table 1 row) and
+  the post-hoc ``laplace-kron`` / ``laplace-ll`` (no training: the GGN Laplace approximation, K-FAC
+  on all layers / full on the last layer, at the ``adam`` job's final theta of the seed, prior
+  precision lam = N x 1e-2, in float64; the GLM predictive by Monte Carlo; the evidence-tuned prior
+  precision recorded under "found");
 - measured: every --eval-every epochs and after the last, the test accuracy, NLL, ECE (top label,
   equal-width bins: 10, 15 and 20) and the misclassification AUROC (correct = positive; scores -H
   and max_k P) of the predictive (the BMA of --test-draws draws, or the point for adam and
@@ -158,9 +158,10 @@ ROWS = {"adam": Row(0, 210, 128, 0, False),
 # (structure, subset of laplace.LaplaceConfig); they read states/adam_seed_<s>.npz
 POSTHOC = {"laplace-kron": ("kron", "all"), "laplace-ll": ("full", "last_layer")}
 # lenet_noisykfac.json ran on torchsso's VIOptimizer, whose step differs from gd-zhang's in three
-# ways (derivations/noisy_kfac.md, "torchsso"): its weight_decay 0.1 added after the solve, the
-# sampler damped like the solve, and a refresh before the solve. Without the last the row
-# diverges in its first epoch (derivations/cifar10_lenet.md).
+# ways (derivations/noisy_kfac.md, "Conventions of torchsso"): its weight_decay 0.1 added after
+# the solve, the sampler damped like the solve, and a refresh before the solve. With the first
+# two but not the third the row diverges in its first epoch, as it does with none of the three
+# (derivations/cifar10_lenet.md, tools/noisy_kfac_epoch1_ablation.py).
 NOISY_KFAC_TORCHSSO = {"weight_decay": 0.1, "sampler_damping": "full", "refresh_order": "before"}
 KTIED_K, KTIED_JITTER = 2, 0.1  # k on every layer; the start's jitter of the calibration row
 # the swag job: one SGD run, three table rows (its own, and these from the same moments)

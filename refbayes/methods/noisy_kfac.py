@@ -8,8 +8,8 @@ a 1 appended (bias) and s its pre-activation, A_l (n_in + 1, n_in + 1) and S_l (
 running Kronecker factors, A_ref, S_ref the factors as of the last refresh (every T_inv steps);
 eta the prior VARIANCE, lambda = kl_weight, gamma_in = lambda / (N eta) the intrinsic damping,
 gamma = gamma_in + gamma_ex the damping of the mean's preconditioner, gamma_s the sampler's
-(gamma_in, the paper's, or gamma, torchsso's: cfg.sampler_damping), delta the decoupled weight
-decay (cfg.weight_decay, torchsso's; 0 in the paper); eps (D, S) the caller's
+(gamma_in, gd-zhang's, or gamma, torchsso's: cfg.sampler_damping), delta the decoupled weight
+decay (cfg.weight_decay, torchsso's; gd-zhang's code has none); eps (D, S) the caller's
 standard-normal draws in the flat layout (eps = None: K-FAC, the gradient at mu).
 
 Scaling: V = (1/(M S)) sum_s sum_{i in B} grad l_i(w_s) + gamma_in mean_s w_s is per-example
@@ -131,8 +131,8 @@ class NoisyKFACConfig(NamedTuple):
     damping: str = "factored"  # "factored" (K-FAC's, official) | "exact" A kron S + gamma I (noisy_kfac.5)
     curvature: str = "ggn"     # output factor from the "ggn" | "ef" | "mc" (the caller's sampled labels) (noisy_kfac.3)
     kl_clip: Any = None        # KL clipping bound kappa > 0 (official kl_clip), or None for none (noisy_kfac.10)
-    weight_decay: float = 0.0  # decoupled decay delta >= 0 of the mean: P + delta mu enters the momentum (torchsso's weight_decay; 0 in the paper) (noisy_kfac.11)
-    sampler_damping: str = "intrinsic"  # the sampler's damping gamma_s: "intrinsic" gamma_in (the paper's, gd-zhang's) | "full" gamma (torchsso's) (noisy_kfac.6)
+    weight_decay: float = 0.0  # decoupled decay delta >= 0 of the mean: P + delta mu enters the momentum (torchsso's weight_decay; none in gd-zhang's code) (noisy_kfac.11)
+    sampler_damping: str = "intrinsic"  # the sampler's damping gamma_s: "intrinsic" gamma_in (gd-zhang's) | "full" gamma (torchsso's) (noisy_kfac.6)
     refresh_order: str = "after"  # a refresh due at step t: "after" the mean step (gd-zhang's) | "before" the solve, with step t's statistics (torchsso's) (noisy_kfac.12)
 
 
@@ -390,9 +390,9 @@ def _chol_inverse(L, L_inv=None):
 
 def _layer_inverse(A, Sf, damping, g_s, gamma, sampler, explicit):
     """One layer's operators of (A_ref, S_ref) = (A, Sf): the solve's (damped by gamma), and the
-    sampler's (by g_s = gamma_s) when ``sampler`` (K-FAC never draws, and its factors need only be
-    definite at gamma); under
-    factored damping the solve's inverses formed when ``explicit``.  (noisy_kfac.12)"""
+    sampler's (by g_s = gamma_s) when ``sampler`` (K-FAC never draws, and its factors need only
+    be definite at gamma); under factored damping the solve's inverses formed when
+    ``explicit``.  (noisy_kfac.12)"""
     xp = xp_of(A, Sf)
     if damping == "exact":
         if not sampler:
