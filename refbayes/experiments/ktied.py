@@ -26,7 +26,8 @@ Protocol (derivations/ktied_experiments.md gives every decision and why):
   and the rank-1..3 truncation of A substituted back (ktied.13), evaluated with the same draws.
 
 Output (--out, default results/ktied): ``run_<name>.json`` per run as it finishes (settings,
-provenance, curves, SNR, final scores, seconds), ``<name>.ckpt.npz`` every --checkpoint-every
+provenance, curves, SNR, final scores, wall seconds and the process's CPU seconds
+(``time.process_time``; not recorded by runs before 2026-11-28)), ``<name>.ckpt.npz`` every --checkpoint-every
 steps while it runs (the run resumes from it), ``posterior_<name>.npz`` (mu, sigma),
 ``posthoc.json``, the CSV files ``trained.csv``, ``truncation.csv``, ``curves.csv``,
 ``snr.csv``, and with matplotlib the figures ``spectra.png``, ``heatmap_A.png``,
@@ -71,6 +72,7 @@ from refbayes._files import (
 from refbayes.datasets import data_identity, load_mnist, load_mnist_subset
 from refbayes.experiments import _report, _runner
 from refbayes.experiments._runner import (
+    MayLack,
     job_rng,
     positive_int,
     provenance,
@@ -399,11 +401,21 @@ def _fit(name, args, budget, data, settings, prov, progress, ckpt_dir):
     if resumed is None:
         state = method.state
         record = {"settings": settings, "provenance": prov, "curve": [], "snr": [],
-                  "seconds": 0.0, "n_params": method.n_params}
+                  "seconds": 0.0, "cpu_seconds": 0.0, "n_params": method.n_params}
     else:
         state, record = resumed
     eval_eps = lambda t: job_rng(args.seed, 4, t).standard_normal((model.D, budget["eval_draws"]))  # noqa: E731
+    # wall seconds, and this process's CPU seconds (all its threads; not the time it waited
+    # for a core), both carried across resumes; a run resumed from a checkpoint written
+    # without cpu_seconds records none
     t0 = time.perf_counter() - record["seconds"]
+    c0 = time.process_time() - record["cpu_seconds"] if "cpu_seconds" in record else None
+
+    def clocks():
+        record["seconds"] = time.perf_counter() - t0
+        if c0 is not None:
+            record["cpu_seconds"] = time.process_time() - c0
+
     window = record.pop("window", [])  # the minibatch -ELBOs since the last evaluation
     t_start = state.t
     with progress.run_bar(T, name) as bar:
@@ -421,7 +433,7 @@ def _fit(name, args, budget, data, settings, prov, progress, ckpt_dir):
             if t == T:
                 break
             if ckpt_dir is not None and t % budget["checkpoint_every"] == 0 and t != t_start:
-                record["seconds"] = time.perf_counter() - t0
+                clocks()
                 _save_checkpoint(ckpt_dir, name, state, {**record, "window": window})
                 if progress.enabled and not progress.tty:  # a log file gets a line per checkpoint
                     last = record["curve"][-1]
@@ -436,7 +448,7 @@ def _fit(name, args, budget, data, settings, prov, progress, ckpt_dir):
     final_eps = job_rng(args.seed, 7).standard_normal((model.D, budget["final_draws"]))
     record["final"] = _evaluate(method, state, model, data, final_eps)
     record["convergence"] = _convergence(record, T)
-    record["seconds"] = time.perf_counter() - t0
+    clocks()
     record["citation"] = CITATION
     return record, state.mu, method.sigma(state)
 
@@ -610,8 +622,9 @@ def _write_csvs(out, saved, posthoc) -> list:
 
     names = _order(saved)
     keys = ("neg_elbo", "neg_elbo_se", "nll", "nll_se", "accuracy", "accuracy_se", "kl")
-    table("trained.csv", ["run", *keys, "n_params", "seconds"],
-          [[n, *(saved[n]["final"][k] for k in keys), saved[n]["n_params"], saved[n]["seconds"]]
+    table("trained.csv", ["run", *keys, "n_params", "seconds", "cpu_seconds"],
+          [[n, *(saved[n]["final"][k] for k in keys), saved[n]["n_params"], saved[n]["seconds"],
+            saved[n].get("cpu_seconds")]  # an empty cell: a run from before it was recorded
            for n in names])
     table("curves.csv", ["run", "step", "neg_elbo", "nll", "accuracy", "minibatch_neg_elbo"],
           [[n, c["step"], c["neg_elbo"], c["nll"], c["accuracy"], c["minibatch_neg_elbo"]]
@@ -706,7 +719,7 @@ def _figures(out, saved, posthoc) -> list:
 # ----------------------------------------------------------------------------- the command
 
 SCHEMA = {"settings": dict, "provenance": dict, "curve": list, "snr": list, "final": dict,
-          "seconds": float, "n_params": int}
+          "seconds": float, "cpu_seconds": MayLack(float), "n_params": int}
 
 
 def _path(out, name) -> Path:

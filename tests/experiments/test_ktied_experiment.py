@@ -53,6 +53,8 @@ def test_tiny_run_writes_runs_tables_and_figures(tiny):
             (l, kind) for l in (1, 2, 3) for kind in ("scale", "mean")}
         assert 0 <= saved["final"]["accuracy"] <= 1 and saved["final"]["nll"] > 0
         assert not (out / f"{name}.ckpt.npz").exists()
+        assert isinstance(saved["cpu_seconds"], float) and 0 < saved["cpu_seconds"]
+        assert 0 < saved["seconds"]
     posthoc = json.loads((out / "posthoc.json").read_text())
     for sp in posthoc["spectra"]:
         assert abs(sum(sp["A"]) - 1) < 1e-12 and abs(sum(sp["M"]) - 1) < 1e-12
@@ -112,6 +114,7 @@ def test_an_interrupted_run_resumes_from_its_checkpoint_bit_for_bit(tiny, data_d
     resumed, whole = _saved(out, "k2"), _saved(tiny[0], "k2")
     for key in ("final", "curve", "snr", "settings"):
         assert resumed[key] == whole[key], key
+    assert 0 < resumed["cpu_seconds"]  # carried across the resume, like the wall seconds
     with np.load(out / "posterior_k2.npz") as a, np.load(tiny[0] / "posterior_k2.npz") as b:
         assert np.array_equal(a["sigma"], b["sigma"]) and np.array_equal(a["mu"], b["mu"])
 
@@ -217,3 +220,33 @@ def test_figures_state_the_budget_and_mark_an_unconverged_curve(tmp_path, monkey
     assert "600 steps of Adam (0.001, M = 128), S = 1 draw per step" in elbo.get_title()
     labels = [t.get_text() for t in elbo.get_legend().get_texts()]
     assert labels == ["full (mean field) (not converged)", "k-tied, k = 1"]
+
+
+# ----------------------------------------------------------------------------- CPU seconds
+
+@pytest.mark.slow
+def test_trained_csv_has_cpu_seconds_and_older_runs_still_load(tiny, data_dir, tmp_path):
+    """A run saved before cpu_seconds was recorded is reused and gets an empty cell; a
+    cpu_seconds that is not a number is refused, naming the key."""
+    import shutil
+    out = tmp_path / "out"
+    shutil.copytree(tiny[0], out)
+    header, *rows = (out / "trained.csv").read_text().splitlines()
+    assert header.endswith(",n_params,seconds,cpu_seconds")
+    cells = {r.split(",")[0]: r.split(",")[-1] for r in rows}
+    assert float(cells["k2"]) == _saved(out, "k2")["cpu_seconds"]
+
+    def edit(change):
+        path = out / "run_k2.json"
+        saved = json.loads(path.read_text())
+        change(saved)
+        path.write_text(json.dumps(saved))
+
+    edit(lambda s: s.pop("cpu_seconds"))
+    status, _, stderr = _run([*TINY, "--data-dir", str(data_dir), "--out", str(out)])
+    assert status == 0, stderr
+    rows = (out / "trained.csv").read_text().splitlines()[1:]
+    assert [r for r in rows if r.startswith("k2,")][0].endswith(",")
+    edit(lambda s: s.update(cpu_seconds="1 s"))
+    status, _, stderr = _run([*TINY, "--data-dir", str(data_dir), "--out", str(out)])
+    assert status == 2 and "cpu_seconds: expected a number, got a JSON string" in stderr
