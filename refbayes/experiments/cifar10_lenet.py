@@ -971,7 +971,7 @@ def _run_job(name, seed, budget, settings, prov, data_dir, ckpt_dir, fresh,
 # ----------------------------------------------------------------------------- summaries
 
 SCHEMA = {"settings": dict, "provenance": dict, "curve": list, "final": dict, "reliability": dict,
-          "seconds": float}
+          "seconds": float, "cpu_seconds": _runner.MayLack(float)}
 SUMMARY_KEYS = ("train_acc", "acc", "nll", *(f"ece{b}" for b in ECE_BINS), "auroc_entropy",
                 "auroc_maxprob")
 
@@ -1017,17 +1017,27 @@ def _summary(saved, methods) -> list:
         if not recs:
             continue
         s = recs[0]["settings"]
+        timed = [r for r in recs if "cpu_seconds" in r]
         row = {"method": name, "seeds": len(recs), "epochs": s["epochs"],
                "paper_epochs": s["paper_epochs"], "test_draws": s["test_draws"],
                "dtype": s["dtype"], "n_train": s["n_train"], "n_test": s["n_test"],
                "wall_hours": sum(r["seconds"] for r in recs) / 3600,
-               # None unless every seed's job recorded its CPU seconds (earlier runs did not)
-               "cpu_hours": (sum(r["cpu_seconds"] for r in recs) / 3600
-                             if all("cpu_seconds" in r for r in recs) else None)}
+               # over the seeds whose job recorded its CPU seconds (runs before 2026-11-28
+               # did not): None when none did, cpu_seeds says how many did
+               "cpu_hours": (sum(r["cpu_seconds"] for r in timed) / 3600 if timed else None),
+               "cpu_seeds": len(timed)}
         for k in SUMMARY_KEYS:
             row[k], row[f"{k}_se"] = _runner.mean_se([r["final"].get(k) for r in recs])
         rows.append(row)
     return rows
+
+
+def _cpu_cell(r) -> str:
+    """The CPU hours of a row, naming the seeds they cover when some seeds' jobs lack them."""
+    if r["cpu_hours"] is None:
+        return "-"
+    cell = f"{r['cpu_hours']:.2f}"
+    return cell if r["cpu_seeds"] == r["seeds"] else f"{cell} ({r['cpu_seeds']} of {r['seeds']} seeds)"
 
 
 def _table(rows, complete) -> str:
@@ -1043,7 +1053,7 @@ def _table(rows, complete) -> str:
                      f"{_pm(r['ece15'], None)} / {_pm(r['ece20'], None)}",
                      _pm(r["auroc_entropy"], r["auroc_entropy_se"]),
                      _pm(r["auroc_maxprob"], r["auroc_maxprob_se"]), f"{r['wall_hours']:.2f}",
-                     "-" if r["cpu_hours"] is None else f"{r['cpu_hours']:.2f}",
+                     _cpu_cell(r),
                      "-" if p is None else f"{p[0]} / {p[1]} | {p[2]} | {p[3]} | {p[4]} | {p[5]}"])
         if r["method"] in POSTHOC:
             if r["n_train"] < N_TRAIN or r["n_test"] < N_TEST:

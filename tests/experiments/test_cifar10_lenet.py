@@ -174,3 +174,41 @@ def test_the_plan_counts_a_resumed_jobs_remaining_steps_only():
     K = 391  # ceil(50,000 / 128) steps per epoch
     line = exp._plan_line([unit], budget, {"vogn seed 0": 105 * K})  # half of 210 epochs done
     assert f"about {full / 2:.2f} CPU-hours" in line and "1 resumed" in line
+
+
+def _job_record(seed, acc, seconds, cpu_seconds=None):
+    settings = {"epochs": 210, "paper_epochs": 210, "test_draws": 10, "dtype": "float32",
+                "n_train": 50000, "n_test": 10000}
+    final = {k: 0.5 for k in exp.SUMMARY_KEYS} | {"acc": acc}
+    rec = {"settings": settings, "final": final, "seconds": seconds}
+    return rec if cpu_seconds is None else rec | {"cpu_seconds": cpu_seconds}
+
+
+def test_cpu_hours_cover_the_seeds_that_recorded_them_and_say_so():
+    """A row whose seed-0 job predates the CPU clock: wall h sums every seed, CPU h the two that
+    recorded it, and the cell names them; a row with none shows '-', one with all a bare figure."""
+    saved = {("adam", 0): _job_record(0, 0.66, 3600.0),
+             ("adam", 1): _job_record(1, 0.67, 3600.0, 1800.0),
+             ("adam", 2): _job_record(2, 0.68, 7200.0, 3600.0),
+             ("bbb", 0): _job_record(0, 0.68, 3600.0),
+             ("vogn", 0): _job_record(0, 0.66, 3600.0, 2700.0)}
+    rows = {r["method"]: r for r in exp._summary(saved, ("adam", "bbb", "vogn"))}
+    assert rows["adam"]["wall_hours"] == 4.0
+    assert rows["adam"]["cpu_hours"] == 1.5 and rows["adam"]["cpu_seeds"] == 2
+    assert rows["bbb"]["cpu_hours"] is None and rows["bbb"]["cpu_seeds"] == 0
+    assert abs(rows["adam"]["acc"] - 0.67) < 1e-15 and abs(rows["adam"]["acc_se"] - 0.01 / 3 ** 0.5) < 1e-15
+    cells = {r: exp._cpu_cell(rows[r]) for r in rows}
+    assert cells == {"adam": "1.50 (2 of 3 seeds)", "bbb": "-", "vogn": "0.75"}
+    line = next(l for l in exp._table(list(rows.values()), True).splitlines() if l.startswith("adam "))
+    assert line.split()[1] == "3" and "  4.00  " in line and "  1.50 (2 of 3 seeds)  " in line
+
+
+@pytest.mark.slow
+def test_a_saved_job_whose_cpu_seconds_is_not_a_number_is_refused(quick_all, tmp_path):
+    import shutil
+    out, data = tmp_path / "out", quick_all[1]
+    shutil.copytree(quick_all[0], out)
+    path = out / "adam" / "seed_0.json"
+    path.write_text(json.dumps(json.loads(path.read_text()) | {"cpu_seconds": "1 s"}))
+    status, _, stderr = _run([*QUICK, "--methods", "adam", "--out", str(out), "--data-dir", str(data)])
+    assert status == 2 and "cpu_seconds: expected a number, got a JSON string" in stderr
