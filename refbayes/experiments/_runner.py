@@ -125,6 +125,7 @@ __all__ = [
     "forget_run",
     "git_commit",
     "interrupted_note",
+    "job_clocks",
     "job_options",
     "job_rng",
     "launch_order",
@@ -594,6 +595,22 @@ def resume(path: Path, schema: dict, settings: dict, current: dict, fresh: bool)
     if saved is not None and reusable(path, saved, settings, current, fresh):
         return saved
     return None
+
+
+def job_clocks(record: dict) -> Callable[[], None]:
+    """A function that writes into ``record`` the job's wall seconds (``time.perf_counter``) and
+    this process's CPU seconds (``time.process_time``: all its threads, not the time it waited
+    for a core), both counted on from the "seconds" / "cpu_seconds" that ``record`` holds when
+    this is called (0 for a new job; a checkpoint's for a resumed one). A record without
+    "cpu_seconds" (a checkpoint written before it was recorded) gets none."""
+    t0 = time.perf_counter() - record["seconds"]
+    c0 = time.process_time() - record["cpu_seconds"] if "cpu_seconds" in record else None
+
+    def clocks():
+        record["seconds"] = time.perf_counter() - t0
+        if c0 is not None:
+            record["cpu_seconds"] = time.process_time() - c0
+    return clocks
 
 
 def mean_se(values, ddof: int = 1):

@@ -727,16 +727,7 @@ def _fit(name, seed, budget, settings, prov, data, progress, ckpt_dir, fresh):
         state = _unpack(m.state, "state.", arrays)
         record, epoch0, j0, run = meta["record"], meta["epoch"], meta["step"], meta["running"]
         rng.bit_generator.state = meta["rng"]
-    # wall seconds, and this process's CPU seconds (all its threads; not the time it waited
-    # for a core), both carried across resumes; a job resumed from a checkpoint written
-    # without cpu_seconds records none
-    t0 = time.perf_counter() - record["seconds"]
-    c0 = time.process_time() - record["cpu_seconds"] if "cpu_seconds" in record else None
-
-    def clocks():
-        record["seconds"] = time.perf_counter() - t0
-        if c0 is not None:
-            record["cpu_seconds"] = time.process_time() - c0
+    clocks = _runner.job_clocks(record)  # wall and CPU seconds, carried across resumes
 
     def save(epoch, j):
         clocks()
@@ -771,7 +762,8 @@ def _fit(name, seed, budget, settings, prov, data, progress, ckpt_dir, fresh):
                                   settings["test_draws"])
                     entry.update({f"val_{k}": v for k, v in _scores(P, data.y_test).items()})
                 run = [0, 0.0, 0]
-            entry["seconds"] = time.perf_counter() - t0
+            clocks()
+            entry["seconds"] = record["seconds"]
             record["curve"].append(entry)
             if ckpt is not None:
                 save(epoch + 1, 0)

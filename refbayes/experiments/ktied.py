@@ -27,9 +27,9 @@ Protocol (derivations/ktied_experiments.md gives every decision and why):
 
 Output (--out, default results/ktied): ``run_<name>.json`` per run as it finishes (settings,
 provenance, curves, SNR, final scores, wall seconds and the process's CPU seconds
-(``time.process_time``; not recorded by runs before 2026-11-28)), ``<name>.ckpt.npz`` every --checkpoint-every
-steps while it runs (the run resumes from it), ``posterior_<name>.npz`` (mu, sigma),
-``posthoc.json``, the CSV files ``trained.csv``, ``truncation.csv``, ``curves.csv``,
+(``time.process_time``; not recorded by runs before 2026-11-28)), ``<name>.ckpt.npz`` every
+--checkpoint-every steps while it runs (the run resumes from it), ``posterior_<name>.npz``
+(mu, sigma), ``posthoc.json``, the CSV files ``trained.csv``, ``truncation.csv``, ``curves.csv``,
 ``snr.csv``, and with matplotlib the figures ``spectra.png``, ``heatmap_A.png``,
 ``elbo_vs_step.png``, ``snr.png``. A saved run or checkpoint is reused only when its settings,
 data checksum and refbayes version match; otherwise the run stops naming the file, unless --fresh.
@@ -58,7 +58,6 @@ import argparse
 import contextlib
 import json
 import math
-import time
 from pathlib import Path
 from typing import Any, Callable, NamedTuple
 
@@ -405,17 +404,7 @@ def _fit(name, args, budget, data, settings, prov, progress, ckpt_dir):
     else:
         state, record = resumed
     eval_eps = lambda t: job_rng(args.seed, 4, t).standard_normal((model.D, budget["eval_draws"]))  # noqa: E731
-    # wall seconds, and this process's CPU seconds (all its threads; not the time it waited
-    # for a core), both carried across resumes; a run resumed from a checkpoint written
-    # without cpu_seconds records none
-    t0 = time.perf_counter() - record["seconds"]
-    c0 = time.process_time() - record["cpu_seconds"] if "cpu_seconds" in record else None
-
-    def clocks():
-        record["seconds"] = time.perf_counter() - t0
-        if c0 is not None:
-            record["cpu_seconds"] = time.process_time() - c0
-
+    clocks = _runner.job_clocks(record)  # wall and CPU seconds, carried across resumes
     window = record.pop("window", [])  # the minibatch -ELBOs since the last evaluation
     t_start = state.t
     with progress.run_bar(T, name) as bar:

@@ -315,3 +315,15 @@ def test_overridden_replaces_what_the_command_line_sets():
     defaults = {"samples": 1, "grid": 80}
     assert _runner.overridden(defaults, args, ("samples", "grid", "absent")) == {"samples": 7, "grid": 80}
     assert defaults == {"samples": 1, "grid": 80}
+
+
+def test_job_clocks_count_on_from_the_record_and_add_no_cpu_seconds_to_an_older_one():
+    resumed = {"seconds": 10.0, "cpu_seconds": 5.0}
+    clocks = _runner.job_clocks(resumed)
+    sum(i * i for i in range(200_000))  # some CPU time for both clocks to see
+    clocks()
+    assert resumed["seconds"] > 10.0 and resumed["cpu_seconds"] > 5.0
+    assert resumed["seconds"] - 10.0 < 60.0 and resumed["cpu_seconds"] - 5.0 < 60.0
+    older = {"seconds": 3.0}  # a checkpoint written before CPU seconds were recorded
+    _runner.job_clocks(older)()
+    assert older["seconds"] >= 3.0 and "cpu_seconds" not in older
