@@ -122,7 +122,9 @@ def _torchsso_kron_steps(kw, mean0, X, y, model, plan):
     gradient and the factors a~ a~^T / M, g g^T / M, averaged over the draws; l2_reg mean added
     to the raw gradient; ema <- the first statistics, then e data + (1 - e) ema; damping +
     l2_reg split by pi; the solve with this step's factors; weight_decay mean added to the
-    preconditioned gradient; buf <- momentum buf + that; mean <- mean - lr buf."""
+    preconditioned gradient; buf <- momentum buf + that; mean <- mean - lr buf. momentum_type
+    'raw': buf <- momentum buf + the raw gradient, solved; mean <- mean - lr (that + weight_decay
+    mean)."""
     Nd, lr, kl = kw["dataset_size"], kw["lr"], kw["kl_weighting"]
     e, damp = kw["curv_kwargs"]["ema_decay"], kw["curv_kwargs"]["damping"]
     l2_reg = kl / Nd / kw["prior_variance"]
@@ -144,30 +146,40 @@ def _torchsso_kron_steps(kw, mean0, X, y, model, plan):
         ema = data if ema is None else [(e * Ah + (1 - e) * A, e * Gh + (1 - e) * G)
                                         for (Ah, Gh), (A, G) in zip(data, ema)]
         r = np.sqrt(damp + l2_reg)
-        P = np.empty_like(mean)
+        raw = kw.get("momentum_type", "preconditioned") == "raw"
+        if raw:
+            buf = kw["momentum"] * buf + grad
+        v, P = (buf if raw else grad), np.empty_like(mean)
         for (a0, b0, n_a, n_b), (A, G) in zip(blocks, ema):
             pi = np.sqrt((np.trace(A) / n_a) / (np.trace(G) / n_b))
             A_inv = np.linalg.inv(A + r * pi * np.eye(n_a))
             G_inv = np.linalg.inv(G + r / pi * np.eye(n_b))
-            P[a0:b0] = (A_inv @ grad[a0:b0].reshape(n_a, n_b) @ G_inv).ravel()
-        buf = kw["momentum"] * buf + (P + kw["weight_decay"] * mean)
-        mean = mean - lr * buf
+            P[a0:b0] = (A_inv @ v[a0:b0].reshape(n_a, n_b) @ G_inv).ravel()
+        if raw:
+            mean = mean - lr * (P + kw["weight_decay"] * mean)
+        else:
+            buf = kw["momentum"] * buf + (P + kw["weight_decay"] * mean)
+            mean = mean - lr * buf
     return mean, buf, ema
 
 
-def test_pytorch_sso_noisy_kfac_takes_the_same_steps():
+@pytest.mark.parametrize("momentum_type", ["preconditioned", "raw"])
+def test_pytorch_sso_noisy_kfac_takes_the_same_steps(momentum_type):
     """torchsso's Noisy K-FAC written out (above) against noisy_kfac.step with the mapped config:
     the first step as eps=None with beta = 1 (torchsso's has no draws and no start factors),
     then antithetic draw pairs (torchsso's prior term is at the mean, refbayes' at the draws:
     they agree when the draws average to the mean), handed to refbayes through the inverse of
-    the sampling map (noisy_kfac.7). The real torchsso: tools/torchsso_noisy_kfac_check.py."""
+    the sampling map (noisy_kfac.7); both momentum types. The real torchsso:
+    tools/torchsso_noisy_kfac_check.py."""
     model = MLP([3, 4, 3], "tanh", "categorical")
     rng = np.random.default_rng(3)
     X, y = rng.standard_normal((N, 3)), rng.integers(0, 3, N)
     kw = {"dataset_size": N, "curv_type": "Cov", "curv_shapes": {"Linear": "Kron"},
           "curv_kwargs": {"ema_decay": 0.3, "damping": 0.05}, "lr": 0.1, "momentum": 0.9,
-          "kl_weighting": 0.7, "prior_variance": 0.5, "weight_decay": 0.2}
+          "kl_weighting": 0.7, "prior_variance": 0.5, "weight_decay": 0.2,
+          "momentum_type": momentum_type}
     cfg = cv.from_pytorch_sso_noisy_kfac(**kw)
+    assert cfg.momentum_type == cv.to_pytorch_sso_noisy_kfac(cfg)["momentum_type"] == momentum_type
     plan = [(rng.permutation(N)[:M], None)]
     for _ in range(3):
         z = 0.05 * rng.standard_normal((model.D, 1))

@@ -53,7 +53,10 @@ def test_bad_input_is_refused(tmp_path):
 
 @pytest.mark.skipif(not os.environ.get("REFBAYES_TORCHSSO"),
                     reason="REFBAYES_TORCHSSO names no pytorch-sso checkout")
-def test_steps_equal_torchsso(capsys):
+@pytest.mark.parametrize("momentum_type", ["preconditioned", "raw"])
+def test_steps_equal_torchsso(capsys, momentum_type):
     pytest.importorskip("torch")
-    assert tool.main(["--torchsso", os.environ["REFBAYES_TORCHSSO"]]) == 0
-    assert "max relative error" in capsys.readouterr().out
+    assert tool.main(["--torchsso", os.environ["REFBAYES_TORCHSSO"],
+                      "--momentum-type", momentum_type]) == 0
+    out = capsys.readouterr().out
+    assert "max relative error" in out and f"momentum_type {momentum_type!r}" in out

@@ -1321,7 +1321,8 @@ def test_noisy_kfac_outputs_equal_a_direct_step_and_the_equations(method, opts):
     assert t.model["D"] == 34 and t.model["sizes"] == [5, 4, 2]
     assert t.config == {**NK_CONFIG, "damping": o["damping"], "curvature": o["curvature"],
                         "kl_clip": o["kl-clip"], "weight_decay": 0.0,  # gd-zhang's step
-                        "sampler_damping": "intrinsic", "refresh_order": "after"}
+                        "sampler_damping": "intrinsic", "refresh_order": "after",
+                        "momentum_type": "preconditioned"}
     # the draws are the documented ones, in the documented order
     draws = _nk_draws(method, o)
     i = t.inputs

@@ -4,7 +4,8 @@ dl-with-bayes' ``lenet_noisykfac.json`` runs on torchsso (cybertronai/pytorch-ss
 d161732), whose step differs from gd-zhang's in three ways that ``NoisyKFACConfig`` offers
 (derivations/noisy_kfac.md, "torchsso"): ``weight_decay`` added after the solve
 (noisy_kfac.11), the sampler damped like the solve, ``sampler_damping="full"`` (noisy_kfac.6),
-and a due refresh before the solve, ``refresh_order="before"`` (noisy_kfac.12).
+and a due refresh before the solve, ``refresh_order="before"`` (noisy_kfac.12); and its
+'raw' momentum, ``momentum_type="raw"`` (noisy_kfac.20), checked with ``--momentum-type raw``.
 
 This runs torchsso's optimizer and ``noisy_kfac.step`` side by side on a 3-4-3 ReLU classifier
 in float64. It prints max|refbayes - torchsso| / max|torchsso| over steps 1-6 of the draws, the
@@ -17,7 +18,7 @@ torchsso is not a dependency of refbayes; give a checkout of pytorch-sso (PyTorc
 the "conformance" extra)::
 
     git clone https://github.com/cybertronai/pytorch-sso /tmp/pytorch-sso
-    python tools/torchsso_noisy_kfac_check.py --torchsso /tmp/pytorch-sso
+    python tools/torchsso_noisy_kfac_check.py --torchsso /tmp/pytorch-sso [--momentum-type raw]
 
 Three things make torchsso import and run on a CPU with a current PyTorch, none of which touches
 the arithmetic: a stand-in ``chainer`` module when chainer is missing (the distributed
@@ -66,7 +67,6 @@ TORCHSSO = {"dataset_size": N, "curv_type": "Cov", "curv_shapes": {"Linear": "Kr
             "curv_kwargs": {"damping": 0.05, "ema_decay": 0.3, "pi_type": "tracenorm"},
             "lr": 0.1, "momentum": 0.9, "momentum_type": "preconditioned", "weight_decay": 0.2,
             "num_mc_samples": S, "kl_weighting": 0.7, "prior_variance": 0.5}
-CFG = from_pytorch_sso_noisy_kfac(**TORCHSSO)
 
 
 def eps_from_draws(state, W, cfg, model):
@@ -107,7 +107,7 @@ def load_torchsso(path):
     return torchsso
 
 
-def _torchsso_run(torchsso, X, y, batches):
+def _torchsso_run(torchsso, kw, X, y, batches):
     """torchsso's VIOptimizer for STEPS steps with antithetic noise; per step the draws, the
     mean, the momentum buffer, the EMA factors and the std factors (torch order)."""
     import torch
@@ -116,7 +116,7 @@ def _torchsso_run(torchsso, X, y, batches):
     torch.manual_seed(0)
     net = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.ReLU(),
                               torch.nn.Linear(4, 3)).double()
-    opt = VIOptimizer(net, val_num_mc_samples=0, **TORCHSSO)
+    opt = VIOptimizer(net, val_num_mc_samples=0, **kw)
     opt._optimizer_step_pre_hooks, opt._optimizer_step_post_hooks = OrderedDict(), OrderedDict()
     drawn, real = [], torch.randn_like
 
@@ -169,12 +169,16 @@ def _rel(a, b) -> float:
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--torchsso", required=True, help="a pytorch-sso checkout")
+    parser.add_argument("--momentum-type", choices=nk.MOMENTUM_TYPES, default="preconditioned",
+                        help="torchsso's momentum_type (default 'preconditioned')")
     args = parser.parse_args(argv)
+    kw = {**TORCHSSO, "momentum_type": args.momentum_type}
+    cfg = from_pytorch_sso_noisy_kfac(**kw)
     torchsso = load_torchsso(args.torchsso)
     rng = np.random.default_rng(0)
     X, y = rng.standard_normal((N, 3)), rng.integers(0, 3, N)
     batches = [rng.choice(N, M, replace=False) for _ in range(STEPS)]
-    sso = _torchsso_run(torchsso, X, y, batches)
+    sso = _torchsso_run(torchsso, kw, X, y, batches)
     model = MLP(SIZES, "relu", "categorical")
     perm = torch_order(SIZES)
 
@@ -184,21 +188,22 @@ def main(argv=None) -> int:
         return out
 
     state = nk.init(ref(sso[0]["mean"]), model)
-    errors = {"draws (noisy_kfac.6)-(noisy_kfac.7)": [], "mean (noisy_kfac.11)": [],
-              "momentum buffer (noisy_kfac.11)": [], "A (noisy_kfac.4)": [],
+    eq = "(noisy_kfac.20)" if cfg.momentum_type == "raw" else "(noisy_kfac.11)"
+    errors = {"draws (noisy_kfac.6)-(noisy_kfac.7)": [], f"mean {eq}": [],
+              f"momentum buffer {eq}": [], "A (noisy_kfac.4)": [],
               "S = torchsso's G (noisy_kfac.4)": [],
               "sampler's input-side covariance (noisy_kfac.6)": [],
               "sampler's output-side covariance (noisy_kfac.6), vs U_G^T U_G": []}
     for t, (rows, rec) in enumerate(zip(batches, sso[1:])):
         W = ref(rec["draws"])
         if t == 0:  # torchsso's first step: at the mean, the start factors replaced
-            state, info = nk.step(state, Batch(X[rows], y[rows]), None, CFG._replace(beta=1.0),
+            state, info = nk.step(state, Batch(X[rows], y[rows]), None, cfg._replace(beta=1.0),
                                   model)
             info = info._replace(w=np.repeat(info.w, S, axis=1))  # its S passes at the mean
-            state = nk.refresh(state, CFG, model)  # the sampler's operators, for the next draws
+            state = nk.refresh(state, cfg, model)  # the sampler's operators, for the next draws
         else:
-            eps = eps_from_draws(state, W, CFG, model)
-            state, info = nk.step(state, Batch(X[rows], y[rows]), eps, CFG, model)
+            eps = eps_from_draws(state, W, cfg, model)
+            state, info = nk.step(state, Batch(X[rows], y[rows]), eps, cfg, model)
         rows_err = [_rel(info.w, W), _rel(state.mu, ref(rec["mean"])),
                     _rel(state.m, ref(rec["buf"])),
                     max(_rel(a, b) for a, b in zip(state.A, rec["A"])),
@@ -212,11 +217,11 @@ def main(argv=None) -> int:
             errors[k].append(e)
     print(f"torchsso VIOptimizer ({args.torchsso}) against noisy_kfac.step with "
           f"from_pytorch_sso_noisy_kfac's config; {SIZES} ReLU, float64, steps 1-{STEPS} "
-          "(step 1: eps=None, beta = 1)")
+          f"(step 1: eps=None, beta = 1); momentum_type {cfg.momentum_type!r}")
     width = max(map(len, errors))
     for k, v in errors.items():
         print(f"{k:<{width}}  max relative error {max(v):.2e}")
-    g = nk.gamma_in(CFG) + CFG.gamma_ex
+    g = nk.gamma_in(cfg) + cfg.gamma_ex
     last = sso[-1]  # torchsso's std factors after its last step
     for l, ((U_A, U_G), A, G) in enumerate(zip(last["U"], last["A"], last["G"])):
         pi = kron.factored_damping_pi(A, G)

@@ -267,8 +267,9 @@ def from_pytorch_sso_noisy_kfac(*, dataset_size, curv_shapes, curv_kwargs, lr=0.
     torchsso's Noisy K-FAC (dl-with-bayes' ``lenet_noisykfac.json``) -> a NoisyKFACConfig.
     derivations/noisy_kfac.md, "Conventions of torchsso": N = dataset_size, eta =
     prior_variance, kl_weight = kl_weighting, alpha = lr, beta = curv_kwargs['ema_decay'],
-    gamma_ex = curv_kwargs['damping'], momentum as is ('preconditioned' is (noisy_kfac.11)),
-    weight_decay as is (added after the solve), and torchsso's sampler and order:
+    gamma_ex = curv_kwargs['damping'], momentum and momentum_type as they are ('preconditioned'
+    is (noisy_kfac.11), 'raw' (noisy_kfac.20)), weight_decay as is (added after the solve), and
+    torchsso's sampler and order:
     sampler_damping "full", refresh_order "before", T_stats = T_inv = 1, factored damping with
     pi by trace norms. curv_type 'Cov' is curvature "ef"; 'Fisher' is "mc" (one sampled label
     per row, ``get_closure_for_fisher``'s ``num_mc`` 1: the caller passes y_tilde). Dropped, no
@@ -294,9 +295,10 @@ def from_pytorch_sso_noisy_kfac(*, dataset_size, curv_shapes, curv_kwargs, lr=0.
     lr : float, default 0.01
         Learning rate alpha > 0.
     momentum : float, default 0.0
-        Momentum in [0, 1); > 0 needs momentum_type 'preconditioned'.
+        Momentum in [0, 1).
     momentum_type : {"preconditioned", "raw"}, default "preconditioned"
-        Which gradient the momentum accumulates; 'raw' only with momentum 0.
+        Which gradient the momentum accumulates: the solve's (noisy_kfac.11) or the raw one,
+        solved after (noisy_kfac.20).
     grad_ema_decay : float, default 1.0
         Must be 1 (no gradient EMA).
     curv_type : {"Fisher", "Cov"}, default "Fisher"
@@ -345,11 +347,7 @@ def from_pytorch_sso_noisy_kfac(*, dataset_size, curv_shapes, curv_kwargs, lr=0.
                           low_open=True)
     gamma_ex = _nonneg(curv_kwargs["damping"], "curv_kwargs['damping']")
     momentum = check_in_range(momentum, "momentum", 0.0, 1.0, high_open=True)
-    _fixed(momentum_type, "momentum_type", ("raw", "preconditioned"), "torchsso's two types")
-    if momentum > 0 and momentum_type != "preconditioned":
-        raise ValueError("momentum_type: expected 'preconditioned' with momentum > 0 ('raw' "
-                         "accumulates the raw gradient before the solve, not (noisy_kfac.11)), "
-                         f"got {momentum_type!r}")
+    _fixed(momentum_type, "momentum_type", nk.MOMENTUM_TYPES, "torchsso's two types")
     _fixed(grad_ema_decay, "grad_ema_decay", (1.0,), "no gradient EMA in (noisy_kfac.11)")
     _fixed(curv_type, "curv_type", tuple(_CURVATURES), "Kronecker factors from gradients")
     check_int(num_mc_samples, "num_mc_samples", low=1)
@@ -365,7 +363,8 @@ def from_pytorch_sso_noisy_kfac(*, dataset_size, curv_shapes, curv_kwargs, lr=0.
                               gamma_ex=gamma_ex, T_stats=1, T_inv=1, damping="factored",
                               curvature=_CURVATURES[curv_type],
                               weight_decay=_nonneg(weight_decay, "weight_decay"),
-                              sampler_damping="full", refresh_order="before")
+                              sampler_damping="full", refresh_order="before",
+                              momentum_type=momentum_type)
 
 
 def to_pytorch_sso_noisy_kfac(cfg: nk.NoisyKFACConfig) -> dict:
@@ -412,7 +411,7 @@ def to_pytorch_sso_noisy_kfac(cfg: nk.NoisyKFACConfig) -> dict:
                         "pi_type": "tracenorm"},
         "lr": float(cfg.alpha),
         "momentum": float(cfg.momentum),
-        "momentum_type": "preconditioned",
+        "momentum_type": cfg.momentum_type,
         "kl_weighting": float(cfg.kl_weight),
         "warmup_kl_weighting_steps": None,
         "prior_variance": float(cfg.eta),

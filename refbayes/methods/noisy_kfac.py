@@ -2,7 +2,7 @@
 Inference", arXiv:1712.02390, Algorithm 2) and K-FAC (Martens and Grosse 2015) as its
 noise-free case.
 
-Implements (noisy_kfac.2)-(noisy_kfac.12) of derivations/noisy_kfac.md.
+Implements (noisy_kfac.2)-(noisy_kfac.12) and (noisy_kfac.20) of derivations/noisy_kfac.md.
 Symbols: mu (D,) the mean; m (D,) the momentum buffer; per layer l, with a~ the layer input with
 a 1 appended (bias) and s its pre-activation, A_l (n_in + 1, n_in + 1) and S_l (n_out, n_out) the
 running Kronecker factors, A_ref, S_ref the factors as of the last refresh (every T_inv steps);
@@ -31,7 +31,10 @@ One step (t -> t + 1)::
 That is cfg.refresh_order = "after" (gd-zhang's order). With "before" (torchsso's), the
 statistics at the step's draws are accumulated, and a refresh due at this step made, BEFORE the
 solve: P is the solve with factors that hold this step's statistics (the draws still use the
-last refresh).
+last refresh). With cfg.momentum_type = "raw" (torchsso's option; dl-with-bayes' K-FAC config
+sets it) the heavy ball runs on V before the solve, in place of (noisy_kfac.10)-(noisy_kfac.11)::
+
+    m    <- momentum m + V;  P = damped K-FAC solve of m + delta mu;  mu <- mu - alpha P   (noisy_kfac.20)
 
 The sampler and the solve use the operators of A_ref, S_ref (Cholesky factors of the damped
 factors, or eigenbases), computed once per refresh and kept in ``state.inv``: a step between
@@ -94,16 +97,17 @@ from refbayes.methods._estimates import (
     to_kfac,
 )
 
-__all__ = ["CURVATURES", "DAMPINGS", "Batch", "ExactInverse", "FactoredInverse",
-           "NoisyKFACConfig", "NoisyKFACInfo", "NoisyKFACInverses", "NoisyKFACState",
-           "REFRESH_ORDERS", "SAMPLER_DAMPINGS", "dense_covariance", "gamma_in", "init",
-           "layer_slices", "refresh", "sample", "step"]
+__all__ = ["CURVATURES", "DAMPINGS", "MOMENTUM_TYPES", "Batch", "ExactInverse",
+           "FactoredInverse", "NoisyKFACConfig", "NoisyKFACInfo", "NoisyKFACInverses",
+           "NoisyKFACState", "REFRESH_ORDERS", "SAMPLER_DAMPINGS", "dense_covariance",
+           "gamma_in", "init", "layer_slices", "refresh", "sample", "step"]
 
 Array = Any
 CURVATURES = ("ggn", "ef", "mc")
 DAMPINGS = ("factored", "exact")
 SAMPLER_DAMPINGS = ("intrinsic", "full")
 REFRESH_ORDERS = ("after", "before")
+MOMENTUM_TYPES = ("preconditioned", "raw")
 
 
 class NoisyKFACConfig(NamedTuple):
@@ -114,7 +118,8 @@ class NoisyKFACConfig(NamedTuple):
     alpha are finite reals > 0; beta is in (0, 1]; momentum is in [0, 1); gamma_ex is a finite
     real >= 0; damping is in DAMPINGS; curvature is in CURVATURES; kl_clip is None or a
     finite real > 0; weight_decay is a finite real >= 0; sampler_damping is in
-    SAMPLER_DAMPINGS; and refresh_order is in REFRESH_ORDERS.
+    SAMPLER_DAMPINGS; refresh_order is in REFRESH_ORDERS; and momentum_type is in
+    MOMENTUM_TYPES, "raw" only without KL clipping (kl_clip None).
 
     Construction (``NoisyKFACConfig(...)``, and unpickling) checks these rules too; ``_replace``
     and ``_make`` do not, so the functions check every cfg again.
@@ -134,6 +139,7 @@ class NoisyKFACConfig(NamedTuple):
     weight_decay: float = 0.0  # decoupled decay delta >= 0 of the mean: P + delta mu enters the momentum (torchsso's weight_decay; none in gd-zhang's code) (noisy_kfac.11)
     sampler_damping: str = "intrinsic"  # the sampler's damping gamma_s: "intrinsic" gamma_in (gd-zhang's) | "full" gamma (torchsso's) (noisy_kfac.6)
     refresh_order: str = "after"  # a refresh due at step t: "after" the mean step (gd-zhang's) | "before" the solve, with step t's statistics (torchsso's) (noisy_kfac.12)
+    momentum_type: str = "preconditioned"  # the heavy ball on P (gd-zhang's; torchsso's default) | "raw": on V, then one solve (torchsso's option) (noisy_kfac.11), (noisy_kfac.20)
 
 
 class NoisyKFACState(NamedTuple):
@@ -220,8 +226,8 @@ class NoisyKFACInfo(NamedTuple):
     """
     w: Array       # draws, (D, S); the mean as one column for K-FAC (noisy_kfac.7)
     V: Array       # gradient at the draws + gamma_in w, (D,) (noisy_kfac.8)
-    P: Array       # preconditioned gradient, (D,) (noisy_kfac.9)
-    m: Array       # new momentum buffer, (D,) (noisy_kfac.11)
+    P: Array       # preconditioned gradient + delta mu, (D,); "raw": of the new buffer m, the step's direction (noisy_kfac.9), (noisy_kfac.20)
+    m: Array       # new momentum buffer, (D,); "raw": of V (noisy_kfac.11), (noisy_kfac.20)
     mu: Array      # new mean, (D,) (noisy_kfac.11)
     A_hat: Any     # minibatch input statistics, or None (noisy_kfac.3)
     S_hat: Any     # minibatch output statistics, or None (noisy_kfac.3)
@@ -302,6 +308,12 @@ def _check_config(cfg) -> dict:
     if cfg.sampler_damping not in SAMPLER_DAMPINGS:
         raise ValueError(f"cfg.sampler_damping: expected one of {SAMPLER_DAMPINGS}, got "
                          f"{cfg.sampler_damping!r}")
+    if cfg.momentum_type not in MOMENTUM_TYPES:
+        raise ValueError(f"cfg.momentum_type: expected one of {MOMENTUM_TYPES}, got "
+                         f"{cfg.momentum_type!r}")
+    if cfg.momentum_type == "raw" and kl_clip is not None:
+        raise ValueError(f"cfg.kl_clip: expected None with momentum_type 'raw' (KL clipping "
+                         f"(noisy_kfac.10) scales the solve of one gradient), got {kl_clip}")
     g_in = lam / (N * eta)                                                   # (noisy_kfac.2)
     gamma = g_in + gamma_ex                                                  # (noisy_kfac.9)
     return {"kl_clip": kl_clip, "N": N, "lam": lam, "alpha": alpha, "beta": beta,
@@ -636,7 +648,7 @@ def step(state: NoisyKFACState, batch, eps, cfg: NoisyKFACConfig, model,
          tau=None) -> tuple[NoisyKFACState, NoisyKFACInfo]:
     """Take one Noisy K-FAC step (K-FAC with eps = None).
 
-    (noisy_kfac.3)-(noisy_kfac.12); see the module docstring for the order.
+    (noisy_kfac.3)-(noisy_kfac.12), (noisy_kfac.20); see the module docstring for the order.
 
     Parameters
     ----------
@@ -722,17 +734,24 @@ def step(state: NoisyKFACState, batch, eps, cfg: NoisyKFACConfig, model,
     if due and cfg.refresh_order == "before":  # torchsso: the solve sees step t's statistics
         ref = NoisyKFACState(state.mu, state.m, A, Sf, A, Sf, t)
         inv = _inverses(ref, c, cfg.damping, eps is not None)                 # (noisy_kfac.12)
-    P = _precondition(V, blocks, inv)                                         # (noisy_kfac.9)
     nu = 1.0
-    if c["kl_clip"] is not None:
-        vPv = float(xp.sum(V * P))  # V^T F~^{-1} V >= 0: the damped K-FAC solve is SPD
-        if vPv > 0:
-            nu = min(1.0, math.sqrt(c["kl_clip"] / (c["alpha"] ** 2 * vPv)))  # (noisy_kfac.10)
-        P = nu * P                                                            # (noisy_kfac.10)
-    if c["delta"]:  # torchsso's weight_decay: added after the solve, before the momentum
-        P = P + c["delta"] * state.mu                                         # (noisy_kfac.11)
-    m = c["momentum"] * state.m + P                                           # (noisy_kfac.11)
-    mu = state.mu - c["alpha"] * m                                            # (noisy_kfac.11)
+    if cfg.momentum_type == "raw":  # torchsso's 'raw': the heavy ball on V, one solve of it
+        m = c["momentum"] * state.m + V                                       # (noisy_kfac.20)
+        P = _precondition(m, blocks, inv)                                     # (noisy_kfac.20)
+        if c["delta"]:  # torchsso's weight_decay: after the solve, as in (noisy_kfac.11)
+            P = P + c["delta"] * state.mu                                     # (noisy_kfac.20)
+        mu = state.mu - c["alpha"] * P                                        # (noisy_kfac.20)
+    else:
+        P = _precondition(V, blocks, inv)                                     # (noisy_kfac.9)
+        if c["kl_clip"] is not None:
+            vPv = float(xp.sum(V * P))  # V^T F~^{-1} V >= 0: the damped K-FAC solve is SPD
+            if vPv > 0:
+                nu = min(1.0, math.sqrt(c["kl_clip"] / (c["alpha"] ** 2 * vPv)))  # (noisy_kfac.10)
+            P = nu * P                                                        # (noisy_kfac.10)
+        if c["delta"]:  # torchsso's weight_decay: added after the solve, before the momentum
+            P = P + c["delta"] * state.mu                                     # (noisy_kfac.11)
+        m = c["momentum"] * state.m + P                                       # (noisy_kfac.11)
+        mu = state.mu - c["alpha"] * m                                        # (noisy_kfac.11)
     new = NoisyKFACState(mu, m, A, Sf, state.A_ref, state.S_ref, t, inv)
     if due:  # the refresh, with its operators (kept if A, S did not change, or made above)
         new = new._replace(A_ref=A, S_ref=Sf)

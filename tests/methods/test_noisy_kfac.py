@@ -167,45 +167,56 @@ def _dense_steps(model, state, batches, eps_list, cfg, y_tilde_list):
         V = np.mean(grads, axis=0) / M + g_in * W.mean(axis=1)
         if cfg.refresh_order == "before":  # torchsso's: statistics and refresh, then the solve
             A, S, A_ref, S_ref = _dense_statistics(model, X, y, W, y_t, t, A, S, A_ref, S_ref, cfg)
-        P = np.empty(model.D)
+        K = []  # the damped dense preconditioner of each block
         for (start, stop, n_in, n_out), Af, Sf in zip(blocks, A_ref, S_ref):
             if cfg.damping == "exact":
-                K = np.kron(Af, Sf) + gamma * np.eye(n_in * n_out)
+                K.append(np.kron(Af, Sf) + gamma * np.eye(n_in * n_out))
             else:
                 pi = math.sqrt((np.trace(Af) / n_in) / (np.trace(Sf) / n_out))
                 r = math.sqrt(gamma)
-                K = np.kron(Af + pi * r * np.eye(n_in), Sf + r / pi * np.eye(n_out))
-            P[start:stop] = np.linalg.solve(K, V[start:stop])
-        m = cfg.momentum * m + P + cfg.weight_decay * mu
-        mu = mu - cfg.alpha * m
+                K.append(np.kron(Af + pi * r * np.eye(n_in), Sf + r / pi * np.eye(n_out)))
+
+        def solve(v):
+            return np.concatenate([np.linalg.solve(K_l, v[start:stop])
+                                   for (start, stop, _, _), K_l in zip(blocks, K)])
+        if cfg.momentum_type == "raw":  # torchsso's: the heavy ball on V, then one solve
+            m = cfg.momentum * m + V
+            mu = mu - cfg.alpha * (solve(m) + cfg.weight_decay * mu)
+        else:
+            m = cfg.momentum * m + solve(V) + cfg.weight_decay * mu
+            mu = mu - cfg.alpha * m
         if cfg.refresh_order == "after":
             A, S, A_ref, S_ref = _dense_statistics(model, X, y, W, y_t, t, A, S, A_ref, S_ref, cfg)
     return mu, m, A, S
 
 
 @pytest.mark.parametrize("T_stats, T_inv, curvature, damping, weight_decay, sampler_damping, "
-                         "refresh",
-                         [(1, 1, "ef", "factored", 0.0, "intrinsic", "after"),
-                          (2, 3, "ef", "factored", 0.0, "intrinsic", "after"),
-                          (1, 2, "mc", "factored", 0.0, "intrinsic", "after"),
-                          (1, 1, "ef", "exact", 0.0, "intrinsic", "after"),
-                          (2, 3, "mc", "exact", 0.0, "intrinsic", "after"),
-                          (1, 1, "ef", "factored", 0.3, "full", "after"),
-                          (2, 3, "mc", "factored", 0.3, "intrinsic", "after"),
-                          (1, 2, "ef", "exact", 0.3, "full", "after"),
-                          (1, 1, "ef", "factored", 0.3, "full", "before"),
-                          (2, 3, "mc", "factored", 0.0, "intrinsic", "before"),
-                          (1, 2, "ef", "exact", 0.3, "full", "before")])
+                         "refresh, momentum_type",
+                         [(1, 1, "ef", "factored", 0.0, "intrinsic", "after", "preconditioned"),
+                          (2, 3, "ef", "factored", 0.0, "intrinsic", "after", "preconditioned"),
+                          (1, 2, "mc", "factored", 0.0, "intrinsic", "after", "preconditioned"),
+                          (1, 1, "ef", "exact", 0.0, "intrinsic", "after", "preconditioned"),
+                          (2, 3, "mc", "exact", 0.0, "intrinsic", "after", "preconditioned"),
+                          (1, 1, "ef", "factored", 0.3, "full", "after", "preconditioned"),
+                          (2, 3, "mc", "factored", 0.3, "intrinsic", "after", "preconditioned"),
+                          (1, 2, "ef", "exact", 0.3, "full", "after", "preconditioned"),
+                          (1, 1, "ef", "factored", 0.3, "full", "before", "preconditioned"),
+                          (2, 3, "mc", "factored", 0.0, "intrinsic", "before", "preconditioned"),
+                          (1, 2, "ef", "exact", 0.3, "full", "before", "preconditioned"),
+                          (1, 1, "ef", "factored", 0.3, "full", "before", "raw"),
+                          (2, 3, "mc", "factored", 0.0, "intrinsic", "after", "raw"),
+                          (1, 2, "ef", "exact", 0.3, "intrinsic", "before", "raw")])
 def test_steps_match_a_dense_reimplementation(T_stats, T_inv, curvature, damping, weight_decay,
-                                              sampler_damping, refresh):
+                                              sampler_damping, refresh, momentum_type):
     """Five consecutive steps on an MLP with two hidden layers, S = 2 draws, minibatches of
     different sizes, gamma_ex > 0: mean, momentum and factors equal the dense
     re-implementation, under both dampings; T_stats, T_inv > 1 included (so the cached
     operators are reused between refreshes); "mc" with the caller's sampled labels; torchsso's
-    decoupled weight decay delta, its sampler damped by gamma ("full") and its order (a due
-    refresh before the solve) included."""
+    decoupled weight decay delta, its sampler damped by gamma ("full"), its order (a due
+    refresh before the solve) and its 'raw' momentum (the heavy ball before the solve)
+    included."""
     # checks (noisy_kfac.3), (noisy_kfac.4), (noisy_kfac.6), (noisy_kfac.8), (noisy_kfac.9),
-    # (noisy_kfac.11), (noisy_kfac.12)
+    # (noisy_kfac.11), (noisy_kfac.12), (noisy_kfac.20)
     rng = np.random.default_rng(4)
     model = MLP([3, 4, 3, 3], "tanh", "categorical")
     N = 30
@@ -213,7 +224,7 @@ def test_steps_match_a_dense_reimplementation(T_stats, T_inv, curvature, damping
     cfg = nk.NoisyKFACConfig(N, eta=0.5, alpha=0.05, beta=0.3, momentum=0.5, gamma_ex=1e-2,
                              T_stats=T_stats, T_inv=T_inv, curvature=curvature, damping=damping,
                              weight_decay=weight_decay, sampler_damping=sampler_damping,
-                             refresh_order=refresh)
+                             refresh_order=refresh, momentum_type=momentum_type)
     state = nk.init(model.init_theta(rng), model)
     sizes = [8, 5, 8, 7, 8]
     batches, eps_list, y_t = [], [], []
@@ -302,6 +313,10 @@ def test_bad_input_is_rejected_with_the_argument_named():
         (lambda: nk.step(state._replace(A=state.A[:1]), Batch(X, y), None, cfg, model),
          "state.A"),
         (lambda: nk.init(np.zeros(model.D + 1), model), "model"),
+        (lambda: nk.step(state, Batch(X, y), None, cfg._replace(momentum_type="nesterov"), model),
+         "cfg.momentum_type"),
+        (lambda: nk.NoisyKFACConfig(4, momentum_type="raw", kl_clip=1e-3),
+         r"cfg.kl_clip: expected None with momentum_type 'raw'"),
     ]
     for call, name in cases:
         with pytest.raises(ValueError, match=name):
@@ -620,3 +635,30 @@ def test_the_mean_step_preconditions_with_the_factors_of_the_last_refresh(dampin
     assert rel_err(ib.P, solve(A_new, S_new)) < EXACT_F64
     assert rel_err(ib.P, ia.P) > 1e-3
     assert rel_err(b.A_ref[0], a.A_ref[0]) < EXACT_F64 and b.inv.A_ref is b.A_ref
+
+
+def test_raw_momentum_preconditions_the_buffer_and_equals_the_default_without_momentum():
+    """(noisy_kfac.20): with momentum 0 the two momentum types take the same step (the solve is
+    linear: K^{-1} V + delta mu both ways); with momentum > 0 the 'raw' buffer is the heavy
+    ball of V, P is the solve of it (at the factors the step used), and the mean moves by
+    alpha (P + delta mu), not by alpha times the preconditioned buffer."""
+    rng = np.random.default_rng(11)
+    model = MLP([3, 4, 2], "tanh", "categorical")
+    X, y = rng.standard_normal((12, 3)), rng.integers(0, 2, 12)
+    state = _state_with_factors(model, rng)._replace(m=0.1 * rng.standard_normal(model.D))
+    eps = rng.standard_normal((model.D, 2))
+    cfg = nk.NoisyKFACConfig(12, eta=0.5, alpha=0.05, beta=0.3, gamma_ex=1e-2, weight_decay=0.2,
+                             sampler_damping="full")  # the sampler's covariance: (lam / N) K^{-1}
+    flat = cfg._replace(momentum=0.0)
+    a, ia = nk.step(state, Batch(X, y), eps, flat, model)
+    b, ib = nk.step(state, Batch(X, y), eps, flat._replace(momentum_type="raw"), model)
+    assert rel_err(b.mu, a.mu) < EXACT_F64 and rel_err(ib.P, ia.P) < EXACT_F64
+    raw = cfg._replace(momentum_type="raw")
+    new, info = nk.step(state, Batch(X, y), eps, raw, model)
+    assert rel_err(info.m, raw.momentum * state.m + info.V) < EXACT_F64
+    # the solve at the step's factors (refresh_order "after": the last refresh's, state's A_ref,
+    # S_ref) is K^{-1} = (N / lam) Sigma, Sigma the "full" sampler's covariance (noisy_kfac.6)
+    K_inv = (raw.N / raw.kl_weight) * nk.dense_covariance(state, raw, model)
+    assert rel_err(info.P, K_inv @ info.m + raw.weight_decay * state.mu) < EXACT_F64
+    assert rel_err(new.mu, state.mu - raw.alpha * info.P) < EXACT_F64
+    assert rel_err(new.mu, nk.step(state, Batch(X, y), eps, cfg, model)[0].mu) > 1e-3
