@@ -34,7 +34,7 @@ solve: P is the solve with factors that hold this step's statistics (the draws s
 last refresh). With cfg.momentum_type = "raw" (torchsso's option; dl-with-bayes' K-FAC config
 sets it) the heavy ball runs on V before the solve, in place of (noisy_kfac.10)-(noisy_kfac.11)::
 
-    m    <- momentum m + V;  P = damped K-FAC solve of m + delta mu;  mu <- mu - alpha P   (noisy_kfac.20)
+    m    <- momentum m + V;  P = (damped K-FAC solve of m) + delta mu;  mu <- mu - alpha P (noisy_kfac.20)
 
 The sampler and the solve use the operators of A_ref, S_ref (Cholesky factors of the damped
 factors, or eigenbases), computed once per refresh and kept in ``state.inv``: a step between
