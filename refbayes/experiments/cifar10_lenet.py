@@ -1029,7 +1029,9 @@ def _cpu_cell(r) -> str:
     if r["cpu_hours"] is None:
         return "-"
     cell = f"{r['cpu_hours']:.2f}"
-    return cell if r["cpu_seeds"] == r["seeds"] else f"{cell} ({r['cpu_seeds']} of {r['seeds']} seeds)"
+    if r["cpu_seeds"] == r["seeds"]:
+        return cell
+    return f"{cell} ({r['cpu_seeds']} of {r['seeds']} seeds)"
 
 
 def _table(rows, complete) -> str:

@@ -136,7 +136,7 @@ class NoisyKFACConfig(NamedTuple):
     damping: str = "factored"  # "factored" (K-FAC's, official) | "exact" A kron S + gamma I (noisy_kfac.5)
     curvature: str = "ggn"     # output factor from the "ggn" | "ef" | "mc" (the caller's sampled labels) (noisy_kfac.3)
     kl_clip: Any = None        # KL clipping bound kappa > 0 (official kl_clip), or None for none (noisy_kfac.10)
-    weight_decay: float = 0.0  # decoupled decay delta >= 0 of the mean: P + delta mu enters the momentum (torchsso's weight_decay; none in gd-zhang's code) (noisy_kfac.11)
+    weight_decay: float = 0.0  # decoupled decay delta >= 0 of the mean, added after the solve: P + delta mu enters the momentum ("raw": the step only) (torchsso's weight_decay; none in gd-zhang's code) (noisy_kfac.11), (noisy_kfac.20)
     sampler_damping: str = "intrinsic"  # the sampler's damping gamma_s: "intrinsic" gamma_in (gd-zhang's) | "full" gamma (torchsso's) (noisy_kfac.6)
     refresh_order: str = "after"  # a refresh due at step t: "after" the mean step (gd-zhang's) | "before" the solve, with step t's statistics (torchsso's) (noisy_kfac.12)
     momentum_type: str = "preconditioned"  # the heavy ball on P (gd-zhang's; torchsso's default) | "raw": on V, then one solve (torchsso's option) (noisy_kfac.11), (noisy_kfac.20)
