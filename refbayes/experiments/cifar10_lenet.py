@@ -54,7 +54,9 @@ and refuse, naming the adam job, when that state is missing or is not the final 
 saved adam result), ``summary.csv`` (or ``summary.partial.csv``), ``summary.json``,
 ``table.md`` and ``reliability.png``. Checkpoints and
 predictions and states are for resuming and re-analysis, not for committing (``.gitignore``
-there).
+there). ``--saved-only`` trains nothing and writes the summary files of the jobs already saved,
+each row over the seeds it has (a table over rows with different numbers of seeds), naming the
+jobs not saved.
 
 Cost: :data:`SECONDS_PER_EPOCH` (measured by tools/cifar10_epoch_timing.py, the note's table)
 (and :data:`POSTHOC_SECONDS` for the Laplace rows) gives the plan line's estimate; a float32
@@ -520,6 +522,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--backend", choices=("numpy", "cupy"), default="numpy",
                         help="numpy (default) or cupy: the data, states and steps on the GPU; "
                              "draws from the same host generators, copied to the device")
+    parser.add_argument("--saved-only", action="store_true",
+                        help="train nothing: the table, CSV, JSON and figure of the jobs of "
+                             "--methods and seeds 0..K-1 already saved under --out, each row over "
+                             "the seeds it has, the jobs not saved named")
     parser.add_argument("--quick", action="store_true",
                         help=f"smoke test: {QUICK['n_train']} train / {QUICK['n_test']} test "
                              f"images, 1 epoch, {QUICK['test_draws']} draws (seconds)")
@@ -1034,7 +1040,18 @@ def _cpu_cell(r) -> str:
     return f"{cell} ({r['cpu_seeds']} of {r['seeds']} seeds)"
 
 
-def _table(rows, complete) -> str:
+def _not_saved(missing) -> str:
+    """The jobs a --saved-only table lacks, per row: "vogn seeds 1, 2; bbb seed 2"."""
+    seeds = {}
+    for name, seed in missing:
+        seeds.setdefault(name, []).append(str(seed))
+    return "; ".join(f"{name} seed{'s' * (len(s) > 1)} {', '.join(s)}"
+                     for name, s in seeds.items())
+
+
+def _table(rows, complete, missing=()) -> str:
+    """The table beside Table 1; ``missing`` (row, seed) names the jobs a --saved-only table
+    leaves out (its rows are over the seeds they have, the "seeds" column)."""
     head = ["method", "seeds", "epochs", "train acc %", "val acc %", "val NLL", "ECE (10 bins)",
             "ECE (15 / 20)", "AUROC -H", "AUROC max p", "wall h", "CPU h",
             "paper: train / val % | NLL | epochs | ECE | AUROC"]
@@ -1061,7 +1078,10 @@ def _table(rows, complete) -> str:
               "misclassification detection (correct = positive)")]
     if reduced:
         lines.append("CAVEAT - a reduced budget, not comparable to Table 1: " + "; ".join(reduced))
-    if not complete:
+    if missing:
+        lines.append("SAVED JOBS ONLY - each row over the seeds saved; not saved: "
+                     + _not_saved(missing))
+    elif not complete:
         lines.append("PARTIAL - some jobs are not done yet")
     lines += [format_table(head, body), f"paper: {CITATION} (as transcribed in issue 36)", ""]
     return "\n".join(lines)
@@ -1131,6 +1151,7 @@ def run(args: argparse.Namespace) -> int:
     Every saved job and checkpoint under --out is checked first; each missing (row, seed) job
     is trained (resuming from its checkpoint), saved as it finishes, and the table, CSV, JSON
     and reliability figure written at the end (a ``.partial`` summary while jobs are missing).
+    With --saved-only nothing is trained: the summary covers the saved jobs and names the rest.
     """
     budget = _budget(args)
     out = Path(args.out)
@@ -1140,6 +1161,17 @@ def run(args: argparse.Namespace) -> int:
                           _settings(name, seed, budget), prov)
              for name in args.methods for seed in range(args.seeds)]
     saved, todo = _runner.plan(units, args.fresh)
+    missing = ()
+    if args.saved_only:
+        if args.fresh:
+            raise ValueError("--fresh: --saved-only trains nothing, so it recomputes nothing; "
+                             "expected one of the two")
+        if not saved:
+            seeds = f"seeds 0..{args.seeds - 1}" if args.seeds > 1 else "seed 0"
+            raise FileNotFoundError(
+                f"--out: expected saved jobs of --methods {','.join(args.methods)} ({seeds}, "
+                f"these settings) under {out}, found none")
+        missing, todo = tuple(u.key for u in todo), []
     serial = args.jobs == 1 and args.dask_scheduler is None
     keys = {u.key for u in todo}
     for name, seed in sorted(keys):  # a post-hoc row needs the adam job's final state first
@@ -1171,7 +1203,8 @@ def run(args: argparse.Namespace) -> int:
     if todo and not args.no_progress:
         print(f"cifar10-lenet: plan: {_plan_line(todo, budget, resuming)}", file=sys.stderr,
               flush=True)
-    write, progress = _runner.start(out, bool(todo), len(units), len(saved), "cifar10-lenet",
+    shown_total = len(saved) if args.saved_only else len(units)
+    write, progress = _runner.start(out, bool(todo), shown_total, len(saved), "cifar10-lenet",
                                     enabled=not args.no_progress, resuming=resuming,
                                     partial=checkpointed)
     if write and todo:
@@ -1211,12 +1244,15 @@ def run(args: argparse.Namespace) -> int:
         complete = len(saved) == len(units)
         shown = _shown(args.methods)
         rows = _summary(_expanded(saved), shown)
-        table = _table(rows, complete)
+        table = _table(rows, complete, missing)
         progress.echo(table)
         lines = [f"results: {out}/"]
         if write and rows:
-            lines.append(f"table: {_runner.write_summary_csv(out / 'summary.csv', rows, complete=complete)}")
+            # a --saved-only table is the one asked for: summary.csv, its JSON names the rest
+            final = complete or args.saved_only
+            lines.append(f"table: {_runner.write_summary_csv(out / 'summary.csv', rows, complete=final)}")
             write_json(out / "summary.json", {"complete": complete, "rows": rows,
+                                              "not_saved": [list(k) for k in missing],
                                               "paper": PAPER, "citation": CITATION})
             atomic_write_text(out / "table.md", table)
             fig = _figure(out, _expanded(saved), shown)

@@ -212,3 +212,41 @@ def test_a_saved_job_whose_cpu_seconds_is_not_a_number_is_refused(quick_all, tmp
     path.write_text(json.dumps(json.loads(path.read_text()) | {"cpu_seconds": "1 s"}))
     status, _, stderr = _run([*QUICK, "--methods", "adam", "--out", str(out), "--data-dir", str(data)])
     assert status == 2 and "cpu_seconds: expected a number, got a JSON string" in stderr
+
+
+def test_a_saved_only_table_names_the_jobs_it_lacks_per_row():
+    rows = exp._summary({("adam", 0): _job_record(0, 0.66, 3600.0),
+                         ("adam", 1): _job_record(1, 0.68, 3600.0)}, ("adam",))
+    missing = (("adam", 2), ("vogn", 0), ("vogn", 2))
+    head = exp._table(rows, False, missing).splitlines()[1]
+    assert head == "SAVED JOBS ONLY - each row over the seeds saved; not saved: adam seed 2; vogn seeds 0, 2"
+    assert "PARTIAL" not in exp._table(rows, False, missing)
+    assert "PARTIAL" in exp._table(rows, False) and "SAVED" not in exp._table(rows, True)
+
+
+@pytest.mark.slow
+def test_saved_only_trains_nothing_and_tables_the_seeds_saved(quick_all, tmp_path):
+    import shutil
+    out, data = tmp_path / "out", quick_all[1]
+    shutil.copytree(quick_all[0], out)
+    before = sorted(p.relative_to(out) for p in out.rglob("seed_*"))
+    status, stdout, stderr = _run([*QUICK, "--methods", "adam,vogn", "--seeds", "2", "--saved-only",
+                                   "--out", str(out), "--data-dir", str(data)])
+    assert status == 0, stderr
+    assert sorted(p.relative_to(out) for p in out.rglob("seed_*")) == before  # nothing trained
+    assert not (out / "checkpoints").exists() or not any((out / "checkpoints").iterdir())
+    assert "not saved: adam seed 1; vogn seed 1" in stdout
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["complete"] is False and summary["not_saved"] == [["adam", 1], ["vogn", 1]]
+    assert [(r["method"], r["seeds"]) for r in summary["rows"]] == [("adam", 1), ("vogn", 1)]
+    assert (out / "summary.csv").exists() and not (out / "summary.partial.csv").exists()
+
+
+@pytest.mark.parametrize("extra, words", [
+    (["--fresh"], "--fresh: --saved-only trains nothing"),
+    ([], "--out: expected saved jobs of --methods adam (seed 0, these settings)"),
+])
+def test_saved_only_refuses_fresh_and_an_out_without_saved_jobs(extra, words, tmp_path, cifar_dir):
+    status, _, stderr = _run([*QUICK, "--methods", "adam", "--saved-only", *extra,
+                              "--out", str(tmp_path / "none"), "--data-dir", str(cifar_dir)])
+    assert status == 2 and words in stderr
