@@ -39,6 +39,9 @@ def test_the_committed_trace_is_reproduced(path):
     new = tracing.build(old.method, **old.options)
     assert list(new.outputs) == list(old.outputs), f"outputs changed; if intended: {BLESS}"
     assert sorted(new.inputs) == sorted(old.inputs), f"inputs changed; if intended: {BLESS}"
+    # the manifest is what a user replicates the steps from: a config field added since the
+    # trace was blessed must be listed in it too
+    assert new.manifest["config"] == old.manifest["config"], f"config changed; if intended: {BLESS}"
     for name in (*old.inputs, *old.outputs):
         a = {**new.inputs, **new.outputs}[name]
         assert a.shape == {**old.inputs, **old.outputs}[name].shape, name
