@@ -10,13 +10,18 @@ stderr and exit status 2, without a traceback; ``data verify`` exits 1 when a fi
 mismatched, ``verify`` when a quantity diverges, and ``conformance`` when the library under test
 has a defect (``CONFORMANCE_EXIT_STATUS``). A Ctrl-C becomes ``refbayes: interrupted`` and exit
 status 130; during a ``reproduce`` run, followed by what was saved where and how to resume
-(``experiments.interrupted_note``).
+(``experiments.interrupted_note``). SIGTERM (``kill``, a batch scheduler's pre-emption; a job
+started in the background by a shell ignores Ctrl-C's SIGINT) ends a command the same way, as
+``refbayes: terminated (SIGTERM)`` and exit status 143.
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
+import signal
 import sys
+import threading
 from pathlib import Path
 
 from refbayes import __version__, experiments
@@ -285,6 +290,28 @@ def build_parser(load_experiments: bool = True, load_trace: bool = True) -> argp
     return parser
 
 
+class _Terminated(KeyboardInterrupt):
+    """SIGTERM, raised where the command is, so that it ends as a Ctrl-C does."""
+
+
+def _raise_terminated(signum, frame):
+    raise _Terminated
+
+
+@contextlib.contextmanager
+def _sigterm_as_interrupt():
+    """SIGTERM raises :class:`_Terminated` inside the block; the previous handler is restored
+    after it. Only the main thread can set a handler, so elsewhere the block runs unchanged."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGTERM, _raise_terminated)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
 def main(argv=None) -> int:
     """Entry point of the ``refbayes`` console script; returns the exit status."""
     argv = list(sys.argv[1:] if argv is None else argv)
@@ -298,15 +325,18 @@ def main(argv=None) -> int:
         return exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 2)
     experiments.forget_run()  # interrupted_note speaks of a run this command started, or none
     try:
-        return int(args._handler(args))
+        with _sigterm_as_interrupt():
+            return int(args._handler(args))
     except BrokenPipeError:  # the reader went away (`refbayes data list | head`): nothing to say
         sys.stderr.close()
         return 0
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as stop:
         # what a `reproduce` run saved (folder, results, checkpoints) and how to resume it
         note = experiments.interrupted_note()
-        print("refbayes: interrupted" + (f"; {note}" if note else ""), file=sys.stderr)
-        return 130
+        what, status = (("terminated (SIGTERM)", 143) if isinstance(stop, _Terminated)
+                        else ("interrupted", 130))
+        print(f"refbayes: {what}" + (f"; {note}" if note else ""), file=sys.stderr)
+        return status
     except (ValueError, OSError) as err:
         print(f"refbayes: error: {err}", file=sys.stderr)
         return 2

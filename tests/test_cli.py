@@ -1,9 +1,12 @@
 """The `refbayes` command: data list/verify/fetch exit codes and output, reproduce dispatch,
 conformance's exit status, and the derivation notes the package's pointers name."""
+import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
+import time
 import types
 from pathlib import Path
 
@@ -110,6 +113,13 @@ def fake_experiment(monkeypatch):
                 _, progress = _runner.start(args.out, True, 3, 1, "fake", enabled=False)
                 progress.advance("first")
             raise KeyboardInterrupt
+        if args.dataset == "sigterm-after-one":  # `kill` of a background run, after 1 of 2 runs
+            from refbayes.experiments import _runner
+            _, progress = _runner.start(args.out, True, 3, 1, "fake", enabled=False)
+            progress.advance("first")
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(5)  # the handler raises before this ends
+            return 0
         return 0
 
     module.add_arguments, module.run = add_arguments, run
@@ -148,6 +158,17 @@ def test_an_interrupted_run_says_what_was_saved_and_how_to_resume(fake_experimen
     # interrupted before any run started (or a later command): nothing to report of the last run
     assert main(["reproduce", "fake", "--dataset", "ctrl-c"]) == 130
     assert capsys.readouterr().err == "refbayes: interrupted\n"
+
+
+def test_sigterm_ends_a_run_as_ctrl_c_does_with_status_143(fake_experiment, tmp_path, capsys):
+    before = signal.getsignal(signal.SIGTERM)
+    out = tmp_path / "out"
+    assert main(["reproduce", "fake", "--dataset", "sigterm-after-one", "--out", str(out)]) == 143
+    assert capsys.readouterr().err == (
+        f"refbayes: terminated (SIGTERM); 2 of 3 result(s) saved under {out} (1 by this run); "
+        "to resume, run the same command again: saved results that match are reused "
+        "(without --fresh)\n")
+    assert signal.getsignal(signal.SIGTERM) is before  # the caller's handler is back
 
 
 def test_reproduce_with_an_unimportable_experiment(monkeypatch, capsys):
