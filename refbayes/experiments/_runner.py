@@ -416,13 +416,55 @@ def output_writable(out: Path, needed: bool) -> bool:
 
 # ----------------------------------------------------------------------------- progress
 
+RUN_LOG_SECONDS = 300.0
+"""Off a terminal, the least time between two lines of one run's :class:`LogBar`."""
+
+
+class LogBar:
+    """A run's progress off a terminal: ``<desc> k/N <unit> (elapsed .., remaining ~..)`` when
+    :data:`RUN_LOG_SECONDS` have passed since the run's start or its last line, none after the
+    last step. The remaining time is estimated from the steps counted after the first
+    ``update``, which may be a resumed run's jump to its checkpoint."""
+
+    def __init__(self, total: int, desc: str, unit: str, file):
+        self.total, self.desc, self.unit, self.file = total, desc, unit, file
+        self.n = 0
+        self.t0 = self.last = time.monotonic()
+        self.first = None  # (time, count) after the first update
+
+    def update(self, n: int = 1) -> None:
+        self.n += n
+        now = time.monotonic()
+        if self.first is None:
+            self.first = (now, self.n)
+        if now - self.last < RUN_LOG_SECONDS or self.n >= self.total:
+            return
+        self.last = now
+        t1, n1 = self.first
+        rate = (now - t1) / (self.n - n1) if self.n > n1 else None
+        remaining = ("" if rate is None else
+                     f", remaining ~{tqdm.format_interval(rate * (self.total - self.n))}")
+        print(f"{self.desc} {self.n}/{self.total} {self.unit}s (elapsed "
+              f"{tqdm.format_interval(now - self.t0)}{remaining})", file=self.file, flush=True)
+
+    def set_postfix_str(self, *args, **kwargs) -> None:
+        pass
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+
 class Progress:
     """One overall progress line over the units of work of an experiment, on stderr.
 
     On a terminal: a tqdm bar (runs done of all, elapsed, estimated remaining), with a transient
     bar per run from :meth:`run_bar`. Elsewhere (a CI log, nohup, a pipe): one plain line at the
     start and one per finished run, ``<desc>: run k/N done (<label>; elapsed .., remaining ~..)``,
-    the estimate from the runs computed so far. ``enabled=False`` prints nothing.
+    the estimate from the runs computed so far, and a line of a long run's own progress every
+    :data:`RUN_LOG_SECONDS` (:class:`LogBar`). ``enabled=False`` prints nothing.
     """
 
     def __init__(self, total: int, done: int = 0, desc: str = "", enabled: bool = True, file=None,
@@ -457,7 +499,11 @@ class Progress:
         return ", ".join(parts)
 
     def run_bar(self, total: int, desc: str, unit: str = "step"):
-        """A bar over one run's steps: shown on a terminal only, removed when the run ends."""
+        """A bar over one run's steps: on a terminal a tqdm bar removed when the run ends;
+        elsewhere (enabled) a :class:`LogBar`, a plain line at most every
+        :data:`RUN_LOG_SECONDS`, so that a log shows a long run moving."""
+        if not self.tty and self.enabled:
+            return LogBar(total, f"{self.desc}: {desc}", unit, self.file)
         return tqdm(total=total, desc=desc, unit=unit, file=self.file, leave=False,
                     disable=not self.tty, dynamic_ncols=True)
 

@@ -181,7 +181,7 @@ def test_progress_prints_plain_lines_off_a_terminal():
     stream = io.StringIO()
     with _runner.Progress(total=3, done=1, desc="demo", file=stream) as progress:
         with progress.run_bar(10, "inner") as bar:
-            bar.update(10)  # no per-epoch output off a terminal
+            bar.update(10)  # no line of a run shorter than RUN_LOG_SECONDS
         progress.advance("first")
         progress.advance("second")
     lines = stream.getvalue().splitlines()
@@ -193,6 +193,24 @@ def test_progress_prints_plain_lines_off_a_terminal():
     with _runner.Progress(total=2, desc="demo", file=quiet, enabled=False) as progress:
         progress.advance("x")
     assert quiet.getvalue() == ""
+
+
+def test_a_long_run_prints_a_line_every_run_log_seconds_off_a_terminal(monkeypatch):
+    clock = [1000.0]
+    monkeypatch.setattr(_runner.time, "monotonic", lambda: clock[0])
+    stream = io.StringIO()
+    with _runner.Progress(total=1, desc="demo", file=stream) as progress:
+        with progress.run_bar(100, "vogn seed 0", unit="epoch") as bar:
+            bar.update(40)  # a resumed run's jump to its checkpoint: not in the rate
+            for t in (100.0, 200.0, 299.0):  # 3 epochs within RUN_LOG_SECONDS: no line
+                clock[0] = 1000.0 + t
+                bar.update(1)
+            clock[0] = 1000.0 + 300.0
+            bar.update(1)  # 4 epochs in 300 s since the jump: 56 left at 75 s each
+            clock[0] = 1000.0 + 600.0
+            bar.update(56)  # the last step: no line, the run's own "done" line follows
+    lines = stream.getvalue().splitlines()[1:]
+    assert lines == ["demo: vogn seed 0 44/100 epochs (elapsed 05:00, remaining ~1:10:00)"]
 
 
 def test_writable_error(tmp_path, monkeypatch):
