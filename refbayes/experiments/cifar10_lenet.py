@@ -28,7 +28,10 @@ team-approx-bayes/dl-with-bayes, and what is refbayes' own choice):
   equal-width bins: 10, 15 and 20) and the misclassification AUROC (correct = positive; scores -H
   and max_k P) of the predictive (the BMA of --test-draws draws, or the point for adam and
   kfac); in those epochs also the running train accuracy / NLL of the predictions made during
-  training at each step's draws, before its update (as the official code reports it);
+  training at each step's draws, before its update (as the official code reports it); after the
+  last, the same predictive over the training set (the table's "train acc % pass": which of the
+  two Table 1's train column is, the paper does not say; derivations/cifar10_lenet.md, "The
+  train column");
 - at the end: the table beside Table 1 (mean +- standard error over seeds), a reliability
   diagram per row (15 bins, pooled over seeds), the wall seconds of each job and its process's
   CPU seconds (``time.process_time``; not recorded by runs before 2026-11-28).
@@ -37,7 +40,8 @@ Explicit randomness: each (seed, row) job draws from ``job_rng(seed, row id, pur
 the permutation of epoch e from (.., 1, e), the training noise (eps, dropout masks) from one
 stream (.., 0) whose state the checkpoints carry, the evaluation draws after epoch e from
 (.., 2, e) (swag's further rows: (.., 2, E - 1, k), k = 1 swa, 2 swag-diag; the Laplace rows:
-(.., 2, 0)), ktied's start jitter from (.., 3). So a job's numbers depend on its coordinates
+(.., 2, 0)), ktied's start jitter from (.., 3), the pass over the training set from (.., 4, k)
+(k = 0 the job's row, 1 swa, 2 swag-diag). So a job's numbers depend on its coordinates
 only (serial = ``--jobs`` = Dask), and a resumed job repeats an uninterrupted one bit for bit.
 
 Output (--out, default results/cifar10-lenet): ``<row>/seed_<s>.json`` per job as it finishes
@@ -56,7 +60,8 @@ saved adam result), ``summary.csv`` (or ``summary.partial.csv``), ``summary.json
 predictions and states are for resuming and re-analysis, not for committing (``.gitignore``
 there). ``--saved-only`` trains nothing and writes the summary files of the jobs already saved,
 each row over the seeds it has (a table over rows with different numbers of seeds), naming the
-jobs not saved.
+jobs not saved; with ``--score-train`` it first adds the pass over the training set to the saved
+jobs trained before the runner made it, from their final states (:func:`score_train`).
 
 Cost: :data:`SECONDS_PER_EPOCH` (measured by tools/cifar10_epoch_timing.py, the note's table)
 (and :data:`POSTHOC_SECONDS` for the Laplace rows) gives the plan line's estimate; a float32
@@ -117,7 +122,8 @@ from refbayes.models.conv import lenet5
 from refbayes.models.dropout import output_sites
 
 __all__ = ["DESCRIPTION", "MEAN", "PAPER", "ROWS", "SECONDS_PER_EPOCH", "STD", "add_arguments",
-           "evidence_tuned", "make_method", "normalize", "official_vogn_config", "run"]
+           "evidence_tuned", "make_method", "normalize", "official_vogn_config", "run",
+           "score_train"]
 
 DESCRIPTION = ("Osawa et al. (2019) Table 1: Adam, VOGN, BBB, MC dropout (and K-FAC, Noisy "
                "K-FAC) on CIFAR-10 with LeNet-5, no augmentation")
@@ -212,6 +218,7 @@ ECE_BINS = (10, 15, 20)
 RELIABILITY_BINS = 15
 FIGURE_COLUMNS = 5  # reliability.png: panels per row
 EVAL_ROWS = 500  # test rows per forward pass (bounds the im2col buffers)
+TRAIN_PASS = 4  # job_rng stream of the predictive pass over the training set (_train_pass)
 
 
 # ----------------------------------------------------------------------------- the rows
@@ -526,6 +533,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="train nothing: the table, CSV, JSON and figure of the jobs of "
                              "--methods and seeds 0..K-1 already saved under --out, each row over "
                              "the seeds it has, the jobs not saved named")
+    parser.add_argument("--score-train", action="store_true",
+                        help="with --saved-only: score the saved jobs that lack it on the "
+                             "training set (the row's predictive after training, the table's "
+                             "'train acc %% pass') from their final states under --out/states, "
+                             "and add it to their results")
     parser.add_argument("--quick", action="store_true",
                         help=f"smoke test: {QUICK['n_train']} train / {QUICK['n_test']} test "
                              f"images, 1 epoch, {QUICK['test_draws']} draws (seconds)")
@@ -784,6 +796,8 @@ def _fit(name, seed, budget, settings, prov, data, progress, ckpt_dir, fresh):
     last = record["curve"][-1]
     last.update({f"val_{k}": v for k, v in final.items()})
     final.update(train_acc=last.get("train_acc"), train_nll=last.get("train_nll"))
+    final.update(_train_pass(m.predict, state, X, data.y, seed, row.rid, 0,
+                             settings["test_draws"]))
     record["final"] = final
     record["reliability"] = _reliability(P, data.y_test)
     extras = {}
@@ -792,6 +806,8 @@ def _fit(name, seed, budget, settings, prov, data, progress, ckpt_dir, fresh):
                               settings["test_draws"])
         sub_final = _scores(extras[sub], data.y_test)
         sub_final.update(train_acc=final["train_acc"], train_nll=final["train_nll"])
+        sub_final.update(_train_pass(predict, state, X, data.y, seed, row.rid, k + 1,
+                                     settings["test_draws"]))
         record.setdefault("rows", {})[sub] = {"final": sub_final,
                                               "reliability": _reliability(extras[sub],
                                                                           data.y_test)}
@@ -805,6 +821,73 @@ def _fit(name, seed, budget, settings, prov, data, progress, ckpt_dir, fresh):
     _pack(state, "state.", arrays)  # the final state, saved as states/<row>_seed_<s>.npz
     record["final_state_sha256"] = _state_digest(arrays)
     return record, P, arrays, extras
+
+
+def _train_pass(predict, state, X, y, seed, rid, k, S) -> dict:
+    """The row's predictive (the validation columns' ``predict``, S draws from job_rng(seed,
+    rid, TRAIN_PASS, k); k = 0 the job's row, k the k-th further row) over the training images
+    after training: its accuracy and NLL, "train_pass_acc" and "train_pass_nll"."""
+    P = predict(state, X, job_rng(seed, rid, TRAIN_PASS, k), S)
+    return {"train_pass_acc": float(metrics.accuracy(P, y)),
+            "train_pass_nll": float(metrics.nll(P, y))}
+
+
+def score_train(out, name: str, seed: int, record: dict, data_dir) -> dict | None:
+    """Add the pass over the training set (:func:`_train_pass`) to a saved job trained before
+    the runner scored it, from its final state ``<out>/states/<row>_seed_<s>.npz``.
+
+    The job's rows (swag's: swa, swag-diag and swag) get "train_pass_acc" / "train_pass_nll" in
+    their "final", exactly as a job trained now records them (the same stream, draws and
+    predictive), and the record gets "train_pass_provenance" (the code that scored them).
+
+    Parameters
+    ----------
+    out : path
+        The runner's --out.
+    name, seed : str, int
+        The job (a trained row of :data:`ROWS`).
+    record : dict
+        Its saved result (``<row>/seed_<s>.json``), updated in place.
+    data_dir : path or None
+        As --data-dir.
+
+    Returns
+    -------
+    dict or None
+        The job's record, updated; None when its final state is not saved (nothing scored).
+
+    Raises
+    ------
+    ValueError
+        The state is not the final state of the saved result (its sha256 differs from the
+        result's "final_state_sha256", or the result records none).
+    """
+    path = _state_path(out, name, seed)
+    if not path.exists():
+        return None
+    with np.load(path, allow_pickle=False) as z:
+        arrays = {k: z[k] for k in z.files if k != "meta"}
+    digest, want = _state_digest(arrays), record.get("final_state_sha256")
+    if digest != want:
+        raise ValueError(f"--score-train: the state {path} (sha256 {digest[:12]}...) is not the "
+                         f"final state of the saved result {_path(out, name, seed)} "
+                         f"({'records none' if want is None else want[:12] + '...'}); "
+                         f"move it away or rerun the job with --fresh")
+    s = record["settings"]
+    data = _load(data_dir, s["dtype"], ROWS[name].normalized, s["n_train"], s["n_test"])
+    net = lenet5()
+    rid = ROWS[name].rid
+    theta0 = net.init_theta(job_rng(seed, 0), dtype=np.dtype(s["dtype"]), scheme="pytorch")
+    m = make_method(name, net, theta0, data.X.shape[0], init_rng=job_rng(seed, rid, 3),
+                    epochs=s["epochs"])  # the template of the state's arrays
+    state = _unpack(m.state, "state.", arrays)
+    record["final"].update(_train_pass(m.predict, state, data.X, data.y, seed, rid, 0,
+                                       s["test_draws"]))
+    for k, (sub, predict) in enumerate((m.extra or {}).items()):
+        record["rows"][sub]["final"].update(_train_pass(predict, state, data.X, data.y, seed,
+                                                        rid, k + 1, s["test_draws"]))
+    record["train_pass_provenance"] = provenance(_identity(data_dir))
+    return record
 
 
 def _reliability(P, y) -> dict:
@@ -970,8 +1053,8 @@ def _run_job(name, seed, budget, settings, prov, data_dir, ckpt_dir, fresh,
 
 SCHEMA = {"settings": dict, "provenance": dict, "curve": list, "final": dict, "reliability": dict,
           "seconds": float, "cpu_seconds": _runner.MayLack(float)}
-SUMMARY_KEYS = ("train_acc", "acc", "nll", *(f"ece{b}" for b in ECE_BINS), "auroc_entropy",
-                "auroc_maxprob")
+SUMMARY_KEYS = ("train_acc", "train_pass_acc", "train_pass_nll", "acc", "nll",
+                *(f"ece{b}" for b in ECE_BINS), "auroc_entropy", "auroc_maxprob")
 
 
 def _path(out, name, seed) -> Path:
@@ -1023,7 +1106,11 @@ def _summary(saved, methods) -> list:
                # over the seeds whose job recorded its CPU seconds (runs before 2026-11-28
                # did not): None when none did, cpu_seeds says how many did
                "cpu_hours": (sum(r["cpu_seconds"] for r in timed) / 3600 if timed else None),
-               "cpu_seeds": len(timed)}
+               "cpu_seeds": len(timed),
+               # the seeds whose job scored the training set after training (not every saved
+               # job did: _train_pass, --score-train)
+               "train_pass_seeds": sum(r["final"].get("train_pass_acc") is not None
+                                       for r in recs)}
         for k in SUMMARY_KEYS:
             row[k], row[f"{k}_se"] = _runner.mean_se([r["final"].get(k) for r in recs])
         rows.append(row)
@@ -1040,6 +1127,14 @@ def _cpu_cell(r) -> str:
     return f"{cell} ({r['cpu_seeds']} of {r['seeds']} seeds)"
 
 
+def _pass_cell(r) -> str:
+    """The train-pass accuracy of a row, naming the seeds it covers when some seeds lack it."""
+    cell = _pm(r["train_pass_acc"], r["train_pass_acc_se"], 100, 2)
+    if r["train_pass_seeds"] in (0, r["seeds"]):
+        return cell
+    return f"{cell} ({r['train_pass_seeds']} of {r['seeds']} seeds)"
+
+
 def _not_saved(missing) -> str:
     """The jobs a --saved-only table lacks, per row: "vogn seeds 1, 2; bbb seed 2"."""
     seeds = {}
@@ -1052,13 +1147,15 @@ def _not_saved(missing) -> str:
 def _table(rows, complete, missing=()) -> str:
     """The table beside Table 1; ``missing`` (row, seed) names the jobs a --saved-only table
     leaves out (its rows are over the seeds they have, the "seeds" column)."""
-    head = ["method", "seeds", "epochs", "train acc %", "val acc %", "val NLL", "ECE (10 bins)",
-            "ECE (15 / 20)", "AUROC -H", "AUROC max p", "wall h", "CPU h",
+    head = ["method", "seeds", "epochs", "train acc % running", "train acc % pass", "val acc %",
+            "val NLL", "ECE (10 bins)", "ECE (15 / 20)", "AUROC -H", "AUROC max p", "wall h",
+            "CPU h",
             "paper: train / val % | NLL | epochs | ECE | AUROC"]
     body, reduced = [], []
     for r in rows:
         p = PAPER.get(r["method"])
-        body.append([r["method"], r["seeds"], r["epochs"], _pm(r["train_acc"], r["train_acc_se"], 100, 2),
+        body.append([r["method"], r["seeds"], r["epochs"],
+                     _pm(r["train_acc"], r["train_acc_se"], 100, 2), _pass_cell(r),
                      _pm(r["acc"], r["acc_se"], 100, 2), _pm(r["nll"], r["nll_se"]),
                      _pm(r["ece10"], r["ece10_se"]),
                      f"{_pm(r['ece15'], None)} / {_pm(r['ece20'], None)}",
@@ -1074,8 +1171,10 @@ def _table(rows, complete, missing=()) -> str:
             reduced.append(f"{r['method']}: {r['epochs']} of {r['paper_epochs']} epochs, "
                            f"{r['n_train']} / {r['n_test']} images")
     lines = [(f"CIFAR-10, LeNet-5, no augmentation, {rows[0]['dtype'] if rows else ''}: mean "
-              "+- standard error over seeds; ECE top-label, equal-width bins; AUROC of "
-              "misclassification detection (correct = positive)")]
+              "+- standard error over seeds; train acc: running (each step's predictions at its "
+              "draws, the last epoch) and pass (the predictive over the training set after "
+              "training); ECE top-label, equal-width bins; AUROC of misclassification detection "
+              "(correct = positive)")]
     if reduced:
         lines.append("CAVEAT - a reduced budget, not comparable to Table 1: " + "; ".join(reduced))
     if missing:
@@ -1126,8 +1225,10 @@ def _job_seconds(s, budget) -> float:
         return (POSTHOC_SECONDS[s["method"]] * frac
                 + 2 * s["test_draws"] * POSTHOC_SECONDS_PER_DRAW * test)
     evals = math.ceil(s["epochs"] / s["eval_every"]) + 1
+    # and the pass over the training set of each of the job's rows (_train_pass)
+    passes = len(_shown((s["method"],))) * budget["n_train"] / N_TEST
     return (s["epochs"] * SECONDS_PER_EPOCH[budget["dtype"]][s["method"]] * frac
-            + evals * s["test_draws"] * EVAL_SECONDS_PER_DRAW[s["dtype"]] * test)
+            + (evals * test + passes) * s["test_draws"] * EVAL_SECONDS_PER_DRAW[s["dtype"]])
 
 
 def _plan_line(todo, budget, resuming) -> str:
@@ -1140,9 +1241,34 @@ def _plan_line(todo, budget, resuming) -> str:
         seconds += _job_seconds(s, budget) * (1.0 - done / total if total else 1.0)
     return (f"{len(todo)} job(s) to compute, about {seconds / 3600:.2f} CPU-hours from the "
             f"s/epoch measured under load ({budget['dtype']}, one BLAS thread, a 2-core VM at "
-            f"load 5-6; the finished seed-0 runs took 0.4-0.5x of it"
+            f"load 5-6; the finished full runs took 0.4-0.75x of it"
             + (f"; {len(resuming)} resumed, their remaining steps only" if resuming else "")
             + ")")
+
+
+def _score_saved(out, saved, data_dir, quiet) -> None:
+    """--score-train: :func:`score_train` on every saved trained job without the pass,
+    rewriting its result (and its further rows') as it goes; the jobs whose final state is not
+    saved are named, unscored."""
+    unscored = []
+    for (name, seed), record in sorted(saved.items()):
+        if name in POSTHOC or record["final"].get("train_pass_acc") is not None:
+            continue
+        t0 = time.perf_counter()
+        if score_train(out, name, seed, record, data_dir) is None:
+            unscored.append(f"{name} seed {seed}")
+            continue
+        write_json(_path(out, name, seed), record)
+        for sub in record.get("rows", {}):
+            write_json(_path(out, sub, seed), _sub_record(record, sub))
+        if not quiet:
+            f, S = record["final"], record["settings"]["test_draws"]
+            print(f"cifar10-lenet: {name} seed {seed}: train pass {100 * f['train_pass_acc']:.2f} "
+                  f"% (NLL {f['train_pass_nll']:.3f}, {S} draw{'s' * (S != 1)}, "
+                  f"{time.perf_counter() - t0:.0f} s)", file=sys.stderr, flush=True)
+    if unscored and not quiet:
+        print(f"cifar10-lenet: no final state under {Path(out) / 'states'}, so no train pass: "
+              + ", ".join(unscored), file=sys.stderr, flush=True)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -1172,6 +1298,11 @@ def run(args: argparse.Namespace) -> int:
                 f"--out: expected saved jobs of --methods {','.join(args.methods)} ({seeds}, "
                 f"these settings) under {out}, found none")
         missing, todo = tuple(u.key for u in todo), []
+    if args.score_train:
+        if not args.saved_only:
+            raise ValueError("--score-train: expected with --saved-only (it scores the saved "
+                             "jobs' final states on the training set and trains nothing)")
+        _score_saved(out, saved, data_dir, quiet=args.no_progress)
     serial = args.jobs == 1 and args.dask_scheduler is None
     keys = {u.key for u in todo}
     for name, seed in sorted(keys):  # a post-hoc row needs the adam job's final state first

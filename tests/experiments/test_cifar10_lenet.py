@@ -50,6 +50,7 @@ def test_every_row_runs_one_tiny_epoch_and_writes_its_files(quick_all):
         assert 0 <= f["acc"] <= 1 and f["nll"] > 0 and 0 <= f["ece15"] <= 1
         assert 0 <= f["auroc_entropy"] <= 1
         assert f["train_acc"] is None if posthoc else 0 <= f["train_acc"] <= 1
+        assert f.get("train_pass_acc") is None if posthoc else 0 <= f["train_pass_acc"] <= 1
         assert sum(rec["reliability"]["count"]) == 200
         assert (out / name / "seed_0.curve.csv").exists() == (not extra)  # swag's is the job's
         assert np.load(out / "predictions" / f"{name}_seed_0.npz")["probs"].shape == (200, 10)
@@ -250,3 +251,66 @@ def test_saved_only_refuses_fresh_and_an_out_without_saved_jobs(extra, words, tm
     status, _, stderr = _run([*QUICK, "--methods", "adam", "--saved-only", *extra,
                               "--out", str(tmp_path / "none"), "--data-dir", str(cifar_dir)])
     assert status == 2 and words in stderr
+
+
+@pytest.mark.slow
+def test_the_train_pass_is_the_final_predictive_on_the_training_images(quick_all):
+    out, data = quick_all[0], quick_all[1]
+    d = exp._load(data, "float32", True, 256, 200)
+    net = lenet5()
+    with np.load(out / "states" / "adam_seed_0.npz") as z:  # adam's predictive: softmax at theta
+        theta = z["state.theta"]
+    F = net.forward(theta, d.X).astype(np.float64)
+    P = np.exp(F - F.max(axis=1, keepdims=True))
+    P /= P.sum(axis=1, keepdims=True)
+    f = json.loads((out / "adam" / "seed_0.json").read_text())["final"]
+    assert f["train_pass_acc"] == np.mean(np.argmax(P, axis=1) == d.y)
+    np.testing.assert_allclose(f["train_pass_nll"], -np.mean(np.log(P[np.arange(256), d.y])),
+                               rtol=1e-5)
+    assert "train acc % pass" in (out / "table.md").read_text()
+
+
+def _strip_pass(path):
+    rec = json.loads(path.read_text())
+    kept = {k: rec["final"].pop(k) for k in ("train_pass_acc", "train_pass_nll")}
+    for sub in rec.get("rows", {}).values():
+        sub["final"].pop("train_pass_acc"), sub["final"].pop("train_pass_nll")
+    path.write_text(json.dumps(rec))
+    return kept
+
+
+@pytest.mark.slow
+def test_score_train_adds_the_pass_a_job_trained_now_records(quick_all, tmp_path):
+    import shutil
+    out, data = tmp_path / "out", quick_all[1]
+    shutil.copytree(quick_all[0], out)
+    want = {n: json.loads((out / n / "seed_0.json").read_text())["final"]
+            for n in ("vogn", "swa", "swag-diag", "swag", "mc-dropout")}
+    for n in ("vogn", "swag", "mc-dropout"):
+        _strip_pass(out / n / "seed_0.json")
+    (out / "states" / "mc-dropout_seed_0.npz").unlink()  # its pass cannot be computed
+    argv = [*QUICK[:1], "--methods", "vogn,swag,mc-dropout", "--saved-only", "--out", str(out),
+            "--data-dir", str(data)]
+    status, stdout, stderr = _run([*argv, "--score-train"])
+    assert status == 0, stderr
+    for n in ("vogn", "swa", "swag-diag", "swag"):  # the same stream, draws and predictive
+        rec = json.loads((out / n / "seed_0.json").read_text())
+        assert rec["final"] == want[n], n
+        assert rec["train_pass_provenance"]["code_sha256"]
+    assert "vogn seed 0: train pass" in stderr and "so no train pass: mc-dropout seed 0" in stderr
+    rec = json.loads((out / "mc-dropout" / "seed_0.json").read_text())
+    assert "train_pass_acc" not in rec["final"] and "train_pass_provenance" not in rec
+    line = next(l for l in stdout.splitlines() if l.startswith("mc-dropout "))
+    assert line.split()[4] == "-"  # the pass column of the unscored row
+    # a state that is not the saved result's final state is refused, naming both
+    _strip_pass(out / "vogn" / "seed_0.json")
+    shutil.copy(out / "states" / "swag_seed_0.npz", out / "states" / "vogn_seed_0.npz")
+    status, _, stderr = _run([*argv, "--score-train"])
+    assert status == 2 and "is not the final state of the saved result" in stderr
+    assert "vogn_seed_0.npz" in stderr
+
+
+def test_score_train_needs_saved_only(tmp_path, cifar_dir):
+    status, _, stderr = _run([*QUICK, "--methods", "adam", "--score-train", "--out",
+                              str(tmp_path / "o"), "--data-dir", str(cifar_dir)])
+    assert status == 2 and "--score-train: expected with --saved-only" in stderr
