@@ -838,7 +838,7 @@ def score_train(out, name: str, seed: int, record: dict, data_dir) -> dict | Non
 
     The job's rows (swag's: swa, swag-diag and swag) get "train_pass_acc" / "train_pass_nll" in
     their "final", exactly as a job trained now records them (the same stream, draws and
-    predictive), and the record gets "train_pass_provenance" (the code that scored them).
+    predictive; on NumPy whatever backend trained it), and the record gets "train_pass_provenance" (the code that scored them).
 
     Parameters
     ----------
@@ -1225,7 +1225,8 @@ def _job_seconds(s, budget) -> float:
         return (POSTHOC_SECONDS[s["method"]] * frac
                 + 2 * s["test_draws"] * POSTHOC_SECONDS_PER_DRAW * test)
     evals = math.ceil(s["epochs"] / s["eval_every"]) + 1
-    # and the pass over the training set of each of the job's rows (_train_pass)
+    # and the pass over the training set of each of the job's rows (_train_pass), counted in
+    # passes over N_TEST images
     passes = len(_shown((s["method"],))) * budget["n_train"] / N_TEST
     return (s["epochs"] * SECONDS_PER_EPOCH[budget["dtype"]][s["method"]] * frac
             + (evals * test + passes) * s["test_draws"] * EVAL_SECONDS_PER_DRAW[s["dtype"]])
