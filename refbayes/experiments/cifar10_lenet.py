@@ -33,7 +33,7 @@ team-approx-bayes/dl-with-bayes, and what is refbayes' own choice):
   two Table 1's train column is, the paper does not say; derivations/cifar10_lenet.md, "The
   train column");
 - at the end: the table beside Table 1 (mean +- standard error over seeds), a reliability
-  diagram per row (15 bins, pooled over seeds), the wall seconds of each job and its process's
+  diagram per row (15 bins, pooled over seeds), the validation curves, the wall seconds of each job and its process's
   CPU seconds (``time.process_time``; not recorded by runs before 2026-11-28).
 
 Explicit randomness: each (seed, row) job draws from ``job_rng(seed, row id, purpose, ...)`` only:
@@ -56,7 +56,8 @@ noise generator's state, the record so far) and the curve CSV; at the end
 Laplace rows read ``states/adam_seed_<s>.npz``; they run after the trained jobs in a serial run
 and refuse, naming the adam job, when that state is missing or is not the final state of the
 saved adam result), ``summary.csv`` (or ``summary.partial.csv``), ``summary.json``,
-``table.md`` and ``reliability.png``. Checkpoints and
+``table.md``, ``reliability.png`` and ``curves.png`` (the validation curves of the trained
+rows, every seed and their mean, Table 1's figures marked). Checkpoints and
 predictions and states are for resuming and re-analysis, not for committing (``.gitignore``
 there). ``--saved-only`` trains nothing and writes the summary files of the jobs already saved,
 each row over the seeds it has (a table over rows with different numbers of seeds), naming the
@@ -1214,6 +1215,43 @@ def _figure(out, saved, methods):
     return _runner.save_figure(fig, Path(out) / "reliability.png", dpi=90)
 
 
+def _curves_figure(out, saved, methods):
+    """curves.png: the validation accuracy and NLL of every trained row against its epochs (log
+    scale): each saved seed's curve thin, their mean over the epochs every seed evaluated thick,
+    and Table 1's final figure (a star at its epochs) in the row's colour."""
+    plt = _runner.pyplot()
+    names = [n for n in methods
+             if any(k[0] == n and r["curve"] for k, r in saved.items())]
+    if plt is None or not names:
+        return None
+    fig, axes = plt.subplots(1, 2, figsize=(12, 4.4))
+    colours = plt.get_cmap("tab20")(np.linspace(0, 1, 20))
+    for c, name in enumerate(names):
+        recs = [r for (n, _), r in sorted(saved.items()) if n == name and r["curve"]]
+        curves = [{e["epoch"]: e for e in r["curve"] if "val_acc" in e} for r in recs]
+        common = sorted(set.intersection(*(set(cv) for cv in curves)))
+        colour = colours[(2 * c) % 20 + (2 * c) // 20]
+        for ax, key, scale, at in ((axes[0], "val_acc", 100, 1), (axes[1], "val_nll", 1, 2)):
+            for cv in curves:
+                ax.plot(sorted(cv), [scale * cv[e][key] for e in sorted(cv)], color=colour,
+                        lw=0.6, alpha=0.4)
+            ax.plot(common, [scale * np.mean([cv[e][key] for cv in curves]) for e in common],
+                    color=colour, lw=1.8, label=f"{name} ({len(recs)} seed(s))")
+            if name in PAPER:
+                ax.plot(PAPER[name][3], PAPER[name][at], "*", color=colour, ms=11, mec="k",
+                        mew=0.5)
+    for ax, label in zip(axes, ("validation accuracy %", "validation NLL")):
+        ax.set_xscale("log")
+        ax.set_xlabel("epoch")
+        ax.set_ylabel(label)
+        ax.grid(alpha=0.3)
+    axes[1].legend(fontsize=7, loc="center left", bbox_to_anchor=(1.02, 0.5))
+    fig.suptitle("CIFAR-10 LeNet-5: validation curves (thin: seeds; thick: their mean; star: "
+                 "Osawa et al. Table 1)", fontsize=9)
+    fig.tight_layout()
+    return _runner.save_figure(fig, Path(out) / "curves.png", dpi=90)
+
+
 # ----------------------------------------------------------------------------- the command
 
 def _job_seconds(s, budget) -> float:
@@ -1387,8 +1425,8 @@ def run(args: argparse.Namespace) -> int:
                                               "not_saved": [list(k) for k in missing],
                                               "paper": PAPER, "citation": CITATION})
             atomic_write_text(out / "table.md", table)
-            fig = _figure(out, _expanded(saved), shown)
-            if fig is not None:
-                lines.append(f"figure: {fig}")
+            for fig in (_figure(out, _expanded(saved), shown), _curves_figure(out, saved, shown)):
+                if fig is not None:
+                    lines.append(f"figure: {fig}")
         progress.echo("\n".join(lines))
     return 0

@@ -61,6 +61,8 @@ def test_every_row_runs_one_tiny_epoch_and_writes_its_files(quick_all):
         assert name in stdout
     assert "CAVEAT" in stdout and "71.98" in stdout
     assert (out / "summary.csv").exists() and not (out / "summary.partial.csv").exists()
+    for png in ("reliability.png", "curves.png"):
+        assert (out / png).stat().st_size > 0 and f"figure: {out / png}" in stdout
     summary = json.loads((out / "summary.json").read_text())
     assert summary["complete"] is True
     for r in summary["rows"]:  # every job of this run recorded both clocks
