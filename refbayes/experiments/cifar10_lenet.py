@@ -219,7 +219,7 @@ ECE_BINS = (10, 15, 20)
 RELIABILITY_BINS = 15
 FIGURE_COLUMNS = 5  # reliability.png: panels per row
 EVAL_ROWS = 500  # test rows per forward pass (bounds the im2col buffers)
-TRAIN_PASS = 4  # job_rng stream of the predictive pass over the training set (_train_pass)
+TRAIN_PASS = 4  # job_rng stream of the predictive pass over the training set (_train_passes)
 
 
 # ----------------------------------------------------------------------------- the rows
@@ -679,15 +679,21 @@ def _save_checkpoint(path, state, meta) -> None:
     atomic_write_npz(path, meta=np.array(json.dumps(meta)), **arrays)
 
 
+def _read_npz(path) -> tuple:
+    """(meta, arrays) of a checkpoint or final state: the JSON "meta" entry and the other
+    arrays by name."""
+    with np.load(path, allow_pickle=False) as z:
+        return (json.loads(str(z["meta"])),
+                {k: z[k] for k in z.files if k != "meta"})
+
+
 def _read_checkpoint(path, settings, prov, fresh):
     """(meta, arrays) of a matching checkpoint, or None (none; or, with fresh, not matching)."""
     path = Path(path)
     if not path.exists():
         return None
     try:
-        with np.load(path, allow_pickle=False) as z:
-            meta = json.loads(str(z["meta"]))
-            arrays = {k: z[k] for k in z.files if k != "meta"}
+        meta, arrays = _read_npz(path)
     except (OSError, ValueError, KeyError) as err:
         if fresh:
             return None
@@ -797,8 +803,8 @@ def _fit(name, seed, budget, settings, prov, data, progress, ckpt_dir, fresh):
     last = record["curve"][-1]
     last.update({f"val_{k}": v for k, v in final.items()})
     final.update(train_acc=last.get("train_acc"), train_nll=last.get("train_nll"))
-    final.update(_train_pass(m.predict, state, X, data.y, seed, row.rid, 0,
-                             settings["test_draws"]))
+    passes = _train_passes(m, state, X, data.y, seed, row.rid, settings["test_draws"])
+    final.update(passes[name])
     record["final"] = final
     record["reliability"] = _reliability(P, data.y_test)
     extras = {}
@@ -807,8 +813,7 @@ def _fit(name, seed, budget, settings, prov, data, progress, ckpt_dir, fresh):
                               settings["test_draws"])
         sub_final = _scores(extras[sub], data.y_test)
         sub_final.update(train_acc=final["train_acc"], train_nll=final["train_nll"])
-        sub_final.update(_train_pass(predict, state, X, data.y, seed, row.rid, k + 1,
-                                     settings["test_draws"]))
+        sub_final.update(passes[sub])
         record.setdefault("rows", {})[sub] = {"final": sub_final,
                                               "reliability": _reliability(extras[sub],
                                                                           data.y_test)}
@@ -824,17 +829,21 @@ def _fit(name, seed, budget, settings, prov, data, progress, ckpt_dir, fresh):
     return record, P, arrays, extras
 
 
-def _train_pass(predict, state, X, y, seed, rid, k, S) -> dict:
-    """The row's predictive (the validation columns' ``predict``, S draws from job_rng(seed,
-    rid, TRAIN_PASS, k); k = 0 the job's row, k the k-th further row) over the training images
-    after training: its accuracy and NLL, "train_pass_acc" and "train_pass_nll"."""
-    P = predict(state, X, job_rng(seed, rid, TRAIN_PASS, k), S)
-    return {"train_pass_acc": float(metrics.accuracy(P, y)),
-            "train_pass_nll": float(metrics.nll(P, y))}
+def _train_passes(m, state, X, y, seed, rid, S) -> dict:
+    """{row: its pass} for the job's row (m.name) and each further row of m.extra: the row's
+    predictive (the validation columns' ``predict``, S draws from job_rng(seed, rid, TRAIN_PASS,
+    k); k = 0 the job's row, k the k-th further row) over the training images after training,
+    its accuracy and NLL as "train_pass_acc" and "train_pass_nll"."""
+    out = {}
+    for k, (row, predict) in enumerate({m.name: m.predict, **(m.extra or {})}.items()):
+        P = predict(state, X, job_rng(seed, rid, TRAIN_PASS, k), S)
+        out[row] = {"train_pass_acc": float(metrics.accuracy(P, y)),
+                    "train_pass_nll": float(metrics.nll(P, y))}
+    return out
 
 
 def score_train(out, name: str, seed: int, record: dict, data_dir) -> dict | None:
-    """Add the pass over the training set (:func:`_train_pass`) to a saved job trained before
+    """Add the pass over the training set (:func:`_train_passes`) to a saved job trained before
     the runner scored it, from its final state ``<out>/states/<row>_seed_<s>.npz``.
 
     The job's rows (swag's: swa, swag-diag and swag) get "train_pass_acc" / "train_pass_nll" in
@@ -866,8 +875,7 @@ def score_train(out, name: str, seed: int, record: dict, data_dir) -> dict | Non
     path = _state_path(out, name, seed)
     if not path.exists():
         return None
-    with np.load(path, allow_pickle=False) as z:
-        arrays = {k: z[k] for k in z.files if k != "meta"}
+    arrays = _read_npz(path)[1]
     digest, want = _state_digest(arrays), record.get("final_state_sha256")
     if digest != want:
         raise ValueError(f"--score-train: the state {path} (sha256 {digest[:12]}...) is not the "
@@ -882,11 +890,10 @@ def score_train(out, name: str, seed: int, record: dict, data_dir) -> dict | Non
     m = make_method(name, net, theta0, data.X.shape[0], init_rng=job_rng(seed, rid, 3),
                     epochs=s["epochs"])  # the template of the state's arrays
     state = _unpack(m.state, "state.", arrays)
-    record["final"].update(_train_pass(m.predict, state, data.X, data.y, seed, rid, 0,
-                                       s["test_draws"]))
-    for k, (sub, predict) in enumerate((m.extra or {}).items()):
-        record["rows"][sub]["final"].update(_train_pass(predict, state, data.X, data.y, seed,
-                                                        rid, k + 1, s["test_draws"]))
+    passes = _train_passes(m, state, data.X, data.y, seed, rid, s["test_draws"])
+    record["final"].update(passes.pop(name))
+    for sub, scored in passes.items():
+        record["rows"][sub]["final"].update(scored)
     record["train_pass_provenance"] = provenance(_identity(data_dir))
     return record
 
@@ -923,9 +930,7 @@ def _read_map(states_dir, name, seed, settings):
     if not path.exists():
         raise ValueError(f"{name} seed {seed}: no final state of the adam job of seed {seed} "
                          f"({path}): {run_first}")
-    with np.load(path, allow_pickle=False) as z:
-        meta = json.loads(str(z["meta"]))
-        arrays = {k: z[k] for k in z.files if k != "meta"}
+    meta, arrays = _read_npz(path)
     theta = arrays["state.theta"]
     got = {k: meta["settings"].get(k) for k in settings["map"]}
     if got != settings["map"]:
@@ -1109,7 +1114,7 @@ def _summary(saved, methods) -> list:
                "cpu_hours": (sum(r["cpu_seconds"] for r in timed) / 3600 if timed else None),
                "cpu_seeds": len(timed),
                # the seeds whose job scored the training set after training (not every saved
-               # job did: _train_pass, --score-train)
+               # job did: _train_passes, --score-train)
                "train_pass_seeds": sum(r["final"].get("train_pass_acc") is not None
                                        for r in recs)}
         for k in SUMMARY_KEYS:
@@ -1230,7 +1235,7 @@ def _curves_figure(out, saved, methods):
         recs = [r for (n, _), r in sorted(saved.items()) if n == name and r["curve"]]
         curves = [{e["epoch"]: e for e in r["curve"] if "val_acc" in e} for r in recs]
         common = sorted(set.intersection(*(set(cv) for cv in curves)))
-        colour = colours[(2 * c) % 20 + (2 * c) // 20]
+        colour = colours[(2 * c) % 20 + (2 * c) // 20]  # tab20's dark shades, then its light
         for ax, key, scale, at in ((axes[0], "val_acc", 100, 1), (axes[1], "val_nll", 1, 2)):
             for cv in curves:
                 ax.plot(sorted(cv), [scale * cv[e][key] for e in sorted(cv)], color=colour,
@@ -1263,7 +1268,7 @@ def _job_seconds(s, budget) -> float:
         return (POSTHOC_SECONDS[s["method"]] * frac
                 + 2 * s["test_draws"] * POSTHOC_SECONDS_PER_DRAW * test)
     evals = math.ceil(s["epochs"] / s["eval_every"]) + 1
-    # and the pass over the training set of each of the job's rows (_train_pass), counted in
+    # and the pass over the training set of each of the job's rows (_train_passes), counted in
     # passes over N_TEST images
     passes = len(_shown((s["method"],))) * budget["n_train"] / N_TEST
     return (s["epochs"] * SECONDS_PER_EPOCH[budget["dtype"]][s["method"]] * frac
