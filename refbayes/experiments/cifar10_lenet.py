@@ -1180,8 +1180,8 @@ def _table(rows, complete, missing=()) -> str:
               "+- standard error over seeds; train acc: running (each step's predictions at its "
               "draws, the last epoch) and pass (the predictive over the training set after "
               "training); ECE top-label, equal-width bins; AUROC of misclassification detection "
-              "(correct = positive); wall h and CPU h: totals over the row's seeds (swa, "
-              "swag-diag and swag each show their one shared job's)")]
+              "(correct = positive); wall h and CPU h: totals over the row's seeds ("
+              f"{', '.join((*SWAG_EXTRA, 'swag'))} each show their one shared job's)")]
     if reduced:
         lines.append("CAVEAT - a reduced budget, not comparable to Table 1: " + "; ".join(reduced))
     if missing:
