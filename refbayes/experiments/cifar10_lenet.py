@@ -64,9 +64,10 @@ each row over the seeds it has (a table over rows with different numbers of seed
 jobs not saved; with ``--score-train`` it first adds the pass over the training set to the saved
 jobs trained before the runner made it, from their final states (:func:`score_train`).
 
-Cost: :data:`SECONDS_PER_EPOCH` (measured by tools/cifar10_epoch_timing.py, the note's table)
-(and :data:`POSTHOC_SECONDS` for the Laplace rows) gives the plan line's estimate; a float32
-seed of the four Table 1 rows is about 26 CPU-hours.
+Cost: :data:`SECONDS_PER_EPOCH` (float32: the finished full runs' CPU time per epoch,
+:func:`measured_seconds_per_epoch`; float64: tools/cifar10_epoch_timing.py, the note's table)
+and :data:`POSTHOC_SECONDS` for the Laplace rows give the plan line's estimate; a float32 seed of
+the four Table 1 rows is about 11.6 CPU-hours, of every row about 21.2.
 ``--backend cupy`` keeps the data, the states and the steps on the GPU (the draws still come
 from the host generators and are copied over; the scores are computed on the host from the
 predictive probabilities): the numbers differ from NumPy's in the last bits, so it is a setting
@@ -123,8 +124,8 @@ from refbayes.models.conv import lenet5
 from refbayes.models.dropout import output_sites
 
 __all__ = ["DESCRIPTION", "MEAN", "PAPER", "ROWS", "SECONDS_PER_EPOCH", "STD", "add_arguments",
-           "evidence_tuned", "make_method", "normalize", "official_vogn_config", "run",
-           "score_train"]
+           "evidence_tuned", "make_method", "measured_seconds_per_epoch", "normalize",
+           "official_vogn_config", "run", "score_train"]
 
 DESCRIPTION = ("Osawa et al. (2019) Table 1: Adam, VOGN, BBB, MC dropout (and K-FAC, Noisy "
                "K-FAC) on CIFAR-10 with LeNet-5, no augmentation")
@@ -192,22 +193,26 @@ PAPER = {"adam": (71.98, 67.67, 0.937, 210, 0.021, 0.794),
          "mc-dropout-official": (68.41, 67.65, 0.99, 210, 0.087, 0.797),  # the same Table 1 row
          "vogn": (70.79, 67.32, 0.938, 210, 0.046, 0.8)}
 
-# s / epoch, one BLAS thread, the 2-core VM under load 5-6 (derivations/cifar10_lenet.md,
-# "Seconds per epoch"; +-50 % there); the plan line's estimate. ktied: bbb's (side by side
-# within 6 %), swag: the SGD line's (its step is swag.sgd_step), both in the note;
-# mc-dropout-official: mc-dropout's. vogn: the measured 250.2 / 555.3 x 0.65, the step's time
-# after its gradient and squared-gradient sums came from one backward pass (derivations/conv.md,
-# (conv.23): asv LeNetVOGNDraws side by side, 0.65x).
-SECONDS_PER_EPOCH = {"float32": {"adam": 28.4, "vogn": 162.6, "bbb": 35.0, "mc-dropout": 29.4,
-                                 "kfac": 179.3, "noisy-kfac": 660.4, "ktied": 35.0,
-                                 "swag": 32.9, "mc-dropout-official": 29.4},
+# CPU s / epoch of training, one BLAS thread, the plan line's estimate. float32: the finished
+# full runs' own, measured_seconds_per_epoch of each saved job with CPU time (mean over seeds 1-2;
+# ktied seed 0), so the plan of a default job is the mean CPU time those runs took; bbb: ktied's
+# (no BBB job recorded CPU time; the two steps side by side within 6 %) (derivations/
+# cifar10_lenet.md, "Results: the cost of the finished runs"). float64 (no full runs): measured
+# by tools/cifar10_epoch_timing.py under load 5-6 ("Seconds per epoch"; the float32 runs took
+# 0.44-0.68x of that tool's float32 figures); ktied: bbb's, swag: the SGD line's (its step is
+# swag.sgd_step), mc-dropout-official: mc-dropout's, vogn: 0.65 x the measured 555.3 (the step
+# after its gradient and squared-gradient sums came from one backward pass, (conv.23)).
+SECONDS_PER_EPOCH = {"float32": {"adam": 18.3, "vogn": 82.2, "bbb": 15.6, "mc-dropout": 18.4,
+                                 "kfac": 78.1, "noisy-kfac": 301.7, "ktied": 15.6,
+                                 "swag": 15.3, "mc-dropout-official": 19.3},
                      "float64": {"adam": 55.5, "vogn": 361.0, "bbb": 56.8, "mc-dropout": 53.9,
                                  "kfac": 508.2, "noisy-kfac": 1107.7, "ktied": 56.8,
                                  "swag": 52.8, "mc-dropout-official": 53.9}}
 EVAL_SECONDS_PER_DRAW = {"float32": 3.1, "float64": 6.5}  # one pass over the 10,000 test images
 # the post-hoc Laplace rows (float64 whatever --dtype): the fit on the 50,000 rows plus the
 # evidence tuning, and one GLM predictive draw over the 10,000 test images (the fit timed on
-# 2,000 rows and extrapolated: tools/cifar10_epoch_timing.py, the note's "Seconds per epoch")
+# 2,000 rows and extrapolated: tools/cifar10_epoch_timing.py, the note's "Seconds per epoch");
+# with the two predictives, about 2x the CPU time the rows' runs took (0.36 against 0.17 h)
 POSTHOC_SECONDS = {"laplace-kron": 470.0, "laplace-ll": 100.0}
 POSTHOC_SECONDS_PER_DRAW = 18.0
 
@@ -1260,20 +1265,56 @@ def _curves_figure(out, saved, methods):
 
 # ----------------------------------------------------------------------------- the command
 
+def _eval_seconds(s) -> float:
+    """The modelled CPU seconds of a trained job's evaluation (:data:`EVAL_SECONDS_PER_DRAW`
+    per draw and 10,000 images): the validation passes every eval_every epochs and at the end,
+    and the pass over the training set of each of the job's rows (_train_passes)."""
+    evals = math.ceil(s["epochs"] / s["eval_every"]) + 1
+    passes = evals * s["n_test"] / N_TEST + len(_shown((s["method"],))) * s["n_train"] / N_TEST
+    return passes * s["test_draws"] * EVAL_SECONDS_PER_DRAW[s["dtype"]]
+
+
 def _job_seconds(s, budget) -> float:
-    """The measured estimate of one job's CPU seconds (:data:`SECONDS_PER_EPOCH`,
-    :data:`EVAL_SECONDS_PER_DRAW`, :data:`POSTHOC_SECONDS`)."""
+    """The estimate of one job's CPU seconds: its epochs at :data:`SECONDS_PER_EPOCH` (scaled by
+    the training rows) plus :func:`_eval_seconds`; a post-hoc row's fit and predictives from
+    :data:`POSTHOC_SECONDS` and :data:`POSTHOC_SECONDS_PER_DRAW`."""
     frac = budget["n_train"] / N_TRAIN
-    test = budget["n_test"] / N_TEST
     if s["method"] in POSTHOC:  # float64 whatever --dtype: the fit, the evidence, 2 predictives
         return (POSTHOC_SECONDS[s["method"]] * frac
-                + 2 * s["test_draws"] * POSTHOC_SECONDS_PER_DRAW * test)
-    evals = math.ceil(s["epochs"] / s["eval_every"]) + 1
-    # and the pass over the training set of each of the job's rows (_train_passes), counted in
-    # passes over N_TEST images
-    passes = len(_shown((s["method"],))) * budget["n_train"] / N_TEST
-    return (s["epochs"] * SECONDS_PER_EPOCH[budget["dtype"]][s["method"]] * frac
-            + (evals * test + passes) * s["test_draws"] * EVAL_SECONDS_PER_DRAW[s["dtype"]])
+                + 2 * s["test_draws"] * POSTHOC_SECONDS_PER_DRAW * budget["n_test"] / N_TEST)
+    return s["epochs"] * SECONDS_PER_EPOCH[budget["dtype"]][s["method"]] * frac + _eval_seconds(s)
+
+
+def measured_seconds_per_epoch(record) -> float:
+    """A finished trained job's CPU seconds per epoch of training, :func:`_job_seconds` inverted.
+
+    (cpu_seconds - :func:`_eval_seconds`) / (epochs x n_train / 50,000): the figure that makes
+    the plan of a job at the record's settings equal the CPU time it took; the source of
+    :data:`SECONDS_PER_EPOCH`'s float32 figures.
+
+    Parameters
+    ----------
+    record : dict
+        A saved job's result (``<row>/seed_<s>.json``).
+
+    Returns
+    -------
+    float
+        CPU seconds per epoch.
+
+    Raises
+    ------
+    ValueError
+        If the record is a post-hoc row's (nothing trained) or has no "cpu_seconds" (runs
+        before 2026-11-28 recorded none).
+    """
+    s = record["settings"]
+    if s["method"] in POSTHOC:
+        raise ValueError(f"record: {s['method']!r} is post-hoc, it trains no epochs")
+    if record.get("cpu_seconds") is None:
+        raise ValueError(f"record: {s['method']} seed {s['seed']} has no cpu_seconds (runs "
+                         "before 2026-11-28 recorded none)")
+    return (record["cpu_seconds"] - _eval_seconds(s)) / (s["epochs"] * s["n_train"] / N_TRAIN)
 
 
 def _plan_line(todo, budget, resuming) -> str:
@@ -1284,11 +1325,16 @@ def _plan_line(todo, budget, resuming) -> str:
         done = resuming.get(f"{u.key[0]} seed {u.key[1]}", 0)
         total = s["epochs"] * math.ceil(s["n_train"] / s["M"]) if s["epochs"] else 0
         seconds += _job_seconds(s, budget) * (1.0 - done / total if total else 1.0)
-    return (f"{len(todo)} job(s) to compute, about {seconds / 3600:.2f} CPU-hours from the "
-            f"s/epoch measured under load ({budget['dtype']}, one BLAS thread, a 2-core VM at "
-            f"load 5-6; the finished full runs took 0.4-0.75x of it"
-            + (f"; {len(resuming)} resumed, their remaining steps only" if resuming else "")
-            + ")")
+    source = ("the finished full runs' CPU time per epoch (float32, one BLAS thread, one job "
+              "per core on a 2-core VM; seeds of one row have taken up to 2x apart in wall time "
+              "per epoch)" if budget["dtype"] == "float32" else
+              f"the s/epoch measured under load ({budget['dtype']}, one BLAS thread, a 2-core "
+              "VM at load 5-6; the float32 runs took 0.44-0.68x of that tool's float32 figures)")
+    if any(u.settings["method"] in POSTHOC for u in todo):
+        source += ("; the Laplace rows' from the timing tool's fit and predictive figures, about "
+                   "2x their runs' CPU time")
+    return (f"{len(todo)} job(s) to compute, about {seconds / 3600:.2f} CPU-hours from {source}"
+            + (f"; {len(resuming)} resumed, their remaining steps only" if resuming else ""))
 
 
 def _score_saved(out, saved, data_dir, quiet) -> None:

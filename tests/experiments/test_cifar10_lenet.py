@@ -2,13 +2,15 @@
 every row runs one tiny epoch (the Laplace rows: a fit at adam's theta) and writes its files; a
 run interrupted at a checkpoint resumes to the uninterrupted run's numbers bit for bit; bad
 arguments; the scores on a hand example; the pass over the training set after training (and
---score-train, which adds it to jobs saved without it). The rows of issue 36's second list
+--score-train, which adds it to jobs saved without it); the plan line's float32 figures against
+the committed runs' CPU time (reproductions/cifar10-lenet). The rows of issue 36's second list
 (swag's job, the Laplace rows, ktied): tests/experiments/test_cifar10_lenet_rows.py.
 
 Skips without the staged cifar10 data (CI has it). About 40 s on the loaded 2-core VM."""
 import contextlib
 import io
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -178,6 +180,40 @@ def test_the_plan_counts_a_resumed_jobs_remaining_steps_only():
     K = 391  # ceil(50,000 / 128) steps per epoch
     line = exp._plan_line([unit], budget, {"vogn seed 0": 105 * K})  # half of 210 epochs done
     assert f"about {full / 2:.2f} CPU-hours" in line and "1 resumed" in line
+
+
+def test_the_float32_plan_is_the_committed_runs_cpu_time_per_epoch():
+    """SECONDS_PER_EPOCH["float32"] is, per trained row, the mean of measured_seconds_per_epoch
+    over its committed jobs that recorded CPU time, to the 0.1 s it is written in (bbb, while
+    none of its jobs has: ktied's). A newly committed job moves its row's mean: update the
+    figure with it."""
+    src = Path(__file__).resolve().parents[2] / "reproductions" / "cifar10-lenet"
+    measured = {}
+    for path in sorted(src.glob("*/seed_*.json")):
+        rec = json.loads(path.read_text())
+        s = rec["settings"]
+        if s["method"] not in exp.SECONDS_PER_EPOCH["float32"] or rec.get("cpu_seconds") is None:
+            continue  # a further row of the swag job (its CPU time is swag's), a Laplace row,
+            # or a job from before the CPU clock
+        measured.setdefault(s["method"], []).append(exp.measured_seconds_per_epoch(rec))
+    assert set(measured) | {"bbb"} == set(exp.SECONDS_PER_EPOCH["float32"])
+    measured.setdefault("bbb", measured["ktied"])
+    for name, values in measured.items():
+        assert exp.SECONDS_PER_EPOCH["float32"][name] == round(sum(values) / len(values), 1), name
+
+
+def test_measured_seconds_per_epoch_inverts_the_plan_and_refuses_what_it_cannot_read():
+    budget = {"dtype": "float32", "n_train": 25000, "n_test": 10000, "test_draws": 10,
+              "eval_every": 10, "backend": "numpy", "checkpoint_steps": 100, "epochs": 20}
+    s = exp._settings("mc-dropout", 0, budget)
+    rec = {"settings": s, "cpu_seconds": exp._job_seconds(s, budget)}
+    per_epoch = exp.measured_seconds_per_epoch(rec)
+    assert abs(per_epoch - exp.SECONDS_PER_EPOCH["float32"]["mc-dropout"]) < 1e-9
+    with pytest.raises(ValueError, match="no cpu_seconds"):
+        exp.measured_seconds_per_epoch({"settings": s})
+    with pytest.raises(ValueError, match="post-hoc"):
+        exp.measured_seconds_per_epoch({"settings": exp._settings("laplace-ll", 0, budget),
+                                        "cpu_seconds": 1.0})
 
 
 def _job_record(seed, acc, seconds, cpu_seconds=None):
