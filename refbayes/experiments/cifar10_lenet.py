@@ -1326,8 +1326,8 @@ def _plan_line(todo, budget, resuming) -> str:
         total = s["epochs"] * math.ceil(s["n_train"] / s["M"]) if s["epochs"] else 0
         seconds += _job_seconds(s, budget) * (1.0 - done / total if total else 1.0)
     source = ("the finished full runs' CPU time per epoch (float32, one BLAS thread, one job "
-              "per core on a 2-core VM; seeds of one row have taken up to 2x apart in wall time "
-              "per epoch)" if budget["dtype"] == "float32" else
+              "per core on a 2-core VM; one row's wall time per epoch has differed by up to 2x "
+              "between seeds)" if budget["dtype"] == "float32" else
               f"the s/epoch measured under load ({budget['dtype']}, one BLAS thread, a 2-core "
               "VM at load 5-6; the float32 runs took 0.44-0.68x of that tool's float32 figures)")
     if any(u.settings["method"] in POSTHOC for u in todo):
