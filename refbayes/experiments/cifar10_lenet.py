@@ -33,8 +33,9 @@ team-approx-bayes/dl-with-bayes, and what is refbayes' own choice):
   two Table 1's train column is, the paper does not say; derivations/cifar10_lenet.md, "The
   train column");
 - at the end: the table beside Table 1 (mean +- standard error over seeds), a reliability
-  diagram per row (15 bins, pooled over seeds), the validation curves, the wall seconds of each job and its process's
-  CPU seconds (``time.process_time``; not recorded by runs before 2026-11-28).
+  diagram per row (15 bins, pooled over seeds), the validation curves, the wall seconds of each
+  job and its process's CPU seconds (``time.process_time``; not recorded by runs before
+  2026-11-28).
 
 Explicit randomness: each (seed, row) job draws from ``job_rng(seed, row id, purpose, ...)`` only:
 the permutation of epoch e from (.., 1, e), the training noise (eps, dropout masks) from one
@@ -66,8 +67,9 @@ jobs trained before the runner made it, from their final states (:func:`score_tr
 
 Cost: :data:`SECONDS_PER_EPOCH` (float32: the finished full runs' CPU time per epoch,
 :func:`measured_seconds_per_epoch`; float64: tools/cifar10_epoch_timing.py, the note's table)
-and :data:`POSTHOC_SECONDS` for the Laplace rows give the plan line's estimate; a float32 seed of
-the four Table 1 rows is about 11.6 CPU-hours, of every row about 21.2.
+and :data:`POSTHOC_SECONDS` / :data:`POSTHOC_SECONDS_PER_DRAW` for the Laplace rows (their
+finished runs' CPU time, :func:`measured_posthoc_seconds`) give the plan line's estimate; a
+float32 seed of the four Table 1 rows is about 11.7 CPU-hours, of every row about 21.1.
 ``--backend cupy`` keeps the data, the states and the steps on the GPU (the draws still come
 from the host generators and are copied over; the scores are computed on the host from the
 predictive probabilities): the numbers differ from NumPy's in the last bits, so it is a setting
@@ -124,8 +126,8 @@ from refbayes.models.conv import lenet5
 from refbayes.models.dropout import output_sites
 
 __all__ = ["DESCRIPTION", "MEAN", "PAPER", "ROWS", "SECONDS_PER_EPOCH", "STD", "add_arguments",
-           "evidence_tuned", "make_method", "measured_seconds_per_epoch", "normalize",
-           "official_vogn_config", "run", "score_train"]
+           "evidence_tuned", "make_method", "measured_posthoc_seconds",
+           "measured_seconds_per_epoch", "normalize", "official_vogn_config", "run", "score_train"]
 
 DESCRIPTION = ("Osawa et al. (2019) Table 1: Adam, VOGN, BBB, MC dropout (and K-FAC, Noisy "
                "K-FAC) on CIFAR-10 with LeNet-5, no augmentation")
@@ -209,12 +211,13 @@ SECONDS_PER_EPOCH = {"float32": {"adam": 18.3, "vogn": 82.2, "bbb": 16.1, "mc-dr
                                  "kfac": 508.2, "noisy-kfac": 1107.7, "ktied": 56.8,
                                  "swag": 52.8, "mc-dropout-official": 53.9}}
 EVAL_SECONDS_PER_DRAW = {"float32": 3.1, "float64": 6.5}  # one pass over the 10,000 test images
-# the post-hoc Laplace rows (float64 whatever --dtype): the fit on the 50,000 rows plus the
-# evidence tuning, and one GLM predictive draw over the 10,000 test images (the fit timed on
-# 2,000 rows and extrapolated: tools/cifar10_epoch_timing.py, the note's "Seconds per epoch");
-# with the two predictives, about 2x the CPU time the rows' runs took (0.36 against 0.17 h)
-POSTHOC_SECONDS = {"laplace-kron": 470.0, "laplace-ll": 100.0}
-POSTHOC_SECONDS_PER_DRAW = 18.0
+# the post-hoc Laplace rows (float64 whatever --dtype), per row the mean over the finished runs
+# with CPU time (seeds 1-2) of measured_posthoc_seconds: the fit's CPU s on the 50,000 rows, and
+# the rest of the job (the evidence tuning and the two GLM predictives) per predictive draw over
+# the 10,000 test images (derivations/cifar10_lenet.md, "Results: the Laplace rows' plan from
+# their runs"; the timing tool's 470 / 100 s and 18 s per draw were about 2x those runs)
+POSTHOC_SECONDS = {"laplace-kron": 198.1, "laplace-ll": 59.3}
+POSTHOC_SECONDS_PER_DRAW = {"laplace-kron": 8.9, "laplace-ll": 9.1}
 
 DEFAULTS = {"eval_every": 10, "test_draws": 10, "checkpoint_steps": 100, "n_train": N_TRAIN,
             "n_test": N_TEST}
@@ -395,7 +398,8 @@ def make_method(name: str, net, theta0, N: int, backend: str = "numpy",
 
     if name == "ktied":  # refbayes' choice: bbb's settings, k = 2 on every layer (conv: ktied.16)
         if init_rng is None:
-            raise ValueError("init_rng: expected a numpy Generator for 'ktied' (the start's jitter)")
+            raise ValueError("init_rng: expected a numpy Generator for 'ktied' (the start's "
+                             "jitter)")
         cfg = ktied.KTiedConfig(N, 100.0, alpha=1e-3, eps_adam=N * ADAM_EPS)
         xi = xp.asarray(init_rng.standard_normal(ktied.layout(net, KTIED_K).P).astype(dt))
         state0 = ktied.init(theta0.copy(), net, KTIED_K, 1e-3, xi, KTIED_JITTER)
@@ -523,9 +527,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="epochs of every row (default: each row's paper budget, "
                              + ", ".join(f"{k} {r.epochs}" for k, r in ROWS.items()) + ")")
     parser.add_argument("--dtype", choices=("float32", "float64"), default="float32",
-                        help="float dtype of data and parameters (default float32, the note's plan)")
+                        help="float dtype of data and parameters (default float32, the note's "
+                             "plan)")
     parser.add_argument("--eval-every", type=positive_int, default=None,
-                        help=f"validate every K epochs, and after the last (default {d['eval_every']})")
+                        help="validate every K epochs, and after the last (default "
+                             f"{d['eval_every']})")
     parser.add_argument("--test-draws", type=positive_int, default=None,
                         help=f"posterior draws of the predictive (default {d['test_draws']}, "
                              "the official val_num_mc_samples)")
@@ -853,7 +859,8 @@ def score_train(out, name: str, seed: int, record: dict, data_dir) -> dict | Non
 
     The job's rows (swag's: swa, swag-diag and swag) get "train_pass_acc" / "train_pass_nll" in
     their "final", exactly as a job trained now records them (the same stream, draws and
-    predictive; on NumPy whatever backend trained it), and the record gets "train_pass_provenance" (the code that scored them).
+    predictive; on NumPy whatever backend trained it), and the record gets
+    "train_pass_provenance" (the code that scored them).
 
     Parameters
     ----------
@@ -1025,7 +1032,7 @@ def _fit_laplace(name, seed, budget, settings, prov, data, states_dir):
     cfg = laplace.LaplaceConfig(prior_precision=lam, structure=settings["structure"],
                                 curvature="ggn", subset=settings["subset"])
     state = laplace_state(net, theta, X, y, cfg)
-    t_fit = time.perf_counter() - t0
+    t_fit, c_fit = time.perf_counter() - t0, time.process_time() - c0
     tuned, found = evidence_tuned(net, state, X, y, cfg)
     eps = job_rng(seed, row.rid, 2, 0).standard_normal((net.D - state.n_fixed,
                                                         settings["test_draws"]))
@@ -1037,18 +1044,18 @@ def _fit_laplace(name, seed, budget, settings, prov, data, states_dir):
     record = {"settings": settings, "provenance": prov, "curve": [], "final": final,
               "reliability": _reliability(P, data.y_test),
               "found": {**found, "scores": _scores(P_ev, data.y_test)},
-              "fit_seconds": t_fit, "seconds": time.perf_counter() - t0,
-              "cpu_seconds": time.process_time() - c0, "citation": CITATION,
-              "map_state_sha256": digest}
+              "fit_seconds": t_fit, "fit_cpu_seconds": c_fit,
+              "seconds": time.perf_counter() - t0, "cpu_seconds": time.process_time() - c0,
+              "citation": CITATION, "map_state_sha256": digest}
     return record, P, None, {}
 
 
 def _run_job(name, seed, budget, settings, prov, data_dir, ckpt_dir, fresh,
              progress=_runner.QUIET, states_dir=None):
     """One (row, seed) job of ``_runner.execute``: (record, probabilities, final state arrays
-    or None, {further row: its probabilities}). It (re)loads the data, checks it is what the main process read, and resumes from
-    / writes checkpoints under ``ckpt_dir`` (None: neither); a post-hoc row reads the adam
-    state under ``states_dir``."""
+    or None, {further row: its probabilities}). It (re)loads the data, checks it is what the
+    main process read, and resumes from / writes checkpoints under ``ckpt_dir`` (None:
+    neither); a post-hoc row reads the adam state under ``states_dir``."""
     _runner.check_worker_data(f"cifar10-lenet job {name} seed {seed}", _identity(data_dir), prov)
     data = _load(data_dir, budget["dtype"], ROWS[name].normalized, budget["n_train"],
                  budget["n_test"])
@@ -1280,8 +1287,8 @@ def _job_seconds(s, budget) -> float:
     :data:`POSTHOC_SECONDS` and :data:`POSTHOC_SECONDS_PER_DRAW`."""
     frac = budget["n_train"] / N_TRAIN
     if s["method"] in POSTHOC:  # float64 whatever --dtype: the fit, the evidence, 2 predictives
-        return (POSTHOC_SECONDS[s["method"]] * frac
-                + 2 * s["test_draws"] * POSTHOC_SECONDS_PER_DRAW * budget["n_test"] / N_TEST)
+        return (POSTHOC_SECONDS[s["method"]] * frac + 2 * s["test_draws"]
+                * POSTHOC_SECONDS_PER_DRAW[s["method"]] * budget["n_test"] / N_TEST)
     return s["epochs"] * SECONDS_PER_EPOCH[budget["dtype"]][s["method"]] * frac + _eval_seconds(s)
 
 
@@ -1317,6 +1324,46 @@ def measured_seconds_per_epoch(record) -> float:
     return (record["cpu_seconds"] - _eval_seconds(s)) / (s["epochs"] * s["n_train"] / N_TRAIN)
 
 
+def measured_posthoc_seconds(record) -> tuple[float, float]:
+    """A finished post-hoc Laplace job's (fit CPU seconds, CPU seconds per predictive draw), the
+    two terms of :func:`_job_seconds` at the record's settings, the source of
+    :data:`POSTHOC_SECONDS` and :data:`POSTHOC_SECONDS_PER_DRAW`.
+
+    The fit's CPU time is the record's "fit_cpu_seconds"; records without it (written before
+    2026-11-29) time the fit on the wall clock only, so it is cpu_seconds x fit_seconds /
+    seconds, the fit's share of the wall time applied to the CPU time. The rest of the CPU time
+    (the evidence tuning and the two GLM predictives) is divided by 2 x test_draws x n_test /
+    10,000, and the fit is scaled to 50,000 training rows.
+
+    Parameters
+    ----------
+    record : dict
+        A saved post-hoc job's result (``laplace-kron/seed_<s>.json`` or ``laplace-ll/...``).
+
+    Returns
+    -------
+    tuple of float
+        (fit CPU seconds on 50,000 rows, CPU seconds per draw over 10,000 test images).
+
+    Raises
+    ------
+    ValueError
+        If the record is a trained row's, or has no "cpu_seconds" (runs before 2026-11-28
+        recorded none).
+    """
+    s = record["settings"]
+    if s["method"] not in POSTHOC:
+        raise ValueError(f"record: {s['method']!r} is a trained row, not a post-hoc one")
+    if record.get("cpu_seconds") is None:
+        raise ValueError(f"record: {s['method']} seed {s['seed']} has no cpu_seconds (runs "
+                         "before 2026-11-28 recorded none)")
+    fit = record.get("fit_cpu_seconds")
+    if fit is None:
+        fit = record["cpu_seconds"] * record["fit_seconds"] / record["seconds"]
+    draws = 2 * s["test_draws"] * s["n_test"] / N_TEST
+    return fit * N_TRAIN / s["n_train"], (record["cpu_seconds"] - fit) / draws
+
+
 def _plan_line(todo, budget, resuming) -> str:
     """The plan: jobs and CPU-hours left; a resumed job counts its remaining steps only."""
     seconds = 0.0
@@ -1331,8 +1378,7 @@ def _plan_line(todo, budget, resuming) -> str:
               f"the s/epoch measured under load ({budget['dtype']}, one BLAS thread, a 2-core "
               "VM at load 5-6; the float32 runs took 0.44-0.68x of that tool's float32 figures)")
     if any(u.settings["method"] in POSTHOC for u in todo):
-        source += ("; the Laplace rows' from the timing tool's fit and predictive figures, about "
-                   "2x their runs' CPU time")
+        source += "; the Laplace rows' from their finished runs' fit and predictive CPU time"
     return (f"{len(todo)} job(s) to compute, about {seconds / 3600:.2f} CPU-hours from {source}"
             + (f"; {len(resuming)} resumed, their remaining steps only" if resuming else ""))
 
@@ -1472,7 +1518,8 @@ def run(args: argparse.Namespace) -> int:
         if write and rows:
             # a --saved-only table is the one asked for: summary.csv, its JSON names the rest
             final = complete or args.saved_only
-            lines.append(f"table: {_runner.write_summary_csv(out / 'summary.csv', rows, complete=final)}")
+            csv_path = _runner.write_summary_csv(out / "summary.csv", rows, complete=final)
+            lines.append(f"table: {csv_path}")
             write_json(out / "summary.json", {"complete": complete, "rows": rows,
                                               "not_saved": [list(k) for k in missing],
                                               "paper": PAPER, "citation": CITATION})

@@ -214,6 +214,47 @@ def test_measured_seconds_per_epoch_inverts_the_plan_and_refuses_what_it_cannot_
                                         "cpu_seconds": 1.0})
 
 
+def test_the_posthoc_plan_is_the_committed_runs_cpu_time():
+    """POSTHOC_SECONDS and POSTHOC_SECONDS_PER_DRAW are, per Laplace row, the means of
+    measured_posthoc_seconds over its committed jobs that recorded CPU time, to the 0.1 s they
+    are written in."""
+    src = Path(__file__).resolve().parents[2] / "reproductions" / "cifar10-lenet"
+    measured = {}
+    for name in exp.POSTHOC:
+        for path in sorted((src / name).glob("seed_*.json")):
+            rec = json.loads(path.read_text())
+            if rec.get("cpu_seconds") is not None:
+                measured.setdefault(name, []).append(exp.measured_posthoc_seconds(rec))
+    assert set(measured) == set(exp.POSTHOC_SECONDS) == set(exp.POSTHOC_SECONDS_PER_DRAW)
+    for name, pairs in measured.items():
+        fit, per_draw = (sum(v) / len(v) for v in zip(*pairs))
+        assert exp.POSTHOC_SECONDS[name] == round(fit, 1), name
+        assert exp.POSTHOC_SECONDS_PER_DRAW[name] == round(per_draw, 1), name
+
+
+@pytest.mark.parametrize("fit_cpu", [True, False])
+def test_measured_posthoc_seconds_inverts_the_plan_and_refuses_what_it_cannot_read(fit_cpu):
+    """At half the rows and a fifth of the test set, the plan's CPU seconds of a Laplace job,
+    split as the plan splits them, come back as the constants; without fit_cpu_seconds the
+    fit's share of the wall clock (here the same as of the CPU clock) stands in for it."""
+    budget = {"dtype": "float32", "n_train": 25000, "n_test": 2000, "test_draws": 4,
+              "eval_every": 10, "backend": "numpy", "checkpoint_steps": 100, "epochs": None}
+    s = exp._settings("laplace-kron", 0, budget)
+    cpu = exp._job_seconds(s, budget)
+    fit = exp.POSTHOC_SECONDS["laplace-kron"] / 2
+    rec = {"settings": s, "cpu_seconds": cpu, "fit_seconds": 3 * fit, "seconds": 3 * cpu}
+    if fit_cpu:
+        rec = rec | {"fit_cpu_seconds": fit, "fit_seconds": 1.0}  # the wall share unused
+    got_fit, got_draw = exp.measured_posthoc_seconds(rec)
+    assert abs(got_fit - exp.POSTHOC_SECONDS["laplace-kron"]) < 1e-9
+    assert abs(got_draw - exp.POSTHOC_SECONDS_PER_DRAW["laplace-kron"]) < 1e-9
+    with pytest.raises(ValueError, match="no cpu_seconds"):
+        exp.measured_posthoc_seconds({"settings": s})
+    with pytest.raises(ValueError, match="trained row"):
+        exp.measured_posthoc_seconds({"settings": exp._settings("adam", 0, budget),
+                                      "cpu_seconds": 1.0})
+
+
 def _job_record(seed, acc, seconds, cpu_seconds=None):
     settings = {"epochs": 210, "paper_epochs": 210, "test_draws": 10, "dtype": "float32",
                 "n_train": 50000, "n_test": 10000}

@@ -79,6 +79,8 @@ def test_laplace_rows_read_the_adam_state_and_refuse_without_it(tmp_path, cifar_
         assert name in stdout
         adam_rec = json.loads((tmp_path / "adam" / "seed_0.json").read_text())
         assert rec["map_state_sha256"] == adam_rec["final_state_sha256"]
+        # the fit's CPU time is its own record now, inside the job's (measured_posthoc_seconds)
+        assert 0 < rec["fit_cpu_seconds"] <= rec["cpu_seconds"]
     # a state that is not the saved adam result's final state (a stale file) is refused
     state = _state(tmp_path / "states" / "adam_seed_0.npz")
     state["state.theta"] = state["state.theta"] + np.float32(1e-3)
