@@ -1281,14 +1281,20 @@ def _eval_seconds(s) -> float:
     return passes * s["test_draws"] * EVAL_SECONDS_PER_DRAW[s["dtype"]]
 
 
+def _posthoc_draws(s) -> float:
+    """A post-hoc job's GLM predictive draws in units of one draw over the 10,000 test images:
+    two predictives (at lam and at the evidence's precision) of test_draws draws each."""
+    return 2 * s["test_draws"] * s["n_test"] / N_TEST
+
+
 def _job_seconds(s, budget) -> float:
     """The estimate of one job's CPU seconds: its epochs at :data:`SECONDS_PER_EPOCH` (scaled by
     the training rows) plus :func:`_eval_seconds`; a post-hoc row's fit and predictives from
     :data:`POSTHOC_SECONDS` and :data:`POSTHOC_SECONDS_PER_DRAW`."""
     frac = budget["n_train"] / N_TRAIN
     if s["method"] in POSTHOC:  # float64 whatever --dtype: the fit, the evidence, 2 predictives
-        return (POSTHOC_SECONDS[s["method"]] * frac + 2 * s["test_draws"]
-                * POSTHOC_SECONDS_PER_DRAW[s["method"]] * budget["n_test"] / N_TEST)
+        return (POSTHOC_SECONDS[s["method"]] * frac
+                + _posthoc_draws(s) * POSTHOC_SECONDS_PER_DRAW[s["method"]])
     return s["epochs"] * SECONDS_PER_EPOCH[budget["dtype"]][s["method"]] * frac + _eval_seconds(s)
 
 
@@ -1333,7 +1339,7 @@ def measured_posthoc_seconds(record) -> tuple[float, float]:
     2026-11-29) time the fit on the wall clock only, so it is cpu_seconds x fit_seconds /
     seconds, the fit's share of the wall time applied to the CPU time. The rest of the CPU time
     (the evidence tuning and the two GLM predictives) is divided by 2 x test_draws x n_test /
-    10,000, and the fit is scaled to 50,000 training rows.
+    10,000 (:func:`_posthoc_draws`), and the fit is scaled to 50,000 training rows.
 
     Parameters
     ----------
@@ -1360,8 +1366,7 @@ def measured_posthoc_seconds(record) -> tuple[float, float]:
     fit = record.get("fit_cpu_seconds")
     if fit is None:
         fit = record["cpu_seconds"] * record["fit_seconds"] / record["seconds"]
-    draws = 2 * s["test_draws"] * s["n_test"] / N_TEST
-    return fit * N_TRAIN / s["n_train"], (record["cpu_seconds"] - fit) / draws
+    return fit * N_TRAIN / s["n_train"], (record["cpu_seconds"] - fit) / _posthoc_draws(s)
 
 
 def _plan_line(todo, budget, resuming) -> str:

@@ -182,13 +182,15 @@ def test_the_plan_counts_a_resumed_jobs_remaining_steps_only():
     assert f"about {full / 2:.2f} CPU-hours" in line and "1 resumed" in line
 
 
+COMMITTED = Path(__file__).resolve().parents[2] / "reproductions" / "cifar10-lenet"
+
+
 def test_the_float32_plan_is_the_committed_runs_cpu_time_per_epoch():
     """SECONDS_PER_EPOCH["float32"] is, per trained row, the mean of measured_seconds_per_epoch
     over its committed jobs that recorded CPU time, to the 0.1 s it is written in. A newly
     committed job moves its row's mean: update the figure with it."""
-    src = Path(__file__).resolve().parents[2] / "reproductions" / "cifar10-lenet"
     measured = {}
-    for path in sorted(src.glob("*/seed_*.json")):
+    for path in sorted(COMMITTED.glob("*/seed_*.json")):
         rec = json.loads(path.read_text())
         s = rec["settings"]
         if s["method"] not in exp.SECONDS_PER_EPOCH["float32"] or rec.get("cpu_seconds") is None:
@@ -218,10 +220,9 @@ def test_the_posthoc_plan_is_the_committed_runs_cpu_time():
     """POSTHOC_SECONDS and POSTHOC_SECONDS_PER_DRAW are, per Laplace row, the means of
     measured_posthoc_seconds over its committed jobs that recorded CPU time, to the 0.1 s they
     are written in."""
-    src = Path(__file__).resolve().parents[2] / "reproductions" / "cifar10-lenet"
     measured = {}
     for name in exp.POSTHOC:
-        for path in sorted((src / name).glob("seed_*.json")):
+        for path in sorted((COMMITTED / name).glob("seed_*.json")):
             rec = json.loads(path.read_text())
             if rec.get("cpu_seconds") is not None:
                 measured.setdefault(name, []).append(exp.measured_posthoc_seconds(rec))
