@@ -276,10 +276,12 @@ def test_cpu_hours_cover_the_seeds_that_recorded_them_and_say_so():
     assert rows["adam"]["wall_hours"] == 4.0
     assert rows["adam"]["cpu_hours"] == 1.5 and rows["adam"]["cpu_seeds"] == 2
     assert rows["bbb"]["cpu_hours"] is None and rows["bbb"]["cpu_seeds"] == 0
-    assert abs(rows["adam"]["acc"] - 0.67) < 1e-15 and abs(rows["adam"]["acc_se"] - 0.01 / 3 ** 0.5) < 1e-15
+    assert abs(rows["adam"]["acc"] - 0.67) < 1e-15
+    assert abs(rows["adam"]["acc_se"] - 0.01 / 3 ** 0.5) < 1e-15
     cells = {r: exp._cpu_cell(rows[r]) for r in rows}
     assert cells == {"adam": "1.50 (2 of 3 seeds)", "bbb": "-", "vogn": "0.75"}
-    line = next(l for l in exp._table(list(rows.values()), True).splitlines() if l.startswith("adam "))
+    lines = exp._table(list(rows.values()), True).splitlines()
+    line = next(l for l in lines if l.startswith("adam "))
     assert line.split()[1] == "3" and "  4.00  " in line and "  1.50 (2 of 3 seeds)  " in line
 
 
@@ -290,7 +292,8 @@ def test_a_saved_job_whose_cpu_seconds_is_not_a_number_is_refused(quick_all, tmp
     shutil.copytree(quick_all[0], out)
     path = out / "adam" / "seed_0.json"
     path.write_text(json.dumps(json.loads(path.read_text()) | {"cpu_seconds": "1 s"}))
-    status, _, stderr = _run([*QUICK, "--methods", "adam", "--out", str(out), "--data-dir", str(data)])
+    status, _, stderr = _run([*QUICK, "--methods", "adam", "--out", str(out),
+                              "--data-dir", str(data)])
     assert status == 2 and "cpu_seconds: expected a number, got a JSON string" in stderr
 
 
@@ -299,7 +302,8 @@ def test_a_saved_only_table_names_the_jobs_it_lacks_per_row():
                          ("adam", 1): _job_record(1, 0.68, 3600.0)}, ("adam",))
     missing = (("adam", 2), ("vogn", 0), ("vogn", 2))
     head = exp._table(rows, False, missing).splitlines()[1]
-    assert head == "SAVED JOBS ONLY - each row over the seeds saved; not saved: adam seed 2; vogn seeds 0, 2"
+    assert head == ("SAVED JOBS ONLY - each row over the seeds saved; "
+                    "not saved: adam seed 2; vogn seeds 0, 2")
     assert "PARTIAL" not in exp._table(rows, False, missing)
     assert "PARTIAL" in exp._table(rows, False) and "SAVED" not in exp._table(rows, True)
 
