@@ -69,7 +69,7 @@ Cost: :data:`SECONDS_PER_EPOCH` (float32: the finished full runs' CPU time per e
 :func:`measured_seconds_per_epoch`; float64: tools/cifar10_epoch_timing.py, the note's table)
 and :data:`POSTHOC_SECONDS` / :data:`POSTHOC_SECONDS_PER_DRAW` for the Laplace rows (their
 finished runs' CPU time, :func:`measured_posthoc_seconds`) give the plan line's estimate; a
-float32 seed of the four Table 1 rows is about 11.7 CPU-hours, of every row about 21.1.
+float32 seed of the four Table 1 rows is about 11.7 CPU-hours, of every row about 21.0.
 ``--backend cupy`` keeps the data, the states and the steps on the GPU (the draws still come
 from the host generators and are copied over; the scores are computed on the host from the
 predictive probabilities): the numbers differ from NumPy's in the last bits, so it is a setting
@@ -197,15 +197,15 @@ PAPER = {"adam": (71.98, 67.67, 0.937, 210, 0.021, 0.794),
 
 # CPU s / epoch of training, one BLAS thread, the plan line's estimate. float32: the finished
 # full runs' own, measured_seconds_per_epoch of each saved job with CPU time (mean over seeds 1-2;
-# ktied seeds 0-1, bbb seed 1), so the plan of a default job is the mean CPU time those runs took
+# ktied seeds 0-2), so the plan of a default job is the mean CPU time those runs took
 # (derivations/cifar10_lenet.md, "Results: the cost of the finished runs", then "Results: BBB
-# seed 1 and k-tied seed 1"). float64 (no full runs): measured by tools/cifar10_epoch_timing.py
+# and k-tied seed 2"). float64 (no full runs): measured by tools/cifar10_epoch_timing.py
 # under load 5-6 ("Seconds per epoch"; the float32 runs took 0.44-0.68x of that tool's float32
 # figures); ktied: bbb's, swag: the SGD line's (its step is swag.sgd_step), mc-dropout-official:
 # mc-dropout's, vogn: 0.65 x the measured 555.3 (the step after its gradient and squared-gradient
 # sums came from one backward pass, (conv.23)).
-SECONDS_PER_EPOCH = {"float32": {"adam": 18.3, "vogn": 82.2, "bbb": 16.1, "mc-dropout": 18.4,
-                                 "kfac": 78.1, "noisy-kfac": 301.7, "ktied": 15.5, "swag": 15.3,
+SECONDS_PER_EPOCH = {"float32": {"adam": 18.3, "vogn": 82.2, "bbb": 15.8, "mc-dropout": 18.4,
+                                 "kfac": 78.1, "noisy-kfac": 301.7, "ktied": 15.3, "swag": 15.3,
                                  "mc-dropout-official": 19.3},
                      "float64": {"adam": 55.5, "vogn": 361.0, "bbb": 56.8, "mc-dropout": 53.9,
                                  "kfac": 508.2, "noisy-kfac": 1107.7, "ktied": 56.8,
