@@ -182,6 +182,15 @@ def test_the_plan_counts_a_resumed_jobs_remaining_steps_only():
     assert f"about {full / 2:.2f} CPU-hours" in line and "1 resumed" in line
 
 
+def test_a_float64_plan_states_how_the_float32_runs_compared_with_the_timing_tool():
+    budget = {"dtype": "float64", "n_train": 50000, "n_test": 10000, "test_draws": 10,
+              "eval_every": 10, "backend": "numpy", "checkpoint_steps": 100, "epochs": None}
+    unit = exp._runner.Unit(("adam", 0), None, exp.SCHEMA, exp._settings("adam", 0, budget), {})
+    assert exp.RUNS_OVER_TOOL[0] < exp.RUNS_OVER_TOOL[1]
+    lo, hi = exp.RUNS_OVER_TOOL
+    assert f"took {lo:.2f}-{hi:.2f}x of that tool's" in exp._plan_line([unit], budget, {})
+
+
 COMMITTED = Path(__file__).resolve().parents[2] / "reproductions" / "cifar10-lenet"
 
 
